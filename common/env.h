@@ -1,0 +1,99 @@
+// Env: the only way OpenCDP code reaches the file system (leveldb's Env).
+//
+// Durable structures (spool, journal, dirty bitmap, replica) are written through
+// an Env so that tests can run them on an in-memory Env, or on a FaultEnv that
+// simulates a power cut (drops every byte that was not synced) and injects
+// ENOSPC or EIO at chosen calls.
+//
+// Implementations:
+//   NewPosixEnv()      real files (pread/pwrite/fdatasync/fallocate/rename/fsync dir)
+//   NewMemEnv()        in-memory files; what is written is what is read
+//   FaultEnv (fault_env.h)  a wrapper over another Env
+//
+// Durability model, which every implementation follows and FaultEnv checks:
+//   - Data written to a File is durable only after File::Sync() returns ok.
+//   - A file's creation, a Rename() or a Remove() is durable only after
+//     SyncDir() on the parent directory returns ok.
+//
+// Thread safety: an Env is safe to use from many threads. A File may be used
+// from several threads for Read/Write at distinct offsets; Append, Truncate and
+// Sync must not race with each other on the same File.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/coding.h"
+#include "common/result.h"
+#include "common/status.h"
+
+namespace cdp {
+
+struct OpenOptions {
+  bool create = false;      // create if missing
+  bool exclusive = false;   // with create: fail with kAlreadyExists if it exists
+  bool truncate = false;    // truncate to 0 on open
+  bool read_only = false;
+  bool direct = false;      // O_DIRECT where supported (ignored by MemEnv)
+};
+
+// An open file. Offsets are bytes. Closing happens in the destructor.
+class File {
+ public:
+  virtual ~File() = default;
+
+  // Reads exactly `n` bytes at `offset` into `buf`. Reading past the end of the
+  // file returns kOutOfRange (nothing partial is reported as success).
+  virtual Status Read(uint64_t offset, size_t n, uint8_t* buf) const = 0;
+  // Like Read but returns the number of bytes read, short only at end of file.
+  virtual Result<size_t> ReadUpTo(uint64_t offset, size_t n, uint8_t* buf) const = 0;
+  // Writes all of `data` at `offset`, extending the file if needed.
+  virtual Status Write(uint64_t offset, ByteSpan data) = 0;
+  // Appends `data` at the current end of file.
+  virtual Status Append(ByteSpan data) = 0;
+  // Makes every byte written so far durable (fdatasync).
+  virtual Status Sync() = 0;
+  // Reserves space [offset, offset+len) so later writes cannot fail with ENOSPC.
+  virtual Status Allocate(uint64_t offset, uint64_t len) = 0;
+  // Deallocates [offset, offset+len): reads there return zeros afterwards.
+  virtual Status PunchHole(uint64_t offset, uint64_t len) = 0;
+  virtual Status Truncate(uint64_t size) = 0;
+  virtual Result<uint64_t> Size() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  virtual Result<std::unique_ptr<File>> Open(const std::string& path, const OpenOptions& opts) = 0;
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  virtual Status Remove(const std::string& path) = 0;
+  // Makes creations, renames and removals inside `dir` durable (fsync of the dir).
+  virtual Status SyncDir(const std::string& dir) = 0;
+  // Creates `dir` and its missing parents; ok if it exists.
+  virtual Status CreateDirs(const std::string& dir) = 0;
+  virtual Status RemoveDir(const std::string& dir) = 0;
+  virtual bool Exists(const std::string& path) = 0;
+  // Names (not paths) of the entries of `dir`, sorted.
+  virtual Result<std::vector<std::string>> ListDir(const std::string& dir) = 0;
+  virtual Result<uint64_t> FileSize(const std::string& path) = 0;
+};
+
+// Process-wide POSIX Env. Never deleted; safe to share.
+Env* DefaultEnv();
+std::unique_ptr<Env> NewPosixEnv();
+std::unique_ptr<Env> NewMemEnv();
+
+// Helpers built on any Env.
+// Writes `data` to `path` atomically and durably: write "path.tmp", sync,
+// rename over `path`, sync the directory.
+Status WriteFileAtomic(Env* env, const std::string& path, ByteSpan data);
+Result<Bytes> ReadWholeFile(Env* env, const std::string& path);
+// The directory part of `path` ("." when there is none).
+std::string DirName(const std::string& path);
+std::string JoinPath(const std::string& a, const std::string& b);
+
+}  // namespace cdp

@@ -1,0 +1,216 @@
+// The OpenCDP wire protocol: length-prefixed, checksummed frames carrying
+// typed messages between agent -> process server -> master target.
+// The byte-level format is documented in docs/formats/protocol.md.
+//
+// Frame = 24-byte header + payload, little-endian, encoded field by field:
+//   magic u32 ("CDPF" = 0x46504443) | version u8 | type u8 | flags u16 |
+//   length u32 (payload bytes) | sequence u64 (per-connection frame number) |
+//   crc u32 (CRC32C over the header with crc=0, then the payload)
+//
+// Decoding is pure and incremental: DecodeFrame() looks at the bytes received
+// so far and answers kComplete (one frame and how many bytes it used), kNeedMore
+// (nothing consumed), or kBad (the stream is unusable: close the connection).
+// Every length is checked against a cap before anything is allocated.
+//
+// Thread safety: all functions are pure; message structs are values.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/coding.h"
+#include "common/result.h"
+#include "common/status.h"
+
+namespace cdp::proto {
+
+inline constexpr uint32_t kMagic = 0x46504443;  // "CDPF" little-endian
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 24;
+// Hard caps, applied before any allocation.
+inline constexpr uint32_t kMaxPayload = 64u << 20;      // one frame's payload
+inline constexpr uint32_t kMaxBatchRaw = 64u << 20;     // a batch after decompression
+inline constexpr uint32_t kMaxRecordLength = 32u << 20; // one write record's length
+inline constexpr uint32_t kMaxRecords = 1u << 20;       // records in one batch
+inline constexpr size_t kMaxNameLength = 128;           // tenant, volume, tag names
+inline constexpr uint32_t kMaxHashes = 1u << 16;        // regions in one hash message
+
+enum class MsgType : uint8_t {
+  kHello = 1,          // client -> server: who I am, my nonce
+  kChallenge = 2,      // server -> client: server nonce + proof it knows the secret
+  kAuth = 3,           // client -> server: proof it knows the secret
+  kAuthResult = 4,     // server -> client: accepted or refused (reason)
+  kVolumeOpen = 5,     // client -> server: open (or create) a volume's stream
+  kVolumeOpenReply = 6,// server -> client: handle + durable sequence (resume point)
+  kWriteBatch = 7,     // client -> server: ordered records of one volume
+  kAck = 8,            // server -> client: durable up to and including a sequence
+  kNack = 9,           // server -> client: refused (reason, expected sequence)
+  kHashRequest = 10,   // either way: region hashes of a volume range, please
+  kHashResponse = 11,  // region hashes (XXH3-128), one per region
+  kHeartbeat = 12,     // either way: liveness and round-trip measurement
+  kStats = 13,         // either way: named numeric counters
+};
+
+enum class Role : uint8_t { kAgent = 1, kProcessServer = 2, kControl = 3 };
+
+struct Hello {
+  Role role = Role::kAgent;
+  std::string tenant;                 // validated name, see ValidName()
+  std::string client_id;              // host name or instance id, validated
+  std::array<uint8_t, 32> client_nonce{};
+};
+
+// proof = HMAC-SHA256(secret, "server" | client_nonce | server_nonce | tenant)
+struct Challenge {
+  std::array<uint8_t, 32> server_nonce{};
+  std::array<uint8_t, 32> server_proof{};
+};
+
+// proof = HMAC-SHA256(secret, "client" | server_nonce | client_nonce | tenant)
+struct Auth {
+  std::array<uint8_t, 32> client_proof{};
+};
+
+struct AuthResult {
+  bool accepted = false;
+  std::string reason;
+};
+
+struct VolumeOpen {
+  std::string name;                // validated name
+  uint64_t size = 0;               // bytes, a multiple of block_size
+  uint32_t block_size = 4096;      // power of two, 512..1 MiB
+  std::array<uint8_t, 16> uuid{};  // identity of the source volume
+  uint64_t generation = 0;         // bumped when the source is re-seeded
+};
+
+struct VolumeOpenReply {
+  uint32_t volume_id = 0;     // handle for this connection's later messages
+  uint64_t durable_seq = 0;   // highest sequence durable at the server (0: none)
+};
+
+enum class RecordKind : uint8_t {
+  kData = 1,     // `data` holds `length` bytes
+  kZero = 2,     // the range reads as zeros; no data
+  kTrim = 3,     // the range was discarded; replicas write zeros; no data
+  kFlush = 4,    // a crash-consistent boundary; offset = length = 0
+  kTag = 5,      // a named consistency point; `data` holds the tag name
+};
+
+struct Record {
+  uint64_t seq = 0;        // per-volume sequence, strictly increasing by 1
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  RecordKind kind = RecordKind::kData;
+  uint64_t timestamp_us = 0;  // wall-clock micros when captured
+  Bytes data;                 // kData: exactly `length` bytes; kTag: the name
+};
+
+enum class Codec : uint8_t { kNone = 0, kLz4 = 1, kZstd = 2 };
+
+// Records of one volume, in sequence order, contiguous sequences.
+// On the wire the record block may be compressed (see protocol.md).
+struct WriteBatch {
+  uint32_t volume_id = 0;
+  Codec codec = Codec::kNone;   // how the record block travels (EncodeMessage compresses)
+  int level = 0;                // compression level used when encoding (not sent)
+  std::vector<Record> records;
+};
+
+struct Ack {
+  uint32_t volume_id = 0;
+  uint64_t durable_seq = 0;
+};
+
+enum class NackReason : uint32_t {
+  kGap = 1,              // sequence not the expected one; see expected_seq
+  kBusy = 2,             // quota: retry later
+  kUnknownVolume = 3,
+  kBadRecord = 4,        // out of range, bad length, bad kind
+  kWrongGeneration = 5,
+  kPermissionDenied = 6,
+  kInternal = 7,
+  kCorruption = 8,
+};
+
+struct Nack {
+  uint32_t volume_id = 0;
+  NackReason reason = NackReason::kInternal;
+  uint64_t expected_seq = 0;
+  std::string message;
+};
+
+struct HashRequest {
+  uint32_t volume_id = 0;
+  uint64_t request_id = 0;
+  uint32_t region_size = 1u << 20;  // bytes, power of two
+  uint64_t first_region = 0;
+  uint32_t count = 0;               // <= kMaxHashes
+};
+
+struct Hash128 {
+  uint64_t low = 0, high = 0;
+  bool operator==(const Hash128&) const = default;
+};
+
+struct HashResponse {
+  uint32_t volume_id = 0;
+  uint64_t request_id = 0;
+  uint32_t region_size = 0;
+  uint64_t first_region = 0;
+  std::vector<Hash128> hashes;  // one per region, XXH3-128 of its bytes
+};
+
+struct Heartbeat {
+  uint64_t sent_us = 0;
+  uint64_t echo_us = 0;  // the peer's sent_us being answered, or 0
+};
+
+struct Stats {
+  std::vector<std::pair<std::string, double>> values;  // names <= kMaxNameLength
+};
+
+using Message = std::variant<Hello, Challenge, Auth, AuthResult, VolumeOpen, VolumeOpenReply,
+                             WriteBatch, Ack, Nack, HashRequest, HashResponse, Heartbeat, Stats>;
+
+MsgType TypeOf(const Message& m);
+
+// A decoded frame whose header and CRC were checked; payload not yet parsed.
+struct Frame {
+  MsgType type{};
+  uint16_t flags = 0;
+  uint64_t sequence = 0;
+  Bytes payload;
+};
+
+enum class DecodeState { kComplete, kNeedMore, kBad };
+
+struct DecodeOutcome {
+  DecodeState state = DecodeState::kNeedMore;
+  size_t consumed = 0;  // bytes of input used (kComplete only)
+  Status error;         // why (kBad only)
+};
+
+// Looks at the bytes received so far. On kComplete fills *out and says how many
+// bytes it used; on kNeedMore consumes nothing; on kBad the stream must be dropped.
+// `max_payload` (<= kMaxPayload) is checked before the payload is copied.
+DecodeOutcome DecodeFrame(ByteSpan input, Frame* out, uint32_t max_payload = kMaxPayload);
+
+// Parses a frame's payload into its message. Validates every field (names,
+// lengths, kinds, contiguous sequences, caps, decompressed sizes); never
+// allocates more than the caps allow.
+Result<Message> ParseMessage(const Frame& frame);
+
+// Encodes `m` as one complete frame with the given per-connection sequence.
+// A WriteBatch is compressed with its codec/level. Fails only if `m` breaks a
+// cap or holds an invalid name.
+Result<Bytes> EncodeMessage(const Message& m, uint64_t sequence);
+
+// Tenant, volume, client and tag names: 1..kMaxNameLength bytes of
+// [A-Za-z0-9._-], not starting with '.' or '-'. Keeps names safe as path parts.
+bool ValidName(std::string_view name);
+
+}  // namespace cdp::proto

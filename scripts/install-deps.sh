@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs the Debian packages OpenCDP needs, asking apt only for what is missing.
+# As root it installs them; otherwise it prints the exact command to run.
+set -euo pipefail
+
+# Build: compiler, CMake and the libraries of DESIGN.md.
+# Test: real NBD clients (qemu-utils, libnbd-bin, nbdfuse, nbdkit), fio, e2fsprogs, rsync.
+PACKAGES=(
+  build-essential cmake pkg-config
+  libboost1.81-dev libboost-json1.81-dev libboost-program-options1.81-dev
+  libspdlog-dev libfmt-dev libsqlite3-dev libzstd-dev liblz4-dev libxxhash-dev libssl-dev
+  catch2 libbenchmark-dev
+  zstd lz4 qemu-utils libnbd-bin nbdfuse nbdkit fio e2fsprogs rsync iproute2 util-linux
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+cmd="apt-get install -y --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "OpenCDP needs these Debian packages: ${missing[*]}" >&2
+  echo "Run as root:  apt-get update && $cmd" >&2
+  exit 1
+fi
+
+echo "Installing missing Debian packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
