@@ -1,0 +1,38 @@
+// Codecs: none, lz4, zstd(level), behind one interface.
+//
+// Compress() appends the compressed form of `in` to `*out`. Decompress() is
+// told the exact size the data must decompress to (carried beside it on the
+// wire or on disk) and refuses anything else: a frame that would expand past
+// `expected_size` (a decompression bomb) or stops short is kCorruption, and at
+// most `expected_size` bytes are ever allocated. Callers cap `expected_size`
+// (proto::kMaxBatchRaw) before calling.
+//
+// Thread safety: a Codec object keeps per-thread-unsafe contexts; use one per
+// thread (the compression pool does). The free functions are thread-safe.
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "common/coding.h"
+#include "common/protocol.h"
+#include "common/result.h"
+
+namespace cdp {
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  virtual proto::Codec id() const = 0;
+  virtual Status Compress(ByteSpan in, Bytes* out) = 0;
+  virtual Status Decompress(ByteSpan in, size_t expected_size, Bytes* out) = 0;
+};
+
+// level: zstd 1..19 (0 means the default, 3); ignored for lz4 and none.
+std::unique_ptr<Codec> NewCodec(proto::Codec id, int level = 0);
+
+// "none", "lz4", "zstd" <-> proto::Codec.
+Result<proto::Codec> ParseCodecName(std::string_view name);
+std::string_view CodecName(proto::Codec id);
+
+}  // namespace cdp
