@@ -1,0 +1,231 @@
+// NbdServer: serves BlockDevices over the Network Block Device protocol.
+//
+// Used by the agent (the capture tap: every volume is an export whose
+// BlockDevice applies and captures writes) and by the master target
+// (point-in-time exports of recovery points). Real clients (qemu-io,
+// qemu-img, nbdcopy, nbdinfo, nbdfuse, Linux nbd-client) connect to it.
+//
+// What is implemented (docs/formats/nbd.md has the full list):
+//   - fixed newstyle handshake only (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
+//   - options EXPORT_NAME, ABORT, LIST, INFO, GO (NBD_INFO_EXPORT, NAME,
+//     DESCRIPTION, BLOCK_SIZE); STRUCTURED_REPLY and every other option is
+//     answered NBD_REP_ERR_UNSUP, so only simple replies are used;
+//   - commands READ, WRITE (+FUA), FLUSH, TRIM (+FUA), WRITE_ZEROES
+//     (+FUA, +NO_HOLE), DISC; transmission flags derived from the device.
+//   - the empty export name "" selects the only export when exactly one exists.
+//
+// Request pipeline of one connection:
+//
+//   socket --read header/payload--> [queue] --worker strand--> BlockDevice
+//      ^   (keeps reading while       |        (one request at a time,
+//      |    replies go out; pauses    |         in arrival order)
+//      |    above max_inflight_bytes) v
+//      +------ async_write <----- [reply queue, in completion order]
+//
+// Requests of one connection reach the BlockDevice one at a time and in
+// the order they arrived; requests of different connections run in parallel
+// on the worker pool.
+//
+// Thread safety: every public method of NbdServer is thread-safe. The server
+// runs its own io_context threads and worker threads between Start() and
+// Stop(); the destructor calls Stop().
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/coding.h"
+#include "common/env.h"
+#include "common/result.h"
+#include "common/status.h"
+
+namespace cdp {
+
+// What a BlockDevice can do beyond READ and WRITE. Each true feature is
+// advertised to clients through the matching transmission flag.
+struct BlockDeviceFeatures {
+  bool flush = false;         // NBD_FLAG_SEND_FLUSH: Flush() makes writes durable
+  bool fua = false;           // NBD_FLAG_SEND_FUA: the `fua` arguments are honoured
+  bool trim = false;          // NBD_FLAG_SEND_TRIM: Trim() is implemented
+  bool write_zeroes = false;  // NBD_FLAG_SEND_WRITE_ZEROES: WriteZeroes() is implemented
+  // NBD_FLAG_CAN_MULTI_CONN: the device has no per-connection cache, so a
+  // Flush() or FUA on one connection covers writes completed on any other.
+  bool multi_conn = false;
+};
+
+// A byte-addressed device the NBD server reads and writes. The server checks
+// every range against size() before calling, so implementations see only
+// requests with offset + len <= size() and len > 0 (a zero-length request
+// is answered by the server without calling the device).
+//
+// Thread safety: methods may be called concurrently from several worker
+// threads (one per connection at a time). Calls made for one connection are
+// never concurrent with each other and arrive in the client's order.
+//
+// Errors are returned as Status and mapped to NBD errors by
+// nbd::ErrorFromStatus (common/nbd_proto.h): kNoSpace -> ENOSPC,
+// kPermissionDenied -> EPERM, kInvalidArgument/kOutOfRange/kNotSupported ->
+// EINVAL, kAborted -> ESHUTDOWN, everything else -> EIO.
+class BlockDevice {
+ public:
+  virtual ~BlockDevice() = default;
+
+  // Size in bytes; constant for the lifetime of the device.
+  virtual uint64_t size() const = 0;
+  // A read-only device gets NBD_FLAG_READ_ONLY; the server refuses WRITE,
+  // TRIM and WRITE_ZEROES with EPERM without calling the device.
+  virtual bool read_only() const = 0;
+  virtual BlockDeviceFeatures features() const = 0;
+  // Reported through NBD_INFO_BLOCK_SIZE (minimum is always 1). Must be a
+  // power of two between 512 and 2 MiB.
+  virtual uint32_t preferred_block_size() const { return 4096; }
+
+  // Reads exactly `len` bytes at `offset` into `buf` (which holds >= len bytes).
+  virtual Status Read(uint64_t offset, uint32_t len, uint8_t* buf) = 0;
+  // Writes `data` at `offset`. With `fua`, returns only once the data is durable.
+  virtual Status Write(uint64_t offset, ByteSpan data, bool fua) = 0;
+  // Makes [offset, offset+len) read as zeros. With `may_trim` the device may
+  // deallocate the range (punch a hole); without it (NBD_CMD_FLAG_NO_HOLE)
+  // the range must stay allocated. `fua` as for Write.
+  virtual Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) = 0;
+  // A hint that [offset, offset+len) is no longer needed; contents are
+  // unspecified afterwards. `fua` as for Write.
+  virtual Status Trim(uint64_t offset, uint64_t len, bool fua) = 0;
+  // Makes every write completed so far durable.
+  virtual Status Flush() = 0;
+};
+
+// A BlockDevice over a cdp::File. Trim and WriteZeroes(may_trim) punch holes;
+// WriteZeroes without may_trim writes zero buffers; Flush and FUA call
+// File::Sync(). Supports flush, fua, trim, write_zeroes and multi_conn.
+// Thread safety: as BlockDevice (File allows concurrent Read/Write at
+// distinct offsets; Sync is serialized internally).
+class FileBlockDevice final : public BlockDevice {
+ public:
+  struct Options {
+    bool read_only = false;
+    // Create the file if missing and make it at least this size (sparse);
+    // 0 = the file must exist and its current size is the device size.
+    uint64_t create_size = 0;
+    uint32_t preferred_block_size = 4096;
+  };
+
+  // Opens `path` through `env` ("env" must outlive the device). Fails with
+  // the Env's status (kNotFound when missing and create_size == 0) or
+  // kInvalidArgument for a zero-sized file or a bad block size.
+  static Result<std::shared_ptr<FileBlockDevice>> Open(Env* env, const std::string& path,
+                                                       const Options& opts);
+  // Wraps an already open file of `size` bytes.
+  FileBlockDevice(std::unique_ptr<File> file, uint64_t size, const Options& opts);
+
+  uint64_t size() const override { return size_; }
+  bool read_only() const override { return read_only_; }
+  BlockDeviceFeatures features() const override;
+  uint32_t preferred_block_size() const override { return block_size_; }
+  Status Read(uint64_t offset, uint32_t len, uint8_t* buf) override;
+  Status Write(uint64_t offset, ByteSpan data, bool fua) override;
+  Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override;
+  Status Trim(uint64_t offset, uint64_t len, bool fua) override;
+  Status Flush() override;
+
+ private:
+  Status CheckRange(uint64_t offset, uint64_t len) const;
+  Status SyncFile();
+
+  std::unique_ptr<File> file_;
+  uint64_t size_;
+  bool read_only_;
+  uint32_t block_size_;
+  std::mutex sync_mu_;
+};
+
+// Counters of one export, cumulative since AddExport. Only successful
+// requests count in ops and bytes; failed requests count in `errors`.
+struct NbdExportStats {
+  uint64_t reads = 0;
+  uint64_t writes = 0;         // NBD_CMD_WRITE
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;  // payload bytes of NBD_CMD_WRITE
+  uint64_t zero_ops = 0;       // NBD_CMD_WRITE_ZEROES
+  uint64_t bytes_zeroed = 0;
+  uint64_t trims = 0;
+  uint64_t bytes_trimmed = 0;
+  uint64_t flushes = 0;
+  uint64_t errors = 0;         // requests answered with a non-zero error
+  uint64_t connections = 0;    // connections currently attached
+  uint64_t connections_total = 0;
+};
+
+struct NbdServerOptions {
+  // TCP listener: host and port. tcp_port = 0 picks an ephemeral port (see
+  // NbdServer::port()); tcp_port < 0 disables TCP.
+  std::string tcp_host = "127.0.0.1";
+  int tcp_port = -1;
+  // Unix socket path; empty disables it. An existing socket file at the path
+  // is replaced; the file is removed by Stop().
+  std::string unix_path;
+  int io_threads = 1;      // threads running socket I/O
+  int worker_threads = 2;  // threads calling BlockDevices
+  // Largest READ/WRITE/… length accepted; larger requests get EINVAL (a
+  // too-large WRITE payload is skipped when <= max_skip_bytes, otherwise the
+  // connection is closed).
+  uint32_t max_request_bytes = 32u << 20;
+  uint64_t max_skip_bytes = 64u << 20;
+  // Largest option payload accepted during the handshake (the NBD spec caps
+  // strings at 4096 bytes); a larger option closes the connection.
+  uint32_t max_option_bytes = 8192;
+  // Per connection: stop reading new requests while this many payload bytes
+  // (write data + pending read replies) are queued.
+  uint64_t max_inflight_bytes = 64u << 20;
+  int max_connections = 256;  // further connections are closed at once
+  // Handshake must complete within this time or the connection is closed.
+  uint32_t handshake_timeout_ms = 30000;
+};
+
+class NbdServer {
+ public:
+  // Throws nothing; errors surface from Start().
+  explicit NbdServer(NbdServerOptions opts);
+  ~NbdServer();
+  NbdServer(const NbdServer&) = delete;
+  NbdServer& operator=(const NbdServer&) = delete;
+
+  // Adds export `name` (1..256 bytes, no control characters; "" is reserved
+  // for the default export). Fails with kAlreadyExists or kInvalidArgument.
+  // Allowed before and after Start().
+  Status AddExport(const std::string& name, std::shared_ptr<BlockDevice> device,
+                   std::string description = "");
+  // Removes the export: new connections no longer see it, connections
+  // attached to it are closed (requests being executed finish first; the
+  // device is released when the last one does). kNotFound if absent.
+  Status RemoveExport(const std::string& name);
+  std::vector<std::string> ExportNames() const;
+  // Counters of export `name`; kNotFound if absent.
+  Result<NbdExportStats> ExportStats(const std::string& name) const;
+
+  // Binds the listeners and starts the threads. Fails (kIOError with the
+  // address, kInvalidArgument without any listener) and leaves nothing running.
+  // Not restartable after Stop().
+  Status Start();
+  // Closes the listeners and every connection, joins every thread. Idempotent.
+  void Stop();
+
+  // The bound TCP port (valid after a successful Start with TCP), else 0.
+  uint16_t port() const { return port_.load(); }
+  const std::string& unix_path() const { return opts_.unix_path; }
+  // Connections currently open (handshake or transmission).
+  size_t connection_count() const;
+
+  struct Impl;  // opaque; defined in nbd_server.cc
+
+ private:
+  NbdServerOptions opts_;
+  std::atomic<uint16_t> port_{0};
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cdp
