@@ -6,6 +6,8 @@
 // `expected_size` (a decompression bomb) or stops short is kCorruption, and at
 // most `expected_size` bytes are ever allocated. Callers cap `expected_size`
 // (proto::kMaxBatchRaw) before calling.
+// Both Compress() and Decompress() append to `*out`; on failure `*out` is left
+// as it was. An `expected_size` above proto::kMaxBatchRaw is kInvalidArgument.
 //
 // Thread safety: a Codec object keeps per-thread-unsafe contexts; use one per
 // thread (the compression pool does). The free functions are thread-safe.
@@ -28,7 +30,8 @@ class Codec {
   virtual Status Decompress(ByteSpan in, size_t expected_size, Bytes* out) = 0;
 };
 
-// level: zstd 1..19 (0 means the default, 3); ignored for lz4 and none.
+// level: zstd 1..19 (0 means the default, 3; others are clamped to 1..19);
+// ignored for lz4 and none. Returns nullptr for an id outside proto::Codec.
 std::unique_ptr<Codec> NewCodec(proto::Codec id, int level = 0);
 
 // "none", "lz4", "zstd" <-> proto::Codec.
