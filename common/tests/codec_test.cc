@@ -107,6 +107,27 @@ TEST_CASE("crc32c hardware equals portable on random buffers; Extend chains", "[
   }
 }
 
+// Lengths around the hardware path's three-stream chunk boundaries (3 x 256 and
+// 3 x 8192 bytes) and odd alignments.
+TEST_CASE("crc32c hardware equals portable around chunk boundaries", "[crc]") {
+  const Bytes data = RandomBytes(3 * 3 * 8192 + 64, 17);
+  for (size_t base : {size_t(3 * 256), size_t(2 * 3 * 256), size_t(3 * 8192), size_t(2 * 3 * 8192)}) {
+    for (size_t len = base - 9; len <= base + 9; ++len) {
+      for (size_t align : {size_t(0), size_t(1), size_t(3), size_t(7)}) {
+        INFO("align " << align << " len " << len);
+        const uint8_t* p = data.data() + align;
+        REQUIRE(crc32c::Extend(0, p, len) == crc32c::ExtendPortable(0, p, len));
+        REQUIRE(crc32c::Extend(0xDEADBEEFu, p, len) == crc32c::ExtendPortable(0xDEADBEEFu, p, len));
+      }
+    }
+  }
+  // 1 MiB of zeros and of 0xFF: long runs through every path.
+  for (uint8_t fill : {uint8_t(0), uint8_t(0xFF)}) {
+    const Bytes b(1 << 20, fill);
+    REQUIRE(crc32c::Extend(0, b.data(), b.size()) == crc32c::ExtendPortable(0, b.data(), b.size()));
+  }
+}
+
 TEST_CASE("xxh3 known vectors and agreement with libxxhash", "[hash]") {
   CHECK(Xxh3_64("", 0) == 0x2D06800538D394C2ull);
   const proto::Hash128 e = Xxh3_128("", 0);
