@@ -1,0 +1,606 @@
+#include "process-server/spool.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+#include "common/coding.h"
+#include "common/crc32c.h"
+
+namespace cdp::ps {
+namespace {
+
+// A group never grows past this many bytes of records (plus one batch).
+constexpr uint64_t kMaxGroupBytes = 64u << 20;
+
+std::string SegmentName(uint64_t first_seq) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "seg-%020" PRIu64 ".log", first_seq);
+  return buf;
+}
+
+bool ParseSegmentName(const std::string& name, uint64_t* first_seq) {
+  if (name.size() != 4 + 20 + 4 || name.compare(0, 4, "seg-") != 0 ||
+      name.compare(24, 4, ".log") != 0)
+    return false;
+  uint64_t v = 0;
+  for (size_t i = 4; i < 24; ++i) {
+    char c = name[i];
+    if (c < '0' || c > '9') return false;
+    uint64_t d = uint64_t(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  *first_seq = v;
+  return true;
+}
+
+void EncodeSegmentHeader(uint64_t first_seq, Bytes* out) {
+  size_t start = out->size();
+  PutFixed32(*out, kSegmentMagic);
+  PutFixed32(*out, kSpoolVersion);
+  PutFixed64(*out, first_seq);
+  PutFixed32(*out, crc32c::Value(out->data() + start, 16));
+}
+
+bool DecodeSegmentHeader(ByteSpan in, uint64_t* first_seq) {
+  if (in.size() < kSegmentHeaderSize) return false;
+  const uint8_t* p = in.data();
+  if (DecodeFixed32(p) != kSegmentMagic || DecodeFixed32(p + 4) != kSpoolVersion) return false;
+  if (DecodeFixed32(p + 16) != crc32c::Value(p, 16)) return false;
+  *first_seq = DecodeFixed64(p + 8);
+  return true;
+}
+
+bool ValidShape(proto::RecordKind kind, uint32_t length, size_t data_len) {
+  switch (kind) {
+    case proto::RecordKind::kData:
+      return data_len == length && length > 0 && length <= kMaxSpoolRecordData;
+    case proto::RecordKind::kTag:
+      return data_len >= 1 && data_len <= proto::kMaxNameLength;
+    case proto::RecordKind::kZero:
+    case proto::RecordKind::kTrim:
+    case proto::RecordKind::kFlush:
+      return data_len == 0;
+  }
+  return false;
+}
+
+enum class DecodeResult { kOk, kTruncated, kBad };
+
+// Decodes the record at the start of `in`; on kOk fills *r and *size.
+DecodeResult DecodeSpoolRecord(ByteSpan in, proto::Record* r, size_t* size) {
+  if (in.size() < kRecordHeaderSize) return DecodeResult::kTruncated;
+  const uint8_t* p = in.data();
+  uint32_t crc = DecodeFixed32(p);
+  uint32_t data_len = DecodeFixed32(p + 4);
+  if (data_len > kMaxSpoolRecordData) return DecodeResult::kBad;
+  if (in.size() - kRecordHeaderSize < data_len) return DecodeResult::kTruncated;
+  if (crc32c::Value(p + 4, kRecordHeaderSize - 4 + data_len) != crc) return DecodeResult::kBad;
+  uint8_t kind = p[28];
+  if (kind < 1 || kind > 5) return DecodeResult::kBad;
+  r->seq = DecodeFixed64(p + 8);
+  r->offset = DecodeFixed64(p + 16);
+  r->length = DecodeFixed32(p + 24);
+  r->kind = proto::RecordKind(kind);
+  r->timestamp_us = DecodeFixed64(p + 32);
+  if (!ValidShape(r->kind, r->length, data_len)) return DecodeResult::kBad;
+  r->data.assign(p + kRecordHeaderSize, p + kRecordHeaderSize + data_len);
+  *size = kRecordHeaderSize + data_len;
+  return DecodeResult::kOk;
+}
+
+}  // namespace
+
+bool AllZero(ByteSpan data) {
+  if (data.empty()) return true;
+  if (data[0] != 0) return false;
+  return std::memcmp(data.data(), data.data() + 1, data.size() - 1) == 0;
+}
+
+void EncodeSpoolRecord(const proto::Record& r, Bytes* out) {
+  size_t start = out->size();
+  PutFixed32(*out, 0);
+  PutFixed32(*out, uint32_t(r.data.size()));
+  PutFixed64(*out, r.seq);
+  PutFixed64(*out, r.offset);
+  PutFixed32(*out, r.length);
+  PutU8(*out, uint8_t(r.kind));
+  PutU8(*out, 0);
+  PutU8(*out, 0);
+  PutU8(*out, 0);
+  PutFixed64(*out, r.timestamp_us);
+  PutBytes(*out, ByteSpan(r.data));
+  EncodeFixed32(out->data() + start,
+                crc32c::Value(out->data() + start + 4, out->size() - start - 4));
+}
+
+struct Spool::Writer {
+  std::vector<proto::Record> records;
+  size_t first = 0;       // index of the first non-duplicate record
+  bool accepted = false;  // to be written by the leader
+  bool done = false;
+  AppendResult result;
+};
+
+Spool::Spool(const SpoolOptions& options) : opt_(options) {}
+
+Spool::~Spool() { Close(); }
+
+Result<std::unique_ptr<Spool>> Spool::Open(const SpoolOptions& options, SpoolRecovery* recovery) {
+  if (options.env == nullptr || options.clock == nullptr || options.dir.empty())
+    return Status::InvalidArgument("spool: env, clock and dir are required");
+  if (options.segment_bytes < 4096)
+    return Status::InvalidArgument("spool: segment_bytes below 4096");
+  std::unique_ptr<Spool> s(new Spool(options));
+  SpoolRecovery local;
+  CDP_RETURN_IF_ERROR(s->Recover(recovery ? recovery : &local));
+  return s;
+}
+
+void Spool::Report(const Status& s) {
+  if (opt_.on_corruption) opt_.on_corruption(s);
+}
+
+Status Spool::Recover(SpoolRecovery* rec) {
+  Env* env = opt_.env;
+  CDP_RETURN_IF_ERROR(env->CreateDirs(opt_.dir).WithContext("spool " + opt_.dir));
+  CDP_ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(opt_.dir));
+  std::vector<std::pair<uint64_t, std::string>> segs;
+  for (const auto& n : names) {
+    uint64_t first = 0;
+    if (ParseSegmentName(n, &first)) segs.emplace_back(first, n);
+  }
+  std::sort(segs.begin(), segs.end());
+
+  bool dir_changed = false;
+  bool stop = false;  // corruption found: drop everything after it
+  uint64_t prev_last = 0;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    std::string path = JoinPath(opt_.dir, segs[i].second);
+    bool last = (i + 1 == segs.size());
+    if (stop) {
+      CDP_RETURN_IF_ERROR(env->Remove(path));
+      rec->dropped_segments++;
+      dir_changed = true;
+      continue;
+    }
+    OpenOptions oo;
+    CDP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, env->Open(path, oo));
+    CDP_ASSIGN_OR_RETURN(uint64_t size, file->Size());
+    if (size > kMaxGroupBytes * 4 + opt_.segment_bytes)
+      return Status::Corruption("spool segment too large: " + path);
+    Bytes buf(size);
+    if (size > 0) CDP_RETURN_IF_ERROR(file->Read(0, size, buf.data()));
+    uint64_t first_seq = 0;
+    if (!DecodeSegmentHeader(buf, &first_seq) || first_seq != segs[i].first ||
+        first_seq <= prev_last || first_seq == 0) {
+      if (last && !DecodeSegmentHeader(buf, &first_seq)) {
+        // Created but its header never became durable: a torn roll.
+        file.reset();
+        CDP_RETURN_IF_ERROR(env->Remove(path));
+        rec->dropped_segments++;
+        rec->truncated_bytes += size;
+        dir_changed = true;
+        continue;
+      }
+      Status c = Status::Corruption("spool segment header bad: " + path);
+      c.MarkDataLoss();
+      Report(c);
+      rec->corrupt_records++;
+      file.reset();
+      CDP_RETURN_IF_ERROR(env->Remove(path));
+      rec->dropped_segments++;
+      dir_changed = true;
+      stop = true;
+      continue;
+    }
+    if (!segments_.empty() && first_seq > prev_last + 1) {
+      // A floor jump (SetFloor): everything before it is already at the MT.
+      for (auto& [k, old] : segments_) {
+        old.file.reset();
+        CDP_RETURN_IF_ERROR(env->Remove(old.path));
+        rec->dropped_segments++;
+        rec->segments--;
+      }
+      segments_.clear();
+      index_.clear();
+      backlog_bytes_ = 0;
+      disk_bytes_ = 0;
+      dir_changed = true;
+    }
+    Segment seg;
+    seg.first_seq = first_seq;
+    seg.path = path;
+    uint64_t pos = kSegmentHeaderSize;
+    uint64_t expected = first_seq;
+    bool bad = false;
+    while (pos < size) {
+      proto::Record r;
+      size_t rsize = 0;
+      DecodeResult d = DecodeSpoolRecord(ByteSpan(buf).subspan(pos), &r, &rsize);
+      if (d == DecodeResult::kOk && r.seq != expected) d = DecodeResult::kBad;
+      if (d != DecodeResult::kOk) {
+        bad = true;
+        break;
+      }
+      index_.push_back(IndexEntry{r.seq, first_seq, pos, uint32_t(rsize), r.timestamp_us});
+      backlog_bytes_ += rsize;
+      rec->records++;
+      seg.last_seq = r.seq;
+      expected++;
+      pos += rsize;
+    }
+    if (bad) {
+      // A bad record followed by a good one is damage to synced data, not a
+      // torn tail (which only ever loses the end).
+      bool followed = false;
+      if (pos + kRecordHeaderSize <= size) {
+        uint64_t next = pos + kRecordHeaderSize + DecodeFixed32(buf.data() + pos + 4);
+        proto::Record r2;
+        size_t s2 = 0;
+        followed = next < size &&
+                   DecodeSpoolRecord(ByteSpan(buf).subspan(next), &r2, &s2) == DecodeResult::kOk;
+      }
+      if (last && followed) {
+        Status c = Status::Corruption("spool record bad in " + path + " at byte " + std::to_string(pos) +
+                                      " (seq " + std::to_string(expected) + "), later records dropped");
+        c.MarkDataLoss();
+        Report(c);
+        rec->corrupt_records++;
+      }
+      if (!last) {
+        Status c = Status::Corruption("spool record bad in synced segment " + path + " at byte " +
+                                      std::to_string(pos) + " (seq " + std::to_string(expected) + ")");
+        c.MarkDataLoss();
+        Report(c);
+        rec->corrupt_records++;
+        stop = true;
+      }
+      rec->truncated_bytes += size - pos;
+      CDP_RETURN_IF_ERROR(file->Truncate(pos));
+      CDP_RETURN_IF_ERROR(file->Sync());
+      size = pos;
+    }
+    seg.size = size;
+    seg.file = std::move(file);
+    disk_bytes_ += size;
+    prev_last = seg.last_seq ? seg.last_seq : first_seq - 1;
+    segments_[first_seq] = std::move(seg);
+    rec->segments++;
+  }
+  if (dir_changed) CDP_RETURN_IF_ERROR(env->SyncDir(opt_.dir));
+  if (!segments_.empty()) {
+    const Segment& a = segments_.rbegin()->second;
+    durable_seq_ = a.last_seq ? a.last_seq : a.first_seq - 1;
+  }
+  released_seq_ = index_.empty() ? durable_seq_ : index_.front().seq - 1;
+  return Status::OK();
+}
+
+Status Spool::CreateSegment(uint64_t first_seq, Segment* out) {
+  std::string path = JoinPath(opt_.dir, SegmentName(first_seq));
+  OpenOptions oo;
+  oo.create = true;
+  oo.truncate = true;
+  CDP_ASSIGN_OR_RETURN(std::unique_ptr<File> f, opt_.env->Open(path, oo));
+  Bytes hdr;
+  EncodeSegmentHeader(first_seq, &hdr);
+  CDP_RETURN_IF_ERROR(f->Append(hdr));
+  CDP_RETURN_IF_ERROR(f->Sync());
+  CDP_RETURN_IF_ERROR(opt_.env->SyncDir(opt_.dir));
+  out->first_seq = first_seq;
+  out->last_seq = 0;
+  out->size = hdr.size();
+  out->path = path;
+  out->file = std::move(f);
+  return Status::OK();
+}
+
+bool Spool::BusyLocked(uint64_t extra) {
+  if (opt_.quota_bytes == 0) return false;
+  if (busy_ && double(backlog_bytes_) > double(opt_.quota_bytes) * opt_.resume_fraction) return true;
+  busy_ = backlog_bytes_ + extra > opt_.quota_bytes;
+  return busy_;
+}
+
+uint64_t Spool::NextExpectedLocked() const { return durable_seq_ + 1; }
+
+AppendResult Spool::Append(std::vector<proto::Record> records) {
+  Writer w;
+  w.records = std::move(records);
+  std::unique_lock<std::mutex> l(mu_);
+  if (closed_) {
+    w.result.status = Status::Aborted("spool closed");
+    return w.result;
+  }
+  writers_.push_back(&w);
+  cv_.wait(l, [&] { return w.done || writers_.front() == &w; });
+  if (w.done) return std::move(w.result);
+
+  // Leader: decide every queued writer's fate under the lock.
+  std::vector<Writer*> group;
+  uint64_t expected = NextExpectedLocked();
+  uint64_t group_first = expected;
+  uint64_t group_bytes = 0;
+  for (Writer* x : writers_) {
+    if (!group.empty() && group_bytes >= kMaxGroupBytes) break;
+    group.push_back(x);
+    x->result.expected_seq = expected;
+    if (closed_) {
+      x->result.status = Status::Aborted("spool closed");
+      continue;
+    }
+    size_t i = 0;
+    while (i < x->records.size() && x->records[i].seq < expected) ++i;
+    x->first = i;
+    uint64_t bytes = 0;
+    Status bad;
+    for (size_t j = i; j < x->records.size(); ++j) {
+      const proto::Record& r = x->records[j];
+      if (r.seq != expected + (j - i)) {
+        bad = Status::OutOfRange("spool: gap, expected seq " + std::to_string(expected + (j - i)) +
+                                 " got " + std::to_string(r.seq));
+        break;
+      }
+      if (!ValidShape(r.kind, r.length, r.data.size())) {
+        bad = Status::InvalidArgument("spool: bad record shape at seq " + std::to_string(r.seq));
+        break;
+      }
+      bytes += kRecordHeaderSize + r.data.size();
+    }
+    if (!bad.ok()) {
+      x->result.status = bad;
+      continue;
+    }
+    if (i == x->records.size()) {  // all duplicates (or empty)
+      x->result.status = Status::OK();
+      continue;
+    }
+    if (BusyLocked(group_bytes + bytes)) {
+      x->result.status = Status::Busy("spool over quota (" + std::to_string(backlog_bytes_) + " of " +
+                                      std::to_string(opt_.quota_bytes) + " bytes)");
+      continue;
+    }
+    x->accepted = true;
+    group_bytes += bytes;
+    expected += x->records.size() - i;
+  }
+  uint64_t group_last = expected - 1;
+
+  // Where the group goes: the active segment unless it is full, missing, or
+  // the floor jumped past its end.
+  Segment active;
+  bool have_active = !segments_.empty();
+  if (have_active) active = segments_.rbegin()->second;
+  l.unlock();
+
+  Status s;
+  bool poison = false;
+  bool rolled = false;
+  Segment fresh;
+  std::vector<IndexEntry> entries;
+  uint64_t old_size = active.size;
+  if (group_last >= group_first) {
+    uint64_t active_next = have_active ? (active.last_seq ? active.last_seq : active.first_seq - 1) + 1 : 0;
+    if (!have_active || active.size >= opt_.segment_bytes || active_next != group_first) {
+      s = CreateSegment(group_first, &fresh);
+      rolled = s.ok();
+    }
+    Segment& target = rolled ? fresh : active;
+    if (s.ok()) {
+      Bytes buf;
+      buf.reserve(group_bytes);
+      uint64_t pos = target.size;
+      for (Writer* x : group) {
+        if (!x->accepted) continue;
+        for (size_t j = x->first; j < x->records.size(); ++j) {
+          proto::Record& r = x->records[j];
+          if (r.kind == proto::RecordKind::kData && AllZero(r.data)) {
+            r.kind = proto::RecordKind::kZero;
+            r.data.clear();
+            r.data.shrink_to_fit();
+          }
+          size_t before = buf.size();
+          EncodeSpoolRecord(r, &buf);
+          entries.push_back(IndexEntry{r.seq, target.first_seq, pos + before,
+                                       uint32_t(buf.size() - before), r.timestamp_us});
+        }
+      }
+      s = target.file->Append(buf);
+      if (s.ok()) s = target.file->Sync();
+      if (s.ok()) {
+        target.size += buf.size();
+        target.last_seq = group_last;
+      } else if (!rolled) {
+        // Cut the unsynced partial group so later groups never follow garbage.
+        Status t = target.file->Truncate(old_size);
+        if (!t.ok()) poison = true;  // cannot trust the tail any more
+      }
+    }
+  }
+
+  l.lock();
+  if (group_last >= group_first && s.ok()) {
+    Segment& target = rolled ? fresh : active;
+    if (rolled && have_active && active.last_seq == 0 && segments_.count(active.first_seq)) {
+      // An empty active segment superseded by a floor jump.
+      Status r = opt_.env->Remove(active.path);
+      if (r.ok()) {
+        disk_bytes_ -= std::min(disk_bytes_, segments_[active.first_seq].size);
+        segments_.erase(active.first_seq);
+      }
+    }
+    disk_bytes_ += rolled ? target.size : target.size - old_size;
+    segments_[target.first_seq] = target;
+    for (const IndexEntry& e : entries) {
+      if (e.seq <= released_seq_) continue;
+      index_.push_back(e);
+      backlog_bytes_ += e.size;
+    }
+    durable_seq_ = std::max(durable_seq_, group_last);
+    syncs_++;
+  }
+  if (poison) closed_ = true;
+  if (rolled && !s.ok()) {
+    // The new segment was created but its write failed: drop it.
+    (void)opt_.env->Remove(fresh.path);
+  }
+  for (Writer* x : group) {
+    if (x->accepted) {
+      x->result.status = s;
+      if (s.ok()) {
+        x->result.appended = x->records.size() - x->first;
+        batches_++;
+      }
+    }
+    x->result.durable_seq = durable_seq_;
+    x->done = true;
+    writers_.pop_front();
+  }
+  cv_.notify_all();
+  durable_cv_.notify_all();
+  return std::move(w.result);
+}
+
+Result<std::vector<proto::Record>> Spool::Read(uint64_t from_seq, uint64_t max_bytes) {
+  struct Piece {
+    std::shared_ptr<File> file;
+    IndexEntry e;
+  };
+  std::vector<Piece> pieces;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (index_.empty() || from_seq > index_.back().seq) return std::vector<proto::Record>{};
+    if (from_seq < index_.front().seq)
+      return Status::NotFound("spool: seq " + std::to_string(from_seq) + " already released (first " +
+                              std::to_string(index_.front().seq) + ")");
+    size_t pos = size_t(from_seq - index_.front().seq);
+    uint64_t bytes = 0;
+    for (size_t i = pos; i < index_.size() && (pieces.empty() || bytes < max_bytes); ++i) {
+      const IndexEntry& e = index_[i];
+      auto it = segments_.find(e.segment_first);
+      if (it == segments_.end()) return Status::NotFound("spool: segment of seq " + std::to_string(e.seq));
+      pieces.push_back(Piece{it->second.file, e});
+      bytes += e.size;
+    }
+  }
+  std::vector<proto::Record> out;
+  out.reserve(pieces.size());
+  size_t i = 0;
+  Bytes buf;
+  while (i < pieces.size()) {
+    // One read covering the run of adjacent records in the same file.
+    size_t j = i + 1;
+    while (j < pieces.size() && pieces[j].file == pieces[i].file &&
+           pieces[j].e.offset == pieces[j - 1].e.offset + pieces[j - 1].e.size)
+      ++j;
+    uint64_t start = pieces[i].e.offset;
+    uint64_t len = pieces[j - 1].e.offset + pieces[j - 1].e.size - start;
+    buf.resize(len);
+    CDP_RETURN_IF_ERROR(pieces[i].file->Read(start, len, buf.data()));
+    for (size_t k = i; k < j; ++k) {
+      proto::Record r;
+      size_t size = 0;
+      DecodeResult d = DecodeSpoolRecord(ByteSpan(buf).subspan(pieces[k].e.offset - start, pieces[k].e.size), &r, &size);
+      if (d != DecodeResult::kOk || r.seq != pieces[k].e.seq || size != pieces[k].e.size) {
+        Status c = Status::Corruption("spool: record seq " + std::to_string(pieces[k].e.seq) +
+                                      " failed its check in " + pieces[k].file->path());
+        c.MarkDataLoss();
+        Report(c);
+        if (!out.empty()) return out;  // the good prefix; the next call reports again
+        return c;
+      }
+      out.push_back(std::move(r));
+    }
+    i = j;
+  }
+  return out;
+}
+
+Status Spool::Release(uint64_t seq) {
+  std::vector<std::string> doomed;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (seq > durable_seq_) seq = durable_seq_;
+    if (seq <= released_seq_) return Status::OK();
+    released_seq_ = seq;
+    while (!index_.empty() && index_.front().seq <= seq) {
+      backlog_bytes_ -= std::min<uint64_t>(backlog_bytes_, index_.front().size);
+      index_.pop_front();
+    }
+    while (segments_.size() > 1) {
+      auto it = segments_.begin();
+      const Segment& sg = it->second;
+      uint64_t end = sg.last_seq ? sg.last_seq : sg.first_seq - 1;
+      if (end > seq) break;
+      doomed.push_back(sg.path);
+      disk_bytes_ -= std::min(disk_bytes_, sg.size);
+      segments_.erase(it);
+    }
+    if (busy_ && double(backlog_bytes_) <= double(opt_.quota_bytes) * opt_.resume_fraction) busy_ = false;
+  }
+  Status first;
+  for (const auto& p : doomed) {
+    Status s = opt_.env->Remove(p);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  if (!doomed.empty()) {
+    Status s = opt_.env->SyncDir(opt_.dir);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+void Spool::SetFloor(uint64_t seq) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (seq <= durable_seq_) return;
+    durable_seq_ = seq;
+  }
+  (void)Release(seq);
+  durable_cv_.notify_all();
+}
+
+uint64_t Spool::WaitDurable(uint64_t after_seq, int timeout_ms) {
+  std::unique_lock<std::mutex> l(mu_);
+  durable_cv_.wait_for(l, std::chrono::milliseconds(timeout_ms),
+                       [&] { return durable_seq_ > after_seq || closed_; });
+  return durable_seq_;
+}
+
+void Spool::Close() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+  durable_cv_.notify_all();
+}
+
+uint64_t Spool::durable_seq() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return durable_seq_;
+}
+
+SpoolStats Spool::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  SpoolStats s;
+  s.first_seq = index_.empty() ? 0 : index_.front().seq;
+  s.durable_seq = durable_seq_;
+  s.released_seq = released_seq_;
+  s.backlog_bytes = backlog_bytes_;
+  s.backlog_records = index_.size();
+  s.oldest_timestamp_us = index_.empty() ? 0 : index_.front().timestamp_us;
+  s.disk_bytes = disk_bytes_;
+  s.segments = segments_.size();
+  s.syncs = syncs_;
+  s.appended_batches = batches_;
+  s.queued_writers = writers_.size();
+  s.busy = busy_;
+  return s;
+}
+
+}  // namespace cdp::ps
