@@ -1,0 +1,162 @@
+#include "agent/capture_device.h"
+
+#include <algorithm>
+
+#include "common/hash.h"
+
+namespace cdp::agent {
+namespace {
+constexpr uint64_t kZeroChunk = 1u << 20;
+}  // namespace
+
+Result<std::shared_ptr<CaptureDevice>> CaptureDevice::Open(const Options& opts) {
+  if (!proto::ValidName(opts.volume)) return Status::InvalidArgument("bad volume name '" + opts.volume + "'");
+  if (opts.env == nullptr || opts.clock == nullptr) return Status::InvalidArgument("capture device: env and clock required");
+  if (opts.block_size < 512 || opts.block_size > (2u << 20) || (opts.block_size & (opts.block_size - 1)) != 0) {
+    return Status::InvalidArgument("capture device: block size must be a power of two in 512..2 MiB");
+  }
+  CDP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, opts.env->Open(opts.backing_path, OpenOptions{}));
+  CDP_ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  if (size == 0) return Status::InvalidArgument("backing store " + opts.backing_path + " is empty");
+  if (size % 512 != 0) {
+    return Status::InvalidArgument("backing store " + opts.backing_path + " size is not a multiple of 512");
+  }
+  DirtyBitmap::Options bo;
+  bo.env = opts.env;
+  bo.path = opts.bitmap_path;
+  bo.volume_size = size;
+  bo.region_size = opts.region_size;
+  CDP_ASSIGN_OR_RETURN(std::unique_ptr<DirtyBitmap> bitmap, DirtyBitmap::Open(bo));
+  return std::shared_ptr<CaptureDevice>(new CaptureDevice(opts, std::move(file), size, std::move(bitmap)));
+}
+
+CaptureDevice::CaptureDevice(const Options& opts, std::unique_ptr<File> file, uint64_t size,
+                             std::unique_ptr<DirtyBitmap> bitmap)
+    : opts_(opts), file_(std::move(file)), size_(size), bitmap_(std::move(bitmap)) {
+  queue_ = std::make_unique<CaptureQueue>(CaptureQueue::Options{opts.volume, opts.budget, opts.clock});
+}
+
+BlockDeviceFeatures CaptureDevice::features() const {
+  BlockDeviceFeatures f;
+  f.flush = f.fua = f.trim = f.write_zeroes = f.multi_conn = true;
+  return f;
+}
+
+Status CaptureDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
+  if (offset > size_ || len > size_ - offset) return Status::OutOfRange("read past the end of the volume");
+  return file_->Read(offset, len, buf);
+}
+
+Status CaptureDevice::SyncBacking() {
+  std::lock_guard lk(sync_mu_);
+  return file_->Sync();
+}
+
+Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
+  const uint64_t len = data.size();
+  if (len == 0) return Status::OK();
+  if (offset > size_ || len > size_ - offset) return Status::OutOfRange("write past the end of the volume");
+  if (len > proto::kMaxRecordLength) return Status::InvalidArgument("write larger than a record");
+  CDP_RETURN_IF_ERROR(bitmap_->MarkAndPin(offset, len));
+  {
+    auto lk = queue_->Lock();
+    Status s = file_->Write(offset, data);
+    if (!s.ok()) {
+      bitmap_->Unpin(offset, len);
+      return s;
+    }
+    uint64_t seq = queue_->AppendLocked(proto::RecordKind::kData, offset, uint32_t(len), data);
+    if (seq != 0) bitmap_->Assign(offset, len, seq);
+    else bitmap_->AssignResync(offset, len);
+  }
+  if (fua) return SyncBacking();
+  return Status::OK();
+}
+
+Status CaptureDevice::ApplyRange(proto::RecordKind kind, uint64_t offset, uint64_t len, bool punch) {
+  if (offset > size_ || len > size_ - offset) return Status::OutOfRange("range past the end of the volume");
+  if (len == 0) return Status::OK();
+  CDP_RETURN_IF_ERROR(bitmap_->MarkAndPin(offset, len));
+  static const Bytes kZeros(kZeroChunk, 0);
+  auto lk = queue_->Lock();
+  Status s;
+  if (punch) s = file_->PunchHole(offset, len);
+  if (!punch || !s.ok()) {
+    // No hole punching (NO_HOLE, or a store that cannot): write zeros.
+    s = Status::OK();
+    for (uint64_t done = 0; done < len && s.ok();) {
+      uint64_t n = std::min(kZeroChunk, len - done);
+      s = file_->Write(offset + done, ByteSpan(kZeros.data(), n));
+      done += n;
+    }
+  }
+  if (!s.ok()) {
+    bitmap_->Unpin(offset, len);
+    return s;
+  }
+  for (uint64_t done = 0; done < len;) {
+    uint64_t n = std::min<uint64_t>(proto::kMaxRecordLength, len - done);
+    uint64_t seq = queue_->AppendLocked(kind, offset + done, uint32_t(n), {});
+    if (seq != 0) bitmap_->Assign(offset + done, n, seq);
+    else bitmap_->AssignResync(offset + done, n);
+    done += n;
+  }
+  return Status::OK();
+}
+
+Status CaptureDevice::WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) {
+  CDP_RETURN_IF_ERROR(ApplyRange(proto::RecordKind::kZero, offset, len, may_trim));
+  if (fua) return SyncBacking();
+  return Status::OK();
+}
+
+Status CaptureDevice::Trim(uint64_t offset, uint64_t len, bool fua) {
+  // Replicas write zeros for a trim, so the source must read zeros too.
+  CDP_RETURN_IF_ERROR(ApplyRange(proto::RecordKind::kTrim, offset, len, true));
+  if (fua) return SyncBacking();
+  return Status::OK();
+}
+
+Status CaptureDevice::Flush() {
+  CDP_RETURN_IF_ERROR(SyncBacking());
+  auto lk = queue_->Lock();
+  (void)queue_->AppendFlushLocked(ConsistentLocked());
+  return Status::OK();
+}
+
+bool CaptureDevice::ConsistentLocked() const {
+  return queue_->ModeLocked() == CaptureMode::kData && bitmap_->ResyncCount() == 0;
+}
+
+Status CaptureDevice::ReadBacking(uint64_t offset, size_t len, uint8_t* buf) const {
+  if (offset > size_ || len > size_ - offset) return Status::OutOfRange("read past the end of the volume");
+  return file_->Read(offset, len, buf);
+}
+
+uint32_t CaptureDevice::RegionLength(uint64_t region) const {
+  uint64_t start = region * bitmap_->region_size();
+  if (start >= size_) return 0;
+  return uint32_t(std::min<uint64_t>(bitmap_->region_size(), size_ - start));
+}
+
+Result<proto::Hash128> CaptureDevice::HashRegion(uint64_t region) const {
+  uint32_t len = RegionLength(region);
+  if (len == 0) return Status::OutOfRange("region past the end of the volume");
+  Bytes buf(len);
+  CDP_RETURN_IF_ERROR(file_->Read(region * bitmap_->region_size(), len, buf.data()));
+  return Xxh3_128(buf.data(), buf.size());
+}
+
+Result<uint64_t> CaptureDevice::ShipRegion(uint64_t region) {
+  uint32_t len = RegionLength(region);
+  if (len == 0) return Status::OutOfRange("region past the end of the volume");
+  Bytes buf(len);
+  auto lk = queue_->Lock();
+  if (!queue_->HasRoomLocked(len)) return uint64_t(0);
+  CDP_RETURN_IF_ERROR(file_->Read(region * bitmap_->region_size(), len, buf.data()));
+  uint64_t seq = queue_->AppendResyncLocked(region * bitmap_->region_size(), buf);
+  if (seq != 0) bitmap_->ResyncDone(region, seq);
+  return seq;
+}
+
+}  // namespace cdp::agent

@@ -1,0 +1,96 @@
+// CaptureDevice: the capture tap of one protected volume. A BlockDevice
+// (common/nbd_server.h) that the NbdServer exports; every WRITE, WRITE_ZEROES
+// and TRIM is
+//
+//   1. marked in the persistent dirty bitmap (synced before the client hears
+//      back; free when the region is already marked),
+//   2. applied to the backing store and given the next sequence number, both
+//      under the volume's capture lock (so sequence order = applied order),
+//   3. queued in the CaptureQueue in the current mode (or, in bitmap mode,
+//      its regions are flagged for a resync),
+//   4. with FUA, followed by a sync of the backing store.
+//
+// FLUSH syncs the backing store, then queues a kFlush record (a
+// crash-consistent boundary) unless the volume is inside a window where no
+// recovery point can be promised (metadata or bitmap mode, or a resync pending).
+//
+// Thread safety: as BlockDevice — methods are called concurrently by the
+// NbdServer's workers; the sender and resync call the *Backing/ShipRegion
+// helpers from their own threads.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "agent/capture_queue.h"
+#include "agent/dirty_bitmap.h"
+#include "common/clock.h"
+#include "common/env.h"
+#include "common/nbd_server.h"
+#include "common/protocol.h"
+
+namespace cdp::agent {
+
+class CaptureDevice final : public BlockDevice {
+ public:
+  struct Options {
+    std::string volume;             // validated name (proto::ValidName)
+    Env* env = nullptr;             // must outlive the device
+    const Clock* clock = nullptr;   // must outlive the device
+    std::string backing_path;       // existing file or block device
+    std::string bitmap_path;        // dirty bitmap file (created when missing)
+    uint64_t budget = 64ull << 20;  // capture queue memory budget
+    uint32_t region_size = 1u << 20;
+    uint32_t block_size = 4096;     // advertised to NBD clients
+  };
+
+  // Opens the backing store and the dirty bitmap. Fails with kInvalidArgument
+  // (bad name, empty or unaligned volume) or the Env's / bitmap's error.
+  static Result<std::shared_ptr<CaptureDevice>> Open(const Options& opts);
+
+  // --- BlockDevice ---
+  uint64_t size() const override { return size_; }
+  bool read_only() const override { return false; }
+  BlockDeviceFeatures features() const override;
+  uint32_t preferred_block_size() const override { return opts_.block_size; }
+  Status Read(uint64_t offset, uint32_t len, uint8_t* buf) override;
+  Status Write(uint64_t offset, ByteSpan data, bool fua) override;
+  Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override;
+  Status Trim(uint64_t offset, uint64_t len, bool fua) override;
+  Status Flush() override;
+
+  // --- For the sender, resync and tags ---
+  const std::string& volume() const { return opts_.volume; }
+  CaptureQueue& queue() { return *queue_; }
+  DirtyBitmap& bitmap() { return *bitmap_; }
+  // Reads the backing store (metadata-mode records, hashing).
+  Status ReadBacking(uint64_t offset, size_t len, uint8_t* buf) const;
+  // Bytes of region `region` (the last one may be short).
+  uint32_t RegionLength(uint64_t region) const;
+  // XXH3-128 of region `region` as it is now.
+  Result<proto::Hash128> HashRegion(uint64_t region) const;
+  // Under the capture lock: reads region `region` and queues it as one data
+  // record, clearing its resync flag. Returns the sequence, or 0 when the
+  // queue has no room now (retry after acknowledgements).
+  Result<uint64_t> ShipRegion(uint64_t region);
+  // True when a kFlush or tag would mark a state the replica can reproduce:
+  // data mode and no region waiting for a resync. Call with the capture lock held.
+  bool ConsistentLocked() const;
+
+ private:
+  CaptureDevice(const Options& opts, std::unique_ptr<File> file, uint64_t size,
+                std::unique_ptr<DirtyBitmap> bitmap);
+  // Applies a zero/trim range under the capture lock, in record-sized chunks.
+  Status ApplyRange(proto::RecordKind kind, uint64_t offset, uint64_t len, bool punch);
+  Status SyncBacking();
+
+  Options opts_;
+  std::unique_ptr<File> file_;
+  uint64_t size_;
+  std::unique_ptr<DirtyBitmap> bitmap_;
+  std::unique_ptr<CaptureQueue> queue_;
+  std::mutex sync_mu_;
+};
+
+}  // namespace cdp::agent

@@ -1,0 +1,197 @@
+#include "agent/capture_queue.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/log.h"
+
+namespace cdp::agent {
+
+std::string_view ModeName(CaptureMode m) {
+  switch (m) {
+    case CaptureMode::kData: return "data";
+    case CaptureMode::kMetadata: return "metadata";
+    case CaptureMode::kBitmap: return "bitmap";
+  }
+  return "unknown";
+}
+
+CaptureQueue::CaptureQueue(Options opts) : opts_(std::move(opts)) {
+  if (opts_.budget < (1u << 20)) opts_.budget = 1u << 20;
+  if (opts_.clock == nullptr) opts_.clock = SystemClock::Get();
+  data_limit_ = opts_.budget - opts_.budget / 8;
+}
+
+void CaptureQueue::SetModeLocked(CaptureMode m, const char* why) {
+  if (m == st_.mode) return;
+  CaptureMode old = st_.mode;
+  st_.mode = m;
+  if (m == CaptureMode::kMetadata) ++st_.to_metadata;
+  if (m == CaptureMode::kBitmap) ++st_.to_bitmap;
+  if (m == CaptureMode::kData) ++st_.to_data;
+  auto lg = log::Get("agent");
+  const char* effect = m == CaptureMode::kData
+                           ? "recovery points resume from here"
+                           : (m == CaptureMode::kMetadata ? "no recovery points until drained (data re-read when shipped)"
+                                                          : "writes not queued; regions healed by resync");
+  lg->warn("{} capture mode {} -> {} ({}; queue {} bytes, {} records): {}",
+           log::Where{opts_.volume, "", next_seq_}, ModeName(old), ModeName(m), why, st_.memory_bytes,
+           q_.size(), effect);
+}
+
+uint64_t CaptureQueue::PushLocked(QueuedRecord r) {
+  r.seq = next_seq_++;
+  r.timestamp_us = opts_.clock->WallMicros();
+  st_.memory_bytes += kEntryOverhead + r.data.size();
+  st_.peak_memory_bytes = std::max(st_.peak_memory_bytes, st_.memory_bytes);
+  uint64_t seq = r.seq;
+  q_.push_back(std::move(r));
+  cv_.notify_all();
+  return seq;
+}
+
+bool CaptureQueue::HasRoomLocked(uint64_t len) const {
+  return st_.mode == CaptureMode::kData && st_.memory_bytes + kEntryOverhead + len <= data_limit_;
+}
+
+uint64_t CaptureQueue::AppendLocked(proto::RecordKind kind, uint64_t offset, uint32_t length, ByteSpan data) {
+  ++st_.captured_ops;
+  st_.captured_bytes += length;
+  QueuedRecord r;
+  r.offset = offset;
+  r.length = length;
+  r.kind = kind;
+  uint64_t cost = kEntryOverhead + (kind == proto::RecordKind::kData ? length : 0);
+  if (st_.mode == CaptureMode::kData && st_.memory_bytes + cost > data_limit_) {
+    SetModeLocked(CaptureMode::kMetadata, "memory budget reached");
+  }
+  if (st_.mode != CaptureMode::kBitmap && st_.memory_bytes + kEntryOverhead > opts_.budget) {
+    SetModeLocked(CaptureMode::kBitmap, "metadata reserve exhausted");
+  }
+  if (st_.mode == CaptureMode::kBitmap) {
+    ++st_.bitmap_mode_ops;
+    return 0;
+  }
+  if (kind == proto::RecordKind::kData) {
+    if (st_.mode == CaptureMode::kData) {
+      r.has_data = true;
+      r.data.assign(data.begin(), data.end());
+    }
+  }
+  return PushLocked(std::move(r));
+}
+
+uint64_t CaptureQueue::AppendFlushLocked(bool consistent) {
+  if (st_.mode != CaptureMode::kData || !consistent || st_.memory_bytes + kEntryOverhead > opts_.budget) {
+    ++st_.flushes_suppressed;
+    return 0;
+  }
+  ++st_.flushes_recorded;
+  QueuedRecord r;
+  r.kind = proto::RecordKind::kFlush;
+  return PushLocked(std::move(r));
+}
+
+uint64_t CaptureQueue::AppendTagLocked(std::string_view name) {
+  if (st_.mode == CaptureMode::kBitmap) return 0;
+  QueuedRecord r;
+  r.kind = proto::RecordKind::kTag;
+  r.data.assign(name.begin(), name.end());
+  r.length = uint32_t(r.data.size());
+  return PushLocked(std::move(r));
+}
+
+uint64_t CaptureQueue::AppendResyncLocked(uint64_t offset, ByteSpan data) {
+  if (!HasRoomLocked(data.size())) return 0;
+  QueuedRecord r;
+  r.kind = proto::RecordKind::kData;
+  r.offset = offset;
+  r.length = uint32_t(data.size());
+  r.has_data = true;
+  r.data.assign(data.begin(), data.end());
+  return PushLocked(std::move(r));
+}
+
+bool CaptureQueue::Peek(uint64_t from_seq, uint64_t max_bytes, size_t max_records,
+                        std::vector<QueuedRecord>* out) {
+  out->clear();
+  std::lock_guard lk(mu_);
+  if (q_.empty() || from_seq >= next_seq_) return false;
+  uint64_t first = q_.front().seq;
+  size_t i = from_seq > first ? size_t(from_seq - first) : 0;
+  uint64_t bytes = 0;
+  for (; i < q_.size() && out->size() < max_records; ++i) {
+    const QueuedRecord& r = q_[i];
+    uint64_t cost = r.kind == proto::RecordKind::kData ? r.length : r.data.size();
+    if (!out->empty() && bytes + cost > max_bytes) break;
+    bytes += cost;
+    out->push_back(r);
+  }
+  return !out->empty();
+}
+
+void CaptureQueue::WaitFor(uint64_t from_seq, int timeout_ms) {
+  std::unique_lock lk(mu_);
+  uint64_t gen = wake_gen_;
+  cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms),
+               [&] { return next_seq_ > from_seq || wake_gen_ != gen; });
+}
+
+void CaptureQueue::Wake() {
+  std::lock_guard lk(mu_);
+  ++wake_gen_;
+  cv_.notify_all();
+}
+
+size_t CaptureQueue::Ack(uint64_t durable) {
+  std::lock_guard lk(mu_);
+  size_t n = 0;
+  while (!q_.empty() && q_.front().seq <= durable) {
+    st_.memory_bytes -= kEntryOverhead + q_.front().data.size();
+    q_.pop_front();
+    ++n;
+  }
+  if (durable > acked_) acked_ = std::min(durable, next_seq_ - 1);
+  if (q_.empty() && st_.mode != CaptureMode::kData) SetModeLocked(CaptureMode::kData, "queue drained");
+  return n;
+}
+
+bool CaptureQueue::Resume(uint64_t durable) {
+  {
+    std::lock_guard lk(mu_);
+    if (durable < acked_ || durable >= next_seq_) {
+      // Renumber: the first queued record becomes durable+1.
+      uint64_t s = durable + 1;
+      for (auto& r : q_) r.seq = s++;
+      next_seq_ = s;
+      acked_ = durable;
+      cv_.notify_all();
+      return false;
+    }
+  }
+  Ack(durable);
+  return true;
+}
+
+uint64_t CaptureQueue::next_seq() const {
+  std::lock_guard lk(mu_);
+  return next_seq_;
+}
+uint64_t CaptureQueue::acked_seq() const {
+  std::lock_guard lk(mu_);
+  return acked_;
+}
+CaptureMode CaptureQueue::mode() const {
+  std::lock_guard lk(mu_);
+  return st_.mode;
+}
+CaptureQueueStats CaptureQueue::Stats() const {
+  std::lock_guard lk(mu_);
+  CaptureQueueStats s = st_;
+  s.records = q_.size();
+  s.next_seq = next_seq_;
+  s.acked_seq = acked_;
+  return s;
+}
+
+}  // namespace cdp::agent

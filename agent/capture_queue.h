@@ -1,0 +1,151 @@
+// CaptureQueue: the ordered, memory-bounded queue of captured records of one
+// volume, between the capture tap (agent/capture_device.h) and the sender
+// (agent/sender.h). It owns the volume's *capture lock*: applying a write to
+// the backing store, assigning its sequence and queueing it happen under that
+// one lock, so sequence order is exactly the order writes reached the store.
+//
+// Modes (InMage's filter-driver modes), chosen per record at capture time:
+//
+//            data bytes + overheads > data_limit        overheads > budget
+//   kData ---------------------------------> kMetadata -------------------> kBitmap
+//     ^                                         |                             |
+//     +------ every queued record acknowledged -+-----------------------------+
+//
+//   kData      the record keeps its data (exact point-in-time content).
+//   kMetadata  only (offset, length) is kept; the sender re-reads the current
+//              content from the backing store. The stream is no longer a prefix
+//              of the source's history inside that window: kFlush records are
+//              suppressed there (no recovery point is promised).
+//   kBitmap    nothing is queued and no sequence is used; the caller marks the
+//              regions for a resync (DirtyBitmap::AssignResync).
+// data_limit = budget - budget/8; the last eighth is the metadata reserve, so
+// the queue's memory (data + kEntryOverhead per record) never exceeds `budget`.
+// Every transition is logged and counted.
+//
+// Sequences start at 1 and are contiguous. Until the process server has told
+// the resume point (Rebase), the numbers are provisional.
+//
+// Thread safety: every method is thread-safe. Methods named *Locked must be
+// called with the lock returned by Lock() held (or, for tags across volumes,
+// all volumes' locks held); nothing else must be called while holding it
+// except DirtyBitmap::Assign/AssignResync/Unpin.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/coding.h"
+#include "common/protocol.h"
+#include "common/status.h"
+
+namespace cdp::agent {
+
+enum class CaptureMode : int { kData = 0, kMetadata = 1, kBitmap = 2 };
+std::string_view ModeName(CaptureMode m);
+
+// One record waiting to be sent or acknowledged. `has_data` false with kind
+// kData means metadata mode: the sender must re-read [offset, offset+length).
+struct QueuedRecord {
+  uint64_t seq = 0;
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  proto::RecordKind kind = proto::RecordKind::kData;
+  bool has_data = false;
+  uint64_t timestamp_us = 0;
+  Bytes data;  // kData with has_data: `length` bytes; kTag: the name
+};
+
+struct CaptureQueueStats {
+  CaptureMode mode = CaptureMode::kData;
+  uint64_t memory_bytes = 0;     // data + per-record overheads
+  uint64_t peak_memory_bytes = 0;
+  uint64_t records = 0;          // queued (sent or not), not yet acknowledged
+  uint64_t next_seq = 1;
+  uint64_t acked_seq = 0;
+  uint64_t captured_ops = 0;     // writes, zero-writes and trims captured (any mode)
+  uint64_t captured_bytes = 0;
+  uint64_t flushes_recorded = 0;
+  uint64_t flushes_suppressed = 0;
+  uint64_t to_metadata = 0;      // transitions counted
+  uint64_t to_bitmap = 0;
+  uint64_t to_data = 0;
+  uint64_t bitmap_mode_ops = 0;  // writes that were not queued (bitmap mode)
+};
+
+class CaptureQueue {
+ public:
+  static constexpr uint64_t kEntryOverhead = 96;  // bytes charged per record
+
+  struct Options {
+    std::string volume;                 // for log lines
+    uint64_t budget = 64ull << 20;      // bytes, >= 1 MiB
+    const Clock* clock = nullptr;       // for timestamps; must outlive the queue
+  };
+  explicit CaptureQueue(Options opts);
+  CaptureQueue(const CaptureQueue&) = delete;
+  CaptureQueue& operator=(const CaptureQueue&) = delete;
+
+  // The capture lock.
+  std::unique_lock<std::mutex> Lock() { return std::unique_lock<std::mutex>(mu_); }
+
+  // Queues a captured write (kData: `data` holds length bytes), zero-write or
+  // trim (no data) in the current mode. Returns its sequence, or 0 when the
+  // queue is in bitmap mode (the caller must mark the range for a resync).
+  uint64_t AppendLocked(proto::RecordKind kind, uint64_t offset, uint32_t length, ByteSpan data);
+  // Queues a kFlush record unless inside a no-recovery-point window (not data
+  // mode, or `consistent` false). Returns its sequence or 0 if suppressed.
+  uint64_t AppendFlushLocked(bool consistent);
+  // Queues a kTag record (any mode but bitmap; the caller checks consistency).
+  // Returns its sequence, or 0 in bitmap mode.
+  uint64_t AppendTagLocked(std::string_view name);
+  // Queues a resync region's data, always as data. Returns 0 (nothing queued)
+  // unless in data mode and the data fits in the data limit.
+  uint64_t AppendResyncLocked(uint64_t offset, ByteSpan data);
+  CaptureMode ModeLocked() const { return st_.mode; }
+  bool HasRoomLocked(uint64_t len) const;
+
+  // --- Sender side ---
+  // Copies records with seq >= from_seq, at most `max_bytes` of data (at least
+  // one record) and `max_records`, into *out. Returns false if there is none.
+  bool Peek(uint64_t from_seq, uint64_t max_bytes, size_t max_records, std::vector<QueuedRecord>* out);
+  // Waits until a record with seq >= from_seq exists, `timeout_ms` passes
+  // (real time: this is the sender's idle wait), or Wake() is called.
+  void WaitFor(uint64_t from_seq, int timeout_ms);
+  void Wake();
+  // The process server durably holds every seq <= durable: releases them.
+  // Returns to data mode once nothing is queued. Returns records released.
+  size_t Ack(uint64_t durable);
+  // The resume point told by the process server. If `durable` lies within
+  // [acked, next_seq-1] this is Ack(durable) and returns true. Otherwise the
+  // queued records are renumbered to start at durable+1 and it returns false
+  // (the caller decides whether history was lost: see Sender).
+  bool Resume(uint64_t durable);
+
+  uint64_t next_seq() const;
+  uint64_t acked_seq() const;
+  CaptureMode mode() const;
+  CaptureQueueStats Stats() const;
+
+ private:
+  void SetModeLocked(CaptureMode m, const char* why);
+  uint64_t PushLocked(QueuedRecord r);
+
+  Options opts_;
+  uint64_t data_limit_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<QueuedRecord> q_;  // seqs acked_+1 .. next_seq_-1, in order
+  uint64_t next_seq_ = 1;
+  uint64_t acked_ = 0;
+  uint64_t wake_gen_ = 0;
+  CaptureQueueStats st_;
+};
+
+}  // namespace cdp::agent

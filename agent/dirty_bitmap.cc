@@ -1,0 +1,338 @@
+#include "agent/dirty_bitmap.h"
+
+#include <algorithm>
+
+#include "common/coding.h"
+#include "common/crc32c.h"
+
+namespace cdp::agent {
+namespace {
+
+constexpr uint64_t kMagic = 0x3150'4d42'4450'4443ull;  // "CDPDBMP1"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderSize = 56;
+constexpr size_t kSlotAlign = 4096;
+
+// In ondisk_: while a slot write is in progress, a bit is set only if it is set
+// both in the newest image on disk and in the image being written (bits being
+// cleared count as not marked from the moment the write starts).
+
+}  // namespace
+
+DirtyBitmap::DirtyBitmap(const Options& opts)
+    : opts_(opts),
+      region_size_(opts.region_size),
+      region_count_((opts.volume_size + opts.region_size - 1) / opts.region_size) {
+  size_t bits_len = (region_count_ + 7) / 8;
+  slot_size_ = ((kHeaderSize + bits_len + 4 + kSlotAlign - 1) / kSlotAlign) * kSlotAlign;
+  ondisk_.assign(bits_len, 0);
+  last_seq_.assign(region_count_, 0);
+  pins_.assign(region_count_, 0);
+  resync_.assign(region_count_, uint8_t(Resync::kNone));
+  hot_.assign(region_count_, 0);
+}
+
+Result<std::unique_ptr<DirtyBitmap>> DirtyBitmap::Open(const Options& opts) {
+  if (opts.env == nullptr || opts.path.empty()) return Status::InvalidArgument("dirty bitmap: env and path required");
+  if (opts.volume_size == 0) return Status::InvalidArgument("dirty bitmap: zero volume size");
+  if (opts.region_size < 4096 || opts.region_size > (1u << 30) ||
+      (opts.region_size & (opts.region_size - 1)) != 0) {
+    return Status::InvalidArgument("dirty bitmap: region size must be a power of two in 4 KiB..1 GiB");
+  }
+  // Cap: 2^32 regions (a 4 PiB volume at 1 MiB) keeps memory sane.
+  if (opts.volume_size / opts.region_size >= (1ull << 32)) {
+    return Status::InvalidArgument("dirty bitmap: too many regions");
+  }
+  std::unique_ptr<DirtyBitmap> bm(new DirtyBitmap(opts));
+  if (opts.env->Exists(opts.path)) {
+    CDP_RETURN_IF_ERROR(bm->Load());
+  } else {
+    CDP_RETURN_IF_ERROR(bm->CreateFresh());
+  }
+  return bm;
+}
+
+Status DirtyBitmap::CreateFresh() {
+  OpenOptions oo;
+  oo.create = true;
+  oo.truncate = true;
+  CDP_ASSIGN_OR_RETURN(file_, opts_.env->Open(opts_.path, oo));
+  CDP_RETURN_IF_ERROR(file_->Truncate(2 * slot_size_));
+  // Every region needs a comparison with the replica: the initial sync.
+  std::vector<uint8_t> bits(ondisk_.size(), 0);
+  for (uint64_t r = 0; r < region_count_; ++r) bits[r >> 3] |= uint8_t(1u << (r & 7));
+  CDP_RETURN_IF_ERROR(WriteImage(bits, 1, 0));
+  CDP_RETURN_IF_ERROR(opts_.env->SyncDir(DirName(opts_.path)));
+  ondisk_ = bits;
+  counter_ = 1;
+  for (uint64_t r = 0; r < region_count_; ++r) resync_[r] = uint8_t(Resync::kCompare);
+  resync_count_ = region_count_;
+  return Status::OK();
+}
+
+Status DirtyBitmap::Load() {
+  CDP_ASSIGN_OR_RETURN(file_, opts_.env->Open(opts_.path, OpenOptions{}));
+  CDP_ASSIGN_OR_RETURN(uint64_t size, file_->Size());
+  if (size < 2 * slot_size_) {
+    // A file of another geometry (or cut short): find out which for the message.
+    Bytes hdr(kHeaderSize);
+    if (size >= kHeaderSize && file_->Read(0, kHeaderSize, hdr.data()).ok() &&
+        DecodeFixed64(hdr.data()) == kMagic) {
+      return Status::InvalidArgument("dirty bitmap " + opts_.path + " was written for another volume geometry");
+    }
+    return Status::Corruption("dirty bitmap " + opts_.path + ": file too short");
+  }
+  const size_t bits_len = ondisk_.size();
+  bool found = false;
+  bool geometry_mismatch = false;
+  Bytes best;
+  uint64_t best_counter = 0, best_cursor = 0;
+  for (int slot = 0; slot < 2; ++slot) {
+    Bytes buf(kHeaderSize + bits_len + 4);
+    if (!file_->Read(uint64_t(slot) * slot_size_, buf.size(), buf.data()).ok()) continue;
+    uint32_t stored = DecodeFixed32(buf.data() + kHeaderSize + bits_len);
+    if (crc32c::Value(buf.data(), kHeaderSize + bits_len) != stored) continue;
+    if (DecodeFixed64(buf.data()) != kMagic || DecodeFixed32(buf.data() + 8) != kVersion) continue;
+    if (DecodeFixed32(buf.data() + 12) != region_size_ || DecodeFixed64(buf.data() + 16) != opts_.volume_size ||
+        DecodeFixed64(buf.data() + 24) != region_count_ || DecodeFixed32(buf.data() + 48) != bits_len) {
+      geometry_mismatch = true;
+      continue;
+    }
+    uint64_t counter = DecodeFixed64(buf.data() + 32);
+    if (!found || counter > best_counter) {
+      found = true;
+      best_counter = counter;
+      best_cursor = DecodeFixed64(buf.data() + 40);
+      best.assign(buf.begin() + kHeaderSize, buf.begin() + kHeaderSize + bits_len);
+    }
+  }
+  if (!found) {
+    if (geometry_mismatch) {
+      return Status::InvalidArgument("dirty bitmap " + opts_.path + " was written for another volume geometry");
+    }
+    return Status::Corruption("dirty bitmap " + opts_.path + ": no valid slot");
+  }
+  ondisk_ = best;
+  counter_ = best_counter;
+  cursor_ = persisted_cursor_ = best_cursor;
+  for (uint64_t r = 0; r < region_count_; ++r) {
+    if (OnDiskLocked(r)) {
+      resync_[r] = uint8_t(Resync::kCompare);
+      ++resync_count_;
+    }
+  }
+  return Status::OK();
+}
+
+Status DirtyBitmap::WriteImage(const std::vector<uint8_t>& bits, uint64_t counter, uint64_t cursor) {
+  Bytes buf;
+  buf.reserve(kHeaderSize + bits.size() + 4);
+  PutFixed64(buf, kMagic);
+  PutFixed32(buf, kVersion);
+  PutFixed32(buf, region_size_);
+  PutFixed64(buf, opts_.volume_size);
+  PutFixed64(buf, region_count_);
+  PutFixed64(buf, counter);
+  PutFixed64(buf, cursor);
+  PutFixed32(buf, uint32_t(bits.size()));
+  PutFixed32(buf, 0);
+  PutBytes(buf, ByteSpan(bits.data(), bits.size()));
+  PutFixed32(buf, crc32c::Value(buf.data(), buf.size()));
+  CDP_RETURN_IF_ERROR(file_->Write((counter % 2) * slot_size_, ByteSpan(buf.data(), buf.size())));
+  return file_->Sync();
+}
+
+bool DirtyBitmap::WantedDirtyLocked(uint64_t r) const {
+  return pins_[r] > 0 || last_seq_[r] > acked_ || resync_[r] != uint8_t(Resync::kNone);
+}
+
+Status DirtyBitmap::MarkAndPin(uint64_t offset, uint64_t len) {
+  if (len == 0 || offset + len < offset || offset + len > opts_.volume_size) {
+    return Status::OutOfRange("dirty bitmap: range outside the volume");
+  }
+  const uint64_t first = FirstRegion(offset), last = LastRegion(offset, len);
+  std::unique_lock lk(mu_);
+  for (uint64_t r = first; r <= last; ++r) {
+    ++pins_[r];
+    hot_[r] = 1;
+  }
+  auto all_marked = [&] {
+    for (uint64_t r = first; r <= last; ++r) {
+      if (!OnDiskLocked(r)) return false;
+    }
+    return true;
+  };
+  while (!all_marked()) {
+    if (writing_) {
+      uint64_t round = write_round_;
+      cv_.wait(lk, [&] { return write_round_ != round; });
+      if (!last_write_error_.ok() && !all_marked()) {
+        Status s = last_write_error_;
+        for (uint64_t r = first; r <= last; ++r) --pins_[r];
+        return s;
+      }
+      continue;
+    }
+    // Leader of a group commit: the image is what is on disk plus every
+    // pinned region not yet on disk (ours and those of writers waiting).
+    writing_ = true;
+    std::vector<uint8_t> image = ondisk_;
+    for (uint64_t r = 0; r < region_count_; ++r) {
+      if (pins_[r] > 0 || resync_[r] != uint8_t(Resync::kNone)) image[r >> 3] |= uint8_t(1u << (r & 7));
+    }
+    uint64_t counter = counter_ + 1, cursor = cursor_;
+    lk.unlock();
+    Status s = WriteImage(image, counter, cursor);
+    lk.lock();
+    writing_ = false;
+    ++write_round_;
+    last_write_error_ = s;
+    if (s.ok()) {
+      ondisk_ = std::move(image);
+      counter_ = counter;
+      persisted_cursor_ = cursor;
+      ++persists_;
+    }
+    cv_.notify_all();
+    if (!s.ok()) {
+      for (uint64_t r = first; r <= last; ++r) --pins_[r];
+      return s.WithContext("mark dirty region");
+    }
+  }
+  return Status::OK();
+}
+
+void DirtyBitmap::Assign(uint64_t offset, uint64_t len, uint64_t seq) {
+  const uint64_t first = FirstRegion(offset), last = LastRegion(offset, len);
+  std::lock_guard lk(mu_);
+  for (uint64_t r = first; r <= last; ++r) {
+    last_seq_[r] = std::max(last_seq_[r], seq);
+    if (pins_[r] > 0) --pins_[r];
+  }
+}
+
+void DirtyBitmap::AssignResync(uint64_t offset, uint64_t len) {
+  const uint64_t first = FirstRegion(offset), last = LastRegion(offset, len);
+  std::lock_guard lk(mu_);
+  for (uint64_t r = first; r <= last; ++r) {
+    if (resync_[r] == uint8_t(Resync::kNone)) ++resync_count_;
+    resync_[r] = uint8_t(Resync::kShip);
+    if (pins_[r] > 0) --pins_[r];
+  }
+}
+
+void DirtyBitmap::Unpin(uint64_t offset, uint64_t len) {
+  const uint64_t first = FirstRegion(offset), last = LastRegion(offset, len);
+  std::lock_guard lk(mu_);
+  for (uint64_t r = first; r <= last; ++r) {
+    if (pins_[r] > 0) --pins_[r];
+  }
+}
+
+void DirtyBitmap::SetAcked(uint64_t seq) {
+  std::lock_guard lk(mu_);
+  acked_ = std::max(acked_, seq);
+}
+
+void DirtyBitmap::MarkAllCompare() {
+  std::lock_guard lk(mu_);
+  for (uint64_t r = 0; r < region_count_; ++r) {
+    if (resync_[r] == uint8_t(Resync::kNone)) {
+      resync_[r] = uint8_t(Resync::kCompare);
+      ++resync_count_;
+    }
+  }
+  cursor_ = 0;
+}
+
+Result<size_t> DirtyBitmap::Checkpoint() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return !writing_; });
+  std::vector<uint8_t> image = ondisk_;
+  size_t cleared = 0;
+  bool changed = false;
+  for (uint64_t r = 0; r < region_count_; ++r) {
+    bool on = OnDiskLocked(r);
+    if (on) {
+      if (pins_[r] == 0 && last_seq_[r] <= acked_ && resync_[r] == uint8_t(Resync::kNone) && !hot_[r]) {
+        image[r >> 3] &= uint8_t(~(1u << (r & 7)));
+        ++cleared;
+        changed = true;
+      }
+    } else if (resync_[r] != uint8_t(Resync::kNone)) {
+      image[r >> 3] |= uint8_t(1u << (r & 7));
+      changed = true;
+    }
+    hot_[r] = 0;
+  }
+  if (!changed && cursor_ == persisted_cursor_) return size_t(0);
+  writing_ = true;
+  for (size_t i = 0; i < ondisk_.size(); ++i) ondisk_[i] &= image[i];
+  uint64_t counter = counter_ + 1, cursor = cursor_;
+  lk.unlock();
+  Status s = WriteImage(image, counter, cursor);
+  lk.lock();
+  writing_ = false;
+  ++write_round_;
+  last_write_error_ = s;
+  if (s.ok()) {
+    ondisk_ = std::move(image);
+    counter_ = counter;
+    persisted_cursor_ = cursor;
+    ++persists_;
+  }
+  cv_.notify_all();
+  if (!s.ok()) return s.WithContext("dirty bitmap checkpoint");
+  return cleared;
+}
+
+std::optional<uint64_t> DirtyBitmap::NextResync(uint64_t from) const {
+  std::lock_guard lk(mu_);
+  for (uint64_t r = from; r < region_count_; ++r) {
+    if (resync_[r] != uint8_t(Resync::kNone)) return r;
+  }
+  return std::nullopt;
+}
+
+DirtyBitmap::Resync DirtyBitmap::ResyncState(uint64_t region) const {
+  std::lock_guard lk(mu_);
+  if (region >= region_count_) return Resync::kNone;
+  return Resync(resync_[region]);
+}
+
+void DirtyBitmap::ResyncDone(uint64_t region, uint64_t seq) {
+  std::lock_guard lk(mu_);
+  if (region >= region_count_) return;
+  if (resync_[region] != uint8_t(Resync::kNone)) --resync_count_;
+  resync_[region] = uint8_t(Resync::kNone);
+  last_seq_[region] = std::max(last_seq_[region], seq);
+}
+
+void DirtyBitmap::SetCursor(uint64_t region) {
+  std::lock_guard lk(mu_);
+  cursor_ = region;
+}
+
+uint64_t DirtyBitmap::cursor() const {
+  std::lock_guard lk(mu_);
+  return cursor_;
+}
+
+uint64_t DirtyBitmap::DirtyCount() const {
+  std::lock_guard lk(mu_);
+  uint64_t n = 0;
+  for (uint64_t r = 0; r < region_count_; ++r) n += (OnDiskLocked(r) || WantedDirtyLocked(r)) ? 1 : 0;
+  return n;
+}
+
+uint64_t DirtyBitmap::ResyncCount() const {
+  std::lock_guard lk(mu_);
+  return resync_count_;
+}
+
+uint64_t DirtyBitmap::persist_count() const {
+  std::lock_guard lk(mu_);
+  return persists_;
+}
+
+}  // namespace cdp::agent
