@@ -1,0 +1,963 @@
+#include "common/nbd_server.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <optional>
+#include <thread>
+#include <type_traits>
+
+#include "common/asio_status.h"
+#include "common/log.h"
+#include "common/nbd_proto.h"
+
+namespace cdp {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using unix_proto = asio::local::stream_protocol;
+
+// ============================================================================
+// FileBlockDevice
+// ============================================================================
+
+namespace {
+
+bool ValidBlockSize(uint32_t b) { return b >= 512 && b <= (2u << 20) && (b & (b - 1)) == 0; }
+
+constexpr size_t kZeroChunk = 1u << 20;
+
+}  // namespace
+
+Result<std::shared_ptr<FileBlockDevice>> FileBlockDevice::Open(Env* env, const std::string& path,
+                                                               const Options& opts) {
+  if (!ValidBlockSize(opts.preferred_block_size)) {
+    return Status::InvalidArgument("block size must be a power of two in [512, 2 MiB]: " +
+                                   std::to_string(opts.preferred_block_size));
+  }
+  if (opts.read_only && opts.create_size != 0) {
+    return Status::InvalidArgument(path + ": a read-only device cannot be created");
+  }
+  OpenOptions oo;
+  oo.create = opts.create_size != 0;
+  oo.read_only = opts.read_only;
+  CDP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, env->Open(path, oo));
+  CDP_ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  if (opts.create_size > size) {
+    CDP_RETURN_IF_ERROR(file->Truncate(opts.create_size));
+    size = opts.create_size;
+  }
+  if (size == 0) return Status::InvalidArgument(path + ": device of size 0");
+  return std::make_shared<FileBlockDevice>(std::move(file), size, opts);
+}
+
+FileBlockDevice::FileBlockDevice(std::unique_ptr<File> file, uint64_t size, const Options& opts)
+    : file_(std::move(file)),
+      size_(size),
+      read_only_(opts.read_only),
+      block_size_(ValidBlockSize(opts.preferred_block_size) ? opts.preferred_block_size : 4096) {}
+
+BlockDeviceFeatures FileBlockDevice::features() const {
+  BlockDeviceFeatures f;
+  f.flush = true;
+  f.fua = true;
+  f.trim = !read_only_;
+  f.write_zeroes = !read_only_;
+  f.multi_conn = true;  // no cache of our own: every connection sees the same File
+  return f;
+}
+
+Status FileBlockDevice::CheckRange(uint64_t offset, uint64_t len) const {
+  if (offset > size_ || len > size_ - offset) {
+    return Status::OutOfRange(file_->path() + ": range [" + std::to_string(offset) + ", +" +
+                              std::to_string(len) + ") past the end " + std::to_string(size_));
+  }
+  return Status::OK();
+}
+
+Status FileBlockDevice::SyncFile() {
+  std::lock_guard<std::mutex> lock(sync_mu_);
+  return file_->Sync();
+}
+
+Status FileBlockDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
+  CDP_RETURN_IF_ERROR(CheckRange(offset, len));
+  return file_->Read(offset, len, buf);
+}
+
+Status FileBlockDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
+  if (read_only_) return Status::PermissionDenied(file_->path() + ": read-only device");
+  CDP_RETURN_IF_ERROR(CheckRange(offset, data.size()));
+  CDP_RETURN_IF_ERROR(file_->Write(offset, data));
+  return fua ? SyncFile() : Status::OK();
+}
+
+Status FileBlockDevice::WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) {
+  if (read_only_) return Status::PermissionDenied(file_->path() + ": read-only device");
+  CDP_RETURN_IF_ERROR(CheckRange(offset, len));
+  // Punching a hole is the cheap way; when the file system refuses it, or
+  // the client asked for no hole, zeros are written.
+  if (!may_trim || !file_->PunchHole(offset, len).ok()) {
+    Bytes zeros(std::min<uint64_t>(len, kZeroChunk), 0);
+    uint64_t done = 0;
+    while (done < len) {
+      const size_t n = size_t(std::min<uint64_t>(len - done, zeros.size()));
+      CDP_RETURN_IF_ERROR(file_->Write(offset + done, ByteSpan(zeros.data(), n)));
+      done += n;
+    }
+  }
+  return fua ? SyncFile() : Status::OK();
+}
+
+Status FileBlockDevice::Trim(uint64_t offset, uint64_t len, bool fua) {
+  if (read_only_) return Status::PermissionDenied(file_->path() + ": read-only device");
+  CDP_RETURN_IF_ERROR(CheckRange(offset, len));
+  Status s = file_->PunchHole(offset, len);
+  // TRIM is a hint: a file system that cannot punch holes simply keeps the data.
+  if (!s.ok() && s.code() != Code::kNotSupported && s.errno_value() != EOPNOTSUPP) return s;
+  return fua ? SyncFile() : Status::OK();
+}
+
+Status FileBlockDevice::Flush() { return SyncFile(); }
+
+// ============================================================================
+// Server internals
+// ============================================================================
+
+namespace {
+
+using Strand = asio::strand<asio::io_context::executor_type>;
+using TcpSocket = asio::basic_stream_socket<tcp, Strand>;
+using UnixSocket = asio::basic_stream_socket<unix_proto, Strand>;
+
+constexpr size_t kInputBufferSize = 128u << 10;
+constexpr uint64_t kMaxOptionSkip = 1u << 20;  // over-long options beyond this close the connection
+constexpr uint64_t kRequestOverhead = 4096;    // in-flight charge of a request without data
+constexpr size_t kMaxGather = 64;              // replies written by one gather write
+
+}  // namespace
+
+namespace nbd_detail {
+
+struct ExportEntry {
+  std::string name;
+  std::string description;
+  std::shared_ptr<BlockDevice> device;
+  uint16_t tflags = 0;
+  std::atomic<bool> removed{false};
+
+  std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
+  std::atomic<uint64_t> zero_ops{0}, bytes_zeroed{0}, trims{0}, bytes_trimmed{0};
+  std::atomic<uint64_t> flushes{0}, errors{0}, connections{0}, connections_total{0};
+};
+
+class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
+ public:
+  virtual ~ConnectionBase() = default;
+  // Closes the connection from any thread (posted to its strand).
+  virtual void Close() = 0;
+  std::atomic<const ExportEntry*> attached{nullptr};
+};
+
+}  // namespace nbd_detail
+
+using nbd_detail::ConnectionBase;
+using nbd_detail::ExportEntry;
+
+namespace {
+
+uint16_t ComputeTransmissionFlags(const BlockDevice& dev) {
+  const BlockDeviceFeatures f = dev.features();
+  const bool ro = dev.read_only();
+  uint16_t t = nbd::kFlagHasFlags;
+  if (ro) t |= nbd::kFlagReadOnly;
+  if (f.flush) t |= nbd::kFlagSendFlush;
+  if (f.fua) t |= nbd::kFlagSendFua;
+  if (f.trim && !ro) t |= nbd::kFlagSendTrim;
+  if (f.write_zeroes && !ro) t |= nbd::kFlagSendWriteZeroes;
+  if (f.multi_conn) t |= nbd::kFlagCanMultiConn;
+  return t;
+}
+
+bool ValidExportName(const std::string& name) {
+  if (name.empty() || name.size() > 256) return false;
+  for (unsigned char c : name) {
+    if (c < 0x20 || c == 0x7f) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+
+struct NbdServer::Impl {
+  explicit Impl(const NbdServerOptions& o) : opts(o), log(log::Get("nbd")), accept_strand(asio::make_strand(io)) {}
+
+  NbdServerOptions opts;
+  std::shared_ptr<spdlog::logger> log;
+  asio::io_context io;
+  Strand accept_strand;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+  std::unique_ptr<asio::thread_pool> workers;
+  std::vector<std::thread> threads;
+  std::unique_ptr<asio::basic_socket_acceptor<tcp, Strand>> tcp_acceptor;
+  std::unique_ptr<asio::basic_socket_acceptor<unix_proto, Strand>> unix_acceptor;
+
+  mutable std::mutex mu;
+  std::map<std::string, std::shared_ptr<ExportEntry>> exports;
+  std::map<uint64_t, std::weak_ptr<ConnectionBase>> conns;
+  uint64_t next_conn_id = 1;
+  bool started = false;
+  bool stopping = false;
+
+  // The export a client asked for; "" is the only export when there is one.
+  std::shared_ptr<ExportEntry> Find(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mu);
+    if (name.empty()) return exports.size() == 1 ? exports.begin()->second : nullptr;
+    auto it = exports.find(name);
+    return it == exports.end() ? nullptr : it->second;
+  }
+  std::vector<std::shared_ptr<ExportEntry>> Snapshot() const {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<std::shared_ptr<ExportEntry>> v;
+    for (auto& [n, e] : exports) v.push_back(e);
+    return v;
+  }
+  void Unregister(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    conns.erase(id);
+  }
+
+  template <typename Socket>
+  void NewConnection(Socket socket, std::string peer);
+  void AcceptTcp();
+  void AcceptUnix();
+};
+
+namespace {
+
+// One client connection; see the pipeline diagram in nbd_server.h.
+// Every member except the worker-side ones is touched only on the socket's
+// strand. Worker-side: Execute() runs on wstrand_ and reads dev_/export_,
+// which are set before the first request is posted and never change.
+template <typename Socket>
+class Connection final : public ConnectionBase {
+ public:
+  Connection(NbdServer::Impl* impl, Socket socket, uint64_t id, std::string peer)
+      : impl_(impl),
+        socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        wstrand_(asio::make_strand(*impl->workers)),
+        id_(id),
+        peer_(std::move(peer)),
+        in_(std::max<size_t>(kInputBufferSize, size_t(impl->opts.max_option_bytes) + 64)) {}
+
+  void Start() {
+    asio::dispatch(socket_.get_executor(), [self = Self()] { self->DoStart(); });
+  }
+  void Close() override {
+    asio::post(socket_.get_executor(), [self = Self()] { self->DoClose("closed by the server"); });
+  }
+
+ private:
+  enum class Phase {
+    kClientFlags,
+    kOptionHeader,
+    kOptionData,
+    kOptionSkip,
+    kTransmission,  // from here on the handshake timer no longer applies
+    kPayload,
+    kPayloadSkip,
+    kDone,
+  };
+  struct Out {
+    Bytes data;
+    uint64_t charge;
+  };
+
+  std::shared_ptr<Connection> Self() { return std::static_pointer_cast<Connection>(shared_from_this()); }
+
+  void DoStart() {
+    if constexpr (std::is_same_v<Socket, TcpSocket>) {
+      boost::system::error_code ec;
+      socket_.set_option(tcp::no_delay(true), ec);
+    }
+    timer_.expires_after(std::chrono::milliseconds(impl_->opts.handshake_timeout_ms));
+    timer_.async_wait([self = Self()](const boost::system::error_code& ec) {
+      if (!ec && self->phase_ < Phase::kTransmission) self->DoClose("handshake timed out");
+    });
+    Enqueue(nbd::EncodeGreeting(nbd::kFlagFixedNewstyle | nbd::kFlagNoZeroes), 0);
+    Drive();
+  }
+
+  ByteSpan Available() const { return ByteSpan(in_.data() + in_begin_, in_end_ - in_begin_); }
+  void Consume(size_t n) { in_begin_ += n; }
+  bool Paused() const { return inflight_ >= impl_->opts.max_inflight_bytes; }
+
+  // Parses what is buffered and acts on it until more input is needed.
+  void Drive() {
+    while (!closed_) {
+      ByteSpan avail = Available();
+      switch (phase_) {
+        case Phase::kClientFlags: {
+          uint32_t f = 0;
+          auto r = nbd::ParseClientFlags(avail, /*server_offered_no_zeroes=*/true, &f);
+          if (r == nbd::ParseResult::kBad) return DoClose("unsupported client flags");
+          if (r == nbd::ParseResult::kNeedMore) return ReadMore();
+          Consume(nbd::kClientFlagsSize);
+          client_flags_ = f;
+          phase_ = Phase::kOptionHeader;
+          break;
+        }
+        case Phase::kOptionHeader: {
+          auto r = nbd::ParseOptionHeader(avail, &opt_);
+          if (r == nbd::ParseResult::kBad) return DoClose("bad option magic");
+          if (r == nbd::ParseResult::kNeedMore) return ReadMore();
+          Consume(nbd::kOptionHeaderSize);
+          if (opt_.length <= impl_->opts.max_option_bytes) {
+            phase_ = Phase::kOptionData;
+          } else if (opt_.option == nbd::kOptExportName || opt_.length > kMaxOptionSkip) {
+            // EXPORT_NAME cannot be answered with an error; a huge option is a DoS.
+            return DoClose("option data of " + std::to_string(opt_.length) + " bytes");
+          } else {
+            skip_left_ = opt_.length;
+            phase_ = Phase::kOptionSkip;
+          }
+          break;
+        }
+        case Phase::kOptionData: {
+          if (avail.size() < opt_.length) return ReadMore();
+          HandleOption(avail.first(opt_.length));
+          Consume(opt_.length);
+          break;
+        }
+        case Phase::kOptionSkip:
+        case Phase::kPayloadSkip: {
+          const size_t n = size_t(std::min<uint64_t>(avail.size(), skip_left_));
+          Consume(n);
+          skip_left_ -= n;
+          if (skip_left_ > 0) return ReadMore();
+          if (phase_ == Phase::kOptionSkip) {
+            OptionReply(nbd::kRepErrTooBig, "option data too long");
+            phase_ = Phase::kOptionHeader;
+          } else {
+            phase_ = Phase::kTransmission;
+          }
+          break;
+        }
+        case Phase::kTransmission:
+          if (disc_ || Paused()) return;
+          if (!NextRequest(avail)) return;
+          break;
+        case Phase::kPayload:
+        case Phase::kDone:
+          return;
+      }
+    }
+  }
+
+  // Handles one request header if buffered. Returns false when Drive must stop.
+  bool NextRequest(ByteSpan avail) {
+    nbd::Request r;
+    auto res = nbd::ParseRequest(avail, &r);
+    if (res == nbd::ParseResult::kBad) {
+      DoClose("bad request magic");
+      return false;
+    }
+    if (res == nbd::ParseResult::kNeedMore) {
+      ReadMore();
+      return false;
+    }
+    Consume(nbd::kRequestHeaderSize);
+    if (r.type == nbd::kCmdDisc) {
+      disc_ = true;
+      PostDisc();
+      return false;
+    }
+    const uint32_t err = nbd::CheckRequest(r, limits_);
+    if (r.type != nbd::kCmdWrite) {
+      PostTask(r, {}, err);
+      return true;
+    }
+    // A WRITE's payload follows its header whatever we think of the request.
+    if (r.length > impl_->opts.max_skip_bytes) {
+      DoClose("WRITE payload of " + std::to_string(r.length) + " bytes");
+      return false;
+    }
+    if (err != 0) {
+      PostTask(r, {}, err);
+      skip_left_ = r.length;
+      phase_ = Phase::kPayloadSkip;
+      return true;
+    }
+    Bytes payload(r.length);
+    ByteSpan rest = Available();
+    const size_t have = std::min<size_t>(rest.size(), r.length);
+    if (have > 0) std::memcpy(payload.data(), rest.data(), have);
+    Consume(have);
+    if (have == r.length) {
+      PostTask(r, std::move(payload), 0);
+      return true;
+    }
+    // Read the remainder straight into the payload buffer.
+    phase_ = Phase::kPayload;
+    pending_ = r;
+    payload_ = std::move(payload);
+    reading_ = true;
+    uint8_t* dst = payload_.data() + have;
+    asio::async_read(socket_, asio::buffer(dst, r.length - have),
+                     [self = Self()](const boost::system::error_code& ec, size_t) {
+                       self->reading_ = false;
+                       if (self->closed_) return;
+                       if (ec) return self->OnReadError(ec);
+                       self->phase_ = Phase::kTransmission;
+                       self->PostTask(self->pending_, std::move(self->payload_), 0);
+                       self->Drive();
+                     });
+    return false;
+  }
+
+  void ReadMore() {
+    if (reading_ || closed_) return;
+    if (in_begin_ > 0) {
+      std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+      in_end_ -= in_begin_;
+      in_begin_ = 0;
+    }
+    if (in_end_ == in_.size()) return DoClose("input buffer overflow");
+    reading_ = true;
+    socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
+                            [self = Self()](const boost::system::error_code& ec, size_t n) {
+                              self->reading_ = false;
+                              if (self->closed_) return;
+                              if (ec) return self->OnReadError(ec);
+                              self->in_end_ += n;
+                              self->Drive();
+                            });
+  }
+
+  void OnReadError(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) {
+      DoClose(phase_ < Phase::kTransmission ? "client closed during the handshake"
+                                            : "client closed the connection");
+    } else {
+      DoClose(FromAsioError(ec, "read").ToString());
+    }
+  }
+
+  // ---- Handshake -----------------------------------------------------------
+
+  void OptionReply(uint32_t type, ByteSpan data = {}) {
+    Enqueue(nbd::EncodeOptionReply(opt_.option, type, data), 0);
+  }
+  void OptionReply(uint32_t type, std::string_view text) {
+    Enqueue(nbd::EncodeOptionReply(opt_.option, type, text), 0);
+  }
+
+  void HandleOption(ByteSpan data) {
+    phase_ = Phase::kOptionHeader;  // unless the option ends the handshake
+    switch (opt_.option) {
+      case nbd::kOptExportName: {
+        std::string name(reinterpret_cast<const char*>(data.data()), data.size());
+        auto e = nbd::ValidWireName(name) ? impl_->Find(name) : nullptr;
+        // This option cannot be answered with an error: the spec says close.
+        if (!e) return DoClose("NBD_OPT_EXPORT_NAME: no export '" + name + "'");
+        const bool no_zeroes = (client_flags_ & nbd::kClientFlagNoZeroes) != 0;
+        Enqueue(nbd::EncodeExportNameReply(e->device->size(), e->tflags, no_zeroes), 0);
+        return Attach(e);
+      }
+      case nbd::kOptAbort:
+        OptionReply(nbd::kRepAck);
+        phase_ = Phase::kDone;
+        close_after_drain_ = true;
+        MaybeFinish();
+        return;
+      case nbd::kOptList: {
+        if (!data.empty()) return OptionReply(nbd::kRepErrInvalid, "NBD_OPT_LIST takes no data");
+        for (const auto& e : impl_->Snapshot()) {
+          OptionReply(nbd::kRepServer, nbd::EncodeServerReplyData(e->name, e->description));
+        }
+        return OptionReply(nbd::kRepAck);
+      }
+      case nbd::kOptInfo:
+      case nbd::kOptGo:
+        return HandleInfo(data, opt_.option == nbd::kOptGo);
+      default:
+        // STRUCTURED_REPLY, STARTTLS, META_CONTEXT and anything unknown:
+        // we reply with simple replies only and speak no TLS.
+        return OptionReply(nbd::kRepErrUnsup, "option " + std::to_string(opt_.option) + " not supported");
+    }
+  }
+
+  void HandleInfo(ByteSpan data, bool go) {
+    nbd::InfoRequest req;
+    Status s = nbd::ParseInfoRequest(data, &req);
+    if (!s.ok()) return OptionReply(nbd::kRepErrInvalid, s.message());
+    auto e = impl_->Find(req.name);
+    if (!e) {
+      return OptionReply(nbd::kRepErrUnknown, req.name.empty() ? "no default export (the server has "
+                                                                     "zero or several exports)"
+                                                               : "no export '" + req.name + "'");
+    }
+    OptionReply(nbd::kRepInfo, nbd::EncodeInfoExport(e->device->size(), e->tflags));
+    bool sent_name = false, sent_desc = false;
+    for (uint16_t info : req.infos) {
+      if (info == nbd::kInfoName && !sent_name) {
+        OptionReply(nbd::kRepInfo, nbd::EncodeInfoString(nbd::kInfoName, e->name));
+        sent_name = true;
+      } else if (info == nbd::kInfoDescription && !sent_desc && !e->description.empty()) {
+        OptionReply(nbd::kRepInfo, nbd::EncodeInfoString(nbd::kInfoDescription, e->description));
+        sent_desc = true;
+      }
+    }
+    // Always sent: minimum 1 (any alignment), the device's preferred size,
+    // and the READ/WRITE cap.
+    OptionReply(nbd::kRepInfo, nbd::EncodeInfoBlockSize(1, e->device->preferred_block_size(),
+                                                        impl_->opts.max_request_bytes));
+    OptionReply(nbd::kRepAck);
+    if (go) Attach(e);
+  }
+
+  void Attach(const std::shared_ptr<ExportEntry>& e) {
+    export_ = e;
+    dev_ = e->device;
+    limits_.size = dev_->size();
+    limits_.transmission_flags = e->tflags;
+    limits_.max_payload = impl_->opts.max_request_bytes;
+    e->connections++;
+    e->connections_total++;
+    attached.store(e.get());
+    phase_ = Phase::kTransmission;
+    timer_.cancel();
+    impl_->log->info("{} NBD client attached (flags 0x{:x})", log::Where{e->name, peer_, 0}, e->tflags);
+    // Pairs with RemoveExport: it sets `removed` then looks at `attached`.
+    if (e->removed.load()) DoClose("export removed");
+  }
+
+  // ---- Transmission --------------------------------------------------------
+
+  void PostTask(const nbd::Request& r, Bytes payload, uint32_t err) {
+    uint64_t charge = kRequestOverhead;
+    if (err == 0 && (r.type == nbd::kCmdRead || r.type == nbd::kCmdWrite)) charge += r.length;
+    inflight_ += charge;
+    asio::post(wstrand_, [self = Self(), r, payload = std::move(payload), err, charge]() mutable {
+      self->Execute(r, std::move(payload), err, charge);
+    });
+  }
+
+  // Runs on the worker strand: one request of this connection at a time.
+  void Execute(const nbd::Request& r, Bytes payload, uint32_t err, uint64_t charge) {
+    Bytes reply(nbd::kSimpleReplySize);
+    ExportEntry& st = *export_;
+    if (err == 0) {
+      const bool fua = (r.flags & nbd::kCmdFlagFua) != 0;
+      const uint64_t len = r.length;
+      Status s;
+      // Zero-length requests succeed without reaching the device.
+      switch (r.type) {
+        case nbd::kCmdRead:
+          reply.resize(nbd::kSimpleReplySize + len);
+          if (len > 0) s = dev_->Read(r.offset, r.length, reply.data() + nbd::kSimpleReplySize);
+          if (s.ok()) st.reads++, st.bytes_read += len;
+          break;
+        case nbd::kCmdWrite:
+          if (len > 0) s = dev_->Write(r.offset, ByteSpan(payload.data(), payload.size()), fua);
+          if (s.ok()) st.writes++, st.bytes_written += len;
+          break;
+        case nbd::kCmdTrim:
+          if (len > 0) s = dev_->Trim(r.offset, len, fua);
+          if (s.ok()) st.trims++, st.bytes_trimmed += len;
+          break;
+        case nbd::kCmdWriteZeroes:
+          if (len > 0) s = dev_->WriteZeroes(r.offset, len, fua, (r.flags & nbd::kCmdFlagNoHole) == 0);
+          if (s.ok()) st.zero_ops++, st.bytes_zeroed += len;
+          break;
+        case nbd::kCmdFlush:
+          s = dev_->Flush();
+          if (s.ok()) st.flushes++;
+          break;
+        default:
+          s = Status::InvalidArgument("unexpected command");  // CheckRequest let it through
+          break;
+      }
+      err = nbd::ErrorFromStatus(s);
+      if (err != 0) {
+        impl_->log->warn("{} {} offset {} length {} failed: {}", log::Where{st.name, peer_, 0},
+                         nbd::CommandName(r.type), r.offset, r.length, s.ToString());
+      }
+    } else {
+      impl_->log->debug("{} {} offset {} length {} flags 0x{:x} refused with error {}",
+                        log::Where{st.name, peer_, 0}, nbd::CommandName(r.type), r.offset, r.length,
+                        r.flags, err);
+    }
+    if (err != 0) {
+      st.errors++;
+      reply.resize(nbd::kSimpleReplySize);  // a simple reply carries no data on error
+    }
+    nbd::EncodeSimpleReply(reply.data(), err, r.handle);
+    Bytes().swap(payload);
+    asio::post(socket_.get_executor(), [self = Self(), reply = std::move(reply), charge]() mutable {
+      self->Enqueue(std::move(reply), charge);
+    });
+  }
+
+  void PostDisc() {
+    // Runs after every request received before the DISC has executed and
+    // queued its reply; then the connection closes once the replies are out.
+    asio::post(wstrand_, [self = Self()] {
+      asio::post(self->socket_.get_executor(), [self] {
+        self->close_after_drain_ = true;
+        self->MaybeFinish();
+      });
+    });
+  }
+
+  // ---- Output ----------------------------------------------------------------
+
+  void Enqueue(Bytes data, uint64_t charge) {
+    if (closed_) return;
+    out_.push_back(Out{std::move(data), charge});
+    StartWrite();
+  }
+
+  void StartWrite() {
+    if (writing_ || out_.empty() || closed_) return;
+    writing_ = true;
+    const size_t n = std::min(out_.size(), kMaxGather);
+    std::vector<asio::const_buffer> bufs;
+    bufs.reserve(n);
+    for (size_t i = 0; i < n; ++i) bufs.emplace_back(asio::buffer(out_[i].data));
+    asio::async_write(socket_, bufs, [self = Self(), n](const boost::system::error_code& ec, size_t) {
+      self->writing_ = false;
+      if (self->closed_) return;
+      if (ec) return self->DoClose(FromAsioError(ec, "write").ToString());
+      const bool was_paused = self->Paused();
+      for (size_t i = 0; i < n; ++i) {
+        self->inflight_ -= self->out_.front().charge;
+        self->out_.pop_front();
+      }
+      if (self->MaybeFinish()) return;
+      self->StartWrite();
+      if (was_paused && !self->Paused()) self->Drive();
+    });
+  }
+
+  // Closes once everything queued is written, if a close was requested.
+  bool MaybeFinish() {
+    if (close_after_drain_ && out_.empty() && !writing_) {
+      DoClose(disc_ ? "client disconnected (NBD_CMD_DISC)" : "client aborted the handshake");
+      return true;
+    }
+    return false;
+  }
+
+  void DoClose(const std::string& reason) {
+    if (closed_) return;
+    closed_ = true;
+    phase_ = Phase::kDone;
+    boost::system::error_code ig;
+    timer_.cancel();
+    socket_.shutdown(asio::socket_base::shutdown_both, ig);
+    socket_.close(ig);
+    out_.clear();
+    if (export_) {
+      export_->connections--;
+      impl_->log->info("{} NBD connection closed: {}", log::Where{export_->name, peer_, 0}, reason);
+    } else {
+      impl_->log->debug("{} NBD connection closed during the handshake: {}", log::Where{"", peer_, 0},
+                        reason);
+    }
+    impl_->Unregister(id_);
+  }
+
+  NbdServer::Impl* impl_;
+  Socket socket_;
+  asio::steady_timer timer_;
+  asio::strand<asio::thread_pool::executor_type> wstrand_;
+  const uint64_t id_;
+  const std::string peer_;
+
+  Bytes in_;
+  size_t in_begin_ = 0, in_end_ = 0;
+  bool reading_ = false;
+  Phase phase_ = Phase::kClientFlags;
+  uint32_t client_flags_ = 0;
+  nbd::OptionHeader opt_;
+  uint64_t skip_left_ = 0;
+  nbd::Request pending_;
+  Bytes payload_;
+
+  std::shared_ptr<ExportEntry> export_;
+  std::shared_ptr<BlockDevice> dev_;
+  nbd::ExportLimits limits_;
+
+  std::deque<Out> out_;
+  bool writing_ = false;
+  uint64_t inflight_ = 0;
+  bool disc_ = false;
+  bool close_after_drain_ = false;
+  bool closed_ = false;
+};
+
+template <typename Endpoint>
+std::string PeerName(const Endpoint& ep) {
+  if constexpr (std::is_same_v<Endpoint, tcp::endpoint>) {
+    return ep.address().to_string() + ":" + std::to_string(ep.port());
+  } else {
+    return "unix";
+  }
+}
+
+}  // namespace
+
+template <typename Socket>
+void NbdServer::Impl::NewConnection(Socket socket, std::string peer) {
+  std::shared_ptr<Connection<Socket>> c;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopping || conns.size() >= size_t(std::max(opts.max_connections, 0))) {
+      boost::system::error_code ig;
+      socket.close(ig);
+      log->warn("{} NBD connection refused: {}", log::Where{"", peer, 0},
+                stopping ? "server stopping" : "too many connections");
+      return;
+    }
+    const uint64_t id = next_conn_id++;
+    c = std::make_shared<Connection<Socket>>(this, std::move(socket), id, std::move(peer));
+    conns[id] = c;
+  }
+  c->Start();
+}
+
+void NbdServer::Impl::AcceptTcp() {
+  tcp_acceptor->async_accept(asio::make_strand(io), [this](const boost::system::error_code& ec, TcpSocket s) {
+    if (ec == asio::error::operation_aborted || !tcp_acceptor->is_open()) return;
+    if (!ec) {
+      boost::system::error_code ec2;
+      auto ep = s.remote_endpoint(ec2);
+      NewConnection(std::move(s), ec2 ? std::string("?") : PeerName(ep));
+    } else {
+      log->warn("NBD accept failed: {}", ec.message());
+    }
+    AcceptTcp();
+  });
+}
+
+void NbdServer::Impl::AcceptUnix() {
+  unix_acceptor->async_accept(asio::make_strand(io), [this](const boost::system::error_code& ec, UnixSocket s) {
+    if (ec == asio::error::operation_aborted || !unix_acceptor->is_open()) return;
+    if (!ec) {
+      NewConnection(std::move(s), "unix:" + opts.unix_path);
+    } else {
+      log->warn("NBD accept failed: {}", ec.message());
+    }
+    AcceptUnix();
+  });
+}
+
+// ============================================================================
+// NbdServer
+// ============================================================================
+
+NbdServer::NbdServer(NbdServerOptions opts) : opts_(std::move(opts)), impl_(std::make_unique<Impl>(opts_)) {}
+
+NbdServer::~NbdServer() { Stop(); }
+
+Status NbdServer::AddExport(const std::string& name, std::shared_ptr<BlockDevice> device,
+                            std::string description) {
+  if (!ValidExportName(name)) {
+    return Status::InvalidArgument("NBD export name must be 1..256 bytes without control characters");
+  }
+  if (!device) return Status::InvalidArgument("NBD export '" + name + "': no device");
+  if (device->size() == 0) return Status::InvalidArgument("NBD export '" + name + "': device of size 0");
+  if (!ValidBlockSize(device->preferred_block_size())) {
+    return Status::InvalidArgument("NBD export '" + name + "': bad preferred block size");
+  }
+  if (description.size() > nbd::kMaxStringLength || !nbd::ValidWireName(description)) {
+    return Status::InvalidArgument("NBD export '" + name + "': description too long or holds NUL");
+  }
+  auto e = std::make_shared<ExportEntry>();
+  e->name = name;
+  e->description = std::move(description);
+  e->tflags = ComputeTransmissionFlags(*device);
+  e->device = std::move(device);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->exports.emplace(name, e).second) {
+    return Status::AlreadyExists("NBD export '" + name + "' exists");
+  }
+  return Status::OK();
+}
+
+Status NbdServer::RemoveExport(const std::string& name) {
+  std::shared_ptr<ExportEntry> e;
+  std::vector<std::shared_ptr<ConnectionBase>> attached;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->exports.find(name);
+    if (it == impl_->exports.end()) return Status::NotFound("NBD export '" + name + "'");
+    e = it->second;
+    impl_->exports.erase(it);
+    e->removed.store(true);
+    for (auto& [id, w] : impl_->conns) {
+      if (auto c = w.lock(); c && c->attached.load() == e.get()) attached.push_back(c);
+    }
+  }
+  for (auto& c : attached) c->Close();
+  return Status::OK();
+}
+
+std::vector<std::string> NbdServer::ExportNames() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<std::string> v;
+  for (auto& [n, e] : impl_->exports) v.push_back(n);
+  return v;
+}
+
+Result<NbdExportStats> NbdServer::ExportStats(const std::string& name) const {
+  std::shared_ptr<ExportEntry> e;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->exports.find(name);
+    if (it == impl_->exports.end()) return Status::NotFound("NBD export '" + name + "'");
+    e = it->second;
+  }
+  NbdExportStats s;
+  s.reads = e->reads;
+  s.writes = e->writes;
+  s.bytes_read = e->bytes_read;
+  s.bytes_written = e->bytes_written;
+  s.zero_ops = e->zero_ops;
+  s.bytes_zeroed = e->bytes_zeroed;
+  s.trims = e->trims;
+  s.bytes_trimmed = e->bytes_trimmed;
+  s.flushes = e->flushes;
+  s.errors = e->errors;
+  s.connections = e->connections;
+  s.connections_total = e->connections_total;
+  return s;
+}
+
+size_t NbdServer::connection_count() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->conns.size();
+}
+
+Status NbdServer::Start() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (m.started || m.stopping) return Status::InvalidArgument("NbdServer::Start called twice");
+  }
+  if (opts_.tcp_port < 0 && opts_.unix_path.empty()) {
+    return Status::InvalidArgument("NBD server: neither a TCP port nor a Unix socket path");
+  }
+  if (opts_.tcp_port > 65535) return Status::InvalidArgument("NBD server: bad TCP port");
+  if (opts_.io_threads < 1 || opts_.worker_threads < 1) {
+    return Status::InvalidArgument("NBD server: io_threads and worker_threads must be >= 1");
+  }
+  if (opts_.max_request_bytes == 0 || opts_.max_skip_bytes < opts_.max_request_bytes) {
+    return Status::InvalidArgument("NBD server: max_skip_bytes must be >= max_request_bytes > 0");
+  }
+  boost::system::error_code ec;
+  if (opts_.tcp_port >= 0) {
+    auto addr = asio::ip::make_address(opts_.tcp_host, ec);
+    tcp::endpoint ep;
+    if (ec) {
+      tcp::resolver resolver(m.io);
+      auto results = resolver.resolve(opts_.tcp_host, std::to_string(opts_.tcp_port), ec);
+      if (ec || results.empty()) return FromAsioError(ec, "NBD server: resolve " + opts_.tcp_host);
+      ep = results.begin()->endpoint();
+    } else {
+      ep = tcp::endpoint(addr, uint16_t(opts_.tcp_port));
+    }
+    auto acc = std::make_unique<asio::basic_socket_acceptor<tcp, Strand>>(m.accept_strand);
+    const std::string where = "NBD server: listen on " + opts_.tcp_host + ":" + std::to_string(opts_.tcp_port);
+    acc->open(ep.protocol(), ec);
+    if (!ec) acc->set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acc->bind(ep, ec);
+    if (!ec) acc->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return FromAsioError(ec, where);
+    port_ = acc->local_endpoint().port();
+    m.tcp_acceptor = std::move(acc);
+  }
+  if (!opts_.unix_path.empty()) {
+    const std::string where = "NBD server: listen on unix:" + opts_.unix_path;
+    struct stat sb;
+    if (::lstat(opts_.unix_path.c_str(), &sb) == 0) {
+      if (!S_ISSOCK(sb.st_mode)) {
+        m.tcp_acceptor.reset();
+        return Status::AlreadyExists(where + ": the path exists and is not a socket");
+      }
+      ::unlink(opts_.unix_path.c_str());
+    }
+    auto acc = std::make_unique<asio::basic_socket_acceptor<unix_proto, Strand>>(m.accept_strand);
+    unix_proto::endpoint ep(opts_.unix_path);
+    acc->open(ep.protocol(), ec);
+    if (!ec) acc->bind(ep, ec);
+    if (!ec) acc->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      m.tcp_acceptor.reset();
+      return FromAsioError(ec, where);
+    }
+    m.unix_acceptor = std::move(acc);
+  }
+  m.workers = std::make_unique<asio::thread_pool>(size_t(opts_.worker_threads));
+  m.guard.emplace(m.io.get_executor());
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.started = true;
+  }
+  asio::post(m.accept_strand, [&m] {
+    if (m.tcp_acceptor) m.AcceptTcp();
+    if (m.unix_acceptor) m.AcceptUnix();
+  });
+  for (int i = 0; i < opts_.io_threads; ++i) m.threads.emplace_back([&m] { m.io.run(); });
+  m.log->info("NBD server listening on {}{}{}",
+              opts_.tcp_port >= 0 ? opts_.tcp_host + ":" + std::to_string(port_.load()) : std::string(),
+              opts_.tcp_port >= 0 && !opts_.unix_path.empty() ? " and " : "",
+              opts_.unix_path.empty() ? std::string() : "unix:" + opts_.unix_path);
+  return Status::OK();
+}
+
+void NbdServer::Stop() {
+  Impl& m = *impl_;
+  std::vector<std::shared_ptr<ConnectionBase>> conns;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (m.stopping) return;
+    m.stopping = true;
+    if (!m.started) return;
+    for (auto& [id, w] : m.conns) {
+      if (auto c = w.lock()) conns.push_back(c);
+    }
+  }
+  std::promise<void> closed;
+  asio::post(m.accept_strand, [&m, &closed] {
+    boost::system::error_code ig;
+    if (m.tcp_acceptor) m.tcp_acceptor->close(ig);
+    if (m.unix_acceptor) m.unix_acceptor->close(ig);
+    closed.set_value();
+  });
+  closed.get_future().wait();
+  for (auto& c : conns) c->Close();
+  conns.clear();
+  // Device calls already queued finish; their replies go nowhere.
+  m.workers->join();
+  m.guard.reset();
+  for (auto& t : m.threads) t.join();
+  m.threads.clear();
+  if (m.unix_acceptor) ::unlink(opts_.unix_path.c_str());
+  m.tcp_acceptor.reset();
+  m.unix_acceptor.reset();
+  m.log->info("NBD server stopped");
+}
+
+}  // namespace cdp
