@@ -1,0 +1,280 @@
+// The POSIX Env: real files through pread/pwrite/fdatasync/fallocate.
+//
+// Every errno becomes a Status through Status::FromErrno with the path (and the
+// operation) as context. Short reads and writes and EINTR are retried.
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <string>
+
+#include "common/env.h"
+
+namespace cdp {
+namespace {
+
+Status Err(int err, const char* op, const std::string& path) {
+  return Status::FromErrno(err, std::string(op) + " " + path);
+}
+
+class PosixFile final : public File {
+ public:
+  PosixFile(int fd, std::string path, uint64_t end) : fd_(fd), path_(std::move(path)), end_(end) {}
+  ~PosixFile() override { ::close(fd_); }
+
+  Status Read(uint64_t offset, size_t n, uint8_t* buf) const override {
+    auto got = ReadUpTo(offset, n, buf);
+    if (!got.ok()) return got.status();
+    if (*got != n) {
+      return Status::OutOfRange("read " + path_ + ": " + std::to_string(n) + " bytes at " +
+                                std::to_string(offset) + " runs past the end of file (got " +
+                                std::to_string(*got) + ")");
+    }
+    return Status::OK();
+  }
+
+  Result<size_t> ReadUpTo(uint64_t offset, size_t n, uint8_t* buf) const override {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(fd_, buf + done, n - done, off_t(offset + done));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return Err(errno, "pread", path_);
+      }
+      if (r == 0) break;  // end of file
+      done += size_t(r);
+    }
+    return done;
+  }
+
+  Status Write(uint64_t offset, ByteSpan data) override {
+    CDP_RETURN_IF_ERROR(WriteAt(offset, data));
+    BumpEnd(offset + data.size());
+    return Status::OK();
+  }
+
+  Status Append(ByteSpan data) override {
+    const uint64_t at = end_.load();
+    CDP_RETURN_IF_ERROR(WriteAt(at, data));
+    BumpEnd(at + data.size());
+    return Status::OK();
+  }
+
+  Status Sync() override {
+#ifdef CDP_HAVE_FDATASYNC
+    int r = ::fdatasync(fd_);
+#else
+    int r = ::fsync(fd_);
+#endif
+    if (r != 0) return Err(errno, "fdatasync", path_);
+    return Status::OK();
+  }
+
+  Status Allocate(uint64_t offset, uint64_t len) override {
+    if (len == 0) return Status::OK();
+#ifdef CDP_HAVE_FALLOCATE
+    int r;
+    do {
+      r = ::fallocate(fd_, 0, off_t(offset), off_t(len));
+    } while (r != 0 && errno == EINTR);
+    if (r == 0) {
+      BumpEnd(offset + len);
+      return Status::OK();
+    }
+    if (errno != EOPNOTSUPP && errno != ENOSYS) return Err(errno, "fallocate", path_);
+    // The file system cannot reserve natively; posix_fallocate writes zeros.
+#endif
+    int e = ::posix_fallocate(fd_, off_t(offset), off_t(len));
+    if (e != 0) return Err(e, "posix_fallocate", path_);
+    BumpEnd(offset + len);
+    return Status::OK();
+  }
+
+  Status PunchHole(uint64_t offset, uint64_t len) override {
+    if (len == 0) return Status::OK();
+#if defined(CDP_HAVE_FALLOCATE) && defined(FALLOC_FL_PUNCH_HOLE) && defined(FALLOC_FL_KEEP_SIZE)
+    int r;
+    do {
+      r = ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(offset), off_t(len));
+    } while (r != 0 && errno == EINTR);
+    if (r == 0) return Status::OK();
+    if (errno == EOPNOTSUPP || errno == ENOSYS) {
+      return Status::NotSupported("punch hole " + path_ + ": the file system does not support it");
+    }
+    return Err(errno, "punch hole", path_);
+#else
+    return Status::NotSupported("punch hole " + path_ + ": not available on this platform");
+#endif
+  }
+
+  Status Truncate(uint64_t size) override {
+    int r;
+    do {
+      r = ::ftruncate(fd_, off_t(size));
+    } while (r != 0 && errno == EINTR);
+    if (r != 0) return Err(errno, "ftruncate", path_);
+    end_.store(size);
+    return Status::OK();
+  }
+
+  Result<uint64_t> Size() const override {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return Err(errno, "fstat", path_);
+    if (S_ISBLK(st.st_mode)) {
+      uint64_t bytes = 0;
+      if (::ioctl(fd_, BLKGETSIZE64, &bytes) != 0) return Err(errno, "BLKGETSIZE64", path_);
+      return bytes;
+    }
+    return uint64_t(st.st_size);
+  }
+
+  const std::string& path() const override { return path_; }
+
+ private:
+  Status WriteAt(uint64_t offset, ByteSpan data) {
+    size_t done = 0;
+    while (done < data.size()) {
+      ssize_t r = ::pwrite(fd_, data.data() + done, data.size() - done, off_t(offset + done));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return Err(errno, "pwrite", path_);
+      }
+      if (r == 0) return Status::IOError("pwrite " + path_ + ": wrote nothing", 0);
+      done += size_t(r);
+    }
+    return Status::OK();
+  }
+
+  void BumpEnd(uint64_t end) {
+    uint64_t cur = end_.load();
+    while (cur < end && !end_.compare_exchange_weak(cur, end)) {
+    }
+  }
+
+  const int fd_;
+  const std::string path_;
+  std::atomic<uint64_t> end_;  // where the next Append writes
+};
+
+class PosixEnv final : public Env {
+ public:
+  Result<std::unique_ptr<File>> Open(const std::string& path, const OpenOptions& opts) override {
+    int flags = O_CLOEXEC | (opts.read_only ? O_RDONLY : O_RDWR);
+    if (opts.create) flags |= O_CREAT;
+    if (opts.create && opts.exclusive) flags |= O_EXCL;
+    if (opts.truncate && !opts.read_only) flags |= O_TRUNC;
+#ifdef O_DIRECT
+    if (opts.direct) flags |= O_DIRECT;
+#endif
+    int fd;
+    do {
+      fd = ::open(path.c_str(), flags, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return Err(errno, opts.direct ? "open (O_DIRECT)" : "open", path);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      int e = errno;
+      ::close(fd);
+      return Err(e, "fstat", path);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      ::close(fd);
+      return Err(EISDIR, "open", path);
+    }
+    return std::unique_ptr<File>(new PosixFile(fd, path, uint64_t(st.st_size)));
+  }
+
+  Status Rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) return Err(errno, "rename", from + " -> " + to);
+    return Status::OK();
+  }
+
+  Status Remove(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return Err(errno, "unlink", path);
+    return Status::OK();
+  }
+
+  Status SyncDir(const std::string& dir) override {
+    int fd;
+    do {
+      fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return Err(errno, "open dir", dir);
+    int r = ::fsync(fd);
+    int e = errno;
+    ::close(fd);
+    if (r != 0) return Err(e, "fsync dir", dir);
+    return Status::OK();
+  }
+
+  Status CreateDirs(const std::string& dir) override {
+    if (dir.empty()) return Status::InvalidArgument("CreateDirs: empty path");
+    size_t pos = 0;
+    while (pos != std::string::npos) {
+      pos = dir.find('/', pos + 1);
+      std::string part = dir.substr(0, pos);
+      if (part.empty() || part.back() == '/') continue;
+      if (::mkdir(part.c_str(), 0755) != 0) {
+        int e = errno;
+        struct stat st;
+        if (e == EEXIST && ::stat(part.c_str(), &st) == 0) {
+          if (S_ISDIR(st.st_mode)) continue;
+          return Err(ENOTDIR, "mkdir", part);
+        }
+        return Err(e, "mkdir", part);
+      }
+    }
+    return Status::OK();
+  }
+
+  Status RemoveDir(const std::string& dir) override {
+    if (::rmdir(dir.c_str()) != 0) return Err(errno, "rmdir", dir);
+    return Status::OK();
+  }
+
+  bool Exists(const std::string& path) override {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0;
+  }
+
+  Result<std::vector<std::string>> ListDir(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return Err(errno, "opendir", dir);
+    std::vector<std::string> names;
+    for (;;) {
+      errno = 0;
+      struct dirent* e = ::readdir(d);
+      if (e == nullptr) {
+        int err = errno;
+        ::closedir(d);
+        if (err != 0) return Err(err, "readdir", dir);
+        break;
+      }
+      std::string name(e->d_name);
+      if (name == "." || name == "..") continue;
+      names.push_back(std::move(name));
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  Result<uint64_t> FileSize(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return Err(errno, "stat", path);
+    if (S_ISDIR(st.st_mode)) return Err(EISDIR, "stat", path);
+    return uint64_t(st.st_size);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Env> NewPosixEnv() { return std::make_unique<PosixEnv>(); }
+
+}  // namespace cdp

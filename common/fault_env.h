@@ -49,7 +49,7 @@
 // would make the sum of the sizes of all named files exceed `bytes` fails with
 // ENOSPC and changes nothing.
 //
-// Limits: files must be reached only through this FaultEnv while it is in use
+// Limits: Rename() of a directory returns kNotSupported. Files must be reached only through this FaultEnv while it is in use
 // (changes made behind its back are not modelled). DropUnsyncedData() restores
 // in place when a file still sits at its durable name, otherwise it copies the
 // synced content through memory.
@@ -91,7 +91,8 @@ class FaultEnv : public Env {
   };
   static const char* OpName(Op op);
 
-  // `base` must outlive this FaultEnv and every File opened through it.
+  // `base` must outlive this FaultEnv; this FaultEnv must outlive every File
+  // opened through it.
   explicit FaultEnv(Env* base);
   ~FaultEnv() override;
   FaultEnv(const FaultEnv&) = delete;
