@@ -1,0 +1,202 @@
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "master-target/journal.h"
+#include "master-target/undo_index.h"
+
+using namespace cdp;
+using namespace cdp::mt;
+
+namespace {
+
+Bytes RandomBytes(std::mt19937_64& rng, size_t n) {
+  Bytes b(n);
+  for (auto& x : b) x = uint8_t(rng());
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("segment names round-trip and reject other names", "[journal]") {
+  uint64_t seg = 0;
+  REQUIRE(SegmentFileName(0x1a) == "000000000000001a.jnl");
+  REQUIRE(ParseSegmentName("000000000000001a.jnl", &seg));
+  REQUIRE(seg == 0x1a);
+  REQUIRE_FALSE(ParseSegmentName("000000000000001A.jnl", &seg));
+  REQUIRE_FALSE(ParseSegmentName("00000000000001a.jnl", &seg));
+  REQUIRE_FALSE(ParseSegmentName("000000000000001a.jnx", &seg));
+  REQUIRE_FALSE(ParseSegmentName("../00000000001a.jnl", &seg));
+}
+
+TEST_CASE("segment header rejects bad magic, version and CRC", "[journal]") {
+  Bytes h = EncodeSegmentHeader(SegmentHeader{7, 42});
+  REQUIRE(h.size() == kSegmentHeaderSize);
+  auto d = DecodeSegmentHeader(h);
+  REQUIRE(d.ok());
+  REQUIRE(d->segment == 7);
+  REQUIRE(d->first_seq == 42);
+  for (size_t i : {0, 4, 9, 17, 29}) {
+    Bytes bad = h;
+    bad[i] ^= 0x40;
+    REQUIRE(DecodeSegmentHeader(bad).status().IsCorruption());
+  }
+}
+
+TEST_CASE("records written by SegmentWriter scan back; torn tails are found", "[journal]") {
+  auto env = NewMemEnv();
+  REQUIRE(env->CreateDirs("/j").ok());
+  std::mt19937_64 rng(1);
+  auto w = SegmentWriter::Open(env.get(), "/j", 1, true, 1, 0, 1 << 20);
+  REQUIRE(w.ok());
+  struct Rec {
+    uint64_t seq, off;
+    Bytes old;
+    bool zero;
+  };
+  std::vector<Rec> recs;
+  Bytes buf;
+  for (uint64_t s = 1; s <= 20; ++s) {
+    Rec r{s, s * 4096, RandomBytes(rng, 512 * (1 + rng() % 8)), s % 3 == 0};
+    if (r.zero) r.old.assign(r.old.size(), 0);
+    EncodeUndoRecord(r.zero ? UndoKind::kZeroes : UndoKind::kData, r.seq, r.off, uint32_t(r.old.size()), 1000 + s,
+                     r.zero ? ByteSpan() : ByteSpan(r.old), &buf);
+    recs.push_back(r);
+  }
+  REQUIRE((*w)->Append(buf, 1).ok());
+  REQUIRE((*w)->Sync().ok());
+  const uint64_t end = (*w)->end();
+  REQUIRE(end == kSegmentHeaderSize + buf.size());
+
+  auto f = env->Open("/j/" + SegmentFileName(1), OpenOptions{});
+  REQUIRE(f.ok());
+  std::vector<std::pair<UndoHeader, UndoLocation>> got;
+  auto scan = ScanSegment(**f, 1, 0, true, UINT64_MAX, [&](const UndoHeader& h, const UndoLocation& l) {
+    got.emplace_back(h, l);
+    return Status::OK();
+  });
+  REQUIRE(scan.ok());
+  REQUIRE_FALSE(scan->torn_tail);
+  REQUIRE(scan->valid_end == end);
+  REQUIRE(got.size() == recs.size());
+  for (size_t i = 0; i < recs.size(); ++i) {
+    REQUIRE(got[i].first.seq == recs[i].seq);
+    REQUIRE(got[i].first.offset == recs[i].off);
+    REQUIRE(got[i].first.length == recs[i].old.size());
+    REQUIRE(got[i].first.time_us == 1000 + recs[i].seq);
+    REQUIRE(got[i].first.kind == (recs[i].zero ? UndoKind::kZeroes : UndoKind::kData));
+    Bytes data(recs[i].old.size());
+    REQUIRE(ReadUndoData(**f, got[i].first, got[i].second, data.data()).ok());
+    REQUIRE(data == recs[i].old);
+    Bytes slice(100);
+    REQUIRE(ReadUndoSlice(**f, got[i].first, got[i].second, 7, 100, slice.data()).ok());
+    REQUIRE(std::equal(slice.begin(), slice.end(), recs[i].old.begin() + 7));
+  }
+
+  SECTION("a truncated last record is a torn tail") {
+    REQUIRE((*f)->Truncate(end - 3).ok());
+    size_t n = 0;
+    auto s = ScanSegment(**f, 1, 0, true, UINT64_MAX, [&](const UndoHeader&, const UndoLocation&) {
+      ++n;
+      return Status::OK();
+    });
+    REQUIRE(s.ok());
+    REQUIRE(s->torn_tail);
+    REQUIRE(n == recs.size() - 1);
+    REQUIRE(s->valid_end == got.back().second.file_offset);
+  }
+  SECTION("a flipped data byte ends a verifying scan, and fails ReadUndoData") {
+    const auto& victim = got[5];
+    REQUIRE_FALSE(recs[5].zero);
+    uint8_t b;
+    uint64_t at = victim.second.file_offset + kRecordHeaderSize + 10;
+    REQUIRE((*f)->Read(at, 1, &b).ok());
+    b ^= 1;
+    REQUIRE((*f)->Write(at, ByteSpan(&b, 1)).ok());
+    size_t n = 0;
+    auto s = ScanSegment(**f, 1, 0, true, UINT64_MAX, [&](const UndoHeader&, const UndoLocation&) {
+      ++n;
+      return Status::OK();
+    });
+    REQUIRE(s.ok());
+    REQUIRE(s->torn_tail);
+    REQUIRE(n == 5);
+    Bytes data(victim.first.length);
+    REQUIRE(ReadUndoData(**f, victim.first, victim.second, data.data()).IsCorruption());
+  }
+  SECTION("scanning from a record boundary and up to a limit") {
+    size_t n = 0;
+    auto s = ScanSegment(**f, 1, got[3].second.file_offset, false, got[8].second.file_offset,
+                         [&](const UndoHeader& h, const UndoLocation&) {
+                           REQUIRE(h.seq == 4 + n);
+                           ++n;
+                           return Status::OK();
+                         });
+    REQUIRE(s.ok());
+    REQUIRE(n == 5);
+  }
+}
+
+TEST_CASE("SegmentWriter rolls over to a new segment past segment_bytes", "[journal]") {
+  auto env = NewMemEnv();
+  REQUIRE(env->CreateDirs("/j").ok());
+  auto w = SegmentWriter::Open(env.get(), "/j", 3, true, 1, 0, 200);
+  REQUIRE(w.ok());
+  std::vector<uint64_t> created;
+  (*w)->on_new_segment = [&](uint64_t s, std::shared_ptr<File>) { created.push_back(s); };
+  Bytes rec;
+  EncodeUndoRecord(UndoKind::kData, 1, 0, 200, 1, Bytes(200, 7), &rec);
+  auto l1 = (*w)->Append(rec, 1);
+  REQUIRE(l1.ok());
+  REQUIRE(l1->segment == 3);
+  auto l2 = (*w)->Append(rec, 2);
+  REQUIRE(l2.ok());
+  REQUIRE(l2->segment == 4);
+  REQUIRE(l2->file_offset == kSegmentHeaderSize);
+  REQUIRE(created == std::vector<uint64_t>{4});
+  REQUIRE((*w)->Sync().ok());
+  auto names = env->ListDir("/j");
+  REQUIRE(names.ok());
+  REQUIRE(*names == std::vector<std::string>{SegmentFileName(3), SegmentFileName(4)});
+}
+
+TEST_CASE("UndoIndex answers the oldest record newer than the point", "[journal][index]") {
+  UndoIndex idx;
+  auto add = [&](uint64_t seq, uint64_t off, uint32_t len) {
+    idx.Add(UndoEntry{seq, off, len, UndoKind::kData, 1, seq * 1000, 0, 0});
+  };
+  add(2, 0, 4096);
+  add(3, 2048, 4096);
+  add(5, 0, 8192);
+  add(6, 1024, 512);
+  // Point 1: bytes [0,4096) from seq 2, [4096,6144) from seq 3, [6144,8192) from seq 5.
+  auto p = idx.Lookup(1, 0, 8192);
+  REQUIRE(p.size() == 3);
+  REQUIRE((p[0].from_undo && p[0].entry.seq == 2 && p[0].offset == 0 && p[0].length == 4096));
+  REQUIRE((p[1].from_undo && p[1].entry.seq == 3 && p[1].offset == 4096 && p[1].length == 2048));
+  REQUIRE((p[2].from_undo && p[2].entry.seq == 5 && p[2].offset == 6144 && p[2].length == 2048));
+  // Point 4: everything from seq 5.
+  p = idx.Lookup(4, 0, 8192);
+  REQUIRE(p.size() == 1);
+  REQUIRE(p[0].entry.seq == 5);
+  // Point 5: [1024,1536) from seq 6, the rest from the replica.
+  p = idx.Lookup(5, 0, 8192);
+  REQUIRE(p.size() == 3);
+  REQUIRE((!p[0].from_undo && p[0].offset == 0 && p[0].length == 1024));
+  REQUIRE((p[1].from_undo && p[1].entry.seq == 6 && p[1].offset == 1024 && p[1].length == 512));
+  REQUIRE((!p[2].from_undo && p[2].offset == 1536 && p[2].length == 8192 - 1536));
+  // Point 6: all replica.
+  p = idx.Lookup(6, 100, 50);
+  REQUIRE(p.size() == 1);
+  REQUIRE((!p[0].from_undo && p[0].offset == 100 && p[0].length == 50));
+
+  auto above = idx.EntriesAbove(2);
+  REQUIRE(above.size() == 3);
+  REQUIRE(above[0].seq == 6);
+  REQUIRE(above[2].seq == 3);
+  idx.RemoveAbove(3);
+  REQUIRE(idx.size() == 2);
+  p = idx.Lookup(3, 0, 8192);
+  REQUIRE(p.size() == 1);
+  REQUIRE(!p[0].from_undo);
+}

@@ -1,0 +1,305 @@
+// Volume: one replicated volume at the master target — its replica file, its
+// undo journal (master-target/journal.h), its sqlite index (volume row,
+// journal segments, recovery points; docs/formats/mt-index.md) and the
+// in-memory undo index for point-in-time reads.
+//
+// Apply protocol, per WriteBatch (one journal sync and one replica sync per
+// batch, not per record):
+//
+//   validate every record (duplicates skipped, gap / bad record -> nack, nothing applied)
+//     |
+//   for each write record, in order: read the old bytes (replica + the batch's
+//   earlier records), encode undo records (<= 1 MiB each, all-zero -> no data)
+//     |
+//   journal Append ... journal Sync (+ dir sync for a new segment)   -- sync point 1
+//     |
+//   undo index += the new records (exclusive lock: exports now see them)
+//     |
+//   replica Write / PunchHole ... replica Sync                       -- sync point 2
+//     |
+//   sqlite: applied seq, journal position, segments, new points      -- commit point
+//     |
+//   durable_seq = last seq of the batch -> the caller acks it
+//
+// Crash recovery (at Open, and in place after a failed apply): every undo
+// record past the committed journal position is undone newest first (each
+// writes the bytes it saved), the replica is synced, the journal is truncated
+// at the committed position and later segments are removed. The replica then
+// holds exactly the image at the committed sequence, and resent records are
+// applied again. A volume interrupted in a rollback finishes the rollback.
+//
+// Volume states:
+//
+//   replicating --Rollback(P)--> rolling-back --done--> failed-over
+//        ^                                                   |
+//        +-------- Open with a higher generation (re-protect) +
+//
+// A failed-over volume refuses writes (Nack kWrongGeneration); re-protecting
+// it takes a VolumeOpen with a higher generation, which drops the journal and
+// the points and starts the sequence again at 1 on the replica as it is (the
+// source then resyncs by region hashes).
+//
+// Files of a volume `dir`:  replica.img, journal/<16 hex>.jnl; the sqlite
+// index lives at VolumeOptions::index_path (dir/index.db in the daemon).
+//
+// Thread safety: all public methods are thread-safe. Apply, Rollback,
+// Retention and RegionHashes are serialised by one mutex; ReadAt (exports)
+// runs concurrently with them and sees the image of its point throughout.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/env.h"
+#include "common/protocol.h"
+#include "common/result.h"
+#include "common/status.h"
+#include "master-target/journal.h"
+#include "master-target/undo_index.h"
+
+namespace cdp::sqlite {
+class Db;
+}
+namespace cdp::metrics {
+class Registry;
+class Counter;
+class Gauge;
+class DoubleGauge;
+}  // namespace cdp::metrics
+
+namespace cdp::mt {
+
+struct VolumeIdentity {
+  std::string name;
+  uint64_t size = 0;
+  uint32_t block_size = 4096;
+  std::array<uint8_t, 16> uuid{};
+  uint64_t generation = 0;
+};
+
+enum class VolumeState { kReplicating = 0, kRollingBack = 1, kFailedOver = 2 };
+const char* StateName(VolumeState s);
+
+enum class PointKind { kCrash = 1, kTag = 2 };
+const char* PointKindName(PointKind k);
+
+struct RecoveryPoint {
+  int64_t id = 0;         // unique per volume, increasing
+  uint64_t seq = 0;       // the image after applying every record <= seq
+  uint64_t time_us = 0;   // wall-clock micros when the point was applied
+  PointKind kind = PointKind::kCrash;
+  std::string name;       // tag name; "" for crash-consistent points
+};
+
+// Both limits are maxima; 0 = unlimited. See ApplyRetention() for the promise.
+struct RetentionPolicy {
+  uint64_t max_age_us = 0;
+  uint64_t max_bytes = 0;
+};
+
+// Counters a daemon exports (common/metrics.h). Null pointers are skipped.
+struct VolumeMetrics {
+  std::shared_ptr<metrics::Counter> bytes_applied;      // change bytes applied (data+zero+trim)
+  std::shared_ptr<metrics::Counter> records_applied;
+  std::shared_ptr<metrics::Counter> disk_read_bytes;    // replica + journal reads by apply/undo
+  std::shared_ptr<metrics::Counter> disk_write_bytes;   // replica + journal writes by apply/undo
+  std::shared_ptr<metrics::Gauge> journal_bytes;
+  std::shared_ptr<metrics::Gauge> points;
+  std::shared_ptr<metrics::Gauge> applied_seq;
+  std::shared_ptr<metrics::DoubleGauge> apply_lag_seconds;  // now - capture time of the last applied record
+  std::shared_ptr<metrics::DoubleGauge> retention_span_seconds;
+};
+
+struct VolumeOptions {
+  Env* env = nullptr;             // must outlive the Volume
+  const Clock* clock = nullptr;   // must outlive the Volume
+  std::string dir;                // the volume's directory in `env`
+  std::string index_path;         // sqlite file (real file system, or ":memory:"-like paths in tests)
+  uint64_t segment_bytes = 64ull << 20;
+  uint64_t point_interval_us = 5'000'000;  // at most one crash-consistent point per interval
+  RetentionPolicy retention;
+  // Fault injection for tests: called just before the sqlite commit of a
+  // batch; a non-ok Status aborts the batch there (as a crash before commit).
+  std::function<Status()> before_commit;
+  VolumeMetrics metrics;
+};
+
+// What the caller tells the peer after ApplyBatch.
+struct ApplyOutcome {
+  bool ack = true;                  // false: nack with reason/expected_seq/message
+  proto::NackReason reason = proto::NackReason::kInternal;
+  uint64_t expected_seq = 0;
+  std::string message;
+  uint64_t durable_seq = 0;         // for an ack
+  uint64_t applied = 0;             // records applied by this call
+  uint64_t duplicates = 0;          // records skipped as already applied
+};
+
+struct VolumeStatus {
+  VolumeIdentity identity;
+  VolumeState state = VolumeState::kReplicating;
+  uint64_t applied_seq = 0;
+  uint64_t horizon_seq = 0;        // points below this sequence are no longer reachable
+  uint64_t journal_bytes = 0;
+  uint64_t journal_segments = 0;
+  uint64_t undo_records = 0;
+  size_t points = 0;
+  size_t active_exports = 0;
+  uint64_t rollback_to = 0;        // failed-over: the point rolled back to
+};
+
+struct RetentionResult {
+  std::vector<uint64_t> dropped_segments;
+  std::vector<int64_t> dropped_points;   // ids of points broken by the dropped segments
+  uint64_t horizon_seq = 0;
+};
+
+// Journal segment bookkeeping (also the sqlite `segments` rows).
+struct SegmentInfo {
+  uint64_t segment = 0;
+  uint64_t min_seq = 0;     // 0: no record yet
+  uint64_t max_seq = 0;
+  uint64_t first_time_us = 0;
+  uint64_t last_time_us = 0;
+  uint64_t bytes = 0;       // file size (append position)
+};
+
+class Volume;
+
+// Keeps a point readable (retention will not drop what it needs, rollback is
+// refused) while alive. Must not outlive its Volume.
+class PointPin {
+ public:
+  PointPin(Volume* v, uint64_t seq) : v_(v), seq_(seq) {}
+  ~PointPin();
+  PointPin(const PointPin&) = delete;
+  PointPin& operator=(const PointPin&) = delete;
+  uint64_t seq() const { return seq_; }
+
+ private:
+  Volume* v_;
+  uint64_t seq_;
+};
+
+class Volume {
+ public:
+  // Opens the volume in opts.dir, creating it from `create` when its index has
+  // no volume yet (create == nullptr: kNotFound then). Runs crash recovery
+  // before returning. Failure: the Env's or sqlite's Status, kCorruption for a
+  // journal that contradicts the index.
+  static Result<std::unique_ptr<Volume>> Open(VolumeOptions opts, const VolumeIdentity* create);
+  ~Volume();
+  Volume(const Volume&) = delete;
+  Volume& operator=(const Volume&) = delete;
+
+  // Checks a VolumeOpen against this volume. OK: same uuid, size and
+  // generation (or re-protected for a higher generation: journal and points
+  // dropped, applied seq 0). Otherwise an outcome with ack=false and
+  // reason kWrongGeneration naming the mismatch.
+  Result<ApplyOutcome> CheckOpen(const VolumeIdentity& id);
+
+  // Applies a batch (see the protocol above). Validation failures and gaps
+  // are returned as a nack outcome with nothing applied; a non-ok Status is an
+  // I/O failure (the volume has then undone the partial batch, or — when even
+  // that failed — refuses further work until reopened).
+  Result<ApplyOutcome> ApplyBatch(const std::vector<proto::Record>& records);
+
+  // Point-in-time read: the image after applying every record <= `point_seq`
+  // (point_seq >= applied: the current image). kOutOfRange outside the volume
+  // or for a point below the horizon; kCorruption if a journal read fails its
+  // check. Safe concurrently with ApplyBatch.
+  Status ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const;
+
+  // Pins `point_seq` for an export. kOutOfRange if it is below the horizon or
+  // above the applied sequence.
+  Result<std::unique_ptr<PointPin>> Pin(uint64_t point_seq);
+
+  // Rewinds the replica to `point_seq` (a recovery point's seq, or any seq
+  // between horizon and applied), then the volume is failed over.
+  // kBusy while exports are pinned; kOutOfRange for an unreachable seq.
+  Status Rollback(uint64_t point_seq);
+
+  // Drops whole oldest journal segments that no promised point needs. A point
+  // is promised when it is younger than max_age (or max_age is 0) and the
+  // journal bytes it needs (every segment holding a record newer than it,
+  // the current one included) fit in max_bytes (or max_bytes is 0); a pinned
+  // point is always promised. Points broken by a drop are deleted.
+  Result<RetentionResult> ApplyRetention();
+
+  // XXH3-128 of regions [first, first+count) of `region_size` bytes of the
+  // current replica (the last region may be short). kOutOfRange if a region
+  // starts past the end, kInvalidArgument for a bad size or count.
+  Result<std::vector<proto::Hash128>> RegionHashes(uint32_t region_size, uint64_t first, uint32_t count);
+
+  std::vector<RecoveryPoint> ListPoints() const;
+  std::optional<RecoveryPoint> FindPoint(int64_t id) const;
+  VolumeStatus GetStatus() const;
+  std::vector<SegmentInfo> Segments() const;
+  uint64_t applied_seq() const { return applied_.load(); }
+  uint64_t size() const { return id_.size; }
+  const VolumeIdentity& identity() const { return id_; }
+  VolumeState state() const;
+
+ private:
+  friend class PointPin;
+  explicit Volume(VolumeOptions opts) : o_(std::move(opts)) {}
+  Status Init(const VolumeIdentity* create);
+  Status CreateFiles(const VolumeIdentity& id);
+  Status LoadIndex();
+  // Undoes (when `undo`) the journal past the committed position, cuts it
+  // there and reopens the writer.
+  Status RecoverUncommitted(bool undo = true);
+  Status RebuildUndoIndex();
+  Status FinishRollback();
+  Status ResetForNewGeneration(const VolumeIdentity& id);
+  Status UndoEntries(const std::vector<UndoEntry>& entries);
+  Status ZeroReplica(uint64_t offset, uint64_t len);
+  Status ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out);
+  Status CommitVolumeRow(uint64_t applied, uint64_t seg, uint64_t off);
+  std::shared_ptr<File> SegmentFile(uint64_t segment) const;  // index_mu_ held
+  void Unpin(uint64_t seq);
+  void UpdateGauges();
+  std::string JournalDir() const;
+  std::string ReplicaPath() const;
+
+  VolumeOptions o_;
+  VolumeIdentity id_;
+  std::unique_ptr<sqlite::Db> db_;
+
+  mutable std::mutex apply_mu_;  // serialises apply, rollback, retention, hashes
+  std::unique_ptr<File> replica_;
+  std::unique_ptr<SegmentWriter> writer_;
+  VolumeState state_ = VolumeState::kReplicating;  // apply_mu_ (+ meta_mu_ for readers)
+  uint64_t rollback_to_ = 0;
+  uint64_t committed_segment_ = 0;   // committed journal position
+  uint64_t committed_offset_ = 0;
+  uint64_t last_crash_point_us_ = 0; // monotonic micros of the last crash point (0: none)
+  bool broken_ = false;              // an apply failed and could not be undone
+  std::atomic<uint64_t> applied_{0};
+
+  // Readers (exports) take index_mu_ shared across the index lookup and the
+  // reads it leads to; the apply thread takes it exclusive only to change the
+  // index or the segment map.
+  mutable std::shared_mutex index_mu_;
+  UndoIndex undo_;
+  std::map<uint64_t, std::shared_ptr<File>> seg_files_;
+  uint64_t horizon_ = 0;
+
+  mutable std::mutex meta_mu_;        // guards the copies below for readers
+  std::map<uint64_t, SegmentInfo> segments_;
+  std::vector<RecoveryPoint> points_;  // ascending id (== ascending seq)
+  std::multiset<uint64_t> pins_;
+};
+
+}  // namespace cdp::mt
