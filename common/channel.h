@@ -51,8 +51,11 @@
 //
 //   Any unexpected message, a malformed one, or the deadline passing ends the
 //   handshake with an error on that side; the caller then drops the channel.
-//   An unknown tenant and a wrong secret fail with the same text on both sides
-//   (no tenant enumeration).
+//   An unknown tenant and a wrong secret look the same to the client: the
+//   same messages and the same error text (no tenant enumeration). Secrets
+//   must be high-entropy: the server proves itself first, so anyone may
+//   collect server proofs to attack a weak secret offline.
+//   On any failure both functions Close() the channel.
 #pragma once
 
 #include <atomic>
@@ -141,10 +144,12 @@ class FrameChannel {
   uint64_t next_send_seq_ = 1;  // guarded by send_mu_
 
   uint64_t next_recv_seq_ = 1;  // reader thread only
-  Bytes rbuf_;                  // reader thread only: bytes received, not yet decoded
-  size_t rbuf_start_ = 0;       // first undecoded byte in rbuf_
+  Bytes rbuf_;                  // reader thread only: [rbuf_start_, rbuf_end_) received, not decoded
+  size_t rbuf_start_ = 0;
+  size_t rbuf_end_ = 0;
 
   std::atomic<bool> broken_{false};
+  std::atomic<bool> closed_{false};
   std::mutex error_mu_;
   Status error_;  // guarded by error_mu_; the first error that broke the channel
 
@@ -152,8 +157,8 @@ class FrameChannel {
 };
 
 // Resolves `host` (name or address) and connects to the first address that
-// answers, all within `timeout`. kUnavailable (retryable) if nothing answers in
-// time or the connection is refused; kNotFound if the name does not resolve.
+// answers, all within `timeout`. kUnavailable (retryable) if the name does not
+// resolve, nothing answers in time or the connection is refused.
 Result<std::unique_ptr<FrameChannel>> Connect(const std::string& host, uint16_t port,
                                               std::chrono::milliseconds timeout,
                                               FrameChannel::Options options = {});

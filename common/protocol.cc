@@ -1,0 +1,557 @@
+#include "common/protocol.h"
+
+#include <bit>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "common/codec.h"
+#include "common/crc32c.h"
+
+namespace cdp::proto {
+namespace {
+
+// Smallest encoded record: seq, offset, length, kind, timestamp, data_len.
+constexpr size_t kRecordHeaderSize = 8 + 8 + 4 + 1 + 8 + 4;
+// volume_id, codec, raw_size, count.
+constexpr size_t kBatchHeaderSize = 4 + 1 + 4 + 4;
+constexpr uint16_t kKnownFlags = 0;
+constexpr uint32_t kMinBlockSize = 512;
+constexpr uint32_t kMaxBlockSize = 1u << 20;
+constexpr uint32_t kMinRegionSize = 512;
+constexpr uint32_t kMaxRegionSize = 1u << 30;
+
+bool KnownType(uint8_t t) {
+  return t >= uint8_t(MsgType::kHello) && t <= uint8_t(MsgType::kStats);
+}
+bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+Status Bad(std::string what) { return Status::Corruption("bad message: " + std::move(what)); }
+Status Invalid(std::string what) { return Status::InvalidArgument("cannot encode: " + std::move(what)); }
+
+// ---- encoding helpers ----
+
+Status PutName(Bytes& b, const std::string& s, const char* field) {
+  if (!ValidName(s)) return Invalid(std::string("invalid ") + field + " name");
+  PutFixed16(b, uint16_t(s.size()));
+  PutBytes(b, s);
+  return Status::OK();
+}
+
+Status PutText(Bytes& b, const std::string& s, const char* field) {
+  if (s.size() > kMaxTextLength) return Invalid(std::string(field) + " longer than kMaxTextLength");
+  PutFixed16(b, uint16_t(s.size()));
+  PutBytes(b, s);
+  return Status::OK();
+}
+
+template <size_t N>
+void PutArray(Bytes& b, const std::array<uint8_t, N>& a) {
+  PutBytes(b, ByteSpan(a.data(), a.size()));
+}
+
+// ---- decoding helpers: every Get checks bounds and caps ----
+
+bool GetString(ByteReader& r, size_t cap, std::string* out) {
+  uint16_t n = 0;
+  if (!r.GetFixed16(&n) || n > cap) return false;
+  ByteSpan s;
+  if (!r.GetSpan(n, &s)) return false;
+  out->assign(reinterpret_cast<const char*>(s.data()), s.size());
+  return true;
+}
+
+bool GetName(ByteReader& r, std::string* out) {
+  return GetString(r, kMaxNameLength, out) && ValidName(*out);
+}
+
+template <size_t N>
+bool GetArray(ByteReader& r, std::array<uint8_t, N>* a) {
+  ByteSpan s;
+  if (!r.GetSpan(N, &s)) return false;
+  std::copy(s.begin(), s.end(), a->begin());
+  return true;
+}
+
+// ---- records ----
+
+bool KnownKind(uint8_t k) { return k >= uint8_t(RecordKind::kData) && k <= uint8_t(RecordKind::kTag); }
+
+// Checks one record's fields (shared by encoder and parser). `expected_seq` is
+// 0 for the first record of a batch (any sequence >= 1), else the required one.
+Status CheckRecord(uint64_t seq, uint64_t offset, uint32_t length, RecordKind kind,
+                   ByteSpan data, uint64_t expected_seq) {
+  if (seq == 0) return Status::InvalidArgument("record sequence 0");
+  if (expected_seq != 0 && seq != expected_seq) {
+    return Status::InvalidArgument("record sequence " + std::to_string(seq) + " where " +
+                                   std::to_string(expected_seq) + " was due");
+  }
+  if (offset > std::numeric_limits<uint64_t>::max() - length) {
+    return Status::InvalidArgument("record offset + length overflows");
+  }
+  switch (kind) {
+    case RecordKind::kData:
+      if (length == 0 || length > kMaxRecordLength) return Status::InvalidArgument("data record length out of range");
+      if (data.size() != length) return Status::InvalidArgument("data record size differs from its length");
+      return Status::OK();
+    case RecordKind::kZero:
+    case RecordKind::kTrim:
+      if (length == 0) return Status::InvalidArgument("zero/trim record of length 0");
+      if (!data.empty()) return Status::InvalidArgument("zero/trim record carries data");
+      return Status::OK();
+    case RecordKind::kFlush:
+      if (offset != 0 || length != 0) return Status::InvalidArgument("flush record with a range");
+      if (!data.empty()) return Status::InvalidArgument("flush record carries data");
+      return Status::OK();
+    case RecordKind::kTag:
+      if (offset != 0 || length != 0) return Status::InvalidArgument("tag record with a range");
+      if (!ValidName(std::string_view(reinterpret_cast<const char*>(data.data()), data.size()))) {
+        return Status::InvalidArgument("tag record with an invalid name");
+      }
+      return Status::OK();
+  }
+  return Status::InvalidArgument("unknown record kind");
+}
+
+Status EncodeBatch(const WriteBatch& wb, Bytes& out) {
+  if (wb.records.empty()) return Invalid("empty write batch");
+  if (wb.records.size() > kMaxRecords) return Invalid("more than kMaxRecords records");
+  if (uint8_t(wb.codec) > uint8_t(Codec::kZstd)) return Invalid("unknown codec");
+  uint64_t raw_size = 0;
+  for (const Record& rec : wb.records) raw_size += kRecordHeaderSize + rec.data.size();
+  if (raw_size > kMaxBatchRaw) return Invalid("record block larger than kMaxBatchRaw");
+
+  Bytes block;
+  block.reserve(size_t(raw_size));
+  uint64_t expected = 0;
+  for (const Record& rec : wb.records) {
+    Status s = CheckRecord(rec.seq, rec.offset, rec.length, rec.kind, rec.data, expected);
+    if (!s.ok()) return Invalid(s.message());
+    expected = rec.seq + 1;
+    if (expected == 0) return Invalid("record sequence overflows");
+    PutFixed64(block, rec.seq);
+    PutFixed64(block, rec.offset);
+    PutFixed32(block, rec.length);
+    PutU8(block, uint8_t(rec.kind));
+    PutFixed64(block, rec.timestamp_us);
+    PutFixed32(block, uint32_t(rec.data.size()));
+    PutBytes(block, rec.data);
+  }
+
+  Codec codec = wb.codec;
+  Bytes compressed;
+  if (codec != Codec::kNone) {
+    std::unique_ptr<cdp::Codec> c = NewCodec(codec, wb.level);
+    if (!c) return Invalid("codec unavailable");
+    CDP_RETURN_IF_ERROR(c->Compress(block, &compressed));
+    // Incompressible data travels raw: the receiver then skips a useless pass.
+    if (compressed.size() >= block.size()) codec = Codec::kNone;
+  }
+  const Bytes& body = codec == Codec::kNone ? block : compressed;
+  if (kBatchHeaderSize + body.size() > kMaxPayload) return Invalid("write batch larger than kMaxPayload");
+  out.reserve(kBatchHeaderSize + body.size());
+  PutFixed32(out, wb.volume_id);
+  PutU8(out, uint8_t(codec));
+  PutFixed32(out, uint32_t(block.size()));
+  PutFixed32(out, uint32_t(wb.records.size()));
+  PutBytes(out, body);
+  return Status::OK();
+}
+
+Result<Message> ParseBatch(ByteReader& r) {
+  WriteBatch wb;
+  uint8_t codec = 0;
+  uint32_t raw_size = 0, count = 0;
+  if (!r.GetFixed32(&wb.volume_id) || !r.GetU8(&codec) || !r.GetFixed32(&raw_size) ||
+      !r.GetFixed32(&count)) {
+    return Bad("truncated write batch header");
+  }
+  if (codec > uint8_t(Codec::kZstd)) return Bad("unknown codec " + std::to_string(codec));
+  wb.codec = Codec(codec);
+  if (raw_size > kMaxBatchRaw) return Bad("record block larger than kMaxBatchRaw");
+  if (count == 0 || count > kMaxRecords) return Bad("record count out of range");
+  if (uint64_t(count) * kRecordHeaderSize > raw_size) return Bad("record count exceeds the record block");
+
+  ByteSpan body;
+  r.GetSpan(r.remaining(), &body);
+  Bytes decompressed;
+  ByteSpan block;
+  if (wb.codec == Codec::kNone) {
+    if (body.size() != raw_size) return Bad("record block size differs from raw_size");
+    block = body;
+  } else {
+    std::unique_ptr<cdp::Codec> c = NewCodec(wb.codec);
+    if (!c) return Bad("codec unavailable");
+    Status s = c->Decompress(body, raw_size, &decompressed);
+    if (!s.ok()) return Bad("record block does not decompress: " + s.message());
+    if (decompressed.size() != raw_size) return Bad("record block decompressed to the wrong size");
+    block = decompressed;
+  }
+
+  ByteReader br(block);
+  wb.records.reserve(count);  // count * kRecordHeaderSize <= raw_size <= kMaxBatchRaw
+  uint64_t expected = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    Record rec;
+    uint8_t kind = 0;
+    uint32_t data_len = 0;
+    if (!br.GetFixed64(&rec.seq) || !br.GetFixed64(&rec.offset) || !br.GetFixed32(&rec.length) ||
+        !br.GetU8(&kind) || !br.GetFixed64(&rec.timestamp_us) || !br.GetFixed32(&data_len)) {
+      return Bad("truncated record header");
+    }
+    if (!KnownKind(kind)) return Bad("unknown record kind " + std::to_string(kind));
+    rec.kind = RecordKind(kind);
+    ByteSpan data;
+    if (!br.GetSpan(data_len, &data)) return Bad("record data runs past the record block");
+    Status s = CheckRecord(rec.seq, rec.offset, rec.length, rec.kind, data, expected);
+    if (!s.ok()) return Bad(s.message());
+    expected = rec.seq + 1;
+    if (expected == 0) return Bad("record sequence overflows");
+    rec.data.assign(data.begin(), data.end());
+    wb.records.push_back(std::move(rec));
+  }
+  if (!br.empty()) return Bad("trailing bytes after the last record");
+  return Message(std::move(wb));
+}
+
+// ---- per-message encoders ----
+
+struct PayloadEncoder {
+  Bytes& b;
+
+  Status operator()(const Hello& m) {
+    if (m.role < Role::kAgent || m.role > Role::kControl) return Invalid("unknown role");
+    PutU8(b, uint8_t(m.role));
+    CDP_RETURN_IF_ERROR(PutName(b, m.tenant, "tenant"));
+    CDP_RETURN_IF_ERROR(PutName(b, m.client_id, "client_id"));
+    PutArray(b, m.client_nonce);
+    return Status::OK();
+  }
+  Status operator()(const Challenge& m) {
+    PutArray(b, m.server_nonce);
+    PutArray(b, m.server_proof);
+    return Status::OK();
+  }
+  Status operator()(const Auth& m) {
+    PutArray(b, m.client_proof);
+    return Status::OK();
+  }
+  Status operator()(const AuthResult& m) {
+    PutU8(b, m.accepted ? 1 : 0);
+    return PutText(b, m.reason, "reason");
+  }
+  Status operator()(const VolumeOpen& m) {
+    if (!IsPowerOfTwo(m.block_size) || m.block_size < kMinBlockSize || m.block_size > kMaxBlockSize) {
+      return Invalid("block_size must be a power of two in 512..1 MiB");
+    }
+    if (m.size == 0 || m.size % m.block_size != 0) return Invalid("size must be a positive multiple of block_size");
+    CDP_RETURN_IF_ERROR(PutName(b, m.name, "volume"));
+    PutFixed64(b, m.size);
+    PutFixed32(b, m.block_size);
+    PutArray(b, m.uuid);
+    PutFixed64(b, m.generation);
+    return Status::OK();
+  }
+  Status operator()(const VolumeOpenReply& m) {
+    PutFixed32(b, m.volume_id);
+    PutFixed64(b, m.durable_seq);
+    return Status::OK();
+  }
+  Status operator()(const WriteBatch& m) { return EncodeBatch(m, b); }
+  Status operator()(const Ack& m) {
+    PutFixed32(b, m.volume_id);
+    PutFixed64(b, m.durable_seq);
+    return Status::OK();
+  }
+  Status operator()(const Nack& m) {
+    if (m.reason < NackReason::kGap || m.reason > NackReason::kCorruption) return Invalid("unknown nack reason");
+    PutFixed32(b, m.volume_id);
+    PutFixed32(b, uint32_t(m.reason));
+    PutFixed64(b, m.expected_seq);
+    return PutText(b, m.message, "message");
+  }
+  Status operator()(const HashRequest& m) {
+    if (!IsPowerOfTwo(m.region_size) || m.region_size < kMinRegionSize || m.region_size > kMaxRegionSize) {
+      return Invalid("region_size must be a power of two in 512..1 GiB");
+    }
+    if (m.count == 0 || m.count > kMaxHashes) return Invalid("hash count out of range");
+    if (m.first_region > (std::numeric_limits<uint64_t>::max() / m.region_size) - m.count) {
+      return Invalid("hash range overflows");
+    }
+    PutFixed32(b, m.volume_id);
+    PutFixed64(b, m.request_id);
+    PutFixed32(b, m.region_size);
+    PutFixed64(b, m.first_region);
+    PutFixed32(b, m.count);
+    return Status::OK();
+  }
+  Status operator()(const HashResponse& m) {
+    if (!IsPowerOfTwo(m.region_size) || m.region_size < kMinRegionSize || m.region_size > kMaxRegionSize) {
+      return Invalid("region_size must be a power of two in 512..1 GiB");
+    }
+    if (m.hashes.empty() || m.hashes.size() > kMaxHashes) return Invalid("hash count out of range");
+    if (m.first_region > (std::numeric_limits<uint64_t>::max() / m.region_size) - m.hashes.size()) {
+      return Invalid("hash range overflows");
+    }
+    PutFixed32(b, m.volume_id);
+    PutFixed64(b, m.request_id);
+    PutFixed32(b, m.region_size);
+    PutFixed64(b, m.first_region);
+    PutFixed32(b, uint32_t(m.hashes.size()));
+    for (const Hash128& h : m.hashes) {
+      PutFixed64(b, h.low);
+      PutFixed64(b, h.high);
+    }
+    return Status::OK();
+  }
+  Status operator()(const Heartbeat& m) {
+    PutFixed64(b, m.sent_us);
+    PutFixed64(b, m.echo_us);
+    return Status::OK();
+  }
+  Status operator()(const Stats& m) {
+    if (m.values.size() > kMaxStats) return Invalid("more than kMaxStats values");
+    PutFixed32(b, uint32_t(m.values.size()));
+    for (const auto& [name, value] : m.values) {
+      CDP_RETURN_IF_ERROR(PutName(b, name, "stat"));
+      PutFixed64(b, std::bit_cast<uint64_t>(value));
+    }
+    return Status::OK();
+  }
+};
+
+// ---- per-message parsers (the reader covers exactly the payload) ----
+
+Result<Message> ParsePayload(MsgType type, ByteReader& r) {
+  switch (type) {
+    case MsgType::kHello: {
+      Hello m;
+      uint8_t role = 0;
+      if (!r.GetU8(&role)) return Bad("truncated hello");
+      if (role < uint8_t(Role::kAgent) || role > uint8_t(Role::kControl)) return Bad("unknown role");
+      m.role = Role(role);
+      if (!GetName(r, &m.tenant)) return Bad("hello: invalid tenant name");
+      if (!GetName(r, &m.client_id)) return Bad("hello: invalid client_id");
+      if (!GetArray(r, &m.client_nonce)) return Bad("truncated hello");
+      return Message(std::move(m));
+    }
+    case MsgType::kChallenge: {
+      Challenge m;
+      if (!GetArray(r, &m.server_nonce) || !GetArray(r, &m.server_proof)) return Bad("truncated challenge");
+      return Message(m);
+    }
+    case MsgType::kAuth: {
+      Auth m;
+      if (!GetArray(r, &m.client_proof)) return Bad("truncated auth");
+      return Message(m);
+    }
+    case MsgType::kAuthResult: {
+      AuthResult m;
+      uint8_t accepted = 0;
+      if (!r.GetU8(&accepted) || accepted > 1) return Bad("auth result: bad accepted flag");
+      m.accepted = accepted == 1;
+      if (!GetString(r, kMaxTextLength, &m.reason)) return Bad("auth result: bad reason");
+      return Message(std::move(m));
+    }
+    case MsgType::kVolumeOpen: {
+      VolumeOpen m;
+      if (!GetName(r, &m.name)) return Bad("volume open: invalid volume name");
+      if (!r.GetFixed64(&m.size) || !r.GetFixed32(&m.block_size) || !GetArray(r, &m.uuid) ||
+          !r.GetFixed64(&m.generation)) {
+        return Bad("truncated volume open");
+      }
+      if (!IsPowerOfTwo(m.block_size) || m.block_size < kMinBlockSize || m.block_size > kMaxBlockSize) {
+        return Bad("volume open: bad block_size");
+      }
+      if (m.size == 0 || m.size % m.block_size != 0) return Bad("volume open: bad size");
+      return Message(std::move(m));
+    }
+    case MsgType::kVolumeOpenReply: {
+      VolumeOpenReply m;
+      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.durable_seq)) return Bad("truncated volume open reply");
+      return Message(m);
+    }
+    case MsgType::kWriteBatch:
+      return ParseBatch(r);
+    case MsgType::kAck: {
+      Ack m;
+      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.durable_seq)) return Bad("truncated ack");
+      return Message(m);
+    }
+    case MsgType::kNack: {
+      Nack m;
+      uint32_t reason = 0;
+      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed32(&reason) || !r.GetFixed64(&m.expected_seq)) {
+        return Bad("truncated nack");
+      }
+      if (reason < uint32_t(NackReason::kGap) || reason > uint32_t(NackReason::kCorruption)) {
+        return Bad("nack: unknown reason");
+      }
+      m.reason = NackReason(reason);
+      if (!GetString(r, kMaxTextLength, &m.message)) return Bad("nack: bad message");
+      return Message(std::move(m));
+    }
+    case MsgType::kHashRequest: {
+      HashRequest m;
+      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id) || !r.GetFixed32(&m.region_size) ||
+          !r.GetFixed64(&m.first_region) || !r.GetFixed32(&m.count)) {
+        return Bad("truncated hash request");
+      }
+      if (!IsPowerOfTwo(m.region_size) || m.region_size < kMinRegionSize || m.region_size > kMaxRegionSize) {
+        return Bad("hash request: bad region_size");
+      }
+      if (m.count == 0 || m.count > kMaxHashes) return Bad("hash request: count out of range");
+      if (m.first_region > (std::numeric_limits<uint64_t>::max() / m.region_size) - m.count) {
+        return Bad("hash request: range overflows");
+      }
+      return Message(m);
+    }
+    case MsgType::kHashResponse: {
+      HashResponse m;
+      uint32_t count = 0;
+      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id) || !r.GetFixed32(&m.region_size) ||
+          !r.GetFixed64(&m.first_region) || !r.GetFixed32(&count)) {
+        return Bad("truncated hash response");
+      }
+      if (!IsPowerOfTwo(m.region_size) || m.region_size < kMinRegionSize || m.region_size > kMaxRegionSize) {
+        return Bad("hash response: bad region_size");
+      }
+      if (count == 0 || count > kMaxHashes) return Bad("hash response: count out of range");
+      if (m.first_region > (std::numeric_limits<uint64_t>::max() / m.region_size) - count) {
+        return Bad("hash response: range overflows");
+      }
+      if (r.remaining() != size_t(count) * 16) return Bad("hash response: size differs from count");
+      m.hashes.resize(count);
+      for (Hash128& h : m.hashes) {
+        r.GetFixed64(&h.low);
+        r.GetFixed64(&h.high);
+      }
+      return Message(std::move(m));
+    }
+    case MsgType::kHeartbeat: {
+      Heartbeat m;
+      if (!r.GetFixed64(&m.sent_us) || !r.GetFixed64(&m.echo_us)) return Bad("truncated heartbeat");
+      return Message(m);
+    }
+    case MsgType::kStats: {
+      Stats m;
+      uint32_t count = 0;
+      if (!r.GetFixed32(&count)) return Bad("truncated stats");
+      // Each value takes at least 2 + 1 + 8 bytes.
+      if (count > kMaxStats || uint64_t(count) * 11 > r.remaining()) return Bad("stats: count out of range");
+      m.values.reserve(count);
+      for (uint32_t i = 0; i < count; ++i) {
+        std::string name;
+        uint64_t bits = 0;
+        if (!GetName(r, &name)) return Bad("stats: invalid name");
+        if (!r.GetFixed64(&bits)) return Bad("truncated stats");
+        m.values.emplace_back(std::move(name), std::bit_cast<double>(bits));
+      }
+      return Message(std::move(m));
+    }
+  }
+  return Bad("unknown message type");
+}
+
+}  // namespace
+
+MsgType TypeOf(const Message& m) {
+  // The variant's alternatives are declared in MsgType order, starting at 1.
+  static_assert(std::is_same_v<std::variant_alternative_t<0, Message>, Hello>);
+  static_assert(std::is_same_v<std::variant_alternative_t<12, Message>, Stats>);
+  static_assert(std::variant_size_v<Message> == size_t(MsgType::kStats));
+  return MsgType(uint8_t(m.index() + 1));
+}
+
+bool ValidName(std::string_view name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  if (name[0] == '.' || name[0] == '-') return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+Result<Bytes> EncodePayload(const Message& m) {
+  Bytes payload;
+  Status s = std::visit(PayloadEncoder{payload}, m);
+  if (!s.ok()) return s;
+  if (payload.size() > kMaxPayload) return Invalid("payload larger than kMaxPayload");
+  return payload;
+}
+
+void EncodeHeader(MsgType type, uint16_t flags, uint64_t sequence, ByteSpan payload, uint8_t* h) {
+  EncodeFixed32(h, kMagic);
+  h[4] = kVersion;
+  h[5] = uint8_t(type);
+  EncodeFixed16(h + 6, flags);
+  EncodeFixed32(h + 8, uint32_t(payload.size()));
+  EncodeFixed64(h + 12, sequence);
+  EncodeFixed32(h + 20, 0);
+  uint32_t crc = crc32c::Extend(crc32c::Value(h, kHeaderSize), payload.data(), payload.size());
+  EncodeFixed32(h + 20, crc);
+}
+
+Result<Bytes> EncodeMessage(const Message& m, uint64_t sequence) {
+  Bytes frame(kHeaderSize);
+  Status s = std::visit(PayloadEncoder{frame}, m);
+  if (!s.ok()) return s;
+  if (frame.size() - kHeaderSize > kMaxPayload) return Invalid("payload larger than kMaxPayload");
+  ByteSpan payload(frame.data() + kHeaderSize, frame.size() - kHeaderSize);
+  EncodeHeader(TypeOf(m), 0, sequence, payload, frame.data());
+  return frame;
+}
+
+DecodeOutcome DecodeFrame(ByteSpan input, Frame* out, uint32_t max_payload) {
+  DecodeOutcome o;
+  auto bad = [&o](std::string why) {
+    o.state = DecodeState::kBad;
+    o.error = Status::Corruption("bad frame: " + std::move(why));
+    return o;
+  };
+  // Reject garbage on its first wrong byte, even before a whole header arrived.
+  uint8_t magic[4];
+  EncodeFixed32(magic, kMagic);
+  for (size_t i = 0; i < 4 && i < input.size(); ++i) {
+    if (input[i] != magic[i]) return bad("bad magic");
+  }
+  if (input.size() > 4 && input[4] != kVersion) return bad("unsupported version " + std::to_string(input[4]));
+  if (input.size() > 5 && !KnownType(input[5])) return bad("unknown message type " + std::to_string(input[5]));
+  if (input.size() < kHeaderSize) return o;  // kNeedMore
+
+  const uint8_t* h = input.data();
+  uint16_t flags = DecodeFixed16(h + 6);
+  uint32_t length = DecodeFixed32(h + 8);
+  if ((flags & ~kKnownFlags) != 0) return bad("unknown flags");
+  if (length > std::min(max_payload, kMaxPayload)) return bad("payload length " + std::to_string(length) + " over the cap");
+  if (input.size() - kHeaderSize < length) return o;  // kNeedMore
+
+  uint8_t header[kHeaderSize];
+  std::copy(h, h + kHeaderSize, header);
+  EncodeFixed32(header + 20, 0);
+  uint32_t crc = crc32c::Extend(crc32c::Value(header, kHeaderSize), h + kHeaderSize, length);
+  if (crc != DecodeFixed32(h + 20)) return bad("CRC mismatch");
+
+  out->type = MsgType(h[5]);
+  out->flags = flags;
+  out->sequence = DecodeFixed64(h + 12);
+  out->payload.assign(h + kHeaderSize, h + kHeaderSize + length);
+  o.state = DecodeState::kComplete;
+  o.consumed = kHeaderSize + length;
+  return o;
+}
+
+Result<Message> ParseMessage(const Frame& frame) {
+  if (!KnownType(uint8_t(frame.type))) return Bad("unknown message type");
+  if ((frame.flags & ~kKnownFlags) != 0) return Bad("unknown flags");
+  if (frame.payload.size() > kMaxPayload) return Bad("payload over the cap");
+  ByteReader r(frame.payload);
+  Result<Message> m = ParsePayload(frame.type, r);
+  if (!m.ok()) return m;
+  if (!r.empty()) return Bad("trailing bytes after the message");
+  return m;
+}
+
+}  // namespace cdp::proto

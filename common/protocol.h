@@ -37,6 +37,8 @@ inline constexpr uint32_t kMaxRecordLength = 32u << 20; // one write record's le
 inline constexpr uint32_t kMaxRecords = 1u << 20;       // records in one batch
 inline constexpr size_t kMaxNameLength = 128;           // tenant, volume, tag names
 inline constexpr uint32_t kMaxHashes = 1u << 16;        // regions in one hash message
+inline constexpr size_t kMaxTextLength = 4096;          // AuthResult.reason, Nack.message
+inline constexpr uint32_t kMaxStats = 4096;             // values in one Stats message
 
 enum class MsgType : uint8_t {
   kHello = 1,          // client -> server: who I am, my nonce
@@ -208,6 +210,16 @@ Result<Message> ParseMessage(const Frame& frame);
 // A WriteBatch is compressed with its codec/level. Fails only if `m` breaks a
 // cap or holds an invalid name.
 Result<Bytes> EncodeMessage(const Message& m, uint64_t sequence);
+
+// The payload alone (what EncodeMessage wraps in a header); same failures.
+// With EncodeHeader it lets a sender compress outside its send lock and stamp
+// the frame sequence inside it.
+Result<Bytes> EncodePayload(const Message& m);
+
+// Writes the kHeaderSize-byte header of a frame carrying `payload` into
+// header[0, kHeaderSize), CRC included. `payload.size()` must be <= kMaxPayload.
+void EncodeHeader(MsgType type, uint16_t flags, uint64_t sequence, ByteSpan payload,
+                  uint8_t* header);
 
 // Tenant, volume, client and tag names: 1..kMaxNameLength bytes of
 // [A-Za-z0-9._-], not starting with '.' or '-'. Keeps names safe as path parts.

@@ -1,0 +1,594 @@
+// Wire protocol: byte layout, round trips of every message, incremental
+// decoding, bit flips, truncation, absurd lengths and name validation.
+#include <catch2/catch.hpp>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "common/codec.h"
+#include "common/crc32c.h"
+#include "common/protocol.h"
+
+namespace cdp::proto {
+namespace {
+
+Bytes PseudoRandom(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Bytes b(n);
+  for (auto& c : b) c = uint8_t(rng());
+  return b;
+}
+
+Bytes Text(size_t n) {
+  Bytes b;
+  const std::string words = "volume flush tag seq=42 latency_us=17 ok ";
+  while (b.size() < n) b.push_back(uint8_t(words[b.size() % words.size()]));
+  return b;
+}
+
+Bytes ToBytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
+
+// A batch holding every record kind, contiguous from `first_seq`.
+WriteBatch EveryKindBatch(Codec codec, uint64_t first_seq = 100) {
+  WriteBatch wb;
+  wb.volume_id = 7;
+  wb.codec = codec;
+  wb.level = 3;
+  uint64_t s = first_seq;
+  wb.records.push_back({s++, 4096, 8192, RecordKind::kData, 1'700'000'000'000'001, Text(8192)});
+  wb.records.push_back({s++, 1 << 20, 65536, RecordKind::kZero, 1'700'000'000'000'002, {}});
+  wb.records.push_back({s++, 2 << 20, 4096, RecordKind::kTrim, 1'700'000'000'000'003, {}});
+  wb.records.push_back({s++, 0, 0, RecordKind::kFlush, 1'700'000'000'000'004, {}});
+  wb.records.push_back({s++, 0, 0, RecordKind::kTag, 1'700'000'000'000'005, ToBytes("before-upgrade.1")});
+  wb.records.push_back({s++, 512, 1, RecordKind::kData, 1'700'000'000'000'006, Bytes{0xAB}});
+  return wb;
+}
+
+std::vector<Message> EveryMessage() {
+  std::vector<Message> v;
+  Hello h;
+  h.role = Role::kProcessServer;
+  h.tenant = "acme";
+  h.client_id = "host-01.example";
+  for (size_t i = 0; i < 32; ++i) h.client_nonce[i] = uint8_t(i + 1);
+  v.push_back(h);
+  Challenge c;
+  for (size_t i = 0; i < 32; ++i) c.server_nonce[i] = uint8_t(100 + i), c.server_proof[i] = uint8_t(200 + i);
+  v.push_back(c);
+  Auth a;
+  a.client_proof.fill(0x5A);
+  v.push_back(a);
+  v.push_back(AuthResult{false, "authentication failed"});
+  v.push_back(AuthResult{true, ""});
+  VolumeOpen vo;
+  vo.name = "db_data-1";
+  vo.size = 10ull << 30;
+  vo.block_size = 4096;
+  for (size_t i = 0; i < 16; ++i) vo.uuid[i] = uint8_t(0xF0 + i);
+  vo.generation = 3;
+  v.push_back(vo);
+  v.push_back(VolumeOpenReply{9, 123456789012ull});
+  v.push_back(EveryKindBatch(Codec::kNone));
+  v.push_back(Ack{9, 0xFFFFFFFFFFFFull});
+  v.push_back(Nack{9, NackReason::kGap, 1001, "expected 1001, got 1005"});
+  v.push_back(HashRequest{9, 77, 1u << 20, 10, 512});
+  HashResponse hr;
+  hr.volume_id = 9;
+  hr.request_id = 77;
+  hr.region_size = 1u << 20;
+  hr.first_region = 10;
+  for (uint64_t i = 0; i < 5; ++i) hr.hashes.push_back({i * 0x1111, ~i});
+  v.push_back(hr);
+  v.push_back(Heartbeat{1'700'000'000'123'456, 1'700'000'000'000'001});
+  Stats st;
+  st.values = {{"ps.bytes_in", 1.5e9}, {"queue_depth", 3}, {"lag_s", -0.25}};
+  v.push_back(st);
+  return v;
+}
+
+// Every field of a message, in the encoder's canonical form (uncompressed).
+Bytes Canonical(Message m) {
+  if (auto* wb = std::get_if<WriteBatch>(&m)) wb->codec = Codec::kNone;
+  Result<Bytes> p = EncodePayload(m);
+  REQUIRE(p.ok());
+  return *p;
+}
+
+Bytes FrameOf(MsgType type, const Bytes& payload, uint64_t seq = 1, uint16_t flags = 0) {
+  Bytes f(kHeaderSize);
+  EncodeHeader(type, flags, seq, payload, f.data());
+  f.insert(f.end(), payload.begin(), payload.end());
+  return f;
+}
+
+Result<Message> DecodeAndParse(const Bytes& frame) {
+  Frame f;
+  DecodeOutcome o = DecodeFrame(frame, &f);
+  if (o.state != DecodeState::kComplete) return Status::Corruption("not complete");
+  return ParseMessage(f);
+}
+
+// Runs `fn` in a child process whose address space is capped at its current
+// size + 256 MiB: an attempt to allocate an absurd length kills the child
+// (std::bad_alloc -> exit 2), a clean rejection exits 0. Returns the
+// child's exit status (0 = fn returned true within the cap).
+int RunInSmallMemory(const std::function<bool()>& fn) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    size_t vm_kb = 0;
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoul(line.substr(7));
+    }
+    rlimit lim{};
+    lim.rlim_cur = lim.rlim_max = (vm_kb << 10) + (256ull << 20);
+    if (setrlimit(RLIMIT_AS, &lim) != 0) _exit(3);
+    try {
+      _exit(fn() ? 0 : 1);
+    } catch (...) {
+      _exit(2);  // std::bad_alloc: it tried to allocate past the cap
+    }
+  }
+  int wstatus = 0;
+  waitpid(pid, &wstatus, 0);
+  if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
+  return 128 + WTERMSIG(wstatus);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kCanCapMemory = false;  // ASan reserves terabytes of shadow memory
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kCanCapMemory = false;
+#else
+constexpr bool kCanCapMemory = true;
+#endif
+#else
+constexpr bool kCanCapMemory = true;
+#endif
+
+// A parse of `frame` must fail (and must not allocate absurd amounts).
+void RequireRejectedInSmallMemory(const Bytes& frame) {
+  auto check = [&frame] {
+    Frame f;
+    DecodeOutcome o = DecodeFrame(frame, &f);
+    if (o.state == DecodeState::kBad) return true;
+    if (o.state != DecodeState::kComplete) return false;
+    return !ParseMessage(f).ok();
+  };
+  if (kCanCapMemory) {
+    REQUIRE(RunInSmallMemory(check) == 0);
+  } else {
+    REQUIRE(check());
+  }
+}
+
+Bytes BatchPayload(uint32_t volume, Codec codec, uint32_t raw_size, uint32_t count, const Bytes& block) {
+  Bytes p;
+  PutFixed32(p, volume);
+  PutU8(p, uint8_t(codec));
+  PutFixed32(p, raw_size);
+  PutFixed32(p, count);
+  PutBytes(p, block);
+  return p;
+}
+
+void PutRecord(Bytes& b, uint64_t seq, uint64_t offset, uint32_t length, uint8_t kind, uint32_t data_len,
+               const Bytes& data) {
+  PutFixed64(b, seq);
+  PutFixed64(b, offset);
+  PutFixed32(b, length);
+  PutU8(b, kind);
+  PutFixed64(b, 42);
+  PutFixed32(b, data_len);
+  PutBytes(b, data);
+}
+
+Bytes OneRecordBatch(uint64_t seq, uint64_t offset, uint32_t length, uint8_t kind, uint32_t data_len,
+                     const Bytes& data) {
+  Bytes block;
+  PutRecord(block, seq, offset, length, kind, data_len, data);
+  return FrameOf(MsgType::kWriteBatch, BatchPayload(1, Codec::kNone, uint32_t(block.size()), 1, block));
+}
+
+TEST_CASE("header layout is explicit little-endian at the documented offsets", "[protocol]") {
+  Result<Bytes> f = EncodeMessage(Heartbeat{0x0102030405060708ull, 0x1112131415161718ull}, 0xA1A2A3A4A5A6A7A8ull);
+  REQUIRE(f.ok());
+  const Bytes& b = *f;
+  REQUIRE(b.size() == kHeaderSize + 16);
+  CHECK(Bytes(b.begin(), b.begin() + 4) == Bytes{'C', 'D', 'P', 'F'});
+  CHECK(b[4] == kVersion);
+  CHECK(b[5] == uint8_t(MsgType::kHeartbeat));
+  CHECK(DecodeFixed16(&b[6]) == 0);
+  CHECK(b[8] == 16);
+  CHECK(b[9] == 0);
+  CHECK(b[12] == 0xA8);
+  CHECK(b[19] == 0xA1);
+  CHECK(b[24] == 0x08);  // sent_us, least significant byte first
+  CHECK(b[31] == 0x01);
+  CHECK(b[32] == 0x18);
+  // CRC over the header with the crc field zeroed, then the payload.
+  Bytes h(b.begin(), b.begin() + kHeaderSize);
+  std::memset(&h[20], 0, 4);
+  uint32_t crc = crc32c::Extend(crc32c::Value(h.data(), h.size()), b.data() + kHeaderSize, 16);
+  CHECK(DecodeFixed32(&b[20]) == crc);
+}
+
+TEST_CASE("every message type round-trips", "[protocol]") {
+  uint64_t seq = 1;
+  for (const Message& m : EveryMessage()) {
+    INFO("type " << int(TypeOf(m)));
+    Result<Bytes> f = EncodeMessage(m, seq);
+    REQUIRE(f.ok());
+    Frame fr;
+    DecodeOutcome o = DecodeFrame(*f, &fr);
+    REQUIRE(o.state == DecodeState::kComplete);
+    CHECK(o.consumed == f->size());
+    CHECK(fr.sequence == seq);
+    CHECK(fr.type == TypeOf(m));
+    Result<Message> back = ParseMessage(fr);
+    REQUIRE(back.ok());
+    CHECK(back->index() == m.index());
+    CHECK(Canonical(*back) == Canonical(m));
+    ++seq;
+  }
+}
+
+TEST_CASE("TypeOf matches the message's wire type", "[protocol]") {
+  for (const Message& m : EveryMessage()) {
+    Result<Bytes> f = EncodeMessage(m, 1);
+    REQUIRE(f.ok());
+    CHECK((*f)[5] == uint8_t(TypeOf(m)));
+  }
+  CHECK(TypeOf(Hello{}) == MsgType::kHello);
+  CHECK(TypeOf(Stats{}) == MsgType::kStats);
+  CHECK(TypeOf(WriteBatch{}) == MsgType::kWriteBatch);
+}
+
+TEST_CASE("write batches with every record kind round-trip with each codec", "[protocol]") {
+  for (Codec codec : {Codec::kNone, Codec::kLz4, Codec::kZstd}) {
+    INFO("codec " << int(codec));
+    WriteBatch wb = EveryKindBatch(codec);
+    Result<Bytes> f = EncodeMessage(wb, 5);
+    REQUIRE(f.ok());
+    Result<Message> back = DecodeAndParse(*f);
+    REQUIRE(back.ok());
+    const auto& got = std::get<WriteBatch>(*back);
+    CHECK(got.codec == codec);  // text data compresses, so the codec is kept
+    CHECK(got.volume_id == 7);
+    REQUIRE(got.records.size() == wb.records.size());
+    for (size_t i = 0; i < got.records.size(); ++i) {
+      CHECK(got.records[i].seq == wb.records[i].seq);
+      CHECK(got.records[i].offset == wb.records[i].offset);
+      CHECK(got.records[i].length == wb.records[i].length);
+      CHECK(got.records[i].kind == wb.records[i].kind);
+      CHECK(got.records[i].timestamp_us == wb.records[i].timestamp_us);
+      CHECK(got.records[i].data == wb.records[i].data);
+    }
+    if (codec != Codec::kNone) {
+      Result<Bytes> raw = EncodeMessage(EveryKindBatch(Codec::kNone), 5);
+      REQUIRE(raw.ok());
+      CHECK(f->size() < raw->size());
+    }
+  }
+}
+
+TEST_CASE("incompressible batches travel uncompressed", "[protocol]") {
+  WriteBatch wb;
+  wb.volume_id = 1;
+  wb.codec = Codec::kZstd;
+  wb.records.push_back({1, 0, 65536, RecordKind::kData, 1, PseudoRandom(65536, 9)});
+  Result<Bytes> f = EncodeMessage(wb, 1);
+  REQUIRE(f.ok());
+  CHECK((*f)[kHeaderSize + 4] == uint8_t(Codec::kNone));
+  Result<Message> back = DecodeAndParse(*f);
+  REQUIRE(back.ok());
+  CHECK(std::get<WriteBatch>(*back).records[0].data == wb.records[0].data);
+}
+
+TEST_CASE("the decoder fed one byte at a time yields the same frames", "[protocol]") {
+  Bytes stream;
+  std::vector<Bytes> frames;
+  uint64_t seq = 1;
+  std::vector<Message> msgs = EveryMessage();
+  msgs.push_back(EveryKindBatch(Codec::kZstd, 1000));
+  msgs.push_back(EveryKindBatch(Codec::kLz4, 2000));
+  for (const Message& m : msgs) {
+    Result<Bytes> f = EncodeMessage(m, seq++);
+    REQUIRE(f.ok());
+    frames.push_back(*f);
+    stream.insert(stream.end(), f->begin(), f->end());
+  }
+  Bytes buf;
+  size_t next = 0;
+  for (uint8_t byte : stream) {
+    buf.push_back(byte);
+    Frame fr;
+    DecodeOutcome o = DecodeFrame(buf, &fr);
+    REQUIRE(o.state != DecodeState::kBad);
+    if (o.state == DecodeState::kNeedMore) {
+      CHECK(o.consumed == 0);
+      continue;
+    }
+    REQUIRE(next < frames.size());
+    REQUIRE(o.consumed == buf.size());  // complete exactly at the frame's last byte
+    CHECK(buf == frames[next]);
+    CHECK(fr.sequence == next + 1);
+    Result<Message> m = ParseMessage(fr);
+    REQUIRE(m.ok());
+    CHECK(Canonical(*m) == Canonical(msgs[next]));
+    buf.erase(buf.begin(), buf.begin() + long(o.consumed));
+    ++next;
+  }
+  CHECK(next == frames.size());
+  CHECK(buf.empty());
+}
+
+TEST_CASE("every single-bit flip anywhere in a frame is detected", "[protocol]") {
+  std::vector<Message> msgs = {EveryMessage()[0], EveryMessage()[5], EveryMessage()[13]};
+  WriteBatch small;
+  small.volume_id = 3;
+  small.codec = Codec::kZstd;
+  small.records.push_back({1, 0, 512, RecordKind::kData, 9, Text(512)});
+  small.records.push_back({2, 0, 0, RecordKind::kTag, 9, ToBytes("t1")});
+  msgs.push_back(small);
+  msgs.push_back(EveryKindBatch(Codec::kNone));
+  msgs.push_back(EveryKindBatch(Codec::kLz4));
+  size_t flips = 0, expected_flips = 0;
+  for (const Message& m : msgs) {
+    Result<Bytes> f = EncodeMessage(m, 77);
+    REQUIRE(f.ok());
+    expected_flips += f->size() * 8;
+    for (size_t bit = 0; bit < f->size() * 8; ++bit) {
+      Bytes g = *f;
+      g[bit / 8] ^= uint8_t(1u << (bit % 8));
+      Frame fr;
+      DecodeOutcome o = DecodeFrame(g, &fr);
+      INFO("bit " << bit);
+      REQUIRE(o.state != DecodeState::kComplete);
+      if (o.state == DecodeState::kNeedMore) {
+        // Only a flip that enlarges the length field can ask for more; once
+        // the bytes it asks for arrive, the CRC rejects the frame.
+        REQUIRE((bit / 8 >= 8 && bit / 8 < 12));
+        uint32_t want = DecodeFixed32(&g[8]);
+        g.resize(kHeaderSize + want, 0);
+        REQUIRE(DecodeFrame(g, &fr).state == DecodeState::kBad);
+      }
+      ++flips;
+    }
+  }
+  CHECK(flips == expected_flips);
+  CHECK(flips > 70000);
+}
+
+TEST_CASE("truncated frames need more and never consume", "[protocol]") {
+  for (const Message& m : EveryMessage()) {
+    Result<Bytes> f = EncodeMessage(m, 3);
+    REQUIRE(f.ok());
+    for (size_t n = 0; n < f->size(); ++n) {
+      Frame fr;
+      DecodeOutcome o = DecodeFrame(ByteSpan(f->data(), n), &fr);
+      REQUIRE(o.state == DecodeState::kNeedMore);
+      REQUIRE(o.consumed == 0);
+    }
+  }
+}
+
+TEST_CASE("garbage, unknown version, type or flags are bad at once", "[protocol]") {
+  Frame fr;
+  CHECK(DecodeFrame(ToBytes("G"), &fr).state == DecodeState::kBad);
+  CHECK(DecodeFrame(ToBytes("GET / HTTP/1.1\r\n"), &fr).state == DecodeState::kBad);
+  Result<Bytes> f = EncodeMessage(Heartbeat{1, 2}, 1);
+  REQUIRE(f.ok());
+  Bytes v = *f;
+  v[4] = 2;
+  CHECK(DecodeFrame(ByteSpan(v.data(), 5), &fr).state == DecodeState::kBad);
+  Bytes t = *f;
+  t[5] = 0;
+  CHECK(DecodeFrame(ByteSpan(t.data(), 6), &fr).state == DecodeState::kBad);
+  t[5] = 14;
+  CHECK(DecodeFrame(t, &fr).state == DecodeState::kBad);
+  // A correctly checksummed frame with unknown flags is still refused.
+  Bytes payload(f->begin() + kHeaderSize, f->end());
+  CHECK(DecodeFrame(FrameOf(MsgType::kHeartbeat, payload, 1, 0x0001), &fr).state == DecodeState::kBad);
+  CHECK(DecodeFrame(FrameOf(MsgType::kHeartbeat, payload, 1, 0x8000), &fr).state == DecodeState::kBad);
+  // max_payload is honoured.
+  CHECK(DecodeFrame(*f, &fr, 15).state == DecodeState::kBad);
+  CHECK(DecodeFrame(*f, &fr, 16).state == DecodeState::kComplete);
+}
+
+TEST_CASE("absurd lengths are rejected without allocating them", "[protocol]") {
+  SECTION("frame length 0xFFFFFFFF") {
+    Bytes h(kHeaderSize);
+    EncodeFixed32(&h[0], kMagic);
+    h[4] = kVersion;
+    h[5] = uint8_t(MsgType::kWriteBatch);
+    EncodeFixed32(&h[8], 0xFFFFFFFFu);
+    Frame fr;
+    DecodeOutcome o = DecodeFrame(h, &fr);
+    CHECK(o.state == DecodeState::kBad);
+    EncodeFixed32(&h[8], kMaxPayload + 1);
+    CHECK(DecodeFrame(h, &fr).state == DecodeState::kBad);
+    RequireRejectedInSmallMemory(h);
+  }
+  SECTION("record count 2^31") {
+    Bytes block;
+    PutRecord(block, 1, 0, 4, 1, 4, Bytes{1, 2, 3, 4});
+    RequireRejectedInSmallMemory(FrameOf(
+        MsgType::kWriteBatch, BatchPayload(1, Codec::kNone, uint32_t(block.size()), 1u << 31, block)));
+    // Also a count within kMaxRecords that the block cannot hold.
+    RequireRejectedInSmallMemory(FrameOf(
+        MsgType::kWriteBatch, BatchPayload(1, Codec::kNone, uint32_t(block.size()), kMaxRecords, block)));
+  }
+  SECTION("raw_size 4 GiB") {
+    Bytes block;
+    PutRecord(block, 1, 0, 4, 1, 4, Bytes{1, 2, 3, 4});
+    Bytes compressed;
+    REQUIRE(NewCodec(Codec::kZstd)->Compress(block, &compressed).ok());
+    RequireRejectedInSmallMemory(
+        FrameOf(MsgType::kWriteBatch, BatchPayload(1, Codec::kZstd, 0xFFFFFFFFu, 1, compressed)));
+    RequireRejectedInSmallMemory(
+        FrameOf(MsgType::kWriteBatch, BatchPayload(1, Codec::kLz4, kMaxBatchRaw + 1, 1, compressed)));
+  }
+  SECTION("record length and data_len 4 GiB") {
+    RequireRejectedInSmallMemory(OneRecordBatch(1, 0, 0xFFFFFFFFu, 1, 0xFFFFFFFFu, Bytes(16, 7)));
+    RequireRejectedInSmallMemory(OneRecordBatch(1, 0, 16, 1, 0xFFFFFFFFu, Bytes(16, 7)));
+  }
+  SECTION("hash count 2^31 and stats count 2^31") {
+    Bytes p;
+    PutFixed32(p, 1);
+    PutFixed64(p, 1);
+    PutFixed32(p, 4096);
+    PutFixed64(p, 0);
+    PutFixed32(p, 1u << 31);
+    RequireRejectedInSmallMemory(FrameOf(MsgType::kHashResponse, p));
+    Bytes s;
+    PutFixed32(s, 1u << 31);
+    RequireRejectedInSmallMemory(FrameOf(MsgType::kStats, s));
+  }
+}
+
+TEST_CASE("the small-memory check catches a large allocation", "[protocol]") {
+  if (!kCanCapMemory) return;
+  CHECK(RunInSmallMemory([] { return true; }) == 0);
+  CHECK(RunInSmallMemory([] {
+          Bytes big(1ull << 30, 1);
+          return big[12345] == 1;
+        }) != 0);
+}
+
+TEST_CASE("a zero record of 4 GiB - 1 is a valid range, not an allocation", "[protocol]") {
+  Result<Message> m = DecodeAndParse(OneRecordBatch(1, 0, 0xFFFFFFFFu, 2, 0, {}));
+  REQUIRE(m.ok());
+  CHECK(std::get<WriteBatch>(*m).records[0].length == 0xFFFFFFFFu);
+}
+
+TEST_CASE("a decompression bomb is refused", "[protocol]") {
+  // 16 MiB of zeros compresses to a few hundred bytes; declaring 4 KiB must fail.
+  Bytes block;
+  PutRecord(block, 1, 0, 16u << 20, 1, 16u << 20, Bytes(16u << 20, 0));
+  for (Codec codec : {Codec::kLz4, Codec::kZstd}) {
+    Bytes compressed;
+    REQUIRE(NewCodec(codec)->Compress(block, &compressed).ok());
+    CHECK(compressed.size() < 200'000);
+    RequireRejectedInSmallMemory(FrameOf(MsgType::kWriteBatch, BatchPayload(1, codec, 4096, 1, compressed)));
+    // Declared honestly it parses.
+    Result<Message> m =
+        DecodeAndParse(FrameOf(MsgType::kWriteBatch, BatchPayload(1, codec, uint32_t(block.size()), 1, compressed)));
+    REQUIRE(m.ok());
+    CHECK(std::get<WriteBatch>(*m).records[0].data.size() == 16u << 20);
+  }
+}
+
+TEST_CASE("invalid records are parse errors", "[protocol]") {
+  auto rejected = [](const Bytes& frame) {
+    Result<Message> m = DecodeAndParse(frame);
+    return !m.ok() && m.status().IsCorruption();
+  };
+  const Bytes four{1, 2, 3, 4};
+  CHECK(!rejected(OneRecordBatch(1, 0, 4, 1, 4, four)));        // the valid baseline
+  CHECK(rejected(OneRecordBatch(0, 0, 4, 1, 4, four)));         // sequence 0
+  CHECK(rejected(OneRecordBatch(1, 0, 4, 0, 4, four)));         // unknown kind 0
+  CHECK(rejected(OneRecordBatch(1, 0, 4, 6, 4, four)));         // unknown kind 6
+  CHECK(rejected(OneRecordBatch(1, 0, 5, 1, 4, four)));         // data_len != length
+  CHECK(rejected(OneRecordBatch(1, 0, 0, 1, 0, {})));           // data of length 0
+  CHECK(rejected(OneRecordBatch(1, 0, kMaxRecordLength + 1, 1, 4, four)));
+  CHECK(rejected(OneRecordBatch(1, 0, 4, 2, 4, four)));         // zero with data
+  CHECK(rejected(OneRecordBatch(1, 0, 0, 3, 0, {})));           // trim of length 0
+  CHECK(rejected(OneRecordBatch(1, 8, 0, 4, 0, {})));           // flush with an offset
+  CHECK(rejected(OneRecordBatch(1, 0, 8, 4, 0, {})));           // flush with a length
+  CHECK(rejected(OneRecordBatch(1, 0, 0, 5, 4, ToBytes("../x"))));  // tag with a bad name
+  CHECK(rejected(OneRecordBatch(1, 0, 0, 5, 0, {})));           // tag without a name
+  CHECK(!rejected(OneRecordBatch(1, 0, 0, 5, 4, ToBytes("tag1"))));
+  CHECK(rejected(OneRecordBatch(1, ~0ull - 3, 4, 1, 4, four)));  // offset + length overflows
+  CHECK(!rejected(OneRecordBatch(1, ~0ull - 4, 4, 1, 4, four)));
+
+  // Sequences must be contiguous.
+  Bytes block;
+  PutRecord(block, 10, 0, 4, 1, 4, four);
+  PutRecord(block, 12, 0, 4, 1, 4, four);
+  CHECK(rejected(FrameOf(MsgType::kWriteBatch, BatchPayload(1, Codec::kNone, uint32_t(block.size()), 2, block))));
+  Bytes good;
+  PutRecord(good, 10, 0, 4, 1, 4, four);
+  PutRecord(good, 11, 0, 4, 1, 4, four);
+  CHECK(!rejected(FrameOf(MsgType::kWriteBatch, BatchPayload(1, Codec::kNone, uint32_t(good.size()), 2, good))));
+  // Count disagreeing with the block, raw_size disagreeing, unknown codec, empty batch.
+  CHECK(rejected(FrameOf(MsgType::kWriteBatch, BatchPayload(1, Codec::kNone, uint32_t(good.size()), 1, good))));
+  CHECK(rejected(FrameOf(MsgType::kWriteBatch, BatchPayload(1, Codec::kNone, uint32_t(good.size()) - 1, 2, good))));
+  CHECK(rejected(FrameOf(MsgType::kWriteBatch, BatchPayload(1, Codec(3), uint32_t(good.size()), 2, good))));
+  CHECK(rejected(FrameOf(MsgType::kWriteBatch, BatchPayload(1, Codec::kNone, 0, 0, {}))));
+  // Trailing bytes after a fixed-size message.
+  Bytes hb;
+  PutFixed64(hb, 1);
+  PutFixed64(hb, 2);
+  CHECK(!rejected(FrameOf(MsgType::kHeartbeat, hb)));
+  hb.push_back(0);
+  CHECK(rejected(FrameOf(MsgType::kHeartbeat, hb)));
+}
+
+TEST_CASE("the encoder refuses what the parser would refuse", "[protocol]") {
+  WriteBatch wb = EveryKindBatch(Codec::kNone);
+  wb.records[2].seq += 1;
+  CHECK(EncodeMessage(wb, 1).status().code() == Code::kInvalidArgument);
+  wb = EveryKindBatch(Codec::kNone);
+  wb.records[0].data.pop_back();
+  CHECK(EncodeMessage(wb, 1).status().code() == Code::kInvalidArgument);
+  wb = EveryKindBatch(Codec::kNone);
+  wb.records[4].data = ToBytes("a/b");
+  CHECK(EncodeMessage(wb, 1).status().code() == Code::kInvalidArgument);
+  CHECK(EncodeMessage(WriteBatch{}, 1).status().code() == Code::kInvalidArgument);
+  VolumeOpen vo;
+  vo.name = "v";
+  vo.size = 4096 * 3;
+  vo.block_size = 3000;
+  CHECK(!EncodeMessage(vo, 1).ok());
+  vo.block_size = 4096;
+  CHECK(EncodeMessage(vo, 1).ok());
+  vo.size = 4097;
+  CHECK(!EncodeMessage(vo, 1).ok());
+  CHECK(!EncodeMessage(Nack{1, NackReason::kGap, 0, std::string(kMaxTextLength + 1, 'x')}, 1).ok());
+  CHECK(!EncodeMessage(HashRequest{1, 1, 1000, 0, 1}, 1).ok());
+  CHECK(!EncodeMessage(HashRequest{1, 1, 4096, 0, kMaxHashes + 1}, 1).ok());
+  CHECK(!EncodeMessage(HashRequest{1, 1, 4096, ~0ull, 1}, 1).ok());
+}
+
+TEST_CASE("bad names are rejected", "[protocol]") {
+  for (const std::string& bad : {std::string("../x"), std::string(""), std::string(200, 'a'), std::string("a/b"),
+                                std::string(".hidden"), std::string("-opt"), std::string("a b"),
+                                std::string("a\0b", 3), std::string(kMaxNameLength + 1, 'n')}) {
+    INFO("name '" << bad << "'");
+    CHECK(!ValidName(bad));
+    Hello h;
+    h.tenant = bad;
+    h.client_id = "c";
+    CHECK(EncodeMessage(h, 1).status().code() == Code::kInvalidArgument);
+    VolumeOpen vo;
+    vo.name = bad;
+    vo.size = 4096;
+    CHECK(EncodeMessage(vo, 1).status().code() == Code::kInvalidArgument);
+    // Hand-built Hello carrying the bad tenant: the parser refuses it.
+    Bytes p;
+    PutU8(p, 1);
+    PutFixed16(p, uint16_t(bad.size()));
+    PutBytes(p, bad);
+    PutFixed16(p, 1);
+    PutBytes(p, std::string_view("c"));
+    PutBytes(p, Bytes(32, 0));
+    Result<Message> m = DecodeAndParse(FrameOf(MsgType::kHello, p));
+    CHECK(!m.ok());
+  }
+  for (const std::string& good : std::vector<std::string>{"a", "acme", "db_data-1", "Tenant.01",
+                                                          std::string(kMaxNameLength, 'z')}) {
+    CHECK(ValidName(good));
+  }
+}
+
+}  // namespace
+}  // namespace cdp::proto

@@ -1,0 +1,411 @@
+#include "common/channel.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+
+#include "common/asio_status.h"
+#include "common/auth.h"
+
+namespace cdp {
+
+namespace asio = boost::asio;
+using GenericSocket = asio::generic::stream_protocol::socket;
+using Millis = std::chrono::milliseconds;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kReadChunk = 256 * 1024;
+
+// Runs `ctx` until the operation flagged by `done` completes or `timeout`
+// passes; in the latter case cancels it via `cancel` and runs until the
+// handler has seen the cancellation. Returns false on timeout.
+template <typename Cancel>
+bool RunWithTimeout(asio::io_context& ctx, const bool& done, SteadyClock::duration timeout, Cancel cancel) {
+  ctx.restart();
+  if (timeout > SteadyClock::duration::zero()) ctx.run_for(timeout);
+  if (done) return true;
+  cancel();
+  ctx.restart();
+  ctx.run();
+  return false;
+}
+
+std::string EndpointText(const asio::ip::tcp::endpoint& ep) {
+  if (ep.address().is_v6()) return "[" + ep.address().to_string() + "]:" + std::to_string(ep.port());
+  return ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+}  // namespace
+
+struct FrameChannel::Impl {
+  asio::io_context rctx;
+  asio::io_context wctx;
+  GenericSocket rsock{rctx};
+  GenericSocket wsock{wctx};
+  int fd = -1;  // rsock's descriptor, for shutdown(2) from any thread
+
+  // Takes ownership of `native` (a connected stream socket descriptor).
+  Status Init(const asio::generic::stream_protocol& proto, int native) {
+    boost::system::error_code ec;
+    rsock.assign(proto, native, ec);
+    if (ec) {
+      ::close(native);
+      return FromAsioError(ec, "adopt socket");
+    }
+    fd = native;
+    int dup_fd = ::dup(native);
+    if (dup_fd < 0) return Status::FromErrno(errno, "dup socket");
+    wsock.assign(proto, dup_fd, ec);
+    if (ec) {
+      ::close(dup_fd);
+      return FromAsioError(ec, "adopt socket");
+    }
+    return Status::OK();
+  }
+};
+
+FrameChannel::FrameChannel(std::unique_ptr<Impl> impl, std::string peer, Options options)
+    : impl_(std::move(impl)), peer_(std::move(peer)), options_(options) {
+  rbuf_.resize(kReadChunk);
+}
+
+FrameChannel::~FrameChannel() = default;
+
+Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(asio::ip::tcp::socket socket, Options options) {
+  boost::system::error_code ec;
+  asio::ip::tcp::endpoint remote = socket.remote_endpoint(ec);
+  if (ec) return FromAsioError(ec, "adopt socket: remote endpoint");
+  std::string peer = EndpointText(remote);
+  socket.set_option(asio::ip::tcp::no_delay(true), ec);  // acks and heartbeats are small
+  if (ec) return FromAsioError(ec, "adopt socket " + peer + ": TCP_NODELAY");
+  asio::generic::stream_protocol proto(remote.protocol());
+  int native = socket.release(ec);
+  if (ec) return FromAsioError(ec, "adopt socket " + peer);
+  auto impl = std::make_unique<Impl>();
+  Status s = impl->Init(proto, native);
+  if (!s.ok()) return s.WithContext(peer);
+  return std::unique_ptr<FrameChannel>(new FrameChannel(std::move(impl), std::move(peer), options));
+}
+
+Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(asio::local::stream_protocol::socket socket,
+                                                          Options options) {
+  boost::system::error_code ec;
+  std::string path = socket.remote_endpoint(ec).path();
+  if (ec) path = socket.local_endpoint(ec).path();  // the accepting side sees an unnamed peer
+  std::string peer = "unix:" + path;
+  asio::generic::stream_protocol proto(AF_UNIX, 0);
+  int native = socket.release(ec);
+  if (ec) return FromAsioError(ec, "adopt socket " + peer);
+  auto impl = std::make_unique<Impl>();
+  Status s = impl->Init(proto, native);
+  if (!s.ok()) return s.WithContext(peer);
+  return std::unique_ptr<FrameChannel>(new FrameChannel(std::move(impl), std::move(peer), options));
+}
+
+Status FrameChannel::Fail(Status s) {
+  Status first;
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (error_.ok()) error_ = std::move(s);
+    first = error_;
+  }
+  broken_.store(true, std::memory_order_release);
+  // Wakes a blocked reader or writer and tells the peer we are gone.
+  ::shutdown(impl_->fd, SHUT_RDWR);
+  return first;
+}
+
+void FrameChannel::Close() {
+  closed_.store(true, std::memory_order_release);
+  (void)Fail(Status::Aborted(peer_ + ": channel closed"));
+}
+
+Status FrameChannel::Send(const proto::Message& m) {
+  if (broken()) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    return error_;
+  }
+  Result<Bytes> payload = proto::EncodePayload(m);
+  if (!payload.ok()) return payload.status().WithContext(peer_);
+
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (broken()) {
+    std::lock_guard<std::mutex> elock(error_mu_);
+    return error_;
+  }
+  std::array<uint8_t, proto::kHeaderSize> header;
+  proto::EncodeHeader(proto::TypeOf(m), 0, next_send_seq_, *payload, header.data());
+  std::array<asio::const_buffer, 2> buffers{asio::buffer(header), asio::buffer(*payload)};
+
+  bool done = false;
+  boost::system::error_code ec;
+  size_t written = 0;
+  asio::async_write(impl_->wsock, buffers, [&](const boost::system::error_code& e, size_t n) {
+    ec = e;
+    written = n;
+    done = true;
+  });
+  bool in_time = RunWithTimeout(impl_->wctx, done, options_.send_timeout, [this] {
+    boost::system::error_code ignored;
+    impl_->wsock.cancel(ignored);
+  });
+  bytes_sent_.fetch_add(written, std::memory_order_relaxed);
+  if (closed_.load(std::memory_order_acquire)) return Fail(Status::Aborted(peer_ + ": channel closed"));
+  if (!in_time) {
+    return Fail(Status::Unavailable(peer_ + ": send timed out after " +
+                                    std::to_string(options_.send_timeout.count()) + " ms"));
+  }
+  if (ec) return Fail(FromAsioError(ec, "send to " + peer_));
+  ++next_send_seq_;
+  frames_sent_.fetch_add(1, std::memory_order_relaxed);
+  return Status::OK();
+}
+
+Result<proto::Message> FrameChannel::Receive(Millis timeout) {
+  const SteadyClock::time_point deadline = SteadyClock::now() + timeout;
+  for (;;) {
+    if (broken()) {
+      std::lock_guard<std::mutex> lock(error_mu_);
+      return error_;
+    }
+    proto::Frame frame;
+    proto::DecodeOutcome o = proto::DecodeFrame(ByteSpan(rbuf_.data() + rbuf_start_, rbuf_end_ - rbuf_start_),
+                                                &frame, options_.max_payload);
+    if (o.state == proto::DecodeState::kBad) return Fail(o.error.WithContext("receive from " + peer_));
+    if (o.state == proto::DecodeState::kComplete) {
+      rbuf_start_ += o.consumed;
+      if (rbuf_start_ == rbuf_end_) rbuf_start_ = rbuf_end_ = 0;
+      if (frame.sequence != next_recv_seq_) {
+        return Fail(Status::Corruption(peer_ + ": frame sequence " + std::to_string(frame.sequence) +
+                                       " where " + std::to_string(next_recv_seq_) + " was due"));
+      }
+      ++next_recv_seq_;
+      frames_received_.fetch_add(1, std::memory_order_relaxed);
+      Result<proto::Message> m = proto::ParseMessage(frame);
+      if (!m.ok()) return Fail(m.status().WithContext("receive from " + peer_));
+      return m;
+    }
+
+    // Need more bytes. Make room: slide the undecoded bytes to the front, and
+    // grow only when a single frame needs more than the buffer holds. Growth is
+    // bounded because DecodeFrame refuses lengths over max_payload.
+    SteadyClock::duration left = deadline - SteadyClock::now();
+    if (left <= SteadyClock::duration::zero()) {
+      return Status::Busy(peer_ + ": no complete frame within " + std::to_string(timeout.count()) + " ms");
+    }
+    if (rbuf_.size() - rbuf_end_ < kReadChunk / 4) {
+      if (rbuf_start_ > 0) {
+        std::memmove(rbuf_.data(), rbuf_.data() + rbuf_start_, rbuf_end_ - rbuf_start_);
+        rbuf_end_ -= rbuf_start_;
+        rbuf_start_ = 0;
+      }
+      if (rbuf_.size() - rbuf_end_ < kReadChunk / 4) rbuf_.resize(rbuf_.size() * 2);
+    } else if (rbuf_start_ == rbuf_end_ && rbuf_.size() > 4 * kReadChunk) {
+      // A large frame has passed; give the memory back.
+      Bytes fresh(kReadChunk);
+      rbuf_.swap(fresh);
+      rbuf_start_ = rbuf_end_ = 0;
+    }
+
+    bool done = false;
+    boost::system::error_code ec;
+    size_t n = 0;
+    impl_->rsock.async_read_some(asio::buffer(rbuf_.data() + rbuf_end_, rbuf_.size() - rbuf_end_),
+                                 [&](const boost::system::error_code& e, size_t got) {
+                                   ec = e;
+                                   n = got;
+                                   done = true;
+                                 });
+    RunWithTimeout(impl_->rctx, done, left, [this] {
+      boost::system::error_code ignored;
+      impl_->rsock.cancel(ignored);
+    });
+    rbuf_end_ += n;
+    bytes_received_.fetch_add(n, std::memory_order_relaxed);
+    if (closed_.load(std::memory_order_acquire)) return Fail(Status::Aborted(peer_ + ": channel closed"));
+    if (ec == asio::error::operation_aborted) continue;  // our timeout: decode what came, then report
+    if (ec) return Fail(FromAsioError(ec, "receive from " + peer_));
+  }
+}
+
+// ---- connecting ----
+
+Result<std::unique_ptr<FrameChannel>> Connect(const std::string& host, uint16_t port, Millis timeout,
+                                              FrameChannel::Options options) {
+  const std::string what = "connect to " + host + ":" + std::to_string(port);
+  asio::io_context ctx;
+  asio::ip::tcp::resolver resolver(ctx);
+  asio::ip::tcp::socket socket(ctx);
+  bool done = false;
+  boost::system::error_code ec;
+  resolver.async_resolve(host, std::to_string(port),
+                         [&](const boost::system::error_code& e, asio::ip::tcp::resolver::results_type results) {
+                           if (e) {
+                             ec = e;
+                             done = true;
+                             return;
+                           }
+                           asio::async_connect(socket, results,
+                                               [&](const boost::system::error_code& e2,
+                                                   const asio::ip::tcp::endpoint&) {
+                                                 ec = e2;
+                                                 done = true;
+                                               });
+                         });
+  bool in_time = RunWithTimeout(ctx, done, timeout, [&] {
+    resolver.cancel();
+    boost::system::error_code ignored;
+    socket.close(ignored);
+  });
+  if (!in_time) return Status::Unavailable(what + ": timed out after " + std::to_string(timeout.count()) + " ms");
+  if (ec) return FromAsioError(ec, what);
+  return FrameChannel::Adopt(std::move(socket), options);
+}
+
+Result<std::unique_ptr<FrameChannel>> ConnectUnix(const std::string& path, Millis timeout,
+                                                  FrameChannel::Options options) {
+  const std::string what = "connect to unix:" + path;
+  asio::io_context ctx;
+  asio::local::stream_protocol::socket socket(ctx);
+  bool done = false;
+  boost::system::error_code ec;
+  socket.async_connect(asio::local::stream_protocol::endpoint(path), [&](const boost::system::error_code& e) {
+    ec = e;
+    done = true;
+  });
+  bool in_time = RunWithTimeout(ctx, done, timeout, [&] {
+    boost::system::error_code ignored;
+    socket.close(ignored);
+  });
+  if (!in_time) return Status::Unavailable(what + ": timed out after " + std::to_string(timeout.count()) + " ms");
+  if (ec == boost::system::errc::no_such_file_or_directory) return Status::Unavailable(what + ": no such socket");
+  if (ec) return FromAsioError(ec, what);
+  return FrameChannel::Adopt(std::move(socket), options);
+}
+
+// ---- handshake ----
+
+namespace {
+
+Millis Left(SteadyClock::time_point deadline) {
+  auto left = std::chrono::duration_cast<Millis>(deadline - SteadyClock::now());
+  return std::max(left, Millis(0));
+}
+
+// Receives the next message, which must be a T. Any failure closes the channel.
+template <typename T>
+Result<T> Expect(FrameChannel& ch, SteadyClock::time_point deadline, const char* what) {
+  Result<proto::Message> m = ch.Receive(Left(deadline));
+  if (!m.ok()) {
+    ch.Close();
+    if (m.status().IsBusy()) {
+      return Status::Unavailable(ch.peer() + ": handshake timed out waiting for " + what);
+    }
+    return m.status().WithContext(std::string("handshake: waiting for ") + what);
+  }
+  if (!std::holds_alternative<T>(*m)) {
+    ch.Close();
+    return Status::InvalidArgument(ch.peer() + ": handshake: expected " + what + ", got message type " +
+                                   std::to_string(int(proto::TypeOf(*m))));
+  }
+  return std::get<T>(std::move(*m));
+}
+
+Status Abort(FrameChannel& ch, Status s) {
+  ch.Close();
+  return s;
+}
+
+}  // namespace
+
+Status ClientHandshake(FrameChannel& ch, proto::Role role, const std::string& tenant,
+                       const std::string& client_id, const std::string& secret, Millis timeout) {
+  const SteadyClock::time_point deadline = SteadyClock::now() + timeout;
+  if (!proto::ValidName(tenant)) return Abort(ch, Status::InvalidArgument("handshake: invalid tenant name"));
+  if (!proto::ValidName(client_id)) return Abort(ch, Status::InvalidArgument("handshake: invalid client_id"));
+  if (secret.empty()) return Abort(ch, Status::InvalidArgument("handshake: empty secret"));
+
+  Result<auth::Nonce> nc = auth::RandomNonce();
+  if (!nc.ok()) return Abort(ch, nc.status());
+  proto::Hello hello{role, tenant, client_id, *nc};
+  Status s = ch.Send(hello);
+  if (!s.ok()) return Abort(ch, s.WithContext("handshake"));
+
+  Result<proto::Challenge> challenge = Expect<proto::Challenge>(ch, deadline, "Challenge");
+  if (!challenge.ok()) return challenge.status();
+  Result<auth::Proof> expected = auth::ServerProof(secret, *nc, challenge->server_nonce, tenant);
+  if (!expected.ok()) return Abort(ch, expected.status());
+  if (!auth::ProofsEqual(*expected, challenge->server_proof)) {
+    // Tell the server we refuse, without giving it a real proof to work on.
+    (void)ch.Send(proto::Auth{});
+    return Abort(ch, Status::PermissionDenied(ch.peer() + ": authentication failed"));
+  }
+
+  Result<auth::Proof> proof = auth::ClientProof(secret, challenge->server_nonce, *nc, tenant);
+  if (!proof.ok()) return Abort(ch, proof.status());
+  s = ch.Send(proto::Auth{*proof});
+  if (!s.ok()) return Abort(ch, s.WithContext("handshake"));
+
+  Result<proto::AuthResult> result = Expect<proto::AuthResult>(ch, deadline, "AuthResult");
+  if (!result.ok()) return result.status();
+  if (!result->accepted) {
+    return Abort(ch, Status::PermissionDenied(ch.peer() + ": authentication failed: server refused: " +
+                                              result->reason));
+  }
+  return Status::OK();
+}
+
+Result<std::string> ServerHandshake(
+    FrameChannel& ch, const std::function<std::optional<std::string>(const std::string& tenant)>& secret_lookup,
+    Millis timeout, PeerIdentity* peer) {
+  const SteadyClock::time_point deadline = SteadyClock::now() + timeout;
+  Result<proto::Hello> hello = Expect<proto::Hello>(ch, deadline, "Hello");
+  if (!hello.ok()) return hello.status();
+
+  // An unknown tenant gets a random secret: the exchange goes on exactly as for
+  // a known tenant with a wrong secret, so the two cannot be told apart.
+  std::optional<std::string> secret = secret_lookup(hello->tenant);
+  const bool known = secret.has_value() && !secret->empty();
+  std::string key;
+  if (known) {
+    key = std::move(*secret);
+  } else {
+    Result<auth::Nonce> random = auth::RandomNonce();
+    if (!random.ok()) return Abort(ch, random.status());
+    key.assign(reinterpret_cast<const char*>(random->data()), random->size());
+  }
+
+  Result<auth::Nonce> ns = auth::RandomNonce();
+  if (!ns.ok()) return Abort(ch, ns.status());
+  Result<auth::Proof> server_proof = auth::ServerProof(key, hello->client_nonce, *ns, hello->tenant);
+  if (!server_proof.ok()) return Abort(ch, server_proof.status());
+  Status s = ch.Send(proto::Challenge{*ns, *server_proof});
+  if (!s.ok()) return Abort(ch, s.WithContext("handshake"));
+
+  Result<proto::Auth> auth_msg = Expect<proto::Auth>(ch, deadline, "Auth");
+  if (!auth_msg.ok()) return auth_msg.status();
+  Result<auth::Proof> expected = auth::ClientProof(key, *ns, hello->client_nonce, hello->tenant);
+  if (!expected.ok()) return Abort(ch, expected.status());
+  const bool proof_ok = auth::ProofsEqual(*expected, auth_msg->client_proof);
+  if (!proof_ok || !known) {
+    (void)ch.Send(proto::AuthResult{false, "authentication failed"});
+    return Abort(ch, Status::PermissionDenied(ch.peer() + ": authentication failed for tenant '" +
+                                              hello->tenant + "' (client '" + hello->client_id + "')"));
+  }
+  s = ch.Send(proto::AuthResult{true, ""});
+  if (!s.ok()) return Abort(ch, s.WithContext("handshake"));
+  if (peer != nullptr) *peer = PeerIdentity{hello->role, hello->tenant, hello->client_id};
+  return hello->tenant;
+}
+
+}  // namespace cdp
