@@ -156,7 +156,8 @@ size_t CaptureQueue::Ack(uint64_t durable) {
   return n;
 }
 
-bool CaptureQueue::Resume(uint64_t durable) {
+bool CaptureQueue::Resume(uint64_t durable,
+                          const std::function<void(uint64_t old_acked, uint64_t new_acked)>& renumbered) {
   {
     std::lock_guard lk(mu_);
     if (durable < acked_ || durable >= next_seq_) {
@@ -164,7 +165,9 @@ bool CaptureQueue::Resume(uint64_t durable) {
       uint64_t s = durable + 1;
       for (auto& r : q_) r.seq = s++;
       next_seq_ = s;
+      uint64_t old = acked_;
       acked_ = durable;
+      if (renumbered) renumbered(old, durable);
       cv_.notify_all();
       return false;
     }

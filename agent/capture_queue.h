@@ -35,6 +35,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -125,8 +126,11 @@ class CaptureQueue {
   // The resume point told by the process server. If `durable` lies within
   // [acked, next_seq-1] this is Ack(durable) and returns true. Otherwise the
   // queued records are renumbered to start at durable+1 and it returns false
-  // (the caller decides whether history was lost: see Sender).
-  bool Resume(uint64_t durable);
+  // (the caller decides whether history was lost: see Sender); `renumbered`,
+  // when given, is then called under the capture lock with (old acked, new
+  // acked) so that other holders of sequences (the dirty bitmap) follow.
+  bool Resume(uint64_t durable,
+              const std::function<void(uint64_t old_acked, uint64_t new_acked)>& renumbered = nullptr);
 
   uint64_t next_seq() const;
   uint64_t acked_seq() const;

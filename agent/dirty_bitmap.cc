@@ -234,6 +234,15 @@ void DirtyBitmap::SetAcked(uint64_t seq) {
   acked_ = std::max(acked_, seq);
 }
 
+void DirtyBitmap::Renumber(uint64_t old_acked, uint64_t new_acked) {
+  std::lock_guard lk(mu_);
+  for (uint64_t r = 0; r < region_count_; ++r) {
+    if (last_seq_[r] > old_acked) last_seq_[r] = last_seq_[r] - old_acked + new_acked;
+    else last_seq_[r] = 0;
+  }
+  acked_ = new_acked;
+}
+
 void DirtyBitmap::MarkAllCompare() {
   std::lock_guard lk(mu_);
   for (uint64_t r = 0; r < region_count_; ++r) {

@@ -81,6 +81,10 @@ class DirtyBitmap {
 
   // The process server has durably acknowledged every sequence <= seq.
   void SetAcked(uint64_t seq);
+  // The capture queue renumbered its records (CaptureQueue::Resume): sequences
+  // > old_acked move by (new_acked - old_acked); older ones were acknowledged
+  // and are forgotten; the acknowledged point becomes new_acked.
+  void Renumber(uint64_t old_acked, uint64_t new_acked);
   // Every region needs a hash comparison (a full resync, e.g. after the process
   // server lost acknowledged data). Takes effect in memory; persisted by Checkpoint.
   void MarkAllCompare();

@@ -1,0 +1,295 @@
+#include "agent/agent.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/json.hpp>
+#include <chrono>
+#include <thread>
+
+#include "common/log.h"
+
+namespace cdp::agent {
+
+namespace json = boost::json;
+
+Status RunHook(const std::string& command, uint64_t timeout_ms) {
+  pid_t pid = fork();
+  if (pid < 0) return Status::FromErrno(errno, "fork for hook");
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int status = 0;
+  while (true) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) return Status::FromErrno(errno, "waitpid for hook");
+    if (std::chrono::steady_clock::now() >= deadline) {
+      kill(pid, SIGKILL);
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return Status::Aborted("hook '" + command + "' timed out after " + std::to_string(timeout_ms) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::OK();
+  return Status::Aborted("hook '" + command + "' failed (status " + std::to_string(status) + ")");
+}
+
+Agent::Agent(AgentOptions opts) : opts_(std::move(opts)) {
+  if (opts_.clock == nullptr) opts_.clock = SystemClock::Get();
+  if (opts_.env == nullptr) opts_.env = DefaultEnv();
+  opts_.sender.clock = opts_.clock;
+}
+
+Agent::~Agent() { Stop(); }
+
+Status Agent::Start() {
+  if (started_) return Status::InvalidArgument("agent already started");
+  if (opts_.volumes.empty()) return Status::InvalidArgument("no volume configured");
+  CDP_RETURN_IF_ERROR(opts_.env->CreateDirs(opts_.bitmap_dir));
+  for (const auto& v : opts_.volumes) {
+    CaptureDevice::Options o;
+    o.volume = v.name;
+    o.env = opts_.env;
+    o.clock = opts_.clock;
+    o.backing_path = v.backing_path;
+    o.bitmap_path = JoinPath(opts_.bitmap_dir, v.name + ".bitmap");
+    o.budget = opts_.budget;
+    o.region_size = opts_.region_size;
+    auto dev = CaptureDevice::Open(o);
+    if (!dev.ok()) {
+      devices_.clear();
+      return dev.status().WithContext("volume " + v.name);
+    }
+    devices_.push_back(*dev);
+  }
+  nbd_ = std::make_unique<NbdServer>(opts_.nbd);
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    const auto& v = opts_.volumes[i];
+    Status s = nbd_->AddExport(v.export_name.empty() ? v.name : v.export_name, devices_[i],
+                               "OpenCDP capture tap of " + v.name);
+    if (!s.ok()) {
+      nbd_.reset();
+      devices_.clear();
+      return s.WithContext("export of volume " + v.name);
+    }
+  }
+  if (opts_.sender_enabled) {
+    for (auto& d : devices_) senders_.push_back(std::make_unique<Sender>(d.get(), opts_.sender));
+  }
+  for (size_t i = 0; i < devices_.size(); ++i) RegisterMetrics(i);
+  metrics::RegisterProcessMetrics(registry_, opts_.env, opts_.clock);
+  if (opts_.control_port >= 0) {
+    http::ServerOptions ho;
+    ho.host = opts_.control_host;
+    ho.port = uint16_t(opts_.control_port);
+    ho.registry = &registry_;
+    ho.status = [this] { return StatusJson(); };
+    http_ = std::make_unique<http::Server>(ho);
+    http_->Route("POST", "/v1/tag", [this](const http::Request& r) {
+      std::string name;
+      try {
+        json::value body = json::parse(r.body);
+        name = std::string(body.at("name").as_string());
+      } catch (const std::exception&) {
+        return http::Response::Error(400, "body must be {\"name\": \"TAG\"}");
+      }
+      auto t = Tag(name);
+      if (!t.ok()) {
+        int code = t.status().code() == Code::kInvalidArgument ? 400
+                   : t.status().code() == Code::kBusy        ? 409
+                                                             : 500;
+        return http::Response::Error(code, t.status().ToString());
+      }
+      json::object out;
+      out["tag"] = name;
+      json::object seqs;
+      for (auto& [vol, seq] : t->seqs) seqs[vol] = seq;
+      out["seqs"] = std::move(seqs);
+      return http::Response::Json(200, out);
+    });
+    http_->Route("GET", "/v1/volumes", [this](const http::Request&) {
+      return http::Response::Json(200, StatusJson().at("volumes"));
+    });
+    Status s = http_->Start();
+    if (!s.ok()) {
+      http_.reset();
+      nbd_.reset();
+      senders_.clear();
+      devices_.clear();
+      return s.WithContext("control server");
+    }
+  }
+  Status s = nbd_->Start();
+  if (!s.ok()) {
+    if (http_) http_->Stop();
+    http_.reset();
+    nbd_.reset();
+    senders_.clear();
+    devices_.clear();
+    return s.WithContext("NBD server");
+  }
+  for (auto& s : senders_) s->Start();
+  started_ = true;
+  log::Get("agent")->info("agent started: {} volume(s), NBD port {} unix '{}', control port {}", devices_.size(),
+                          nbd_->port(), opts_.nbd.unix_path, control_port());
+  return Status::OK();
+}
+
+void Agent::Stop() {
+  if (nbd_) nbd_->Stop();
+  for (auto& s : senders_) s->Stop();
+  if (http_) http_->Stop();
+  for (auto& d : devices_) {
+    auto r = d->bitmap().Checkpoint();
+    (void)r;
+  }
+  started_ = false;
+}
+
+Result<TagResult> Agent::Tag(const std::string& name) {
+  if (!proto::ValidName(name)) return Status::InvalidArgument("bad tag name '" + name + "'");
+  std::lock_guard tl(tag_mu_);
+  auto lg = log::Get("agent");
+  auto start = std::chrono::steady_clock::now();
+  Status freeze;
+  if (!opts_.freeze_command.empty()) freeze = RunHook(opts_.freeze_command, opts_.freeze_timeout_ms);
+  Result<TagResult> result = Status::Aborted("freeze hook failed");
+  if (freeze.ok()) {
+    std::vector<std::unique_lock<std::mutex>> locks;
+    for (auto& d : devices_) locks.push_back(d->queue().Lock());
+    bool consistent = true;
+    std::string why;
+    for (auto& d : devices_) {
+      if (!d->ConsistentLocked()) {
+        consistent = false;
+        why = d->volume();
+        break;
+      }
+    }
+    if (!consistent) {
+      result = Status::Busy("volume " + why + " cannot promise a consistent point now (mode " +
+                            std::string(ModeName(devices_[0]->queue().ModeLocked())) + " or resync pending)");
+    } else if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(opts_.freeze_timeout_ms)) {
+      result = Status::Aborted("freeze window exceeded the timeout");
+    } else {
+      TagResult tr;
+      for (auto& d : devices_) tr.seqs.emplace_back(d->volume(), d->queue().AppendTagLocked(name));
+      result = std::move(tr);
+    }
+  } else {
+    lg->error("tag {}: freeze hook: {}", name, freeze.ToString());
+    result = freeze;
+  }
+  if (!opts_.thaw_command.empty()) {
+    Status thaw = RunHook(opts_.thaw_command, opts_.freeze_timeout_ms);
+    if (!thaw.ok()) lg->error("tag {}: thaw hook: {}", name, thaw.ToString());
+  }
+  if (result.ok()) {
+    for (auto& [vol, seq] : result->seqs) lg->info("{} tag '{}' inserted", log::Where{vol, "", seq}, name);
+  }
+  return result;
+}
+
+boost::json::value Agent::StatusJson() const {
+  json::array vols;
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    auto& d = devices_[i];
+    auto qs = d->queue().Stats();
+    json::object v;
+    v["name"] = d->volume();
+    v["size"] = d->size();
+    v["mode"] = std::string(ModeName(qs.mode));
+    v["next_seq"] = qs.next_seq;
+    v["acked_seq"] = qs.acked_seq;
+    v["queue_bytes"] = qs.memory_bytes;
+    v["queue_records"] = qs.records;
+    v["captured_ops"] = qs.captured_ops;
+    v["captured_bytes"] = qs.captured_bytes;
+    v["to_metadata"] = qs.to_metadata;
+    v["to_bitmap"] = qs.to_bitmap;
+    v["to_data"] = qs.to_data;
+    v["dirty_regions"] = d->bitmap().DirtyCount();
+    v["region_count"] = d->bitmap().region_count();
+    if (i < senders_.size()) {
+      auto ss = senders_[i]->Stats();
+      v["connected"] = ss.connected;
+      v["rpo_lag_seconds"] = double(ss.rpo_lag_us) / 1e6;
+      v["bytes_sent"] = ss.bytes_sent;
+      v["resync_total"] = ss.resync_total;
+      v["resync_remaining"] = ss.resync_remaining;
+      v["resync_eta_seconds"] = ss.resync_eta_seconds;
+      v["last_error"] = ss.last_error;
+    } else {
+      v["connected"] = false;
+      v["resync_remaining"] = d->bitmap().ResyncCount();
+    }
+    vols.push_back(std::move(v));
+  }
+  json::object out;
+  out["daemon"] = "cdp-agent";
+  out["volumes"] = std::move(vols);
+  return out;
+}
+
+void Agent::RegisterMetrics(size_t i) {
+  CaptureDevice* d = devices_[i].get();
+  metrics::Labels l{{"volume", d->volume()}};
+  using metrics::Type;
+  auto q = [d] { return d->queue().Stats(); };
+  registry_.AddComputed("cdp_agent_captured_ops_total", "Writes, zero-writes and trims captured", Type::kCounter,
+                        [q] { return double(q().captured_ops); }, l);
+  registry_.AddComputed("cdp_agent_captured_bytes_total", "Bytes captured", Type::kCounter,
+                        [q] { return double(q().captured_bytes); }, l);
+  registry_.AddComputed("cdp_agent_mode", "Capture mode: 0 data, 1 metadata, 2 bitmap", Type::kGauge,
+                        [q] { return double(int(q().mode)); }, l);
+  registry_.AddComputed("cdp_agent_queue_bytes", "Capture queue memory (data + overheads)", Type::kGauge,
+                        [q] { return double(q().memory_bytes); }, l);
+  registry_.AddComputed("cdp_agent_queue_records", "Records queued, not yet acknowledged", Type::kGauge,
+                        [q] { return double(q().records); }, l);
+  registry_.AddComputed("cdp_agent_flushes_suppressed_total", "FLUSHes with no recovery point (degraded modes)",
+                        Type::kCounter, [q] { return double(q().flushes_suppressed); }, l);
+  for (auto [to, pick] : std::vector<std::pair<std::string, int>>{{"metadata", 1}, {"bitmap", 2}, {"data", 0}}) {
+    metrics::Labels lt = l;
+    lt.emplace_back("to", to);
+    registry_.AddComputed("cdp_agent_mode_transitions_total", "Capture mode transitions", Type::kCounter,
+                          [q, pick] {
+                            auto s = q();
+                            return double(pick == 1 ? s.to_metadata : pick == 2 ? s.to_bitmap : s.to_data);
+                          },
+                          lt);
+  }
+  registry_.AddComputed("cdp_agent_dirty_regions", "Regions dirty in the persistent bitmap", Type::kGauge,
+                        [d] { return double(d->bitmap().DirtyCount()); }, l);
+  registry_.AddComputed("cdp_agent_resync_remaining_regions", "Regions waiting for a resync", Type::kGauge,
+                        [d] { return double(d->bitmap().ResyncCount()); }, l);
+  registry_.AddComputed("cdp_agent_bitmap_persists_total", "Dirty bitmap writes (each one sync)", Type::kCounter,
+                        [d] { return double(d->bitmap().persist_count()); }, l);
+  if (!opts_.sender_enabled) return;
+  Sender* snd = senders_.at(i).get();
+  auto s = [snd] { return snd->Stats(); };
+  registry_.AddComputed("cdp_agent_connected", "1 when connected to the process server", Type::kGauge,
+                        [s] { return s().connected ? 1.0 : 0.0; }, l);
+  registry_.AddComputed("cdp_agent_sent_bytes_total", "Record data bytes sent", Type::kCounter,
+                        [s] { return double(s().bytes_sent); }, l);
+  registry_.AddComputed("cdp_agent_reread_bytes_total", "Metadata-mode bytes re-read from the backing store",
+                        Type::kCounter, [s] { return double(s().reread_bytes); }, l);
+  registry_.AddComputed("cdp_agent_acked_seq", "Highest sequence durable at the process server", Type::kGauge,
+                        [s] { return double(s().acked_seq); }, l);
+  registry_.AddComputed("cdp_agent_rpo_lag_seconds", "Age of the oldest unacknowledged record", Type::kGauge,
+                        [s] { return double(s().rpo_lag_us) / 1e6; }, l);
+  registry_.AddComputed("cdp_agent_resync_total_regions", "Regions in the current resync pass", Type::kGauge,
+                        [s] { return double(s().resync_total); }, l);
+  registry_.AddComputed("cdp_agent_resync_shipped_regions_total", "Regions shipped by resync", Type::kCounter,
+                        [s] { return double(s().resync_shipped); }, l);
+  registry_.AddComputed("cdp_agent_resync_eta_seconds", "Estimated time to finish the resync", Type::kGauge,
+                        [s] { return s().resync_eta_seconds; }, l);
+  registry_.AddComputed("cdp_agent_reconnects_total", "Sessions with the process server opened", Type::kCounter,
+                        [s] { return double(s().connects); }, l);
+}
+
+}  // namespace cdp::agent

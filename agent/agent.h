@@ -1,0 +1,105 @@
+// Agent: the cdp-agent daemon as a library. It owns, for every protected
+// volume, a CaptureDevice (exported through one shared NbdServer) and a
+// Sender to the process server; plus the control/metrics HTTP server:
+//
+//   GET  /metrics, /status        Prometheus text / JSON status of every volume
+//   POST /v1/tag {"name": "N"}    one kTag record in every volume at the same
+//                                 point of the write order (consistency group),
+//                                 around the optional freeze hook
+//   GET  /v1/volumes              the same per-volume JSON as /status
+//
+// Tags: the freeze command (if any) runs first, bounded by freeze_timeout; then
+// every volume's capture lock is taken (in configuration order), each volume
+// gets its tag, the locks are released; the thaw command then always runs (also
+// after a failed or timed-out freeze, or a refused tag). A tag is refused (409)
+// while any volume cannot promise a consistent point (metadata/bitmap mode or a
+// resync pending): a tag there would name a state the replica cannot reproduce.
+//
+// Thread safety: Start/Stop from the owning thread; Tag, StatusJson from any.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/json/value.hpp>
+
+#include "agent/capture_device.h"
+#include "agent/sender.h"
+#include "common/clock.h"
+#include "common/env.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
+#include "common/nbd_server.h"
+
+namespace cdp::agent {
+
+struct VolumeConfig {
+  std::string name;          // volume name (proto::ValidName)
+  std::string backing_path;  // backing file or block device
+  std::string export_name;   // NBD export name ("" = the volume name)
+};
+
+struct AgentOptions {
+  Env* env = nullptr;            // must outlive the agent
+  const Clock* clock = nullptr;  // must outlive the agent
+  std::vector<VolumeConfig> volumes;
+  NbdServerOptions nbd;          // listeners (tcp_port / unix_path)
+  std::string bitmap_dir = "/var/lib/opencdp/agent";
+  uint64_t budget = 64ull << 20;   // per volume
+  uint32_t region_size = 1u << 20;
+  SenderOptions sender;          // PS address, tenant, secret, batching
+  bool sender_enabled = true;    // false: capture only (benchmarks of the tap alone)
+  std::string control_host = "127.0.0.1";
+  int control_port = 9100;       // 0 = ephemeral, < 0 = no HTTP server
+  std::string freeze_command;    // run through /bin/sh -c before a tag ("" = none)
+  std::string thaw_command;      // run after a tag, always
+  uint64_t freeze_timeout_ms = 10'000;
+};
+
+struct TagResult {
+  std::vector<std::pair<std::string, uint64_t>> seqs;  // volume -> tag sequence
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions opts);
+  ~Agent();  // Stop()s
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Opens every volume, starts the NBD listeners, the senders and the HTTP
+  // server. Failure leaves nothing running; the message names the volume or address.
+  Status Start();
+  void Stop();
+
+  // Inserts tag `name` in every volume (see above). kInvalidArgument for a bad
+  // name, kBusy when a volume is not consistent, kAborted when the freeze hook
+  // failed or timed out.
+  Result<TagResult> Tag(const std::string& name);
+
+  boost::json::value StatusJson() const;
+  uint16_t nbd_port() const { return nbd_ ? nbd_->port() : 0; }
+  uint16_t control_port() const { return http_ ? http_->port() : 0; }
+  metrics::Registry& registry() { return registry_; }
+  CaptureDevice* device(size_t i) { return devices_.at(i).get(); }
+  Sender* sender(size_t i) { return senders_.empty() ? nullptr : senders_.at(i).get(); }
+
+ private:
+  void RegisterMetrics(size_t i);
+
+  AgentOptions opts_;
+  metrics::Registry registry_;
+  std::vector<std::shared_ptr<CaptureDevice>> devices_;
+  std::vector<std::unique_ptr<Sender>> senders_;
+  std::unique_ptr<NbdServer> nbd_;
+  std::unique_ptr<http::Server> http_;
+  std::mutex tag_mu_;
+  bool started_ = false;
+};
+
+// Runs `command` through /bin/sh -c, waiting at most `timeout_ms`; on timeout
+// the command is killed. OK iff it exited 0 in time.
+Status RunHook(const std::string& command, uint64_t timeout_ms);
+
+}  // namespace cdp::agent

@@ -1,0 +1,133 @@
+// Sender: ships one volume's captured records to the process server, and runs
+// the volume's resync (initial sync, crash recovery, bitmap-mode healing).
+//
+// State machine (one thread per volume, plus a receiver thread per connection):
+//
+//   [disconnected] --Connect+ClientHandshake(kAgent)+VolumeOpen--> [open]
+//        ^   backoff (min..max, doubling)                         |
+//        +---- any channel error / Nack other than Gap/Busy ------+
+//   [open]: VolumeOpenReply.durable_seq = D -> CaptureQueue::Resume(D);
+//           send from D+1:
+//     loop: batch = records [next_send, ...) bounded by batch_bytes and
+//           batch_records (metadata-mode records re-read from the backing
+//           store); wait up to `linger` for a batch to fill; at most
+//           max_inflight batches unacknowledged;
+//           Ack{d}        -> release records <= d (memory freed), bitmap acked
+//           Nack{kGap,E}  -> resume at E (renumber if E is outside our window:
+//                            history lost on the server, full resync)
+//           Nack{kBusy}   -> pause `busy_backoff`, resend from acked+1; the
+//                            queue meanwhile degrades to metadata/bitmap mode
+//     resync step (when regions need it and the queue is in data mode):
+//           HashRequest for up to hash_batch regions from the cursor -> PS -> MT;
+//           HashResponse: equal regions are done, differing ones are queued
+//           as data records (CaptureDevice::ShipRegion) as the budget allows;
+//           kShip regions (bitmap mode) are queued without comparing.
+//     every checkpoint_interval: DirtyBitmap::Checkpoint (clears acked regions,
+//           saves the resync cursor).
+//
+// The resync compares the replica as the master target has applied it. A
+// region whose records are still in the process server's spool may compare
+// unequal (shipped again: harmless); see docs/agent.md for the one case where a
+// stale equal hash could hide a difference.
+//
+// Thread safety: Start/Stop from the owner; Stats() from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "agent/capture_device.h"
+#include "common/channel.h"
+#include "common/clock.h"
+
+namespace cdp::agent {
+
+struct SenderOptions {
+  std::string ps_host = "127.0.0.1";
+  uint16_t ps_port = 7400;
+  std::string tenant;
+  std::string secret;
+  std::string client_id = "agent";
+  uint64_t batch_bytes = 4u << 20;   // data bytes per WriteBatch (at least one record)
+  size_t batch_records = 16384;
+  uint32_t linger_ms = 2;            // wait this long for a small batch to grow
+  int max_inflight = 4;              // batches sent, not yet acknowledged
+  uint32_t hash_batch = 256;         // regions per HashRequest
+  uint64_t backoff_min_ms = 100;
+  uint64_t backoff_max_ms = 10'000;
+  uint64_t busy_backoff_ms = 200;
+  uint64_t checkpoint_interval_ms = 1000;
+  uint64_t connect_timeout_ms = 5000;
+  uint64_t hash_timeout_ms = 60'000;
+  uint64_t generation = 1;
+  const Clock* clock = nullptr;      // must outlive the sender
+};
+
+struct SenderStats {
+  bool connected = false;
+  uint64_t connects = 0;
+  uint64_t disconnects = 0;
+  uint64_t batches_sent = 0;
+  uint64_t records_sent = 0;
+  uint64_t bytes_sent = 0;          // record data bytes
+  uint64_t reread_bytes = 0;        // metadata-mode data read back from the store
+  uint64_t acked_seq = 0;
+  uint64_t busy_nacks = 0;
+  uint64_t gap_nacks = 0;
+  uint64_t history_lost = 0;        // resume points outside our window
+  // Resync
+  uint64_t resync_total = 0;        // regions needing a resync when the pass started
+  uint64_t resync_remaining = 0;
+  uint64_t resync_compared = 0;     // regions hashed and compared (cumulative)
+  uint64_t resync_equal = 0;
+  uint64_t resync_shipped = 0;      // regions queued as data (cumulative)
+  double resync_eta_seconds = 0;
+  uint64_t rpo_lag_us = 0;          // age of the oldest unacknowledged record
+  std::string last_error;
+};
+
+class Sender {
+ public:
+  // `device` must outlive the sender.
+  Sender(CaptureDevice* device, SenderOptions opts);
+  ~Sender();  // Stop()s
+  Sender(const Sender&) = delete;
+  Sender& operator=(const Sender&) = delete;
+
+  void Start();
+  // Stops the threads; queued records stay in memory (and in the bitmap).
+  void Stop();
+  SenderStats Stats() const;
+
+ private:
+  struct Conn;
+  void Run();
+  Status Session();                         // one connected session
+  void Receiver(Conn* c);
+  Status SendSome(Conn* c, bool* sent);
+  Status ResyncStep(Conn* c, bool* progressed);
+  void Checkpoint(bool force);
+  void SetError(const Status& s);
+
+  CaptureDevice* dev_;
+  SenderOptions opts_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+
+  mutable std::mutex mu_;   // guards st_ and the fields below
+  SenderStats st_;
+  uint64_t last_checkpoint_us_ = 0;
+  uint64_t resync_pass_start_us_ = 0;
+  uint64_t resync_pass_done_ = 0;
+};
+
+}  // namespace cdp::agent
