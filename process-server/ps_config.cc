@@ -1,0 +1,133 @@
+#include "process-server/ps_config.h"
+
+#include "common/codec.h"
+
+namespace cdp::ps {
+
+po::options_description ProcessServerConfigDescription() {
+  po::options_description d("cdp-process-server options");
+  d.add_options()
+      ("listen", po::value<std::string>()->default_value("0.0.0.0:7400"), "agent data address host:port")
+      ("control", po::value<std::string>()->default_value("127.0.0.1:9101"), "HTTP control address host:port")
+      ("mt", po::value<std::string>()->default_value("127.0.0.1:7500"), "master target address host:port")
+      ("client_id", po::value<std::string>()->default_value("process-server"), "name given to the master target")
+      ("tenant", po::value<std::vector<std::string>>()->composing(), "NAME:SECRET (repeatable)")
+      ("spool_dir", po::value<std::string>()->default_value("/var/lib/opencdp/ps/spool"), "spool directory")
+      ("quota", po::value<ByteSize>()->default_value(ByteSize{0}), "per-volume backlog limit (0 = unlimited)")
+      ("segment_size", po::value<ByteSize>()->default_value(ByteSize{64u << 20}), "spool segment size")
+      ("codec", po::value<std::string>()->default_value("zstd"), "none, lz4 or zstd")
+      ("level", po::value<int>()->default_value(1), "zstd level 1..19")
+      ("volume_codec", po::value<std::vector<std::string>>()->composing(), "TENANT/VOLUME=CODEC[:LEVEL] (repeatable)")
+      ("frame_size", po::value<ByteSize>()->default_value(ByteSize{1u << 20}), "raw bytes per shipped frame")
+      ("inflight", po::value<int>()->default_value(8), "frames in flight per volume")
+      ("connections", po::value<int>()->default_value(1), "master target connections per tenant")
+      ("throttle_mbps", po::value<double>()->default_value(0), "WAN rate limit in Mbit/s (0 = unlimited)")
+      ("throttle_schedule", po::value<std::string>()->default_value(""), "MBPS@HH:MM-HH:MM,...")
+      ("throttle_utc_offset", po::value<int>()->default_value(0), "schedule time zone, minutes east of UTC")
+      ("throttle_burst", po::value<ByteSize>()->default_value(ByteSize{256u << 10}), "token bucket depth")
+      ("log.level", po::value<std::string>()->default_value(""), "trace, debug, info, warn, error")
+      ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
+  return d;
+}
+
+Status ParseHostPort(const std::string& key, const std::string& text, std::string* host, uint16_t* port) {
+  auto bad = [&] { return Status::InvalidArgument("bad value '" + text + "' for '" + key + "': want host:port"); };
+  size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return bad();
+  std::string h = text.substr(0, colon);
+  if (h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  uint32_t p = 0;
+  for (size_t i = colon + 1; i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9') return bad();
+    p = p * 10 + uint32_t(text[i] - '0');
+    if (p > 65535) return bad();
+  }
+  if (h.empty()) return bad();
+  *host = h;
+  *port = uint16_t(p);
+  return Status::OK();
+}
+
+namespace {
+
+Result<std::pair<proto::Codec, int>> ParseCodecLevel(const std::string& key, const std::string& text, int def_level) {
+  size_t colon = text.find(':');
+  auto c = ParseCodecName(text.substr(0, colon));
+  if (!c.ok()) return Status::InvalidArgument("bad codec '" + text + "' for '" + key + "'");
+  int level = def_level;
+  if (colon != std::string::npos) {
+    try {
+      size_t used = 0;
+      level = std::stoi(text.substr(colon + 1), &used);
+      if (used != text.size() - colon - 1) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      return Status::InvalidArgument("bad level in '" + text + "' for '" + key + "'");
+    }
+  }
+  if (level < 0 || level > 19) return Status::InvalidArgument("level out of range in '" + text + "' for '" + key + "'");
+  return std::make_pair(*c, level);
+}
+
+}  // namespace
+
+Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, LogSettings* log) {
+  ProcessServerOptions o;
+  CDP_RETURN_IF_ERROR(ParseHostPort("listen", vars["listen"].as<std::string>(), &o.listen_host, &o.listen_port));
+  CDP_RETURN_IF_ERROR(ParseHostPort("control", vars["control"].as<std::string>(), &o.control_host, &o.control_port));
+  CDP_RETURN_IF_ERROR(ParseHostPort("mt", vars["mt"].as<std::string>(), &o.mt_host, &o.mt_port));
+  o.client_id = vars["client_id"].as<std::string>();
+  if (!proto::ValidName(o.client_id)) return Status::InvalidArgument("bad value '" + o.client_id + "' for 'client_id'");
+  if (vars.count("tenant")) {
+    for (const auto& t : vars["tenant"].as<std::vector<std::string>>()) {
+      size_t colon = t.find(':');
+      std::string name = t.substr(0, colon);
+      if (colon == std::string::npos || !proto::ValidName(name) || colon + 1 == t.size())
+        return Status::InvalidArgument("bad value for 'tenant' (want NAME:SECRET) for tenant '" + name + "'");
+      if (!o.tenants.emplace(name, t.substr(colon + 1)).second)
+        return Status::InvalidArgument("tenant '" + name + "' given twice");
+    }
+  }
+  if (o.tenants.empty()) return Status::InvalidArgument("no 'tenant' configured (tenant = NAME:SECRET)");
+  o.spool_dir = vars["spool_dir"].as<std::string>();
+  o.quota_bytes = vars["quota"].as<ByteSize>().bytes;
+  o.segment_bytes = vars["segment_size"].as<ByteSize>().bytes;
+  if (o.segment_bytes < (1u << 20)) return Status::InvalidArgument("'segment_size' below 1MiB");
+  CDP_ASSIGN_OR_RETURN(auto cl, ParseCodecLevel("codec", vars["codec"].as<std::string>(), vars["level"].as<int>()));
+  o.codec = cl.first;
+  o.level = cl.second;
+  if (vars["level"].as<int>() < 0 || vars["level"].as<int>() > 19)
+    return Status::InvalidArgument("bad value for 'level': 0..19");
+  if (vars.count("volume_codec")) {
+    for (const auto& t : vars["volume_codec"].as<std::vector<std::string>>()) {
+      size_t eq = t.find('=');
+      if (eq == std::string::npos) return Status::InvalidArgument("bad value '" + t + "' for 'volume_codec'");
+      std::string key = t.substr(0, eq);
+      size_t slash = key.find('/');
+      if (slash == std::string::npos || !proto::ValidName(key.substr(0, slash)) ||
+          !proto::ValidName(key.substr(slash + 1)))
+        return Status::InvalidArgument("bad volume '" + key + "' for 'volume_codec' (want TENANT/VOLUME)");
+      CDP_ASSIGN_OR_RETURN(auto vc, ParseCodecLevel("volume_codec", t.substr(eq + 1), o.level));
+      o.volume_codecs[key] = vc;
+    }
+  }
+  o.frame_bytes = vars["frame_size"].as<ByteSize>().bytes;
+  if (o.frame_bytes < 4096 || o.frame_bytes > proto::kMaxBatchRaw / 2)
+    return Status::InvalidArgument("'frame_size' must be 4KiB..32MiB");
+  o.max_inflight = vars["inflight"].as<int>();
+  if (o.max_inflight < 1 || o.max_inflight > 1024) return Status::InvalidArgument("'inflight' must be 1..1024");
+  o.connections = vars["connections"].as<int>();
+  if (o.connections < 1 || o.connections > 64) return Status::InvalidArgument("'connections' must be 1..64");
+  o.throttle.default_mbps = vars["throttle_mbps"].as<double>();
+  if (!(o.throttle.default_mbps >= 0)) return Status::InvalidArgument("'throttle_mbps' must be >= 0");
+  CDP_ASSIGN_OR_RETURN(o.throttle.schedule, ParseSchedule(vars["throttle_schedule"].as<std::string>()));
+  o.throttle.utc_offset_minutes = vars["throttle_utc_offset"].as<int>();
+  o.throttle.burst_bytes = vars["throttle_burst"].as<ByteSize>().bytes;
+  if (o.throttle.burst_bytes < 4096) return Status::InvalidArgument("'throttle_burst' below 4KiB");
+  if (log != nullptr) {
+    log->level = vars["log.level"].as<std::string>();
+    log->file = vars["log.file"].as<std::string>();
+  }
+  return o;
+}
+
+}  // namespace cdp::ps

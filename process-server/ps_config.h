@@ -1,0 +1,47 @@
+// The process server's configuration: option declarations for
+// common/config.h and their translation into ProcessServerOptions.
+//
+// Keys (file `key = value`, or `--key value` flags which override the file):
+//   listen = 0.0.0.0:7400            agent data port
+//   control = 127.0.0.1:9101         HTTP control/metrics/status
+//   mt = 127.0.0.1:7500              master target data port
+//   client_id = process-server       name this PS gives the MT
+//   tenant = NAME:SECRET             one per tenant (repeatable)
+//   spool_dir = /var/lib/opencdp/ps/spool
+//   quota = 10GiB                    per-volume backlog limit (0 = unlimited)
+//   segment_size = 64MiB
+//   codec = zstd | lz4 | none        default codec
+//   level = 1                        zstd level (1..19)
+//   volume_codec = TENANT/VOLUME=zstd:3   per-volume override (repeatable)
+//   frame_size = 1MiB                raw record bytes per shipped frame
+//   inflight = 8                     frames per volume awaiting the MT's ack
+//   connections = 1                  MT connections per tenant
+//   throttle_mbps = 0                default rate, Mbit/s (0 = unlimited)
+//   throttle_schedule = 20@08:00-18:00   windows (see throttle.h)
+//   throttle_utc_offset = 0          minutes added to UTC for the schedule
+//   throttle_burst = 256KiB
+//   [log] level = info, file = ...
+//
+// Thread safety: pure functions, for start-up.
+#pragma once
+
+#include "common/config.h"
+#include "common/result.h"
+#include "process-server/server.h"
+
+namespace cdp::ps {
+
+struct LogSettings {
+  std::string level;
+  std::string file;
+};
+
+po::options_description ProcessServerConfigDescription();
+
+// Translates loaded values. kInvalidArgument names the bad key and value.
+Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, LogSettings* log = nullptr);
+
+// "host:port" or "[v6]:port". kInvalidArgument naming `key` on a bad value.
+Status ParseHostPort(const std::string& key, const std::string& text, std::string* host, uint16_t* port);
+
+}  // namespace cdp::ps
