@@ -1,0 +1,435 @@
+#include "common/http_server.h"
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/json.hpp>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "common/asio_status.h"
+#include "common/log.h"
+#include "common/metrics.h"
+
+namespace cdp::http {
+
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+namespace {
+
+constexpr size_t kHeaderLimit = 16 << 10;
+// After a 413 the client may still be sending: read and discard up to this
+// much (for at most kDrainTime) so that closing does not reset the connection
+// before the client has read the answer.
+constexpr size_t kDrainLimit = 64 << 20;
+constexpr auto kDrainTime = std::chrono::seconds(2);
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Percent-decoding; `plus_is_space` for query strings. Bad escapes are kept literally.
+std::string Decode(std::string_view s, bool plus_is_space) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size()) {
+      int hi = HexValue(s[i + 1]), lo = HexValue(s[i + 2]);
+      if (hi >= 0 && lo >= 0) {
+        out += char(hi * 16 + lo);
+        i += 2;
+        continue;
+      }
+    }
+    out += (plus_is_space && s[i] == '+') ? ' ' : s[i];
+  }
+  return out;
+}
+
+std::map<std::string, std::string> ParseQuery(std::string_view q) {
+  std::map<std::string, std::string> out;
+  while (!q.empty()) {
+    size_t amp = q.find('&');
+    std::string_view part = q.substr(0, amp);
+    q.remove_prefix(amp == std::string_view::npos ? q.size() : amp + 1);
+    if (part.empty()) continue;
+    size_t eq = part.find('=');
+    std::string key = Decode(part.substr(0, eq), true);
+    std::string value = eq == std::string_view::npos ? std::string() : Decode(part.substr(eq + 1), true);
+    out[std::move(key)] = std::move(value);
+  }
+  return out;
+}
+
+}  // namespace
+
+Response Response::Json(int status, const boost::json::value& body) {
+  Response r;
+  r.status = status;
+  r.body = boost::json::serialize(body);
+  r.content_type = "application/json";
+  return r;
+}
+
+Response Response::Error(int status, std::string_view message) {
+  return Json(status, boost::json::object{{"error", message}});
+}
+
+// ---------------------------------------------------------------- Server::Impl
+
+struct RouteEntry {
+  std::string method;
+  std::string path;  // exact path, or the prefix including its trailing '/'
+  bool prefix = false;
+  Handler handler;
+};
+
+// The server's state; Session sees it through this type (Server::Impl is private).
+struct ServerState {
+  explicit ServerState(ServerOptions o) : opts(std::move(o)) {}
+
+  ServerOptions opts;
+  std::vector<RouteEntry> routes;
+  std::unique_ptr<net::io_context> ioc;
+  std::unique_ptr<tcp::acceptor> acceptor;
+  std::vector<std::thread> threads;
+  bool started = false;
+  bool stopped = false;
+  std::shared_ptr<spdlog::logger> log = cdp::log::Get("http");
+
+  void DoAccept();
+  Response Dispatch(Request& req);
+};
+
+struct Server::Impl : ServerState {
+  using ServerState::ServerState;
+};
+
+namespace {
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, ServerState* srv) : stream_(std::move(socket)), srv_(srv) {}
+
+  void Start() { DoReadHeader(); }
+
+ private:
+  void DoReadHeader() {
+    parser_.emplace();
+    parser_->header_limit(kHeaderLimit);
+    parser_->body_limit(srv_->opts.max_body_bytes);
+    stream_.expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
+    bhttp::async_read_header(stream_, buf_, *parser_,
+                             [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  void OnHeader(beast::error_code ec) {
+    // Beast checks Content-Length against the body limit with the header.
+    if (ec == bhttp::error::body_limit) return TooLarge();
+    if (ec) return Close();  // end of stream, timeout, garbage: nothing to answer
+    auto& req = parser_->get();
+    if (auto len = parser_->content_length(); len && *len > srv_->opts.max_body_bytes) return TooLarge();
+    if (req[bhttp::field::expect] == "100-continue") {
+      cont_.emplace(bhttp::status::continue_, req.version());
+      bhttp::async_write(stream_, *cont_, [self = shared_from_this()](beast::error_code ec2, size_t) {
+        if (ec2) return self->Close();
+        self->DoReadBody();
+      });
+      return;
+    }
+    DoReadBody();
+  }
+
+  void DoReadBody() {
+    bhttp::async_read(stream_, buf_, *parser_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+  }
+
+  void OnBody(beast::error_code ec) {
+    if (ec == bhttp::error::body_limit) return TooLarge();
+    if (ec) return Close();
+    auto& preq = parser_->get();
+    Request req;
+    req.method = std::string(preq.method_string());
+    req.target = std::string(preq.target());
+    std::string_view target(req.target);
+    size_t q = target.find('?');
+    req.path = Decode(target.substr(0, q), false);
+    if (q != std::string_view::npos) {
+      req.query = std::string(target.substr(q + 1));
+      req.params = ParseQuery(req.query);
+    }
+    req.body = std::move(preq.body());
+    req.content_type = std::string(preq[bhttp::field::content_type]);
+    Response r = srv_->Dispatch(req);
+    Send(r, preq.version(), preq.keep_alive());
+  }
+
+  void Send(const Response& r, unsigned version, bool keep_alive) {
+    res_.emplace(static_cast<bhttp::status>(r.status), version);
+    res_->set(bhttp::field::server, "opencdp");
+    res_->set(bhttp::field::content_type, r.content_type);
+    res_->keep_alive(keep_alive);
+    res_->body() = r.body;
+    res_->prepare_payload();
+    stream_.expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
+    bhttp::async_write(stream_, *res_, [self = shared_from_this(), keep_alive](beast::error_code ec, size_t) {
+      if (ec) return self->Close();
+      if (!keep_alive) return self->Close();
+      self->DoReadHeader();
+    });
+  }
+
+  // 413, then a lingering close.
+  void TooLarge() {
+    Response r = Response::Error(413, "request body larger than " + std::to_string(srv_->opts.max_body_bytes) + " bytes");
+    unsigned version = parser_->get().version() != 0 ? parser_->get().version() : 11;
+    res_.emplace(bhttp::status::payload_too_large, version);
+    res_->set(bhttp::field::server, "opencdp");
+    res_->set(bhttp::field::content_type, r.content_type);
+    res_->keep_alive(false);
+    res_->body() = r.body;
+    res_->prepare_payload();
+    stream_.expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
+    bhttp::async_write(stream_, *res_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->Close();
+      beast::error_code ignored;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      self->stream_.expires_after(kDrainTime);
+      self->Drain();
+    });
+  }
+
+  void Drain() {
+    drain_buf_.resize(64 << 10);
+    stream_.async_read_some(net::buffer(drain_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->drained_ += n;
+      if (ec || self->drained_ > kDrainLimit) return self->Close();
+      self->Drain();
+    });
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+  beast::tcp_stream stream_;
+  ServerState* srv_;
+  beast::flat_buffer buf_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::optional<bhttp::response<bhttp::empty_body>> cont_;
+  std::optional<bhttp::response<bhttp::string_body>> res_;
+  std::vector<char> drain_buf_;
+  size_t drained_ = 0;
+};
+
+}  // namespace
+
+void ServerState::DoAccept() {
+  acceptor->async_accept(net::make_strand(*ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !acceptor->is_open()) return;
+    if (!ec) {
+      std::make_shared<Session>(std::move(socket), this)->Start();
+    } else {
+      log->warn("accept: {}", ec.message());
+    }
+    DoAccept();
+  });
+}
+
+Response ServerState::Dispatch(Request& req) {
+  try {
+    if (req.path == "/metrics" && opts.registry != nullptr) {
+      if (req.method != "GET") return Response::Error(405, "method " + req.method + " not allowed on /metrics");
+      auto f = req.params.find("format");
+      if (f != req.params.end() && f->second == "json") return Response::Json(200, opts.registry->RenderJson());
+      Response r;
+      r.body = opts.registry->RenderPrometheus();
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      return r;
+    }
+    if (req.path == "/status" && opts.status) {
+      if (req.method != "GET") return Response::Error(405, "method " + req.method + " not allowed on /status");
+      return Response::Json(200, opts.status());
+    }
+    const RouteEntry* best = nullptr;
+    bool path_known = false;
+    for (const RouteEntry& r : routes) {
+      bool match = r.prefix ? (req.path.size() > r.path.size() && req.path.compare(0, r.path.size(), r.path) == 0)
+                            : req.path == r.path;
+      if (!match) continue;
+      path_known = true;
+      if (r.method != req.method) continue;
+      if (best == nullptr || (best->prefix && !r.prefix) ||
+          (best->prefix && r.prefix && r.path.size() > best->path.size())) {
+        best = &r;
+      }
+    }
+    if (best == nullptr) {
+      if (path_known) return Response::Error(405, "method " + req.method + " not allowed on " + req.path);
+      return Response::Error(404, "no such path: " + req.path);
+    }
+    if (best->prefix) req.rest = req.path.substr(best->path.size());
+    return best->handler(req);
+  } catch (const std::exception& e) {
+    log->error("{} {}: handler failed: {}", req.method, req.path, e.what());
+    return Response::Error(500, e.what());
+  }
+}
+
+// ---------------------------------------------------------------- Server
+
+Server::Server(ServerOptions opts) : impl_(std::make_unique<Impl>(std::move(opts))) {}
+
+Server::~Server() { Stop(); }
+
+void Server::Route(std::string method, std::string path, Handler handler) {
+  RouteEntry e;
+  e.method = std::move(method);
+  if (path.size() >= 2 && path.compare(path.size() - 2, 2, "/*") == 0) {
+    e.prefix = true;
+    path.pop_back();  // keep the trailing '/'
+  }
+  e.path = std::move(path);
+  e.handler = std::move(handler);
+  for (RouteEntry& r : impl_->routes) {
+    if (r.method == e.method && r.path == e.path && r.prefix == e.prefix) {
+      r = std::move(e);
+      return;
+    }
+  }
+  impl_->routes.push_back(std::move(e));
+}
+
+Status Server::Start() {
+  Impl& im = *impl_;
+  std::string where = im.opts.host + ":" + std::to_string(im.opts.port);
+  if (im.started) return Status::InvalidArgument("http server " + where + " already started");
+  if (im.opts.threads < 1) return Status::InvalidArgument("http server " + where + ": threads must be >= 1");
+  im.ioc = std::make_unique<net::io_context>(im.opts.threads);
+  boost::system::error_code ec;
+  tcp::resolver resolver(*im.ioc);
+  auto results = resolver.resolve(im.opts.host, std::to_string(im.opts.port),
+                                  tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || results.empty()) {
+    return Status::InvalidArgument("http server: cannot resolve " + where + ": " + ec.message());
+  }
+  tcp::endpoint ep = results.begin()->endpoint();
+  im.acceptor = std::make_unique<tcp::acceptor>(net::make_strand(*im.ioc));
+  if (im.acceptor->open(ep.protocol(), ec); ec) return FromAsioError(ec, "http server open " + where);
+  if (im.acceptor->set_option(net::socket_base::reuse_address(true), ec); ec) {
+    return FromAsioError(ec, "http server setsockopt " + where);
+  }
+  if (im.acceptor->bind(ep, ec); ec) return FromAsioError(ec, "http server bind " + where);
+  if (im.acceptor->listen(net::socket_base::max_listen_connections, ec); ec) {
+    return FromAsioError(ec, "http server listen " + where);
+  }
+  port_ = im.acceptor->local_endpoint(ec).port();
+  if (ec) return FromAsioError(ec, "http server " + where);
+  im.started = true;
+  im.DoAccept();
+  for (int i = 0; i < im.opts.threads; ++i) im.threads.emplace_back([ioc = im.ioc.get()] { ioc->run(); });
+  im.log->info("http server listening on {}:{}", im.opts.host, port_);
+  return Status::OK();
+}
+
+void Server::Stop() {
+  Impl& im = *impl_;
+  if (!im.started || im.stopped) return;
+  im.stopped = true;
+  net::post(im.acceptor->get_executor(), [acc = im.acceptor.get()] {
+    boost::system::error_code ignored;
+    acc->close(ignored);
+  });
+  im.ioc->stop();
+  for (auto& t : im.threads) t.join();
+  im.threads.clear();
+  // Destroying the io_context destroys the pending handlers, and with them the
+  // sessions: every connection is closed here.
+  im.acceptor.reset();
+  im.ioc.reset();
+}
+
+// ---------------------------------------------------------------- client
+
+Result<ClientResponse> HttpRequest(const std::string& host, uint16_t port, std::string_view method,
+                                   std::string_view target, std::string_view body, std::chrono::milliseconds timeout,
+                                   const ClientOptions& opts) {
+  std::string where = std::string(method) + " http://" + host + ":" + std::to_string(port) + std::string(target);
+  bhttp::verb verb = bhttp::string_to_verb(method);
+  if (verb == bhttp::verb::unknown) return Status::InvalidArgument(where + ": unknown method");
+  if (target.empty() || target.front() != '/') return Status::InvalidArgument(where + ": target must start with '/'");
+
+  net::io_context ioc;
+  tcp::resolver resolver(ioc);
+  beast::tcp_stream stream(ioc);
+  bhttp::request<bhttp::string_body> req{verb, std::string(target), 11};
+  req.set(bhttp::field::host, host + ":" + std::to_string(port));
+  req.set(bhttp::field::user_agent, "opencdp");
+  req.set(bhttp::field::connection, "close");
+  if (!body.empty()) {
+    req.set(bhttp::field::content_type, opts.content_type);
+    req.body() = std::string(body);
+  }
+  req.prepare_payload();
+  beast::flat_buffer buf;
+  bhttp::response_parser<bhttp::string_body> parser;
+  parser.body_limit(opts.max_response_bytes);
+  parser.header_limit(kHeaderLimit);
+
+  Status result;
+  bool done = false;
+  auto fail = [&](beast::error_code ec, const char* step) {
+    if (ec == beast::error::timeout) {
+      result = Status::Unavailable(where + ": " + step + ": timed out after " + std::to_string(timeout.count()) + " ms");
+    } else if (ec.category() == bhttp::make_error_code(bhttp::error::body_limit).category()) {
+      result = Status::Corruption(where + ": " + step + ": " + ec.message());
+    } else {
+      result = FromAsioError(ec, where + ": " + step);
+      if (result.code() == Code::kNotFound) result = Status::InvalidArgument(result.message());
+    }
+    done = true;
+  };
+
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  resolver.async_resolve(host, std::to_string(port), [&](beast::error_code ec, tcp::resolver::results_type results) {
+    if (ec) {
+      result = Status::InvalidArgument(where + ": resolve " + host + ": " + ec.message());
+      done = true;
+      return;
+    }
+    stream.expires_at(deadline);
+    stream.async_connect(results, [&](beast::error_code ec2, const tcp::endpoint&) {
+      if (ec2) return fail(ec2, "connect");
+      bhttp::async_write(stream, req, [&](beast::error_code ec3, size_t) {
+        // A server that answers early (413) may close while we write: still read its answer.
+        if (ec3 && ec3 != net::error::broken_pipe && ec3 != net::error::connection_reset) return fail(ec3, "write");
+        bhttp::async_read(stream, buf, parser, [&](beast::error_code ec4, size_t) {
+          if (ec4) return fail(ec4, "read");
+          done = true;
+        });
+      });
+    });
+  });
+  ioc.run_for(timeout + std::chrono::milliseconds(100));
+  if (!done) return Status::Unavailable(where + ": timed out after " + std::to_string(timeout.count()) + " ms");
+  if (!result.ok()) return result;
+  auto& res = parser.get();
+  ClientResponse out;
+  out.status = int(res.result_int());
+  out.content_type = std::string(res[bhttp::field::content_type]);
+  out.body = std::move(res.body());
+  return out;
+}
+
+}  // namespace cdp::http

@@ -10,7 +10,7 @@ PACKAGES=(
   libboost1.81-dev libboost-json1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev libsqlite3-dev libzstd-dev liblz4-dev libxxhash-dev libssl-dev
   catch2 libbenchmark-dev
-  zstd lz4 qemu-utils libnbd-bin nbdfuse nbdkit fio e2fsprogs rsync iproute2 util-linux
+  zstd lz4 qemu-utils libnbd-bin nbdfuse nbdkit fio e2fsprogs rsync iproute2 util-linux curl
 )
 
 missing=()
