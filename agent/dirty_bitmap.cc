@@ -207,6 +207,7 @@ void DirtyBitmap::Assign(uint64_t offset, uint64_t len, uint64_t seq) {
   std::lock_guard lk(mu_);
   for (uint64_t r = first; r <= last; ++r) {
     last_seq_[r] = std::max(last_seq_[r], seq);
+    hot_[r] = 1;
     if (pins_[r] > 0) --pins_[r];
   }
 }
