@@ -972,6 +972,11 @@ Result<RetentionResult> Volume::ApplyRetention() {
   return res;
 }
 
+void Volume::SetRetention(const RetentionPolicy& policy) {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  o_.retention = policy;
+}
+
 Result<std::vector<proto::Hash128>> Volume::RegionHashes(uint32_t region_size, uint64_t first, uint32_t count) {
   if (!PowerOfTwo(region_size) || region_size < 512) return Status::InvalidArgument("bad region size");
   if (count == 0 || count > proto::kMaxHashes) return Status::InvalidArgument("bad region count");

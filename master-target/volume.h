@@ -64,13 +64,11 @@
 #include "common/env.h"
 #include "common/protocol.h"
 #include "common/result.h"
+#include "common/sqlite.h"
 #include "common/status.h"
 #include "master-target/journal.h"
 #include "master-target/undo_index.h"
 
-namespace cdp::sqlite {
-class Db;
-}
 namespace cdp::metrics {
 class Registry;
 class Counter;
@@ -236,6 +234,8 @@ class Volume {
   // the current one included) fit in max_bytes (or max_bytes is 0); a pinned
   // point is always promised. Points broken by a drop are deleted.
   Result<RetentionResult> ApplyRetention();
+  // Replaces the retention policy (takes effect at the next ApplyRetention).
+  void SetRetention(const RetentionPolicy& policy);
 
   // XXH3-128 of regions [first, first+count) of `region_size` bytes of the
   // current replica (the last region may be short). kOutOfRange if a region

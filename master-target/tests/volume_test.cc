@@ -1,1 +1,591 @@
 #include <catch2/catch.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/env.h"
+#include "common/fault_env.h"
+#include "common/hash.h"
+#include "master-target/journal.h"
+#include "master-target/tests/mt_test_util.h"
+#include "master-target/volume.h"
+
+using namespace cdp;
+using namespace cdp::mt;
+using namespace cdp::mt::testing;
+
+namespace {
+
+constexpr uint64_t kVolSize = 256 * 1024;
+
+VolumeIdentity Ident(uint64_t size = kVolSize, uint64_t gen = 1) {
+  VolumeIdentity id;
+  id.name = "vol1";
+  id.size = size;
+  id.block_size = 4096;
+  id.uuid[0] = 0xab;
+  id.uuid[15] = 0xcd;
+  id.generation = gen;
+  return id;
+}
+
+const VolumeIdentity kIdent = Ident();
+
+VolumeOptions Opts(Env* env, const Clock* clock, const std::string& index, uint64_t seg_bytes = 64 * 1024) {
+  VolumeOptions o;
+  o.env = env;
+  o.clock = clock;
+  o.dir = "/t/vol1";
+  o.index_path = index;
+  o.segment_bytes = seg_bytes;
+  o.point_interval_us = 0;
+  return o;
+}
+
+Bytes ReadImage(Volume& v, uint64_t point) {
+  Bytes b(v.size());
+  Status s = v.ReadAt(point, 0, b.size(), b.data());
+  REQUIRE(s.ok());
+  return b;
+}
+
+Bytes ReplicaFile(Env* env, const std::string& dir, uint64_t size) {
+  auto f = env->Open(dir + "/replica.img", OpenOptions{});
+  REQUIRE(f.ok());
+  Bytes b(size);
+  REQUIRE((*f)->Read(0, size, b.data()).ok());
+  return b;
+}
+
+// Every undo record of a volume's journal, in journal order, data included
+// (times excluded: a resent batch is applied at another time).
+struct JRec {
+  uint64_t seq, offset;
+  uint32_t length;
+  UndoKind kind;
+  Bytes data;
+  bool operator==(const JRec&) const = default;
+};
+
+std::vector<JRec> JournalRecords(Env* env, const std::string& dir) {
+  std::vector<JRec> out;
+  auto names = env->ListDir(dir + "/journal");
+  REQUIRE(names.ok());
+  for (const auto& n : *names) {
+    uint64_t seg;
+    REQUIRE(ParseSegmentName(n, &seg));
+    auto f = env->Open(dir + "/journal/" + n, OpenOptions{});
+    REQUIRE(f.ok());
+    auto scan = ScanSegment(**f, seg, 0, true, UINT64_MAX, [&](const UndoHeader& h, const UndoLocation& l) {
+      JRec r{h.seq, h.offset, h.length, h.kind, Bytes(h.length)};
+      Status s = ReadUndoData(**f, h, l, r.data.data());
+      REQUIRE(s.ok());
+      out.push_back(std::move(r));
+      return Status::OK();
+    });
+    REQUIRE(scan.ok());
+    REQUIRE_FALSE(scan->torn_tail);
+  }
+  return out;
+}
+
+struct PointSig {
+  uint64_t seq;
+  PointKind kind;
+  std::string name;
+  bool operator==(const PointSig&) const = default;
+};
+
+std::vector<PointSig> Sigs(const std::vector<RecoveryPoint>& ps) {
+  std::vector<PointSig> v;
+  for (const auto& p : ps) v.push_back(PointSig{p.seq, p.kind, p.name});
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("randomized apply: every point read through an export and rolled back to equals the reference",
+          "[volume]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  const uint64_t seed = GENERATE(1, 2, 3);
+  std::mt19937_64 rng(seed);
+  StreamGen gen(kVolSize, seed);
+  auto batches = gen.Batches(60, 12);
+
+  auto v = Volume::Open(Opts(env.get(), &clock, tmp.path() + "/index.db"), &kIdent);
+  REQUIRE(v.ok());
+  for (const auto& b : batches) {
+    clock.Advance(1000);
+    auto out = (*v)->ApplyBatch(b);
+    REQUIRE(out.ok());
+    REQUIRE(out->ack);
+    REQUIRE(out->durable_seq == b.back().seq);
+  }
+  REQUIRE((*v)->applied_seq() == gen.last_seq());
+  REQUIRE(ReadImage(**v, gen.last_seq()) == gen.image());
+  REQUIRE((*v)->Segments().size() > 2);  // the journal spans several segments
+
+  // Points: exactly the flushes and tags of the stream (interval 0).
+  auto points = (*v)->ListPoints();
+  REQUIRE(Sigs(points).size() == gen.points().size());
+  for (size_t i = 0; i < points.size(); ++i) {
+    REQUIRE(points[i].seq == gen.points()[i].seq);
+    REQUIRE(points[i].name == gen.points()[i].name);
+    REQUIRE(ReadImage(**v, points[i].seq) == gen.ImageAt(points[i].seq));
+  }
+  // Every sequence, and random sub-ranges of it.
+  for (uint64_t s = 0; s <= gen.last_seq(); ++s) {
+    const Bytes& ref = gen.ImageAt(s);
+    uint64_t off = rng() % kVolSize, len = 1 + rng() % (kVolSize - off);
+    Bytes part(len);
+    REQUIRE((*v)->ReadAt(s, off, len, part.data()).ok());
+    REQUIRE(std::equal(part.begin(), part.end(), ref.begin() + off));
+  }
+
+  // The index rebuilt from the journal at open answers the same.
+  v->reset();
+  v = Volume::Open(Opts(env.get(), &clock, tmp.path() + "/index.db"), nullptr);
+  REQUIRE(v.ok());
+  REQUIRE((*v)->applied_seq() == gen.last_seq());
+  REQUIRE(Sigs((*v)->ListPoints()) == Sigs(points));
+  for (const auto& p : points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
+
+  // Roll back to points, newest to oldest: the replica file equals the reference.
+  std::vector<RecoveryPoint> order(points.rbegin(), points.rend());
+  size_t step = std::max<size_t>(1, order.size() / 4);
+  for (size_t i = 0; i < order.size(); i += step) {
+    const auto& p = order[i];
+    REQUIRE((*v)->Rollback(p.seq).ok());
+    REQUIRE((*v)->state() == VolumeState::kFailedOver);
+    REQUIRE((*v)->applied_seq() == p.seq);
+    REQUIRE(ReplicaFile(env.get(), "/t/vol1", kVolSize) == gen.ImageAt(p.seq));
+    for (const auto& q : (*v)->ListPoints()) {
+      REQUIRE(q.seq <= p.seq);
+      REQUIRE(ReadImage(**v, q.seq) == gen.ImageAt(q.seq));
+    }
+    // Failed over: writes are refused.
+    std::vector<proto::Record> more{DataRecord(p.seq + 1, 0, Bytes(512, 1))};
+    auto out = (*v)->ApplyBatch(more);
+    REQUIRE(out.ok());
+    REQUIRE_FALSE(out->ack);
+    REQUIRE(out->reason == proto::NackReason::kWrongGeneration);
+  }
+}
+
+TEST_CASE("crash at every sync point, restart and resend: replica, journal and index equal the reference",
+          "[volume][crash]") {
+  StreamGen gen(kVolSize, 77);
+  auto batches = gen.Batches(14, 6);
+
+  // The reference run, without faults.
+  TempDir ref_tmp;
+  auto ref_env = NewMemEnv();
+  ManualClock ref_clock;
+  std::vector<JRec> ref_journal;
+  std::vector<PointSig> ref_points;
+  {
+    auto v = Volume::Open(Opts(ref_env.get(), &ref_clock, ref_tmp.path() + "/i.db", 16 * 1024),
+                          &kIdent);
+    REQUIRE(v.ok());
+    for (const auto& b : batches) {
+      auto o = (*v)->ApplyBatch(b);
+      REQUIRE((o.ok() && o->ack));
+    }
+    ref_points = Sigs((*v)->ListPoints());
+  }
+  ref_journal = JournalRecords(ref_env.get(), "/t/vol1");
+  REQUIRE(ref_journal.size() > 10);
+
+  // Crash variants: after n sync points (FaultEnv), or at the commit point of batch k.
+  struct Variant {
+    uint64_t syncs;
+    int commit_batch;
+  };
+  std::vector<Variant> variants;
+  for (uint64_t n = 0; n < 200; ++n) variants.push_back({n, -1});
+  for (int k = 0; k < int(batches.size()); ++k) variants.push_back({UINT64_MAX, k});
+
+  bool finished_once = false;
+  for (const Variant& var : variants) {
+    if (finished_once && var.commit_batch < 0) continue;  // later sync counts never crash
+    CAPTURE(var.syncs, var.commit_batch);
+    TempDir tmp;
+    auto mem = NewMemEnv();
+    FaultEnv fault(mem.get());
+    ManualClock clock;
+    if (var.syncs != UINT64_MAX) fault.SetCrashAfterSyncs(var.syncs);
+    int batch_no = 0;
+    auto opts = Opts(&fault, &clock, tmp.path() + "/i.db", 16 * 1024);
+    opts.before_commit = [&]() -> Status {
+      if (batch_no == var.commit_batch) {
+        fault.CrashNow();
+        return Status::IOError("simulated crash before the sqlite commit");
+      }
+      return Status::OK();
+    };
+    bool crashed = false;
+    {
+      auto v = Volume::Open(opts, &kIdent);
+      if (!v.ok()) {
+        crashed = true;
+      } else {
+        for (; batch_no < int(batches.size()); ++batch_no) {
+          auto o = (*v)->ApplyBatch(batches[batch_no]);
+          if (!o.ok()) {
+            crashed = true;
+            break;
+          }
+          REQUIRE(o->ack);
+        }
+      }
+    }
+    if (!crashed && var.syncs != UINT64_MAX) {
+      REQUIRE_FALSE(fault.crashed());
+      finished_once = true;
+    }
+    REQUIRE(fault.DropUnsyncedData().ok());
+    fault.ClearErrors();
+    opts.before_commit = nullptr;
+    // Restart, then the sender resends from durable_seq + 1 (here: everything; duplicates are skipped).
+    auto v = Volume::Open(opts, &kIdent);
+    REQUIRE(v.ok());
+    uint64_t durable = (*v)->applied_seq();
+    // Before anything is resent, the replica is exactly the image at the durable sequence.
+    REQUIRE(ReplicaFile(&fault, "/t/vol1", kVolSize) == gen.ImageAt(durable));
+    for (const auto& b : batches) {
+      if (b.back().seq <= durable) continue;
+      auto o = (*v)->ApplyBatch(b);
+      REQUIRE(o.ok());
+      REQUIRE(o->ack);
+    }
+    REQUIRE((*v)->applied_seq() == gen.last_seq());
+    REQUIRE(ReplicaFile(&fault, "/t/vol1", kVolSize) == gen.image());
+    REQUIRE(Sigs((*v)->ListPoints()) == ref_points);
+    REQUIRE(JournalRecords(&fault, "/t/vol1") == ref_journal);
+    for (const auto& p : ref_points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
+  }
+  REQUIRE(finished_once);
+}
+
+TEST_CASE("retention keeps exactly the points the policy promises", "[volume][retention]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db", 40 * 1024);
+  auto v = Volume::Open(opts, &kIdent);
+  REQUIRE(v.ok());
+  // Each batch: 16 KiB of new data over the same region, then a flush (a point),
+  // 10 s apart. Journal records after the first are 16 KiB each.
+  std::mt19937_64 rng(5);
+  Reference ref(kVolSize);
+  uint64_t seq = 0;
+  for (int i = 0; i < 20; ++i) {
+    clock.Advance(10'000'000);
+    Bytes d(16 * 1024);
+    for (auto& x : d) x = uint8_t(rng() | 1);
+    std::vector<proto::Record> b{DataRecord(++seq, 8192, d), FlushRecord(++seq)};
+    ref.Apply(b);
+    auto o = (*v)->ApplyBatch(b);
+    REQUIRE((o.ok() && o->ack));
+  }
+  auto points_before = (*v)->ListPoints();
+  REQUIRE(points_before.size() == 20);
+  auto segs_before = (*v)->Segments();
+  REQUIRE(segs_before.size() > 5);
+
+  auto check_after = [&](const std::function<bool(const RecoveryPoint&)>& promised) {
+    auto segs = (*v)->Segments();
+    auto points = (*v)->ListPoints();
+    auto st = (*v)->GetStatus();
+    uint64_t min_promised = UINT64_MAX;
+    for (const auto& p : points_before) {
+      if (promised(p)) {
+        min_promised = std::min(min_promised, p.seq);
+        // Every promised point is still listed and reads as its reference.
+        bool listed = std::any_of(points.begin(), points.end(), [&](const RecoveryPoint& q) { return q.id == p.id; });
+        REQUIRE(listed);
+      }
+    }
+    // Every listed point is intact.
+    for (const auto& p : points) {
+      REQUIRE(p.seq >= st.horizon_seq);
+      REQUIRE(ReadImage(**v, p.seq) == ref.ImageAt(p.seq));
+    }
+    // Nothing more than necessary was kept: the oldest remaining closed segment is needed.
+    REQUIRE(!segs.empty());
+    if (segs.size() > 1) REQUIRE(segs.front().max_seq > min_promised);
+    // Every point that was dropped was broken (older than the horizon).
+    for (const auto& p : points_before) {
+      bool listed = std::any_of(points.begin(), points.end(), [&](const RecoveryPoint& q) { return q.id == p.id; });
+      REQUIRE(listed == (p.seq >= st.horizon_seq));
+    }
+    REQUIRE(ReadImage(**v, (*v)->applied_seq()) == ref.image());
+  };
+
+  SECTION("by time: points younger than the maximum age") {
+    const uint64_t now = clock.WallMicros();
+    const uint64_t age = 45'000'000;
+    (*v)->SetRetention(RetentionPolicy{age, 0});
+    auto r = (*v)->ApplyRetention();
+    REQUIRE(r.ok());
+    REQUIRE_FALSE(r->dropped_segments.empty());
+    check_after([&](const RecoveryPoint& p) { return p.time_us + age >= now; });
+    REQUIRE((*v)->ListPoints().size() < 20);
+    // Applying it again changes nothing.
+    auto again = (*v)->ApplyRetention();
+    REQUIRE(again.ok());
+    REQUIRE(again->dropped_segments.empty());
+  }
+  SECTION("by bytes: points whose needed journal fits") {
+    const uint64_t max_bytes = 100 * 1024;
+    auto segs = (*v)->Segments();
+    const uint64_t cur = segs.back().segment;
+    (*v)->SetRetention(RetentionPolicy{0, max_bytes});
+    auto r = (*v)->ApplyRetention();
+    REQUIRE(r.ok());
+    REQUIRE_FALSE(r->dropped_segments.empty());
+    check_after([&](const RecoveryPoint& p) {
+      uint64_t need = 0;
+      for (const auto& si : segs) {
+        if (si.segment == cur || si.max_seq > p.seq) need += si.bytes;
+      }
+      return need <= max_bytes;
+    });
+    uint64_t total = 0;
+    for (const auto& si : (*v)->Segments()) total += si.bytes;
+    REQUIRE(total <= max_bytes + 40 * 1024);
+  }
+  SECTION("a pinned point (an open export) is kept whatever the policy") {
+    const RecoveryPoint oldest = points_before[2];
+    auto pin = (*v)->Pin(oldest.seq);
+    REQUIRE(pin.ok());
+    (*v)->SetRetention(RetentionPolicy{1, 1});
+    auto r = (*v)->ApplyRetention();
+    REQUIRE(r.ok());
+    REQUIRE(ReadImage(**v, oldest.seq) == ref.ImageAt(oldest.seq));
+    check_after([&](const RecoveryPoint& p) { return p.id == oldest.id; });
+    REQUIRE((*v)->Rollback(oldest.seq).IsBusy());
+    pin->reset();
+    r = (*v)->ApplyRetention();
+    REQUIRE(r.ok());
+    for (const auto& p : (*v)->ListPoints()) REQUIRE(p.seq >= (*v)->GetStatus().horizon_seq);
+    REQUIRE((*v)->Segments().size() == 1);
+  }
+  // The state survives a restart.
+  auto points_kept = Sigs((*v)->ListPoints());
+  auto horizon = (*v)->GetStatus().horizon_seq;
+  v->reset();
+  v = Volume::Open(opts, nullptr);
+  REQUIRE(v.ok());
+  REQUIRE(Sigs((*v)->ListPoints()) == points_kept);
+  REQUIRE((*v)->GetStatus().horizon_seq == horizon);
+  for (const auto& p : (*v)->ListPoints()) REQUIRE(ReadImage(**v, p.seq) == ref.ImageAt(p.seq));
+  REQUIRE((*v)->ReadAt(horizon == 0 ? 0 : horizon - 1, 0, 512, Bytes(512).data()).code() ==
+          (horizon == 0 ? Code::kOk : Code::kOutOfRange));
+}
+
+TEST_CASE("an export read while new writes are applied still returns the image at its point",
+          "[volume][export]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  StreamGen gen(kVolSize, 9);
+  auto first = gen.Batches(20, 8);
+  auto later = gen.Batches(80, 8);
+  auto v = Volume::Open(Opts(env.get(), &clock, tmp.path() + "/i.db"), &kIdent);
+  REQUIRE(v.ok());
+  for (const auto& b : first) REQUIRE((*v)->ApplyBatch(b)->ack);
+  const uint64_t point = (*v)->applied_seq();
+  const Bytes expect = gen.ImageAt(point);
+  auto pin = (*v)->Pin(point);
+  REQUIRE(pin.ok());
+
+  std::atomic<bool> done{false};
+  std::atomic<int> mismatches{0}, reads{0}, errors{0};
+  std::thread reader([&] {
+    std::mt19937_64 rng(3);
+    while (!done.load() || reads.load() < 50) {
+      uint64_t off = 512 * (rng() % (kVolSize / 512));
+      uint64_t len = std::min<uint64_t>(kVolSize - off, 512 * (1 + rng() % 128));
+      Bytes buf(len);
+      if (!(*v)->ReadAt(point, off, len, buf.data()).ok()) {
+        ++errors;
+      } else if (!std::equal(buf.begin(), buf.end(), expect.begin() + off)) {
+        ++mismatches;
+      }
+      ++reads;
+    }
+  });
+  for (const auto& b : later) {
+    auto o = (*v)->ApplyBatch(b);
+    REQUIRE((o.ok() && o->ack));
+  }
+  done = true;
+  reader.join();
+  REQUIRE(errors.load() == 0);
+  REQUIRE(mismatches.load() == 0);
+  REQUIRE(reads.load() >= 50);
+  REQUIRE(ReadImage(**v, point) == expect);
+  REQUIRE(ReadImage(**v, gen.last_seq()) == gen.image());
+}
+
+TEST_CASE("bad records are nacked with nothing of the batch applied", "[volume][nack]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  auto v = Volume::Open(Opts(env.get(), &clock, tmp.path() + "/i.db"), &kIdent);
+  REQUIRE(v.ok());
+  REQUIRE((*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 1))})->ack);
+  const Bytes before = ReplicaFile(env.get(), "/t/vol1", kVolSize);
+  const auto journal_before = JournalRecords(env.get(), "/t/vol1");
+
+  auto expect_nack = [&](std::vector<proto::Record> batch, proto::NackReason reason, uint64_t expected = 0) {
+    auto o = (*v)->ApplyBatch(batch);
+    REQUIRE(o.ok());
+    REQUIRE_FALSE(o->ack);
+    REQUIRE(o->reason == reason);
+    REQUIRE(o->expected_seq == expected);
+    REQUIRE(!o->message.empty());
+    REQUIRE((*v)->applied_seq() == 1);
+    REQUIRE(ReplicaFile(env.get(), "/t/vol1", kVolSize) == before);
+    REQUIRE(JournalRecords(env.get(), "/t/vol1") == journal_before);
+  };
+  SECTION("past the end") {
+    expect_nack({DataRecord(2, 0, Bytes(512, 2)), DataRecord(3, kVolSize - 256, Bytes(512, 3))},
+                proto::NackReason::kBadRecord);
+  }
+  SECTION("offset overflow") {
+    expect_nack({ZeroRecord(2, UINT64_MAX - 100, 4096)}, proto::NackReason::kBadRecord);
+  }
+  SECTION("zero length") {
+    expect_nack({DataRecord(2, 0, Bytes(512, 2)), ZeroRecord(3, 0, 0)}, proto::NackReason::kBadRecord);
+  }
+  SECTION("absurd length") {
+    proto::Record r = DataRecord(2, 0, Bytes(512, 2));
+    r.length = proto::kMaxRecordLength + 1;
+    expect_nack({r}, proto::NackReason::kBadRecord);
+  }
+  SECTION("data size differs from length") {
+    proto::Record r = DataRecord(2, 0, Bytes(512, 2));
+    r.length = 1024;
+    expect_nack({r}, proto::NackReason::kBadRecord);
+  }
+  SECTION("bad tag name") {
+    expect_nack({TagRecord(2, "../etc")}, proto::NackReason::kBadRecord);
+  }
+  SECTION("a flush with a range") {
+    proto::Record f = FlushRecord(2);
+    f.length = 5;
+    expect_nack({f}, proto::NackReason::kBadRecord);
+  }
+  SECTION("a gap names the expected sequence") {
+    expect_nack({DataRecord(3, 0, Bytes(512, 2))}, proto::NackReason::kGap, 2);
+  }
+  SECTION("non-contiguous sequences inside a batch") {
+    expect_nack({DataRecord(2, 0, Bytes(512, 2)), DataRecord(4, 0, Bytes(512, 2))}, proto::NackReason::kBadRecord);
+  }
+  SECTION("duplicates are acknowledged and skipped; a batch straddling the applied sequence applies its tail") {
+    auto o = (*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 9))});
+    REQUIRE((o.ok() && o->ack));
+    REQUIRE(o->durable_seq == 1);
+    REQUIRE(o->duplicates == 1);
+    REQUIRE(o->applied == 0);
+    REQUIRE(ReplicaFile(env.get(), "/t/vol1", kVolSize) == before);
+    o = (*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 9)), DataRecord(2, 4096, Bytes(512, 5))});
+    REQUIRE((o.ok() && o->ack));
+    REQUIRE(o->durable_seq == 2);
+    REQUIRE(o->duplicates == 1);
+    REQUIRE(o->applied == 1);
+    Bytes img = ReplicaFile(env.get(), "/t/vol1", kVolSize);
+    REQUIRE(img[0] == 1);
+    REQUIRE(img[4096] == 5);
+  }
+}
+
+TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[volume][generation]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db");
+  auto v = Volume::Open(opts, &kIdent);
+  REQUIRE(v.ok());
+  REQUIRE((*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 1)), FlushRecord(2), DataRecord(3, 0, Bytes(512, 3))})->ack);
+
+  auto same = (*v)->CheckOpen(kIdent);
+  REQUIRE((same.ok() && same->ack && same->durable_seq == 3));
+  VolumeIdentity other = kIdent;
+  other.uuid[3] = 1;
+  auto o = (*v)->CheckOpen(other);
+  REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
+  VolumeIdentity bigger = kIdent;
+  bigger.size *= 2;
+  o = (*v)->CheckOpen(bigger);
+  REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
+  VolumeIdentity older = Ident(kVolSize, 0);
+  o = (*v)->CheckOpen(older);
+  REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
+
+  REQUIRE((*v)->Rollback(2).ok());
+  o = (*v)->CheckOpen(kIdent);
+  REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
+  // Re-protect: a higher generation starts again at sequence 1 on the replica as it is.
+  VolumeIdentity next = Ident(kVolSize, 2);
+  o = (*v)->CheckOpen(next);
+  REQUIRE((o.ok() && o->ack && o->durable_seq == 0));
+  REQUIRE((*v)->state() == VolumeState::kReplicating);
+  REQUIRE((*v)->ListPoints().empty());
+  REQUIRE(JournalRecords(env.get(), "/t/vol1").empty());
+  REQUIRE((*v)->ApplyBatch({DataRecord(1, 8192, Bytes(512, 7))})->ack);
+  v->reset();
+  v = Volume::Open(opts, nullptr);
+  REQUIRE(v.ok());
+  REQUIRE((*v)->identity().generation == 2);
+  REQUIRE((*v)->applied_seq() == 1);
+  Bytes img = ReplicaFile(env.get(), "/t/vol1", kVolSize);
+  REQUIRE(img[0] == 1);      // the rolled-back image (seq 2) is the base
+  REQUIRE(img[8192] == 7);
+}
+
+TEST_CASE("zero and trim over several undo chunks, and region hashes", "[volume][zero]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  const uint64_t size = 4u << 20;
+  auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db", 1 << 20);
+  opts.dir = "/t/vol1";
+  VolumeIdentity id = Ident(size);
+  auto v = Volume::Open(opts, &id);
+  REQUIRE(v.ok());
+  Reference ref(size);
+  std::mt19937_64 rng(11);
+  Bytes d(3u << 20);
+  for (auto& x : d) x = uint8_t(rng());
+  std::vector<std::vector<proto::Record>> batches{
+      {DataRecord(1, 512 * 1024, d), FlushRecord(2)},
+      {ZeroRecord(3, 100 * 512, uint32_t(size - 200 * 512)), FlushRecord(4)},
+      {DataRecord(5, 0, Bytes(8192, 3)), ZeroRecord(6, 4096, 2u << 20, true), FlushRecord(7)},
+  };
+  for (const auto& b : batches) {
+    ref.Apply(b);
+    REQUIRE((*v)->ApplyBatch(b)->ack);
+  }
+  for (uint64_t s : {0, 2, 4, 5, 7}) REQUIRE(ReadImage(**v, s) == ref.ImageAt(s));
+  for (const auto& r : JournalRecords(env.get(), "/t/vol1")) REQUIRE(r.length <= kMaxUndoChunk);
+
+  auto h = (*v)->RegionHashes(1u << 20, 1, 8);
+  REQUIRE(h.ok());
+  REQUIRE(h->size() == 3);  // regions 1..3 exist
+  for (size_t i = 0; i < h->size(); ++i) {
+    REQUIRE((*h)[i] == Xxh3_128(ref.image().data() + (1 + i) * (1u << 20), 1u << 20));
+  }
+  REQUIRE((*v)->RegionHashes(1u << 20, 4, 1).status().code() == Code::kOutOfRange);
+  REQUIRE((*v)->RegionHashes(1000, 0, 1).status().code() == Code::kInvalidArgument);
+  REQUIRE((*v)->Rollback(2).ok());
+  REQUIRE(ReplicaFile(env.get(), "/t/vol1", size) == ref.ImageAt(2));
+}
