@@ -285,8 +285,10 @@ struct ProcessServer::Impl {
           return ch.Send(MakeNack(b->volume_id, proto::NackReason::kBadRecord, 0,
                                   "record seq " + std::to_string(r.seq) + " outside the volume"));
       }
-      uint64_t bytes = 0;
-      for (const auto& r : b->records) bytes += r.data.size();
+      uint64_t bytes = 0;  // of records that are not duplicates
+      uint64_t before = v->spool().durable_seq();
+      for (const auto& r : b->records)
+        if (r.seq > before) bytes += r.data.size();
       AppendResult ar = v->spool().Append(std::move(b->records));
       if (ar.status.ok()) {
         VolumeCounters& c = v->counters();

@@ -1,0 +1,275 @@
+// The agent-facing contract of the process server (server.h), exercised over
+// real loopback TCP with the real channel and handshake. The master target is
+// absent here (its address refuses connections): the spool side must work alone.
+#include "process-server/server.h"
+#include "process-server/spool.h"
+
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/json.hpp>
+
+#include "common/auth.h"
+#include "common/channel.h"
+#include "common/http_server.h"
+
+using namespace std::chrono_literals;
+using cdp::proto::Record;
+using cdp::proto::RecordKind;
+
+namespace {
+
+constexpr const char* kSecret = "0123456789abcdef-acme-secret";
+
+// A loopback port with nothing listening on it.
+uint16_t ClosedPort() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+cdp::ps::ProcessServerOptions Options(cdp::Env* env) {
+  cdp::ps::ProcessServerOptions o;
+  o.env = env;
+  o.clock = cdp::SystemClock::Get();
+  o.listen_host = "127.0.0.1";
+  o.listen_port = 0;
+  o.control_port = 0;
+  o.mt_port = ClosedPort();
+  o.tenants = {{"acme", kSecret}, {"beta", "beta-secret-beta-secret-beta"}};
+  o.spool_dir = "/ps/spool";
+  o.segment_bytes = 1 << 20;
+  o.mt_open_wait_ms = 100;
+  o.backoff_min_ms = 50;
+  o.backoff_max_ms = 200;
+  return o;
+}
+
+std::unique_ptr<cdp::FrameChannel> AgentConnect(uint16_t port, const std::string& tenant = "acme",
+                                                const std::string& secret = kSecret) {
+  auto ch = cdp::Connect("127.0.0.1", port, 5s);
+  REQUIRE(ch.ok());
+  cdp::Status s = cdp::ClientHandshake(**ch, cdp::proto::Role::kAgent, tenant, "agent-1", secret, 5s);
+  REQUIRE(s.ok());
+  return std::move(*ch);
+}
+
+cdp::proto::VolumeOpen Vol(const std::string& name, uint64_t generation = 1) {
+  cdp::proto::VolumeOpen o;
+  o.name = name;
+  o.size = 64 << 20;
+  o.block_size = 4096;
+  o.uuid[0] = 0x42;
+  o.generation = generation;
+  return o;
+}
+
+template <typename T>
+T Expect(cdp::FrameChannel& ch) {
+  auto m = ch.Receive(10s);
+  REQUIRE(m.ok());
+  REQUIRE(std::holds_alternative<T>(*m));
+  return std::get<T>(*m);
+}
+
+cdp::proto::WriteBatch Batch(uint32_t id, uint64_t first, size_t n, uint32_t len = 4096) {
+  cdp::proto::WriteBatch b;
+  b.volume_id = id;
+  for (size_t i = 0; i < n; ++i) {
+    Record r;
+    r.seq = first + i;
+    r.offset = (first + i) * 4096;
+    r.length = len;
+    r.kind = RecordKind::kData;
+    r.timestamp_us = 1'700'000'000'000'000 + first + i;
+    r.data.assign(len, uint8_t(first + i));
+    b.records.push_back(std::move(r));
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("agent contract: open, ack, duplicates, gap, unknown volume, reopen", "[server]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ps::ProcessServer ps(Options(env.get()));
+  REQUIRE(ps.Start().ok());
+  {
+    auto ch = AgentConnect(ps.agent_port());
+    REQUIRE(ch->Send(Vol("db1")).ok());
+    auto reply = Expect<cdp::proto::VolumeOpenReply>(*ch);
+    CHECK(reply.durable_seq == 0);
+    uint32_t id = reply.volume_id;
+
+    REQUIRE(ch->Send(Batch(id, 1, 3)).ok());
+    auto a1 = Expect<cdp::proto::Ack>(*ch);
+    CHECK(a1.volume_id == id);
+    CHECK(a1.durable_seq == 3);
+
+    REQUIRE(ch->Send(Batch(id, 2, 3)).ok());  // 2,3 duplicates, 4 new
+    CHECK(Expect<cdp::proto::Ack>(*ch).durable_seq == 4);
+
+    REQUIRE(ch->Send(Batch(id, 7, 1)).ok());
+    auto gap = Expect<cdp::proto::Nack>(*ch);
+    CHECK(gap.reason == cdp::proto::NackReason::kGap);
+    CHECK(gap.expected_seq == 5);
+
+    REQUIRE(ch->Send(Batch(id + 100, 5, 1)).ok());
+    CHECK(Expect<cdp::proto::Nack>(*ch).reason == cdp::proto::NackReason::kUnknownVolume);
+
+    auto outside = Batch(id, 5, 1);
+    outside.records[0].offset = (64 << 20) - 2048;  // runs past the end of the volume
+    REQUIRE(ch->Send(outside).ok());
+    CHECK(Expect<cdp::proto::Nack>(*ch).reason == cdp::proto::NackReason::kBadRecord);
+
+    cdp::proto::Heartbeat hb;
+    hb.sent_us = 12345;
+    REQUIRE(ch->Send(hb).ok());
+    CHECK(Expect<cdp::proto::Heartbeat>(*ch).echo_us == 12345);
+
+    REQUIRE(ch->Send(Vol("db1", 2)).ok());
+    CHECK(Expect<cdp::proto::Nack>(*ch).reason == cdp::proto::NackReason::kWrongGeneration);
+  }
+  {
+    // A new connection resumes from the spool's durable sequence.
+    auto ch = AgentConnect(ps.agent_port());
+    REQUIRE(ch->Send(Vol("db1")).ok());
+    CHECK(Expect<cdp::proto::VolumeOpenReply>(*ch).durable_seq == 4);
+  }
+  // The control API reports the backlog (the MT is unreachable).
+  auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+  REQUIRE(r.ok());
+  REQUIRE(r->status == 200);
+  auto j = boost::json::parse(r->body);
+  auto& vols = j.at("volumes").as_array();
+  REQUIRE(vols.size() == 1);
+  CHECK(vols[0].at("volume").as_string() == "db1");
+  CHECK(vols[0].at("backlog_records").to_number<uint64_t>() == 4);
+  CHECK(vols[0].at("bytes_in").to_number<uint64_t>() == 4 * 4096);
+  CHECK(vols[0].at("spool_durable_seq").to_number<uint64_t>() == 4);
+  ps.Stop();
+
+  // Restart on the same files: the spool and its volume come back.
+  cdp::ps::ProcessServer ps2(Options(env.get()));
+  REQUIRE(ps2.Start().ok());
+  auto ch = AgentConnect(ps2.agent_port());
+  REQUIRE(ch->Send(Vol("db1")).ok());
+  CHECK(Expect<cdp::proto::VolumeOpenReply>(*ch).durable_seq == 4);
+}
+
+TEST_CASE("agent contract: a wrong secret or an unknown tenant is refused", "[server]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ps::ProcessServer ps(Options(env.get()));
+  REQUIRE(ps.Start().ok());
+  for (auto [tenant, secret] : {std::pair<std::string, std::string>{"acme", "not-the-secret-not-the-secret"},
+                                {"nobody", "whatever-secret-whatever-secret"}}) {
+    auto ch = cdp::Connect("127.0.0.1", ps.agent_port(), 5s);
+    REQUIRE(ch.ok());
+    cdp::Status s = cdp::ClientHandshake(**ch, cdp::proto::Role::kAgent, tenant, "agent-1", secret, 5s);
+    CHECK(s.code() == cdp::Code::kPermissionDenied);
+  }
+  // Tenants are isolated: beta's volume "db1" is not acme's.
+  auto a = AgentConnect(ps.agent_port());
+  REQUIRE(a->Send(Vol("db1")).ok());
+  uint32_t ida = Expect<cdp::proto::VolumeOpenReply>(*a).volume_id;
+  REQUIRE(a->Send(Batch(ida, 1, 5)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*a).durable_seq == 5);
+  auto b = AgentConnect(ps.agent_port(), "beta", "beta-secret-beta-secret-beta");
+  REQUIRE(b->Send(Vol("db1")).ok());
+  CHECK(Expect<cdp::proto::VolumeOpenReply>(*b).durable_seq == 0);
+}
+
+TEST_CASE("agent contract: over quota the agent gets busy, and is accepted again once drained",
+          "[server][quota]") {
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.quota_bytes = 10 * (4096 + cdp::ps::kRecordHeaderSize);
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+  auto ch = AgentConnect(ps.agent_port());
+  REQUIRE(ch->Send(Vol("db1")).ok());
+  uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*ch).volume_id;
+  REQUIRE(ch->Send(Batch(id, 1, 10)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*ch).durable_seq == 10);
+  REQUIRE(ch->Send(Batch(id, 11, 1)).ok());
+  auto busy = Expect<cdp::proto::Nack>(*ch);
+  CHECK(busy.reason == cdp::proto::NackReason::kBusy);
+  // Nothing of the refused batch was kept.
+  REQUIRE(ch->Send(Vol("db1")).ok());
+  CHECK(Expect<cdp::proto::VolumeOpenReply>(*ch).durable_seq == 10);
+}
+
+TEST_CASE("agent contract: a malformed frame closes the connection and spools nothing", "[server]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ps::ProcessServer ps(Options(env.get()));
+  REQUIRE(ps.Start().ok());
+  {
+    auto ch = AgentConnect(ps.agent_port());
+    REQUIRE(ch->Send(Vol("db1")).ok());
+    uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*ch).volume_id;
+    REQUIRE(ch->Send(Batch(id, 1, 2)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*ch).durable_seq == 2);
+  }
+  // Hand-made handshake on a raw socket, then a frame with one flipped byte.
+  namespace asio = boost::asio;
+  asio::io_context io;
+  asio::ip::tcp::socket sock(io);
+  sock.connect({asio::ip::make_address("127.0.0.1"), ps.agent_port()});
+  timeval tv{10, 0};
+  REQUIRE(setsockopt(sock.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0);
+  cdp::Bytes inbuf;
+  auto read_msg = [&]() -> cdp::proto::Message {
+    for (;;) {
+      cdp::proto::Frame f;
+      auto d = cdp::proto::DecodeFrame(inbuf, &f);
+      if (d.state == cdp::proto::DecodeState::kComplete) {
+        inbuf.erase(inbuf.begin(), inbuf.begin() + long(d.consumed));
+        auto m = cdp::proto::ParseMessage(f);
+        REQUIRE(m.ok());
+        return *m;
+      }
+      REQUIRE(d.state == cdp::proto::DecodeState::kNeedMore);
+      uint8_t tmp[4096];
+      boost::system::error_code ec;
+      size_t n = sock.read_some(asio::buffer(tmp), ec);
+      REQUIRE(!ec);
+      inbuf.insert(inbuf.end(), tmp, tmp + n);
+    }
+  };
+  auto nonce = cdp::auth::RandomNonce();
+  REQUIRE(nonce.ok());
+  cdp::proto::Hello hello;
+  hello.role = cdp::proto::Role::kAgent;
+  hello.tenant = "acme";
+  hello.client_id = "raw-agent";
+  hello.client_nonce = *nonce;
+  asio::write(sock, asio::buffer(*cdp::proto::EncodeMessage(hello, 1)));
+  auto challenge = std::get<cdp::proto::Challenge>(read_msg());
+  auto proof = cdp::auth::ClientProof(kSecret, challenge.server_nonce, *nonce, "acme");
+  REQUIRE(proof.ok());
+  cdp::proto::Auth auth;
+  auth.client_proof = *proof;
+  asio::write(sock, asio::buffer(*cdp::proto::EncodeMessage(auth, 2)));
+  REQUIRE(std::get<cdp::proto::AuthResult>(read_msg()).accepted);
+  asio::write(sock, asio::buffer(*cdp::proto::EncodeMessage(Vol("db1"), 3)));
+  auto reply = std::get<cdp::proto::VolumeOpenReply>(read_msg());
+  CHECK(reply.durable_seq == 2);
+  auto frame = *cdp::proto::EncodeMessage(Batch(reply.volume_id, 3, 4), 4);
+  frame[frame.size() - 100] ^= 0x01;
+  asio::write(sock, asio::buffer(frame));
+  // The server closes the connection: EOF, not a reply.
+  uint8_t tmp[64];
+  boost::system::error_code ec;
+  size_t n = sock.read_some(asio::buffer(tmp), ec);
+  CHECK(n == 0);
+  CHECK(ec == asio::error::eof);
+  // Nothing of the bad frame was spooled.
+  auto ch = AgentConnect(ps.agent_port());
+  REQUIRE(ch->Send(Vol("db1")).ok());
+  CHECK(Expect<cdp::proto::VolumeOpenReply>(*ch).durable_seq == 2);
+}
