@@ -166,7 +166,11 @@ Result<LoadedConfig> Load(int argc, const char* const* argv, const po::options_d
     return Status::InvalidArgument(std::string("command line: ") + e.what());
   }
   for (const po::option& o : cmdline.options) {
-    if (o.unregistered || o.string_key.empty()) continue;
+    if (o.string_key.empty()) {
+      // Daemons take no positional arguments.
+      std::string token = o.original_tokens.empty() ? std::string() : o.original_tokens.front();
+      return Status::InvalidArgument("unexpected argument " + Quote(token));
+    }
     const po::option_description* d = all.find_nothrow(o.string_key, false);
     if (d == nullptr) return Status::InvalidArgument("unknown option " + Quote("--" + o.string_key));
     CDP_RETURN_IF_ERROR(CheckValue(*d, o.value, "--" + o.string_key, ""));

@@ -15,6 +15,7 @@
 // Errors (Status kInvalidArgument; the message names what is wrong):
 //   unknown key in the file   "unknown key 'prot' in /etc/cdp/agent.conf:3"
 //   unknown flag              "unknown option '--prot'"
+//   positional argument       "unexpected argument 'extra'"
 //   bad value in the file     "bad value 'abc' for 'port' in /etc/cdp/agent.conf:4: ..."
 //   bad value of a flag       "bad value 'abc' for '--port': ..."
 //   a key set twice in a file (unless the option is multi-valued), a line that

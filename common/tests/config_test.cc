@@ -74,6 +74,9 @@ TEST_CASE("an unknown flag is an error naming the flag", "[config]") {
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == Code::kInvalidArgument);
   CHECK(r.status().message() == "unknown option '--prot'");
+  auto p = LoadText({"extra"}, "");
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.status().message() == "unexpected argument 'extra'");
 }
 
 TEST_CASE("flags override the file", "[config]") {

@@ -1,6 +1,7 @@
 #include "common/metrics.h"
 
 #include <array>
+#include <atomic>
 #include <boost/asio.hpp>
 #include <boost/json.hpp>
 #include <catch2/catch.hpp>
@@ -353,6 +354,35 @@ TEST_CASE("HTTP: Stop closes open keep-alive connections", "[http]") {
   CHECK(closed);
 }
 
+TEST_CASE("HTTP: concurrent clients on a two-thread server all get answers", "[http]") {
+  Registry reg;
+  auto hits = reg.GetCounter("hits_total", "hits");
+  http::ServerOptions o;
+  o.threads = 2;
+  o.registry = &reg;
+  http::Server srv(o);
+  srv.Route("POST", "/v1/hit", [&](const http::Request& r) {
+    hits->Inc();
+    return http::Response::Json(200, {{"echo", r.body}});
+  });
+  REQUIRE(srv.Start().ok());
+  constexpr int kClients = 6, kEach = 40;
+  std::atomic<int> good{0};
+  std::vector<std::thread> ts;
+  for (int c = 0; c < kClients; ++c) {
+    ts.emplace_back([&, c] {
+      for (int i = 0; i < kEach; ++i) {
+        std::string body = std::to_string(c * 1000 + i);
+        auto r = http::HttpRequest("127.0.0.1", srv.port(), "POST", "/v1/hit", body);
+        if (r.ok() && r->status == 200 && boost::json::parse(r->body).at("echo").as_string() == body) ++good;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  CHECK(good.load() == kClients * kEach);
+  CHECK(hits->Value() == uint64_t(kClients) * kEach);
+}
+
 // Runs a shell command, returns its stdout.
 std::string Run(const std::string& cmd) {
   std::string out;
@@ -384,6 +414,8 @@ TEST_CASE("HTTP: curl gets /metrics, /status, a POST route, 404 and 413; keep-al
   // 2 MiB against the 1 MiB limit.
   CHECK(Run("head -c 2097152 /dev/zero | " + curl + "-o /dev/null -w '%{http_code}' -X POST --data-binary @- " +
             base + "/v1/echo") == "413");
+  // A small body with an explicit "Expect: 100-continue" is answered with 100, then served.
+  CHECK(Run(curl + "-o /dev/null -w '%{http_code}' -H 'Expect: 100-continue' -d 'abc' " + base + "/v1/echo") == "201");
   // Two URLs in one curl run share one connection (keep-alive).
   CHECK(Run(curl + "-o /dev/null -o /dev/null -w '%{http_code} %{num_connects}\\n' " + base + "/status " + base +
             "/metrics") == "200 1\n200 0\n");
