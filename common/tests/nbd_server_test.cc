@@ -1,0 +1,928 @@
+// Tests of the NBD server: the pure parsers byte by byte, the server through a
+// raw socket client (exact error codes, pipelining, caps, bad handshakes),
+// and real clients (nbdinfo, qemu-io, nbdcopy) tagged [e2e].
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "common/env.h"
+#include "common/nbd_proto.h"
+#include "common/nbd_server.h"
+#include "common/tests/test_util.h"
+
+namespace cdp {
+namespace {
+
+using testing::RunCommand;
+using testing::ScratchDir;
+
+Bytes Pattern(size_t n, uint32_t seed) {
+  Bytes b(n);
+  std::mt19937 rng(seed);
+  for (auto& x : b) x = uint8_t(rng());
+  return b;
+}
+
+// ---------------------------------------------------------------------------
+// Pure parsers
+// ---------------------------------------------------------------------------
+
+TEST_CASE("nbd request parser byte by byte", "[nbd]") {
+  nbd::Request r;
+  r.flags = nbd::kCmdFlagFua;
+  r.type = nbd::kCmdWrite;
+  r.handle = 0x0102030405060708ull;
+  r.offset = 0x1122334455667788ull;
+  r.length = 0xa0b0c0d0u;
+  Bytes wire = nbd::EncodeRequest(r);
+  REQUIRE(wire.size() == nbd::kRequestHeaderSize);
+  // Network byte order on the wire.
+  CHECK(wire[0] == 0x25);
+  CHECK(wire[3] == 0x13);
+  CHECK(wire[8] == 0x01);
+  CHECK(wire[27] == 0xd0);
+  for (size_t n = 0; n < wire.size(); ++n) {
+    nbd::Request out;
+    INFO("prefix " << n);
+    CHECK(nbd::ParseRequest(ByteSpan(wire.data(), n), &out) == nbd::ParseResult::kNeedMore);
+  }
+  nbd::Request out;
+  wire.push_back(0xee);  // the next message's first byte is not consumed
+  REQUIRE(nbd::ParseRequest(wire, &out) == nbd::ParseResult::kComplete);
+  CHECK(out.flags == r.flags);
+  CHECK(out.type == r.type);
+  CHECK(out.handle == r.handle);
+  CHECK(out.offset == r.offset);
+  CHECK(out.length == r.length);
+
+  // A wrong magic is reported as soon as its first wrong byte arrives.
+  for (size_t i = 0; i < 4; ++i) {
+    Bytes bad = nbd::EncodeRequest(r);
+    bad[i] ^= 0x40;
+    for (size_t n = 0; n <= i; ++n) {
+      CHECK(nbd::ParseRequest(ByteSpan(bad.data(), n), &out) == nbd::ParseResult::kNeedMore);
+    }
+    CHECK(nbd::ParseRequest(ByteSpan(bad.data(), i + 1), &out) == nbd::ParseResult::kBad);
+    CHECK(nbd::ParseRequest(bad, &out) == nbd::ParseResult::kBad);
+  }
+}
+
+TEST_CASE("nbd option header and client flags parsers", "[nbd]") {
+  Bytes wire;
+  nbd::PutBE64(wire, nbd::kIHaveOpt);
+  nbd::PutBE32(wire, nbd::kOptGo);
+  nbd::PutBE32(wire, 0x01020304);
+  for (size_t n = 0; n < wire.size(); ++n) {
+    nbd::OptionHeader h;
+    CHECK(nbd::ParseOptionHeader(ByteSpan(wire.data(), n), &h) == nbd::ParseResult::kNeedMore);
+  }
+  nbd::OptionHeader h;
+  REQUIRE(nbd::ParseOptionHeader(wire, &h) == nbd::ParseResult::kComplete);
+  CHECK(h.option == nbd::kOptGo);
+  CHECK(h.length == 0x01020304u);
+  wire[7] = 'X';
+  CHECK(nbd::ParseOptionHeader(ByteSpan(wire.data(), 7), &h) == nbd::ParseResult::kNeedMore);
+  CHECK(nbd::ParseOptionHeader(ByteSpan(wire.data(), 8), &h) == nbd::ParseResult::kBad);
+
+  auto flags = [](uint32_t v) {
+    Bytes b;
+    nbd::PutBE32(b, v);
+    return b;
+  };
+  uint32_t f = 0;
+  Bytes ok = flags(nbd::kClientFlagFixedNewstyle | nbd::kClientFlagNoZeroes);
+  for (size_t n = 0; n < 4; ++n) {
+    CHECK(nbd::ParseClientFlags(ByteSpan(ok.data(), n), true, &f) == nbd::ParseResult::kNeedMore);
+  }
+  CHECK(nbd::ParseClientFlags(ok, true, &f) == nbd::ParseResult::kComplete);
+  CHECK(f == 3);
+  CHECK(nbd::ParseClientFlags(ok, false, &f) == nbd::ParseResult::kBad);  // NO_ZEROES not offered
+  CHECK(nbd::ParseClientFlags(flags(0), true, &f) == nbd::ParseResult::kBad);  // not fixed newstyle
+  CHECK(nbd::ParseClientFlags(flags(1 | 4), true, &f) == nbd::ParseResult::kBad);  // unknown bit
+}
+
+TEST_CASE("nbd info request parser", "[nbd]") {
+  auto make = [](std::string_view name, std::vector<uint16_t> infos, int name_len_delta = 0,
+                 int count_delta = 0) {
+    Bytes b;
+    nbd::PutBE32(b, uint32_t(int(name.size()) + name_len_delta));
+    PutBytes(b, name);
+    nbd::PutBE16(b, uint16_t(int(infos.size()) + count_delta));
+    for (auto i : infos) nbd::PutBE16(b, i);
+    return b;
+  };
+  nbd::InfoRequest req;
+  REQUIRE(nbd::ParseInfoRequest(make("vol1", {nbd::kInfoName, nbd::kInfoBlockSize}), &req).ok());
+  CHECK(req.name == "vol1");
+  CHECK(req.infos == std::vector<uint16_t>{nbd::kInfoName, nbd::kInfoBlockSize});
+  REQUIRE(nbd::ParseInfoRequest(make("", {}), &req).ok());
+  CHECK(req.name.empty());
+  CHECK(req.infos.empty());
+  CHECK(nbd::ParseInfoRequest(make("vol1", {}, 1), &req).code() == Code::kInvalidArgument);
+  CHECK(nbd::ParseInfoRequest(make("vol1", {}, 1000000), &req).code() == Code::kInvalidArgument);
+  CHECK(nbd::ParseInfoRequest(make("vol1", {1}, 0, 1), &req).code() == Code::kInvalidArgument);
+  CHECK(nbd::ParseInfoRequest(make("vol1", {1, 2}, 0, -1), &req).code() == Code::kInvalidArgument);
+  CHECK(nbd::ParseInfoRequest(make(std::string("a\0b", 3), {}), &req).code() == Code::kInvalidArgument);
+  CHECK(nbd::ParseInfoRequest(ByteSpan(), &req).code() == Code::kInvalidArgument);
+  Bytes five(5, 0);
+  CHECK(nbd::ParseInfoRequest(five, &req).code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("nbd request validation follows the spec's error values", "[nbd]") {
+  nbd::ExportLimits rw;
+  rw.size = 1 << 20;
+  rw.max_payload = 65536;
+  rw.transmission_flags = nbd::kFlagHasFlags | nbd::kFlagSendFlush | nbd::kFlagSendFua |
+                          nbd::kFlagSendTrim | nbd::kFlagSendWriteZeroes;
+  nbd::ExportLimits ro = rw;
+  ro.transmission_flags = nbd::kFlagHasFlags | nbd::kFlagReadOnly | nbd::kFlagSendFlush;
+  auto req = [](uint16_t type, uint64_t off, uint32_t len, uint16_t flags = 0) {
+    nbd::Request r;
+    r.type = type;
+    r.offset = off;
+    r.length = len;
+    r.flags = flags;
+    return r;
+  };
+  CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 4096), rw) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdRead, (1 << 20) - 4096, 4096), rw) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdRead, (1 << 20) - 4095, 4096), rw) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdRead, ~0ull, 1), rw) == nbd::kEINVAL);  // overflow
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWrite, (1 << 20) - 1, 2), rw) == nbd::kENOSPC);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWriteZeroes, 1 << 20, 1), rw) == nbd::kENOSPC);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdTrim, 1 << 20, 1), rw) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 65537), rw) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWrite, 0, 65537), rw) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWriteZeroes, 0, 1 << 20), rw) == 0);  // no payload: not capped
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWrite, 0, 512, nbd::kCmdFlagFua), rw) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdFlush, 0, 0, nbd::kCmdFlagFua), rw) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWriteZeroes, 0, 512, nbd::kCmdFlagNoHole), rw) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWrite, 0, 512, nbd::kCmdFlagNoHole), rw) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 512, nbd::kCmdFlagDf), rw) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWriteZeroes, 0, 512, nbd::kCmdFlagFastZero), rw) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdCache, 0, 512), rw) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdBlockStatus, 0, 512), rw) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(99, 0, 0), rw) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdDisc, 5, 5), rw) == 0);
+  // Read-only: writes are EPERM (before the range check), FUA not advertised.
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWrite, 0, 512), ro) == nbd::kEPERM);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWrite, 1 << 20, 512), ro) == nbd::kEPERM);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 512), ro) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 512, nbd::kCmdFlagFua), ro) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdTrim, 0, 512), ro) == nbd::kEINVAL);  // not advertised
+}
+
+TEST_CASE("nbd maps Status codes to NBD errors", "[nbd]") {
+  CHECK(nbd::ErrorFromStatus(Status::OK()) == 0);
+  CHECK(nbd::ErrorFromStatus(Status::NoSpace("x")) == nbd::kENOSPC);
+  CHECK(nbd::ErrorFromStatus(Status::PermissionDenied("x")) == nbd::kEPERM);
+  CHECK(nbd::ErrorFromStatus(Status::InvalidArgument("x")) == nbd::kEINVAL);
+  CHECK(nbd::ErrorFromStatus(Status::OutOfRange("x")) == nbd::kEINVAL);
+  CHECK(nbd::ErrorFromStatus(Status::Aborted("x")) == nbd::kESHUTDOWN);
+  CHECK(nbd::ErrorFromStatus(Status::IOError("x", EIO)) == nbd::kEIO);
+  CHECK(nbd::ErrorFromStatus(Status::IOError("x", EFBIG)) == nbd::kENOSPC);
+  CHECK(nbd::ErrorFromStatus(Status::Corruption("x")) == nbd::kEIO);
+}
+
+// ---------------------------------------------------------------------------
+// A raw client over POSIX sockets, with receive timeouts so that a broken
+// server fails the test instead of hanging it.
+// ---------------------------------------------------------------------------
+
+class RawClient {
+ public:
+  ~RawClient() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool ConnectTcp(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    SetTimeout();
+    return ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  bool ConnectUnix(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    SetTimeout();
+    return ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  bool Send(ByteSpan b) {
+    size_t done = 0;
+    while (done < b.size()) {
+      ssize_t n = ::send(fd_, b.data() + done, b.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      done += size_t(n);
+    }
+    return true;
+  }
+  bool Recv(size_t n, Bytes* out) {
+    out->resize(n);
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::recv(fd_, out->data() + done, n - done, 0);
+      if (r <= 0) return false;
+      done += size_t(r);
+    }
+    return true;
+  }
+  // True when the server closed the connection (EOF or reset) before the timeout.
+  bool ClosedByPeer() {
+    uint8_t b;
+    for (;;) {
+      ssize_t r = ::recv(fd_, &b, 1, 0);
+      if (r == 0) return true;
+      if (r < 0) return errno == ECONNRESET;
+    }
+  }
+
+  bool Handshake(uint32_t client_flags = nbd::kClientFlagFixedNewstyle | nbd::kClientFlagNoZeroes) {
+    Bytes g;
+    if (!Recv(nbd::kGreetingSize, &g)) return false;
+    if (nbd::DecodeBE64(g.data()) != nbd::kNbdMagic || nbd::DecodeBE64(g.data() + 8) != nbd::kIHaveOpt) return false;
+    if (nbd::DecodeBE16(g.data() + 16) != (nbd::kFlagFixedNewstyle | nbd::kFlagNoZeroes)) return false;
+    Bytes f;
+    nbd::PutBE32(f, client_flags);
+    return Send(f);
+  }
+  bool SendOption(uint32_t option, ByteSpan data) {
+    Bytes b;
+    nbd::PutBE64(b, nbd::kIHaveOpt);
+    nbd::PutBE32(b, option);
+    nbd::PutBE32(b, uint32_t(data.size()));
+    PutBytes(b, data);
+    return Send(b);
+  }
+  struct OptReply {
+    uint32_t option = 0;
+    uint32_t type = 0;
+    Bytes data;
+  };
+  bool ReadOptReply(OptReply* r) {
+    Bytes h;
+    if (!Recv(nbd::kOptReplyHeaderSize, &h)) return false;
+    if (nbd::DecodeBE64(h.data()) != nbd::kOptReplyMagic) return false;
+    r->option = nbd::DecodeBE32(h.data() + 8);
+    r->type = nbd::DecodeBE32(h.data() + 12);
+    const uint32_t len = nbd::DecodeBE32(h.data() + 16);
+    if (len > (1u << 20)) return false;
+    return Recv(len, &r->data);
+  }
+  static Bytes InfoData(const std::string& name, std::vector<uint16_t> infos) {
+    Bytes b;
+    nbd::PutBE32(b, uint32_t(name.size()));
+    PutBytes(b, name);
+    nbd::PutBE16(b, uint16_t(infos.size()));
+    for (auto i : infos) nbd::PutBE16(b, i);
+    return b;
+  }
+  // Sends INFO or GO; collects the NBD_REP_INFO payloads by type. Returns the
+  // final reply type (kRepAck or an error), 0 on a transport failure.
+  uint32_t InfoOrGo(uint32_t option, const std::string& name, std::vector<uint16_t> infos,
+                    std::map<uint16_t, Bytes>* got) {
+    if (!SendOption(option, InfoData(name, infos))) return 0;
+    for (;;) {
+      OptReply r;
+      if (!ReadOptReply(&r) || r.option != option) return 0;
+      if (r.type != nbd::kRepInfo) return r.type;
+      if (r.data.size() < 2) return 0;
+      (*got)[nbd::DecodeBE16(r.data.data())] = Bytes(r.data.begin() + 2, r.data.end());
+    }
+  }
+  // Handshake + GO; returns the transmission flags, or -1.
+  int Open(const std::string& name, uint64_t* size = nullptr) {
+    if (!Handshake()) return -1;
+    std::map<uint16_t, Bytes> got;
+    if (InfoOrGo(nbd::kOptGo, name, {nbd::kInfoBlockSize}, &got) != nbd::kRepAck) return -1;
+    if (!got.count(nbd::kInfoExport) || got[nbd::kInfoExport].size() != 10) return -1;
+    if (size) *size = nbd::DecodeBE64(got[nbd::kInfoExport].data());
+    return nbd::DecodeBE16(got[nbd::kInfoExport].data() + 8);
+  }
+  bool SendRequest(uint16_t type, uint64_t handle, uint64_t offset, uint32_t length, uint16_t flags = 0,
+                   ByteSpan payload = {}) {
+    nbd::Request r;
+    r.type = type;
+    r.handle = handle;
+    r.offset = offset;
+    r.length = length;
+    r.flags = flags;
+    Bytes b = nbd::EncodeRequest(r);
+    PutBytes(b, payload);
+    return Send(b);
+  }
+  // Reads one simple reply header; returns false on transport failure or bad magic.
+  bool ReadReply(uint32_t* err, uint64_t* handle) {
+    Bytes h;
+    if (!Recv(nbd::kSimpleReplySize, &h)) return false;
+    if (nbd::DecodeBE32(h.data()) != nbd::kSimpleReplyMagic) return false;
+    *err = nbd::DecodeBE32(h.data() + 4);
+    *handle = nbd::DecodeBE64(h.data() + 8);
+    return true;
+  }
+  // One synchronous request; returns the error, or -1 on transport failure.
+  int64_t Do(uint16_t type, uint64_t offset, uint32_t length, uint16_t flags = 0, ByteSpan payload = {},
+             Bytes* read_data = nullptr) {
+    const uint64_t h = ++handle_;
+    if (!SendRequest(type, h, offset, length, flags, payload)) return -1;
+    uint32_t err = 0;
+    uint64_t got = 0;
+    if (!ReadReply(&err, &got) || got != h) return -1;
+    if (type == nbd::kCmdRead && err == 0) {
+      Bytes d;
+      if (!Recv(length, &d)) return -1;
+      if (read_data) *read_data = std::move(d);
+    }
+    return err;
+  }
+
+ private:
+  void SetTimeout() {
+    timeval tv{10, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  int fd_ = -1;
+  uint64_t handle_ = 0;
+};
+
+// Waits up to `ms` for `pred`.
+template <typename Pred>
+bool WaitFor(Pred pred, int ms = 10000) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return pred();
+}
+
+struct MemFixture {
+  explicit MemFixture(NbdServerOptions o = {}, uint64_t size = 4 << 20, bool add_ro = true) : env(NewMemEnv()) {
+    FileBlockDevice::Options fo;
+    fo.create_size = size;
+    auto d = FileBlockDevice::Open(env.get(), "/vol1.img", fo);
+    REQUIRE(d.ok());
+    dev = *d;
+    o.tcp_port = 0;
+    server = std::make_unique<NbdServer>(o);
+    REQUIRE(server->AddExport("vol1", dev, "first volume").ok());
+    if (add_ro) {
+      FileBlockDevice::Options ro;
+      ro.create_size = 1 << 20;
+      auto d2 = FileBlockDevice::Open(env.get(), "/ro.img", ro);
+      REQUIRE(d2.ok());
+      ro.create_size = 0;
+      ro.read_only = true;
+      auto rod = FileBlockDevice::Open(env.get(), "/ro.img", ro);
+      REQUIRE(rod.ok());
+      REQUIRE(server->AddExport("ro", *rod).ok());
+    }
+    REQUIRE(server->Start().ok());
+    REQUIRE(server->port() != 0);
+  }
+  std::unique_ptr<Env> env;
+  std::shared_ptr<FileBlockDevice> dev;
+  std::unique_ptr<NbdServer> server;
+};
+
+TEST_CASE("nbd server: GO, write, read back, stats", "[nbd]") {
+  MemFixture fx;
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  uint64_t size = 0;
+  const int tf = c.Open("vol1", &size);
+  REQUIRE(tf >= 0);
+  CHECK(size == (4u << 20));
+  CHECK(tf == (nbd::kFlagHasFlags | nbd::kFlagSendFlush | nbd::kFlagSendFua | nbd::kFlagSendTrim |
+               nbd::kFlagSendWriteZeroes | nbd::kFlagCanMultiConn));
+  Bytes data = Pattern(65536, 1);
+  CHECK(c.Do(nbd::kCmdWrite, 12345, uint32_t(data.size()), nbd::kCmdFlagFua, data) == 0);
+  Bytes back;
+  CHECK(c.Do(nbd::kCmdRead, 12345, uint32_t(data.size()), 0, {}, &back) == 0);
+  CHECK(back == data);
+  // The backing file holds the bytes.
+  Bytes file(data.size());
+  REQUIRE(fx.dev->Read(12345, uint32_t(data.size()), file.data()).ok());
+  CHECK(file == data);
+  CHECK(c.Do(nbd::kCmdFlush, 0, 0) == 0);
+  CHECK(c.Do(nbd::kCmdWriteZeroes, 12345, 4096, nbd::kCmdFlagNoHole) == 0);
+  CHECK(c.Do(nbd::kCmdTrim, 1 << 20, 1 << 20) == 0);
+  CHECK(c.Do(nbd::kCmdRead, 12345, 4096, 0, {}, &back) == 0);
+  CHECK(back == Bytes(4096, 0));
+  CHECK(c.Do(nbd::kCmdRead, 12345 + 4096, 100, 0, {}, &back) == 0);
+  CHECK(back == Bytes(data.begin() + 4096, data.begin() + 4196));
+  auto st = fx.server->ExportStats("vol1");
+  REQUIRE(st.ok());
+  CHECK(st->writes == 1);
+  CHECK(st->bytes_written == 65536);
+  CHECK(st->reads == 3);
+  CHECK(st->bytes_read == 65536 + 4096 + 100);
+  CHECK(st->zero_ops == 1);
+  CHECK(st->trims == 1);
+  CHECK(st->flushes == 1);
+  CHECK(st->errors == 0);
+  CHECK(st->connections == 1);
+  CHECK(fx.server->ExportStats("nope").status().code() == Code::kNotFound);
+}
+
+TEST_CASE("nbd server: out-of-range and invalid requests get errors, connection survives", "[nbd]") {
+  MemFixture fx;
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Open("vol1") >= 0);
+  const uint64_t size = 4 << 20;
+  CHECK(c.Do(nbd::kCmdRead, size, 512) == nbd::kEINVAL);
+  CHECK(c.Do(nbd::kCmdRead, size - 256, 512) == nbd::kEINVAL);
+  Bytes d(512, 7);
+  CHECK(c.Do(nbd::kCmdWrite, size - 256, 512, 0, d) == nbd::kENOSPC);  // payload consumed
+  CHECK(c.Do(nbd::kCmdWriteZeroes, size, 512) == nbd::kENOSPC);
+  CHECK(c.Do(nbd::kCmdTrim, size - 1, 2) == nbd::kEINVAL);
+  CHECK(c.Do(nbd::kCmdCache, 0, 512) == nbd::kEINVAL);
+  CHECK(c.Do(77, 0, 0) == nbd::kEINVAL);
+  CHECK(c.Do(nbd::kCmdRead, 0, 512, nbd::kCmdFlagDf) == nbd::kEINVAL);
+  Bytes back;
+  CHECK(c.Do(nbd::kCmdWrite, size - 512, 512, 0, d) == 0);
+  CHECK(c.Do(nbd::kCmdRead, size - 512, 512, 0, {}, &back) == 0);
+  CHECK(back == d);
+  auto st = fx.server->ExportStats("vol1");
+  CHECK(st->errors == 8);
+}
+
+TEST_CASE("nbd server: read-only export refuses writes with EPERM", "[nbd]") {
+  MemFixture fx;
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  const int tf = c.Open("ro");
+  REQUIRE(tf >= 0);
+  CHECK((tf & nbd::kFlagReadOnly) != 0);
+  CHECK((tf & nbd::kFlagSendTrim) == 0);
+  CHECK((tf & nbd::kFlagSendWriteZeroes) == 0);
+  Bytes d(4096, 1);
+  CHECK(c.Do(nbd::kCmdWrite, 0, 4096, 0, d) == nbd::kEPERM);
+  CHECK(c.Do(nbd::kCmdWriteZeroes, 0, 4096) == nbd::kEINVAL);  // not advertised
+  Bytes back;
+  CHECK(c.Do(nbd::kCmdRead, 0, 4096, 0, {}, &back) == 0);
+  CHECK(back == Bytes(4096, 0));
+}
+
+TEST_CASE("nbd server: many requests in flight on one connection", "[nbd]") {
+  NbdServerOptions o;
+  o.max_inflight_bytes = 256 << 10;  // forces the reader to pause and resume
+  MemFixture fx(o);
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Open("vol1") >= 0);
+  constexpr int kN = 300;
+  // Writes to overlapping places: the device sees them in arrival order, so
+  // the last write to each block wins.
+  Bytes expect(1 << 20, 0);
+  std::atomic<bool> sent_ok{true};
+  std::thread sender([&] {
+    for (int i = 0; i < kN && sent_ok; ++i) {
+      Bytes d = Pattern(8192, uint32_t(i));
+      const uint64_t off = uint64_t(i % 50) * 4096;
+      if (!c.SendRequest(nbd::kCmdWrite, 1000 + i, off, 8192, 0, d)) sent_ok = false;
+    }
+  });
+  for (int i = 0; i < kN; ++i) {
+    Bytes d = Pattern(8192, uint32_t(i));
+    std::memcpy(expect.data() + (i % 50) * 4096, d.data(), d.size());
+  }
+  std::map<uint64_t, uint32_t> replies;
+  for (int i = 0; i < kN; ++i) {
+    uint32_t err = 0;
+    uint64_t h = 0;
+    if (!c.ReadReply(&err, &h)) {
+      sent_ok = false;
+      sender.join();
+      FAIL("reply " << i << " missing");
+    }
+    replies[h] = err;
+  }
+  sender.join();
+  REQUIRE(sent_ok);
+  REQUIRE(replies.size() == size_t(kN));
+  for (auto& [h, e] : replies) CHECK(e == 0);
+  // Pipelined reads.
+  for (int i = 0; i < 64; ++i) REQUIRE(c.SendRequest(nbd::kCmdRead, 5000 + i, uint64_t(i) * 4096, 4096));
+  for (int i = 0; i < 64; ++i) {
+    uint32_t err = 0;
+    uint64_t h = 0;
+    REQUIRE(c.ReadReply(&err, &h));
+    REQUIRE(err == 0);
+    REQUIRE(h >= 5000);
+    Bytes d;
+    REQUIRE(c.Recv(4096, &d));
+    const uint64_t off = (h - 5000) * 4096;
+    CHECK(std::memcmp(d.data(), expect.data() + off, 4096) == 0);
+  }
+  CHECK(fx.server->ExportStats("vol1")->writes == uint64_t(kN));
+}
+
+TEST_CASE("nbd server: request length caps", "[nbd]") {
+  NbdServerOptions o;
+  o.max_request_bytes = 64 << 10;
+  o.max_skip_bytes = 256 << 10;
+  MemFixture fx(o);
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Open("vol1") >= 0);
+  CHECK(c.Do(nbd::kCmdRead, 0, (64 << 10) + 1) == nbd::kEINVAL);
+  Bytes big = Pattern(128 << 10, 9);
+  CHECK(c.Do(nbd::kCmdWrite, 0, uint32_t(big.size()), 0, big) == nbd::kEINVAL);  // skipped
+  Bytes back;
+  CHECK(c.Do(nbd::kCmdRead, 0, 4096, 0, {}, &back) == 0);  // still in sync
+  CHECK(back == Bytes(4096, 0));
+  // A payload too large to skip closes the connection.
+  REQUIRE(c.SendRequest(nbd::kCmdWrite, 1, 0, 1 << 20));
+  CHECK(c.ClosedByPeer());
+}
+
+TEST_CASE("nbd server: options LIST, INFO, unsupported, default export, ABORT", "[nbd]") {
+  MemFixture fx;
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Handshake());
+  REQUIRE(c.SendOption(nbd::kOptList, {}));
+  std::vector<std::string> names;
+  for (;;) {
+    RawClient::OptReply r;
+    REQUIRE(c.ReadOptReply(&r));
+    CHECK(r.option == nbd::kOptList);
+    if (r.type == nbd::kRepAck) break;
+    REQUIRE(r.type == nbd::kRepServer);
+    const uint32_t n = nbd::DecodeBE32(r.data.data());
+    names.emplace_back(reinterpret_cast<const char*>(r.data.data() + 4), n);
+    if (names.back() == "vol1") {
+      CHECK(std::string(r.data.begin() + 4 + n, r.data.end()) == "first volume");
+    }
+  }
+  CHECK(names == std::vector<std::string>{"ro", "vol1"});
+  Bytes junk(3, 1);
+  REQUIRE(c.SendOption(nbd::kOptList, junk));
+  RawClient::OptReply r;
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrInvalid);
+
+  std::map<uint16_t, Bytes> got;
+  CHECK(c.InfoOrGo(nbd::kOptInfo, "vol1", {nbd::kInfoName, nbd::kInfoDescription, nbd::kInfoBlockSize}, &got) ==
+        nbd::kRepAck);
+  REQUIRE(got.count(nbd::kInfoExport));
+  CHECK(nbd::DecodeBE64(got[nbd::kInfoExport].data()) == (4u << 20));
+  CHECK(std::string(got[nbd::kInfoName].begin(), got[nbd::kInfoName].end()) == "vol1");
+  CHECK(std::string(got[nbd::kInfoDescription].begin(), got[nbd::kInfoDescription].end()) == "first volume");
+  REQUIRE(got[nbd::kInfoBlockSize].size() == 12);
+  CHECK(nbd::DecodeBE32(got[nbd::kInfoBlockSize].data()) == 1);
+  CHECK(nbd::DecodeBE32(got[nbd::kInfoBlockSize].data() + 4) == 4096);
+  CHECK(nbd::DecodeBE32(got[nbd::kInfoBlockSize].data() + 8) == (32u << 20));
+  got.clear();
+  CHECK(c.InfoOrGo(nbd::kOptInfo, "missing", {}, &got) == nbd::kRepErrUnknown);
+  CHECK(got.empty());
+  CHECK(c.InfoOrGo(nbd::kOptInfo, "", {}, &got) == nbd::kRepErrUnknown);  // two exports: no default
+  REQUIRE(c.SendOption(nbd::kOptStructuredReply, {}));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrUnsup);
+  REQUIRE(c.SendOption(nbd::kOptStartTls, {}));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrUnsup);
+  REQUIRE(c.SendOption(4242, junk));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrUnsup);
+  CHECK(r.option == 4242u);
+  // An option longer than the cap is skipped and refused, not allocated.
+  Bytes longopt(20000, 'x');
+  REQUIRE(c.SendOption(nbd::kOptInfo, longopt));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrTooBig);
+  REQUIRE(c.SendOption(nbd::kOptAbort, {}));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepAck);
+  CHECK(c.ClosedByPeer());
+
+  // With a single export, "" is that export; EXPORT_NAME gets the short reply.
+  MemFixture one(NbdServerOptions{}, 1 << 20, /*add_ro=*/false);
+  RawClient d;
+  REQUIRE(d.ConnectTcp(one.server->port()));
+  REQUIRE(d.Handshake());
+  REQUIRE(d.SendOption(nbd::kOptExportName, {}));
+  Bytes rep;
+  REQUIRE(d.Recv(10, &rep));  // NO_ZEROES negotiated: no 124 zero bytes
+  CHECK(nbd::DecodeBE64(rep.data()) == (1u << 20));
+  Bytes back;
+  CHECK(d.Do(nbd::kCmdRead, 0, 512, 0, {}, &back) == 0);
+}
+
+TEST_CASE("nbd server: bad handshakes close the connection", "[nbd]") {
+  NbdServerOptions o;
+  o.handshake_timeout_ms = 300;
+  MemFixture fx(o);
+  {
+    RawClient c;  // not fixed newstyle
+    REQUIRE(c.ConnectTcp(fx.server->port()));
+    REQUIRE(c.Handshake(0));
+    CHECK(c.ClosedByPeer());
+  }
+  {
+    RawClient c;  // unknown client flag
+    REQUIRE(c.ConnectTcp(fx.server->port()));
+    REQUIRE(c.Handshake(nbd::kClientFlagFixedNewstyle | 8));
+    CHECK(c.ClosedByPeer());
+  }
+  {
+    RawClient c;  // bad option magic
+    REQUIRE(c.ConnectTcp(fx.server->port()));
+    REQUIRE(c.Handshake());
+    Bytes b(16, 'z');
+    REQUIRE(c.Send(b));
+    CHECK(c.ClosedByPeer());
+  }
+  {
+    RawClient c;  // EXPORT_NAME of a missing export cannot be answered: closed
+    REQUIRE(c.ConnectTcp(fx.server->port()));
+    REQUIRE(c.Handshake());
+    std::string n = "missing";
+    REQUIRE(c.SendOption(nbd::kOptExportName, ByteSpan(reinterpret_cast<const uint8_t*>(n.data()), n.size())));
+    CHECK(c.ClosedByPeer());
+  }
+  {
+    RawClient c;  // huge option length
+    REQUIRE(c.ConnectTcp(fx.server->port()));
+    REQUIRE(c.Handshake());
+    Bytes b;
+    nbd::PutBE64(b, nbd::kIHaveOpt);
+    nbd::PutBE32(b, nbd::kOptGo);
+    nbd::PutBE32(b, 0xffffffffu);
+    REQUIRE(c.Send(b));
+    CHECK(c.ClosedByPeer());
+  }
+  {
+    RawClient c;  // bad request magic in transmission
+    REQUIRE(c.ConnectTcp(fx.server->port()));
+    REQUIRE(c.Open("vol1") >= 0);
+    Bytes b(28, 0);
+    REQUIRE(c.Send(b));
+    CHECK(c.ClosedByPeer());
+  }
+  {
+    RawClient c;  // silent client: handshake timeout
+    REQUIRE(c.ConnectTcp(fx.server->port()));
+    Bytes g;
+    REQUIRE(c.Recv(nbd::kGreetingSize, &g));
+    CHECK(c.ClosedByPeer());
+  }
+  CHECK(WaitFor([&] { return fx.server->connection_count() == 0; }));
+  // The server still serves.
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Open("vol1") >= 0);
+  CHECK(c.Do(nbd::kCmdRead, 0, 512) == 0);
+}
+
+TEST_CASE("nbd server: DISC answers outstanding requests then closes", "[nbd]") {
+  MemFixture fx;
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Open("vol1") >= 0);
+  Bytes d = Pattern(4096, 3);
+  REQUIRE(c.SendRequest(nbd::kCmdWrite, 1, 0, 4096, 0, d));
+  REQUIRE(c.SendRequest(nbd::kCmdFlush, 2, 0, 0));
+  REQUIRE(c.SendRequest(nbd::kCmdDisc, 3, 0, 0));
+  uint32_t err = 0;
+  uint64_t h = 0;
+  REQUIRE(c.ReadReply(&err, &h));
+  CHECK((h == 1 && err == 0));
+  REQUIRE(c.ReadReply(&err, &h));
+  CHECK((h == 2 && err == 0));
+  CHECK(c.ClosedByPeer());
+  Bytes back(4096);
+  REQUIRE(fx.dev->Read(0, 4096, back.data()).ok());
+  CHECK(back == d);
+}
+
+TEST_CASE("nbd server: two connections at once, unix socket, RemoveExport", "[nbd]") {
+  ScratchDir dir;
+  REQUIRE(!dir.path().empty());
+  NbdServerOptions o;
+  o.unix_path = dir.Join("nbd.sock");
+  MemFixture fx(o);
+  RawClient a, b;
+  REQUIRE(a.ConnectTcp(fx.server->port()));
+  REQUIRE(b.ConnectUnix(o.unix_path));
+  REQUIRE(a.Open("vol1") >= 0);
+  REQUIRE(b.Open("vol1") >= 0);
+  CHECK(fx.server->ExportStats("vol1")->connections == 2);
+  Bytes da = Pattern(4096, 10), db = Pattern(4096, 11);
+  CHECK(a.Do(nbd::kCmdWrite, 0, 4096, 0, da) == 0);
+  CHECK(b.Do(nbd::kCmdWrite, 4096, 4096, 0, db) == 0);
+  Bytes back;
+  CHECK(b.Do(nbd::kCmdRead, 0, 4096, 0, {}, &back) == 0);
+  CHECK(back == da);
+  CHECK(a.Do(nbd::kCmdRead, 4096, 4096, 0, {}, &back) == 0);
+  CHECK(back == db);
+  REQUIRE(fx.server->RemoveExport("vol1").ok());
+  CHECK(a.ClosedByPeer());
+  CHECK(b.ClosedByPeer());
+  CHECK(fx.server->RemoveExport("vol1").code() == Code::kNotFound);
+  CHECK(fx.server->ExportNames() == std::vector<std::string>{"ro"});
+  fx.server->Stop();
+  CHECK(::access(o.unix_path.c_str(), F_OK) != 0);  // socket file removed
+}
+
+TEST_CASE("nbd server: export names and start-up errors", "[nbd]") {
+  auto env = NewMemEnv();
+  FileBlockDevice::Options fo;
+  fo.create_size = 1 << 20;
+  auto dev = FileBlockDevice::Open(env.get(), "/x.img", fo);
+  REQUIRE(dev.ok());
+  NbdServer s(NbdServerOptions{});
+  CHECK(s.AddExport("", *dev).code() == Code::kInvalidArgument);
+  CHECK(s.AddExport(std::string(257, 'a'), *dev).code() == Code::kInvalidArgument);
+  CHECK(s.AddExport("a\nb", *dev).code() == Code::kInvalidArgument);
+  CHECK(s.AddExport("vol@point-3", *dev).ok());
+  CHECK(s.AddExport("vol@point-3", *dev).code() == Code::kAlreadyExists);
+  CHECK(s.AddExport("null", nullptr).code() == Code::kInvalidArgument);
+  CHECK(s.Start().code() == Code::kInvalidArgument);  // no listener configured
+  CHECK(FileBlockDevice::Open(env.get(), "/missing.img", FileBlockDevice::Options{}).status().code() ==
+        Code::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Real clients
+// ---------------------------------------------------------------------------
+
+struct PosixFixture {
+  explicit PosixFixture(uint64_t size = 64 << 20) : env(NewPosixEnv()) {
+    REQUIRE(!dir.path().empty());
+    path = dir.Join("vol.img");
+    FileBlockDevice::Options fo;
+    fo.create_size = size;
+    auto d = FileBlockDevice::Open(env.get(), path, fo);
+    REQUIRE(d.ok());
+    dev = *d;
+    NbdServerOptions o;
+    o.tcp_port = 0;
+    o.unix_path = dir.Join("nbd.sock");
+    server = std::make_unique<NbdServer>(o);
+    REQUIRE(server->AddExport("vol", dev, "test volume").ok());
+    REQUIRE(server->Start().ok());
+    url = "nbd://127.0.0.1:" + std::to_string(server->port()) + "/vol";
+  }
+  ScratchDir dir;
+  std::unique_ptr<Env> env;
+  std::string path;
+  std::shared_ptr<FileBlockDevice> dev;
+  std::unique_ptr<NbdServer> server;
+  std::string url;
+};
+
+void RequireProgram(const std::string& p) {
+  INFO(p << " is not installed (Debian: qemu-utils / libnbd-bin)");
+  REQUIRE(testing::HaveProgram(p));
+}
+
+TEST_CASE("nbdinfo sees the export and lists it", "[nbd][e2e]") {
+  RequireProgram("nbdinfo");
+  PosixFixture fx(64 << 20);
+  auto r = RunCommand({"nbdinfo", "--size", fx.url}, 30000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(std::stoull(r.output) == (64ull << 20));
+  r = RunCommand({"nbdinfo", "--json", "nbd+unix:///vol?socket=" + fx.dir.Join("nbd.sock")}, 30000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("\"export-size\": 67108864") != std::string::npos);
+  CHECK(r.output.find("\"is_read_only\": false") != std::string::npos);
+  CHECK(r.output.find("\"can_flush\": true") != std::string::npos);
+  CHECK(r.output.find("\"can_multi_conn\": true") != std::string::npos);
+  r = RunCommand({"nbdinfo", "--list", "nbd://127.0.0.1:" + std::to_string(fx.server->port())}, 30000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("export=\"vol\"") != std::string::npos);
+  CHECK(r.output.find("test volume") != std::string::npos);
+}
+
+TEST_CASE("qemu-io writes patterns at many offsets and reads them back", "[nbd][e2e]") {
+  RequireProgram("qemu-io");
+  PosixFixture fx(64 << 20);
+  struct W {
+    uint64_t off;
+    uint64_t len;
+    int pat;
+  };
+  const std::vector<W> ws = {{0, 1 << 20, 0xab},          {1 << 20, 4096, 0x11},
+                             {5 << 20, 512, 0x22},        {(17 << 20) + 512, 65536, 0x33},
+                             {(32 << 20) - 4096, 8192, 0x44}, {(63 << 20), 1 << 20, 0x55}};
+  std::vector<std::string> cmd = {"qemu-io", "-f", "raw", fx.url};
+  for (auto& w : ws) {
+    cmd.push_back("-c");
+    cmd.push_back("write -P " + std::to_string(w.pat) + " " + std::to_string(w.off) + " " + std::to_string(w.len));
+  }
+  cmd.push_back("-c");
+  cmd.push_back("flush");
+  for (auto& w : ws) {
+    cmd.push_back("-c");
+    cmd.push_back("read -P " + std::to_string(w.pat) + " " + std::to_string(w.off) + " " + std::to_string(w.len));
+  }
+  auto r = RunCommand(cmd, 60000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("Pattern verification failed") == std::string::npos);
+  CHECK(r.output.find("failed") == std::string::npos);
+  // The backing file has the patterns.
+  auto f = fx.env->Open(fx.path, OpenOptions{});
+  REQUIRE(f.ok());
+  for (auto& w : ws) {
+    Bytes b(w.len);
+    REQUIRE((*f)->Read(w.off, w.len, b.data()).ok());
+    CHECK(b == Bytes(w.len, uint8_t(w.pat)));
+  }
+  Bytes gap(4096);
+  REQUIRE((*f)->Read(2 << 20, 4096, gap.data()).ok());
+  CHECK(gap == Bytes(4096, 0));
+  // Zeroing through qemu-io (WRITE_ZEROES) and a read past the end.
+  r = RunCommand({"qemu-io", "-f", "raw", fx.url, "-c", "write -z 0 65536", "-c", "read -P 0 0 65536", "-c",
+                  "read 67108864 512"},
+                 60000);
+  INFO(r.output);
+  CHECK(r.output.find("Pattern verification failed") == std::string::npos);
+  CHECK(r.output.find("read failed") != std::string::npos);  // past the end
+  Bytes z(65536);
+  REQUIRE((*f)->Read(0, z.size(), z.data()).ok());
+  CHECK(z == Bytes(65536, 0));
+}
+
+TEST_CASE("nbdcopy a random image in and out", "[nbd][e2e]") {
+  RequireProgram("nbdcopy");
+  PosixFixture fx(24 << 20);
+  const std::string in = fx.dir.Join("in.img"), out = fx.dir.Join("out.img");
+  Bytes data = Pattern(24 << 20, 77);
+  std::memset(data.data() + (3 << 20), 0, 2 << 20);  // a zero run (sparse on the way in)
+  REQUIRE(WriteFileAtomic(fx.env.get(), in, data).ok());
+  auto r = RunCommand({"nbdcopy", in, fx.url}, 120000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  r = RunCommand({"nbdcopy", fx.url, out}, 120000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto back = ReadWholeFile(fx.env.get(), out);
+  REQUIRE(back.ok());
+  CHECK(back->size() == data.size());
+  CHECK(*back == data);
+  auto backing = ReadWholeFile(fx.env.get(), fx.path);
+  REQUIRE(backing.ok());
+  CHECK(*backing == data);
+  // nbdcopy opens several connections (CAN_MULTI_CONN).
+  CHECK(fx.server->ExportStats("vol")->connections_total >= 2);
+  CHECK(fx.server->ExportStats("vol")->errors == 0);
+}
+
+TEST_CASE("qemu-io on a read-only export cannot write", "[nbd][e2e]") {
+  RequireProgram("qemu-io");
+  ScratchDir dir;
+  auto env = NewPosixEnv();
+  FileBlockDevice::Options fo;
+  fo.create_size = 1 << 20;
+  REQUIRE(FileBlockDevice::Open(env.get(), dir.Join("ro.img"), fo).ok());
+  FileBlockDevice::Options ro;
+  ro.read_only = true;
+  auto dev = FileBlockDevice::Open(env.get(), dir.Join("ro.img"), ro);
+  REQUIRE(dev.ok());
+  NbdServerOptions o;
+  o.tcp_port = 0;
+  NbdServer server(o);
+  REQUIRE(server.AddExport("ro", *dev).ok());
+  REQUIRE(server.Start().ok());
+  const std::string url = "nbd://127.0.0.1:" + std::to_string(server.port()) + "/ro";
+  // qemu sees NBD_FLAG_READ_ONLY: opening read-write is refused...
+  auto r = RunCommand({"qemu-io", "-f", "raw", url, "-c", "write -P 1 0 4096"}, 60000);
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("Permission denied") != std::string::npos);
+  // ...and read-only it reads, and cannot write.
+  r = RunCommand({"qemu-io", "-r", "-f", "raw", url, "-c", "read -P 0 0 4096", "-c", "write -P 1 0 4096"}, 60000);
+  INFO(r.output);
+  CHECK(r.output.find("Pattern verification failed") == std::string::npos);
+  CHECK(r.output.find("read 4096/4096") != std::string::npos);
+  CHECK(r.output.find("wrote 4096/4096") == std::string::npos);
+  Bytes b(4096);
+  REQUIRE((*dev)->Read(0, 4096, b.data()).ok());
+  CHECK(b == Bytes(4096, 0));
+}
+
+}  // namespace
+}  // namespace cdp
