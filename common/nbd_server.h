@@ -170,9 +170,10 @@ struct NbdServerOptions {
   std::string unix_path;
   int io_threads = 1;      // threads running socket I/O
   int worker_threads = 2;  // threads calling BlockDevices
-  // Largest READ/WRITE/… length accepted; larger requests get EINVAL (a
-  // too-large WRITE payload is skipped when <= max_skip_bytes, otherwise the
-  // connection is closed).
+  // Largest READ/WRITE length accepted (advertised as the maximum block
+  // size); larger requests get EINVAL (a too-large WRITE payload is read and
+  // discarded when <= max_skip_bytes, otherwise the connection is closed).
+  // TRIM and WRITE_ZEROES carry no payload and are not capped.
   uint32_t max_request_bytes = 32u << 20;
   uint64_t max_skip_bytes = 64u << 20;
   // Largest option payload accepted during the handshake (the NBD spec caps
@@ -211,7 +212,9 @@ class NbdServer {
   // address, kInvalidArgument without any listener) and leaves nothing running.
   // Not restartable after Stop().
   Status Start();
-  // Closes the listeners and every connection, joins every thread. Idempotent.
+  // Closes the listeners and every connection, waits for device calls in
+  // progress, joins every thread. Idempotent. Must not be called from a
+  // BlockDevice method (it would wait for itself).
   void Stop();
 
   // The bound TCP port (valid after a successful Start with TCP), else 0.
