@@ -54,6 +54,7 @@ void MtLink::AddVolume(Volume* v) {
     if (volumes_.count(v)) return;
     auto lv = std::make_unique<LinkVolume>();
     lv->vol = v;
+    lv->worker = int(volumes_.size() % size_t(std::max(1, opt_.workers)));
     volumes_[v] = std::move(lv);
   }
   cv_.notify_all();
@@ -119,8 +120,24 @@ void MtLink::Run() {
     log->info("tenant={} link={} peer={} connected", opt_.tenant, opt_.index, ch->peer());
     if (stop_.load()) ch->Close();
     std::thread reader([this, ch, epoch] { ReadLoop(ch, epoch); });
-    s = SendLoop(ch, epoch);
+    // The compression pool: workers 1..n-1 ship their share of the volumes
+    // (FrameChannel::Send compresses in the calling thread, outside its lock);
+    // worker 0 (this thread) also sends opens and heartbeats.
+    int workers = std::max(1, opt_.workers);
+    std::vector<std::thread> pool;
+    std::vector<Status> results(static_cast<size_t>(workers));
+    for (int w = 1; w < workers; ++w)
+      pool.emplace_back([this, ch, epoch, w, &results] {
+        results[size_t(w)] = SendLoop(ch, epoch, w);
+        ch->Close();
+        cv_.notify_all();
+      });
+    s = SendLoop(ch, epoch, 0);
     ch->Close();
+    cv_.notify_all();
+    for (auto& t : pool) t.join();
+    for (int w = 1; w < workers && s.code() == Code::kUnavailable; ++w)
+      if (!results[size_t(w)].ok() && results[size_t(w)].code() != Code::kUnavailable) s = results[size_t(w)];
     reader.join();
     connected_.store(false);
     {
@@ -145,7 +162,7 @@ void MtLink::Run() {
   }
 }
 
-Status MtLink::SendLoop(const std::shared_ptr<FrameChannel>& ch, uint64_t epoch) {
+Status MtLink::SendLoop(const std::shared_ptr<FrameChannel>& ch, uint64_t epoch, int worker) {
   auto log = log::Get("ps.link");
   uint64_t last_heartbeat = opt_.clock->NowMicros();
   while (!stop_.load() && !ch->broken()) {
@@ -155,7 +172,9 @@ Status MtLink::SendLoop(const std::shared_ptr<FrameChannel>& ch, uint64_t epoch)
       if (conn_failed_ || epoch != epoch_) return Status::Unavailable(last_error_.empty() ? "reader stopped" : last_error_);
       uint64_t now = opt_.clock->NowMicros();
       for (auto& [v, lv] : volumes_) {
+        if (lv->worker != worker) continue;
         if (!lv->open_sent) {
+          if (worker != 0) continue;  // opens keep their order on worker 0
           lv->open_sent = true;
           open_fifo_.push_back(lv.get());
           to_open.push_back(lv.get());
@@ -221,7 +240,7 @@ Status MtLink::SendLoop(const std::shared_ptr<FrameChannel>& ch, uint64_t epoch)
       }
     }
     uint64_t now = opt_.clock->NowMicros();
-    if (now - last_heartbeat > opt_.heartbeat_ms * 1000) {
+    if (worker == 0 && now - last_heartbeat > opt_.heartbeat_ms * 1000) {
       last_heartbeat = now;
       proto::Heartbeat hb;
       hb.sent_us = opt_.clock->WallMicros();

@@ -23,8 +23,8 @@
 // On reconnect every volume is reopened and shipping resumes from the MT's
 // durable sequence, so nothing is skipped and duplicates are skipped by the MT.
 //
-// Thread safety: all public methods are thread-safe. Owns two threads (the
-// connect/send loop and, while connected, a reader).
+// Thread safety: all public methods are thread-safe. Owns the connect/send
+// thread and, while connected, a reader and workers-1 more sender threads.
 #pragma once
 
 #include <atomic>
@@ -58,6 +58,10 @@ struct MtLinkOptions {
   int index = 0;                 // which of the tenant's connections (for logs)
   uint64_t frame_bytes = 1u << 20;
   int max_inflight = 8;
+  // Compression/sending threads of this link (the compression pool): volumes
+  // are spread over them round-robin; one volume is always shipped by one
+  // thread, so its frames stay in order.
+  int workers = 1;
   uint64_t backoff_min_ms = 100;
   uint64_t backoff_max_ms = 30'000;
   uint64_t ack_timeout_ms = 120'000;
@@ -98,6 +102,7 @@ class MtLink {
  private:
   struct LinkVolume {
     Volume* vol = nullptr;
+    int worker = 0;           // the pool thread that ships it
     bool open_sent = false;
     bool opened = false;
     Status open_error;
@@ -118,7 +123,7 @@ class MtLink {
   };
 
   void Run();
-  Status SendLoop(const std::shared_ptr<FrameChannel>& ch, uint64_t epoch);
+  Status SendLoop(const std::shared_ptr<FrameChannel>& ch, uint64_t epoch, int worker);
   void ReadLoop(std::shared_ptr<FrameChannel> ch, uint64_t epoch);
   void HandleMessage(FrameChannel& ch, proto::Message& m);
   void Rewind(LinkVolume& lv, uint64_t to);  // mu_ held

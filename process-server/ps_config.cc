@@ -21,6 +21,7 @@ po::options_description ProcessServerConfigDescription() {
       ("frame_size", po::value<ByteSize>()->default_value(ByteSize{1u << 20}), "raw bytes per shipped frame")
       ("inflight", po::value<int>()->default_value(8), "frames in flight per volume")
       ("connections", po::value<int>()->default_value(1), "master target connections per tenant")
+      ("compress_threads", po::value<int>()->default_value(0), "compression threads per tenant (0 = CPU cores)")
       ("throttle_mbps", po::value<double>()->default_value(0), "WAN rate limit in Mbit/s (0 = unlimited)")
       ("throttle_schedule", po::value<std::string>()->default_value(""), "MBPS@HH:MM-HH:MM,...")
       ("throttle_utc_offset", po::value<int>()->default_value(0), "schedule time zone, minutes east of UTC")
@@ -117,6 +118,9 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, Lo
   if (o.max_inflight < 1 || o.max_inflight > 1024) return Status::InvalidArgument("'inflight' must be 1..1024");
   o.connections = vars["connections"].as<int>();
   if (o.connections < 1 || o.connections > 64) return Status::InvalidArgument("'connections' must be 1..64");
+  o.compress_threads = vars["compress_threads"].as<int>();
+  if (o.compress_threads < 0 || o.compress_threads > 256)
+    return Status::InvalidArgument("'compress_threads' must be 0..256");
   o.throttle.default_mbps = vars["throttle_mbps"].as<double>();
   if (!(o.throttle.default_mbps >= 0)) return Status::InvalidArgument("'throttle_mbps' must be >= 0");
   CDP_ASSIGN_OR_RETURN(o.throttle.schedule, ParseSchedule(vars["throttle_schedule"].as<std::string>()));

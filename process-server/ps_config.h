@@ -16,6 +16,7 @@
 //   frame_size = 1MiB                raw record bytes per shipped frame
 //   inflight = 8                     frames per volume awaiting the MT's ack
 //   connections = 1                  MT connections per tenant
+//   compress_threads = 0             compression pool per tenant (0 = CPU cores)
 //   throttle_mbps = 0                default rate, Mbit/s (0 = unlimited)
 //   throttle_schedule = 20@08:00-18:00   windows (see throttle.h)
 //   throttle_utc_offset = 0          minutes added to UTC for the schedule

@@ -374,6 +374,8 @@ Status ProcessServer::Start() {
       lo.index = i;
       lo.frame_bytes = opt_.frame_bytes;
       lo.max_inflight = opt_.max_inflight;
+      int pool = opt_.compress_threads > 0 ? opt_.compress_threads : int(std::thread::hardware_concurrency());
+      lo.workers = std::max(1, pool / std::max(1, opt_.connections));
       lo.backoff_min_ms = opt_.backoff_min_ms;
       lo.backoff_max_ms = opt_.backoff_max_ms;
       lo.ack_timeout_ms = opt_.ack_timeout_ms;

@@ -36,8 +36,10 @@
 //
 // Master-target side: for every tenant, `connections` TCP connections to the
 // MT (role kProcessServer, the tenant's secret); each volume is shipped on one
-// of them (chosen by a hash of its name), so its frames stay in order. See
-// mt_link.h for the shipping state machine.
+// of them (chosen by a hash of its name), so its frames stay in order. Each
+// connection has compress_threads/connections sender threads (the compression
+// pool: FrameChannel::Send compresses in the sending thread); a volume is
+// always shipped by one of them. See mt_link.h for the shipping state machine.
 //
 // Control (common/http_server.h, default port 9101):
 //   GET  /metrics, /status
@@ -100,6 +102,7 @@ struct ProcessServerOptions {
   uint64_t frame_bytes = 1u << 20;    // raw record bytes per shipped frame
   int max_inflight = 8;               // frames per volume not yet acknowledged
   int connections = 1;                // MT connections per tenant
+  int compress_threads = 0;           // compression pool per tenant; 0 = CPU cores
   ThrottleOptions throttle;
   uint64_t backoff_min_ms = 100;
   uint64_t backoff_max_ms = 30'000;
