@@ -625,6 +625,17 @@ TEST_CASE("nbd server: options LIST, INFO, unsupported, default export, ABORT", 
   CHECK(nbd::DecodeBE64(rep.data()) == (1u << 20));
   Bytes back;
   CHECK(d.Do(nbd::kCmdRead, 0, 512, 0, {}, &back) == 0);
+
+  // Without NO_ZEROES the EXPORT_NAME reply carries the 124 reserved zero bytes.
+  RawClient z;
+  REQUIRE(z.ConnectTcp(one.server->port()));
+  REQUIRE(z.Handshake(nbd::kClientFlagFixedNewstyle));
+  std::string name = "vol1";
+  REQUIRE(z.SendOption(nbd::kOptExportName, ByteSpan(reinterpret_cast<const uint8_t*>(name.data()), name.size())));
+  REQUIRE(z.Recv(10 + 124, &rep));
+  CHECK(nbd::DecodeBE64(rep.data()) == (1u << 20));
+  CHECK(Bytes(rep.begin() + 10, rep.end()) == Bytes(124, 0));
+  CHECK(z.Do(nbd::kCmdRead, 0, 512, 0, {}, &back) == 0);
 }
 
 TEST_CASE("nbd server: bad handshakes close the connection", "[nbd]") {
