@@ -1,0 +1,382 @@
+// The master target daemon core on loopback: the process-server protocol
+// (handshake, VolumeOpen, WriteBatch acks/nacks, hashes, heartbeats), tenant
+// isolation, the control API, and point-in-time exports read by real NBD
+// clients ([e2e]: qemu-img, nbdinfo, nbdcopy, qemu-io).
+#include <catch2/catch.hpp>
+
+#include <boost/json.hpp>
+#include <chrono>
+#include <fstream>
+#include <random>
+
+#include "common/channel.h"
+#include "common/hash.h"
+#include "common/http_server.h"
+#include "common/tests/test_util.h"
+#include "master-target/server.h"
+#include "master-target/tests/mt_test_util.h"
+
+using namespace cdp;
+using namespace cdp::mt;
+using namespace cdp::mt::testing;
+using cdp::testing::HaveProgram;
+using cdp::testing::RunCommand;
+namespace json = boost::json;
+
+namespace {
+
+constexpr auto kTimeout = std::chrono::milliseconds(10000);
+
+struct Daemon {
+  explicit Daemon(const std::string& dir) : env(NewPosixEnv()) {
+    MasterTargetOptions o;
+    o.env = env.get();
+    o.clock = SystemClock::Get();
+    o.data_dir = dir;
+    o.tenants = {{"acme", "s3cret-acme"}, {"globex", "s3cret-globex"}};
+    o.listen_host = "127.0.0.1";
+    o.listen_port = 0;
+    o.control_port = 0;
+    o.nbd_port = 0;
+    o.point_interval_us = 0;
+    o.segment_bytes = 1 << 20;
+    mt = std::make_unique<MasterTarget>(o);
+    Status s = mt->Start();
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+  }
+  std::unique_ptr<Env> env;
+  std::unique_ptr<MasterTarget> mt;
+};
+
+std::unique_ptr<FrameChannel> Client(uint16_t port, const std::string& tenant, const std::string& secret) {
+  auto ch = Connect("127.0.0.1", port, kTimeout);
+  REQUIRE(ch.ok());
+  Status s = ClientHandshake(**ch, proto::Role::kProcessServer, tenant, "ps-test", secret, kTimeout);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  return std::move(*ch);
+}
+
+proto::Message Call(FrameChannel& ch, const proto::Message& m) {
+  REQUIRE(ch.Send(m).ok());
+  auto r = ch.Receive(kTimeout);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  return std::move(*r);
+}
+
+proto::VolumeOpen OpenMsg(const std::string& name, uint64_t size, uint64_t gen = 1) {
+  proto::VolumeOpen v;
+  v.name = name;
+  v.size = size;
+  v.block_size = 4096;
+  v.uuid[0] = 7;
+  v.generation = gen;
+  return v;
+}
+
+uint32_t OpenVolume(FrameChannel& ch, const proto::VolumeOpen& v, uint64_t expect_durable) {
+  auto m = Call(ch, v);
+  auto* r = std::get_if<proto::VolumeOpenReply>(&m);
+  REQUIRE(r != nullptr);
+  REQUIRE(r->durable_seq == expect_durable);
+  return r->volume_id;
+}
+
+proto::WriteBatch Batch(uint32_t vid, std::vector<proto::Record> recs) {
+  proto::WriteBatch b;
+  b.volume_id = vid;
+  b.records = std::move(recs);
+  return b;
+}
+
+json::value Http(uint16_t port, const std::string& method, const std::string& target, const std::string& body,
+                 int expect_status) {
+  auto r = http::HttpRequest("127.0.0.1", port, method, target, body, kTimeout);
+  REQUIRE(r.ok());
+  INFO(method << " " << target << " -> " << r->status << " " << r->body);
+  REQUIRE(r->status == expect_status);
+  return json::parse(r->body);
+}
+
+Bytes ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return Bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("process-server protocol: open, apply, ack, nack, hashes, heartbeat, resume", "[server]") {
+  TempDir dir;
+  Daemon d(dir.path());
+  const uint64_t size = 1 << 20;
+  Reference ref(size);
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  uint32_t vid = OpenVolume(*ch, OpenMsg("db1", size), 0);
+
+  std::mt19937_64 rng(4);
+  auto data = [&](size_t n) {
+    Bytes b(n);
+    for (auto& x : b) x = uint8_t(rng());
+    return b;
+  };
+  std::vector<proto::Record> b1{DataRecord(1, 0, data(8192)), DataRecord(2, 65536, data(4096)), FlushRecord(3),
+                                TagRecord(4, "before-upgrade")};
+  ref.Apply(b1);
+  auto m = Call(*ch, Batch(vid, b1));
+  auto* ack = std::get_if<proto::Ack>(&m);
+  REQUIRE(ack != nullptr);
+  REQUIRE(ack->volume_id == vid);
+  REQUIRE(ack->durable_seq == 4);
+
+  // A gap names the expected sequence; nothing applied.
+  m = Call(*ch, Batch(vid, {DataRecord(6, 0, data(512))}));
+  auto* nack = std::get_if<proto::Nack>(&m);
+  REQUIRE(nack != nullptr);
+  REQUIRE(nack->reason == proto::NackReason::kGap);
+  REQUIRE(nack->expected_seq == 5);
+  // A record past the end: kBadRecord; the connection stays usable.
+  m = Call(*ch, Batch(vid, {DataRecord(5, 0, data(512)), DataRecord(6, size - 512, data(1024))}));
+  nack = std::get_if<proto::Nack>(&m);
+  REQUIRE(nack != nullptr);
+  REQUIRE(nack->reason == proto::NackReason::kBadRecord);
+  // Unknown volume id.
+  m = Call(*ch, Batch(vid + 10, {DataRecord(5, 0, data(512))}));
+  nack = std::get_if<proto::Nack>(&m);
+  REQUIRE(nack != nullptr);
+  REQUIRE(nack->reason == proto::NackReason::kUnknownVolume);
+  // Duplicates are acked.
+  m = Call(*ch, Batch(vid, b1));
+  ack = std::get_if<proto::Ack>(&m);
+  REQUIRE((ack != nullptr && ack->durable_seq == 4));
+  std::vector<proto::Record> b2{DataRecord(5, 4096, data(4096)), ZeroRecord(6, 65536, 4096), FlushRecord(7)};
+  ref.Apply(b2);
+  m = Call(*ch, Batch(vid, b2));
+  ack = std::get_if<proto::Ack>(&m);
+  REQUIRE((ack != nullptr && ack->durable_seq == 7));
+
+  proto::HashRequest hr;
+  hr.volume_id = vid;
+  hr.request_id = 99;
+  hr.region_size = 256 * 1024;
+  hr.first_region = 0;
+  hr.count = 4;
+  m = Call(*ch, hr);
+  auto* hs = std::get_if<proto::HashResponse>(&m);
+  REQUIRE(hs != nullptr);
+  REQUIRE(hs->request_id == 99);
+  REQUIRE(hs->hashes.size() == 4);
+  for (int i = 0; i < 4; ++i) REQUIRE(hs->hashes[i] == Xxh3_128(ref.image().data() + i * 256 * 1024, 256 * 1024));
+
+  m = Call(*ch, proto::Heartbeat{12345, 0});
+  auto* hb = std::get_if<proto::Heartbeat>(&m);
+  REQUIRE((hb != nullptr && hb->echo_us == 12345));
+
+  // A wrong generation is refused; a reconnect resumes at the durable sequence.
+  m = Call(*ch, OpenMsg("db1", size, 0));
+  nack = std::get_if<proto::Nack>(&m);
+  REQUIRE((nack != nullptr && nack->reason == proto::NackReason::kWrongGeneration));
+  ch.reset();
+  auto ch2 = Client(d.mt->port(), "acme", "s3cret-acme");
+  OpenVolume(*ch2, OpenMsg("db1", size), 7);
+
+  // The replica file holds the reference image.
+  REQUIRE(ReadFile(VolumeDir(dir.path(), "acme", "db1") + "/replica.img") == ref.image());
+}
+
+TEST_CASE("tenants are isolated: secrets, directories, volumes", "[server][tenant]") {
+  TempDir dir;
+  Daemon d(dir.path());
+  // A wrong secret and an unknown tenant are refused alike.
+  for (auto [t, s] : std::vector<std::pair<std::string, std::string>>{{"acme", "s3cret-globex"}, {"nobody", "x"}}) {
+    auto ch = Connect("127.0.0.1", d.mt->port(), kTimeout);
+    REQUIRE(ch.ok());
+    Status st = ClientHandshake(**ch, proto::Role::kProcessServer, t, "ps", s, kTimeout);
+    REQUIRE(st.code() == Code::kPermissionDenied);
+  }
+  auto a = Client(d.mt->port(), "acme", "s3cret-acme");
+  auto g = Client(d.mt->port(), "globex", "s3cret-globex");
+  uint32_t va = OpenVolume(*a, OpenMsg("shared-name", 1 << 20), 0);
+  REQUIRE(std::holds_alternative<proto::Ack>(Call(*a, Batch(va, {DataRecord(1, 0, Bytes(4096, 0xaa))}))));
+  // The same name at another tenant is another volume, starting empty.
+  uint32_t vg = OpenVolume(*g, OpenMsg("shared-name", 1 << 20), 0);
+  proto::HashRequest hr;
+  hr.volume_id = vg;
+  hr.region_size = 4096;
+  hr.count = 1;
+  auto m = Call(*g, hr);
+  auto* hs = std::get_if<proto::HashResponse>(&m);
+  REQUIRE(hs != nullptr);
+  Bytes zeros(4096, 0);
+  REQUIRE(hs->hashes[0] == Xxh3_128(zeros.data(), zeros.size()));
+  // A volume id of one connection means nothing on another.
+  m = Call(*g, Batch(va + 5, {DataRecord(1, 0, Bytes(512, 1))}));
+  REQUIRE(std::holds_alternative<proto::Nack>(m));
+  REQUIRE(d.mt->FindVolume("acme", "shared-name") != d.mt->FindVolume("globex", "shared-name"));
+  REQUIRE(VolumeDir(dir.path(), "acme", "../globex") == "");
+  REQUIRE(VolumeDir(dir.path(), "..", "x") == "");
+}
+
+namespace {
+
+// A daemon with one volume of `size` bytes written by batches; points at every flush.
+struct Populated {
+  explicit Populated(uint64_t size, int batches) : d(dir.path()), gen(size, 21) {
+    ch = Client(d.mt->port(), "acme", "s3cret-acme");
+    vid = OpenVolume(*ch, OpenMsg("vm1", size), 0);
+    for (auto& b : gen.Batches(batches, 10)) {
+      auto m = Call(*ch, Batch(vid, b));
+      REQUIRE(std::holds_alternative<proto::Ack>(m));
+    }
+  }
+  TempDir dir;
+  Daemon d;
+  StreamGen gen;
+  std::unique_ptr<FrameChannel> ch;
+  uint32_t vid = 0;
+};
+
+}  // namespace
+
+TEST_CASE("control API: volumes, points, export, rollback, hashes", "[server][control]") {
+  Populated p(1 << 20, 30);
+  const uint16_t cport = p.d.mt->control_port();
+  auto vols = Http(cport, "GET", "/v1/volumes", "", 200);
+  REQUIRE(vols.at("volumes").as_array().size() == 1);
+  REQUIRE(vols.at("volumes").at(0).at("applied_seq").to_number<uint64_t>() == p.gen.last_seq());
+  auto pts = Http(cport, "GET", "/v1/points?volume=vm1&tenant=acme", "", 200);
+  const auto& arr = pts.at("points").as_array();
+  REQUIRE(arr.size() == p.gen.points().size());
+  REQUIRE(arr.size() >= 2);
+  Http(cport, "GET", "/v1/points?volume=nope", "", 404);
+  Http(cport, "GET", "/v1/points?volume=../x", "", 400);
+
+  auto hashes = Http(cport, "GET", "/v1/hashes?volume=vm1&region_size=262144", "", 200);
+  REQUIRE(hashes.at("hashes").as_array().size() == 4);
+
+  // An export pins its point: rollback is refused while it is open.
+  const auto& mid = arr[arr.size() / 2];
+  std::string body = "{\"volume\":\"vm1\",\"point\":" + std::to_string(mid.at("id").as_int64()) + "}";
+  auto ex = Http(cport, "POST", "/v1/export", body, 200);
+  std::string name(ex.at("export").as_string());
+  REQUIRE(ex.at("seq").to_number<uint64_t>() == mid.at("seq").to_number<uint64_t>());
+  Http(cport, "POST", "/v1/rollback", body, 409);
+  Http(cport, "GET", "/v1/exports", "", 200);
+  Http(cport, "DELETE", "/v1/export?name=" + name, "", 200);
+  Http(cport, "DELETE", "/v1/export?name=" + name, "", 404);
+
+  auto rb = Http(cport, "POST", "/v1/rollback", body, 200);
+  REQUIRE(std::string(rb.at("state").as_string()) == "failed-over");
+  uint64_t seq = mid.at("seq").to_number<uint64_t>();
+  REQUIRE(ReadFile(VolumeDir(p.dir.path(), "acme", "vm1") + "/replica.img") == p.gen.ImageAt(seq));
+  // Replication of a failed-over volume is refused until re-protected.
+  auto m = Call(*p.ch, Batch(p.vid, {DataRecord(p.gen.last_seq() + 1, 0, Bytes(512, 1))}));
+  auto* nack = std::get_if<proto::Nack>(&m);
+  REQUIRE((nack != nullptr && nack->reason == proto::NackReason::kWrongGeneration));
+  Http(cport, "POST", "/v1/rollback", "{\"volume\":\"vm1\",\"point\":999999}", 404);
+  auto metrics = http::HttpRequest("127.0.0.1", cport, "GET", "/metrics", "", kTimeout);
+  REQUIRE(metrics.ok());
+  REQUIRE(metrics->body.find("cdp_mt_applied_bytes_total{tenant=\"acme\",volume=\"vm1\"}") != std::string::npos);
+  REQUIRE(metrics->body.find("process_cpu_seconds_total") != std::string::npos);
+}
+
+TEST_CASE("restart: volumes reopen with their points and durable sequence", "[server]") {
+  TempDir dir;
+  StreamGen gen(1 << 20, 5);
+  auto batches = gen.Batches(10, 6);
+  {
+    Daemon d(dir.path());
+    auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+    uint32_t vid = OpenVolume(*ch, OpenMsg("vm1", 1 << 20), 0);
+    for (auto& b : batches) REQUIRE(std::holds_alternative<proto::Ack>(Call(*ch, Batch(vid, b))));
+  }
+  Daemon d(dir.path());
+  auto v = d.mt->FindVolume("acme", "vm1");
+  REQUIRE(v != nullptr);
+  REQUIRE(v->applied_seq() == gen.last_seq());
+  REQUIRE(v->ListPoints().size() == gen.points().size());
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  OpenVolume(*ch, OpenMsg("vm1", 1 << 20), gen.last_seq());
+}
+
+namespace {
+
+void RequireProgram(const std::string& p) {
+  INFO(p << " is not installed (Debian: qemu-utils / libnbd-bin)");
+  REQUIRE(HaveProgram(p));
+}
+
+std::string StartExport(uint16_t cport, uint64_t seq, bool writable, std::string* url, uint16_t nbd_port) {
+  std::string body = "{\"volume\":\"vm1\",\"tenant\":\"acme\",\"seq\":" + std::to_string(seq) +
+                     ",\"writable\":" + (writable ? "true" : "false") + "}";
+  auto ex = Http(cport, "POST", "/v1/export", body, 200);
+  std::string name(ex.at("export").as_string());
+  REQUIRE(ex.at("port").to_number<uint16_t>() == nbd_port);
+  *url = "nbd://127.0.0.1:" + std::to_string(nbd_port) + "/" + name;
+  return name;
+}
+
+}  // namespace
+
+TEST_CASE("qemu-img convert and nbdcopy of a point-in-time export equal the reference, while replication goes on",
+          "[server][e2e]") {
+  RequireProgram("qemu-img");
+  RequireProgram("nbdcopy");
+  RequireProgram("nbdinfo");
+  const uint64_t size = 4 << 20;
+  Populated p(size, 40);
+  const auto& points = p.gen.points();
+  REQUIRE(points.size() >= 3);
+  const uint64_t seq = points[points.size() / 2].seq;
+  std::string url;
+  StartExport(p.d.mt->control_port(), seq, false, &url, p.d.mt->nbd_port());
+
+  // New writes keep arriving after the export started.
+  for (auto& b : p.gen.Batches(20, 10)) REQUIRE(std::holds_alternative<proto::Ack>(Call(*p.ch, Batch(p.vid, b))));
+
+  auto r = RunCommand({"nbdinfo", "--size", url}, 30000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(std::stoull(r.output) == size);
+  r = RunCommand({"nbdinfo", "--json", url}, 30000);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.output.find("\"is_read_only\": true") != std::string::npos);
+
+  std::string out1 = p.dir.path() + "/convert.raw", out2 = p.dir.path() + "/copy.raw";
+  r = RunCommand({"qemu-img", "convert", "-f", "raw", "-O", "raw", url, out1}, 60000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(ReadFile(out1) == p.gen.ImageAt(seq));
+  r = RunCommand({"nbdcopy", url, out2}, 60000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(ReadFile(out2) == p.gen.ImageAt(seq));
+  // And the replica itself is at the newest sequence.
+  REQUIRE(ReadFile(VolumeDir(p.dir.path(), "acme", "vm1") + "/replica.img") == p.gen.image());
+}
+
+TEST_CASE("writable export: qemu-io writes land in the overlay, never in the replica", "[server][e2e]") {
+  RequireProgram("qemu-io");
+  const uint64_t size = 1 << 20;
+  Populated p(size, 10);
+  const uint64_t seq = p.gen.last_seq();
+  std::string url;
+  std::string name = StartExport(p.d.mt->control_port(), seq, true, &url, p.d.mt->nbd_port());
+  const Bytes before = ReadFile(VolumeDir(p.dir.path(), "acme", "vm1") + "/replica.img");
+  auto r = RunCommand({"qemu-io", "-f", "raw", "-c", "write -P 0x5a 1000 5000", "-c", "read -P 0x5a 1000 5000",
+                       "-c", "flush", url},
+                      30000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.output.find("Pattern verification failed") == std::string::npos);
+  // Bytes around the write keep the point's content (copy-on-write of partial blocks).
+  std::string out = p.dir.path() + "/rw.raw";
+  r = RunCommand({"qemu-img", "convert", "-f", "raw", "-O", "raw", url, out}, 60000);
+  REQUIRE(r.exit_code == 0);
+  Bytes expect = p.gen.ImageAt(seq);
+  std::fill(expect.begin() + 1000, expect.begin() + 6000, 0x5a);
+  REQUIRE(ReadFile(out) == expect);
+  REQUIRE(ReadFile(VolumeDir(p.dir.path(), "acme", "vm1") + "/replica.img") == before);
+  Http(p.d.mt->control_port(), "DELETE", "/v1/export?name=" + name, "", 200);
+}
