@@ -24,7 +24,9 @@ using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr size_t kReadChunk = 256 * 1024;
+constexpr size_t kReadChunk = 256 * 1024;  // initial read buffer
+constexpr size_t kMinFree = 64 * 1024;      // room for at least this much per read
+constexpr size_t kShrinkAbove = 16u << 20;  // buffer size given back once empty
 
 // Runs `ctx` until the operation flagged by `done` completes or `timeout`
 // passes; in the latter case cancels it via `cancel` and runs until the
@@ -196,25 +198,30 @@ Result<proto::Message> FrameChannel::Receive(Millis timeout) {
       return m;
     }
 
-    // Need more bytes. Make room: slide the undecoded bytes to the front, and
-    // grow only when a single frame needs more than the buffer holds. Growth is
-    // bounded because DecodeFrame refuses lengths over max_payload.
+    // Need more bytes. Make room: slide the undecoded bytes to the front and
+    // grow to hold the whole frame once its header (and so its length, already
+    // checked against max_payload by DecodeFrame) is known.
     SteadyClock::duration left = deadline - SteadyClock::now();
     if (left <= SteadyClock::duration::zero()) {
       return Status::Busy(peer_ + ": no complete frame within " + std::to_string(timeout.count()) + " ms");
     }
-    if (rbuf_.size() - rbuf_end_ < kReadChunk / 4) {
-      if (rbuf_start_ > 0) {
-        std::memmove(rbuf_.data(), rbuf_.data() + rbuf_start_, rbuf_end_ - rbuf_start_);
-        rbuf_end_ -= rbuf_start_;
-        rbuf_start_ = 0;
-      }
-      if (rbuf_.size() - rbuf_end_ < kReadChunk / 4) rbuf_.resize(rbuf_.size() * 2);
-    } else if (rbuf_start_ == rbuf_end_ && rbuf_.size() > 4 * kReadChunk) {
-      // A large frame has passed; give the memory back.
-      Bytes fresh(kReadChunk);
+    const size_t have = rbuf_end_ - rbuf_start_;
+    if (have == 0 && rbuf_.size() > kShrinkAbove) {
+      Bytes fresh(kReadChunk);  // a large frame has passed; give the memory back
       rbuf_.swap(fresh);
       rbuf_start_ = rbuf_end_ = 0;
+    }
+    size_t want = have + kMinFree;
+    if (have >= proto::kHeaderSize) {
+      want = std::max(want, proto::kHeaderSize + DecodeFixed32(rbuf_.data() + rbuf_start_ + 8) + kMinFree);
+    }
+    if (rbuf_.size() - rbuf_start_ < want) {
+      if (rbuf_start_ > 0) {
+        std::memmove(rbuf_.data(), rbuf_.data() + rbuf_start_, have);
+        rbuf_start_ = 0;
+        rbuf_end_ = have;
+      }
+      if (rbuf_.size() < want) rbuf_.resize(std::max(want, rbuf_.size() * 2));
     }
 
     bool done = false;
