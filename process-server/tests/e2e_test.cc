@@ -182,8 +182,8 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
   uint64_t applied_records = 0;
   // 1. The master target goes away and comes back while the agent keeps writing.
   REQUIRE(WaitFor([&] { return agent.acked.load() >= kTotal / 4; }, 60s));
-  applied_records += AppliedRecords(*mt);
   mt->Stop();
+  applied_records += AppliedRecords(*mt);
   mt.reset();
   REQUIRE(WaitFor([&] { return agent.acked.load() >= kTotal / 2; }, 60s));  // the spool absorbs it
   mt = std::make_unique<cdp::mt::MasterTarget>(MtOptions(mt_dir.path, mt_port));
