@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
       ("data_dir", po::value<std::string>()->default_value("/var/lib/cdp/master-target"), "replicas, journals, indexes")
       ("tenant", po::value<std::vector<std::string>>()->composing(), "a tenant as NAME:SECRET (repeatable)")
       ("tenants_file", po::value<std::string>(), "file of tenants, one 'NAME = SECRET' per line")
+      ("tenant_quota", po::value<std::vector<std::string>>()->composing(),
+       "NAME:SIZE, bytes of volumes + journals a tenant may use (repeatable)")
       ("segment_size", po::value<cdp::ByteSize>()->default_value(cdp::ByteSize{64ull << 20}), "undo journal segment size")
       ("point_interval", po::value<cdp::Duration>()->default_value(cdp::Duration{5'000'000}),
        "at most one crash-consistent point per interval")
@@ -136,6 +138,18 @@ int main(int argc, char** argv) {
       }
       if (nl == std::string::npos) break;
       pos = nl + 1;
+    }
+  }
+  if (vm.count("tenant_quota")) {
+    for (const auto& q : vm["tenant_quota"].as<std::vector<std::string>>()) {
+      auto c = q.find(':');
+      auto size = c == std::string::npos ? cdp::Result<cdp::ByteSize>(cdp::Status::InvalidArgument("missing ':'"))
+                                         : cdp::ParseByteSize(q.substr(c + 1));
+      if (!size.ok() || !o.tenants.count(q.substr(0, c))) {
+        std::cerr << "cdp-master-target: bad tenant_quota '" << q << "' (NAME:SIZE of a configured tenant)\n";
+        return 2;
+      }
+      o.tenant_quota_bytes[q.substr(0, c)] = size->bytes;
     }
   }
   if (o.tenants.empty()) log->warn("no tenants configured: every connection will be refused");

@@ -104,6 +104,27 @@ struct MasterTarget::Impl {
 
   static std::string Key(const std::string& t, const std::string& n) { return t + "/" + n; }
 
+  uint64_t Quota(const std::string& tenant) const {
+    auto it = o.tenant_quota_bytes.find(tenant);
+    return it == o.tenant_quota_bytes.end() ? 0 : it->second;
+  }
+  // Bytes a tenant uses: its volumes' sizes plus their journals. vol_mu held.
+  uint64_t UsageLocked(const std::string& tenant) {
+    uint64_t used = 0;
+    for (auto& [k, e] : volumes) {
+      if (e->tenant != tenant) continue;
+      VolumeStatus st = e->volume->GetStatus();
+      used += st.identity.size + st.journal_bytes;
+    }
+    return used;
+  }
+  bool OverQuota(const std::string& tenant) {
+    uint64_t q = Quota(tenant);
+    if (q == 0) return false;
+    std::lock_guard<std::mutex> lk(vol_mu);
+    return UsageLocked(tenant) > q;
+  }
+
   VolumeOptions VolOpts(const std::string& tenant, const std::string& name) {
     VolumeOptions vo;
     vo.env = o.env;
@@ -184,6 +205,14 @@ struct MasterTarget::Impl {
           bad.ack = false;
           bad.reason = proto::NackReason::kBadRecord;
           bad.message = "bad volume name";
+          return std::make_pair(std::shared_ptr<VolEntry>(), bad);
+        }
+        if (uint64_t q = Quota(tenant); q != 0 && UsageLocked(tenant) + m.size > q) {
+          ApplyOutcome bad;
+          bad.ack = false;
+          bad.reason = proto::NackReason::kPermissionDenied;
+          bad.message = "tenant quota exceeded: " + std::to_string(UsageLocked(tenant)) + " + " +
+                        std::to_string(m.size) + " > " + std::to_string(q) + " bytes";
           return std::make_pair(std::shared_ptr<VolEntry>(), bad);
         }
         CDP_RETURN_IF_ERROR(o.env->CreateDirs(dir));
@@ -273,6 +302,10 @@ struct MasterTarget::Impl {
         auto it = handles.find(wb->volume_id);
         if (it == handles.end()) {
           s = nack(wb->volume_id, proto::NackReason::kUnknownVolume, "unknown volume id");
+        } else if (OverQuota(*tenant) && !wb->records.empty() &&
+                   wb->records.back().seq > it->second->volume->applied_seq()) {
+          s = nack(wb->volume_id, proto::NackReason::kBusy, "tenant quota exceeded; retry after retention",
+                   it->second->volume->applied_seq() + 1);
         } else {
           auto r = it->second->volume->ApplyBatch(wb->records);
           uint64_t first = wb->records.empty() ? 0 : wb->records.front().seq;

@@ -20,6 +20,7 @@
 //        under the tenant's directory. Bad name/size/block size -> Nack kBadRecord.
 //     -> Nack{kWrongGeneration} for another uuid, size or block size, a lower
 //        generation, or a failed-over volume opened with the same generation.
+//     -> Nack{kPermissionDenied} when creating it would exceed the tenant's quota.
 //        A HIGHER generation re-protects: journal and points are dropped, the
 //        replica is kept as it is, durable_seq = 0 (the sequence restarts at 1;
 //        the source resyncs by region hashes).
@@ -33,6 +34,7 @@
 //       the batch applied; the connection and other volumes are unaffected
 //       unknown volume_id       -> Nack{kUnknownVolume}
 //       failed-over volume      -> Nack{kWrongGeneration}
+//       tenant over its quota   -> Nack{kBusy} (retry later: retention frees journal space)
 //       I/O failure at the MT   -> Nack{kInternal} (the partial batch is undone; resend)
 //     once the whole batch is durable (journal synced, replica synced, sqlite
 //     committed) -> Ack{volume_id, durable_seq = last seq of the batch}.
@@ -106,6 +108,9 @@ struct MasterTargetOptions {
   const Clock* clock = nullptr;     // must outlive the MasterTarget
   std::string data_dir;             // real directory (sqlite lives there too)
   std::map<std::string, std::string> tenants;  // name -> secret
+  // name -> bytes a tenant may use (sum of its volumes' sizes and journals);
+  // absent or 0 = unlimited.
+  std::map<std::string, uint64_t> tenant_quota_bytes;
   std::string listen_host = "0.0.0.0";
   int listen_port = 7500;           // 0 = ephemeral (tests)
   std::string control_host = "127.0.0.1";

@@ -28,12 +28,13 @@ namespace {
 constexpr auto kTimeout = std::chrono::milliseconds(10000);
 
 struct Daemon {
-  explicit Daemon(const std::string& dir) : env(NewPosixEnv()) {
+  explicit Daemon(const std::string& dir, uint64_t globex_quota = 0) : env(NewPosixEnv()) {
     MasterTargetOptions o;
     o.env = env.get();
     o.clock = SystemClock::Get();
     o.data_dir = dir;
     o.tenants = {{"acme", "s3cret-acme"}, {"globex", "s3cret-globex"}};
+    if (globex_quota) o.tenant_quota_bytes["globex"] = globex_quota;
     o.listen_host = "127.0.0.1";
     o.listen_port = 0;
     o.control_port = 0;
@@ -216,6 +217,38 @@ TEST_CASE("tenants are isolated: secrets, directories, volumes", "[server][tenan
   REQUIRE(d.mt->FindVolume("acme", "shared-name") != d.mt->FindVolume("globex", "shared-name"));
   REQUIRE(VolumeDir(dir.path(), "acme", "../globex") == "");
   REQUIRE(VolumeDir(dir.path(), "..", "x") == "");
+}
+
+TEST_CASE("tenant quota: volume creation refused, writes pushed back when journals fill it", "[server][tenant]") {
+  TempDir dir;
+  Daemon d(dir.path(), (1 << 20) + (600 << 10));
+  auto g = Client(d.mt->port(), "globex", "s3cret-globex");
+  uint32_t v = OpenVolume(*g, OpenMsg("small", 1 << 20), 0);
+  auto m = Call(*g, OpenMsg("second", 1 << 20));
+  auto* nack = std::get_if<proto::Nack>(&m);
+  REQUIRE((nack != nullptr && nack->reason == proto::NackReason::kPermissionDenied));
+  // Two overwrites of 512 KiB put 512 KiB of old data in the journal; the next
+  // overwrite passes the quota, so the one after it is pushed back.
+  uint64_t seq = 0;
+  int acked = 0;
+  proto::NackReason last = proto::NackReason::kInternal;
+  for (int i = 0; i < 6; ++i) {
+    m = Call(*g, Batch(v, {DataRecord(seq + 1, 0, Bytes(512 << 10, uint8_t(i + 1)))}));
+    if (std::holds_alternative<proto::Ack>(m)) {
+      ++seq;
+      ++acked;
+    } else {
+      last = std::get<proto::Nack>(m).reason;
+      REQUIRE(std::get<proto::Nack>(m).expected_seq == seq + 1);
+      break;
+    }
+  }
+  REQUIRE(acked == 3);
+  REQUIRE(last == proto::NackReason::kBusy);
+  // Another tenant is not affected.
+  auto a = Client(d.mt->port(), "acme", "s3cret-acme");
+  uint32_t va = OpenVolume(*a, OpenMsg("big", 4 << 20), 0);
+  REQUIRE(std::holds_alternative<proto::Ack>(Call(*a, Batch(va, {DataRecord(1, 0, Bytes(4096, 1))}))));
 }
 
 namespace {
