@@ -17,7 +17,8 @@
 // its own. Until Init() is called, loggers write to stderr at level info, or
 // CDP_LOG_LEVEL if set.
 //
-// Thread safety: Get(), Init() and every logger are thread-safe.
+// Thread safety: Get() and every logger are thread-safe. Init() replaces the
+// sinks of existing loggers: call it at start-up, before other threads log.
 #pragma once
 
 #include <fmt/format.h>

@@ -104,7 +104,7 @@ class Histogram {
  public:
   // `bounds` must be non-empty, finite and strictly ascending (else std::logic_error).
   explicit Histogram(std::vector<double> bounds);
-  void Observe(double v);  // lock-free: a binary search plus three relaxed atomics
+  void Observe(double v);  // lock-free: a binary search plus three relaxed atomics; NaN is ignored
   HistogramSnapshot Snapshot() const;
   double Quantile(double q) const { return EstimateQuantile(Snapshot(), q); }
   const std::vector<double>& bounds() const { return bounds_; }
