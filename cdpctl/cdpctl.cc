@@ -1,0 +1,401 @@
+#include "cdpctl/cdpctl.h"
+
+#include <boost/json.hpp>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "common/http_server.h"
+
+namespace cdp::ctl {
+namespace json = boost::json;
+
+namespace {
+
+struct Call {
+  bool reached = false;  // the daemon answered at all
+  int status = 0;        // HTTP status
+  json::value body;      // parsed body (null if not JSON)
+  std::string error;     // transport or daemon error text
+};
+
+Call Http(const Options& o, const Endpoint& ep, std::string_view method, const std::string& target,
+          const json::value& body = nullptr) {
+  Call c;
+  std::string payload = body.is_null() ? std::string() : json::serialize(body);
+  auto r = http::HttpRequest(ep.host, ep.port, method, target, payload, std::chrono::milliseconds(o.timeout_ms));
+  if (!r.ok()) {
+    c.error = r.status().ToString();
+    return c;
+  }
+  c.reached = true;
+  c.status = r->status;
+  boost::system::error_code ec;
+  c.body = json::parse(r->body, ec);
+  if (ec) c.body = nullptr;
+  if (c.status / 100 != 2) {
+    const json::object* o2 = c.body.if_object();
+    const json::value* e = o2 ? o2->if_contains("error") : nullptr;
+    c.error = (e && e->is_string()) ? std::string(e->as_string()) : r->body;
+  }
+  return c;
+}
+
+std::string Where(const Endpoint& ep) { return ep.host + ":" + std::to_string(ep.port); }
+
+// Percent-encodes a query value.
+std::string Q(std::string_view s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if (std::isalnum(ch) || ch == '-' || ch == '_' || ch == '.' || ch == '~') {
+      out += char(ch);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", ch);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+std::string TenantParam(const Options& o) { return o.tenant.empty() ? "" : "&tenant=" + Q(o.tenant); }
+
+double Num(const json::object& o, std::string_view key, double dflt = 0) {
+  const json::value* v = o.if_contains(key);
+  if (!v) return dflt;
+  if (v->is_double()) return v->as_double();
+  if (v->is_int64()) return double(v->as_int64());
+  if (v->is_uint64()) return double(v->as_uint64());
+  return dflt;
+}
+
+std::string Str(const json::object& o, std::string_view key, std::string dflt = "") {
+  const json::value* v = o.if_contains(key);
+  if (v && v->is_string()) return std::string(v->as_string());
+  if (v && v->is_bool()) return v->as_bool() ? "yes" : "no";
+  return dflt;
+}
+
+std::string Bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+
+std::string Secs(double s) {
+  char buf[32];
+  if (s < 0) return "-";
+  if (s < 120) std::snprintf(buf, sizeof buf, "%.1fs", s);
+  else if (s < 7200) std::snprintf(buf, sizeof buf, "%.0fm%02.0fs", std::floor(s / 60), std::fmod(s, 60));
+  else std::snprintf(buf, sizeof buf, "%.1fh", s / 3600);
+  return buf;
+}
+
+const json::array* Volumes(const json::value& body) {
+  const json::object* o = body.if_object();
+  if (!o) return nullptr;
+  const json::value* v = o->if_contains("volumes");
+  return v ? v->if_array() : nullptr;
+}
+
+int Status(const Options& o, std::ostream& out, std::ostream& err) {
+  Call a = Http(o, o.agent, "GET", "/status");
+  Call p = Http(o, o.ps, "GET", "/status");
+  Call m = Http(o, o.mt, "GET", "/status");
+  if (o.json) {
+    json::object all;
+    all["agent"] = a.reached ? a.body : json::value(json::object{{"error", a.error}});
+    all["process_server"] = p.reached ? p.body : json::value(json::object{{"error", p.error}});
+    all["master_target"] = m.reached ? m.body : json::value(json::object{{"error", m.error}});
+    out << json::serialize(all) << "\n";
+    return (a.reached || p.reached || m.reached) ? 0 : 1;
+  }
+  char line[512];
+  out << "agent " << Where(o.agent) << (a.reached ? "" : "  unreachable: " + a.error) << "\n";
+  if (auto* vols = Volumes(a.body)) {
+    std::snprintf(line, sizeof line, "  %-16s %-9s %-5s %10s %10s %12s %12s  %s\n", "VOLUME", "MODE", "LINK",
+                  "RPO LAG", "QUEUE", "CAPTURED", "SENT", "RESYNC");
+    out << line;
+    for (const auto& v : *vols) {
+      const json::object& x = v.as_object();
+      double total = Num(x, "resync_total"), left = Num(x, "resync_remaining");
+      std::string resync = "-";
+      if (total > 0 && left > 0) {
+        resync = ProgressBar(1.0 - left / total) + " ETA " + Secs(Num(x, "resync_eta_seconds", -1));
+      } else if (left > 0) {
+        resync = std::to_string(int64_t(left)) + " regions pending";
+      }
+      std::snprintf(line, sizeof line, "  %-16s %-9s %-5s %10s %10s %12s %12s  %s\n", Str(x, "name").c_str(),
+                    Str(x, "mode").c_str(), Str(x, "connected", "-").c_str(),
+                    Secs(Num(x, "rpo_lag_seconds", -1)).c_str(), Bytes(Num(x, "queue_bytes")).c_str(),
+                    Bytes(Num(x, "captured_bytes")).c_str(), Bytes(Num(x, "bytes_sent")).c_str(), resync.c_str());
+      out << line;
+    }
+  }
+  out << "process server " << Where(o.ps) << (p.reached ? "" : "  unreachable: " + p.error) << "\n";
+  if (auto* vols = Volumes(p.body)) {
+    std::snprintf(line, sizeof line, "  %-16s %-10s %10s %10s %9s %12s %12s %7s\n", "VOLUME", "TENANT", "BACKLOG",
+                  "OLDEST", "BUSY", "IN", "OUT", "RATIO");
+    out << line;
+    for (const auto& v : *vols) {
+      const json::object& x = v.as_object();
+      std::snprintf(line, sizeof line, "  %-16s %-10s %10s %10s %9s %12s %12s %7.2f\n", Str(x, "volume").c_str(),
+                    Str(x, "tenant").c_str(), Bytes(Num(x, "backlog_bytes")).c_str(),
+                    Secs(Num(x, "oldest_record_age_seconds")).c_str(), Str(x, "busy", "-").c_str(),
+                    Bytes(Num(x, "bytes_in")).c_str(), Bytes(Num(x, "bytes_out")).c_str(),
+                    Num(x, "compression_ratio", 1.0));
+      out << line;
+    }
+  }
+  out << "master target " << Where(o.mt) << (m.reached ? "" : "  unreachable: " + m.error) << "\n";
+  if (auto* vols = Volumes(m.body)) {
+    std::snprintf(line, sizeof line, "  %-16s %-10s %-11s %12s %12s %7s\n", "VOLUME", "TENANT", "STATE", "APPLIED",
+                  "JOURNAL", "POINTS");
+    out << line;
+    for (const auto& v : *vols) {
+      const json::object& x = v.as_object();
+      std::snprintf(line, sizeof line, "  %-16s %-10s %-11s %12.0f %12s %7.0f\n", Str(x, "volume").c_str(),
+                    Str(x, "tenant").c_str(), Str(x, "state").c_str(), Num(x, "applied_seq"),
+                    Bytes(Num(x, "journal_bytes")).c_str(), Num(x, "points"));
+      out << line;
+    }
+  }
+  if (!a.reached && !p.reached && !m.reached) {
+    err << "cdpctl: no daemon answered\n";
+    return 1;
+  }
+  return 0;
+}
+
+int Fail(std::ostream& err, const std::string& what, const Call& c) {
+  err << "cdpctl: " << what << ": " << (c.error.empty() ? "HTTP " + std::to_string(c.status) : c.error) << "\n";
+  return 1;
+}
+
+int Tag(const Options& o, const std::string& name, std::ostream& out, std::ostream& err) {
+  Call c = Http(o, o.agent, "POST", "/v1/tag", json::object{{"name", name}});
+  if (!c.reached || c.status != 200) return Fail(err, "tag " + name, c);
+  if (o.json) {
+    out << json::serialize(c.body) << "\n";
+    return 0;
+  }
+  out << "tag '" << name << "' inserted:\n";
+  if (const json::object* b = c.body.if_object()) {
+    if (const json::value* s = b->if_contains("seqs"); s && s->is_object()) {
+      for (const auto& [vol, seq] : s->as_object()) out << "  " << std::string(vol) << " at sequence " << seq << "\n";
+    }
+  }
+  return 0;
+}
+
+int Points(const Options& o, const std::string& volume, std::ostream& out, std::ostream& err) {
+  Call c = Http(o, o.mt, "GET", "/v1/points?volume=" + Q(volume) + TenantParam(o));
+  if (!c.reached || c.status != 200) return Fail(err, "points " + volume, c);
+  if (o.json) {
+    out << json::serialize(c.body) << "\n";
+    return 0;
+  }
+  const json::object& b = c.body.as_object();
+  out << "volume " << Str(b, "volume") << " (tenant " << Str(b, "tenant") << "), applied sequence "
+      << uint64_t(Num(b, "applied_seq")) << "\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %6s %-6s %12s  %-26s %s\n", "POINT", "KIND", "SEQUENCE", "TIME (UTC)", "NAME");
+  out << line;
+  if (const json::value* pts = b.if_contains("points"); pts && pts->is_array()) {
+    for (const auto& pv : pts->as_array()) {
+      const json::object& p = pv.as_object();
+      std::string when = Str(p, "time");
+      if (when.empty()) {
+        double us = Num(p, "time_us");
+        std::time_t t = std::time_t(us / 1e6);
+        char tb[64];
+        std::strftime(tb, sizeof tb, "%Y-%m-%d %H:%M:%S", std::gmtime(&t));
+        when = tb;
+      }
+      std::snprintf(line, sizeof line, "  %6.0f %-6s %12.0f  %-26s %s\n", Num(p, "id"), Str(p, "kind").c_str(),
+                    Num(p, "seq"), when.c_str(), Str(p, "name").c_str());
+      out << line;
+    }
+  }
+  return 0;
+}
+
+// POINT is an id from `points`, or "seq:N" for an exact sequence.
+json::object PointArg(const std::string& volume, const std::string& point, const Options& o) {
+  json::object b{{"volume", volume}};
+  if (!o.tenant.empty()) b["tenant"] = o.tenant;
+  if (point.rfind("seq:", 0) == 0) b["seq"] = point.substr(4);
+  else b["point"] = point;
+  return b;
+}
+
+int Rollback(const Options& o, const std::string& volume, const std::string& point, std::ostream& out,
+             std::ostream& err) {
+  Call c = Http(o, o.mt, "POST", "/v1/rollback", PointArg(volume, point, o));
+  if (!c.reached || c.status != 200) return Fail(err, "rollback " + volume, c);
+  if (o.json) {
+    out << json::serialize(c.body) << "\n";
+    return 0;
+  }
+  const json::object& b = c.body.as_object();
+  out << "volume " << volume << " rolled back to sequence " << uint64_t(Num(b, "applied_seq")) << "; state "
+      << Str(b, "state") << "\n";
+  return 0;
+}
+
+int Export(const Options& o, const std::string& spec, bool writable, std::ostream& out, std::ostream& err) {
+  size_t at = spec.find('@');
+  if (at == std::string::npos || at == 0 || at + 1 == spec.size()) {
+    err << "cdpctl: export wants VOLUME@POINT (POINT: an id from 'points', or seq:N)\n";
+    return 2;
+  }
+  json::object b = PointArg(spec.substr(0, at), spec.substr(at + 1), o);
+  b["writable"] = writable;
+  Call c = Http(o, o.mt, "POST", "/v1/export", b);
+  if (!c.reached || c.status != 200) return Fail(err, "export " + spec, c);
+  if (o.json) {
+    out << json::serialize(c.body) << "\n";
+    return 0;
+  }
+  const json::object& r = c.body.as_object();
+  out << "nbd://" << o.mt.host << ":" << uint64_t(Num(r, "port")) << "/" << Str(r, "export") << "  (sequence "
+      << uint64_t(Num(r, "seq")) << (writable ? ", writable overlay discarded at unexport" : ", read-only")
+      << ")\n";
+  return 0;
+}
+
+int Unexport(const Options& o, const std::string& name, std::ostream& out, std::ostream& err) {
+  Call c = Http(o, o.mt, "DELETE", "/v1/export?name=" + Q(name));
+  if (!c.reached || c.status != 200) return Fail(err, "unexport " + name, c);
+  if (o.json) out << json::serialize(c.body) << "\n";
+  else out << "export " << name << " removed\n";
+  return 0;
+}
+
+// Region hashes of `volume` from one daemon, all regions, as hex strings.
+bool FetchHashes(const Options& o, const Endpoint& ep, const std::string& volume, uint64_t region_size,
+                 std::vector<std::string>* hashes, uint64_t* seq, std::ostream& err) {
+  uint64_t first = 0;
+  for (;;) {
+    std::string target = "/v1/hashes?volume=" + Q(volume) + "&region_size=" + std::to_string(region_size) +
+                         "&first=" + std::to_string(first) + TenantParam(o);
+    Call c = Http(o, ep, "GET", target);
+    if (!c.reached || c.status != 200) {
+      Fail(err, "hashes of " + volume + " from " + Where(ep), c);
+      return false;
+    }
+    const json::object& b = c.body.as_object();
+    if (first == 0) *seq = uint64_t(Num(b, "applied_seq", Num(b, "seq")));
+    const json::value* hs = b.if_contains("hashes");
+    if (!hs || !hs->is_array()) {
+      err << "cdpctl: " << Where(ep) << " sent no hashes\n";
+      return false;
+    }
+    for (const auto& h : hs->as_array()) hashes->push_back(std::string(h.as_string()));
+    if (hs->as_array().empty() || !b.if_contains("more") || !b.at("more").as_bool()) {
+      if (hs->as_array().size() < 65536) return true;
+    }
+    first += hs->as_array().size();
+  }
+}
+
+int Verify(const Options& o, const std::string& volume, uint64_t region_size, std::ostream& out, std::ostream& err) {
+  std::vector<std::string> src, rep;
+  uint64_t src_seq = 0, rep_seq = 0;
+  if (!FetchHashes(o, o.agent, volume, region_size, &src, &src_seq, err)) return 1;
+  if (!FetchHashes(o, o.mt, volume, region_size, &rep, &rep_seq, err)) return 1;
+  std::vector<uint64_t> differ;
+  for (size_t i = 0; i < std::max(src.size(), rep.size()); ++i) {
+    if (i >= src.size() || i >= rep.size() || src[i] != rep[i]) differ.push_back(i);
+  }
+  if (o.json) {
+    json::array d;
+    for (auto r : differ) d.push_back(r);
+    out << json::serialize(json::object{{"volume", volume},
+                                        {"region_size", region_size},
+                                        {"regions", src.size()},
+                                        {"source_seq", src_seq},
+                                        {"replica_seq", rep_seq},
+                                        {"differing", d}})
+        << "\n";
+  } else {
+    out << "verify " << volume << ": " << src.size() << " regions of " << Bytes(double(region_size))
+        << ", source at sequence " << src_seq << ", replica at " << rep_seq << "\n";
+    if (differ.empty()) {
+      out << "  identical\n";
+    } else {
+      out << "  " << differ.size() << " region(s) differ:";
+      for (size_t i = 0; i < differ.size() && i < 64; ++i) out << " " << differ[i];
+      if (differ.size() > 64) out << " ...";
+      out << "\n";
+      if (src_seq != rep_seq) out << "  (replica is behind the source: wait for catch-up and verify again)\n";
+    }
+  }
+  return differ.empty() ? 0 : 1;
+}
+
+int Usage(std::ostream& err) {
+  err << "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
+         "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
+         "  export VOLUME@POINT [--writable] | unexport EXPORT | verify VOLUME [--region-size BYTES]\n";
+  return 2;
+}
+
+}  // namespace
+
+bool ParseEndpoint(const std::string& text, Endpoint* ep) {
+  size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  unsigned port = 0;
+  const char* b = text.data() + colon + 1;
+  const char* e = text.data() + text.size();
+  auto [p, ec] = std::from_chars(b, e, port);
+  if (ec != std::errc() || p != e || port == 0 || port > 65535) return false;
+  ep->host = text.substr(0, colon);
+  if (ep->host.size() > 2 && ep->host.front() == '[' && ep->host.back() == ']') ep->host = ep->host.substr(1, ep->host.size() - 2);
+  ep->port = uint16_t(port);
+  return true;
+}
+
+std::string ProgressBar(double fraction, int width) {
+  if (!(fraction >= 0)) fraction = 0;
+  if (fraction > 1) fraction = 1;
+  int fill = int(std::lround(fraction * width));
+  char pct[16];
+  std::snprintf(pct, sizeof pct, "%5.1f%%", fraction * 100);
+  return "[" + std::string(size_t(fill), '#') + std::string(size_t(width - fill), '.') + "] " + pct;
+}
+
+int Run(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args.empty()) return Usage(err);
+  const std::string& cmd = args[0];
+  if (cmd == "status" && args.size() == 1) return Status(o, out, err);
+  if (cmd == "tag" && args.size() == 2) return Tag(o, args[1], out, err);
+  if (cmd == "points" && args.size() == 2) return Points(o, args[1], out, err);
+  if (cmd == "rollback" && args.size() == 4 && args[2] == "--to") return Rollback(o, args[1], args[3], out, err);
+  if (cmd == "export" && (args.size() == 2 || (args.size() == 3 && args[2] == "--writable"))) {
+    return Export(o, args[1], args.size() == 3, out, err);
+  }
+  if (cmd == "unexport" && args.size() == 2) return Unexport(o, args[1], out, err);
+  if (cmd == "verify" && (args.size() == 2 || (args.size() == 4 && args[2] == "--region-size"))) {
+    uint64_t rs = 1 << 20;
+    if (args.size() == 4) {
+      auto [p, ec] = std::from_chars(args[3].data(), args[3].data() + args[3].size(), rs);
+      if (ec != std::errc() || p != args[3].data() + args[3].size() || rs < 4096 || (rs & (rs - 1))) {
+        err << "cdpctl: --region-size must be a power of two >= 4096\n";
+        return 2;
+      }
+    }
+    return Verify(o, args[1], rs, out, err);
+  }
+  return Usage(err);
+}
+
+}  // namespace cdp::ctl

@@ -1,0 +1,50 @@
+// cdpctl: the operator CLI. It talks to each daemon's control endpoint (JSON over
+// HTTP, common/http_server.h) and prints either human tables or the daemons'
+// JSON (--json).
+//
+//   cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND ...
+//     status                        every reachable daemon, one line per volume
+//     tag NAME                      one consistency tag across the agent's volumes
+//     points VOLUME                 recovery points held by the master target
+//     rollback VOLUME --to POINT    fail over: rewind the replica to a point
+//     export VOLUME@POINT [--writable]   serve the point over NBD (test failover)
+//     unexport EXPORT               stop an export
+//     verify VOLUME [--region-size B]    compare source and replica region hashes
+//
+// The functions below are split from main() so that tests can run a command
+// and check its exit code and output. Thread safety: none needed (one thread).
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace cdp::ctl {
+
+struct Endpoint {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+};
+
+struct Options {
+  Endpoint agent{"127.0.0.1", 9100};
+  Endpoint ps{"127.0.0.1", 9101};
+  Endpoint mt{"127.0.0.1", 9102};
+  std::string tenant;     // empty: the master target's only tenant
+  bool json = false;
+  int timeout_ms = 10000;
+};
+
+// Runs one command (`args` = the command and its operands). Writes the result
+// to `out` and problems to `err`. Returns the process exit code: 0 success,
+// 1 the command failed (daemon refused, verify found differences), 2 usage.
+int Run(const Options& opts, const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+// "host:port" -> Endpoint; false if malformed.
+bool ParseEndpoint(const std::string& text, Endpoint* ep);
+
+// A text progress bar: "[#####.....]  50.0%".
+std::string ProgressBar(double fraction, int width = 20);
+
+}  // namespace cdp::ctl

@@ -1,0 +1,30 @@
+// cdpctl: see cdpctl/cdpctl.h.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cdpctl/cdpctl.h"
+
+int main(int argc, char** argv) {
+  cdp::ctl::Options opts;
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto endpoint = [&](cdp::ctl::Endpoint* ep) {
+      if (i + 1 >= argc || !cdp::ctl::ParseEndpoint(argv[i + 1], ep)) {
+        std::cerr << "cdpctl: " << a << " wants HOST:PORT\n";
+        std::exit(2);
+      }
+      ++i;
+    };
+    if (a == "--agent") endpoint(&opts.agent);
+    else if (a == "--ps") endpoint(&opts.ps);
+    else if (a == "--mt") endpoint(&opts.mt);
+    else if (a == "--json") opts.json = true;
+    else if (a == "--tenant" && i + 1 < argc) opts.tenant = argv[++i];
+    else if (a == "--timeout-ms" && i + 1 < argc) opts.timeout_ms = std::atoi(argv[++i]);
+    else if (a == "-h" || a == "--help") args.clear(), args.push_back("--help");
+    else args.push_back(a);
+  }
+  return cdp::ctl::Run(opts, args, std::cout, std::cerr);
+}
