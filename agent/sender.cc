@@ -55,6 +55,10 @@ void Sender::Stop() {
   }
   stop_cv_.notify_all();
   dev_->queue().Wake();
+  {
+    std::lock_guard lk(mu_);
+    if (active_ != nullptr) active_->Close();
+  }
   if (thread_.joinable()) thread_.join();
 }
 
@@ -171,6 +175,11 @@ Status Sender::Session() {
 
   Conn c;
   c.ch = std::move(ch);
+  {
+    std::lock_guard lk(mu_);
+    active_ = c.ch.get();
+  }
+  if (stop_) c.ch->Close();
   c.volume_id = vr->volume_id;
   c.acked = q.acked_seq();
   c.next_send = c.acked + 1;
@@ -243,6 +252,10 @@ Status Sender::Session() {
   }
   c.ch->Close();
   if (c.receiver.joinable()) c.receiver.join();
+  {
+    std::lock_guard lk(mu_);
+    active_ = nullptr;
+  }
   if (stop_ && result.ok()) result = Status::Aborted("stopping");
   return result;
 }

@@ -124,6 +124,7 @@ class Sender {
   std::condition_variable stop_cv_;
 
   mutable std::mutex mu_;   // guards st_ and the fields below
+  FrameChannel* active_ = nullptr;  // the session's channel (closed by Stop)
   SenderStats st_;
   uint64_t last_checkpoint_us_ = 0;
   uint64_t resync_pass_start_us_ = 0;

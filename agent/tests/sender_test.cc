@@ -1,0 +1,209 @@
+// The capture tap + sender against a test peer (agent/tests/test_peer.h):
+// mode transitions under a slow peer, resync by hash comparison, resync after
+// a crash with a dirty bitmap.
+#include "agent/sender.h"
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "agent/tests/test_peer.h"
+#include "common/fault_env.h"
+
+using namespace std::chrono_literals;
+using cdp::agent::CaptureDevice;
+using cdp::agent::CaptureMode;
+using cdp::agent::Sender;
+using cdp::agent::SenderOptions;
+using cdp::agent::testing::TestPeer;
+
+namespace {
+
+constexpr uint64_t kMiB = 1u << 20;
+
+// Polls `pred` until it holds or `timeout` passes (a condition with a deadline).
+template <typename Pred>
+bool WaitUntil(Pred pred, std::chrono::milliseconds timeout = 30s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
+
+void MakeBacking(cdp::Env* env, const std::string& path, const cdp::Bytes& content) {
+  REQUIRE(env->CreateDirs(cdp::DirName(path)).ok());
+  cdp::OpenOptions oo;
+  oo.create = true;
+  oo.truncate = true;
+  auto f = std::move(*env->Open(path, oo));
+  REQUIRE(f->Write(0, content).ok());
+  REQUIRE(f->Sync().ok());
+  REQUIRE(env->SyncDir(cdp::DirName(path)).ok());
+}
+
+cdp::Bytes ReadAll(cdp::Env* env, const std::string& path) {
+  auto r = cdp::ReadWholeFile(env, path);
+  REQUIRE(r.ok());
+  return *r;
+}
+
+std::shared_ptr<CaptureDevice> OpenDevice(cdp::Env* env, uint64_t budget = 64 * kMiB) {
+  CaptureDevice::Options o;
+  o.volume = "vol";
+  o.env = env;
+  o.clock = cdp::SystemClock::Get();
+  o.backing_path = "/d/vol.img";
+  o.bitmap_path = "/d/vol.bitmap";
+  o.budget = budget;
+  auto d = CaptureDevice::Open(o);
+  REQUIRE(d.ok());
+  return *d;
+}
+
+SenderOptions Opts(const TestPeer& peer) {
+  SenderOptions so;
+  so.ps_port = peer.port();
+  so.tenant = "t1";
+  so.secret = "s3cret";
+  so.client_id = "test-agent";
+  so.batch_bytes = 256 * 1024;
+  so.backoff_min_ms = 10;
+  so.backoff_max_ms = 200;
+  so.busy_backoff_ms = 10;
+  so.checkpoint_interval_ms = 20;
+  so.connect_timeout_ms = 2000;
+  return so;
+}
+
+// Everything captured reached the peer and was acknowledged; no resync left.
+bool Drained(CaptureDevice& dev, TestPeer& peer) {
+  auto st = dev.queue().Stats();
+  return st.records == 0 && st.mode == CaptureMode::kData && dev.bitmap().ResyncCount() == 0 &&
+         peer.durable() == st.next_seq - 1;
+}
+
+cdp::Bytes Random(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  cdp::Bytes b(n);
+  for (auto& x : b) x = uint8_t(rng());
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("a slow peer degrades the modes within budget; after drain the replica equals the source",
+          "[sender][modes]") {
+  auto env = cdp::NewMemEnv();
+  const uint64_t size = 32 * kMiB, budget = 2 * kMiB;
+  MakeBacking(env.get(), "/d/vol.img", cdp::Bytes(size, 0));
+  TestPeer peer("t1", "s3cret", size);
+  auto dev = OpenDevice(env.get(), budget);
+  Sender sender(dev.get(), Opts(peer));
+  sender.Start();
+  // Initial sync: every region compared, all equal (both zero).
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  REQUIRE(sender.Stats().resync_equal == 32);
+  REQUIRE(sender.Stats().resync_shipped == 0);
+
+  peer.Pause();
+  std::mt19937 rng(7);
+  auto data = Random(64 * 1024, 1);
+  uint64_t peak = 0;
+  for (int i = 0; i < 8000; ++i) {
+    uint64_t len = 512 * (1 + rng() % 128);
+    uint64_t off = (rng() % ((size - len) / 512)) * 512;
+    data[0] = uint8_t(i);
+    REQUIRE(dev->Write(off, cdp::ByteSpan(data.data(), len), false).ok());
+    if (i % 100 == 99) {
+      REQUIRE(dev->Flush().ok());
+    }
+    if (i % 200 == 50) REQUIRE(dev->WriteZeroes(off, 8192, false, true).ok());
+    peak = std::max(peak, dev->queue().Stats().memory_bytes);
+  }
+  auto st = dev->queue().Stats();
+  INFO("records " << st.records << " mem " << st.memory_bytes << " acked " << st.acked_seq << " next " << st.next_seq
+       << " peer durable " << peer.durable() << " batches " << sender.Stats().batches_sent);
+  REQUIRE(st.peak_memory_bytes <= budget);
+  REQUIRE(peak <= budget);
+  REQUIRE(st.to_metadata == 1);
+  REQUIRE(st.to_bitmap == 1);
+  REQUIRE(st.flushes_suppressed > 0);
+  REQUIRE(dev->bitmap().ResyncCount() > 0);
+
+  peer.Resume();
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  REQUIRE(dev->queue().Stats().to_data >= 1);
+  REQUIRE(sender.Stats().resync_shipped > 0);
+  REQUIRE(sender.Stats().reread_bytes > 0);
+  REQUIRE(peer.Image() == ReadAll(env.get(), "/d/vol.img"));
+  // Back in data mode: a flush is a recovery point again.
+  uint64_t flushes = peer.count(cdp::proto::RecordKind::kFlush);
+  REQUIRE(dev->Write(0, cdp::ByteSpan(data.data(), 4096), true).ok());
+  REQUIRE(dev->Flush().ok());
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  REQUIRE(peer.count(cdp::proto::RecordKind::kFlush) == flushes + 1);
+  sender.Stop();
+}
+
+TEST_CASE("resync ships only the regions that differ", "[sender][resync]") {
+  auto env = cdp::NewMemEnv();
+  const uint64_t size = 16 * kMiB;
+  cdp::Bytes src = Random(size, 3);
+  MakeBacking(env.get(), "/d/vol.img", src);
+  cdp::Bytes replica = src;
+  for (uint64_t r : {3, 7, 11, 15}) replica[r * kMiB + 12345] ^= 0x5a;
+  TestPeer peer("t1", "s3cret", size);
+  peer.SetImage(replica);
+  auto dev = OpenDevice(env.get());
+  REQUIRE(dev->bitmap().ResyncCount() == 16);
+  Sender sender(dev.get(), Opts(peer));
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  auto ss = sender.Stats();
+  REQUIRE(ss.resync_compared == 16);
+  REQUIRE(ss.resync_equal == 12);
+  REQUIRE(ss.resync_shipped == 4);
+  REQUIRE(peer.count(cdp::proto::RecordKind::kData) == 4);
+  REQUIRE(peer.Image() == src);
+  sender.Stop();
+  // The bitmap is clean on disk: a restart resyncs nothing.
+  dev.reset();
+  auto again = OpenDevice(env.get());
+  REQUIRE(again->bitmap().ResyncCount() == 0);
+}
+
+TEST_CASE("after a crash exactly the dirty regions are resynced", "[sender][resync][fault]") {
+  auto mem = cdp::NewMemEnv();
+  cdp::FaultEnv fault(mem.get());
+  const uint64_t size = 16 * kMiB;
+  MakeBacking(&fault, "/d/vol.img", cdp::Bytes(size, 0));
+  TestPeer peer("t1", "s3cret", size);
+  {
+    auto dev = OpenDevice(&fault);
+    Sender sender(dev.get(), Opts(peer));
+    sender.Start();
+    // Initial sync done and the clean bitmap persisted.
+    REQUIRE(WaitUntil([&] { return Drained(*dev, peer) && dev->bitmap().DirtyCount() == 0; }));
+    sender.Stop();
+    // Writes the process server never sees, made durable by FLUSH, then the power goes.
+    auto data = Random(8192, 9);
+    for (uint64_t r : {2, 5, 9}) REQUIRE(dev->Write(r * kMiB + 4096, data, false).ok());
+    REQUIRE(dev->Write(5 * kMiB + 65536, data, false).ok());  // a second write into region 5
+    REQUIRE(dev->Flush().ok());
+    fault.CrashNow();
+  }
+  REQUIRE(fault.DropUnsyncedData().ok());
+  auto dev = OpenDevice(&fault);
+  REQUIRE(dev->bitmap().ResyncCount() == 3);
+  Sender sender(dev.get(), Opts(peer));
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  auto ss = sender.Stats();
+  REQUIRE(ss.resync_compared == 3);
+  REQUIRE(ss.resync_shipped == 3);
+  REQUIRE(peer.Image() == ReadAll(&fault, "/d/vol.img"));
+  sender.Stop();
+}

@@ -1,0 +1,253 @@
+// TEST HARNESS ONLY (not shipped): a minimal process-server *peer* for the
+// agent's tests, built on the real FrameChannel + ServerHandshake. It accepts
+// agent connections on 127.0.0.1 (ephemeral port), answers VolumeOpen with its
+// durable sequence, applies every WriteBatch to an in-memory replica image (so
+// a test can compare it with the source), acknowledges it, and answers
+// HashRequest with XXH3-128 hashes of that image. Each volume name gets its
+// own image (of the size given to the constructor). It is *not* the process
+// server (no spool, no durability): it stands in for one only where the tests
+// need to control the pace — Pause() stops it from reading, so the agent's
+// queue backs up exactly as behind a slow process server.
+//
+// Thread safety: all public methods are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <poll.h>
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/channel.h"
+#include "common/hash.h"
+#include "common/protocol.h"
+
+namespace cdp::agent::testing {
+
+class TestPeer {
+ public:
+  TestPeer(std::string tenant, std::string secret, uint64_t volume_size)
+      : tenant_(std::move(tenant)), secret_(std::move(secret)), volume_size_(volume_size) {
+    acceptor_.open(boost::asio::ip::tcp::v4());
+    acceptor_.set_option(boost::asio::socket_base::reuse_address(true));
+    acceptor_.bind(boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+    acceptor_.listen();
+    port_ = acceptor_.local_endpoint().port();
+    thread_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~TestPeer() {
+    stop_ = true;
+    Resume();
+    boost::system::error_code ec;
+    if (thread_.joinable()) thread_.join();
+    acceptor_.close(ec);
+    {
+      std::lock_guard lk(mu_);
+      for (auto* ch : open_) ch->Close();
+    }
+    if (thread_.joinable()) thread_.join();
+    for (auto& t : conns_) t.join();
+  }
+
+  uint16_t port() const { return port_; }
+  void Pause() {
+    std::lock_guard lk(mu_);
+    paused_ = true;
+  }
+  void Resume() {
+    std::lock_guard lk(mu_);
+    paused_ = false;
+    cv_.notify_all();
+  }
+  // Replaces the replica image of `vol` (before the agent connects).
+  void SetImage(Bytes image, const std::string& vol = "vol") {
+    std::lock_guard lk(mu_);
+    Vol(vol).image = std::move(image);
+  }
+  Bytes Image(const std::string& vol = "vol") {
+    std::lock_guard lk(mu_);
+    return Vol(vol).image;
+  }
+  uint64_t durable(const std::string& vol = "vol") {
+    std::lock_guard lk(mu_);
+    return Vol(vol).durable;
+  }
+  // Records received by kind, data records whose length is the region size
+  // and whose offset is region-aligned (what a resync ships), tags by name.
+  uint64_t count(proto::RecordKind k, const std::string& vol = "vol") {
+    std::lock_guard lk(mu_);
+    auto& v = Vol(vol);
+    auto it = v.kinds.find(k);
+    return it == v.kinds.end() ? 0 : it->second;
+  }
+  // (tag name, its sequence) in arrival order.
+  std::vector<std::pair<std::string, uint64_t>> tags(const std::string& vol = "vol") {
+    std::lock_guard lk(mu_);
+    return Vol(vol).tags;
+  }
+  uint64_t hash_requests() const {
+    std::lock_guard lk(mu_);
+    return hash_requests_;
+  }
+  // Waits (bounded) until `pred(durable)` holds.
+  template <typename Pred>
+  bool WaitDurable(Pred pred, std::chrono::milliseconds timeout, const std::string& vol = "vol") {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, timeout, [&] { return pred(Vol(vol).durable); });
+  }
+
+ private:
+  struct VolState {
+    Bytes image;
+    uint64_t durable = 0;
+    std::map<proto::RecordKind, uint64_t> kinds;
+    std::vector<std::pair<std::string, uint64_t>> tags;
+  };
+  VolState& Vol(const std::string& name) {  // mu_ held
+    auto it = vols_.find(name);
+    if (it == vols_.end()) {
+      it = vols_.emplace(name, VolState{}).first;
+      it->second.image.assign(volume_size_, 0);
+    }
+    return it->second;
+  }
+
+  void AcceptLoop() {
+    while (!stop_) {
+      // Poll with a short timeout so that the destructor's stop_ is seen.
+      pollfd pfd{acceptor_.native_handle(), POLLIN, 0};
+      int n = ::poll(&pfd, 1, 50);
+      if (n <= 0) continue;
+      if ((pfd.revents & POLLIN) == 0) return;
+      boost::asio::ip::tcp::socket s(ctx_);
+      boost::system::error_code ec;
+      acceptor_.accept(s, ec);
+      if (ec || stop_) return;
+      auto ch = FrameChannel::Adopt(std::move(s));
+      if (!ch.ok()) continue;
+      std::shared_ptr<FrameChannel> c(std::move(*ch));
+      std::lock_guard lk(mu_);
+      open_.push_back(c.get());
+      conns_.emplace_back([this, c] { Serve(c); });
+    }
+  }
+
+  void Serve(std::shared_ptr<FrameChannel> ch) {
+    auto who = ServerHandshake(
+        *ch, [this](const std::string& t) -> std::optional<std::string> {
+          if (t == tenant_) return secret_;
+          return std::nullopt;
+        },
+        std::chrono::milliseconds(5000));
+    if (!who.ok()) return Forget(ch.get());
+    std::string vol;
+    while (!stop_) {
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return !paused_ || stop_; });
+      }
+      auto m = ch->Receive(std::chrono::milliseconds(100));
+      if (!m.ok()) {
+        if (m.status().code() == Code::kBusy) continue;
+        break;
+      }
+      Status s = Handle(*ch, *m, &vol);
+      if (!s.ok()) break;
+    }
+    Forget(ch.get());
+  }
+
+  void Forget(FrameChannel* ch) {
+    std::lock_guard lk(mu_);
+    std::erase(open_, ch);
+  }
+
+  Status Handle(FrameChannel& ch, const proto::Message& m, std::string* vol) {
+    if (auto* vo = std::get_if<proto::VolumeOpen>(&m)) {
+      std::lock_guard lk(mu_);
+      *vol = vo->name;
+      if (vo->size != Vol(*vol).image.size()) return ch.Send(proto::Nack{0, proto::NackReason::kBadRecord, 0, "size"});
+      return ch.Send(proto::VolumeOpenReply{1, Vol(*vol).durable});
+    }
+    if (vol->empty()) return Status::InvalidArgument("no volume open");
+    if (auto* wb = std::get_if<proto::WriteBatch>(&m)) {
+      std::unique_lock lk(mu_);
+      VolState& v = Vol(*vol);
+      Bytes& img = v.image;
+      uint64_t& dur = v.durable;
+      for (const auto& r : wb->records) {
+        if (r.seq <= dur) continue;
+        if (r.seq != dur + 1) {
+          uint64_t e = dur + 1;
+          lk.unlock();
+          return ch.Send(proto::Nack{wb->volume_id, proto::NackReason::kGap, e, "gap"});
+        }
+        if (r.offset + r.length > img.size() && r.kind != proto::RecordKind::kTag) {
+          return Status::InvalidArgument("record out of range");
+        }
+        ++v.kinds[r.kind];
+        switch (r.kind) {
+          case proto::RecordKind::kData:
+            std::copy(r.data.begin(), r.data.end(), img.begin() + long(r.offset));
+            break;
+          case proto::RecordKind::kZero:
+          case proto::RecordKind::kTrim:
+            std::fill(img.begin() + long(r.offset), img.begin() + long(r.offset + r.length), 0);
+            break;
+          case proto::RecordKind::kTag:
+            v.tags.emplace_back(std::string(r.data.begin(), r.data.end()), r.seq);
+            break;
+          case proto::RecordKind::kFlush:
+            break;
+        }
+        dur = r.seq;
+      }
+      uint64_t d = dur;
+      cv_.notify_all();
+      lk.unlock();
+      return ch.Send(proto::Ack{wb->volume_id, d});
+    }
+    if (auto* hr = std::get_if<proto::HashRequest>(&m)) {
+      proto::HashResponse resp;
+      resp.volume_id = hr->volume_id;
+      resp.request_id = hr->request_id;
+      resp.region_size = hr->region_size;
+      resp.first_region = hr->first_region;
+      std::lock_guard lk(mu_);
+      ++hash_requests_;
+      const Bytes& img = Vol(*vol).image;
+      for (uint32_t i = 0; i < hr->count; ++i) {
+        uint64_t off = (hr->first_region + i) * hr->region_size;
+        if (off >= img.size()) break;
+        uint64_t len = std::min<uint64_t>(hr->region_size, img.size() - off);
+        resp.hashes.push_back(Xxh3_128(img.data() + off, len));
+      }
+      return ch.Send(resp);
+    }
+    if (std::get_if<proto::Heartbeat>(&m) != nullptr) return Status::OK();
+    return Status::InvalidArgument("unexpected message");
+  }
+
+  std::string tenant_, secret_;
+  boost::asio::io_context ctx_;
+  boost::asio::ip::tcp::acceptor acceptor_{ctx_};
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::vector<std::thread> conns_;  // guarded by mu_ while accepting; joined in the destructor
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool paused_ = false;
+  std::vector<FrameChannel*> open_;
+  uint64_t volume_size_;
+  std::map<std::string, VolState> vols_;
+  uint64_t hash_requests_ = 0;
+};
+
+}  // namespace cdp::agent::testing
