@@ -778,8 +778,13 @@ Status Volume::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t
     if (p.from_undo) {
       std::shared_ptr<File> f = SegmentFile(p.entry.segment);
       if (!f) return Status::Corruption(id_.name + ": journal segment of an indexed record is gone");
-      CDP_RETURN_IF_ERROR(ReadUndoSlice(*f, p.entry.header(), p.entry.location(),
-                                        uint32_t(p.offset - p.entry.offset), p.length, dst));
+      if (p.offset == p.entry.offset && p.length == p.entry.length) {
+        // A whole record: read it with its CRC check.
+        CDP_RETURN_IF_ERROR(ReadUndoData(*f, p.entry.header(), p.entry.location(), dst));
+      } else {
+        CDP_RETURN_IF_ERROR(ReadUndoSlice(*f, p.entry.header(), p.entry.location(),
+                                          uint32_t(p.offset - p.entry.offset), p.length, dst));
+      }
     } else {
       CDP_RETURN_IF_ERROR(replica_->Read(p.offset, p.length, dst));
     }

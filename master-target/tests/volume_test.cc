@@ -589,3 +589,32 @@ TEST_CASE("zero and trim over several undo chunks, and region hashes", "[volume]
   REQUIRE((*v)->Rollback(2).ok());
   REQUIRE(ReplicaFile(env.get(), "/t/vol1", size) == ref.ImageAt(2));
 }
+
+TEST_CASE("a corrupt undo record is detected by reads and never applied by rollback", "[volume][corruption]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  auto v = Volume::Open(Opts(env.get(), &clock, tmp.path() + "/i.db"), &kIdent);
+  REQUIRE(v.ok());
+  REQUIRE((*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 1)), FlushRecord(2)})->ack);
+  REQUIRE((*v)->ApplyBatch({DataRecord(3, 0, Bytes(4096, 2)), FlushRecord(4)})->ack);
+  // The undo record of seq 3 holds 4096 bytes of 0x01; flip one of them.
+  auto names = env->ListDir("/t/vol1/journal");
+  REQUIRE(names.ok());
+  auto f = env->Open("/t/vol1/journal/" + names->back(), OpenOptions{});
+  REQUIRE(f.ok());
+  uint64_t at = 0;
+  auto scan = ScanSegment(**f, 1, 0, false, UINT64_MAX, [&](const UndoHeader& h, const UndoLocation& l) {
+    if (h.seq == 3) at = l.file_offset + kRecordHeaderSize + 100;
+    return Status::OK();
+  });
+  REQUIRE(scan.ok());
+  REQUIRE(at != 0);
+  uint8_t b = 0x7f;
+  REQUIRE((*f)->Write(at, ByteSpan(&b, 1)).ok());
+  Bytes buf(4096);
+  REQUIRE((*v)->ReadAt(2, 0, 4096, buf.data()).IsCorruption());
+  REQUIRE((*v)->Rollback(2).IsCorruption());
+  Bytes img = ReplicaFile(env.get(), "/t/vol1", kVolSize);
+  REQUIRE(img[100] == 2);  // the corrupt bytes were not written to the replica
+}
