@@ -1,0 +1,351 @@
+// cdp-loadgen: the change-rate tool operators use to size WAN links.
+// Subcommands: tree, churn, plan, record, sweep, wanem (docs/loadgen.md).
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "bench/data.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "loadgen/churn.h"
+#include "loadgen/plan.h"
+#include "loadgen/profile.h"
+#include "loadgen/scrape.h"
+#include "loadgen/sweep.h"
+#include "loadgen/tree.h"
+
+namespace po = boost::program_options;
+using namespace cdp;
+using namespace cdp::loadgen;
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: cdp-loadgen <command> [options]   (cdp-loadgen <command> --help for its options)\n"
+    "  tree    write or verify a deterministic tree of files (the seed's GenerateTestTree)\n"
+    "  churn   hold a change rate against an NBD export or a file\n"
+    "  plan    WAN sizing report from a churn profile (CSV)\n"
+    "  record  poll a daemon's /metrics counter into a churn profile CSV\n"
+    "  sweep   the seed's experiment against running daemons: tables (Markdown, CSV) and SVG charts\n"
+    "  wanem   emulated WAN between two network namespaces (root): up, down\n";
+
+// Parses the options of one subcommand; returns -1 to continue, else an exit code.
+int Load(int argc, char** argv, const po::options_description& desc, const std::string& summary, LoadedConfig* out) {
+  ConfigOptions co;
+  co.program = std::string("cdp-loadgen ") + argv[0];
+  co.summary = summary;
+  auto r = LoadConfig(argc, argv, desc, co);
+  if (!r.ok()) {
+    std::cerr << "cdp-loadgen " << argv[0] << ": " << r.status().message() << "\n";
+    return 2;
+  }
+  if (r->help) {
+    std::cout << r->help_text;
+    return 0;
+  }
+  *out = std::move(*r);
+  return -1;
+}
+
+// "30" -> 30 s; otherwise the Duration syntax ("30s", "2m").
+Result<Duration> SecondsOrDuration(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("0123456789.") == std::string::npos) return ParseDuration(s + "s");
+  return ParseDuration(s);
+}
+
+void Sleep(uint64_t micros) { std::this_thread::sleep_for(std::chrono::microseconds(micros)); }
+
+int Fail(const char* cmd, const Status& s) {
+  std::cerr << "cdp-loadgen " << cmd << ": " << s.ToString() << "\n";
+  return 1;
+}
+
+TreeOptions TreeOpts(const po::variables_map& vm) {
+  TreeOptions t;
+  t.size_bytes = uint64_t(vm["size-mb"].as<double>() * 1024 * 1024);
+  t.seed = vm["seed"].as<uint64_t>();
+  t.compressibility = vm["compressibility"].as<double>();
+  t.fanout = vm["fanout"].as<uint32_t>();
+  t.depth = vm["depth"].as<uint32_t>();
+  t.sync = vm["sync"].as<bool>();
+  return t;
+}
+
+int CmdTree(int argc, char** argv) {
+  po::options_description d("tree options");
+  d.add_options()("mode", po::value<std::string>()->required(), "write | verify (or the seed's 0 | 1)")(
+      "size-mb", po::value<double>()->required(), "total size of the files, MiB (the seed's <size MB>)")(
+      "seed", po::value<uint64_t>()->default_value(8), "random seed (layout and content)")(
+      "dir", po::value<std::string>()->required(), "destination directory")(
+      "compressibility", po::value<double>()->default_value(0.75), "share of non-random blocks, 0..1")(
+      "fanout", po::value<uint32_t>()->default_value(8), "directories per level")(
+      "depth", po::value<uint32_t>()->default_value(2), "directory levels")(
+      "sync", po::value<bool>()->default_value(false)->implicit_value(true), "fsync every file after writing it");
+  LoadedConfig cfg;
+  if (int rc = Load(argc, argv, d, "Write or verify a deterministic tree of files (GenerateTestTree).", &cfg); rc >= 0)
+    return rc;
+  const auto& vm = cfg.vars;
+  std::string mode = vm["mode"].as<std::string>();
+  if (mode == "0") mode = "write";
+  if (mode == "1") mode = "verify";
+  TreeOptions t = TreeOpts(vm);
+  std::string dir = vm["dir"].as<std::string>();
+  Env* env = DefaultEnv();
+  auto* clock = SystemClock::Get();
+  uint64_t t0 = clock->NowMicros();
+  if (mode == "write") {
+    auto r = WriteTree(env, dir, t);
+    if (!r.ok()) return Fail("tree", r.status());
+    double s = double(clock->NowMicros() - t0) / 1e6;
+    std::printf("wrote %llu files in %llu directories, %llu bytes, under %s in %.3f s (%.2f MB/s)\n",
+                (unsigned long long)r->files, (unsigned long long)r->dirs, (unsigned long long)r->bytes, dir.c_str(),
+                s, s > 0 ? double(r->bytes) / s / 1e6 : 0.0);
+    return 0;
+  }
+  if (mode != "verify") return Fail("tree", Status::InvalidArgument("--mode must be write or verify"));
+  auto r = VerifyTree(env, dir, t);
+  if (!r.ok()) return Fail("tree", r.status());
+  for (const auto& m : r->missing) std::printf("MISSING %s\n", m.c_str());
+  for (const auto& m : r->mismatched) std::printf("MISMATCH %s\n", m.c_str());
+  for (const auto& m : r->unexpected) std::printf("UNEXPECTED %s\n", m.c_str());
+  std::printf("verified %llu files, %llu bytes: %s (%zu missing, %zu mismatched, %zu unexpected)\n",
+              (unsigned long long)r->files_checked, (unsigned long long)r->bytes_checked, r->ok() ? "OK" : "FAILED",
+              r->missing.size(), r->mismatched.size(), r->unexpected.size());
+  return r->ok() ? 0 : 1;
+}
+
+int CmdChurn(int argc, char** argv) {
+  po::options_description d("churn options");
+  d.add_options()("target", po::value<std::string>()->required(), "nbd://HOST:PORT/EXPORT or a file path")(
+      "rate", po::value<double>()->required(), "change rate, MB/s (10^6 bytes)")(
+      "duration", po::value<std::string>()->default_value("10"), "seconds, or a duration (\"2m\")")(
+      "pattern", po::value<std::string>()->default_value("seq"), "seq | random | zipf:THETA")(
+      "io-size", po::value<ByteSize>()->default_value(ByteSize{65536}), "bytes per write")(
+      "compressibility", po::value<double>()->default_value(0.75), "share of non-random blocks, 0..1")(
+      "seed", po::value<uint64_t>()->default_value(1), "random seed")(
+      "size", po::value<ByteSize>()->default_value(ByteSize{0}), "file target: create/extend to this size")(
+      "flush-every", po::value<ByteSize>()->default_value(ByteSize{64ull << 20}), "flush after this many bytes (0: at the end)")(
+      "json", po::value<bool>()->default_value(false)->implicit_value(true), "print the result as JSON");
+  LoadedConfig cfg;
+  if (int rc = Load(argc, argv, d, "Hold a change rate against a volume and report the rate achieved.", &cfg); rc >= 0)
+    return rc;
+  const auto& vm = cfg.vars;
+  ChurnOptions o;
+  o.rate_bytes_per_sec = vm["rate"].as<double>() * 1e6;
+  auto dur = SecondsOrDuration(vm["duration"].as<std::string>());
+  if (!dur.ok()) return Fail("churn", dur.status());
+  o.duration_us = dur->micros;
+  auto pat = ParsePattern(vm["pattern"].as<std::string>());
+  if (!pat.ok()) return Fail("churn", pat.status());
+  o.pattern = *pat;
+  uint64_t io = vm["io-size"].as<ByteSize>().bytes;
+  if (io == 0 || io > (32u << 20)) return Fail("churn", Status::InvalidArgument("--io-size must be 1 B..32 MiB"));
+  o.io_size = uint32_t(io);
+  o.compressibility = vm["compressibility"].as<double>();
+  o.seed = vm["seed"].as<uint64_t>();
+  o.flush_every_bytes = vm["flush-every"].as<ByteSize>().bytes;
+  const bool json = vm["json"].as<bool>();
+  if (!json)
+    o.progress = [](uint64_t us, uint64_t bytes) {
+      std::fprintf(stderr, "  %6.1f s  %10.1f MB  %8.2f MB/s\n", double(us) / 1e6, double(bytes) / 1e6,
+                   double(bytes) / double(us));
+    };
+  std::string spec = vm["target"].as<std::string>();
+  auto target = OpenTarget(DefaultEnv(), spec, vm["size"].as<ByteSize>().bytes);
+  if (!target.ok()) return Fail("churn", target.status());
+  auto r = RunChurn(target->get(), o, SystemClock::Get(), Sleep);
+  Status cs = (*target)->Close();
+  if (!r.ok()) return Fail("churn", r.status());
+  if (!cs.ok()) return Fail("churn", cs);
+  double achieved = r->achieved_bytes_per_sec();
+  if (json) {
+    boost::json::object j{{"target", spec},
+                          {"target_MBps", o.rate_bytes_per_sec / 1e6},
+                          {"achieved_MBps", achieved / 1e6},
+                          {"bytes", r->bytes},
+                          {"ops", r->ops},
+                          {"flushes", r->flushes},
+                          {"seconds", double(r->elapsed_us) / 1e6}};
+    std::cout << boost::json::serialize(j) << "\n";
+  } else {
+    std::printf("wrote %.1f MB in %llu ops to %s in %.3f s: achieved %.3f MB/s (target %.3f MB/s, %+.2f%%), %llu flushes\n",
+                double(r->bytes) / 1e6, (unsigned long long)r->ops, spec.c_str(), double(r->elapsed_us) / 1e6,
+                achieved / 1e6, o.rate_bytes_per_sec / 1e6, (achieved / o.rate_bytes_per_sec - 1) * 100,
+                (unsigned long long)r->flushes);
+  }
+  return 0;
+}
+
+Result<std::vector<double>> ParseRpoList(const std::string& s) {
+  std::vector<double> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t c = s.find(',', pos);
+    std::string item = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+    CDP_ASSIGN_OR_RETURN(Duration d, ParseDuration(item));
+    if (d.micros == 0) return Status::InvalidArgument("RPO must be > 0: '" + item + "'");
+    out.push_back(double(d.micros) / 1e6);
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return out;
+}
+
+int CmdPlan(int argc, char** argv) {
+  po::options_description d("plan options");
+  d.add_options()("profile", po::value<std::string>()->required(), "churn profile CSV (timestamp,bytes[,seconds])")(
+      "compression", po::value<std::string>()->default_value("1"), "ratio (raw/shipped) or 'measured'")(
+      "compressibility", po::value<double>()->default_value(0.75), "measured: data mix of the generated sample")(
+      "sample", po::value<std::string>()->default_value(""), "measured: compress this file instead (first 64 MiB)")(
+      "level", po::value<int>()->default_value(3), "measured: zstd level (the process server's)")(
+      "rpo", po::value<std::string>()->default_value("15m,30m,60m"), "RPO targets")(
+      "link", po::value<double>(), "link bandwidth, Mbit/s: report the achievable RPO")(
+      "growth", po::value<double>()->default_value(0.0), "plan for this much more churn (0.3 = 30%)")(
+      "percentile", po::value<double>()->default_value(95), "also size for the RPO met this % of the time")(
+      "outage-hours", po::value<double>()->default_value(4), "process-server cache for an outage this long")(
+      "retention", po::value<Duration>()->default_value(Duration{86400ull * 1000000}), "journal retention window")(
+      "format", po::value<std::string>()->default_value("md"), "md | json");
+  LoadedConfig cfg;
+  if (int rc = Load(argc, argv, d, "WAN sizing report from a churn profile.", &cfg); rc >= 0) return rc;
+  const auto& vm = cfg.vars;
+  Env* env = DefaultEnv();
+  auto text = ReadWholeFile(env, vm["profile"].as<std::string>());
+  if (!text.ok()) return Fail("plan", text.status());
+  auto prof = ParseProfileCsv(std::string_view(reinterpret_cast<const char*>(text->data()), text->size()));
+  if (!prof.ok()) return Fail("plan", prof.status());
+  PlanOptions o;
+  std::string comp = vm["compression"].as<std::string>();
+  if (comp == "measured") {
+    Bytes data;
+    std::string sample = vm["sample"].as<std::string>();
+    char src[256];
+    if (!sample.empty()) {
+      OpenOptions oo;
+      oo.read_only = true;
+      auto f = env->Open(sample, oo);
+      if (!f.ok()) return Fail("plan", f.status());
+      data.resize(64u << 20);
+      auto n = (*f)->ReadUpTo(0, data.size(), data.data());
+      if (!n.ok()) return Fail("plan", n.status());
+      data.resize(*n);
+      std::snprintf(src, sizeof(src), "measured: zstd -%d on %zu bytes of %s", vm["level"].as<int>(), data.size(),
+                    sample.c_str());
+    } else {
+      bench::DataMix mix;
+      mix.compressibility = vm["compressibility"].as<double>();
+      bench::DataGenerator gen(mix);
+      data = gen.Generate(32u << 20);
+      std::snprintf(src, sizeof(src), "measured: zstd -%d on 32 MiB of generated data, compressibility %g",
+                    vm["level"].as<int>(), mix.compressibility);
+    }
+    auto ratio = MeasureCompressionRatio(data, vm["level"].as<int>());
+    if (!ratio.ok()) return Fail("plan", ratio.status());
+    o.compression = *ratio;
+    o.compression_source = src;
+  } else {
+    char* end = nullptr;
+    o.compression = std::strtod(comp.c_str(), &end);
+    if (comp.empty() || *end != '\0') return Fail("plan", Status::InvalidArgument("--compression: a ratio or 'measured'"));
+  }
+  auto rpo = ParseRpoList(vm["rpo"].as<std::string>());
+  if (!rpo.ok()) return Fail("plan", rpo.status());
+  o.rpo_s = *rpo;
+  if (vm.count("link")) o.link_bytes_per_s = vm["link"].as<double>() * 1e6 / 8;
+  o.growth = vm["growth"].as<double>();
+  o.percentile = vm["percentile"].as<double>();
+  o.outage_hours = vm["outage-hours"].as<double>();
+  o.retention_s = double(vm["retention"].as<Duration>().micros) / 1e6;
+  auto rep = MakePlan(*prof, o);
+  if (!rep.ok()) return Fail("plan", rep.status());
+  std::string fmt = vm["format"].as<std::string>();
+  if (fmt == "json") std::cout << boost::json::serialize(RenderPlanJson(*rep)) << "\n";
+  else if (fmt == "md") std::cout << RenderPlanMarkdown(*rep);
+  else return Fail("plan", Status::InvalidArgument("--format must be md or json"));
+  return 0;
+}
+
+int CmdRecord(int argc, char** argv) {
+  po::options_description d("record options");
+  d.add_options()("url", po::value<std::string>()->required(), "metrics URL, e.g. http://127.0.0.1:9100/metrics")(
+      "metric", po::value<std::string>()->default_value("cdp_agent_captured_bytes_total"), "counter to record")(
+      "interval", po::value<Duration>()->default_value(Duration{10'000'000}), "polling interval")(
+      "samples", po::value<uint64_t>()->default_value(360), "number of intervals to record")(
+      "out", po::value<std::string>()->default_value(""), "CSV file (default: standard output)");
+  LoadedConfig cfg;
+  if (int rc = Load(argc, argv, d, "Record a churn profile from a daemon's /metrics.", &cfg); rc >= 0) return rc;
+  const auto& vm = cfg.vars;
+  auto url = ParseHttpUrl(vm["url"].as<std::string>());
+  if (!url.ok()) return Fail("record", url.status());
+  const std::string metric = vm["metric"].as<std::string>();
+  const uint64_t interval = vm["interval"].as<Duration>().micros;
+  if (interval == 0) return Fail("record", Status::InvalidArgument("--interval must be > 0"));
+  const uint64_t samples = vm["samples"].as<uint64_t>();
+  const std::string out = vm["out"].as<std::string>();
+  std::unique_ptr<File> file;
+  if (!out.empty()) {
+    OpenOptions oo;
+    oo.create = true;
+    oo.truncate = true;
+    auto f = DefaultEnv()->Open(out, oo);
+    if (!f.ok()) return Fail("record", f.status());
+    file = std::move(*f);
+  }
+  auto emit = [&](const std::string& line) -> Status {
+    if (!file) {
+      std::cout << line << std::flush;
+      return Status::OK();
+    }
+    return file->Append(ByteSpan(reinterpret_cast<const uint8_t*>(line.data()), line.size()));
+  };
+  if (Status s = emit("timestamp,bytes,seconds\n"); !s.ok()) return Fail("record", s);
+  auto* clock = SystemClock::Get();
+  std::vector<CounterReading> readings;
+  uint64_t next = clock->NowMicros();
+  while (readings.size() < samples + 1) {
+    auto m = Scrape(*url);
+    if (!m.ok()) return Fail("record", m.status());
+    auto it = m->find(metric);
+    if (it == m->end()) return Fail("record", Status::NotFound(metric + " not exported by " + vm["url"].as<std::string>()));
+    readings.push_back({double(clock->WallMicros()) / 1e6, it->second});
+    if (readings.size() >= 2) {
+      Profile p = ProfileFromReadings({readings[readings.size() - 2], readings.back()});
+      std::string csv = FormatProfileCsv(p);
+      if (Status s = emit(csv.substr(csv.find('\n') + 1)); !s.ok()) return Fail("record", s);
+    }
+    next += interval;
+    uint64_t now = clock->NowMicros();
+    if (readings.size() < samples + 1 && next > now) Sleep(next - now);
+  }
+  if (file) {
+    if (Status s = file->Sync(); !s.ok()) return Fail("record", s);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  std::string cmd = argv[1];
+  try {
+    if (cmd == "tree") return CmdTree(argc - 1, argv + 1);
+    if (cmd == "churn") return CmdChurn(argc - 1, argv + 1);
+    if (cmd == "plan") return CmdPlan(argc - 1, argv + 1);
+    if (cmd == "record") return CmdRecord(argc - 1, argv + 1);
+  } catch (const std::exception& e) {
+    std::cerr << "cdp-loadgen " << cmd << ": " << e.what() << "\n";
+    return 2;
+  }
+  std::cerr << "cdp-loadgen: unknown command '" << cmd << "'\n" << kUsage;
+  return 2;
+}

@@ -1,0 +1,114 @@
+// Plan: turn a churn profile into a WAN sizing report.
+//
+// Definitions (all checked by plan_test.cc against hand-computed profiles):
+//   Interval i has W_i bytes written over d_i seconds; rate r_i = W_i / d_i.
+//   Churn statistics (of the profile as recorded, before growth):
+//     avg = sum W / sum d; p50/p95/p99 = duration-weighted nearest-rank
+//     percentiles of r_i (the smallest r such that intervals with rate <= r
+//     cover at least p% of the time); max = max r_i (peak, with its timestamp);
+//     GB/day = avg x 86400 / 1e9; peak hour = the largest sum of W over
+//     intervals starting within any 3600 s window.
+//   Sizing uses W'_i = W_i x (1 + growth) and ships W'_i / c (c = compression ratio).
+//   Queue model, interval by interval, from an empty queue:
+//     Q_i = max(0, Q_{i-1} + W'_i / c - B d_i),  lag_i = Q_i / B  (seconds).
+//   "RPO R met p% of the time" at bandwidth B: the duration-weighted p-th
+//   percentile of lag_i is <= R (p = 100: every lag_i <= R).
+//   Required bandwidth: the smallest B meeting it, by bisection (lag is
+//   non-increasing in B) between 0 and max_i W'_i/(c d_i), to 1e-9 relative.
+//   Achievable RPO at a link B: the lag percentiles at that B.
+//   PS cache for an outage of H hours: the largest sum of W' over any H-hour
+//   window (the spool keeps uncompressed records); if the profile is shorter
+//   than H, total W' x H / duration (extrapolated; flagged).
+//   Journal for a retention window T: the same over T (the undo journal keeps
+//   the old data of every write, uncompressed).
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/json/value.hpp>
+
+#include "common/coding.h"
+#include "common/result.h"
+#include "loadgen/profile.h"
+
+namespace cdp::loadgen {
+
+struct ChurnStats {
+  double total_bytes = 0;
+  double duration_s = 0;
+  double avg = 0, p50 = 0, p95 = 0, p99 = 0, max = 0;  // bytes per second
+  double peak_timestamp = 0;                             // start of the max-rate interval
+  double gb_per_day = 0;
+  double peak_hour_bytes = 0;
+};
+ChurnStats ComputeStats(const Profile& p);
+
+// Duration-weighted nearest-rank percentile (0 < pct <= 100) of `values`
+// weighted by `weights` (same length, non-empty).
+double WeightedPercentile(const std::vector<double>& values, const std::vector<double>& weights, double pct);
+
+// lag_i of the queue model for shipped bytes `ship_i` = W'_i / c over d_i at
+// bandwidth `bw` (bytes/s, > 0).
+std::vector<double> SimulateLag(const Profile& p, double factor, double bw);
+// The smallest bandwidth (bytes/s) for which the pct-th lag percentile is
+// <= rpo_s; `factor` = (1 + growth) / c.
+double RequiredBandwidth(const Profile& p, double factor, double rpo_s, double pct);
+// Largest sum of W over intervals starting within any window of `window_s`
+// seconds; extrapolated (total x window / duration, *extrapolated = true)
+// when the profile is shorter than the window.
+double WindowMax(const Profile& p, double window_s, bool* extrapolated);
+
+struct PlanOptions {
+  double compression = 1.0;                 // ratio >= 1 (raw / shipped)
+  std::string compression_source = "given";  // shown in the report ("given" or how it was measured)
+  std::vector<double> rpo_s = {900, 1800, 3600};
+  std::optional<double> link_bytes_per_s;   // --link (converted from Mbit/s)
+  double growth = 0.0;                      // 0.3 = plan for 30% more churn
+  double percentile = 95;                   // an extra "met p% of the time" column
+  double outage_hours = 4;
+  double retention_s = 86400;
+};
+
+struct RpoRow {
+  double rpo_s = 0;
+  double bw_100 = 0, bw_90 = 0, bw_pct = 0;  // bytes per second
+};
+
+struct PlanReport {
+  ChurnStats stats;
+  PlanOptions opts;
+  double avg_shipped = 0;  // avg x (1+growth) / c, bytes/s: the floor of any link
+  std::vector<RpoRow> rows;
+  // At the given link:
+  bool have_link = false;
+  double link_lag_max = 0, link_lag_90 = 0, link_lag_pct = 0, link_final_backlog = 0;
+  bool link_below_average = false;
+  double ps_cache_bytes = 0;
+  bool ps_cache_extrapolated = false;
+  double ps_drain_s = -1;  // time to drain the outage backlog at the link (-1: no link or never)
+  double journal_bytes = 0;
+  bool journal_extrapolated = false;
+};
+
+// Failure: kInvalidArgument (compression < 1, no RPO, percentile outside (0,100],
+// growth < 0, empty profile, zero total duration).
+Result<PlanReport> MakePlan(const Profile& p, const PlanOptions& o);
+std::string RenderPlanMarkdown(const PlanReport& r);
+boost::json::value RenderPlanJson(const PlanReport& r);
+
+// Compresses `data` in 1 MiB frames with zstd at `level` (what the process
+// server does) and returns raw / compressed (>= 1 when compression helps).
+Result<double> MeasureCompressionRatio(ByteSpan data, int level = 3);
+
+// Human units used in reports: "12.35 MB/s", "98.8 Mbit/s", "3.2 GB", "15m".
+std::string FormatMBps(double bytes_per_s);
+std::string FormatMbit(double bytes_per_s);
+std::string FormatBytes(double bytes);
+std::string FormatSeconds(double s);
+
+}  // namespace cdp::loadgen

@@ -1,0 +1,104 @@
+#include "loadgen/scrape.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "common/http_server.h"
+
+namespace cdp::loadgen {
+
+Result<MetricSums> ParsePrometheusText(std::string_view text) {
+  MetricSums out;
+  size_t line_no = 0;
+  while (!text.empty()) {
+    size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    ++line_no;
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+    while (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+    if (line.empty() || line.front() == '#') continue;
+    auto bad = [&] { return Status::Corruption("metrics line " + std::to_string(line_no) + ": '" + std::string(line.substr(0, 80)) + "'"); };
+    size_t i = 0;
+    while (i < line.size() && line[i] != '{' && line[i] != ' ' && line[i] != '\t') ++i;
+    std::string_view name = line.substr(0, i);
+    if (name.empty()) return bad();
+    if (i < line.size() && line[i] == '{') {
+      bool quoted = false;
+      for (++i; i < line.size(); ++i) {
+        char c = line[i];
+        if (quoted) {
+          if (c == '\\') ++i;
+          else if (c == '"') quoted = false;
+        } else if (c == '"') {
+          quoted = true;
+        } else if (c == '}') {
+          break;
+        }
+      }
+      if (i >= line.size()) return bad();
+      ++i;
+    }
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    size_t e = i;
+    while (e < line.size() && line[e] != ' ' && line[e] != '\t') ++e;
+    std::string num(line.substr(i, e - i));
+    if (num.empty() || num.size() > 64) return bad();
+    double v;
+    if (num == "NaN") v = std::nan("");
+    else if (num == "+Inf") v = INFINITY;
+    else if (num == "-Inf") v = -INFINITY;
+    else {
+      char* end = nullptr;
+      v = std::strtod(num.c_str(), &end);
+      if (*end != '\0') return bad();
+    }
+    auto it = out.find(name);
+    if (it == out.end()) out.emplace(std::string(name), v);
+    else it->second += v;
+  }
+  return out;
+}
+
+Result<HttpUrl> ParseHttpUrl(std::string_view url) {
+  constexpr std::string_view kScheme = "http://";
+  if (url.substr(0, kScheme.size()) != kScheme) return Status::InvalidArgument("not an http:// URL: " + std::string(url));
+  std::string_view rest = url.substr(kScheme.size());
+  size_t slash = rest.find('/');
+  std::string_view hostport = rest.substr(0, slash);
+  HttpUrl u;
+  if (slash != std::string_view::npos) u.target = std::string(rest.substr(slash));
+  size_t colon = hostport.rfind(':');
+  u.host = std::string(hostport.substr(0, colon));
+  if (colon != std::string_view::npos) {
+    std::string p(hostport.substr(colon + 1));
+    char* end = nullptr;
+    long v = std::strtol(p.c_str(), &end, 10);
+    if (p.empty() || *end != '\0' || v <= 0 || v > 65535) return Status::InvalidArgument("bad port in " + std::string(url));
+    u.port = uint16_t(v);
+  }
+  if (u.host.empty()) return Status::InvalidArgument("no host in " + std::string(url));
+  return u;
+}
+
+Result<MetricSums> Scrape(const HttpUrl& url, uint32_t timeout_ms) {
+  CDP_ASSIGN_OR_RETURN(auto resp, http::HttpRequest(url.host, url.port, "GET", url.target, {},
+                                                   std::chrono::milliseconds(timeout_ms)));
+  if (resp.status != 200)
+    return Status::Unavailable("GET http://" + url.host + ":" + std::to_string(url.port) + url.target + ": HTTP " +
+                               std::to_string(resp.status));
+  return ParsePrometheusText(resp.body);
+}
+
+Profile ProfileFromReadings(const std::vector<CounterReading>& r) {
+  Profile p;
+  for (size_t i = 0; i + 1 < r.size(); ++i) {
+    double d = r[i + 1].wall_s - r[i].wall_s;
+    if (!(d > 0)) continue;
+    double inc = r[i + 1].value >= r[i].value ? r[i + 1].value - r[i].value : r[i + 1].value;
+    p.samples.push_back({r[i].wall_s, inc, d});
+  }
+  return p;
+}
+
+}  // namespace cdp::loadgen
