@@ -118,10 +118,12 @@ uint64_t CliSize(const std::string& cmd) {
 
 int main(int argc, char** argv) {
   uint64_t mib = 256;
+  uint64_t frame_kib = 1024;
   std::string dir = "/tmp/ps_bench";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--mib")) mib = std::stoull(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--dir")) dir = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--frame-kib")) frame_kib = std::stoull(argv[i + 1]);
   }
   cdp::log::Options lo;
   lo.level = "warn";
@@ -141,8 +143,8 @@ int main(int argc, char** argv) {
   const double levels[] = {0.25, 0.75, 0.95};
   const size_t kRecords = 256;  // 1 MiB batches of 4 KiB records
 
-  std::printf("| compressibility | codec | ship MB/s | ratio (ours) | CLI zstd -1 | CLI lz4 -1 | PS CPU s/GB |\n");
-  std::printf("|---:|---|---:|---:|---:|---:|---:|\n");
+  std::printf("| compressibility | codec | ship MB/s (wall) | MB per PS CPU-s | PS CPU s/GB | ratio (ours) | CLI zstd -1 | CLI zstd -3 | CLI lz4 -1 |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
   for (double c : levels) {
     cdp::bench::DataMix mix;
     mix.compressibility = c;
@@ -159,6 +161,7 @@ int main(int argc, char** argv) {
     }
     uint64_t raw_total = mib << 20;
     uint64_t cli_zstd = CliSize("zstd -q -1 -c " + sample + " | wc -c");
+    uint64_t cli_zstd3 = CliSize("zstd -q -3 -c " + sample + " | wc -c");
     uint64_t cli_lz4 = CliSize("lz4 -q -1 -c " + sample + " | wc -c");
 
     for (const CodecCase& cc : codecs) {
@@ -201,7 +204,7 @@ int main(int argc, char** argv) {
       lo2.port = rx.port();
       lo2.tenant = "bench";
       lo2.secret = kSecret;
-      lo2.frame_bytes = 1 << 20;
+      lo2.frame_bytes = frame_kib << 10;
       lo2.max_inflight = 8;
       cdp::ps::MtLink link(lo2);
       link.AddVolume(vol->get());
@@ -217,9 +220,11 @@ int main(int argc, char** argv) {
       const cdp::ps::VolumeCounters& k = (*vol)->counters();
       double ratio = double(raw_total) / double(k.wire_out.load());
       double ps_cpu = (cpu1 - cpu0) - rx.cpu();
-      std::printf("| %.2f | %s | %.0f | %.3f | %.3f | %.3f | %.2f |\n", c, cc.name, double(raw_total) / 1e6 / secs,
-                  ratio, cli_zstd ? double(raw_total) / double(cli_zstd) : 0.0,
-                  cli_lz4 ? double(raw_total) / double(cli_lz4) : 0.0, ps_cpu / (double(raw_total) / 1e9));
+      auto ratio_of = [&](uint64_t n) { return n ? double(raw_total) / double(n) : 0.0; };
+      double gb = double(raw_total) / 1e9;
+      std::printf("| %.2f | %s | %.0f | %.0f | %.2f | %.3f | %.3f | %.3f | %.3f |\n", c, cc.name,
+                  double(raw_total) / 1e6 / secs, gb * 1000 / ps_cpu, ps_cpu / gb, ratio, ratio_of(cli_zstd),
+                  ratio_of(cli_zstd3), ratio_of(cli_lz4));
       std::fflush(stdout);
       auto names = env->ListDir(vdir);
       if (names.ok())

@@ -7,13 +7,22 @@
 // spool must have released everything.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
 #include "common/channel.h"
+#include "common/hash.h"
 #include "common/metrics.h"
 #include "master-target/server.h"
 #include "process-server/server.h"
@@ -223,6 +232,39 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
   REQUIRE(vol->ReadAt(kTotal, 0, kVolSize, got.data()).ok());
   CHECK(got == expect);
 
+  // Resync hashes: the agent's HashRequest goes through the PS to the MT and back.
+  {
+    auto ch = cdp::Connect("127.0.0.1", ps->agent_port(), 5s);
+    REQUIRE(ch.ok());
+    REQUIRE(cdp::ClientHandshake(**ch, cdp::proto::Role::kAgent, "acme", "agent-hash", kSecret, 5s).ok());
+    cdp::proto::VolumeOpen open;
+    open.name = "db1";
+    open.size = kVolSize;
+    open.block_size = kBlock;
+    open.generation = 1;
+    REQUIRE((*ch)->Send(open).ok());
+    auto m = (*ch)->Receive(10s);
+    REQUIRE(m.ok());
+    auto reply = std::get<cdp::proto::VolumeOpenReply>(*m);
+    CHECK(reply.durable_seq == kTotal);
+    cdp::proto::HashRequest hr;
+    hr.volume_id = reply.volume_id;
+    hr.request_id = 77;
+    hr.region_size = 1 << 20;
+    hr.first_region = 0;
+    hr.count = uint32_t(kVolSize >> 20);
+    REQUIRE((*ch)->Send(hr).ok());
+    auto h = (*ch)->Receive(30s);
+    REQUIRE(h.ok());
+    REQUIRE(std::holds_alternative<cdp::proto::HashResponse>(*h));
+    auto resp = std::get<cdp::proto::HashResponse>(*h);
+    CHECK(resp.volume_id == reply.volume_id);
+    CHECK(resp.request_id == 77);
+    REQUIRE(resp.hashes.size() == hr.count);
+    for (uint32_t i = 0; i < hr.count; ++i)
+      CHECK(resp.hashes[i] == cdp::Xxh3_128(expect.data() + (uint64_t(i) << 20), 1 << 20));
+  }
+
   // The spool released everything the MT acknowledged.
   auto volume_field = [&](const char* key) {
     auto vols = ps->VolumesJson();
@@ -231,4 +273,87 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
   CHECK(WaitFor([&] { return volume_field("backlog_records").to_number<uint64_t>() == 0; }, 30s));
   CHECK(WaitFor([&] { return volume_field("spool_segments").to_number<uint64_t>() == 1; }, 30s));
   CHECK(volume_field("stalled").as_string() == "");
+}
+
+namespace {
+
+uint16_t FreePort() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+pid_t StartDaemon(const std::string& config) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(CDP_PS_BINARY, CDP_PS_BINARY, "--config", config.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no acknowledged write",
+          "[e2e][resume]") {
+  TempDir mt_dir, ps_dir;
+  const uint64_t kTotal = 3000;
+  cdp::mt::MasterTarget mt(MtOptions(mt_dir.path, 0));
+  REQUIRE(mt.Start().ok());
+  uint16_t ps_port = FreePort();
+  std::string config = ps_dir.path + "/ps.conf";
+  {
+    std::ofstream c(config);
+    c << "listen = 127.0.0.1:" << ps_port << "\n"
+      << "control = 127.0.0.1:0\n"
+      << "mt = 127.0.0.1:" << mt.port() << "\n"
+      << "tenant = acme:" << kSecret << "\n"
+      << "spool_dir = " << ps_dir.path << "/spool\n"
+      << "segment_size = 1MiB\n"
+      << "frame_size = 64KiB\n"
+      << "codec = lz4\n"
+      << "\n[log]\nlevel = warn\n";
+  }
+  pid_t pid = StartDaemon(config);
+  REQUIRE(pid > 0);
+
+  AgentClient agent;
+  agent.total = kTotal;
+  agent.port.store(ps_port);
+  std::thread agent_thread([&] { agent.Run(); });
+  for (uint64_t mark : {kTotal / 3, 2 * kTotal / 3}) {
+    REQUIRE(WaitFor([&] { return agent.acked.load() >= mark; }, 120s));
+    uint64_t acked_before_kill = agent.acked.load();
+    REQUIRE(kill(pid, SIGKILL) == 0);
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFSIGNALED(st));
+    pid = StartDaemon(config);
+    REQUIRE(pid > 0);
+    // Whatever was acknowledged before the kill is still there after it.
+    REQUIRE(WaitFor([&] { return agent.acked.load() > acked_before_kill; }, 120s));
+  }
+  REQUIRE(WaitFor([&] { return agent.acked.load() >= kTotal; }, 120s));
+  agent.stop.store(true);
+  agent_thread.join();
+
+  std::shared_ptr<cdp::mt::Volume> vol;
+  bool done = WaitFor([&] {
+    vol = mt.FindVolume("acme", "db1");
+    return vol && vol->applied_seq() == kTotal;
+  }, 120s);
+  kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  REQUIRE(done);
+  CHECK(WIFEXITED(st));
+  CHECK(AppliedRecords(mt) == kTotal);
+  cdp::Bytes expect(kVolSize, 0);
+  for (uint64_t s = 1; s <= kTotal; ++s) {
+    Record r = MakeRecord(s);
+    std::copy(r.data.begin(), r.data.end(), expect.begin() + long(r.offset));
+  }
+  cdp::Bytes got(kVolSize);
+  REQUIRE(vol->ReadAt(kTotal, 0, kVolSize, got.data()).ok());
+  CHECK(got == expect);
 }

@@ -1,0 +1,76 @@
+#include "process-server/ps_config.h"
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+cdp::Result<cdp::ps::ProcessServerOptions> Load(std::string_view text, std::vector<const char*> flags = {}) {
+  std::vector<const char*> argv{"cdp-process-server"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  auto loaded = cdp::LoadConfigText(int(argv.size()), argv.data(), cdp::ps::ProcessServerConfigDescription(), text,
+                                    "ps.conf");
+  if (!loaded.ok()) return loaded.status();
+  return cdp::ps::OptionsFromConfig(loaded->vars);
+}
+
+}  // namespace
+
+TEST_CASE("process server config: every key, flags override the file", "[config]") {
+  auto o = Load(
+      "listen = 10.0.0.1:7401\n"
+      "control = 127.0.0.1:9111\n"
+      "mt = mt.example.net:7500\n"
+      "tenant = acme:s3cret-acme\n"
+      "tenant = beta:s3cret-beta\n"
+      "spool_dir = /srv/spool\n"
+      "quota = 10GiB\n"
+      "segment_size = 32MiB\n"
+      "codec = lz4\n"
+      "volume_codec = acme/db1=zstd:6\n"
+      "frame_size = 2MiB\n"
+      "inflight = 16\n"
+      "connections = 4\n"
+      "compress_threads = 8\n"
+      "throttle_mbps = 100\n"
+      "throttle_schedule = 20@08:00-18:00\n"
+      "throttle_utc_offset = 60\n",
+      {"--inflight", "4"});
+  REQUIRE(o.ok());
+  CHECK(o->listen_host == "10.0.0.1");
+  CHECK(o->listen_port == 7401);
+  CHECK(o->control_port == 9111);
+  CHECK(o->mt_host == "mt.example.net");
+  CHECK(o->tenants.size() == 2);
+  CHECK(o->tenants.at("beta") == "s3cret-beta");
+  CHECK(o->spool_dir == "/srv/spool");
+  CHECK(o->quota_bytes == (10ull << 30));
+  CHECK(o->segment_bytes == (32u << 20));
+  CHECK(o->codec == cdp::proto::Codec::kLz4);
+  CHECK(o->volume_codecs.at("acme/db1").first == cdp::proto::Codec::kZstd);
+  CHECK(o->volume_codecs.at("acme/db1").second == 6);
+  CHECK(o->frame_bytes == (2u << 20));
+  CHECK(o->max_inflight == 4);
+  CHECK(o->connections == 4);
+  CHECK(o->compress_threads == 8);
+  CHECK(o->throttle.default_mbps == 100);
+  REQUIRE(o->throttle.schedule.size() == 1);
+  CHECK(o->throttle.schedule[0].mbps == 20);
+  CHECK(o->throttle.utc_offset_minutes == 60);
+}
+
+TEST_CASE("process server config: bad values name the key", "[config]") {
+  auto msg = [](std::string_view text) {
+    auto o = Load(text);
+    REQUIRE(!o.ok());
+    CHECK(o.status().code() == cdp::Code::kInvalidArgument);
+    return o.status().message();
+  };
+  CHECK(msg("tenant = a:b\nlisten = nohost\n").find("listen") != std::string::npos);
+  CHECK(msg("tenant = a:b\nmt = h:99999\n").find("mt") != std::string::npos);
+  CHECK(msg("tenant = a:b\ncodec = gzip\n").find("codec") != std::string::npos);
+  CHECK(msg("tenant = a:b\nvolume_codec = db1=zstd\n").find("volume_codec") != std::string::npos);
+  CHECK(msg("tenant = a:b\nthrottle_schedule = 20@8-18\n").find("schedule") != std::string::npos);
+  CHECK(msg("tenant = ../x:b\n").find("tenant") != std::string::npos);
+  CHECK(msg("listen = 0.0.0.0:7400\n").find("tenant") != std::string::npos);
+  CHECK(msg("tenant = a:b\nprot = 1\n").find("prot") != std::string::npos);
+}
