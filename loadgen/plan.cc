@@ -46,8 +46,7 @@ ChurnStats ComputeStats(const Profile& p) {
   s.p95 = WeightedPercentile(rates, weights, 95);
   s.p99 = WeightedPercentile(rates, weights, 99);
   s.gb_per_day = s.avg * 86400 / 1e9;
-  bool ex = false;
-  s.peak_hour_bytes = WindowMax(p, 3600, &ex);
+  s.peak_hour_bytes = WindowMax(p, 3600, &s.peak_hour_extrapolated);
   return s;
 }
 
@@ -211,7 +210,8 @@ std::string RenderPlanMarkdown(const PlanReport& r) {
   m += buf;
   std::snprintf(buf, sizeof(buf), "| GB/day | %.2f |\n", s.gb_per_day);
   m += buf;
-  m += "| peak hour | " + FormatBytes(s.peak_hour_bytes) + " |\n\n";
+  m += std::string("| peak hour") + (s.peak_hour_extrapolated ? " (extrapolated from the average)" : "") + " | " +
+       FormatBytes(s.peak_hour_bytes) + " |\n\n";
   m += "## Bandwidth for each RPO target\n\n";
   m += "Average shipped rate (the floor of any link): " + FormatMbit(r.avg_shipped) + ".\n\n";
   m += "| RPO | met 100% of the time | met 90% of the time | met " + Pct(o.percentile) + " of the time |\n";
@@ -248,7 +248,7 @@ boost::json::value RenderPlanJson(const PlanReport& r) {
   json::object stats{{"total_bytes", s.total_bytes}, {"duration_s", s.duration_s}, {"avg_Bps", s.avg},
                      {"p50_Bps", s.p50}, {"p95_Bps", s.p95}, {"p99_Bps", s.p99}, {"max_Bps", s.max},
                      {"peak_timestamp", s.peak_timestamp}, {"gb_per_day", s.gb_per_day},
-                     {"peak_hour_bytes", s.peak_hour_bytes}};
+                     {"peak_hour_bytes", s.peak_hour_bytes}, {"peak_hour_extrapolated", s.peak_hour_extrapolated}};
   json::array rows;
   for (const auto& row : r.rows)
     rows.push_back(json::object{{"rpo_s", row.rpo_s}, {"bw_100_bps", row.bw_100 * 8}, {"bw_90_bps", row.bw_90 * 8},

@@ -45,6 +45,7 @@ struct ChurnStats {
   double peak_timestamp = 0;                             // start of the max-rate interval
   double gb_per_day = 0;
   double peak_hour_bytes = 0;
+  bool peak_hour_extrapolated = false;  // profile shorter than an hour: avg x 3600 s
 };
 ChurnStats ComputeStats(const Profile& p);
 

@@ -1,0 +1,194 @@
+#include <catch2/catch.hpp>
+
+#include <boost/json.hpp>
+
+#include "bench/data.h"
+#include "loadgen/plan.h"
+#include "loadgen/profile.h"
+
+using namespace cdp;
+using namespace cdp::loadgen;
+
+namespace {
+
+// Ten 60 s intervals; 120 MB written in the first, nothing after.
+Profile Burst() {
+  Profile p;
+  for (int i = 0; i < 10; ++i) p.samples.push_back({60.0 * i, i == 0 ? 120e6 : 0.0, 60});
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("Profile CSV: header, two- and three-column forms, implied intervals", "[plan][profile]") {
+  auto p = ParseProfileCsv("# recorded\ntimestamp,bytes\n100,10\n110,20\n130,30\n");
+  REQUIRE(p.ok());
+  REQUIRE(p->samples.size() == 3);
+  CHECK(p->samples[0].seconds == 10);
+  CHECK(p->samples[1].seconds == 20);
+  CHECK(p->samples[2].seconds == 20);  // the last lasts as long as the one before
+  CHECK(p->total_bytes() == 60);
+  CHECK(p->total_seconds() == 50);
+  auto q = ParseProfileCsv("timestamp,bytes,seconds\r\n5,1000,2.5\r\n7.5,0,2.5\r\n");
+  REQUIRE(q.ok());
+  CHECK(q->samples[0].seconds == 2.5);
+  CHECK(q->samples[1].timestamp == 7.5);
+  auto round = ParseProfileCsv(FormatProfileCsv(*q));
+  REQUIRE(round.ok());
+  CHECK(round->samples.size() == 2);
+  CHECK(round->samples[0].bytes == 1000);
+}
+
+TEST_CASE("Profile CSV errors name the line", "[plan][profile]") {
+  auto a = ParseProfileCsv("timestamp,bytes\n10,1\n5,1\n");
+  CHECK(a.status().code() == Code::kInvalidArgument);
+  CHECK(a.status().message() == "profile line 3: timestamps must increase");
+  auto b = ParseProfileCsv("1,-5,1\n");
+  CHECK(b.status().message() == "profile line 1: bad bytes '-5'");
+  auto c = ParseProfileCsv("time,bytes\n1,1\n");
+  CHECK(c.status().message() == "profile line 1: header must be 'timestamp,bytes' or 'timestamp,bytes,seconds'");
+  CHECK(ParseProfileCsv("1,5\n").status().code() == Code::kInvalidArgument);  // one row, no interval
+  CHECK(ParseProfileCsv("").status().code() == Code::kInvalidArgument);
+  CHECK(ParseProfileCsv("1,5,0\n").status().message() == "profile line 1: bad seconds '0'");
+}
+
+TEST_CASE("Churn statistics of a hand-computed profile", "[plan]") {
+  Profile p;
+  // Four 60 s intervals: 60 MB, 0, 0, 0 -> rates 1e6, 0, 0, 0 B/s.
+  for (int i = 0; i < 4; ++i) p.samples.push_back({1000.0 + 60 * i, i == 0 ? 60e6 : 0.0, 60});
+  ChurnStats s = ComputeStats(p);
+  CHECK(s.total_bytes == 60e6);
+  CHECK(s.duration_s == 240);
+  CHECK(s.avg == 250000);
+  CHECK(s.p50 == 0);      // half the time (120 of 240 s) at rate 0
+  CHECK(s.p95 == 1e6);
+  CHECK(s.p99 == 1e6);
+  CHECK(s.max == 1e6);
+  CHECK(s.peak_timestamp == 1000);
+  CHECK(s.gb_per_day == Approx(21.6).epsilon(1e-12));  // 250000 x 86400 / 1e9
+  CHECK(s.peak_hour_bytes == 900e6);  // 240 s profile: 60 MB x 3600 / 240
+  CHECK(s.peak_hour_extrapolated);
+  // One hour and more of profile: the busiest hour as recorded.
+  for (int i = 4; i < 70; ++i) p.samples.push_back({1000.0 + 60 * i, i == 65 ? 30e6 : 0.0, 60});
+  s = ComputeStats(p);
+  CHECK(s.peak_hour_bytes == 60e6);
+  CHECK_FALSE(s.peak_hour_extrapolated);
+}
+
+TEST_CASE("Weighted percentile and window maximum", "[plan]") {
+  CHECK(WeightedPercentile({5, 1, 3}, {1, 1, 1}, 50) == 3);
+  CHECK(WeightedPercentile({5, 1, 3}, {1, 1, 8}, 50) == 3);
+  CHECK(WeightedPercentile({5, 1, 3}, {8, 1, 1}, 50) == 5);
+  CHECK(WeightedPercentile({5, 1, 3}, {1, 1, 1}, 100) == 5);
+  Profile p;
+  for (int i = 0; i < 5; ++i) p.samples.push_back({10.0 * i, double(i + 1), 10});
+  bool ex = true;
+  CHECK(WindowMax(p, 20, &ex) == 9);  // 4 + 5
+  CHECK_FALSE(ex);
+  CHECK(WindowMax(p, 30, &ex) == 12);  // 3 + 4 + 5
+  CHECK(WindowMax(p, 100, &ex) == 30);  // 15 bytes over 50 s, extrapolated to 100 s
+  CHECK(ex);
+}
+
+TEST_CASE("Queue model lags at a given bandwidth", "[plan]") {
+  Profile p = Burst();
+  // B = 125000 B/s: Q_k = 120e6 - 7.5e6 k, lag_k = 960 - 60 k.
+  auto lag = SimulateLag(p, 1.0, 125000);
+  REQUIRE(lag.size() == 10);
+  for (int k = 1; k <= 10; ++k) CHECK(lag[k - 1] == Approx(960.0 - 60 * k).epsilon(1e-12));
+  // B = 250000 B/s: Q_k = 120e6 - 15e6 k, empty from k = 8.
+  lag = SimulateLag(p, 1.0, 250000);
+  CHECK(lag[0] == Approx(420));
+  CHECK(lag[6] == Approx(60));
+  CHECK(lag[7] == 0);
+  CHECK(lag[9] == 0);
+}
+
+TEST_CASE("Required bandwidth for RPO targets met 100% and 90% of the time", "[plan]") {
+  Profile p = Burst();
+  // 100%: lag_1 = 120e6/B - 60 <= 900  ->  B = 120e6 / 960 = 125000 B/s (1 Mbit/s).
+  CHECK(RequiredBandwidth(p, 1.0, 900, 100) == Approx(125000).epsilon(1e-9));
+  // 90%: nine of ten intervals, so the second-largest lag: 120e6/B - 120 <= 900.
+  CHECK(RequiredBandwidth(p, 1.0, 900, 90) == Approx(120e6 / 1020).epsilon(1e-9));
+  // 95% of 600 s needs all ten intervals: the same as 100%.
+  CHECK(RequiredBandwidth(p, 1.0, 900, 95) == Approx(125000).epsilon(1e-9));
+  // Growth 50% and compression 2: 90 MB shipped.
+  CHECK(RequiredBandwidth(p, 1.5 / 2, 900, 100) == Approx(90e6 / 960).epsilon(1e-9));
+  CHECK(RequiredBandwidth(p, 1.5 / 2, 1800, 90) == Approx(90e6 / 1920).epsilon(1e-9));
+  Profile idle;
+  idle.samples.push_back({0, 0, 60});
+  CHECK(RequiredBandwidth(idle, 1.0, 900, 100) == 0);
+}
+
+TEST_CASE("MakePlan: link RPO, PS cache, drain time, journal; Markdown and JSON", "[plan]") {
+  Profile p = Burst();
+  PlanOptions o;
+  o.rpo_s = {900, 1800};
+  o.link_bytes_per_s = 250000;  // 2 Mbit/s
+  o.outage_hours = 0.1;         // 360 s window
+  o.retention_s = 86400;
+  auto r = MakePlan(p, o);
+  REQUIRE(r.ok());
+  CHECK(r->avg_shipped == 200000);
+  REQUIRE(r->rows.size() == 2);
+  CHECK(r->rows[0].bw_100 == Approx(125000).epsilon(1e-9));
+  CHECK(r->rows[0].bw_90 == Approx(120e6 / 1020).epsilon(1e-9));
+  CHECK(r->rows[1].bw_100 == Approx(120e6 / 1860).epsilon(1e-9));
+  CHECK(r->link_lag_max == Approx(420));
+  CHECK(r->link_lag_90 == Approx(360));  // nine smallest of 420,360,...,60,0,0,0
+  CHECK(r->link_final_backlog == 0);
+  CHECK_FALSE(r->link_below_average);
+  CHECK(r->ps_cache_bytes == 120e6);
+  CHECK_FALSE(r->ps_cache_extrapolated);
+  CHECK(r->ps_drain_s == Approx(120e6 / 50000.0));  // spare 250000 - 200000 B/s
+  CHECK(r->journal_bytes == Approx(120e6 * 86400 / 600));
+  CHECK(r->journal_extrapolated);
+
+  std::string md = RenderPlanMarkdown(*r);
+  CHECK(md.find("| 15m | 1.00 Mbit/s | 0.94 Mbit/s | 1.00 Mbit/s |") != std::string::npos);
+  CHECK(md.find("| worst (100%) | 7.0 min |") != std::string::npos);
+  CHECK(md.find("| average | 0.20 MB/s |") != std::string::npos);
+  auto j = RenderPlanJson(*r).as_object();
+  CHECK(j.at("rpo").as_array()[0].as_object().at("bw_100_bps").to_number<double>() == Approx(1e6).epsilon(1e-9));
+  CHECK(j.at("link").as_object().at("lag_max_s").to_number<double>() == Approx(420));
+  CHECK(j.at("ps_cache").as_object().at("bytes").to_number<double>() == 120e6);
+
+  // A 1 Mbit/s link is below the 1.6 Mbit/s average: flagged, backlog left.
+  o.link_bytes_per_s = 125000;
+  r = MakePlan(p, o);
+  REQUIRE(r.ok());
+  CHECK(r->link_below_average);
+  CHECK(r->link_lag_max == Approx(900));
+  CHECK(r->link_lag_90 == Approx(840));
+  CHECK(r->link_final_backlog == Approx(45e6));
+  CHECK(r->ps_drain_s == -1);
+  CHECK(RenderPlanMarkdown(*r).find("backlog grows without bound") != std::string::npos);
+}
+
+TEST_CASE("MakePlan rejects bad options", "[plan]") {
+  Profile p = Burst();
+  PlanOptions o;
+  o.compression = 0.5;
+  CHECK(MakePlan(p, o).status().code() == Code::kInvalidArgument);
+  o = PlanOptions();
+  o.rpo_s.clear();
+  CHECK(MakePlan(p, o).status().code() == Code::kInvalidArgument);
+  o = PlanOptions();
+  o.percentile = 0;
+  CHECK(MakePlan(p, o).status().code() == Code::kInvalidArgument);
+  CHECK(MakePlan(Profile(), PlanOptions()).status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("Measured compression ratio: zeros compress, random data does not", "[plan]") {
+  Bytes zeros(4 << 20, 0);
+  auto z = MeasureCompressionRatio(zeros);
+  REQUIRE(z.ok());
+  CHECK(*z > 1000);
+  bench::DataMix mix;
+  mix.compressibility = 0;
+  bench::DataGenerator gen(mix);
+  auto r = MeasureCompressionRatio(gen.Generate(2 << 20));
+  REQUIRE(r.ok());
+  CHECK(*r == Approx(1.0).epsilon(0.01));
+  CHECK(MeasureCompressionRatio(ByteSpan()).status().code() == Code::kInvalidArgument);
+}
