@@ -96,8 +96,7 @@ uint64_t CaptureQueue::AppendTagLocked(std::string_view name) {
   if (st_.mode == CaptureMode::kBitmap) return 0;
   QueuedRecord r;
   r.kind = proto::RecordKind::kTag;
-  r.data.assign(name.begin(), name.end());
-  r.length = uint32_t(r.data.size());
+  r.data.assign(name.begin(), name.end());  // offset = length = 0 (protocol.md)
   return PushLocked(std::move(r));
 }
 
