@@ -371,11 +371,11 @@ Status Volume::RecoverUncommitted(bool undo_records) {
   CDP_ASSIGN_OR_RETURN(writer_, SegmentWriter::Open(env, jdir, committed_segment_, false, 0, committed_offset_,
                                                     o_.segment_bytes));
   writer_->on_new_segment = [this](uint64_t seg, std::shared_ptr<File> f) {
-    std::unique_lock<std::shared_mutex> lk(index_mu_);
+    auto lk = LockIndexExclusive();
     seg_files_[seg] = std::move(f);
   };
   {
-    std::unique_lock<std::shared_mutex> lk(index_mu_);
+    auto lk = LockIndexExclusive();
     undo_.RemoveAbove(applied);
     for (auto it = seg_files_.begin(); it != seg_files_.end();) {
       it = it->first >= committed_segment_ ? seg_files_.erase(it) : std::next(it);
@@ -416,10 +416,20 @@ Status Volume::RebuildUndoIndex() {
     }
     files[seg] = f;
   }
-  std::unique_lock<std::shared_mutex> lk(index_mu_);
+  auto lk = LockIndexExclusive();
   undo_ = std::move(idx);
   seg_files_ = std::move(files);
   return Status::OK();
+}
+
+std::unique_lock<std::shared_mutex> Volume::LockIndexExclusive() const {
+  std::unique_lock<std::mutex> gate(turnstile_);
+  return std::unique_lock<std::shared_mutex>(index_mu_);
+}
+
+std::shared_lock<std::shared_mutex> Volume::LockIndexShared() const {
+  { std::lock_guard<std::mutex> gate(turnstile_); }
+  return std::shared_lock<std::shared_mutex>(index_mu_);
 }
 
 std::shared_ptr<File> Volume::SegmentFile(uint64_t segment) const {
@@ -490,7 +500,7 @@ Status Volume::ResetForNewGeneration(const VolumeIdentity& id) {
   }
   std::vector<uint64_t> old;
   {
-    std::unique_lock<std::shared_mutex> lk(index_mu_);
+    auto lk = LockIndexExclusive();
     undo_ = UndoIndex();
     for (auto& [seg, f] : seg_files_) old.push_back(seg);
     seg_files_.clear();
@@ -514,7 +524,7 @@ Status Volume::ResetForNewGeneration(const VolumeIdentity& id) {
   committed_offset_ = kSegmentHeaderSize;
   writer_ = std::move(w);
   writer_->on_new_segment = [this](uint64_t seg, std::shared_ptr<File> f) {
-    std::unique_lock<std::shared_mutex> lk(index_mu_);
+    auto lk = LockIndexExclusive();
     seg_files_[seg] = std::move(f);
   };
   for (uint64_t seg : old) CDP_RETURN_IF_ERROR(o_.env->Remove(JoinPath(JournalDir(), SegmentFileName(seg))));
@@ -646,7 +656,7 @@ Status Volume::ApplyLocked(const std::vector<proto::Record>& recs, size_t first,
   CDP_RETURN_IF_ERROR(writer_->Sync());
   // 3. Exports see the undo records before the replica changes.
   if (!added.empty()) {
-    std::unique_lock<std::shared_mutex> lk(index_mu_);
+    auto lk = LockIndexExclusive();
     for (const UndoEntry& e : added) undo_.Add(e);
   }
   // 4. The replica (sync point 2).
@@ -770,7 +780,7 @@ Status Volume::ApplyLocked(const std::vector<proto::Record>& recs, size_t first,
 
 Status Volume::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
   if (offset > id_.size || len > id_.size - offset) return Status::OutOfRange(id_.name + ": read past the end");
-  std::shared_lock<std::shared_mutex> lk(index_mu_);
+  std::shared_lock<std::shared_mutex> lk = LockIndexShared();
   if (point_seq < horizon_)
     return Status::OutOfRange(id_.name + ": point " + std::to_string(point_seq) + " is below the retention horizon");
   for (const ReadPiece& p : undo_.Lookup(point_seq, offset, len)) {
@@ -953,7 +963,7 @@ Result<RetentionResult> Volume::ApplyRetention() {
     CDP_RETURN_IF_ERROR(tx.Commit());
   }
   {
-    std::unique_lock<std::shared_mutex> ik(index_mu_);
+    auto ik = LockIndexExclusive();
     undo_.RemoveSegmentsUpTo(last_dropped);
     for (uint64_t seg : res.dropped_segments) seg_files_.erase(seg);
     horizon_ = new_horizon;

@@ -292,6 +292,12 @@ class Volume {
   // reads it leads to; the apply thread takes it exclusive only to change the
   // index or the segment map.
   mutable std::shared_mutex index_mu_;
+  // Writer preference for index_mu_ (glibc's rwlock prefers readers, and a
+  // busy export must not starve apply): an exclusive locker holds the
+  // turnstile while it waits, so no new reader gets in meanwhile.
+  mutable std::mutex turnstile_;
+  std::unique_lock<std::shared_mutex> LockIndexExclusive() const;
+  std::shared_lock<std::shared_mutex> LockIndexShared() const;
   UndoIndex undo_;
   std::map<uint64_t, std::shared_ptr<File>> seg_files_;
   uint64_t horizon_ = 0;
