@@ -18,9 +18,11 @@ Status RunHook(const std::string& command, uint64_t timeout_ms) {
   pid_t pid = fork();
   if (pid < 0) return Status::FromErrno(errno, "fork for hook");
   if (pid == 0) {
+    setpgid(0, 0);  // its own process group: a timeout kills the whole hook
     execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
+  setpgid(pid, pid);  // also here: no race with the child's own call
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   int status = 0;
   while (true) {
@@ -28,6 +30,7 @@ Status RunHook(const std::string& command, uint64_t timeout_ms) {
     if (r == pid) break;
     if (r < 0 && errno != EINTR) return Status::FromErrno(errno, "waitpid for hook");
     if (std::chrono::steady_clock::now() >= deadline) {
+      kill(-pid, SIGKILL);
       kill(pid, SIGKILL);
       while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
