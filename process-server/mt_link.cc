@@ -172,13 +172,16 @@ Status MtLink::SendLoop(const std::shared_ptr<FrameChannel>& ch, uint64_t epoch,
       if (conn_failed_ || epoch != epoch_) return Status::Unavailable(last_error_.empty() ? "reader stopped" : last_error_);
       uint64_t now = opt_.clock->NowMicros();
       for (auto& [v, lv] : volumes_) {
-        if (lv->worker != worker) continue;
         if (!lv->open_sent) {
-          if (worker != 0) continue;  // opens keep their order on worker 0
-          lv->open_sent = true;
-          open_fifo_.push_back(lv.get());
-          to_open.push_back(lv.get());
-        } else if (lv->opened && v->stalled().empty() && int(lv->inflight.size()) < opt_.max_inflight &&
+          if (worker == 0) {  // every open goes out from worker 0, in fifo order
+            lv->open_sent = true;
+            open_fifo_.push_back(lv.get());
+            to_open.push_back(lv.get());
+          }
+          continue;
+        }
+        if (lv->worker != worker) continue;
+        if (lv->opened && v->stalled().empty() && int(lv->inflight.size()) < opt_.max_inflight &&
                    now >= lv->hold_until_us) {
           ship.push_back(lv.get());
         }

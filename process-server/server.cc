@@ -532,6 +532,7 @@ json::value ProcessServer::VolumesJson() {
         {"spool_disk_bytes", s.disk_bytes},
         {"spool_segments", s.segments},
         {"busy", s.busy},
+        {"busy_nacks", c.busy_nacks.load()},
         {"bytes_in", c.bytes_in.load()},
         {"records_in", c.records_in.load()},
         {"bytes_out", wire},

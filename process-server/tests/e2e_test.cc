@@ -20,6 +20,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/json.hpp>
 
 #include "common/channel.h"
 #include "common/hash.h"
@@ -101,9 +102,9 @@ cdp::ps::ProcessServerOptions PsOptions(const std::string& dir, uint16_t mt_port
   return o;
 }
 
-uint64_t AppliedRecords(cdp::mt::MasterTarget& mt) {
+uint64_t AppliedRecords(cdp::mt::MasterTarget& mt, const std::string& volume = "db1") {
   auto c = mt.registry().GetCounter("cdp_mt_applied_records_total", "Records applied",
-                                    {{"tenant", "acme"}, {"volume", "db1"}});
+                                    {{"tenant", "acme"}, {"volume", volume}});
   return c->Value();
 }
 
@@ -113,7 +114,9 @@ struct AgentClient {
   std::atomic<uint64_t> acked{0};
   std::atomic<bool> stop{false};
   uint64_t total = 0;
+  std::string volume = "db1";
   std::atomic<uint64_t> reconnects{0};
+  std::atomic<uint64_t> busy{0};
 
   void Run() {
     while (!stop.load() && acked.load() < total) {
@@ -124,7 +127,7 @@ struct AgentClient {
       }
       if (!cdp::ClientHandshake(**ch, cdp::proto::Role::kAgent, "acme", "agent-e2e", kSecret, 5s).ok()) continue;
       cdp::proto::VolumeOpen open;
-      open.name = "db1";
+      open.name = volume;
       open.size = kVolSize;
       open.block_size = kBlock;
       open.generation = 1;
@@ -147,7 +150,8 @@ struct AgentClient {
           next = a->durable_seq + 1;
         } else if (auto* n = std::get_if<cdp::proto::Nack>(&*r)) {
           if (n->reason == cdp::proto::NackReason::kBusy) {
-            std::this_thread::sleep_for(10ms);
+            busy.fetch_add(1);
+            std::this_thread::sleep_for(10ms);  // the agent's back-off
           } else if (n->reason == cdp::proto::NackReason::kGap) {
             next = n->expected_seq;
           } else {
@@ -356,4 +360,71 @@ TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no ack
   cdp::Bytes got(kVolSize);
   REQUIRE(vol->ReadAt(kTotal, 0, kVolSize, got.data()).ok());
   CHECK(got == expect);
+}
+
+TEST_CASE("e2e: several volumes over parallel connections, compression pool, throttle and quota back-pressure",
+          "[e2e][quota]") {
+  TempDir mt_dir, ps_dir;
+  const uint64_t kTotal = 600;
+  cdp::mt::MasterTarget mt(MtOptions(mt_dir.path, 0));
+  REQUIRE(mt.Start().ok());
+  auto o = PsOptions(ps_dir.path, uint16_t(mt.port()), 0);
+  o.connections = 2;
+  o.compress_threads = 4;
+  o.quota_bytes = 256 << 10;          // ~60 records: the agents outrun the shipping
+  o.throttle.default_mbps = 40;       // 5 MB/s for all volumes together
+  o.volume_codecs["acme/vol-b"] = {cdp::proto::Codec::kLz4, 0};
+  o.volume_codecs["acme/vol-c"] = {cdp::proto::Codec::kNone, 0};
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+
+  std::vector<std::unique_ptr<AgentClient>> agents;
+  std::vector<std::thread> threads;
+  for (const char* name : {"vol-a", "vol-b", "vol-c"}) {
+    auto a = std::make_unique<AgentClient>();
+    a->total = kTotal;
+    a->volume = name;
+    a->port.store(ps.agent_port());
+    agents.push_back(std::move(a));
+  }
+  for (auto& a : agents) threads.emplace_back([p = a.get()] { p->Run(); });
+  bool all_acked = WaitFor([&] {
+    for (auto& a : agents)
+      if (a->acked.load() < kTotal) return false;
+    return true;
+  }, 180s);
+  for (auto& a : agents) a->stop.store(true);
+  for (auto& t : threads) t.join();
+  for (auto& a : agents) INFO(a->volume << " acked " << a->acked.load() << " busy " << a->busy.load());
+  INFO(boost::json::serialize(ps.VolumesJson()));
+  REQUIRE(all_acked);
+
+  uint64_t busy = 0;
+  for (auto& a : agents) busy += a->busy.load();
+  CHECK(busy > 0);  // back-pressure happened, and the spools took data again after draining
+
+  cdp::Bytes expect(kVolSize, 0);
+  for (uint64_t s = 1; s <= kTotal; ++s) {
+    Record r = MakeRecord(s);
+    std::copy(r.data.begin(), r.data.end(), expect.begin() + long(r.offset));
+  }
+  for (const char* name : {"vol-a", "vol-b", "vol-c"}) {
+    std::shared_ptr<cdp::mt::Volume> vol;
+    REQUIRE(WaitFor([&] {
+      vol = mt.FindVolume("acme", name);
+      return vol && vol->applied_seq() == kTotal;
+    }, 120s));
+    CHECK(AppliedRecords(mt, name) == kTotal);
+    cdp::Bytes got(kVolSize);
+    REQUIRE(vol->ReadAt(kTotal, 0, kVolSize, got.data()).ok());
+    CHECK(got == expect);
+  }
+  auto vols = ps.VolumesJson().at("volumes").as_array();
+  REQUIRE(vols.size() == 3);
+  for (auto& v : vols) {
+    CHECK(v.at("busy_nacks").to_number<uint64_t>() > 0);
+    CHECK(v.at("frames_out").to_number<uint64_t>() > 0);
+  }
+  CHECK(ps.throttle().state().reserved_bytes > 0);
+  CHECK(ps.throttle().state().waited_micros > 0);
 }
