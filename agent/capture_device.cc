@@ -58,6 +58,10 @@ Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
   if (offset > size_ || len > size_ - offset) return Status::OutOfRange("write past the end of the volume");
   if (len > proto::kMaxRecordLength) return Status::InvalidArgument("write larger than a record");
   CDP_RETURN_IF_ERROR(bitmap_->MarkAndPin(offset, len));
+  // Copy the data for the queue before taking the capture lock (the mode may
+  // change meanwhile; the copy is then simply dropped).
+  std::shared_ptr<const Bytes> copy;
+  if (queue_->mode() == CaptureMode::kData) copy = std::make_shared<const Bytes>(data.begin(), data.end());
   {
     auto lk = queue_->Lock();
     Status s = file_->Write(offset, data);
@@ -65,7 +69,7 @@ Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
       bitmap_->Unpin(offset, len);
       return s;
     }
-    uint64_t seq = queue_->AppendLocked(proto::RecordKind::kData, offset, uint32_t(len), data);
+    uint64_t seq = queue_->AppendLocked(proto::RecordKind::kData, offset, uint32_t(len), data, std::move(copy));
     if (seq != 0) bitmap_->Assign(offset, len, seq);
     else bitmap_->AssignResync(offset, len);
   }

@@ -26,6 +26,7 @@ void CaptureQueue::SetModeLocked(CaptureMode m, const char* why) {
   if (m == st_.mode) return;
   CaptureMode old = st_.mode;
   st_.mode = m;
+  mode_relaxed_.store(int(m), std::memory_order_relaxed);
   if (m == CaptureMode::kMetadata) ++st_.to_metadata;
   if (m == CaptureMode::kBitmap) ++st_.to_bitmap;
   if (m == CaptureMode::kData) ++st_.to_data;
@@ -42,7 +43,7 @@ void CaptureQueue::SetModeLocked(CaptureMode m, const char* why) {
 uint64_t CaptureQueue::PushLocked(QueuedRecord r) {
   r.seq = next_seq_++;
   r.timestamp_us = opts_.clock->WallMicros();
-  st_.memory_bytes += kEntryOverhead + r.data.size();
+  st_.memory_bytes += kEntryOverhead + r.data_size();
   st_.peak_memory_bytes = std::max(st_.peak_memory_bytes, st_.memory_bytes);
   uint64_t seq = r.seq;
   q_.push_back(std::move(r));
@@ -54,7 +55,8 @@ bool CaptureQueue::HasRoomLocked(uint64_t len) const {
   return st_.mode == CaptureMode::kData && st_.memory_bytes + kEntryOverhead + len <= data_limit_;
 }
 
-uint64_t CaptureQueue::AppendLocked(proto::RecordKind kind, uint64_t offset, uint32_t length, ByteSpan data) {
+uint64_t CaptureQueue::AppendLocked(proto::RecordKind kind, uint64_t offset, uint32_t length, ByteSpan data,
+                                    std::shared_ptr<const Bytes> copy) {
   ++st_.captured_ops;
   st_.captured_bytes += length;
   QueuedRecord r;
@@ -75,7 +77,8 @@ uint64_t CaptureQueue::AppendLocked(proto::RecordKind kind, uint64_t offset, uin
   if (kind == proto::RecordKind::kData) {
     if (st_.mode == CaptureMode::kData) {
       r.has_data = true;
-      r.data.assign(data.begin(), data.end());
+      r.data = (copy && copy->size() == data.size()) ? std::move(copy)
+                                                      : std::make_shared<const Bytes>(data.begin(), data.end());
     }
   }
   return PushLocked(std::move(r));
@@ -96,7 +99,7 @@ uint64_t CaptureQueue::AppendTagLocked(std::string_view name) {
   if (st_.mode == CaptureMode::kBitmap) return 0;
   QueuedRecord r;
   r.kind = proto::RecordKind::kTag;
-  r.data.assign(name.begin(), name.end());  // offset = length = 0 (protocol.md)
+  r.data = std::make_shared<const Bytes>(name.begin(), name.end());  // offset = length = 0 (protocol.md)
   return PushLocked(std::move(r));
 }
 
@@ -107,7 +110,7 @@ uint64_t CaptureQueue::AppendResyncLocked(uint64_t offset, ByteSpan data) {
   r.offset = offset;
   r.length = uint32_t(data.size());
   r.has_data = true;
-  r.data.assign(data.begin(), data.end());
+  r.data = std::make_shared<const Bytes>(data.begin(), data.end());
   return PushLocked(std::move(r));
 }
 
@@ -121,7 +124,7 @@ bool CaptureQueue::Peek(uint64_t from_seq, uint64_t max_bytes, size_t max_record
   uint64_t bytes = 0;
   for (; i < q_.size() && out->size() < max_records; ++i) {
     const QueuedRecord& r = q_[i];
-    uint64_t cost = r.kind == proto::RecordKind::kData ? r.length : r.data.size();
+    uint64_t cost = r.kind == proto::RecordKind::kData ? r.length : r.data_size();
     if (!out->empty() && bytes + cost > max_bytes) break;
     bytes += cost;
     out->push_back(r);
@@ -146,7 +149,7 @@ size_t CaptureQueue::Ack(uint64_t durable) {
   std::lock_guard lk(mu_);
   size_t n = 0;
   while (!q_.empty() && q_.front().seq <= durable) {
-    st_.memory_bytes -= kEntryOverhead + q_.front().data.size();
+    st_.memory_bytes -= kEntryOverhead + q_.front().data_size();
     q_.pop_front();
     ++n;
   }
@@ -183,10 +186,7 @@ uint64_t CaptureQueue::acked_seq() const {
   std::lock_guard lk(mu_);
   return acked_;
 }
-CaptureMode CaptureQueue::mode() const {
-  std::lock_guard lk(mu_);
-  return st_.mode;
-}
+CaptureMode CaptureQueue::mode() const { return CaptureMode(mode_relaxed_.load(std::memory_order_relaxed)); }
 CaptureQueueStats CaptureQueue::Stats() const {
   std::lock_guard lk(mu_);
   CaptureQueueStats s = st_;

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -60,7 +61,10 @@ struct QueuedRecord {
   proto::RecordKind kind = proto::RecordKind::kData;
   bool has_data = false;
   uint64_t timestamp_us = 0;
-  Bytes data;  // kData with has_data: `length` bytes; kTag: the name
+  // kData with has_data: `length` bytes; kTag: the name; else null. Shared
+  // and immutable, so that the sender's Peek copies no data under the lock.
+  std::shared_ptr<const Bytes> data;
+  size_t data_size() const { return data ? data->size() : 0; }
 };
 
 struct CaptureQueueStats {
@@ -99,7 +103,10 @@ class CaptureQueue {
   // Queues a captured write (kData: `data` holds length bytes), zero-write or
   // trim (no data) in the current mode. Returns its sequence, or 0 when the
   // queue is in bitmap mode (the caller must mark the range for a resync).
-  uint64_t AppendLocked(proto::RecordKind kind, uint64_t offset, uint32_t length, ByteSpan data);
+  // `copy`, when given, is a copy of `data` made before taking the lock: it is
+  // kept instead of copying under the lock.
+  uint64_t AppendLocked(proto::RecordKind kind, uint64_t offset, uint32_t length, ByteSpan data,
+                        std::shared_ptr<const Bytes> copy = nullptr);
   // Queues a kFlush record unless inside a no-recovery-point window (not data
   // mode, or `consistent` false). Returns its sequence or 0 if suppressed.
   uint64_t AppendFlushLocked(bool consistent);
@@ -134,7 +141,7 @@ class CaptureQueue {
 
   uint64_t next_seq() const;
   uint64_t acked_seq() const;
-  CaptureMode mode() const;
+  CaptureMode mode() const;  // lock-free (a recent value)
   CaptureQueueStats Stats() const;
 
  private:
@@ -150,6 +157,7 @@ class CaptureQueue {
   uint64_t acked_ = 0;
   uint64_t wake_gen_ = 0;
   CaptureQueueStats st_;
+  std::atomic<int> mode_relaxed_{0};  // st_.mode, readable without the lock
 };
 
 }  // namespace cdp::agent

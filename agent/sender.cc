@@ -360,7 +360,7 @@ Status Sender::SendSome(Conn* c, bool* sent) {
       CDP_RETURN_IF_ERROR(dev_->ReadBacking(r.offset, r.length, pr.data.data()));
       reread += r.length;
     } else {
-      pr.data = std::move(r.data);
+      if (r.data) pr.data = *r.data;
     }
     data_bytes += pr.data.size();
     wb.records.push_back(std::move(pr));

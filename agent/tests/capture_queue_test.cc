@@ -34,8 +34,9 @@ TEST_CASE("data mode keeps data with contiguous sequences", "[queue]") {
   REQUIRE(out[0].kind == RecordKind::kZero);
   REQUIRE(out[1].kind == RecordKind::kFlush);
   REQUIRE(out[2].has_data);
-  REQUIRE(out[2].data == b);
-  REQUIRE(std::string(out[3].data.begin(), out[3].data.end()) == "t1");
+  REQUIRE(*out[2].data == b);
+  REQUIRE(std::string(out[3].data->begin(), out[3].data->end()) == "t1");
+  REQUIRE(out[3].length == 0);
   REQUIRE(q.Ack(3) == 3);
   REQUIRE(q.Stats().records == 2);
   REQUIRE(q.Stats().memory_bytes == 2 * CaptureQueue::kEntryOverhead + 512 + 2);
