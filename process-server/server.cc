@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <list>
+#include <optional>
 #include <variant>
 
 #include "common/channel.h"
@@ -202,6 +203,12 @@ struct ProcessServer::Impl {
     });
   }
 
+  template <typename M>
+  static Status Reply(FrameChannel& ch, int replies, const M& msg) {
+    for (int i = 0; i < replies; ++i) CDP_RETURN_IF_ERROR(ch.Send(msg));
+    return Status::OK();
+  }
+
   // One agent connection, start to end.
   void Serve(FrameChannel& ch) {
     PeerIdentity peer;
@@ -225,17 +232,57 @@ struct ProcessServer::Impl {
     log->info("peer={} tenant={} agent {} connected", ch.peer(), tenant, peer.client_id);
     std::map<uint32_t, Volume*> handles;
     uint32_t next_id = 1;
+    std::optional<proto::Message> carry;  // received while coalescing, handled next
+    Status pending;                       // a receive error met while coalescing
     while (!stopping.load()) {
-      auto m = ch.Receive(Millis(1000));
-      if (!m.ok()) {
-        if (m.status().IsBusy() && !ch.broken()) continue;
-        if (m.status().code() == Code::kUnavailable || stopping.load())
-          log->info("peer={} tenant={} agent disconnected: {}", ch.peer(), tenant, m.status().ToString());
-        else
-          log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, m.status().ToString());
-        return;
+      proto::Message msg;
+      if (carry) {
+        msg = std::move(*carry);
+        carry.reset();
+      } else {
+        if (!pending.ok()) {
+          log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, pending.ToString());
+          return;
+        }
+        auto m = ch.Receive(Millis(1000));
+        if (!m.ok()) {
+          if (m.status().IsBusy() && !ch.broken()) continue;
+          if (m.status().code() == Code::kUnavailable || stopping.load())
+            log->info("peer={} tenant={} agent disconnected: {}", ch.peer(), tenant, m.status().ToString());
+          else
+            log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, m.status().ToString());
+          return;
+        }
+        msg = std::move(*m);
       }
-      Status s = Handle(ch, tenant, handles, next_id, *m);
+      int replies = 1;
+      if (auto* b = std::get_if<proto::WriteBatch>(&msg)) {
+        // Batches the agent pipelined and that are already here, contiguous
+        // with this one, go into the same spool append (one fdatasync); each
+        // still gets its own reply.
+        uint64_t bytes = 0;
+        for (const auto& r : b->records) bytes += r.data.size();
+        while (replies < 64 && !b->records.empty() && bytes < (32u << 20)) {
+          auto r = ch.Receive(Millis(0));
+          if (!r.ok()) {
+            if (!r.status().IsBusy() || ch.broken()) pending = r.status();
+            break;
+          }
+          auto* nb = std::get_if<proto::WriteBatch>(&*r);
+          if (nb == nullptr || nb->volume_id != b->volume_id || nb->records.empty() ||
+              nb->records.front().seq != b->records.back().seq + 1 ||
+              b->records.size() + nb->records.size() > proto::kMaxRecords) {
+            carry = std::move(*r);
+            break;
+          }
+          for (auto& rec : nb->records) {
+            bytes += rec.data.size();
+            b->records.push_back(std::move(rec));
+          }
+          replies++;
+        }
+      }
+      Status s = Handle(ch, tenant, handles, next_id, msg, replies);
       if (!s.ok()) {
         log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, s.ToString());
         return;
@@ -243,8 +290,10 @@ struct ProcessServer::Impl {
     }
   }
 
+  // Handles one message; a WriteBatch that holds `replies` coalesced agent
+  // batches is answered `replies` times (each reply is cumulative).
   Status Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, Volume*>& handles,
-                uint32_t& next_id, proto::Message& m) {
+                uint32_t& next_id, proto::Message& m, int replies = 1) {
     if (auto* o = std::get_if<proto::VolumeOpen>(&m)) {
       if (!proto::ValidName(o->name)) return ch.Send(MakeNack(0, proto::NackReason::kBadRecord, 0, "invalid volume name"));
       auto v = GetVolume(tenant, o, o->name);
@@ -278,11 +327,11 @@ struct ProcessServer::Impl {
     if (auto* b = std::get_if<proto::WriteBatch>(&m)) {
       auto it = handles.find(b->volume_id);
       if (it == handles.end())
-        return ch.Send(MakeNack(b->volume_id, proto::NackReason::kUnknownVolume, 0, "volume not open on this connection"));
+        return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kUnknownVolume, 0, "volume not open on this connection"));
       Volume* v = it->second;
       for (const auto& r : b->records) {
         if (!RecordInVolume(r, v->open_message()))
-          return ch.Send(MakeNack(b->volume_id, proto::NackReason::kBadRecord, 0,
+          return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBadRecord, 0,
                                   "record seq " + std::to_string(r.seq) + " outside the volume"));
       }
       uint64_t bytes = 0;  // of records that are not duplicates
@@ -295,26 +344,26 @@ struct ProcessServer::Impl {
         if (ar.appended > 0) {
           c.bytes_in.fetch_add(bytes);
           c.records_in.fetch_add(ar.appended);
-          c.batches_in.fetch_add(1);
+          c.batches_in.fetch_add(uint64_t(replies));
           if (MtLink* link = LinkFor(tenant, v->name())) link->Notify();
         }
         proto::Ack a;
         a.volume_id = b->volume_id;
         a.durable_seq = ar.durable_seq;
-        return ch.Send(a);
+        return Reply(ch, replies, a);
       }
       switch (ar.status.code()) {
         case Code::kBusy:
-          v->counters().busy_nacks.fetch_add(1);
-          return ch.Send(MakeNack(b->volume_id, proto::NackReason::kBusy, ar.expected_seq, ar.status.message()));
+          v->counters().busy_nacks.fetch_add(uint64_t(replies));
+          return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBusy, ar.expected_seq, ar.status.message()));
         case Code::kOutOfRange:
-          return ch.Send(MakeNack(b->volume_id, proto::NackReason::kGap, ar.expected_seq, ar.status.message()));
+          return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kGap, ar.expected_seq, ar.status.message()));
         case Code::kInvalidArgument:
-          return ch.Send(MakeNack(b->volume_id, proto::NackReason::kBadRecord, ar.expected_seq, ar.status.message()));
+          return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBadRecord, ar.expected_seq, ar.status.message()));
         default:
           log->error("{} spool append failed: {}", log::Where{v->key(), ch.peer(), ar.expected_seq},
                      ar.status.ToString());
-          return ch.Send(MakeNack(b->volume_id, proto::NackReason::kInternal, ar.expected_seq, ar.status.message()));
+          return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kInternal, ar.expected_seq, ar.status.message()));
       }
     }
     if (auto* h = std::get_if<proto::HashRequest>(&m)) {

@@ -273,3 +273,29 @@ TEST_CASE("agent contract: a malformed frame closes the connection and spools no
   REQUIRE(ch->Send(Vol("db1")).ok());
   CHECK(Expect<cdp::proto::VolumeOpenReply>(*ch).durable_seq == 2);
 }
+
+TEST_CASE("agent contract: pipelined batches each get their reply, in order", "[server]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ps::ProcessServer ps(Options(env.get()));
+  REQUIRE(ps.Start().ok());
+  auto ch = AgentConnect(ps.agent_port());
+  REQUIRE(ch->Send(Vol("db1")).ok());
+  uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*ch).volume_id;
+  // Six batches without waiting: 1-3, 4-6, ..., 13-15, then one past a gap.
+  for (uint64_t first = 1; first <= 13; first += 3) REQUIRE(ch->Send(Batch(id, first, 3, 512)).ok());
+  REQUIRE(ch->Send(Batch(id, 20, 2, 512)).ok());
+  uint64_t last = 0;
+  for (uint64_t first = 1; first <= 13; first += 3) {
+    auto a = Expect<cdp::proto::Ack>(*ch);
+    CHECK(a.volume_id == id);
+    CHECK(a.durable_seq >= first + 2);  // cumulative: at least this batch
+    CHECK(a.durable_seq >= last);
+    last = a.durable_seq;
+  }
+  CHECK(last == 15);
+  auto gap = Expect<cdp::proto::Nack>(*ch);
+  CHECK(gap.reason == cdp::proto::NackReason::kGap);
+  CHECK(gap.expected_seq == 16);
+  REQUIRE(ch->Send(Vol("db1")).ok());
+  CHECK(Expect<cdp::proto::VolumeOpenReply>(*ch).durable_seq == 15);
+}
