@@ -8,8 +8,9 @@
 # agent_sink (cmake --build BUILD_DIR --target cdp-agent agent_sink).
 # The agent runs with its sender active against agent_sink (a test peer that
 # acknowledges every batch at once), so the agent pays for capture, queueing,
-# framing and sending. Prints one Markdown table: IOPS, MB/s, ratio
-# agent/nbdkit, and agent CPU seconds per GB captured.
+# framing and sending. A second agent then runs with capture_only (no sender:
+# the tap alone). Prints one Markdown table: IOPS, MB/s, ratio agent/nbdkit,
+# and agent CPU seconds per GB captured.
 set -euo pipefail
 B=${1:-build-agent}
 SIZE_MB=${2:-1024}
@@ -87,12 +88,29 @@ c1=$(cpu_ticks $AP)
 read -r ag_s_iops ag_s_bw ag_s_bytes < <(fio_run ag-seq "$AG_URI" write 1M 8)
 c2=$(cpu_ticks $AP)
 STATUS=$(python3 -c "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:$CPORT/status').read().decode())")
+kill $AP; wait $AP 2>/dev/null || true
+
+# --- cdp-agent tap alone (capture_only: no sender; past the budget the queue
+# degrades to bitmap mode, so this is the ceiling of the tap itself) ---
+"$AGENT" --volume "vol=$W/vol.img" --nbd_listen none --nbd_unix "$W/agent2.sock" --capture_only true \
+  --bitmap_dir "$W/bm2" --control none --log.level error > "$W/agent2.out" 2> "$W/agent2.log" &
+AP2=$!
+PIDS+=($AP2)
+wait_for "$W/agent2.sock" 10
+AG2_URI="nbd+unix:///vol?socket=$W/agent2.sock"
+d0=$(cpu_ticks $AP2)
+read -r co_r_iops co_r_bw co_r_bytes < <(fio_run co-rand "$AG2_URI" randwrite 4k 32)
+d1=$(cpu_ticks $AP2)
+read -r co_s_iops co_s_bw co_s_bytes < <(fio_run co-seq "$AG2_URI" write 1M 8)
+d2=$(cpu_ticks $AP2)
 
 python3 - <<PY
 tck = $TCK
 rows = [
   ("4k randwrite QD32", $nk_r_iops, $nk_r_bw, $ag_r_iops, $ag_r_bw, ($c1 - $c0) / tck, $ag_r_bytes),
   ("1M seq write QD8", $nk_s_iops, $nk_s_bw, $ag_s_iops, $ag_s_bw, ($c2 - $c1) / tck, $ag_s_bytes),
+  ("4k randwrite QD32, tap only", $nk_r_iops, $nk_r_bw, $co_r_iops, $co_r_bw, ($d1 - $d0) / tck, $co_r_bytes),
+  ("1M seq write QD8, tap only", $nk_s_iops, $nk_s_bw, $co_s_iops, $co_s_bw, ($d2 - $d1) / tck, $co_s_bytes),
 ]
 print("| workload | nbdkit file IOPS | nbdkit MB/s | cdp-agent IOPS | cdp-agent MB/s | ratio agent/nbdkit | agent CPU s | agent CPU s/GB |")
 print("|---|---|---|---|---|---|---|---|")
