@@ -1,0 +1,166 @@
+// E2E harness: runs the real daemon binaries (cdp-master-target,
+// cdp-process-server, cdp-agent) on 127.0.0.1 with free ports and a scratch
+// directory, drives them with cdpctl and real NBD clients, and waits on
+// conditions with deadlines. Every daemon it starts is killed (SIGKILL) and
+// reaped when its Daemon object dies; the scratch directory is removed.
+//
+//   Cluster c(opts)  -> Start()  ->  MT, PS, agent running, each /status answering
+//                                    (config files written under <dir>/etc/)
+//      writes through nbd://127.0.0.1:<c.nbd_port()>/<volume>
+//      c.WaitDrained()          agent queue empty, every captured record acked by
+//                               the PS and applied by the MT
+//      c.Cdpctl({...})          runs the cdpctl binary against the three daemons
+//      c.Kill9(Which) / c.Restart(Which)
+//
+// Binaries come from compile definitions (CDP_AGENT_BIN, ...), set by
+// e2e/CMakeLists.txt with $<TARGET_FILE:...>.
+//
+// Thread safety: none; one test thread drives a Cluster.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/json/value.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/tests/test_util.h"
+
+namespace cdp::e2e {
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound with port 0,
+// then closed). The daemons bind it with SO_REUSEADDR.
+uint16_t FreePort();
+
+// Calls `cond` until it returns true or `timeout` passes; between calls it
+// waits `poll` (the wait is the polling period of a condition, never the
+// synchronization itself). True iff `cond` became true in time.
+bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout,
+             std::chrono::milliseconds poll = std::chrono::milliseconds(50));
+
+// GET http://127.0.0.1:port/target as JSON; nullopt when unreachable, not 200
+// or not JSON.
+std::optional<boost::json::value> GetJson(uint16_t port, const std::string& target);
+
+// SHA-256 of a file's contents as hex ("" on error), via sha256sum.
+std::string Sha256File(const std::string& path);
+
+// Creates a sparse file of `size` bytes. False on error.
+bool MakeSparseFile(const std::string& path, uint64_t size);
+
+// Copies a file byte for byte (cp --sparse=always). False on error.
+bool CopyFile(const std::string& from, const std::string& to);
+
+// A child process running a daemon binary; its stdout and stderr go to `log`.
+// The destructor SIGKILLs and reaps it if it still runs.
+class Daemon {
+ public:
+  Daemon() = default;
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Starts argv[0] (a path) with `argv`. False if fork/exec failed at once.
+  bool Start(const std::vector<std::string>& argv, const std::string& log);
+  // Sends `sig`, then (for SIGKILL/SIGTERM) waits up to 20 s for the exit.
+  // Returns the raw wait status, or -1 if it was not running / did not exit.
+  int Stop(int sig);
+  // True while the process has not exited (reaps it if it has).
+  bool Running();
+  pid_t pid() const { return pid_; }
+  const std::string& log() const { return log_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_;
+};
+
+struct ClusterOptions {
+  std::string volume = "vol1";
+  uint64_t volume_size = 32ull << 20;
+  std::string tenant = "acme";
+  std::string secret = "e2e-secret-0123456789";
+  std::string codec = "zstd";     // PS codec
+  std::string agent_budget = "64MiB";
+  std::string point_interval = "1s";  // MT crash-consistent point interval
+  std::string scratch_parent;         // "" = $TMPDIR or /tmp
+};
+
+enum class Which { kMasterTarget, kProcessServer, kAgent };
+const char* Name(Which w);
+
+class Cluster {
+ public:
+  explicit Cluster(ClusterOptions o = {});
+  ~Cluster();  // kills every daemon, removes the scratch directory
+
+  // Writes the config files, creates the source volume, starts MT, PS, agent
+  // and waits until each answers /status. False (with why()) on failure.
+  bool Start();
+  bool StartOne(Which w);
+  // kill -9 of one daemon (waits for its death), and a start of it again.
+  bool Kill9(Which w);
+  bool Restart(Which w) { return StartOne(w); }
+  // Graceful stop (SIGTERM) of every daemon, agent first.
+  void StopAll();
+
+  // Waits until the agent's queue is empty, it has no dirty or resync regions,
+  // and every record it captured is acknowledged by the PS and applied by the
+  // MT (MT applied_seq == agent's last sequence). False on timeout (why() says
+  // what was last seen).
+  bool WaitDrained(std::chrono::milliseconds timeout = std::chrono::seconds(90));
+
+  // Runs cdpctl with the three control endpoints plus `args`.
+  testing::CommandResult Cdpctl(const std::vector<std::string>& args, int timeout_ms = 60000);
+  // Runs cdpctl --json ... and parses stdout; nullopt on a non-zero exit or bad JSON.
+  std::optional<boost::json::value> CdpctlJson(const std::vector<std::string>& args);
+
+  // Exports the recovery point `point` (an id, or "seq:N") through cdpctl,
+  // copies it with nbdcopy into `dest`, and removes the export. False (why()) on error.
+  bool CopyExport(const std::string& point, const std::string& dest);
+
+  // The id of the tag point named `tag` in `cdpctl points`, or -1.
+  int64_t TagPointId(const std::string& tag);
+
+  const ClusterOptions& options() const { return o_; }
+  const std::string& dir() const { return scratch_.path(); }
+  std::string Path(const std::string& name) const { return scratch_.Join(name); }
+  std::string source_path() const { return scratch_.Join("source.img"); }
+  std::string replica_path() const;
+  std::string nbd_uri() const;  // nbd://127.0.0.1:port/volume (the agent's export)
+  uint16_t nbd_port() const { return agent_nbd_; }
+  uint16_t agent_control() const { return agent_ctl_; }
+  uint16_t ps_control() const { return ps_ctl_; }
+  uint16_t mt_control() const { return mt_ctl_; }
+  Daemon& daemon(Which w);
+  const std::string& why() const { return why_; }
+  // The tail of every daemon log, for failure messages.
+  std::string Logs(size_t tail_bytes = 3000) const;
+
+ private:
+  bool WaitReady(Which w, std::chrono::milliseconds timeout);
+  void WriteConfigs();
+
+  ClusterOptions o_;
+  testing::ScratchDir scratch_;
+  uint16_t mt_data_ = 0, mt_ctl_ = 0, mt_nbd_ = 0;
+  uint16_t ps_data_ = 0, ps_ctl_ = 0;
+  uint16_t agent_nbd_ = 0, agent_ctl_ = 0;
+  Daemon mt_, ps_, agent_;
+  std::string why_;
+};
+
+// Random writes through qemu-io ("write -P pattern off len") and nbdcopy (a
+// random file copied over a region) on `uri`, deterministic from `seed`:
+// `rounds` qemu-io invocations of `writes_per_round` writes each, plus one
+// nbdcopy of `nbdcopy_bytes` at a random offset every round. Returns "" on
+// success, else the failing command's output.
+std::string RandomWrites(const std::string& uri, uint64_t volume_size, uint32_t seed, int rounds,
+                         int writes_per_round, uint64_t nbdcopy_bytes, const std::string& scratch);
+
+}  // namespace cdp::e2e
