@@ -12,7 +12,8 @@
 // receiver thread's CPU), and the zstd -1 / lz4 -1 command-line ratio on the
 // same bytes.
 //
-//   ps_bench [--mib N] [--dir DIR]
+//   ps_bench [--mib N] [--frame-kib K] [--dir DIR]
+// (N MiB of data per run, default 256; frames of K KiB of records, default 1024)
 #include <sys/resource.h>
 #include <time.h>
 

@@ -368,6 +368,16 @@ void MtLink::HandleMessage(FrameChannel& ch, proto::Message& m) {
             Rewind(*lv, lv->acked + 1);
             lv->hold_until_us = now + 200'000;
             break;
+          case proto::NackReason::kInternal:  // an I/O failure at the MT; the batch was undone: resend
+            log->warn("{} master target failed a batch ({}), resending after a pause",
+                      log::Where{lv->vol->key(), ch.peer(), lv->acked + 1}, n->message);
+            Rewind(*lv, lv->acked + 1);
+            lv->hold_until_us = now + 1'000'000;
+            break;
+          case proto::NackReason::kUnknownVolume:  // our handle is stale: reconnect and reopen
+            fail = true;
+            fail_reason = "master target does not know volume handle " + std::to_string(n->volume_id);
+            break;
           default:
             lv->vol->SetStalled("master target nack: " + NackName(n->reason) + " " + n->message);
             Rewind(*lv, lv->acked + 1);

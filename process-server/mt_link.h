@@ -18,8 +18,10 @@
 // and sleep as long as it says. Ack{durable} from the MT releases spool
 // segments up to durable. Nack{kGap, expected}: the MT has everything below
 // `expected`: rewind `next` to it (late gap nacks for frames sent before the
-// rewind are ignored). Nack{kBusy}: rewind to acked+1 and hold the volume
-// for a moment. Any other nack stalls the volume (reported in /v1/volumes).
+// rewind are ignored). Nack{kBusy} / Nack{kInternal}: rewind to acked+1 and
+// hold the volume for 0.2 s / 1 s. Nack{kUnknownVolume}: reconnect (reopens
+// every volume). Any other nack (bad record, wrong generation, permission)
+// stalls the volume: it is reported in /v1/volumes and kept in the spool.
 // On reconnect every volume is reopened and shipping resumes from the MT's
 // durable sequence, so nothing is skipped and duplicates are skipped by the MT.
 //

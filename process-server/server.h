@@ -23,7 +23,10 @@
 //     batch is kept; retry later / fall back to bitmap mode); the spool accepts
 //     again once shipping has drained it below the resume mark. Unknown
 //     volume_id -> Nack{kUnknownVolume}. Bad record shape -> Nack{kBadRecord}.
-//     All-zero data records are stored and shipped as kZero.
+//     All-zero data records are stored and shipped as kZero. Batches the
+//     agent pipelined (sent without waiting) that are already received and
+//     contiguous are appended together (one fdatasync) and each still gets
+//     its own reply, in order.
 //  4. HashRequest{volume_id, request_id, ...}: forwarded to the MT; its
 //     HashResponse is relayed back with the agent's volume_id and request_id
 //     (resync). MT unreachable or not answering within `hash_timeout` ->
