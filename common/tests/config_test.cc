@@ -119,7 +119,7 @@ TEST_CASE("malformed lines and duplicate keys are rejected", "[config]") {
   CHECK(s.status().message() == "malformed section header in /etc/cdp/agent.conf:1");
 }
 
-TEST_CASE("--config reads the file through the Env; missing file is an error", "[config]") {
+TEST_CASE("the --config file is read through the Env, and a missing one is an error", "[config]") {
   auto env = NewMemEnv();
   std::string text = "port = 9300\n[log]\nlevel = error\n";
   REQUIRE(env->CreateDirs("/etc/cdp").ok());
