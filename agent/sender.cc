@@ -23,6 +23,8 @@ struct Sender::Conn {
   uint64_t acked = 0;            // highest durable_seq seen
   uint64_t gap_expected = 0;     // non-zero: resend from here
   bool busy = false;             // a kBusy Nack arrived
+  bool internal_nack = false;    // a kInternal Nack arrived (see ResyncStep)
+  uint64_t last_rx_us = 0;       // when the last message arrived
   std::map<uint64_t, proto::HashResponse> hashes;
   std::deque<std::pair<uint64_t, uint64_t>> inflight;  // (last seq, bytes) per batch
 
@@ -33,6 +35,8 @@ struct Sender::Conn {
   uint64_t pending_first = 0;
   uint32_t pending_count = 0;
   uint64_t pending_sent_us = 0;
+  uint64_t resync_pause_until_us = 0;
+  uint64_t last_tx_us = 0;
   std::deque<uint64_t> to_ship;  // regions found different, waiting for room
 };
 
@@ -183,6 +187,7 @@ Status Sender::Session() {
   c.volume_id = vr->volume_id;
   c.acked = q.acked_seq();
   c.next_send = c.acked + 1;
+  c.last_rx_us = c.last_tx_us = opts_.clock->NowMicros();
   c.receiver = std::thread([this, &c] { Receiver(&c); });
 
   Status result;
@@ -207,6 +212,25 @@ Status Sender::Session() {
         c.next_send = e;
         c.inflight.clear();
       }
+      if (c.internal_nack) {
+        c.internal_nack = false;
+        if (c.pending_request == 0) {
+          result = Status::Unavailable("process server reported an internal error");
+          break;
+        }
+        // The hash request could not be answered (master target unreachable):
+        // pause the resync, keep shipping.
+        lg->warn("{} hash request refused by the process server; resync paused {} ms",
+                 log::Where{dev_->volume(), c.ch->peer(), 0}, opts_.hash_retry_ms);
+        c.pending_request = 0;
+        c.resync_pause_until_us = opts_.clock->NowMicros() + opts_.hash_retry_ms * 1000;
+      }
+      uint64_t now = opts_.clock->NowMicros();
+      if (c.last_rx_us != 0 && now - c.last_rx_us > opts_.dead_peer_ms * 1000) {
+        result = Status::Unavailable("nothing received from the process server for " +
+                                     std::to_string(opts_.dead_peer_ms) + " ms");
+        break;
+      }
       if (c.busy) {
         c.busy = false;
         c.next_send = std::max(c.acked, q.acked_seq()) + 1;
@@ -220,6 +244,14 @@ Status Sender::Session() {
     bool sent = false, progressed = false;
     result = SendSome(&c, &sent);
     if (!result.ok()) break;
+    uint64_t now = opts_.clock->NowMicros();
+    if (sent) {
+      c.last_tx_us = now;
+    } else if (now - c.last_tx_us > opts_.heartbeat_ms * 1000) {
+      result = c.ch->Send(proto::Heartbeat{opts_.clock->WallMicros(), 0});
+      if (!result.ok()) break;
+      c.last_tx_us = now;
+    }
     result = ResyncStep(&c, &progressed);
     if (!result.ok()) break;
     Checkpoint(false);
@@ -275,6 +307,10 @@ void Sender::Receiver(Conn* c) {
       q.Wake();
       return;
     }
+    {
+      std::lock_guard lk(c->mu);
+      c->last_rx_us = opts_.clock->NowMicros();
+    }
     if (auto* a = std::get_if<proto::Ack>(&*m)) {
       q.Ack(a->durable_seq);
       dev_->bitmap().SetAcked(q.acked_seq());
@@ -293,6 +329,8 @@ void Sender::Receiver(Conn* c) {
         std::lock_guard l2(mu_);
         ++st_.busy_nacks;
         c->busy = true;
+      } else if (n->reason == proto::NackReason::kInternal) {
+        c->internal_nack = true;  // the sending thread decides (hash request or not)
       } else {
         c->broken = Status::Unavailable("process server refused: " + n->message + " (reason " +
                                         std::to_string(int(n->reason)) + ")");
@@ -445,6 +483,7 @@ Status Sender::ResyncStep(Conn* c, bool* progressed) {
     return Status::OK();
   }
   if (dev_->queue().mode() != CaptureMode::kData) return Status::OK();
+  if (opts_.clock->NowMicros() < c->resync_pause_until_us) return Status::OK();
   {
     std::lock_guard lk(mu_);
     if (st_.resync_total == 0) {

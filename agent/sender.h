@@ -24,6 +24,10 @@
 //           kShip regions (bitmap mode) are queued without comparing.
 //     every checkpoint_interval: DirtyBitmap::Checkpoint (clears acked regions,
 //           saves the resync cursor).
+//     Nack{kInternal} while a HashRequest is pending (master target
+//           unreachable): the resync pauses for hash_retry_ms, shipping goes on.
+//     Heartbeat after heartbeat_ms of silence; nothing received for
+//           dead_peer_ms -> reconnect.
 //
 // The resync compares the replica as the master target has applied it. A
 // region whose records are still in the process server's spool may compare
@@ -66,6 +70,9 @@ struct SenderOptions {
   uint64_t checkpoint_interval_ms = 1000;
   uint64_t connect_timeout_ms = 5000;
   uint64_t hash_timeout_ms = 60'000;
+  uint64_t hash_retry_ms = 5'000;     // after the server could not answer a HashRequest
+  uint64_t heartbeat_ms = 5'000;      // a Heartbeat when nothing was sent for this long
+  uint64_t dead_peer_ms = 30'000;     // nothing received for this long: reconnect
   uint64_t generation = 1;
   const Clock* clock = nullptr;      // must outlive the sender
 };

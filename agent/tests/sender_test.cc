@@ -207,3 +207,27 @@ TEST_CASE("after a crash exactly the dirty regions are resynced", "[sender][resy
   REQUIRE(peer.Image() == ReadAll(&fault, "/d/vol.img"));
   sender.Stop();
 }
+
+TEST_CASE("an unanswerable hash request pauses the resync, not the session", "[sender][resync]") {
+  auto env = cdp::NewMemEnv();
+  const uint64_t size = 4 * kMiB;
+  cdp::Bytes src = Random(size, 11);
+  MakeBacking(env.get(), "/d/vol.img", src);
+  TestPeer peer("t1", "s3cret", size);
+  peer.RefuseHashes(2);
+  auto dev = OpenDevice(env.get());
+  SenderOptions so = Opts(peer);
+  so.hash_retry_ms = 20;
+  Sender sender(dev.get(), so);
+  sender.Start();
+  // Writes flow while the resync waits for the master target.
+  cdp::Bytes data(4096, 0x77);
+  REQUIRE(dev->Write(8192, data, false).ok());
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  REQUIRE(peer.hash_requests() == 3);
+  REQUIRE(sender.Stats().connects == 1);
+  REQUIRE(sender.Stats().resync_shipped == 4);
+  std::copy(data.begin(), data.end(), src.begin() + 8192);
+  REQUIRE(peer.Image() == src);
+  sender.Stop();
+}

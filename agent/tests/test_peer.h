@@ -90,6 +90,11 @@ class TestPeer {
     std::lock_guard lk(mu_);
     return Vol(vol).tags;
   }
+  // The next `n` hash requests are answered Nack{kInternal} (master target down).
+  void RefuseHashes(int n) {
+    std::lock_guard lk(mu_);
+    refuse_hashes_ = n;
+  }
   uint64_t hash_requests() const {
     std::lock_guard lk(mu_);
     return hash_requests_;
@@ -213,6 +218,14 @@ class TestPeer {
       return ch.Send(proto::Ack{wb->volume_id, d});
     }
     if (auto* hr = std::get_if<proto::HashRequest>(&m)) {
+      {
+        std::lock_guard lk(mu_);
+        if (refuse_hashes_ > 0) {
+          --refuse_hashes_;
+          ++hash_requests_;
+          return ch.Send(proto::Nack{hr->volume_id, proto::NackReason::kInternal, 0, "master target unavailable"});
+        }
+      }
       proto::HashResponse resp;
       resp.volume_id = hr->volume_id;
       resp.request_id = hr->request_id;
@@ -229,7 +242,7 @@ class TestPeer {
       }
       return ch.Send(resp);
     }
-    if (std::get_if<proto::Heartbeat>(&m) != nullptr) return Status::OK();
+    if (auto* hb = std::get_if<proto::Heartbeat>(&m)) return ch.Send(proto::Heartbeat{1, hb->sent_us});
     return Status::InvalidArgument("unexpected message");
   }
 
@@ -248,6 +261,7 @@ class TestPeer {
   uint64_t volume_size_;
   std::map<std::string, VolState> vols_;
   uint64_t hash_requests_ = 0;
+  int refuse_hashes_ = 0;
 };
 
 }  // namespace cdp::agent::testing
