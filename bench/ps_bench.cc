@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -32,6 +33,7 @@
 #include "common/channel.h"
 #include "common/log.h"
 #include "process-server/mt_link.h"
+#include "process-server/server.h"
 #include "process-server/volume.h"
 
 namespace {
@@ -115,6 +117,71 @@ uint64_t CliSize(const std::string& cmd) {
   return n;
 }
 
+// Intake: an agent connection streams 1 MiB batches (codec none on the wire,
+// `window` batches in flight) into a real ProcessServer whose spool is on the
+// POSIX env; every batch is acknowledged only after its group commit. The
+// master target is absent (its port refuses), so nothing is shipped.
+void RunIntake(const std::string& dir, uint64_t mib, int window) {
+  cdp::Env* env = cdp::DefaultEnv();
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor closed(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  uint16_t dead_port = closed.local_endpoint().port();
+  closed.close();
+  std::string sdir = dir + "/intake_spool";
+  (void)!std::system(("rm -rf '" + sdir + "'").c_str());
+  cdp::ps::ProcessServerOptions o;
+  o.env = env;
+  o.clock = cdp::SystemClock::Get();
+  o.listen_host = "127.0.0.1";
+  o.listen_port = 0;
+  o.control_enabled = false;
+  o.mt_port = dead_port;
+  o.mt_open_wait_ms = 10;
+  o.backoff_min_ms = 1000;
+  o.tenants = {{"bench", kSecret}};
+  o.spool_dir = sdir;
+  cdp::ps::ProcessServer ps(o);
+  if (!ps.Start().ok()) return;
+  auto ch = cdp::Connect("127.0.0.1", ps.agent_port(), 5s);
+  if (!ch.ok() || !cdp::ClientHandshake(**ch, cdp::proto::Role::kAgent, "bench", "bench-agent", kSecret, 5s).ok()) return;
+  cdp::proto::VolumeOpen open;
+  open.name = "intake";
+  open.size = (mib + 1) << 20;
+  (void)(*ch)->Send(open);
+  auto rep = (*ch)->Receive(10s);
+  if (!rep.ok()) return;
+  uint32_t id = std::get<cdp::proto::VolumeOpenReply>(*rep).volume_id;
+  cdp::bench::DataMix mix;
+  mix.seed = 7;
+  cdp::bench::DataGenerator gen(mix);
+  std::vector<cdp::proto::WriteBatch> batches;
+  for (uint64_t i = 0; i < mib; ++i) batches.push_back(cdp::bench::MakeWriteBatch(gen, id, 1 + i * 256, i << 20, 256));
+  double cpu0 = ProcessCpu(), tcpu0 = ThreadCpu();
+  auto t0 = std::chrono::steady_clock::now();
+  size_t sent = 0, acked = 0;
+  while (acked < batches.size()) {
+    while (sent < batches.size() && sent - acked < size_t(window)) (void)(*ch)->Send(batches[sent++]);
+    auto m = (*ch)->Receive(30s);
+    if (!m.ok() || !std::holds_alternative<cdp::proto::Ack>(*m)) {
+      std::fprintf(stderr, "intake: unexpected reply\n");
+      return;
+    }
+    acked++;
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  double ps_cpu = (ProcessCpu() - cpu0) - (ThreadCpu() - tcpu0);
+  double secs = std::chrono::duration<double>(t1 - t0).count();
+  auto vols = ps.VolumesJson();
+  uint64_t syncs = vols.as_object()["volumes"].as_array()[0].as_object()["spool_syncs"].to_number<uint64_t>();
+  double gb = double(mib << 20) / 1e9;
+  std::printf("| intake, window %d | %.0f | %.0f | %.2f | %llu batches, %llu fdatasyncs |\n", window,
+              double(mib << 20) / 1e6 / secs, gb * 1000 / ps_cpu, ps_cpu / gb, (unsigned long long)batches.size(),
+              (unsigned long long)syncs);
+  std::fflush(stdout);
+  ps.Stop();
+  (void)!std::system(("rm -rf '" + sdir + "'").c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,7 +194,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--frame-kib")) frame_kib = std::stoull(argv[i + 1]);
   }
   cdp::log::Options lo;
-  lo.level = "warn";
+  lo.level = "error";
   (void)cdp::log::Init(lo);
   cdp::Env* env = cdp::DefaultEnv();
   (void)env->CreateDirs(dir);
@@ -141,6 +208,9 @@ int main(int argc, char** argv) {
                               {"lz4", cdp::proto::Codec::kLz4, 0},
                               {"zstd-1", cdp::proto::Codec::kZstd, 1},
                               {"zstd-3", cdp::proto::Codec::kZstd, 3}};
+  std::printf("| stage | MB/s (wall) | MB per PS CPU-s | PS CPU s/GB | notes |\n|---|---:|---:|---:|---|\n");
+  for (int window : {1, 8}) RunIntake(dir, std::min<uint64_t>(mib, 128), window);
+  std::printf("\n");
   const double levels[] = {0.25, 0.75, 0.95};
   const size_t kRecords = 256;  // 1 MiB batches of 4 KiB records
 

@@ -580,6 +580,7 @@ json::value ProcessServer::VolumesJson() {
          s.oldest_timestamp_us && s.oldest_timestamp_us < now ? double(now - s.oldest_timestamp_us) / 1e6 : 0.0},
         {"spool_disk_bytes", s.disk_bytes},
         {"spool_segments", s.segments},
+        {"spool_syncs", s.syncs},
         {"busy", s.busy},
         {"busy_nacks", c.busy_nacks.load()},
         {"bytes_in", c.bytes_in.load()},
