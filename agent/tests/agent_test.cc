@@ -4,6 +4,7 @@
 #include "agent/agent.h"
 
 #include <catch2/catch.hpp>
+#include <boost/asio.hpp>
 #include <boost/json.hpp>
 #include <chrono>
 #include <fstream>
@@ -146,6 +147,27 @@ TEST_CASE("real NBD clients write through the tap and the replica follows", "[e2
   auto metrics = cdp::http::HttpRequest("127.0.0.1", agent.control_port(), "GET", "/metrics");
   REQUIRE(metrics.ok());
   REQUIRE(metrics->body.find("cdp_agent_captured_bytes_total{volume=\"vol\"}") != std::string::npos);
+
+  // A client speaking garbage is dropped; the tap keeps serving the others.
+  {
+    boost::asio::io_context ctx;
+    boost::asio::local::stream_protocol::socket s(ctx);
+    s.connect(boost::asio::local::stream_protocol::endpoint(dir.Join("nbd.sock")));
+    std::string junk(4096, '\xff');
+    boost::system::error_code ec;
+    boost::asio::write(s, boost::asio::buffer(junk), ec);
+    char buf[4096];
+    size_t total = 0;
+    for (;;) {  // the server must close the connection (bounded by its handshake timeout)
+      size_t n = s.read_some(boost::asio::buffer(buf), ec);
+      if (ec) break;
+      total += n;
+      REQUIRE(total < (1u << 20));
+    }
+  }
+  auto again = RunCommand({"qemu-io", "-f", "raw", uri, "-c", "read 0 4k"}, 30000);
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
   agent.Stop();
 }
 
