@@ -1,11 +1,15 @@
 // cdp-loadgen: the change-rate tool operators use to size WAN links.
 // Subcommands: tree, churn, plan, record, sweep, wanem (docs/loadgen.md).
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <boost/json.hpp>
 
@@ -19,6 +23,7 @@
 #include "loadgen/profile.h"
 #include "loadgen/scrape.h"
 #include "loadgen/sweep.h"
+#include "loadgen/sweep_run.h"
 #include "loadgen/tree.h"
 
 namespace po = boost::program_options;
@@ -329,6 +334,182 @@ int CmdRecord(int argc, char** argv) {
   return 0;
 }
 
+
+Result<std::vector<uint64_t>> ParseSizes(const std::string& s) {
+  std::vector<uint64_t> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t c = s.find(',', pos);
+    std::string item = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+    char* end = nullptr;
+    unsigned long long v = std::strtoull(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v == 0 || v > 65536) return Status::InvalidArgument("bad size '" + item + "' in --sizes");
+    out.push_back(v);
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return out;
+}
+
+Status WriteOut(Env* env, const std::string& dir, const std::string& name, const std::string& text) {
+  return WriteFileAtomic(env, JoinPath(dir, name), ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
+// Renders every table and chart of the samples; writes them under `out` when set.
+Result<std::string> RenderSweep(const std::vector<SweepSample>& samples, double mhz, const std::string& out, Env* env) {
+  std::vector<SweepRow> off, on;
+  for (const auto& s : samples) {
+    CDP_ASSIGN_OR_RETURN(SweepRow r, ComputeRow(s, mhz));
+    (r.compression ? on : off).push_back(r);
+  }
+  char head[160];
+  std::snprintf(head, sizeof(head), "Core clock %.0f MHz (CPU MHz = CPU seconds per second x core clock).\n\n", mhz);
+  std::string md = "# Sweep results\n\n" + std::string(head);
+  if (!off.empty())
+    md += "## Summary of results with compression disabled (Figure A-2)\n\n" + SeedTableMarkdown(off) +
+          "\nCPU seconds per GB of change:\n\n" + CpuPerGbMarkdown(off) + "\n";
+  if (!on.empty())
+    md += "## Summary of results with compression enabled (Figure A-5)\n\n" + SeedTableMarkdown(on) +
+          "\nCPU seconds per GB of change:\n\n" + CpuPerGbMarkdown(on) + "\n";
+  if (!off.empty() && !on.empty())
+    md += "## Table A-1: process server CPU cost of compression\n\n" + ComparisonMarkdown(off, on, false) +
+          "\n## Table A-2: master target CPU cost of compression\n\n" + ComparisonMarkdown(off, on, true) + "\n";
+  if (!out.empty()) {
+    CDP_RETURN_IF_ERROR(env->CreateDirs(out));
+    CDP_RETURN_IF_ERROR(WriteOut(env, out, "sweep.md", md));
+    CDP_RETURN_IF_ERROR(WriteOut(env, out, "samples.json", boost::json::serialize(SamplesToJson(samples, mhz)) + "\n"));
+    for (auto* rows : {&off, &on}) {
+      if (rows->empty()) continue;
+      std::string tag = rows == &off ? "off" : "on";
+      std::string what = rows == &off ? "Compression Disabled" : "Compression Enabled";
+      CDP_RETURN_IF_ERROR(WriteOut(env, out, "compression_" + tag + ".csv", SeedTableCsv(*rows)));
+      CDP_RETURN_IF_ERROR(WriteOut(env, out, "cpu_" + tag + ".svg",
+                                   CpuChartSvg(*rows, "CPU Utilization vs Primary VM Disk Write Rate (" + what + ")")));
+      CDP_RETURN_IF_ERROR(WriteOut(env, out, "bandwidth_" + tag + ".svg",
+                                   BandwidthChartSvg(*rows, "Bandwidth vs Primary VM Disk Write Rate (" + what + ")")));
+    }
+    if (!off.empty() && !on.empty()) {
+      CDP_RETURN_IF_ERROR(WriteOut(env, out, "table_a1_ps.csv", ComparisonCsv(off, on, false)));
+      CDP_RETURN_IF_ERROR(WriteOut(env, out, "table_a2_mt.csv", ComparisonCsv(off, on, true)));
+    }
+  }
+  return md;
+}
+
+int CmdSweep(int argc, char** argv) {
+  po::options_description d("sweep options");
+  d.add_options()("local", po::value<std::string>()->default_value(""),
+                  "start a local deployment from this build directory (its agent/, process-server/, master-target/)")(
+      "agent-metrics", po::value<std::string>()->default_value(""), "running deployment: agent /metrics URL")(
+      "ps-metrics", po::value<std::string>()->default_value(""), "running deployment: process server /metrics URL")(
+      "mt-metrics", po::value<std::string>()->default_value(""), "running deployment: master target /metrics URL")(
+      "target", po::value<std::string>()->default_value(""), "running deployment: the protected volume's nbd:// URI")(
+      "dir", po::value<std::string>()->default_value(""), "running deployment: a directory on the protected volume")(
+      "compression", po::value<std::string>()->default_value("off"), "running deployment: label of this phase, off | on")(
+      "phases", po::value<std::string>()->default_value("off,on"), "--local: phases to run (PS codec none / zstd)")(
+      "level", po::value<int>()->default_value(1), "--local: zstd level of the 'on' phase")(
+      "volume-size", po::value<ByteSize>()->default_value(ByteSize{1ull << 30}), "--local: source volume size")(
+      "sizes", po::value<std::string>()->default_value("1,10,50,100,150,200,250"), "tree sizes, MB")(
+      "seed", po::value<uint64_t>()->default_value(8), "tree seed")(
+      "compressibility", po::value<double>()->default_value(0.75), "tree data mix, 0..1")(
+      "window", po::value<Duration>()->default_value(Duration{60'000'000}), "measurement window per size")(
+      "pause", po::value<Duration>()->default_value(Duration{4'000'000}), "pause between write and delete")(
+      "warmup", po::value<Duration>()->default_value(Duration{0}), "an unrecorded window of the first size first")(
+      "drain-timeout", po::value<Duration>()->default_value(Duration{300'000'000}), "wait for an empty backlog first")(
+      "core-mhz", po::value<double>()->default_value(0), "core clock, MHz (0 = from /proc/cpuinfo)")(
+      "from", po::value<std::vector<std::string>>(), "render from recorded samples JSON (repeatable)")(
+      "out", po::value<std::string>()->default_value(""), "write sweep.md, CSVs, SVGs and samples.json here");
+  LoadedConfig cfg;
+  if (int rc = Load(argc, argv, d, "The seed's sweep: tables (Markdown, CSV) and SVG charts from daemon metrics.", &cfg);
+      rc >= 0)
+    return rc;
+  const auto& vm = cfg.vars;
+  Env* env = DefaultEnv();
+  auto* clock = SystemClock::Get();
+  double mhz = vm["core-mhz"].as<double>();
+  std::vector<SweepSample> samples;
+  if (vm.count("from")) {
+    for (const auto& f : vm["from"].as<std::vector<std::string>>()) {
+      auto text = ReadWholeFile(env, f);
+      if (!text.ok()) return Fail("sweep", text.status());
+      boost::system::error_code ec;
+      auto v = boost::json::parse(std::string_view(reinterpret_cast<const char*>(text->data()), text->size()), ec);
+      if (ec) return Fail("sweep", Status::InvalidArgument(f + ": " + ec.message()));
+      double file_mhz = 0;
+      auto s = SamplesFromJson(v, &file_mhz);
+      if (!s.ok()) return Fail("sweep", s.status().WithContext(f));
+      if (mhz == 0) mhz = file_mhz;
+      samples.insert(samples.end(), s->begin(), s->end());
+    }
+  } else {
+    SweepRunOptions o;
+    auto sizes = ParseSizes(vm["sizes"].as<std::string>());
+    if (!sizes.ok()) return Fail("sweep", sizes.status());
+    o.sizes_mb = *sizes;
+    o.seed = vm["seed"].as<uint64_t>();
+    o.compressibility = vm["compressibility"].as<double>();
+    o.window_us = vm["window"].as<Duration>().micros;
+    o.pause_us = vm["pause"].as<Duration>().micros;
+    o.drain_timeout_us = vm["drain-timeout"].as<Duration>().micros;
+    o.warmup_us = vm["warmup"].as<Duration>().micros;
+    o.log = [](const std::string& line) { std::fprintf(stderr, "sweep: %s\n", line.c_str()); };
+    if (mhz == 0) {
+      auto m = CoreMhzFromCpuinfo(env);
+      if (!m.ok()) return Fail("sweep", m.status());
+      mhz = *m;
+    }
+    const std::string local = vm["local"].as<std::string>();
+    if (!local.empty()) {
+      for (const char* phase_name : {"off", "on"}) {
+        const std::string phase = phase_name;
+        if (vm["phases"].as<std::string>().find(phase) == std::string::npos) continue;
+        char tmpl[] = "/tmp/cdp-sweep.XXXXXX";
+        if (!::mkdtemp(tmpl)) return Fail("sweep", Status::FromErrno(errno, "mkdtemp"));
+        LocalDeploymentOptions lo;
+        lo.agent_bin = JoinPath(local, "agent/cdp-agent");
+        lo.ps_bin = JoinPath(local, "process-server/cdp-process-server");
+        lo.mt_bin = JoinPath(local, "master-target/cdp-master-target");
+        lo.work_dir = tmpl;
+        lo.codec = phase == "on" ? "zstd" : "none";
+        lo.level = vm["level"].as<int>();
+        lo.volume_bytes = vm["volume-size"].as<ByteSize>().bytes;
+        Result<std::vector<SweepSample>> r = Status::Aborted("not run");
+        {
+          LocalDeployment dep(lo);
+          Status st = dep.Start();
+          if (st.ok()) r = RunSweepPhase(dep.targets(), phase == "on", o, env, clock);
+          else r = st;
+        }
+        if (r.ok()) {
+          if (Status rs = RemoveAll(env, tmpl); !rs.ok()) std::fprintf(stderr, "sweep: %s\n", rs.ToString().c_str());
+        } else {
+          std::fprintf(stderr, "sweep: deployment kept in %s for inspection\n", tmpl);
+        }
+        if (!r.ok()) return Fail("sweep", r.status());
+        samples.insert(samples.end(), r->begin(), r->end());
+      }
+    } else {
+      SweepTargets t;
+      t.agent_metrics = vm["agent-metrics"].as<std::string>();
+      t.ps_metrics = vm["ps-metrics"].as<std::string>();
+      t.mt_metrics = vm["mt-metrics"].as<std::string>();
+      t.nbd_uri = vm["target"].as<std::string>();
+      t.dir = vm["dir"].as<std::string>();
+      if (t.agent_metrics.empty() || t.ps_metrics.empty() || t.mt_metrics.empty())
+        return Fail("sweep", Status::InvalidArgument("give --local, or --from, or all three --*-metrics URLs"));
+      std::string c = vm["compression"].as<std::string>();
+      if (c != "off" && c != "on") return Fail("sweep", Status::InvalidArgument("--compression must be off or on"));
+      auto r = RunSweepPhase(t, c == "on", o, env, clock);
+      if (!r.ok()) return Fail("sweep", r.status());
+      samples = std::move(*r);
+    }
+  }
+  auto md = RenderSweep(samples, mhz, vm["out"].as<std::string>(), env);
+  if (!md.ok()) return Fail("sweep", md.status());
+  std::cout << *md;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -342,6 +523,7 @@ int main(int argc, char** argv) {
     if (cmd == "churn") return CmdChurn(argc - 1, argv + 1);
     if (cmd == "plan") return CmdPlan(argc - 1, argv + 1);
     if (cmd == "record") return CmdRecord(argc - 1, argv + 1);
+    if (cmd == "sweep") return CmdSweep(argc - 1, argv + 1);
   } catch (const std::exception& e) {
     std::cerr << "cdp-loadgen " << cmd << ": " << e.what() << "\n";
     return 2;

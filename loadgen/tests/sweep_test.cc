@@ -121,3 +121,66 @@ TEST_CASE("Core clock from a cpuinfo file", "[sweep]") {
   REQUIRE(WriteFileAtomic(env.get(), "/none", ByteSpan()).ok());
   CHECK(CoreMhzFromCpuinfo(env.get(), "/none").status().IsNotFound());
 }
+
+#include <sstream>
+
+#include "loadgen/tests/test_util.h"
+
+namespace {
+
+std::vector<std::vector<std::string>> ReadCsv(const std::string& path) {
+  auto b = ReadWholeFile(DefaultEnv(), path);
+  std::vector<std::vector<std::string>> rows;
+  if (!b.ok()) return rows;
+  std::istringstream in(std::string(b->begin(), b->end()));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ls(line);
+    std::string c;
+    while (std::getline(ls, c, ',')) cells.push_back(c);
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("cdp-loadgen sweep --local: real daemons, both phases, every column present and non-negative",
+          "[sweep][e2e]") {
+  testing::TempDir tmp;
+  const std::string out = tmp.path() + "/out";
+  auto r = testing::Run(std::string(CDP_LOADGEN_BIN) + " sweep --local " + CDP_BUILD_DIR +
+                        " --sizes 1,4 --window 2s --pause 200ms --drain-timeout 60s --volume-size 256MiB --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<std::string> cols = {"Mode", "Size", "Seed", "Pri VM Disk WR", "PS BW (In)", "PS BW (Out)",
+                                         "Pri VM CPU", "PS CPU", "Disk RR", "Disk WR", "CPU"};
+  for (const char* phase : {"off", "on"}) {
+    auto rows = ReadCsv(out + "/compression_" + std::string(phase) + ".csv");
+    REQUIRE(rows.size() == 3);
+    CHECK(rows[0] == cols);
+    for (size_t i = 1; i < rows.size(); ++i) {
+      REQUIRE(rows[i].size() == cols.size());
+      CHECK(rows[i][0] == "0");
+      CHECK(rows[i][1] == (i == 1 ? "1" : "4"));
+      CHECK(rows[i][2] == "8");
+      for (size_t c = 3; c < cols.size(); ++c) {
+        INFO(phase << " row " << i << " column " << cols[c] << " = " << rows[i][c]);
+        CHECK(std::stod(rows[i][c]) >= 0);
+      }
+      CHECK(std::stod(rows[i][3]) > 0);  // the tree loop wrote through the agent
+      CHECK(std::stod(rows[i][4]) > 0);  // and the process server received it
+    }
+    CHECK(testing::Run("test -s " + out + "/cpu_" + phase + ".svg").exit_code == 0);
+    CHECK(testing::Run("test -s " + out + "/bandwidth_" + phase + ".svg").exit_code == 0);
+  }
+  for (const char* t : {"table_a1_ps.csv", "table_a2_mt.csv"}) {
+    auto rows = ReadCsv(out + "/" + t);
+    CHECK(rows.size() == 3);
+  }
+  // The recorded samples re-render to the same tables.
+  auto again = testing::Run(std::string(CDP_LOADGEN_BIN) + " sweep --from " + out + "/samples.json --out " + out + "/re");
+  REQUIRE(again.exit_code == 0);
+  CHECK(ReadCsv(out + "/re/compression_on.csv") == ReadCsv(out + "/compression_on.csv"));
+}
