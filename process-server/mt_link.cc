@@ -428,6 +428,10 @@ Result<uint64_t> MtLink::WaitOpened(Volume* v, std::chrono::milliseconds timeout
   auto it = volumes_.find(v);
   if (it == volumes_.end()) return Status::NotFound("volume not on this link");
   LinkVolume* lv = it->second.get();
+  // Down after a failed attempt: do not hold the agent's open for a master
+  // target that is known to be unreachable.
+  if (!connected_.load() && !last_error_.empty() && !lv->opened)
+    return Status::Unavailable("master target not reachable: " + last_error_);
   cv_.notify_all();
   bool ok = cv_.wait_for(l, timeout, [&] { return stop_.load() || lv->opened || !lv->open_error.ok(); });
   if (!lv->open_error.ok()) return lv->open_error;
