@@ -25,6 +25,7 @@
 #include "loadgen/sweep.h"
 #include "loadgen/sweep_run.h"
 #include "loadgen/tree.h"
+#include "loadgen/wanem.h"
 
 namespace po = boost::program_options;
 using namespace cdp;
@@ -524,6 +525,7 @@ int main(int argc, char** argv) {
     if (cmd == "plan") return CmdPlan(argc - 1, argv + 1);
     if (cmd == "record") return CmdRecord(argc - 1, argv + 1);
     if (cmd == "sweep") return CmdSweep(argc - 1, argv + 1);
+    if (cmd == "wanem") return CmdWanem(argc - 1, argv + 1);
   } catch (const std::exception& e) {
     std::cerr << "cdp-loadgen " << cmd << ": " << e.what() << "\n";
     return 2;

@@ -1,0 +1,74 @@
+// Wanem: an emulated WAN between two network namespaces (root only).
+//
+// This kernel has no netem, so the delay (and loss) come from a small TUN
+// forwarder in user space, and the rate limit from tbf:
+//
+//   netns <N>-a                                     netns <N>-b
+//   app -> 10.77.0.2 --route--> dly0 (TUN)          dly0 (TUN) <--route-- app -> 10.77.0.1
+//                                 |                    ^  |
+//              cdp-loadgen wanem forward (delay D, loss P, in the root netns,
+//              holds both TUN fds; a packet read from a TUN is written back
+//              into the same TUN after D)
+//                                 v                       v
+//   "iif dly0" -> table 100 -> veth0 (tbf R) ======= veth0 (tbf R) -> local delivery
+//   10.77.0.1/32                                    10.77.0.2/32
+//
+// Each direction passes the delay line once and the tbf once: RTT = 2 x D.
+// Re-injected packets carry a local source address, so dly0 has
+// accept_local=1 and rp_filter=0; ip_forward=1 in both namespaces.
+//
+//   cdp-loadgen wanem up --name wan --rate-mbit 100 --delay-ms 12.5 [--loss 0.1]
+//   ip netns exec wan-b cdp-master-target --listen 10.77.0.2:7500 ...
+//   ip netns exec wan-a cdp-process-server --mt 10.77.0.2:7500 ...
+//   cdp-loadgen wanem down --name wan
+//
+// `wanem probe` measures TCP goodput and connect RTT between the sides (an
+// iperf-like sender/receiver), for the WAN benchmark.
+//
+// DelayLine is the forwarder's pure core (tested on a ManualClock).
+// Thread safety: DelayLine is not thread-safe; the CLI functions run once.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "common/coding.h"
+#include "common/result.h"
+#include "loadgen/rng.h"
+
+namespace cdp::loadgen {
+
+// A FIFO that releases each packet `delay_us` after it entered, dropping a
+// share `loss` (0..1) at entry and anything beyond `max_bytes` queued.
+class DelayLine {
+ public:
+  DelayLine(uint64_t delay_us, double loss, uint64_t max_bytes, uint64_t seed)
+      : delay_us_(delay_us), loss_(loss), max_bytes_(max_bytes), rng_(seed) {}
+  // Returns false when the packet was dropped (loss or overflow).
+  bool Push(Bytes packet, uint64_t now_us);
+  // Micros until the head is due (0 = due now); UINT64_MAX when empty.
+  uint64_t NextDueIn(uint64_t now_us) const;
+  // Pops the head if due.
+  bool PopDue(uint64_t now_us, Bytes* out);
+  size_t size() const { return q_.size(); }
+  uint64_t dropped() const { return dropped_; }
+
+ private:
+  struct Item {
+    uint64_t due;
+    Bytes data;
+  };
+  uint64_t delay_us_;
+  double loss_;
+  uint64_t max_bytes_;
+  SplitMix64 rng_;
+  std::deque<Item> q_;
+  uint64_t bytes_ = 0;
+  uint64_t dropped_ = 0;
+};
+
+// The `cdp-loadgen wanem ...` command (argv[0] == "wanem"). Exit code.
+int CmdWanem(int argc, char** argv);
+
+}  // namespace cdp::loadgen
