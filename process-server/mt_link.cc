@@ -392,7 +392,8 @@ void MtLink::HandleMessage(FrameChannel& ch, proto::Message& m) {
         it->second->response = std::move(*h);
       }
     } else if (std::holds_alternative<proto::Heartbeat>(m) || std::holds_alternative<proto::Stats>(m)) {
-      // Liveness only.
+      // Liveness only. Not answered from this thread: a reader blocked behind
+      // a full send buffer would stop reading the acks that drain it.
     } else {
       fail = true;
       fail_reason = "unexpected message type " + std::to_string(int(proto::TypeOf(m))) + " from the master target";
@@ -401,12 +402,6 @@ void MtLink::HandleMessage(FrameChannel& ch, proto::Message& m) {
       conn_failed_ = true;
       last_error_ = fail_reason;
     }
-  }
-  if (auto* hb = std::get_if<proto::Heartbeat>(&m); hb != nullptr && hb->echo_us == 0) {
-    proto::Heartbeat reply;
-    reply.sent_us = opt_.clock->WallMicros();
-    reply.echo_us = hb->sent_us;
-    (void)ch.Send(reply);
   }
   for (auto& [v, seq] : floors) {
     if (seq > v->spool().durable_seq()) v->spool().SetFloor(seq);
