@@ -120,7 +120,7 @@ TEST_CASE("Required bandwidth for RPO targets met 100% and 90% of the time", "[p
   CHECK(RequiredBandwidth(idle, 1.0, 900, 100) == 0);
 }
 
-TEST_CASE("MakePlan: link RPO, PS cache, drain time, journal; Markdown and JSON", "[plan]") {
+TEST_CASE("MakePlan: link RPO, PS cache, drain time, journal - Markdown and JSON", "[plan]") {
   Profile p = Burst();
   PlanOptions o;
   o.rpo_s = {900, 1800};

@@ -47,7 +47,7 @@ TEST_CASE("Sweep row: the seed's columns from two metrics snapshots", "[sweep]")
   CHECK(r->mt_s_per_gb == Approx(75));
 }
 
-TEST_CASE("Sweep row: a missing metric is named; bad window or clock refused", "[sweep]") {
+TEST_CASE("Sweep row: a missing metric is named - bad window or clock refused", "[sweep]") {
   SweepSample s = Recorded(1, false, 3);
   s.end.mt.erase("cdp_mt_disk_write_bytes_total");
   auto r = ComputeRow(s, 2000);

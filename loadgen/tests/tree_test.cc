@@ -128,7 +128,7 @@ TEST_CASE("Tree compressibility changes content, not layout", "[tree]") {
 
 #include "loadgen/tests/test_util.h"
 
-TEST_CASE("cdp-loadgen tree: verify exits non-zero naming each bad file; gentesttree.sh loops and deletes", "[tree][cli][e2e]") {
+TEST_CASE("cdp-loadgen tree: verify exits non-zero naming each bad file - gentesttree.sh loops and deletes", "[tree][cli][e2e]") {
   using cdp::loadgen::testing::Run;
   cdp::loadgen::testing::TempDir tmp;
   REQUIRE(!tmp.path().empty());
