@@ -206,7 +206,7 @@ int Points(const Options& o, const std::string& volume, std::ostream& out, std::
   out << "volume " << Str(b, "volume") << " (tenant " << Str(b, "tenant") << "), applied sequence "
       << uint64_t(Num(b, "applied_seq")) << "\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %6s %-6s %12s  %-26s %s\n", "POINT", "KIND", "SEQUENCE", "TIME (UTC)", "NAME");
+  std::snprintf(line, sizeof line, "  %6s %-16s %12s  %-26s %s\n", "POINT", "KIND", "SEQUENCE", "TIME (UTC)", "NAME");
   out << line;
   if (const json::value* pts = b.if_contains("points"); pts && pts->is_array()) {
     for (const auto& pv : pts->as_array()) {
@@ -219,7 +219,7 @@ int Points(const Options& o, const std::string& volume, std::ostream& out, std::
         std::strftime(tb, sizeof tb, "%Y-%m-%d %H:%M:%S", std::gmtime(&t));
         when = tb;
       }
-      std::snprintf(line, sizeof line, "  %6.0f %-6s %12.0f  %-26s %s\n", Num(p, "id"), Str(p, "kind").c_str(),
+      std::snprintf(line, sizeof line, "  %6.0f %-16s %12.0f  %-26s %s\n", Num(p, "id"), Str(p, "kind").c_str(),
                     Num(p, "seq"), when.c_str(), Str(p, "name").c_str());
       out << line;
     }
