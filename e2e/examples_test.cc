@@ -1,0 +1,103 @@
+// The example configuration files of docs/examples/ are real: each daemon is
+// started from its example, with only host names, ports, paths and devices
+// replaced by scratch ones, and must come up and replicate (so a key renamed in
+// a daemon, or a value the parser refuses, breaks this test, not an operator).
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "e2e/harness.h"
+
+namespace {
+
+using cdp::e2e::Daemon;
+using cdp::e2e::FreePort;
+using cdp::e2e::GetJson;
+using cdp::e2e::WaitFor;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Replaces every occurrence of `from`; REQUIREs at least one (so the example
+// and this test cannot drift apart silently).
+void Sub(std::string* text, const std::string& from, const std::string& to) {
+  INFO("example no longer contains '" << from << "'");
+  REQUIRE(text->find(from) != std::string::npos);
+  for (size_t pos = 0; (pos = text->find(from, pos)) != std::string::npos; pos += to.size()) {
+    text->replace(pos, from.size(), to);
+  }
+}
+
+void Write(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  REQUIRE(out.good());
+}
+
+}  // namespace
+
+TEST_CASE("docs/examples configs start the three daemons, which then replicate", "[e2e][examples]") {
+  const std::string ex = std::string(CDP_SOURCE_DIR) + "/docs/examples/";
+  cdp::testing::ScratchDir dir;
+  REQUIRE(!dir.path().empty());
+  auto hp = [](uint16_t p) { return "127.0.0.1:" + std::to_string(p); };
+  const uint16_t mt_data = FreePort(), mt_ctl = FreePort(), mt_nbd = FreePort(), ps_data = FreePort(),
+                 ps_ctl = FreePort(), ag_nbd = FreePort(), ag_ctl = FreePort();
+  const std::string secret = "change-me-to-a-long-random-secret";
+
+  std::string mt = Slurp(ex + "master-target.conf");
+  Sub(&mt, "0.0.0.0:7500", hp(mt_data));
+  Sub(&mt, "127.0.0.1:9102", hp(mt_ctl));
+  Sub(&mt, "127.0.0.1:10810", hp(mt_nbd));
+  Sub(&mt, "/var/lib/opencdp/master-target", dir.Join("mt"));
+  Sub(&mt, "/etc/opencdp/mt-tenants", ex + "mt-tenants");
+  Write(dir.Join("mt.conf"), mt);
+
+  std::string ps = Slurp(ex + "process-server.conf");
+  Sub(&ps, "0.0.0.0:7400", hp(ps_data));
+  Sub(&ps, "127.0.0.1:9101", hp(ps_ctl));
+  Sub(&ps, "mt.provider.example:7500", hp(mt_data));
+  Sub(&ps, "/var/lib/opencdp/ps/spool", dir.Join("spool"));
+  REQUIRE(ps.find("tenant = acme:" + secret) != std::string::npos);
+  Write(dir.Join("ps.conf"), ps);
+
+  std::string ag = Slurp(ex + "agent.conf");
+  Sub(&ag, "/dev/vg0/db", dir.Join("db.img"));
+  Sub(&ag, "/dev/vg0/logs", dir.Join("logs.img"));
+  Sub(&ag, "/run/opencdp/agent.sock", dir.Join("agent.sock"));
+  Sub(&ag, "ps.example.net:7400", hp(ps_data));
+  Sub(&ag, "/etc/opencdp/agent.secret", dir.Join("agent.secret"));
+  Sub(&ag, "/var/lib/opencdp/agent", dir.Join("bitmaps"));
+  Sub(&ag, "127.0.0.1:10809", hp(ag_nbd));
+  Sub(&ag, "127.0.0.1:9100", hp(ag_ctl));
+  Sub(&ag, "fsfreeze -f /srv/db", "true");
+  Sub(&ag, "fsfreeze -u /srv/db", "true");
+  Write(dir.Join("agent.conf"), ag);
+  Write(dir.Join("agent.secret"), secret + "\n");
+  REQUIRE(cdp::e2e::MakeSparseFile(dir.Join("db.img"), 8 << 20));
+  REQUIRE(cdp::e2e::MakeSparseFile(dir.Join("logs.img"), 8 << 20));
+
+  Daemon dm, dp, da;
+  REQUIRE(dm.Start({CDP_MT_BIN, "--config", dir.Join("mt.conf")}, dir.Join("mt.log")));
+  REQUIRE(dp.Start({CDP_PS_BIN, "--config", dir.Join("ps.conf")}, dir.Join("ps.log")));
+  REQUIRE(da.Start({CDP_AGENT_BIN, "--config", dir.Join("agent.conf")}, dir.Join("agent.log")));
+  for (uint16_t port : {mt_ctl, ps_ctl, ag_ctl}) {
+    bool up = WaitFor([&] { return GetJson(port, "/status").has_value(); }, std::chrono::seconds(30));
+    INFO("port " << port << "\n" << Slurp(dir.Join("mt.log")) << Slurp(dir.Join("ps.log")) << Slurp(dir.Join("agent.log")));
+    REQUIRE(up);
+  }
+  // Both volumes of the example reach the master target.
+  bool both = WaitFor(
+      [&] {
+        auto s = GetJson(mt_ctl, "/status");
+        return s && s->at("volumes").as_array().size() == 2;
+      },
+      std::chrono::seconds(30));
+  INFO(Slurp(dir.Join("mt.log")) << Slurp(dir.Join("ps.log")) << Slurp(dir.Join("agent.log")));
+  REQUIRE(both);
+}
