@@ -53,6 +53,7 @@ void Sender::Start() {
 }
 
 void Sender::Stop() {
+  if (!thread_.joinable()) return;  // idempotent; touches nothing once stopped
   {
     std::lock_guard lk(stop_mu_);
     stop_ = true;

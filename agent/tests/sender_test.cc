@@ -169,7 +169,8 @@ TEST_CASE("resync ships only the regions that differ", "[sender][resync]") {
   REQUIRE(peer.count(cdp::proto::RecordKind::kData) == 4);
   REQUIRE(peer.Image() == src);
   sender.Stop();
-  // The bitmap is clean on disk: a restart resyncs nothing.
+  // The bitmap is clean on disk: a restart resyncs nothing. (The stopped
+  // sender no longer touches the device.)
   dev.reset();
   auto again = OpenDevice(env.get());
   REQUIRE(again->bitmap().ResyncCount() == 0);
