@@ -45,7 +45,7 @@ struct AgentOptions {
   const Clock* clock = nullptr;  // must outlive the agent
   std::vector<VolumeConfig> volumes;
   NbdServerOptions nbd;          // listeners (tcp_port / unix_path)
-  std::string bitmap_dir = "/var/lib/cdp/agent";
+  std::string bitmap_dir = "/var/lib/opencdp/agent";
   uint64_t budget = 64ull << 20;   // per volume
   uint32_t region_size = 1u << 20;
   SenderOptions sender;          // PS address, tenant, secret, batching

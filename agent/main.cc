@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
       ("capture_only", value<bool>()->default_value(false), "do not connect to a process server (tap benchmarks)")
       ("budget", value<cdp::ByteSize>()->default_value(cdp::ByteSize{64ull << 20}), "capture queue memory per volume")
       ("region_size", value<cdp::ByteSize>()->default_value(cdp::ByteSize{1u << 20}), "dirty bitmap region size")
-      ("bitmap_dir", value<std::string>()->default_value("/var/lib/cdp/agent"), "directory of the dirty bitmaps")
+      ("bitmap_dir", value<std::string>()->default_value("/var/lib/opencdp/agent"), "directory of the dirty bitmaps")
       ("batch_bytes", value<cdp::ByteSize>()->default_value(cdp::ByteSize{4u << 20}), "data bytes per write batch")
       ("max_inflight", value<int>()->default_value(4), "write batches in flight")
       ("control", value<std::string>()->default_value("127.0.0.1:9100"), "control/metrics HTTP host:port ('none' = off)")
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   cdp::ConfigOptions co;
   co.program = "cdp-agent";
   co.summary = "OpenCDP agent: NBD capture tap with write-order capture, dirty bitmap and resync";
-  co.default_config_path = "/etc/cdp/agent.conf";
+  co.default_config_path = "/etc/opencdp/agent.conf";
   auto loaded = cdp::LoadConfig(argc, argv, desc, co);
   if (!loaded.ok()) return Fail(loaded.status().message());
   if (loaded->help) {
