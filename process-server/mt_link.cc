@@ -443,6 +443,8 @@ Result<proto::HashResponse> MtLink::Hash(Volume* v, const proto::HashRequest& re
     std::unique_lock<std::mutex> l(mu_);
     auto it = volumes_.find(v);
     if (it == volumes_.end()) return Status::NotFound("volume not on this link");
+    if (!connected_.load() && !last_error_.empty())
+      return Status::Unavailable("master target unavailable: " + last_error_);
     if (!cv_.wait_for(l, timeout, [&] { return stop_.load() || it->second->opened; }))
       return Status::Unavailable("master target unavailable");
     if (stop_.load() || !channel_) return Status::Unavailable("master target unavailable");

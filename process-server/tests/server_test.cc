@@ -45,6 +45,7 @@ cdp::ps::ProcessServerOptions Options(cdp::Env* env) {
   o.spool_dir = "/ps/spool";
   o.segment_bytes = 1 << 20;
   o.mt_open_wait_ms = 100;
+  o.hash_timeout_ms = 2000;
   o.backoff_min_ms = 50;
   o.backoff_max_ms = 200;
   return o;
@@ -131,6 +132,16 @@ TEST_CASE("agent contract: open, ack, duplicates, gap, unknown volume, reopen", 
     hb.sent_us = 12345;
     REQUIRE(ch->Send(hb).ok());
     CHECK(Expect<cdp::proto::Heartbeat>(*ch).echo_us == 12345);
+
+    // Resync hashes need the master target, which is down here.
+    cdp::proto::HashRequest hr;
+    hr.volume_id = id;
+    hr.request_id = 9;
+    hr.count = 4;
+    REQUIRE(ch->Send(hr).ok());
+    auto hn = Expect<cdp::proto::Nack>(*ch);
+    CHECK(hn.reason == cdp::proto::NackReason::kInternal);
+    CHECK(hn.volume_id == id);
 
     REQUIRE(ch->Send(Vol("db1", 2)).ok());
     CHECK(Expect<cdp::proto::Nack>(*ch).reason == cdp::proto::NackReason::kWrongGeneration);
