@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# End-to-end benchmark: all three daemons on this machine (loopback), one
+# volume, `cdp-loadgen churn` pushing writes through the agent's NBD export as
+# fast as the pipeline accepts them. Reports
+#   - sustained end-to-end change rate: bytes written / (time from the first
+#     write until the master target has applied the last one),
+#   - CPU seconds per GB of change for each daemon (process_cpu_seconds_total
+#     of each /metrics, before and after),
+#   - beside it, in the same run, single-core lz4 -1 and zstd -1 compression
+#     speed (the CLIs' -b mode, one thread) on the bytes the churn wrote.
+#
+#   bash bench/e2e_bench.sh BUILD_DIR [SECONDS=20] [COMPRESSIBILITY=0.75] [CODEC=zstd]
+#
+# Prints a Markdown table row set; docs/benchmarks.md "End to end" records runs.
+set -euo pipefail
+
+BUILD=$(cd "${1:?usage: e2e_bench.sh BUILD_DIR [SECONDS] [COMPRESSIBILITY] [CODEC]}" && pwd)
+SECS=${2:-20}
+COMP=${3:-0.75}
+CODEC=${4:-zstd}
+AGENT=$BUILD/agent/cdp-agent
+PS=$BUILD/process-server/cdp-process-server
+MT=$BUILD/master-target/cdp-master-target
+LOADGEN=$BUILD/loadgen/cdp-loadgen
+for b in "$AGENT" "$PS" "$MT" "$LOADGEN"; do [ -x "$b" ] || { echo "e2e_bench: $b not built" >&2; exit 2; }; done
+for p in zstd lz4 curl; do command -v $p >/dev/null || { echo "e2e_bench: $p missing" >&2; exit 2; }; done
+
+DIR=$(mktemp -d "${TMPDIR:-/var/tmp}/opencdp-bench.XXXXXX")
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+die() { echo "e2e_bench: $*" >&2; for l in "$DIR"/*.log; do tail -n 5 "$l" >&2; done; exit 1; }
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+next_port=$((20000 + RANDOM % 30000))
+pick_port() { while ! port_free $next_port; do next_port=$((next_port + 1)); done; printf -v "$1" '%s' $next_port; next_port=$((next_port + 1)); }
+for v in MT_DATA MT_CTL MT_NBD PS_DATA PS_CTL AG_NBD AG_CTL; do pick_port $v; done
+
+json_num() { grep -o "\"$1\":[0-9.e+-]*" | head -n1 | cut -d: -f2; }
+SIZE=$((4 << 30))
+SECRET=bench-secret-$RANDOM$RANDOM
+mkdir -p "$DIR/mt" "$DIR/spool" "$DIR/agent"
+truncate -s $SIZE "$DIR/source.img"
+"$MT" --listen 127.0.0.1:$MT_DATA --control 127.0.0.1:$MT_CTL --nbd 127.0.0.1:$MT_NBD --data_dir "$DIR/mt" \
+  --tenant bench:$SECRET --log.file "$DIR/mt.log" &
+PIDS+=($!)
+"$PS" --listen 127.0.0.1:$PS_DATA --control 127.0.0.1:$PS_CTL --mt 127.0.0.1:$MT_DATA --tenant bench:$SECRET \
+  --spool_dir "$DIR/spool" --codec "$CODEC" --level 1 --log.file "$DIR/ps.log" &
+PIDS+=($!)
+"$AGENT" --volume vol=$DIR/source.img --nbd_listen 127.0.0.1:$AG_NBD --ps 127.0.0.1:$PS_DATA --tenant bench \
+  --secret $SECRET --bitmap_dir "$DIR/agent" --control 127.0.0.1:$AG_CTL --log.file "$DIR/agent.log" >/dev/null &
+PIDS+=($!)
+for port in $MT_CTL $PS_CTL $AG_CTL; do
+  for _ in $(seq 300); do curl -fsS "http://127.0.0.1:$port/status" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -fsS "http://127.0.0.1:$port/status" >/dev/null || die "a daemon did not start"
+done
+
+cpu() { curl -fsS "http://127.0.0.1:$1/metrics" | awk '$1 == "process_cpu_seconds_total" {print $2}'; }
+now() { date +%s.%N; }
+
+# The initial sync of the (empty) volume finishes first: it is not change.
+for _ in $(seq 600); do
+  [ "$(curl -fsS "http://127.0.0.1:$AG_CTL/status" | json_num resync_remaining)" = 0 ] && break
+  sleep 0.1
+done
+A0=$(cpu $AG_CTL); P0=$(cpu $PS_CTL); M0=$(cpu $MT_CTL)
+T0=$(now)
+# 1 MiB sequential writes, rate far above what the pipeline can take: the
+# agent's capture queue fills and the NBD client is paced by the pipeline.
+"$LOADGEN" churn --target nbd://127.0.0.1:$AG_NBD/vol --rate 10000 --duration "$SECS" --pattern seq \
+  --io-size 1MiB --compressibility "$COMP" --seed 7 --flush-every 256MiB --json > "$DIR/churn.json"
+T1=$(now)
+# Catch-up: every captured record applied at the master target.
+deadline=$(( $(date +%s) + 600 ))
+while :; do
+  a=$(curl -fsS "http://127.0.0.1:$AG_CTL/status"); m=$(curl -fsS "http://127.0.0.1:$MT_CTL/status")
+  next=$(echo "$a" | json_num next_seq); applied=$(echo "$m" | json_num applied_seq)
+  [ -n "$next" ] && [ -n "$applied" ] && [ "$applied" = $((next - 1)) ] && [ "$(echo "$a" | json_num queue_records)" = 0 ] && break
+  [ "$(date +%s)" -lt $deadline ] || die "no catch-up within 600 s"
+  sleep 0.05
+done
+T2=$(now)
+A1=$(cpu $AG_CTL); P1=$(cpu $PS_CTL); M1=$(cpu $MT_CTL)
+BYTES=$(json_num bytes < "$DIR/churn.json")
+a=$(curl -fsS "http://127.0.0.1:$AG_CTL/status"); p=$(curl -fsS "http://127.0.0.1:$PS_CTL/status")
+MODE_CHANGES=$(( $(echo "$a" | json_num to_metadata) + $(echo "$a" | json_num to_bitmap) ))
+PS_IN=$(echo "$p" | json_num bytes_in); PS_OUT=$(echo "$p" | json_num bytes_out)
+
+# The same bytes through the compressors' CLIs, one thread, same run.
+SAMPLE=$((BYTES < (256 << 20) ? BYTES : (256 << 20)))
+head -c $SAMPLE "$DIR/source.img" > "$DIR/sample.bin"
+ZSTD_LINE=$(zstd -b1 -e1 -T1 -i3 "$DIR/sample.bin" 2>&1 | tr '\r' '\n' | grep 'MB/s' | tail -n1)
+LZ4_LINE=$(lz4 -b1 -e1 -i3 "$DIR/sample.bin" 2>&1 | tr '\r' '\n' | grep 'MB/s' | tail -n1)
+speed() { echo "$1" | grep -oE '[0-9.]+ MB/s' | head -n1 | cut -d' ' -f1; }
+ratio() { echo "$1" | grep -oE '\(x?[0-9.]+\)' | head -n1 | tr -d '()x '; }
+
+awk -v b="$BYTES" -v t0="$T0" -v t1="$T1" -v t2="$T2" -v a0="$A0" -v a1="$A1" -v p0="$P0" -v p1="$P1" \
+    -v m0="$M0" -v m1="$M1" -v zs="$(speed "$ZSTD_LINE")" -v zr="$(ratio "$ZSTD_LINE")" -v ls="$(speed "$LZ4_LINE")" \
+    -v lr="$(ratio "$LZ4_LINE")" -v comp="$COMP" -v codec="$CODEC" -v secs="$SECS" -v modes="$MODE_CHANGES" \
+    -v psin="$PS_IN" -v psout="$PS_OUT" 'BEGIN {
+  gb = b / 1e9
+  printf "| compressibility | PS codec | written (MB) | write phase (s) | until applied (s) | sustained e2e MB/s | agent CPU s/GB | PS CPU s/GB | MT CPU s/GB | PS in/out ratio | agent mode changes | zstd -1 MB/s (1 core, ratio) | lz4 -1 MB/s (1 core, ratio) |\n"
+  printf "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+  printf "| %s | %s -1 | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %d | %s (%s) | %s (%s) |\n", \
+    comp, codec, b / 1e6, t1 - t0, t2 - t0, b / 1e6 / (t2 - t0), (a1 - a0) / gb, (p1 - p0) / gb, (m1 - m0) / gb, \
+    (psout > 0 ? psin / psout : 0), modes, zs, zr, ls, lr
+}'
+echo
+echo "PS bytes_in $PS_IN, bytes_out $PS_OUT; zstd: $ZSTD_LINE"
+echo "lz4: $LZ4_LINE"
