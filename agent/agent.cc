@@ -5,9 +5,12 @@
 #include <unistd.h>
 
 #include <boost/json.hpp>
+#include <charconv>
 #include <chrono>
+#include <optional>
 #include <thread>
 
+#include "common/hash.h"
 #include "common/log.h"
 
 namespace cdp::agent {
@@ -114,6 +117,54 @@ Status Agent::Start() {
       for (auto& [vol, seq] : t->seqs) seqs[vol] = seq;
       out["seqs"] = std::move(seqs);
       return http::Response::Json(200, out);
+    });
+    // Region hashes of the source, in the master target's /v1/hashes shape, so
+    // that `cdpctl verify` can compare source and replica. Reads the backing
+    // store as it is now: compare when the writers are quiet (seq says where).
+    http_->Route("GET", "/v1/hashes", [this](const http::Request& r) {
+      auto param = [&](const char* key) -> std::optional<uint64_t> {
+        auto it = r.params.find(key);
+        if (it == r.params.end()) return std::nullopt;
+        uint64_t v = 0;
+        auto [p, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
+        if (ec != std::errc() || p != it->second.data() + it->second.size()) return std::nullopt;
+        return v;
+      };
+      auto vol = r.params.find("volume");
+      CaptureDevice* dev = nullptr;
+      for (auto& d : devices_) {
+        if (vol != r.params.end() && d->volume() == vol->second) dev = d.get();
+      }
+      if (!dev) return http::Response::Error(404, "no such volume");
+      uint64_t region = param("region_size").value_or(1u << 20);
+      if (region < 4096 || region > (1ull << 30) || (region & (region - 1))) {
+        return http::Response::Error(400, "region_size must be a power of two in 4096..1GiB");
+      }
+      uint64_t regions = (dev->size() + region - 1) / region;
+      uint64_t first = param("first").value_or(0);
+      if (first > regions) return http::Response::Error(400, "first is past the end of the volume");
+      uint64_t count = std::min<uint64_t>(param("count").value_or(regions - first), proto::kMaxHashes);
+      count = std::min(count, regions - first);
+      uint64_t seq = dev->queue().Stats().next_seq - 1;
+      json::array hs;
+      Bytes buf(std::min<uint64_t>(region, 4u << 20));
+      for (uint64_t i = first; i < first + count; ++i) {
+        Xxh3_128Stream h;
+        uint64_t begin = i * region, end = std::min(begin + region, dev->size());
+        for (uint64_t off = begin; off < end;) {
+          size_t n = size_t(std::min<uint64_t>(buf.size(), end - off));
+          Status s = dev->ReadBacking(off, n, buf.data());
+          if (!s.ok()) return http::Response::Error(500, s.ToString());
+          h.Update(buf.data(), n);
+          off += n;
+        }
+        hs.push_back(json::value(HashToHex(h.Digest())));
+      }
+      return http::Response::Json(200, json::object{{"volume", dev->volume()},
+                                                    {"region_size", region},
+                                                    {"first", first},
+                                                    {"seq", seq},
+                                                    {"hashes", std::move(hs)}});
     });
     http_->Route("GET", "/v1/volumes", [this](const http::Request&) {
       return http::Response::Json(200, StatusJson().at("volumes"));

@@ -29,4 +29,14 @@ proto::Hash128 Xxh3_128Stream::Digest() const {
   return proto::Hash128{h.low64, h.high64};
 }
 
+std::string HashToHex(const proto::Hash128& h) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    out[size_t(15 - i)] = kDigits[(h.high >> (4 * i)) & 0xf];
+    out[size_t(31 - i)] = kDigits[(h.low >> (4 * i)) & 0xf];
+  }
+  return out;
+}
+
 }  // namespace cdp

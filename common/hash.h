@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "common/protocol.h"
 
@@ -11,6 +12,9 @@ namespace cdp {
 
 uint64_t Xxh3_64(const void* data, size_t n);
 proto::Hash128 Xxh3_128(const void* data, size_t n);
+
+// 32 lowercase hex digits, high half first: how hashes travel in JSON (/v1/hashes).
+std::string HashToHex(const proto::Hash128& h);
 
 // Streaming XXH3-128 for a region read in pieces. Not thread-safe.
 class Xxh3_128Stream {

@@ -8,6 +8,7 @@
 #include <list>
 
 #include "common/channel.h"
+#include "common/hash.h"
 #include "common/http_server.h"
 #include "common/log.h"
 #include "common/nbd_server.h"
@@ -25,12 +26,6 @@ std::string VolumeDir(const std::string& data_dir, const std::string& tenant, co
 }
 
 namespace {
-
-std::string Hex128(const proto::Hash128& h) {
-  char buf[33];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64 "%016" PRIx64, h.high, h.low);
-  return buf;
-}
 
 int HttpStatusOf(const Status& s) {
   switch (s.code()) {
@@ -589,7 +584,7 @@ struct MasterTarget::Impl {
       auto h = (*e)->volume->RegionHashes(uint32_t(region), uint64_t(first), uint32_t(count));
       if (!h.ok()) return http::Response::Error(HttpStatusOf(h.status()), h.status().message());
       json::array hs;
-      for (const auto& x : *h) hs.push_back(json::value(Hex128(x)));
+      for (const auto& x : *h) hs.push_back(json::value(HashToHex(x)));
       return http::Response::Json(200, json::object{{"tenant", (*e)->tenant},
                                                     {"volume", (*e)->name},
                                                     {"region_size", region},
