@@ -372,13 +372,24 @@ int ProbeClient(const std::string& connect, int streams, double seconds, bool js
   if (!a.ok()) return Err(a.status());
   std::vector<int> fds;
   std::vector<double> rtts;
+  // A server that is still starting refuses connections: retry those for up to 10 s.
+  const auto connect_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (int i = 0; i < streams; ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    auto t0 = std::chrono::steady_clock::now();
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&*a), sizeof(*a)) != 0)
-      return Err(Status::FromErrno(errno, "connect " + connect));
-    rtts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    fds.push_back(fd);
+    for (;;) {
+      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) return Err(Status::FromErrno(errno, "socket"));
+      auto t0 = std::chrono::steady_clock::now();
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&*a), sizeof(*a)) == 0) {
+        rtts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        fds.push_back(fd);
+        break;
+      }
+      int err = errno;
+      ::close(fd);
+      if (err != ECONNREFUSED || std::chrono::steady_clock::now() >= connect_deadline)
+        return Err(Status::FromErrno(err, "connect " + connect));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   std::atomic<uint64_t> total{0};
   const auto start = std::chrono::steady_clock::now();
