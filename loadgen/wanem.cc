@@ -220,6 +220,8 @@ Status Down(const std::string& name) {
     }
     (void)DefaultEnv()->Remove(PidFile(name));
   }
+  (void)DefaultEnv()->Remove("/run/cdp-wanem-" + name + ".ready");
+  (void)DefaultEnv()->Remove("/run/cdp-wanem-" + name + ".log");
   Status s;
   for (const char* side : {"-a", "-b"}) {
     if (DefaultEnv()->Exists("/var/run/netns/" + name + side)) {

@@ -20,7 +20,7 @@
 //   cdp-loadgen wanem up --name wan --rate-mbit 100 --delay-ms 12.5 [--loss 0.1]
 //   ip netns exec wan-b cdp-master-target --listen 10.77.0.2:7500 ...
 //   ip netns exec wan-a cdp-process-server --mt 10.77.0.2:7500 ...
-//   cdp-loadgen wanem down --name wan
+//   cdp-loadgen wanem down --name wan     (stops the forwarder, deletes both netns and /run files)
 //
 // `wanem probe` measures TCP goodput and connect RTT between the sides (an
 // iperf-like sender/receiver), for the WAN benchmark.
