@@ -225,7 +225,25 @@ bool Cluster::Start() {
     why_ = "cannot create " + source_path();
     return false;
   }
-  return StartOne(Which::kMasterTarget) && StartOne(Which::kProcessServer) && StartOne(Which::kAgent);
+  if (!StartOne(Which::kMasterTarget) || !StartOne(Which::kProcessServer) || !StartOne(Which::kAgent)) return false;
+  // A new volume starts with an initial sync (every region compared with the
+  // replica); until it is done the agent refuses tags. Tests start after it.
+  bool synced = WaitFor(
+      [&] {
+        auto a = GetJson(agent_ctl_, "/status");
+        if (!a) return false;
+        for (const auto& v : a->at("volumes").as_array()) {
+          const json::object& o = v.as_object();
+          if (o.at("name").as_string() == o_.volume) {
+            return json::value_to<uint64_t>(o.at("resync_remaining")) == 0 && o.at("mode").as_string() == "data" &&
+                   o.at("connected").as_bool();
+          }
+        }
+        return false;
+      },
+      std::chrono::seconds(60));
+  if (!synced) why_ = "the agent's initial sync did not finish in 60 s\n" + Logs();
+  return synced;
 }
 
 bool Cluster::StartOne(Which w) {

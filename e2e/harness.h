@@ -99,8 +99,9 @@ class Cluster {
   explicit Cluster(ClusterOptions o = {});
   ~Cluster();  // kills every daemon, removes the scratch directory
 
-  // Writes the config files, creates the source volume, starts MT, PS, agent
-  // and waits until each answers /status. False (with why()) on failure.
+  // Writes the config files, creates the source volume, starts MT, PS, agent,
+  // waits until each answers /status and the agent, connected, has finished
+  // the volume's initial sync (tags are accepted). False (why()) on failure.
   bool Start();
   bool StartOne(Which w);
   // kill -9 of one daemon (waits for its death), and a start of it again.
