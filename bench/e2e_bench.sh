@@ -36,7 +36,9 @@ trap cleanup EXIT
 die() { echo "e2e_bench: $*" >&2; for l in "$DIR"/*.log; do tail -n 5 "$l" >&2; done; exit 1; }
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-next_port=$((20000 + RANDOM % 30000))
+# Below the kernel's ephemeral range, so no outgoing connection holds one.
+lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+next_port=$((10000 + RANDOM % (lo - 10100)))
 pick_port() { while ! port_free $next_port; do next_port=$((next_port + 1)); done; printf -v "$1" '%s' $next_port; next_port=$((next_port + 1)); }
 for v in MT_DATA MT_CTL MT_NBD PS_DATA PS_CTL AG_NBD AG_CTL; do pick_port $v; done
 

@@ -55,7 +55,9 @@ die() { echo "demo: FAILED: $*" >&2; exit 1; }
 
 # Free ports: a random base, each port checked unused (nothing answers).
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-next_port=$((20000 + RANDOM % 30000))
+# Below the kernel's ephemeral range, so no outgoing connection holds one.
+lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+next_port=$((10000 + RANDOM % (lo - 10100)))
 pick_port() {  # VAR
   while ! port_free $next_port; do next_port=$((next_port + 1)); done
   printf -v "$1" '%s' $next_port
