@@ -217,15 +217,25 @@ bool Cluster::Start() {
     why_ = "no scratch directory";
     return false;
   }
-  mt_data_ = FreePort(), mt_ctl_ = FreePort(), mt_nbd_ = FreePort();
-  ps_data_ = FreePort(), ps_ctl_ = FreePort();
-  agent_nbd_ = FreePort(), agent_ctl_ = FreePort();
-  WriteConfigs();
   if (!MakeSparseFile(source_path(), o_.volume_size)) {
     why_ = "cannot create " + source_path();
     return false;
   }
-  if (!StartOne(Which::kMasterTarget) || !StartOne(Which::kProcessServer) || !StartOne(Which::kAgent)) return false;
+  // A port found free can be taken (by another test's outgoing connection)
+  // before the daemon binds it: then start again on other ports.
+  for (int attempt = 0;; ++attempt) {
+    mt_data_ = FreePort(), mt_ctl_ = FreePort(), mt_nbd_ = FreePort();
+    ps_data_ = FreePort(), ps_ctl_ = FreePort();
+    agent_nbd_ = FreePort(), agent_ctl_ = FreePort();
+    WriteConfigs();
+    if (StartOne(Which::kMasterTarget) && StartOne(Which::kProcessServer) && StartOne(Which::kAgent)) break;
+    if (attempt == 2 || why_.find("Address already in use") == std::string::npos) return false;
+    agent_.Stop(SIGKILL);
+    ps_.Stop(SIGKILL);
+    mt_.Stop(SIGKILL);
+    RunCommand({"rm", "-rf", Path("mt"), Path("ps"), Path("agent")}, 30000);
+    for (const char* n : {"master-target.log", "process-server.log", "agent.log"}) ::unlink(Path(n).c_str());
+  }
   // A new volume starts with an initial sync (every region compared with the
   // replica); until it is done the agent refuses tags. Tests start after it.
   bool synced = WaitFor(
