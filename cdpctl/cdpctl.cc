@@ -7,6 +7,7 @@
 #include <map>
 
 #include "common/http_server.h"
+#include "common/protocol.h"
 
 namespace cdp::ctl {
 namespace json = boost::json;
@@ -299,9 +300,8 @@ bool FetchHashes(const Options& o, const Endpoint& ep, const std::string& volume
       return false;
     }
     for (const auto& h : hs->as_array()) hashes->push_back(std::string(h.as_string()));
-    if (hs->as_array().empty() || !b.if_contains("more") || !b.at("more").as_bool()) {
-      if (hs->as_array().size() < 65536) return true;
-    }
+    // A daemon answers at most proto::kMaxHashes regions per request; a short page is the last.
+    if (hs->as_array().size() < proto::kMaxHashes) return true;
     first += hs->as_array().size();
   }
 }

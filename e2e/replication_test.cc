@@ -4,6 +4,8 @@
 //   (kill -9 of each daemon mid-stream loses nothing, duplicates nothing).
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
 #include <atomic>
 #include <boost/json.hpp>
 #include <thread>
@@ -78,6 +80,30 @@ TEST_CASE("random writes through qemu-io and nbdcopy reach the replica byte for 
   REQUIRE(js->at("agent").at("volumes").as_array().size() == 1);
   REQUIRE(js->at("master_target").at("volumes").at(0).at("applied_seq") ==
           js->at("agent").at("volumes").at(0).at("acked_seq"));
+
+  // cdpctl verify: identical after catch-up; a byte rotted behind the master
+  // target's back in region 5 is found, and only that region is listed.
+  auto same = c.Cdpctl({"verify", c.options().volume});
+  INFO(same.output);
+  REQUIRE(same.exit_code == 0);
+  REQUIRE(same.output.find("identical") != std::string::npos);
+  {
+    std::fstream replica(c.replica_path(), std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(replica.good());
+    replica.seekg(std::streamoff(5) << 20);
+    char b = 0;
+    replica.read(&b, 1);
+    b = char(b ^ 0x40);
+    replica.seekp(std::streamoff(5) << 20);
+    replica.write(&b, 1);
+    REQUIRE(replica.good());
+  }
+  auto differ = c.CdpctlJson({"verify", c.options().volume});
+  REQUIRE_FALSE(differ.has_value());  // exit code 1: regions differ
+  auto text = c.Cdpctl({"verify", c.options().volume});
+  INFO(text.output);
+  REQUIRE(text.exit_code == 1);
+  REQUIRE(text.output.find("1 region(s) differ: 5\n") != std::string::npos);
 }
 
 TEST_CASE("every tag point exports, and rolls back to, the source as it was at the tag", "[e2e][points]") {

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
       ("listen", po::value<std::string>()->default_value("0.0.0.0:7500"), "data listener for process servers (host:port)")
       ("control", po::value<std::string>()->default_value("127.0.0.1:9102"), "control API, /metrics, /status (host:port)")
       ("nbd", po::value<std::string>()->default_value("127.0.0.1:10810"), "point-in-time NBD exports (host:port)")
-      ("data_dir", po::value<std::string>()->default_value("/var/lib/cdp/master-target"), "replicas, journals, indexes")
+      ("data_dir", po::value<std::string>()->default_value("/var/lib/opencdp/master-target"), "replicas, journals, indexes")
       ("tenant", po::value<std::vector<std::string>>()->composing(), "a tenant as NAME:SECRET (repeatable)")
       ("tenants_file", po::value<std::string>(), "file of tenants, one 'NAME = SECRET' per line")
       ("tenant_quota", po::value<std::vector<std::string>>()->composing(),
@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   cdp::ConfigOptions co;
   co.program = "cdp-master-target";
   co.summary = "OpenCDP master target: applies replicated writes behind an undo journal";
-  co.default_config_path = "/etc/cdp/master-target.conf";
+  co.default_config_path = "/etc/opencdp/master-target.conf";
   auto cfg = cdp::LoadConfig(argc, argv, desc, co);
   if (!cfg.ok()) {
     std::cerr << "cdp-master-target: " << cfg.status().message() << "\n";
