@@ -92,6 +92,9 @@ std::unique_ptr<Env> NewMemEnv();
 // rename over `path`, sync the directory.
 Status WriteFileAtomic(Env* env, const std::string& path, ByteSpan data);
 Result<Bytes> ReadWholeFile(Env* env, const std::string& path);
+// Lexical normal form: "a//b/./c/" -> "a/b/c", "/" stays "/", "" stays "",
+// a path with no parts -> ".". No "..", symlink or file-system look-up.
+std::string NormalizePath(const std::string& path);
 // The directory part of `path` ("." when there is none).
 std::string DirName(const std::string& path);
 std::string JoinPath(const std::string& a, const std::string& b);

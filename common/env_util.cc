@@ -58,6 +58,25 @@ Result<Bytes> ReadWholeFile(Env* env, const std::string& path) {
   return out;
 }
 
+std::string NormalizePath(const std::string& p) {
+  if (p.empty()) return p;
+  std::string out;
+  const bool abs = p[0] == '/';
+  size_t i = 0;
+  while (i < p.size()) {
+    size_t j = p.find('/', i);
+    if (j == std::string::npos) j = p.size();
+    std::string part = p.substr(i, j - i);
+    if (!part.empty() && part != ".") {
+      if (!out.empty() || abs) out += '/';
+      out += part;
+    }
+    i = j + 1;
+  }
+  if (out.empty()) return abs ? "/" : ".";
+  return out;
+}
+
 std::string DirName(const std::string& path) {
   size_t end = path.size();
   while (end > 1 && path[end - 1] == '/') --end;  // "a/b/" names "a/b"

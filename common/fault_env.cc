@@ -10,27 +10,8 @@ namespace {
 
 constexpr uint64_t kUndoBlock = 4096;
 
-// Same normalisation as MemEnv: "a//b/./c/" -> "a/b/c". The model is keyed by
-// normalised paths; the base Env always receives the caller's spelling.
-std::string Normalize(const std::string& p) {
-  if (p.empty()) return p;
-  std::string out;
-  const bool abs = p[0] == '/';
-  size_t i = 0;
-  while (i < p.size()) {
-    size_t j = p.find('/', i);
-    if (j == std::string::npos) j = p.size();
-    std::string part = p.substr(i, j - i);
-    if (!part.empty() && part != ".") {
-      if (!out.empty() || abs) out += '/';
-      out += part;
-    }
-    i = j + 1;
-  }
-  if (out.empty()) return abs ? "/" : ".";
-  return out;
-}
-
+// The model is keyed by NormalizePath(path), as MemEnv is; the base Env always
+// receives the caller's spelling.
 }  // namespace
 
 const char* FaultEnv::OpName(Op op) {
@@ -109,7 +90,7 @@ struct FaultEnv::State {
   // The model's inode for `path`, registering a file the base Env already has
   // (taken as durable). nullptr when there is no such file.
   std::shared_ptr<Inode> Track(const std::string& path) {
-    const std::string key = Normalize(path);
+    const std::string key = NormalizePath(path);
     auto it = current.find(key);
     if (it != current.end()) return it->second;
     auto size = base->FileSize(path);
@@ -329,7 +310,7 @@ Result<std::unique_ptr<File>> FaultEnv::Open(const std::string& path, const Open
     auto size = (*f)->Size();
     if (!size.ok()) return size.status();
     inode->size = *size;
-    st_->current[Normalize(path)] = inode;
+    st_->current[NormalizePath(path)] = inode;
   }
   if (truncate && inode->size > 0) {
     CDP_RETURN_IF_ERROR(State::SaveUndo(*inode, **f, 0, inode->size));
@@ -349,7 +330,7 @@ Status FaultEnv::Rename(const std::string& from, const std::string& to) {
     }
     return st_->base->Rename(from, to);  // reports the base Env's error
   }
-  const std::string kf = Normalize(from), kt = Normalize(to);
+  const std::string kf = NormalizePath(from), kt = NormalizePath(to);
   if (kf == kt) return st_->base->Rename(from, to);
   auto dst = st_->Track(to);
   if (dst && dst != src) CDP_RETURN_IF_ERROR(st_->KeepIfOrphaned(dst, to));
@@ -365,7 +346,7 @@ Status FaultEnv::Remove(const std::string& path) {
   auto inode = st_->Track(path);
   if (inode) CDP_RETURN_IF_ERROR(st_->KeepIfOrphaned(inode, path));
   CDP_RETURN_IF_ERROR(st_->base->Remove(path));
-  st_->current.erase(Normalize(path));
+  st_->current.erase(NormalizePath(path));
   return Status::OK();
 }
 
@@ -373,7 +354,7 @@ Status FaultEnv::SyncDir(const std::string& dir) {
   std::lock_guard<std::mutex> l(st_->mu);
   CDP_RETURN_IF_ERROR(st_->Admit(Op::kSyncDir, "fsync dir " + dir, true, true));
   CDP_RETURN_IF_ERROR(st_->base->SyncDir(dir));
-  const std::string d = Normalize(dir);
+  const std::string d = NormalizePath(dir);
   for (auto it = st_->durable.begin(); it != st_->durable.end();) {
     if (DirName(it->first) == d && !st_->current.count(it->first)) {
       it = st_->durable.erase(it);

@@ -24,26 +24,6 @@ Status Err(int err, const char* op, const std::string& path) {
   return Status::FromErrno(err, std::string(op) + " " + path);
 }
 
-// "a//b/./c/" -> "a/b/c"; "" stays "" (rejected by callers).
-std::string Normalize(const std::string& p) {
-  if (p.empty()) return p;
-  std::string out;
-  const bool abs = p[0] == '/';
-  size_t i = 0;
-  while (i < p.size()) {
-    size_t j = p.find('/', i);
-    if (j == std::string::npos) j = p.size();
-    std::string part = p.substr(i, j - i);
-    if (!part.empty() && part != ".") {
-      if (!out.empty() || abs) out += '/';
-      out += part;
-    }
-    i = j + 1;
-  }
-  if (out.empty()) return abs ? "/" : ".";
-  return out;
-}
-
 struct Inode {
   std::mutex mu;
   Bytes data;
@@ -139,7 +119,7 @@ class MemFile final : public File {
 class MemEnv final : public Env {
  public:
   Result<std::unique_ptr<File>> Open(const std::string& path, const OpenOptions& opts) override {
-    const std::string p = Normalize(path);
+    const std::string p = NormalizePath(path);
     if (p.empty()) return Err(ENOENT, "open", path);
     std::lock_guard<std::mutex> l(mu_);
     if (IsDirLocked(p)) return Err(EISDIR, "open", path);
@@ -162,7 +142,7 @@ class MemEnv final : public Env {
   }
 
   Status Rename(const std::string& from_raw, const std::string& to_raw) override {
-    const std::string from = Normalize(from_raw), to = Normalize(to_raw);
+    const std::string from = NormalizePath(from_raw), to = NormalizePath(to_raw);
     const std::string ctx = from_raw + " -> " + to_raw;
     if (from.empty() || to.empty()) return Err(ENOENT, "rename", ctx);
     std::lock_guard<std::mutex> l(mu_);
@@ -200,7 +180,7 @@ class MemEnv final : public Env {
   }
 
   Status Remove(const std::string& path) override {
-    const std::string p = Normalize(path);
+    const std::string p = NormalizePath(path);
     std::lock_guard<std::mutex> l(mu_);
     if (IsDirLocked(p)) return Err(EISDIR, "unlink", path);
     if (files_.erase(p) == 0) return Err(ENOENT, "unlink", path);
@@ -209,14 +189,14 @@ class MemEnv final : public Env {
 
   Status SyncDir(const std::string& dir) override {
     std::lock_guard<std::mutex> l(mu_);
-    const std::string p = Normalize(dir);
+    const std::string p = NormalizePath(dir);
     if (files_.count(p)) return Err(ENOTDIR, "open dir", dir);
     if (!IsDirLocked(p)) return Err(ENOENT, "open dir", dir);
     return Status::OK();
   }
 
   Status CreateDirs(const std::string& dir) override {
-    const std::string p = Normalize(dir);
+    const std::string p = NormalizePath(dir);
     if (p.empty()) return Status::InvalidArgument("CreateDirs: empty path");
     std::lock_guard<std::mutex> l(mu_);
     std::vector<std::string> chain;
@@ -229,7 +209,7 @@ class MemEnv final : public Env {
   }
 
   Status RemoveDir(const std::string& dir) override {
-    const std::string p = Normalize(dir);
+    const std::string p = NormalizePath(dir);
     std::lock_guard<std::mutex> l(mu_);
     if (files_.count(p)) return Err(ENOTDIR, "rmdir", dir);
     if (p == "/" || p == ".") return Err(EBUSY, "rmdir", dir);
@@ -240,13 +220,13 @@ class MemEnv final : public Env {
   }
 
   bool Exists(const std::string& path) override {
-    const std::string p = Normalize(path);
+    const std::string p = NormalizePath(path);
     std::lock_guard<std::mutex> l(mu_);
     return !p.empty() && (files_.count(p) > 0 || IsDirLocked(p));
   }
 
   Result<std::vector<std::string>> ListDir(const std::string& dir) override {
-    const std::string p = Normalize(dir);
+    const std::string p = NormalizePath(dir);
     std::lock_guard<std::mutex> l(mu_);
     if (files_.count(p)) return Err(ENOTDIR, "opendir", dir);
     if (!IsDirLocked(p)) return Err(ENOENT, "opendir", dir);
@@ -257,7 +237,7 @@ class MemEnv final : public Env {
   }
 
   Result<uint64_t> FileSize(const std::string& path) override {
-    const std::string p = Normalize(path);
+    const std::string p = NormalizePath(path);
     std::lock_guard<std::mutex> l(mu_);
     if (IsDirLocked(p)) return Err(EISDIR, "stat", path);
     auto it = files_.find(p);
