@@ -146,6 +146,24 @@ bool DirtyBitmap::WantedDirtyLocked(uint64_t r) const {
   return pins_[r] > 0 || last_seq_[r] > acked_ || resync_[r] != uint8_t(Resync::kNone);
 }
 
+Status DirtyBitmap::PersistWriting(std::unique_lock<std::mutex>& lk, std::vector<uint8_t> image) {
+  uint64_t counter = counter_ + 1, cursor = cursor_;
+  lk.unlock();
+  Status s = WriteImage(image, counter, cursor);
+  lk.lock();
+  writing_ = false;
+  ++write_round_;
+  last_write_error_ = s;
+  if (s.ok()) {
+    ondisk_ = std::move(image);
+    counter_ = counter;
+    persisted_cursor_ = cursor;
+    ++persists_;
+  }
+  cv_.notify_all();
+  return s;
+}
+
 Status DirtyBitmap::MarkAndPin(uint64_t offset, uint64_t len) {
   if (len == 0 || offset + len < offset || offset + len > opts_.volume_size) {
     return Status::OutOfRange("dirty bitmap: range outside the volume");
@@ -180,20 +198,7 @@ Status DirtyBitmap::MarkAndPin(uint64_t offset, uint64_t len) {
     for (uint64_t r = 0; r < region_count_; ++r) {
       if (pins_[r] > 0 || resync_[r] != uint8_t(Resync::kNone)) image[r >> 3] |= uint8_t(1u << (r & 7));
     }
-    uint64_t counter = counter_ + 1, cursor = cursor_;
-    lk.unlock();
-    Status s = WriteImage(image, counter, cursor);
-    lk.lock();
-    writing_ = false;
-    ++write_round_;
-    last_write_error_ = s;
-    if (s.ok()) {
-      ondisk_ = std::move(image);
-      counter_ = counter;
-      persisted_cursor_ = cursor;
-      ++persists_;
-    }
-    cv_.notify_all();
+    Status s = PersistWriting(lk, std::move(image));
     if (!s.ok()) {
       for (uint64_t r = first; r <= last; ++r) --pins_[r];
       return s.WithContext("mark dirty region");
@@ -278,20 +283,7 @@ Result<size_t> DirtyBitmap::Checkpoint() {
   if (!changed && cursor_ == persisted_cursor_) return size_t(0);
   writing_ = true;
   for (size_t i = 0; i < ondisk_.size(); ++i) ondisk_[i] &= image[i];
-  uint64_t counter = counter_ + 1, cursor = cursor_;
-  lk.unlock();
-  Status s = WriteImage(image, counter, cursor);
-  lk.lock();
-  writing_ = false;
-  ++write_round_;
-  last_write_error_ = s;
-  if (s.ok()) {
-    ondisk_ = std::move(image);
-    counter_ = counter;
-    persisted_cursor_ = cursor;
-    ++persists_;
-  }
-  cv_.notify_all();
+  Status s = PersistWriting(lk, std::move(image));
   if (!s.ok()) return s.WithContext("dirty bitmap checkpoint");
   return cleared;
 }

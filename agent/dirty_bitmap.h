@@ -118,6 +118,10 @@ class DirtyBitmap {
   Status CreateFresh();
   // Writes `bits` to the next slot and syncs. mu_ must NOT be held.
   Status WriteImage(const std::vector<uint8_t>& bits, uint64_t counter, uint64_t cursor);
+  // The one writer (writing_ set by the caller, `lk` held on mu_): writes `image`
+  // with mu_ released, then records the outcome (on-disk image, counter, cursor,
+  // last error), clears writing_ and wakes waiters. Returns with `lk` held.
+  Status PersistWriting(std::unique_lock<std::mutex>& lk, std::vector<uint8_t> image);
   bool WantedDirtyLocked(uint64_t r) const;
   bool OnDiskLocked(uint64_t r) const { return (ondisk_[r >> 3] >> (r & 7)) & 1; }
   void SetOnDiskLocked(uint64_t r, bool v) {
