@@ -39,12 +39,7 @@ uint16_t FreePort() {
 }
 
 bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout, std::chrono::milliseconds poll) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (cond()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(poll);
-  }
+  return testing::WaitUntil(cond, timeout, poll);
 }
 
 std::optional<json::value> GetJson(uint16_t port, const std::string& target) {

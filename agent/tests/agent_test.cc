@@ -25,17 +25,9 @@ using cdp::testing::ScratchDir;
 
 namespace {
 
-constexpr uint64_t kMiB = 1u << 20;
+using cdp::testing::WaitUntil;
 
-template <typename Pred>
-bool WaitUntil(Pred pred, std::chrono::milliseconds timeout = 60s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
+constexpr uint64_t kMiB = 1u << 20;
 
 void MakeFile(cdp::Env* env, const std::string& path, uint64_t size) {
   REQUIRE(env->CreateDirs(cdp::DirName(path)).ok());

@@ -11,6 +11,7 @@
 
 #include "agent/sender.h"
 #include "process-server/server.h"
+#include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;
 using cdp::agent::CaptureDevice;
@@ -20,17 +21,9 @@ using cdp::agent::SenderOptions;
 
 namespace {
 
-constexpr uint64_t kMiB = 1u << 20;
+using cdp::testing::WaitUntil;
 
-template <typename Pred>
-bool WaitUntil(Pred pred, std::chrono::milliseconds timeout = 60s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
+constexpr uint64_t kMiB = 1u << 20;
 
 uint64_t SpoolDurable(cdp::ps::ProcessServer& ps) {
   auto vols = ps.VolumesJson();

@@ -10,6 +10,7 @@
 
 #include "agent/tests/test_peer.h"
 #include "common/fault_env.h"
+#include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;
 using cdp::agent::CaptureDevice;
@@ -20,18 +21,9 @@ using cdp::agent::testing::TestPeer;
 
 namespace {
 
-constexpr uint64_t kMiB = 1u << 20;
+using cdp::testing::WaitUntil;
 
-// Polls `pred` until it holds or `timeout` passes (a condition with a deadline).
-template <typename Pred>
-bool WaitUntil(Pred pred, std::chrono::milliseconds timeout = 30s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
+constexpr uint64_t kMiB = 1u << 20;
 
 void MakeBacking(cdp::Env* env, const std::string& path, const cdp::Bytes& content) {
   REQUIRE(env->CreateDirs(cdp::DirName(path)).ok());

@@ -24,6 +24,8 @@
 namespace cdp {
 namespace {
 
+using cdp::testing::WaitUntil;
+
 using testing::RunCommand;
 using testing::ScratchDir;
 
@@ -360,17 +362,6 @@ class RawClient {
 };
 
 // Waits up to `ms` for `pred`.
-template <typename Pred>
-bool WaitFor(Pred pred, int ms = 10000) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::yield();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return pred();
-}
-
 struct MemFixture {
   explicit MemFixture(NbdServerOptions o = {}, uint64_t size = 4 << 20, bool add_ro = true) : env(NewMemEnv()) {
     FileBlockDevice::Options fo;
@@ -696,7 +687,7 @@ TEST_CASE("nbd server: bad handshakes close the connection", "[nbd]") {
     REQUIRE(c.Recv(nbd::kGreetingSize, &g));
     CHECK(c.ClosedByPeer());
   }
-  CHECK(WaitFor([&] { return fx.server->connection_count() == 0; }));
+  CHECK(WaitUntil([&] { return fx.server->connection_count() == 0; }));
   // The server still serves.
   RawClient c;
   REQUIRE(c.ConnectTcp(fx.server->port()));

@@ -1,5 +1,5 @@
 // Test helpers: run an external command with a deadline and capture its
-// output; create a scratch directory. Used by tests that drive real clients
+// output; create a scratch directory; wait for a condition with a deadline. Used by tests that drive real clients
 // (qemu-io, nbdinfo, nbdcopy...).
 //
 // Thread safety: RunCommand may be called from several threads at once.
@@ -15,9 +15,24 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace cdp::testing {
+
+// Polls `pred` every `poll` until it holds (true) or `timeout` passes (false,
+// after one last look). A condition with a deadline, never a sleep used as
+// synchronization: the timeout only bounds a failing test.
+template <typename Pred>
+bool WaitUntil(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(60),
+               std::chrono::milliseconds poll = std::chrono::milliseconds(2)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= deadline) return pred();
+    std::this_thread::sleep_for(poll);
+  }
+  return true;
+}
 
 struct CommandResult {
   int exit_code = -1;      // exit status; -1 when killed by a signal or not started

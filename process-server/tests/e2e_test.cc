@@ -27,12 +27,15 @@
 #include "common/metrics.h"
 #include "master-target/server.h"
 #include "process-server/server.h"
+#include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;
 using cdp::proto::Record;
 using cdp::proto::RecordKind;
 
 namespace {
+
+using cdp::testing::WaitUntil;
 
 constexpr const char* kSecret = "e2e-secret-0123456789-abcdefgh";
 constexpr uint64_t kVolSize = 8 << 20;
@@ -166,16 +169,6 @@ struct AgentClient {
   }
 };
 
-template <typename F>
-bool WaitFor(F cond, std::chrono::seconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no duplicate apply",
@@ -197,33 +190,33 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
 
   uint64_t applied_records = 0;
   // 1. The master target goes away and comes back while the agent keeps writing.
-  REQUIRE(WaitFor([&] { return agent.acked.load() >= kTotal / 4; }, 60s));
+  REQUIRE(WaitUntil([&] { return agent.acked.load() >= kTotal / 4; }, 60s));
   mt->Stop();
   applied_records += AppliedRecords(*mt);
   mt.reset();
-  REQUIRE(WaitFor([&] { return agent.acked.load() >= kTotal / 2; }, 60s));  // the spool absorbs it
+  REQUIRE(WaitUntil([&] { return agent.acked.load() >= kTotal / 2; }, 60s));  // the spool absorbs it
   mt = std::make_unique<cdp::mt::MasterTarget>(MtOptions(mt_dir.path, mt_port));
   REQUIRE(mt->Start().ok());
 
   // 2. The process server restarts (the agent reconnects to the same port).
-  REQUIRE(WaitFor([&] { return agent.acked.load() >= 3 * kTotal / 4; }, 60s));
+  REQUIRE(WaitUntil([&] { return agent.acked.load() >= 3 * kTotal / 4; }, 60s));
   ps->Stop();
   ps.reset();
   ps = std::make_unique<cdp::ps::ProcessServer>(PsOptions(ps_dir.path, uint16_t(mt_port), ps_port));
   REQUIRE(ps->Start().ok());
 
-  REQUIRE(WaitFor([&] { return agent.acked.load() >= kTotal; }, 120s));
+  REQUIRE(WaitUntil([&] { return agent.acked.load() >= kTotal; }, 120s));
   agent.stop.store(true);
   agent_thread.join();
   CHECK(agent.reconnects.load() >= 2);
   CHECK(agent.unexpected_nacks.load() == 0);
 
   std::shared_ptr<cdp::mt::Volume> vol;
-  REQUIRE(WaitFor([&] {
+  REQUIRE(WaitUntil([&] {
     vol = mt->FindVolume("acme", "db1");
     return vol && vol->applied_seq() == kTotal;
   }, 120s));
-  REQUIRE(WaitFor([&] { return ps->MtAckedSeq("acme", "db1").ok() && *ps->MtAckedSeq("acme", "db1") == kTotal; },
+  REQUIRE(WaitUntil([&] { return ps->MtAckedSeq("acme", "db1").ok() && *ps->MtAckedSeq("acme", "db1") == kTotal; },
                   60s));
 
   // No duplicate apply: every record applied exactly once over both MT lives.
@@ -278,8 +271,8 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
     auto vols = ps->VolumesJson();
     return vols.at("volumes").as_array().at(0).at(key);
   };
-  CHECK(WaitFor([&] { return volume_field("backlog_records").to_number<uint64_t>() == 0; }, 30s));
-  CHECK(WaitFor([&] { return volume_field("spool_segments").to_number<uint64_t>() == 1; }, 30s));
+  CHECK(WaitUntil([&] { return volume_field("backlog_records").to_number<uint64_t>() == 0; }, 30s));
+  CHECK(WaitUntil([&] { return volume_field("spool_segments").to_number<uint64_t>() == 1; }, 30s));
   CHECK(volume_field("stalled").as_string() == "");
 }
 
@@ -330,7 +323,7 @@ TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no ack
   agent.port.store(ps_port);
   std::thread agent_thread([&] { agent.Run(); });
   for (uint64_t mark : {kTotal / 3, 2 * kTotal / 3}) {
-    REQUIRE(WaitFor([&] { return agent.acked.load() >= mark; }, 120s));
+    REQUIRE(WaitUntil([&] { return agent.acked.load() >= mark; }, 120s));
     uint64_t acked_before_kill = agent.acked.load();
     REQUIRE(kill(pid, SIGKILL) == 0);
     int st = 0;
@@ -339,15 +332,15 @@ TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no ack
     pid = StartDaemon(config);
     REQUIRE(pid > 0);
     // Whatever was acknowledged before the kill is still there after it.
-    REQUIRE(WaitFor([&] { return agent.acked.load() > acked_before_kill; }, 120s));
+    REQUIRE(WaitUntil([&] { return agent.acked.load() > acked_before_kill; }, 120s));
   }
-  REQUIRE(WaitFor([&] { return agent.acked.load() >= kTotal; }, 120s));
+  REQUIRE(WaitUntil([&] { return agent.acked.load() >= kTotal; }, 120s));
   agent.stop.store(true);
   agent_thread.join();
   CHECK(agent.unexpected_nacks.load() == 0);
 
   std::shared_ptr<cdp::mt::Volume> vol;
-  bool done = WaitFor([&] {
+  bool done = WaitUntil([&] {
     vol = mt.FindVolume("acme", "db1");
     return vol && vol->applied_seq() == kTotal;
   }, 120s);
@@ -393,7 +386,7 @@ TEST_CASE("e2e: several volumes over parallel connections, compression pool, thr
     agents.push_back(std::move(a));
   }
   for (auto& a : agents) threads.emplace_back([p = a.get()] { p->Run(); });
-  bool all_acked = WaitFor([&] {
+  bool all_acked = WaitUntil([&] {
     for (auto& a : agents)
       if (a->acked.load() < kTotal) return false;
     return true;
@@ -418,7 +411,7 @@ TEST_CASE("e2e: several volumes over parallel connections, compression pool, thr
   }
   for (const char* name : {"vol-a", "vol-b", "vol-c"}) {
     std::shared_ptr<cdp::mt::Volume> vol;
-    REQUIRE(WaitFor([&] {
+    REQUIRE(WaitUntil([&] {
       vol = mt.FindVolume("acme", name);
       return vol && vol->applied_seq() == kTotal;
     }, 120s));
