@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# rpo_bench.sh: RPO lag against link utilisation through `cdp-loadgen wanem` (root).
+#
+# usage: rpo_bench.sh BUILD_DIR [UTILISATIONS="30 40 50 60 70 80 90"] [SECONDS=60]
+#                     [RATE_MBIT=100] [ONE_WAY_DELAY_MS=12.5] [OUT_DIR=docs/rpo-bench]
+#
+# The deployment of loadgen/wan_deploy.sh with codec zstd (level 1) and one
+# PS -> MT connection. `cdp-loadgen churn` writes through the agent's NBD tap
+# (zipf:0.99 hot spot, 64 KiB writes, compressibility 0.75). A calibration run
+# measures the compression ratio (each step's own ratio then steers the next); each step asks for the change rate whose
+# compressed stream fills the wanted share of the link, and samples the RPO lag
+# four times a second: the age of the oldest write not yet durable at the master
+# target, i.e. max(oldest record in the PS spool, oldest record the agent has
+# not had acknowledged). Between steps the backlog drains (deadline 120 s).
+# Prints a Markdown table; writes rpo.csv and rpo.svg to OUT_DIR.
+set -euo pipefail
+BUILD=$1 UTILS=${2:-"30 40 50 60 70 80 90"} SECS=${3:-60} RATE=${4:-100} DELAY=${5:-12.5}
+OUT=${6:-docs/rpo-bench}
+# shellcheck source=loadgen/wan_deploy.sh
+source "$(dirname "$0")/../loadgen/wan_deploy.sh"
+wan_up "$BUILD" "$RATE" "$DELAY" zstd 1
+mkdir -p "$OUT"
+link_mbs=$(awk -v r="$RATE" 'BEGIN {print r / 8}')  # MB/s (10^6 bytes)
+
+churn() {  # RATE_MBS SECONDS
+  $A "$LG" churn --target nbd://127.0.0.1:10809/v --rate "$1" --duration "$2" --pattern zipf:0.99 \
+    --io-size 64KiB --compressibility 0.75 --flush-every 16MiB --json >"$WAN_DIR/churn.json" 2>/dev/null
+}
+lag() {
+  awk -v a="$(ps_metric cdp_ps_oldest_record_age_seconds)" -v b="$(agent_metric cdp_agent_rpo_lag_seconds)" \
+    'BEGIN {printf "%.3f", (a > b ? a : b)}'
+}
+drain() {
+  for _ in $(seq 1200); do
+    [ "$(ps_metric cdp_ps_backlog_bytes)" = "0.000000" ] && [ "$(agent_metric cdp_agent_rpo_lag_seconds)" = "0.000000" ] && return 0
+    sleep 0.1
+  done
+  echo "backlog did not drain within 120 s" >&2
+  return 1
+}
+
+# Calibration: the ratio raw / wire of this data at zstd-1.
+r0=$(ps_metric cdp_ps_raw_bytes_out_total) w0=$(ps_metric cdp_ps_bytes_out_total)
+churn "$(awk -v l="$link_mbs" 'BEGIN {print l * 0.5}')" 15
+drain
+r1=$(ps_metric cdp_ps_raw_bytes_out_total) w1=$(ps_metric cdp_ps_bytes_out_total)
+ratio=$(awk -v r="$((${r1%.*} - ${r0%.*}))" -v w="$((${w1%.*} - ${w0%.*}))" 'BEGIN {printf "%.3f", r / w}')
+echo "link $RATE Mbit/s, RTT $(awk -v d="$DELAY" 'BEGIN {print 2 * d}') ms, zstd-1 ratio $ratio on this data"
+echo
+echo "| asked utilisation | change rate MB/s | wire Mbit/s | measured utilisation | lag p50 s | lag p99 s | lag max s |"
+echo "|---:|---:|---:|---:|---:|---:|---:|"
+echo "util_asked,change_mbs,wire_mbit,util_measured,p50_s,p99_s,max_s" >"$OUT/rpo.csv"
+for u in $UTILS; do
+  mbs=$(awk -v u="$u" -v l="$link_mbs" -v r="$ratio" 'BEGIN {printf "%.2f", u / 100 * l * r}')
+  churn "$mbs" $((SECS + 5)) &
+  cpid=$!
+  sleep 5  # warm-up (a benchmark, not a test)
+  w0=$(ps_metric cdp_ps_bytes_out_total); t0=$(date +%s.%N)
+  : >"$WAN_DIR/lag"
+  while kill -0 "$cpid" 2>/dev/null; do lag >>"$WAN_DIR/lag"; echo >>"$WAN_DIR/lag"; sleep 0.25; done
+  wait "$cpid"
+  w1=$(ps_metric cdp_ps_bytes_out_total); t1=$(date +%s.%N)
+  row=$(sort -n "$WAN_DIR/lag" | awk NF | awk -v u="$u" -v m="$mbs" -v w="$(awk -v a="$w0" -v b="$w1" -v s="$t0" -v e="$t1" 'BEGIN {printf "%.2f", (b - a) * 8 / (e - s) / 1e6}')" -v r="$RATE" '
+    {v[NR] = $1} END {
+      p50 = v[int(NR * 0.50 + 0.5)]; p99 = v[int(NR * 0.99 + 0.5)]; if (p99 == "") p99 = v[NR]
+      printf "%d,%s,%s,%.1f,%s,%s,%s\n", u, m, w, w / r * 100, p50, p99, v[NR] }')
+  echo "$row" >>"$OUT/rpo.csv"
+  # The ratio of this step's data steers the next step (zipf rewrites compress differently over time).
+  ratio=$(echo "$row" | awk -F, -v r="$ratio" '{print ($3 > 0 ? $2 / ($3 / 8) : r)}')
+  echo "$row" | awk -F, '{printf "| %d%% | %s | %s | %s%% | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7}'
+  drain
+done
+
+# SVG: lag p50/p99 (log scale, 0.01..100 s) against measured utilisation.
+awk -F, 'NR > 1 {u[NR] = $4; a[NR] = $5; b[NR] = $6; n = NR} END {
+  W = 640; H = 400; L = 60; R = 20; T = 20; B = 50
+
+  print "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" W "\" height=\"" H "\" font-family=\"sans-serif\" font-size=\"12\">"
+  print "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>"
+  for (d = -2; d <= 2; d++) { y = T + (H - T - B) * (2 - d) / 4
+    printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g s</text>\n", L, y, W - R, y, L - 5, y + 4, 10 ^ d }
+  for (p = 0; p <= 100; p += 20) { xx = L + (W - L - R) * p / 100
+    printf "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d%%</text>\n", xx, T, xx, H - B, xx, H - B + 16, p }
+  printf "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">link utilisation (compressed stream / link)</text>\n", (W + L) / 2, H - 10
+  split("a b", keys); col["a"] = "#1f77b4"; col["b"] = "#d62728"; lab["a"] = "lag p50"; lab["b"] = "lag p99"
+  for (k = 1; k <= 2; k++) { key = keys[k]; pts = ""
+    for (i = 2; i <= n; i++) { v = (key == "a" ? a[i] : b[i]); if (v < 0.01) v = 0.01; if (v > 100) v = 100
+      pts = pts sprintf("%.1f,%.1f ", L + (W - L - R) * u[i] / 100, T + (H - T - B) * (2 - log(v) / log(10)) / 4) }
+    printf "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%s\"/>\n", col[key], pts
+    printf "<text x=\"%d\" y=\"%d\" fill=\"%s\">%s</text>\n", L + 10, T + 15 * k, col[key], lab[key] }
+  print "</svg>" }' "$OUT/rpo.csv" >"$OUT/rpo.svg"
