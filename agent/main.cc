@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
   co.default_config_path = "/etc/opencdp/agent.conf";
   auto loaded = cdp::LoadConfig(argc, argv, desc, co);
   if (!loaded.ok()) return Fail(loaded.status().message());
-  if (loaded->help) {
-    std::cout << loaded->help_text;
+  if (const std::string* answer = loaded->Answer()) {
+    std::cout << *answer;
     return 0;
   }
   const auto& vm = loaded->vars;

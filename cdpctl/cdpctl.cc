@@ -8,6 +8,7 @@
 
 #include "common/http_server.h"
 #include "common/protocol.h"
+#include "common/version.h"
 
 namespace cdp::ctl {
 namespace json = boost::json;
@@ -341,10 +342,21 @@ int Verify(const Options& o, const std::string& volume, uint64_t region_size, st
   return differ.empty() ? 0 : 1;
 }
 
-int Usage(std::ostream& err) {
-  err << "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
-         "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
-         "  export VOLUME@POINT [--writable] | unexport EXPORT | verify VOLUME [--region-size BYTES]\n";
+constexpr const char* kUsage =
+    "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
+    "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
+    "  export VOLUME@POINT [--writable] | unexport EXPORT | verify VOLUME [--region-size BYTES]\n"
+    "  --help | --version\n";
+
+// Bad usage: names the first option no command takes, then the usage; exit 2.
+int Usage(const std::vector<std::string>& args, std::ostream& err) {
+  for (const std::string& a : args) {
+    if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size") {
+      err << "cdpctl: unknown option '" << a << "'\n";
+      break;
+    }
+  }
+  err << kUsage;
   return 2;
 }
 
@@ -374,8 +386,10 @@ std::string ProgressBar(double fraction, int width) {
 }
 
 int Run(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  if (args.empty()) return Usage(err);
+  if (args.empty()) return Usage(args, err);
   const std::string& cmd = args[0];
+  if (cmd == "--help" && args.size() == 1) return out << kUsage, 0;
+  if (cmd == "--version" && args.size() == 1) return out << VersionText("cdpctl"), 0;
   if (cmd == "status" && args.size() == 1) return Status(o, out, err);
   if (cmd == "tag" && args.size() == 2) return Tag(o, args[1], out, err);
   if (cmd == "points" && args.size() == 2) return Points(o, args[1], out, err);
@@ -395,7 +409,7 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
     }
     return Verify(o, args[1], rs, out, err);
   }
-  return Usage(err);
+  return Usage(args, err);
 }
 
 }  // namespace cdp::ctl

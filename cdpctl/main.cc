@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     else if (a == "--json") opts.json = true;
     else if (a == "--tenant" && i + 1 < argc) opts.tenant = argv[++i];
     else if (a == "--timeout-ms" && i + 1 < argc) opts.timeout_ms = std::atoi(argv[++i]);
-    else if (a == "-h" || a == "--help") args.clear(), args.push_back("--help");
+    else if (a == "-h" || a == "--help" || a == "--version") return cdp::ctl::Run(opts, {a == "-h" ? "--help" : a}, std::cout, std::cerr);
     else args.push_back(a);
   }
   return cdp::ctl::Run(opts, args, std::cout, std::cerr);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/env.h"
+#include "common/version.h"
 
 namespace cdp {
 
@@ -140,7 +141,7 @@ Result<LoadedConfig> Load(int argc, const char* const* argv, const po::options_d
                           const ConfigOptions& opts, bool text_given, FileSource given) {
   LoadedConfig out;
   po::options_description generic("Generic options");
-  generic.add_options()("help,h", "print this help and exit")(
+  generic.add_options()("help,h", "print this help and exit")("version", "print the version and exit")(
       "config", po::value<std::string>()->value_name("FILE"), "read options from FILE (INI: key = value, [section])");
   po::options_description all;
   try {
@@ -180,8 +181,13 @@ Result<LoadedConfig> Load(int argc, const char* const* argv, const po::options_d
   } catch (const std::exception& e) {
     return Status::InvalidArgument(std::string("command line: ") + e.what());
   }
+  out.version_text = VersionText(opts.program);
   if (out.vars.count("help")) {
     out.help = true;
+    return out;
+  }
+  if (out.vars.count("version")) {
+    out.version = true;
     return out;
   }
 
@@ -214,7 +220,7 @@ Result<LoadedConfig> Load(int argc, const char* const* argv, const po::options_d
     for (const Entry& e : *entries) {
       std::string where = " in " + file.name + ":" + std::to_string(e.line);
       const po::option_description* d = all.find_nothrow(e.key, false);
-      if (d == nullptr || e.key == "config" || e.key == "help") {
+      if (d == nullptr || e.key == "config" || e.key == "help" || e.key == "version") {
         return Status::InvalidArgument("unknown key " + Quote(e.key) + where);
       }
       auto [it, fresh] = seen.emplace(e.key, e.line);

@@ -26,7 +26,8 @@
 //
 // `--help` (or `-h`) is built in: LoadConfig then returns a LoadedConfig with
 // help == true and help_text holding the usage and every option; the daemon
-// prints it and exits 0.
+// prints it and exits 0. `--version` likewise: version == true, and the daemon
+// prints version_text and exits 0.
 //
 // Sizes and durations: declare options as po::value<cdp::ByteSize>() or
 // po::value<cdp::Duration>() to accept "64MiB", "1G", "5s", "15m" in files and
@@ -102,11 +103,17 @@ struct LoadedConfig {
   po::variables_map vars;     // every option's value, after notify()
   bool help = false;          // --help was given: print help_text, exit 0
   std::string help_text;      // always filled
+  bool version = false;       // --version was given: print version_text, exit 0
+  std::string version_text;   // "PROGRAM 0.1.0 (git REV)\n" (common/version.h), once parsed
+
+  // What to print before exiting 0 when --help or --version was given; nullptr
+  // otherwise (then run). Points into this object.
+  const std::string* Answer() const { return help ? &help_text : version ? &version_text : nullptr; }
   std::string config_path;    // the file that was read, "" if none
 };
 
 // Loads defaults, then the file, then `argv` (argv[0] is the program name and is
-// skipped). `desc` is the daemon's options; "--config" and "--help" are added by
+// skipped). `desc` is the daemon's options; "--config", "--help" and "--version" are added by
 // the loader and must not be in `desc`. Option names in `desc` for keys inside
 // a [section] are "section.key" (e.g. "log.level").
 // Success: the merged values. Failure: kInvalidArgument as described above.

@@ -16,6 +16,7 @@
 #include "bench/data.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/version.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "loadgen/churn.h"
@@ -52,8 +53,8 @@ int Load(int argc, char** argv, const po::options_description& desc, const std::
     std::cerr << "cdp-loadgen " << argv[0] << ": " << r.status().message() << "\n";
     return 2;
   }
-  if (r->help) {
-    std::cout << r->help_text;
+  if (const std::string* answer = r->Answer()) {
+    std::cout << *answer;
     return 0;
   }
   *out = std::move(*r);
@@ -519,6 +520,10 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   std::string cmd = argv[1];
+  if (cmd == "--version") {
+    std::cout << cdp::VersionText("cdp-loadgen");
+    return 0;
+  }
   try {
     if (cmd == "tree") return CmdTree(argc - 1, argv + 1);
     if (cmd == "churn") return CmdChurn(argc - 1, argv + 1);

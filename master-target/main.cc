@@ -88,8 +88,8 @@ int main(int argc, char** argv) {
     std::cerr << "cdp-master-target: " << cfg.status().message() << "\n";
     return 2;
   }
-  if (cfg->help) {
-    std::cout << cfg->help_text;
+  if (const std::string* answer = cfg->Answer()) {
+    std::cout << *answer;
     return 0;
   }
   const auto& vm = cfg->vars;

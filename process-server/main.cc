@@ -28,8 +28,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cdp-process-server: %s\n", loaded.status().ToString().c_str());
       return 2;
     }
-    if (loaded->help) {
-      std::cout << loaded->help_text;
+    if (const std::string* answer = loaded->Answer()) {
+      std::cout << *answer;
       return 0;
     }
     cdp::ps::LogSettings ls;
