@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Installs the Debian packages OpenCDP needs, asking apt only for what is missing.
 # As root it installs them; otherwise it prints the exact command to run.
+# --check: only print what is missing (exit 1), never touch apt.
 set -euo pipefail
 
 # Build: compiler, CMake and the libraries of DESIGN.md.
-# Test: real NBD clients (qemu-utils, libnbd-bin, nbdfuse, nbdkit), fio, e2fsprogs, rsync.
+# Test: real NBD clients (qemu-utils; libnbd-bin, which ships nbdinfo, nbdcopy and
+# nbdfuse; nbdkit), fio, e2fsprogs, rsync. Every entry is a real package name, so a
+# machine that has them all never reaches apt (bookworm has no package "nbdfuse").
 PACKAGES=(
   build-essential cmake pkg-config
   libboost1.81-dev libboost-json1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev libsqlite3-dev libzstd-dev liblz4-dev libxxhash-dev libssl-dev
   catch2 libbenchmark-dev
-  zstd lz4 qemu-utils libnbd-bin nbdfuse nbdkit fio e2fsprogs rsync iproute2 util-linux curl
+  zstd lz4 qemu-utils libnbd-bin nbdkit fio e2fsprogs rsync iproute2 util-linux curl
 )
 
 missing=()
@@ -22,6 +25,10 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
+fi
+if [ "${1:-}" = "--check" ]; then  # report only: what `make` would ask apt for
+  echo "missing Debian packages: ${missing[*]}"
+  exit 1
 fi
 
 cmd="apt-get install -y --no-install-recommends ${missing[*]}"
