@@ -114,6 +114,18 @@ Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(asio::local::stream_pr
   return std::unique_ptr<FrameChannel>(new FrameChannel(std::move(impl), std::move(peer), options));
 }
 
+Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(Listener::Connection& c, Options options) {
+  asio::io_context ctx;  // only until Adopt() has moved the descriptor to the channel's own
+  if (c.family == AF_UNIX) {
+    asio::local::stream_protocol::socket s(ctx);
+    if (Status st = AssignTo(c, s); !st.ok()) return st;
+    return Adopt(std::move(s), options);
+  }
+  asio::ip::tcp::socket s(ctx);
+  if (Status st = AssignTo(c, s); !st.ok()) return st;
+  return Adopt(std::move(s), options);
+}
+
 Status FrameChannel::Fail(Status s) {
   Status first;
   {

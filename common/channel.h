@@ -71,6 +71,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 
+#include "common/listener.h"
 #include "common/protocol.h"
 #include "common/result.h"
 #include "common/status.h"
@@ -101,6 +102,11 @@ class FrameChannel {
       boost::asio::local::stream_protocol::socket socket) {
     return Adopt(std::move(socket), Options{});
   }
+  // Takes over a connection accepted by the Listener (TCP or Unix); c.fd is
+  // consumed either way. The Slot stays with `c` (the caller keeps it while
+  // the channel lives).
+  static Result<std::unique_ptr<FrameChannel>> Adopt(Listener::Connection& c, Options options);
+  static Result<std::unique_ptr<FrameChannel>> Adopt(Listener::Connection& c) { return Adopt(c, Options{}); }
 
   ~FrameChannel();
   FrameChannel(const FrameChannel&) = delete;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/asio_status.h"
+#include "common/listener.h"
 #include "common/log.h"
 #include "common/metrics.h"
 
@@ -99,13 +100,14 @@ struct ServerState {
   ServerOptions opts;
   std::vector<RouteEntry> routes;
   std::unique_ptr<net::io_context> ioc;
-  std::unique_ptr<tcp::acceptor> acceptor;
+  std::unique_ptr<Listener> listener;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;  // keeps run() going
   std::vector<std::thread> threads;
   bool started = false;
   bool stopped = false;
   std::shared_ptr<spdlog::logger> log = cdp::log::Get("http");
 
-  void DoAccept();
+  void OnConnection(Listener::Connection c);
   Response Dispatch(Request& req);
 };
 
@@ -117,7 +119,9 @@ namespace {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, ServerState* srv) : stream_(std::move(socket)), srv_(srv) {}
+  // `slot` holds the connection's place under the listener's caps until the session ends.
+  Session(tcp::socket socket, ServerState* srv, Listener::Slot slot)
+      : stream_(std::move(socket)), srv_(srv), slot_(std::move(slot)) {}
 
   void Start() { DoReadHeader(); }
 
@@ -225,6 +229,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   beast::tcp_stream stream_;
   ServerState* srv_;
+  Listener::Slot slot_;
   beast::flat_buffer buf_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::optional<bhttp::response<bhttp::empty_body>> cont_;
@@ -235,16 +240,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
 }  // namespace
 
-void ServerState::DoAccept() {
-  acceptor->async_accept(net::make_strand(*ioc), [this](beast::error_code ec, tcp::socket socket) {
-    if (ec == net::error::operation_aborted || !acceptor->is_open()) return;
-    if (!ec) {
-      std::make_shared<Session>(std::move(socket), this)->Start();
-    } else {
-      log->warn("accept: {}", ec.message());
-    }
-    DoAccept();
-  });
+void ServerState::OnConnection(Listener::Connection c) {
+  tcp::socket socket(net::make_strand(*ioc));
+  if (Status st = AssignTo(c, socket); !st.ok()) {
+    log->warn("accept: {}", st.ToString());
+    return;
+  }
+  std::make_shared<Session>(std::move(socket), this, std::move(c.slot))->Start();
 }
 
 Response ServerState::Dispatch(Request& req) {
@@ -317,27 +319,17 @@ Status Server::Start() {
   if (im.started) return Status::InvalidArgument("http server " + where + " already started");
   if (im.opts.threads < 1) return Status::InvalidArgument("http server " + where + ": threads must be >= 1");
   im.ioc = std::make_unique<net::io_context>(im.opts.threads);
-  boost::system::error_code ec;
-  tcp::resolver resolver(*im.ioc);
-  auto results = resolver.resolve(im.opts.host, std::to_string(im.opts.port),
-                                  tcp::resolver::passive | tcp::resolver::numeric_service, ec);
-  if (ec || results.empty()) {
-    return Status::InvalidArgument("http server: cannot resolve " + where + ": " + ec.message());
-  }
-  tcp::endpoint ep = results.begin()->endpoint();
-  im.acceptor = std::make_unique<tcp::acceptor>(net::make_strand(*im.ioc));
-  if (im.acceptor->open(ep.protocol(), ec); ec) return FromAsioError(ec, "http server open " + where);
-  if (im.acceptor->set_option(net::socket_base::reuse_address(true), ec); ec) {
-    return FromAsioError(ec, "http server setsockopt " + where);
-  }
-  if (im.acceptor->bind(ep, ec); ec) return FromAsioError(ec, "http server bind " + where);
-  if (im.acceptor->listen(net::socket_base::max_listen_connections, ec); ec) {
-    return FromAsioError(ec, "http server listen " + where);
-  }
-  port_ = im.acceptor->local_endpoint(ec).port();
-  if (ec) return FromAsioError(ec, "http server " + where);
+  im.work.emplace(im.ioc->get_executor());
+  Listener::Options lo;
+  lo.name = "http";
+  lo.tcp_host = im.opts.host;
+  lo.tcp_port = im.opts.port;
+  lo.max_connections = im.opts.max_connections;
+  lo.registry = im.opts.listener_registry;
+  im.listener = std::make_unique<Listener>(lo, [&im](Listener::Connection c) { im.OnConnection(std::move(c)); });
+  if (Status st = im.listener->Start(); !st.ok()) return st.WithContext("http server");
+  port_ = im.listener->tcp_port();
   im.started = true;
-  im.DoAccept();
   for (int i = 0; i < im.opts.threads; ++i) im.threads.emplace_back([ioc = im.ioc.get()] { ioc->run(); });
   im.log->info("http server listening on {}:{}", im.opts.host, port_);
   return Status::OK();
@@ -347,17 +339,15 @@ void Server::Stop() {
   Impl& im = *impl_;
   if (!im.started || im.stopped) return;
   im.stopped = true;
-  net::post(im.acceptor->get_executor(), [acc = im.acceptor.get()] {
-    boost::system::error_code ignored;
-    acc->close(ignored);
-  });
+  im.listener->Stop();
+  im.work.reset();
   im.ioc->stop();
   for (auto& t : im.threads) t.join();
   im.threads.clear();
   // Destroying the io_context destroys the pending handlers, and with them the
   // sessions: every connection is closed here.
-  im.acceptor.reset();
   im.ioc.reset();
+  im.listener.reset();
 }
 
 // ---------------------------------------------------------------- client

@@ -75,9 +75,11 @@ struct ServerOptions {
   std::string host = "127.0.0.1";  // address to bind (IPv4 or IPv6 literal, or "localhost")
   uint16_t port = 0;               // 0 = ephemeral; see Server::port()
   size_t max_body_bytes = 1 << 20;
+  size_t max_connections = 256;  // live connections; more are closed at once (common/listener.h)
   int threads = 1;
   uint64_t idle_timeout_ms = 30'000;  // also bounds reading one request and writing one response
   metrics::Registry* registry = nullptr;       // /metrics when set; must outlive the Server
+  metrics::Registry* listener_registry = nullptr;  // the listener's connection counters go here when set
   std::function<boost::json::value()> status;  // /status when set
 };
 

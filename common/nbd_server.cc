@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "common/asio_status.h"
+#include "common/listener.h"
 #include "common/log.h"
 #include "common/nbd_proto.h"
 
@@ -165,6 +166,7 @@ class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
   // Closes the connection from any thread (posted to its strand).
   virtual void Close() = 0;
   std::atomic<const ExportEntry*> attached{nullptr};
+  Listener::Slot slot;  // the connection's place under the listener's caps
 };
 
 }  // namespace nbd_detail
@@ -199,17 +201,15 @@ bool ValidExportName(const std::string& name) {
 
 
 struct NbdServer::Impl {
-  explicit Impl(const NbdServerOptions& o) : opts(o), log(log::Get("nbd")), accept_strand(asio::make_strand(io)) {}
+  explicit Impl(const NbdServerOptions& o) : opts(o), log(log::Get("nbd")) {}
 
   NbdServerOptions opts;
   std::shared_ptr<spdlog::logger> log;
   asio::io_context io;
-  Strand accept_strand;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
   std::unique_ptr<asio::thread_pool> workers;
   std::vector<std::thread> threads;
-  std::unique_ptr<asio::basic_socket_acceptor<tcp, Strand>> tcp_acceptor;
-  std::unique_ptr<asio::basic_socket_acceptor<unix_proto, Strand>> unix_acceptor;
+  std::unique_ptr<Listener> listener;
 
   mutable std::mutex mu;
   std::map<std::string, std::shared_ptr<ExportEntry>> exports;
@@ -237,9 +237,8 @@ struct NbdServer::Impl {
   }
 
   template <typename Socket>
-  void NewConnection(Socket socket, std::string peer);
-  void AcceptTcp();
-  void AcceptUnix();
+  void NewConnection(Socket socket, std::string peer, Listener::Slot slot);
+  void OnConnection(Listener::Connection c);
 };
 
 namespace {
@@ -707,60 +706,39 @@ class Connection final : public ConnectionBase {
   bool closed_ = false;
 };
 
-template <typename Endpoint>
-std::string PeerName(const Endpoint& ep) {
-  if constexpr (std::is_same_v<Endpoint, tcp::endpoint>) {
-    return ep.address().to_string() + ":" + std::to_string(ep.port());
-  } else {
-    return "unix";
-  }
-}
 
 }  // namespace
 
 template <typename Socket>
-void NbdServer::Impl::NewConnection(Socket socket, std::string peer) {
+void NbdServer::Impl::NewConnection(Socket socket, std::string peer, Listener::Slot slot) {
   std::shared_ptr<Connection<Socket>> c;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (stopping || conns.size() >= size_t(std::max(opts.max_connections, 0))) {
+    if (stopping) {
       boost::system::error_code ig;
       socket.close(ig);
       log->warn("{} NBD connection refused: {}", log::Where{"", peer, 0},
-                stopping ? "server stopping" : "too many connections");
+                "server stopping");
       return;
     }
     const uint64_t id = next_conn_id++;
     c = std::make_shared<Connection<Socket>>(this, std::move(socket), id, std::move(peer));
+    c->slot = std::move(slot);
     conns[id] = c;
   }
   c->Start();
 }
 
-void NbdServer::Impl::AcceptTcp() {
-  tcp_acceptor->async_accept(asio::make_strand(io), [this](const boost::system::error_code& ec, TcpSocket s) {
-    if (ec == asio::error::operation_aborted || !tcp_acceptor->is_open()) return;
-    if (!ec) {
-      boost::system::error_code ec2;
-      auto ep = s.remote_endpoint(ec2);
-      NewConnection(std::move(s), ec2 ? std::string("?") : PeerName(ep));
-    } else {
-      log->warn("NBD accept failed: {}", ec.message());
-    }
-    AcceptTcp();
-  });
-}
-
-void NbdServer::Impl::AcceptUnix() {
-  unix_acceptor->async_accept(asio::make_strand(io), [this](const boost::system::error_code& ec, UnixSocket s) {
-    if (ec == asio::error::operation_aborted || !unix_acceptor->is_open()) return;
-    if (!ec) {
-      NewConnection(std::move(s), "unix:" + opts.unix_path);
-    } else {
-      log->warn("NBD accept failed: {}", ec.message());
-    }
-    AcceptUnix();
-  });
+void NbdServer::Impl::OnConnection(Listener::Connection c) {
+  Status st;
+  if (c.family == AF_UNIX) {
+    UnixSocket s(asio::make_strand(io));
+    if (st = AssignTo(c, s); st.ok()) NewConnection(std::move(s), std::move(c.peer), std::move(c.slot));
+  } else {
+    TcpSocket s(asio::make_strand(io));
+    if (st = AssignTo(c, s); st.ok()) NewConnection(std::move(s), std::move(c.peer), std::move(c.slot));
+  }
+  if (!st.ok()) log->warn("NBD accept: {}", st.ToString());
 }
 
 // ============================================================================
@@ -866,59 +844,22 @@ Status NbdServer::Start() {
   if (opts_.max_request_bytes == 0 || opts_.max_skip_bytes < opts_.max_request_bytes) {
     return Status::InvalidArgument("NBD server: max_skip_bytes must be >= max_request_bytes > 0");
   }
-  boost::system::error_code ec;
-  if (opts_.tcp_port >= 0) {
-    auto addr = asio::ip::make_address(opts_.tcp_host, ec);
-    tcp::endpoint ep;
-    if (ec) {
-      tcp::resolver resolver(m.io);
-      auto results = resolver.resolve(opts_.tcp_host, std::to_string(opts_.tcp_port), ec);
-      if (ec || results.empty()) return FromAsioError(ec, "NBD server: resolve " + opts_.tcp_host);
-      ep = results.begin()->endpoint();
-    } else {
-      ep = tcp::endpoint(addr, uint16_t(opts_.tcp_port));
-    }
-    auto acc = std::make_unique<asio::basic_socket_acceptor<tcp, Strand>>(m.accept_strand);
-    const std::string where = "NBD server: listen on " + opts_.tcp_host + ":" + std::to_string(opts_.tcp_port);
-    acc->open(ep.protocol(), ec);
-    if (!ec) acc->set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acc->bind(ep, ec);
-    if (!ec) acc->listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return FromAsioError(ec, where);
-    port_ = acc->local_endpoint().port();
-    m.tcp_acceptor = std::move(acc);
-  }
-  if (!opts_.unix_path.empty()) {
-    const std::string where = "NBD server: listen on unix:" + opts_.unix_path;
-    struct stat sb;
-    if (::lstat(opts_.unix_path.c_str(), &sb) == 0) {
-      if (!S_ISSOCK(sb.st_mode)) {
-        m.tcp_acceptor.reset();
-        return Status::AlreadyExists(where + ": the path exists and is not a socket");
-      }
-      ::unlink(opts_.unix_path.c_str());
-    }
-    auto acc = std::make_unique<asio::basic_socket_acceptor<unix_proto, Strand>>(m.accept_strand);
-    unix_proto::endpoint ep(opts_.unix_path);
-    acc->open(ep.protocol(), ec);
-    if (!ec) acc->bind(ep, ec);
-    if (!ec) acc->listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      m.tcp_acceptor.reset();
-      return FromAsioError(ec, where);
-    }
-    m.unix_acceptor = std::move(acc);
-  }
+  if (opts_.max_connections < 1) return Status::InvalidArgument("NBD server: max_connections must be >= 1");
+  Listener::Options lo;
+  lo.name = "nbd";
+  lo.tcp_host = opts_.tcp_host;
+  lo.tcp_port = opts_.tcp_port;
+  lo.unix_path = opts_.unix_path;
+  lo.max_connections = size_t(opts_.max_connections);
+  m.listener = std::make_unique<Listener>(lo, [&m](Listener::Connection c) { m.OnConnection(std::move(c)); });
+  if (Status s = m.listener->Start(); !s.ok()) return s.WithContext("NBD server");
+  port_ = m.listener->tcp_port();
   m.workers = std::make_unique<asio::thread_pool>(size_t(opts_.worker_threads));
   m.guard.emplace(m.io.get_executor());
   {
     std::lock_guard<std::mutex> lock(m.mu);
     m.started = true;
   }
-  asio::post(m.accept_strand, [&m] {
-    if (m.tcp_acceptor) m.AcceptTcp();
-    if (m.unix_acceptor) m.AcceptUnix();
-  });
   for (int i = 0; i < opts_.io_threads; ++i) m.threads.emplace_back([&m] { m.io.run(); });
   m.log->info("NBD server listening on {}{}{}",
               opts_.tcp_port >= 0 ? opts_.tcp_host + ":" + std::to_string(port_.load()) : std::string(),
@@ -939,14 +880,7 @@ void NbdServer::Stop() {
       if (auto c = w.lock()) conns.push_back(c);
     }
   }
-  std::promise<void> closed;
-  asio::post(m.accept_strand, [&m, &closed] {
-    boost::system::error_code ig;
-    if (m.tcp_acceptor) m.tcp_acceptor->close(ig);
-    if (m.unix_acceptor) m.unix_acceptor->close(ig);
-    closed.set_value();
-  });
-  closed.get_future().wait();
+  m.listener->Stop();  // no new connection from here on; the Unix socket file is removed
   for (auto& c : conns) c->Close();
   conns.clear();
   // Device calls already queued finish; their replies go nowhere.
@@ -954,9 +888,6 @@ void NbdServer::Stop() {
   m.guard.reset();
   for (auto& t : m.threads) t.join();
   m.threads.clear();
-  if (m.unix_acceptor) ::unlink(opts_.unix_path.c_str());
-  m.tcp_acceptor.reset();
-  m.unix_acceptor.reset();
   m.log->info("NBD server stopped");
 }
 

@@ -8,6 +8,7 @@
 #include <list>
 
 #include "common/channel.h"
+#include "common/listener.h"
 #include "common/hash.h"
 #include "common/http_server.h"
 #include "common/log.h"
@@ -61,12 +62,6 @@ struct ExportEntry {
   std::shared_ptr<PointInTimeDevice> device;
 };
 
-struct Conn {
-  std::unique_ptr<FrameChannel> channel;
-  std::thread thread;
-  std::atomic<bool> done{false};
-};
-
 struct MasterTarget::Impl {
   explicit Impl(MasterTarget* owner) : mt(owner), o(owner->o_), log(log::Get("mt")) {}
 
@@ -77,11 +72,7 @@ struct MasterTarget::Impl {
   std::mutex vol_mu;
   std::map<std::string, std::shared_ptr<VolEntry>> volumes;  // "tenant/name"
 
-  asio::io_context io;
-  std::unique_ptr<tcp::acceptor> acceptor;
-  std::thread accept_thread;
-  std::mutex conn_mu;
-  std::list<std::shared_ptr<Conn>> conns;
+  std::unique_ptr<Listener> listener;  // process servers, one thread each
   std::atomic<bool> stopping{false};
 
   std::unique_ptr<http::Server> http;
@@ -234,8 +225,18 @@ struct MasterTarget::Impl {
     return std::make_pair(e, out);
   }
 
-  void Serve(std::shared_ptr<Conn> c) {
-    FrameChannel& ch = *c->channel;
+  // One process-server connection, on its own thread (Listener, thread mode).
+  void OnConnection(Listener::Connection c) {
+    auto ch = FrameChannel::Adopt(c);
+    if (!ch.ok()) {
+      log->warn("cannot adopt a connection: {}", ch.status().ToString());
+      return;
+    }
+    Serve(**ch);
+    (*ch)->Close();
+  }
+
+  void Serve(FrameChannel& ch) {
     const std::string peer_addr = ch.peer();
     PeerIdentity peer;
     auto tenant = ServerHandshake(
@@ -248,14 +249,10 @@ struct MasterTarget::Impl {
         std::chrono::milliseconds(o.handshake_timeout_ms), &peer);
     if (!tenant.ok()) {
       log->warn("{} handshake failed: {}", log::Where{"", peer_addr, 0}, tenant.status().ToString());
-      ch.Close();
-      c->done = true;
       return;
     }
     if (peer.role != proto::Role::kProcessServer && peer.role != proto::Role::kAgent) {
       log->warn("{} refused role {}", log::Where{"", peer_addr, 0}, int(peer.role));
-      ch.Close();
-      c->done = true;
       return;
     }
     connections->Add(1);
@@ -344,36 +341,7 @@ struct MasterTarget::Impl {
         break;
       }
     }
-    ch.Close();
     connections->Add(-1);
-    c->done = true;
-  }
-
-  void DoAccept() {
-    acceptor->async_accept([this](boost::system::error_code ec, tcp::socket sock) {
-      if (stopping.load()) return;
-      if (!ec) {
-        auto ch = FrameChannel::Adopt(std::move(sock));
-        if (ch.ok()) {
-          auto c = std::make_shared<Conn>();
-          c->channel = std::move(*ch);
-          std::lock_guard<std::mutex> lk(conn_mu);
-          for (auto it = conns.begin(); it != conns.end();) {
-            if ((*it)->done.load()) {
-              (*it)->thread.join();
-              it = conns.erase(it);
-            } else {
-              ++it;
-            }
-          }
-          conns.push_back(c);
-          c->thread = std::thread([this, c] { Serve(c); });
-        } else {
-          log->warn("cannot adopt a connection: {}", ch.status().ToString());
-        }
-      }
-      DoAccept();
-    });
   }
 
   void RetentionLoop() {
@@ -652,20 +620,18 @@ Status MasterTarget::Start() {
       return s.WithContext("control server");
     }
   }
-  try {
-    tcp::endpoint ep(asio::ip::make_address(o_.listen_host), uint16_t(o_.listen_port));
-    m.acceptor = std::make_unique<tcp::acceptor>(m.io);
-    m.acceptor->open(ep.protocol());
-    m.acceptor->set_option(asio::socket_base::reuse_address(true));
-    m.acceptor->bind(ep);
-    m.acceptor->listen();
-    port_ = m.acceptor->local_endpoint().port();
-  } catch (const std::exception& e) {
+  Listener::Options lo;
+  lo.name = "mt-peers";
+  lo.tcp_host = o_.listen_host;
+  lo.tcp_port = o_.listen_port;
+  lo.mode = Listener::Mode::kThreadPerConnection;
+  lo.registry = &registry_;
+  m.listener = std::make_unique<Listener>(lo, [&m](Listener::Connection c) { m.OnConnection(std::move(c)); });
+  if (Status s = m.listener->Start(); !s.ok()) {
     Stop();
-    return Status::IOError("listen on " + o_.listen_host + ":" + std::to_string(o_.listen_port) + ": " + e.what());
+    return s;
   }
-  m.DoAccept();
-  m.accept_thread = std::thread([&m] { m.io.run(); });
+  port_ = m.listener->tcp_port();
   m.retention_thread = std::thread([&m] { m.RetentionLoop(); });
   m.log->info("listening on {}:{}, control port {}, nbd port {}", o_.listen_host, port(), control_port(), nbd_port());
   return Status::OK();
@@ -680,23 +646,7 @@ void MasterTarget::Stop() {
     m.ret_cv.notify_all();
   }
   if (m.retention_thread.joinable()) m.retention_thread.join();
-  if (m.acceptor) {
-    asio::post(m.io, [&m] {
-      boost::system::error_code ec;
-      m.acceptor->close(ec);
-    });
-  }
-  m.io.stop();
-  if (m.accept_thread.joinable()) m.accept_thread.join();
-  std::list<std::shared_ptr<Conn>> conns;
-  {
-    std::lock_guard<std::mutex> lk(m.conn_mu);
-    conns.swap(m.conns);
-  }
-  for (auto& c : conns) c->channel->Close();
-  for (auto& c : conns) {
-    if (c->thread.joinable()) c->thread.join();
-  }
+  if (m.listener) m.listener->Stop();  // every PS connection sees EOF; joins their threads
   if (m.http) m.http->Stop();
   if (m.nbd) m.nbd->Stop();
   m.nbd.reset();

@@ -1,7 +1,5 @@
 #include "process-server/server.h"
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/json.hpp>
 
 #include <functional>
@@ -10,6 +8,7 @@
 #include <variant>
 
 #include "common/channel.h"
+#include "common/listener.h"
 #include "common/codec.h"
 #include "common/http_server.h"
 #include "common/log.h"
@@ -57,17 +56,8 @@ struct ProcessServer::Impl {
   std::map<std::string, std::vector<std::unique_ptr<MtLink>>> links;  // tenant -> links
   std::vector<std::pair<std::string, metrics::Labels>> series;       // registered computed metrics
 
-  boost::asio::io_context io;
-  std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor;
-  std::thread io_thread;
+  std::unique_ptr<Listener> listener;  // agents, one thread each
 
-  struct Conn {
-    std::shared_ptr<FrameChannel> ch;
-    std::thread thread;
-    std::atomic<bool> done{false};
-  };
-  std::mutex conns_mu;
-  std::list<std::unique_ptr<Conn>> conns;
   std::atomic<bool> stopping{false};
 
   std::unique_ptr<http::Server> http;
@@ -173,34 +163,15 @@ struct ProcessServer::Impl {
     return raw;
   }
 
-  void Accept() {
-    acceptor->async_accept([this](const boost::system::error_code& ec, boost::asio::ip::tcp::socket sock) {
-      if (ec || stopping.load()) return;
-      auto ch = FrameChannel::Adopt(std::move(sock));
-      if (ch.ok()) {
-        std::lock_guard<std::mutex> l(conns_mu);
-        for (auto it = conns.begin(); it != conns.end();) {
-          if ((*it)->done.load()) {
-            (*it)->thread.join();
-            it = conns.erase(it);
-          } else {
-            ++it;
-          }
-        }
-        auto c = std::make_unique<Conn>();
-        c->ch = std::shared_ptr<FrameChannel>(std::move(*ch));
-        Conn* raw = c.get();
-        c->thread = std::thread([this, raw] {
-          Serve(*raw->ch);
-          raw->ch->Close();
-          raw->done.store(true);
-        });
-        conns.push_back(std::move(c));
-      } else {
-        log->warn("adopting an agent connection failed: {}", ch.status().ToString());
-      }
-      Accept();
-    });
+  // One agent connection, on its own thread (Listener, thread mode).
+  void OnAgent(Listener::Connection c) {
+    auto ch = FrameChannel::Adopt(c);
+    if (!ch.ok()) {
+      log->warn("adopting an agent connection failed: {}", ch.status().ToString());
+      return;
+    }
+    Serve(**ch);
+    (*ch)->Close();
   }
 
   template <typename M>
@@ -446,21 +417,15 @@ Status ProcessServer::Start() {
     for (auto& l : v) l->Start();
 
   // Agent listener.
-  namespace ip = boost::asio::ip;
-  boost::system::error_code ec;
-  auto addr = ip::make_address(opt_.listen_host, ec);
-  if (ec) return Status::InvalidArgument("bad listen address '" + opt_.listen_host + "'");
-  im.acceptor = std::make_unique<ip::tcp::acceptor>(im.io);
-  ip::tcp::endpoint ep(addr, opt_.listen_port);
-  im.acceptor->open(ep.protocol(), ec);
-  if (!ec) im.acceptor->set_option(ip::tcp::acceptor::reuse_address(true), ec);
-  if (!ec) im.acceptor->bind(ep, ec);
-  if (!ec) im.acceptor->listen(boost::asio::socket_base::max_listen_connections, ec);
-  if (ec)
-    return Status::IOError("listen " + opt_.listen_host + ":" + std::to_string(opt_.listen_port) + ": " + ec.message());
-  agent_port_ = im.acceptor->local_endpoint().port();
-  im.Accept();
-  im.io_thread = std::thread([&im] { im.io.run(); });
+  Listener::Options lo;
+  lo.name = "ps-agents";
+  lo.tcp_host = opt_.listen_host;
+  lo.tcp_port = opt_.listen_port;
+  lo.mode = Listener::Mode::kThreadPerConnection;
+  lo.registry = opt_.registry;
+  im.listener = std::make_unique<Listener>(lo, [&im](Listener::Connection c) { im.OnAgent(std::move(c)); });
+  CDP_RETURN_IF_ERROR(im.listener->Start());
+  agent_port_ = im.listener->tcp_port();
 
   // Control server.
   if (opt_.control_enabled) {
@@ -525,24 +490,10 @@ void ProcessServer::Stop() {
   Impl& im = *impl_;
   if (im.stopping.exchange(true)) return;
   if (im.http) im.http->Stop();
-  if (im.acceptor) {
-    boost::asio::post(im.io, [&im] {
-      boost::system::error_code ec;
-      im.acceptor->close(ec);
-    });
-  }
-  if (im.io_thread.joinable()) im.io_thread.join();
-  {
-    std::lock_guard<std::mutex> l(im.conns_mu);
-    for (auto& c : im.conns) c->ch->Close();
-  }
+  if (im.listener) im.listener->Shutdown();  // agent connections see EOF and end
   for (auto& [t, v] : im.links)
-    for (auto& l : v) l->Stop();
-  {
-    std::lock_guard<std::mutex> l(im.conns_mu);
-    for (auto& c : im.conns) c->thread.join();
-    im.conns.clear();
-  }
+    for (auto& l : v) l->Stop();                // wakes sessions waiting on the master target
+  if (im.listener) im.listener->Stop();       // joins the agent threads
   if (opt_.registry != nullptr)
     for (auto& [name, labels] : im.series) opt_.registry->RemoveSeries(name, labels);
   im.series.clear();

@@ -13,7 +13,6 @@
 #pragma once
 
 #include <atomic>
-#include <poll.h>
 
 #include <boost/asio.hpp>
 #include <chrono>
@@ -25,6 +24,7 @@
 
 #include "common/channel.h"
 #include "common/hash.h"
+#include "common/listener.h"
 #include "common/protocol.h"
 
 namespace cdp::agent::testing {
@@ -33,25 +33,22 @@ class TestPeer {
  public:
   TestPeer(std::string tenant, std::string secret, uint64_t volume_size)
       : tenant_(std::move(tenant)), secret_(std::move(secret)), volume_size_(volume_size) {
-    acceptor_.open(boost::asio::ip::tcp::v4());
-    acceptor_.set_option(boost::asio::socket_base::reuse_address(true));
-    acceptor_.bind(boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
-    acceptor_.listen();
-    port_ = acceptor_.local_endpoint().port();
-    thread_ = std::thread([this] { AcceptLoop(); });
+    Listener::Options lo;
+    lo.name = "test-peer";
+    lo.tcp_port = 0;
+    lo.mode = Listener::Mode::kThreadPerConnection;
+    listener_ = std::make_unique<Listener>(lo, [this](Listener::Connection c) {
+      auto ch = FrameChannel::Adopt(c);
+      if (ch.ok()) Serve(std::shared_ptr<FrameChannel>(std::move(*ch)));
+    });
+    Status s = listener_->Start();
+    if (!s.ok()) throw std::runtime_error("test peer: " + s.ToString());
+    port_ = listener_->tcp_port();
   }
   ~TestPeer() {
     stop_ = true;
     Resume();
-    boost::system::error_code ec;
-    if (thread_.joinable()) thread_.join();
-    acceptor_.close(ec);
-    {
-      std::lock_guard lk(mu_);
-      for (auto* ch : open_) ch->Close();
-    }
-    if (thread_.joinable()) thread_.join();
-    for (auto& t : conns_) t.join();
+    listener_->Stop();  // shuts every connection down and joins the Serve threads
   }
 
   uint16_t port() const { return port_; }
@@ -122,26 +119,6 @@ class TestPeer {
     return it->second;
   }
 
-  void AcceptLoop() {
-    while (!stop_) {
-      // Poll with a short timeout so that the destructor's stop_ is seen.
-      pollfd pfd{acceptor_.native_handle(), POLLIN, 0};
-      int n = ::poll(&pfd, 1, 50);
-      if (n <= 0) continue;
-      if ((pfd.revents & POLLIN) == 0) return;
-      boost::asio::ip::tcp::socket s(ctx_);
-      boost::system::error_code ec;
-      acceptor_.accept(s, ec);
-      if (ec || stop_) return;
-      auto ch = FrameChannel::Adopt(std::move(s));
-      if (!ch.ok()) continue;
-      std::shared_ptr<FrameChannel> c(std::move(*ch));
-      std::lock_guard lk(mu_);
-      open_.push_back(c.get());
-      conns_.emplace_back([this, c] { Serve(c); });
-    }
-  }
-
   void Serve(std::shared_ptr<FrameChannel> ch) {
     auto who = ServerHandshake(
         *ch, [this](const std::string& t) -> std::optional<std::string> {
@@ -149,7 +126,7 @@ class TestPeer {
           return std::nullopt;
         },
         std::chrono::milliseconds(5000));
-    if (!who.ok()) return Forget(ch.get());
+    if (!who.ok()) return;
     std::string vol;
     while (!stop_) {
       {
@@ -164,12 +141,6 @@ class TestPeer {
       Status s = Handle(*ch, *m, &vol);
       if (!s.ok()) break;
     }
-    Forget(ch.get());
-  }
-
-  void Forget(FrameChannel* ch) {
-    std::lock_guard lk(mu_);
-    std::erase(open_, ch);
   }
 
   Status Handle(FrameChannel& ch, const proto::Message& m, std::string* vol) {
@@ -247,17 +218,13 @@ class TestPeer {
   }
 
   std::string tenant_, secret_;
-  boost::asio::io_context ctx_;
-  boost::asio::ip::tcp::acceptor acceptor_{ctx_};
+  std::unique_ptr<Listener> listener_;
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
-  std::thread thread_;
-  std::vector<std::thread> conns_;  // guarded by mu_ while accepting; joined in the destructor
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool paused_ = false;
-  std::vector<FrameChannel*> open_;
   uint64_t volume_size_;
   std::map<std::string, VolState> vols_;
   uint64_t hash_requests_ = 0;
