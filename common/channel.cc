@@ -14,6 +14,7 @@
 
 #include "common/asio_status.h"
 #include "common/auth.h"
+#include "common/log.h"
 
 namespace cdp {
 
@@ -124,6 +125,18 @@ Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(Listener::Connection& 
   asio::ip::tcp::socket s(ctx);
   if (Status st = AssignTo(c, s); !st.ok()) return st;
   return Adopt(std::move(s), options);
+}
+
+Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve) {
+  return [serve = std::move(serve)](Listener::Connection c) {
+    auto ch = FrameChannel::Adopt(c);
+    if (!ch.ok()) {
+      log::Get("channel")->warn("adopting a connection from {} failed: {}", c.peer, ch.status().ToString());
+      return;
+    }
+    serve(**ch);
+    (*ch)->Close();
+  };
 }
 
 Status FrameChannel::Fail(Status s) {

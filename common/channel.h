@@ -162,6 +162,12 @@ class FrameChannel {
   std::atomic<uint64_t> frames_sent_{0}, frames_received_{0}, bytes_sent_{0}, bytes_received_{0};
 };
 
+// A Listener handler for thread-per-connection servers speaking frames: adopts
+// each connection as a FrameChannel, runs `serve` on it (in the connection's
+// thread) and closes the channel when `serve` returns. A connection that cannot
+// be adopted is logged and dropped.
+Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve);
+
 // Resolves `host` (name or address) and connects to the first address that
 // answers, all within `timeout`. kUnavailable (retryable) if the name does not
 // resolve, nothing answers in time or the connection is refused.

@@ -225,17 +225,7 @@ struct MasterTarget::Impl {
     return std::make_pair(e, out);
   }
 
-  // One process-server connection, on its own thread (Listener, thread mode).
-  void OnConnection(Listener::Connection c) {
-    auto ch = FrameChannel::Adopt(c);
-    if (!ch.ok()) {
-      log->warn("cannot adopt a connection: {}", ch.status().ToString());
-      return;
-    }
-    Serve(**ch);
-    (*ch)->Close();
-  }
-
+  // One process-server connection, start to end (its own thread: the Listener's).
   void Serve(FrameChannel& ch) {
     const std::string peer_addr = ch.peer();
     PeerIdentity peer;
@@ -626,7 +616,7 @@ Status MasterTarget::Start() {
   lo.tcp_port = o_.listen_port;
   lo.mode = Listener::Mode::kThreadPerConnection;
   lo.registry = &registry_;
-  m.listener = std::make_unique<Listener>(lo, [&m](Listener::Connection c) { m.OnConnection(std::move(c)); });
+  m.listener = std::make_unique<Listener>(lo, ServeFrames([&m](FrameChannel& ch) { m.Serve(ch); }));
   if (Status s = m.listener->Start(); !s.ok()) {
     Stop();
     return s;

@@ -163,17 +163,6 @@ struct ProcessServer::Impl {
     return raw;
   }
 
-  // One agent connection, on its own thread (Listener, thread mode).
-  void OnAgent(Listener::Connection c) {
-    auto ch = FrameChannel::Adopt(c);
-    if (!ch.ok()) {
-      log->warn("adopting an agent connection failed: {}", ch.status().ToString());
-      return;
-    }
-    Serve(**ch);
-    (*ch)->Close();
-  }
-
   template <typename M>
   static Status Reply(FrameChannel& ch, int replies, const M& msg) {
     for (int i = 0; i < replies; ++i) CDP_RETURN_IF_ERROR(ch.Send(msg));
@@ -423,7 +412,7 @@ Status ProcessServer::Start() {
   lo.tcp_port = opt_.listen_port;
   lo.mode = Listener::Mode::kThreadPerConnection;
   lo.registry = opt_.registry;
-  im.listener = std::make_unique<Listener>(lo, [&im](Listener::Connection c) { im.OnAgent(std::move(c)); });
+  im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch) { im.Serve(ch); }));
   CDP_RETURN_IF_ERROR(im.listener->Start());
   agent_port_ = im.listener->tcp_port();
 

@@ -37,10 +37,7 @@ class TestPeer {
     lo.name = "test-peer";
     lo.tcp_port = 0;
     lo.mode = Listener::Mode::kThreadPerConnection;
-    listener_ = std::make_unique<Listener>(lo, [this](Listener::Connection c) {
-      auto ch = FrameChannel::Adopt(c);
-      if (ch.ok()) Serve(std::shared_ptr<FrameChannel>(std::move(*ch)));
-    });
+    listener_ = std::make_unique<Listener>(lo, ServeFrames([this](FrameChannel& ch) { Serve(ch); }));
     Status s = listener_->Start();
     if (!s.ok()) throw std::runtime_error("test peer: " + s.ToString());
     port_ = listener_->tcp_port();
@@ -119,9 +116,9 @@ class TestPeer {
     return it->second;
   }
 
-  void Serve(std::shared_ptr<FrameChannel> ch) {
+  void Serve(FrameChannel& ch) {
     auto who = ServerHandshake(
-        *ch, [this](const std::string& t) -> std::optional<std::string> {
+        ch, [this](const std::string& t) -> std::optional<std::string> {
           if (t == tenant_) return secret_;
           return std::nullopt;
         },
@@ -133,12 +130,12 @@ class TestPeer {
         std::unique_lock lk(mu_);
         cv_.wait(lk, [&] { return !paused_ || stop_; });
       }
-      auto m = ch->Receive(std::chrono::milliseconds(100));
+      auto m = ch.Receive(std::chrono::milliseconds(100));
       if (!m.ok()) {
         if (m.status().code() == Code::kBusy) continue;
         break;
       }
-      Status s = Handle(*ch, *m, &vol);
+      Status s = Handle(ch, *m, &vol);
       if (!s.ok()) break;
     }
   }
