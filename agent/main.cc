@@ -8,25 +8,10 @@
 
 #include "agent/agent.h"
 #include "common/config.h"
+#include "common/host_port.h"
 #include "common/log.h"
 
 namespace {
-
-bool SplitHostPort(const std::string& s, std::string* host, int* port) {
-  auto colon = s.rfind(':');
-  if (colon == std::string::npos) return false;
-  *host = s.substr(0, colon);
-  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
-  try {
-    size_t used = 0;
-    int p = std::stoi(s.substr(colon + 1), &used);
-    if (used != s.size() - colon - 1 || p < 0 || p > 65535) return false;
-    *port = p;
-  } catch (const std::exception&) {
-    return false;
-  }
-  return true;
-}
 
 int Fail(const std::string& msg) {
   std::cerr << "cdp-agent: " << msg << "\n";
@@ -99,12 +84,11 @@ int main(int argc, char** argv) {
     }
   }
   if (ao.volumes.empty()) return Fail("no volume configured (volume = NAME=PATH)");
-  std::string nbd_listen = vm["nbd_listen"].as<std::string>();
-  if (nbd_listen != "none" && !nbd_listen.empty()) {
-    if (!SplitHostPort(nbd_listen, &ao.nbd.tcp_host, &ao.nbd.tcp_port)) return Fail("bad nbd_listen '" + nbd_listen + "'");
-  } else {
-    ao.nbd.tcp_port = -1;
-  }
+  const auto listener = cdp::HostPort::Rules::OptionalListen();
+  auto nbd_listen = cdp::ParseHostPort(vm["nbd_listen"].as<std::string>(), listener);
+  if (!nbd_listen.ok()) return Fail("nbd_listen: " + nbd_listen.status().message());
+  ao.nbd.tcp_host = nbd_listen->host;
+  ao.nbd.tcp_port = nbd_listen->off() ? -1 : nbd_listen->port;
   ao.nbd.unix_path = vm["nbd_unix"].as<std::string>();
   ao.nbd.worker_threads = std::max(1, vm["nbd_workers"].as<int>());
   ao.budget = vm["budget"].as<cdp::ByteSize>().bytes;
@@ -113,10 +97,10 @@ int main(int argc, char** argv) {
   ao.region_size = uint32_t(region);
   ao.bitmap_dir = vm["bitmap_dir"].as<std::string>();
   ao.sender_enabled = !vm["capture_only"].as<bool>();
-  std::string ps = vm["ps"].as<std::string>();
-  int ps_port = 0;
-  if (!SplitHostPort(ps, &ao.sender.ps_host, &ps_port) || ps_port == 0) return Fail("bad ps '" + ps + "'");
-  ao.sender.ps_port = uint16_t(ps_port);
+  auto ps = cdp::ParseHostPort(vm["ps"].as<std::string>());
+  if (!ps.ok()) return Fail("ps: " + ps.status().message());
+  ao.sender.ps_host = ps->host;
+  ao.sender.ps_port = ps->port;
   ao.sender.tenant = vm["tenant"].as<std::string>();
   ao.sender.secret = vm["secret"].as<std::string>();
   std::string secret_file = vm["secret_file"].as<std::string>();
@@ -138,12 +122,10 @@ int main(int argc, char** argv) {
   }
   ao.sender.batch_bytes = std::max<uint64_t>(4096, vm["batch_bytes"].as<cdp::ByteSize>().bytes);
   ao.sender.max_inflight = std::max(1, vm["max_inflight"].as<int>());
-  std::string control = vm["control"].as<std::string>();
-  if (control == "none" || control.empty()) {
-    ao.control_port = -1;
-  } else if (!SplitHostPort(control, &ao.control_host, &ao.control_port)) {
-    return Fail("bad control '" + control + "'");
-  }
+  auto control = cdp::ParseHostPort(vm["control"].as<std::string>(), listener);
+  if (!control.ok()) return Fail("control: " + control.status().message());
+  ao.control_host = control->host;
+  ao.control_port = control->off() ? -1 : control->port;
   ao.freeze_command = vm["freeze_command"].as<std::string>();
   ao.thaw_command = vm["thaw_command"].as<std::string>();
   ao.freeze_timeout_ms = vm["freeze_timeout"].as<cdp::Duration>().millis();

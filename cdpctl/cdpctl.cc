@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 
+#include "common/host_port.h"
 #include "common/http_server.h"
 #include "common/protocol.h"
 #include "common/version.h"
@@ -363,16 +364,10 @@ int Usage(const std::vector<std::string>& args, std::ostream& err) {
 }  // namespace
 
 bool ParseEndpoint(const std::string& text, Endpoint* ep) {
-  size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  unsigned port = 0;
-  const char* b = text.data() + colon + 1;
-  const char* e = text.data() + text.size();
-  auto [p, ec] = std::from_chars(b, e, port);
-  if (ec != std::errc() || p != e || port == 0 || port > 65535) return false;
-  ep->host = text.substr(0, colon);
-  if (ep->host.size() > 2 && ep->host.front() == '[' && ep->host.back() == ']') ep->host = ep->host.substr(1, ep->host.size() - 2);
-  ep->port = uint16_t(port);
+  auto hp = ParseHostPort(text);
+  if (!hp.ok()) return false;
+  ep->host = hp->host;
+  ep->port = hp->port;
   return true;
 }
 

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/host_port.h"
 #include "common/nbd_proto.h"
 
 namespace cdp::loadgen {
@@ -24,27 +25,10 @@ Result<NbdUri> ParseNbdUri(std::string_view uri) {
   NbdUri u;
   if (slash != std::string_view::npos) u.export_name = std::string(rest.substr(slash + 1));
   if (!nbd::ValidWireName(u.export_name)) return Status::InvalidArgument("bad export name in " + std::string(uri));
-  size_t colon = hostport.rfind(':');
-  if (!hostport.empty() && hostport.front() == '[') {  // [v6]:port
-    size_t close = hostport.find(']');
-    if (close == std::string_view::npos) return Status::InvalidArgument("bad host in " + std::string(uri));
-    u.host = std::string(hostport.substr(1, close - 1));
-    colon = hostport.find(':', close);
-  } else {
-    u.host = std::string(hostport.substr(0, colon));
-  }
-  if (colon != std::string_view::npos) {
-    std::string_view p = hostport.substr(colon + 1);
-    unsigned long v = 0;
-    if (p.empty() || p.size() > 5) return Status::InvalidArgument("bad port in " + std::string(uri));
-    for (char c : p) {
-      if (c < '0' || c > '9') return Status::InvalidArgument("bad port in " + std::string(uri));
-      v = v * 10 + unsigned(c - '0');
-    }
-    if (v == 0 || v > 65535) return Status::InvalidArgument("bad port in " + std::string(uri));
-    u.port = uint16_t(v);
-  }
-  if (u.host.empty()) return Status::InvalidArgument("no host in " + std::string(uri));
+  auto hp = ParseHostPort(hostport, HostPort::Rules::UrlAuthority(u.port));
+  if (!hp.ok()) return Status::InvalidArgument(std::string(uri) + ": " + hp.status().message());
+  u.host = hp->host;
+  u.port = hp->port;
   return u;
 }
 

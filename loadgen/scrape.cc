@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "common/host_port.h"
 #include "common/http_server.h"
 
 namespace cdp::loadgen {
@@ -68,16 +69,10 @@ Result<HttpUrl> ParseHttpUrl(std::string_view url) {
   std::string_view hostport = rest.substr(0, slash);
   HttpUrl u;
   if (slash != std::string_view::npos) u.target = std::string(rest.substr(slash));
-  size_t colon = hostport.rfind(':');
-  u.host = std::string(hostport.substr(0, colon));
-  if (colon != std::string_view::npos) {
-    std::string p(hostport.substr(colon + 1));
-    char* end = nullptr;
-    long v = std::strtol(p.c_str(), &end, 10);
-    if (p.empty() || *end != '\0' || v <= 0 || v > 65535) return Status::InvalidArgument("bad port in " + std::string(url));
-    u.port = uint16_t(v);
-  }
-  if (u.host.empty()) return Status::InvalidArgument("no host in " + std::string(url));
+  auto hp = ParseHostPort(hostport, HostPort::Rules::UrlAuthority(u.port));
+  if (!hp.ok()) return Status::InvalidArgument(std::string(url) + ": " + hp.status().message());
+  u.host = hp->host;
+  u.port = hp->port;
   return u;
 }
 

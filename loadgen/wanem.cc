@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/env.h"
+#include "common/host_port.h"
 
 extern char** environ;
 
@@ -329,14 +330,12 @@ Status Up(const std::string& name, double rate_mbit, double delay_ms, double los
 // ---- probe: TCP goodput and connect RTT -------------------------------------
 
 Result<sockaddr_in> ParseAddr(const std::string& hp) {
-  size_t c = hp.rfind(':');
+  CDP_ASSIGN_OR_RETURN(HostPort parsed, ParseHostPort(hp));
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  if (c == std::string::npos || ::inet_pton(AF_INET, hp.substr(0, c).c_str(), &a.sin_addr) != 1)
+  if (::inet_pton(AF_INET, parsed.host.c_str(), &a.sin_addr) != 1)
     return Status::InvalidArgument("bad address '" + hp + "' (IPv4:PORT)");
-  int port = std::atoi(hp.substr(c + 1).c_str());
-  if (port <= 0 || port > 65535) return Status::InvalidArgument("bad port in '" + hp + "'");
-  a.sin_port = htons(uint16_t(port));
+  a.sin_port = htons(parsed.port);
   return a;
 }
 

@@ -4,10 +4,12 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/host_port.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "master-target/server.h"
@@ -15,21 +17,6 @@
 namespace {
 
 using cdp::Status;
-
-// "host:port" or "[v6]:port".
-bool SplitHostPort(const std::string& s, std::string* host, int* port) {
-  auto c = s.rfind(':');
-  if (c == std::string::npos) return false;
-  *host = s.substr(0, c);
-  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
-  try {
-    size_t pos = 0;
-    *port = std::stoi(s.substr(c + 1), &pos);
-    return pos == s.size() - c - 1 && *port >= 0 && *port <= 65535 && !host->empty();
-  } catch (...) {
-    return false;
-  }
-}
 
 // Adds "name:secret" or "name = secret" / "name secret" lines to `tenants`.
 bool AddTenant(const std::string& line, std::map<std::string, std::string>* tenants, std::string* err) {
@@ -107,11 +94,16 @@ int main(int argc, char** argv) {
   o.clock = cdp::SystemClock::Get();
   o.data_dir = vm["data_dir"].as<std::string>();
   std::string err;
-  if (!SplitHostPort(vm["listen"].as<std::string>(), &o.listen_host, &o.listen_port) ||
-      !SplitHostPort(vm["control"].as<std::string>(), &o.control_host, &o.control_port) ||
-      !SplitHostPort(vm["nbd"].as<std::string>(), &o.nbd_host, &o.nbd_port)) {
-    std::cerr << "cdp-master-target: listen, control and nbd must be host:port\n";
-    return 2;
+  for (auto [key, host, port] : {std::tuple{"listen", &o.listen_host, &o.listen_port},
+                                  std::tuple{"control", &o.control_host, &o.control_port},
+                                  std::tuple{"nbd", &o.nbd_host, &o.nbd_port}}) {
+    auto hp = cdp::ParseHostPort(vm[key].as<std::string>(), cdp::HostPort::Rules::Listen());
+    if (!hp.ok()) {
+      std::cerr << "cdp-master-target: " << key << ": " << hp.status().message() << "\n";
+      return 2;
+    }
+    *host = hp->host;
+    *port = hp->port;
   }
   if (vm.count("tenant")) {
     for (const auto& t : vm["tenant"].as<std::vector<std::string>>()) {

@@ -1,6 +1,7 @@
 #include "process-server/ps_config.h"
 
 #include "common/codec.h"
+#include "common/host_port.h"
 
 namespace cdp::ps {
 
@@ -32,20 +33,10 @@ po::options_description ProcessServerConfigDescription() {
 }
 
 Status ParseHostPort(const std::string& key, const std::string& text, std::string* host, uint16_t* port) {
-  auto bad = [&] { return Status::InvalidArgument("bad value '" + text + "' for '" + key + "': want host:port"); };
-  size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return bad();
-  std::string h = text.substr(0, colon);
-  if (h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  uint32_t p = 0;
-  for (size_t i = colon + 1; i < text.size(); ++i) {
-    if (text[i] < '0' || text[i] > '9') return bad();
-    p = p * 10 + uint32_t(text[i] - '0');
-    if (p > 65535) return bad();
-  }
-  if (h.empty()) return bad();
-  *host = h;
-  *port = uint16_t(p);
+  auto hp = cdp::ParseHostPort(text, HostPort::Rules::Listen());
+  if (!hp.ok()) return Status::InvalidArgument("bad value for '" + key + "': " + hp.status().message());
+  *host = hp->host;
+  *port = hp->port;
   return Status::OK();
 }
 
