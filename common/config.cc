@@ -384,6 +384,12 @@ void validate(boost::any& v, const std::vector<std::string>& values, Duration*, 
 std::ostream& operator<<(std::ostream& os, const ByteSize& s) { return os << FormatByteSize(s); }
 std::ostream& operator<<(std::ostream& os, const Duration& d) { return os << FormatDuration(d); }
 
+Result<HostPort> GetHostPort(const po::variables_map& vars, const std::string& key, const HostPort::Rules& rules) {
+  auto hp = ParseHostPort(vars[key].as<std::string>(), rules);
+  if (!hp.ok()) return hp.status().WithContext("'" + key + "'");
+  return hp;
+}
+
 Result<LoadedConfig> LoadConfig(int argc, const char* const* argv, const po::options_description& desc,
                                 const ConfigOptions& opts) {
   return Load(argc, argv, desc, opts, /*text_given=*/false, FileSource{});

@@ -43,6 +43,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/host_port.h"
 #include "common/result.h"
 #include "common/status.h"
 
@@ -86,6 +87,10 @@ void validate(boost::any& v, const std::vector<std::string>& values, ByteSize*, 
 void validate(boost::any& v, const std::vector<std::string>& values, Duration*, int);
 std::ostream& operator<<(std::ostream& os, const ByteSize& s);  // for default_value display
 std::ostream& operator<<(std::ostream& os, const Duration& d);
+
+// The address under `key` (a std::string option), parsed by common/host_port.h.
+// Failure: kInvalidArgument "'key': bad address ...".
+Result<HostPort> GetHostPort(const po::variables_map& vars, const std::string& key, const HostPort::Rules& rules);
 
 struct ConfigOptions {
   // Name shown in the usage line of --help, e.g. "cdp-agent".

@@ -4,19 +4,14 @@
 #include <iostream>
 
 #include "common/config.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "process-server/ps_config.h"
 #include "process-server/server.h"
 
 int main(int argc, char** argv) {
-  // Block the stop signals in every thread; main waits for them with sigwait.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  cdp::StopSignals signals;
 
   try {
     cdp::ConfigOptions co;
@@ -32,15 +27,12 @@ int main(int argc, char** argv) {
       std::cout << *answer;
       return 0;
     }
-    cdp::ps::LogSettings ls;
-    auto opts = cdp::ps::OptionsFromConfig(loaded->vars, &ls);
+    cdp::log::Options lo;
+    auto opts = cdp::ps::OptionsFromConfig(loaded->vars, &lo);
     if (!opts.ok()) {
       std::fprintf(stderr, "cdp-process-server: %s\n", opts.status().ToString().c_str());
       return 2;
     }
-    cdp::log::Options lo;
-    lo.level = ls.level;
-    lo.file = ls.file;
     cdp::Status ls_status = cdp::log::Init(lo);
     if (!ls_status.ok()) {
       std::fprintf(stderr, "cdp-process-server: %s\n", ls_status.ToString().c_str());
@@ -57,8 +49,7 @@ int main(int argc, char** argv) {
       cdp::log::Get("ps")->critical("start failed: {}", s.ToString());
       return 1;
     }
-    int sig = 0;
-    sigwait(&set, &sig);
+    int sig = signals.Wait();
     cdp::log::Get("ps")->info("signal {}: stopping", sig);
     server.Stop();
     return 0;

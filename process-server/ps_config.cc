@@ -1,7 +1,10 @@
 #include "process-server/ps_config.h"
 
 #include "common/codec.h"
+#include "common/daemon.h"
 #include "common/host_port.h"
+
+#include <tuple>
 
 namespace cdp::ps {
 
@@ -32,14 +35,6 @@ po::options_description ProcessServerConfigDescription() {
   return d;
 }
 
-Status ParseHostPort(const std::string& key, const std::string& text, std::string* host, uint16_t* port) {
-  auto hp = cdp::ParseHostPort(text, HostPort::Rules::Listen());
-  if (!hp.ok()) return Status::InvalidArgument("bad value for '" + key + "': " + hp.status().message());
-  *host = hp->host;
-  *port = hp->port;
-  return Status::OK();
-}
-
 namespace {
 
 Result<std::pair<proto::Codec, int>> ParseCodecLevel(const std::string& key, const std::string& text, int def_level) {
@@ -62,21 +57,20 @@ Result<std::pair<proto::Codec, int>> ParseCodecLevel(const std::string& key, con
 
 }  // namespace
 
-Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, LogSettings* log) {
+Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, log::Options* log) {
   ProcessServerOptions o;
-  CDP_RETURN_IF_ERROR(ParseHostPort("listen", vars["listen"].as<std::string>(), &o.listen_host, &o.listen_port));
-  CDP_RETURN_IF_ERROR(ParseHostPort("control", vars["control"].as<std::string>(), &o.control_host, &o.control_port));
-  CDP_RETURN_IF_ERROR(ParseHostPort("mt", vars["mt"].as<std::string>(), &o.mt_host, &o.mt_port));
+  for (auto [key, host, port] : {std::tuple{"listen", &o.listen_host, &o.listen_port},
+                                  std::tuple{"control", &o.control_host, &o.control_port},
+                                  std::tuple{"mt", &o.mt_host, &o.mt_port}}) {
+    CDP_ASSIGN_OR_RETURN(HostPort hp, GetHostPort(vars, key, HostPort::Rules::Listen()));
+    *host = hp.host;
+    *port = hp.port;
+  }
   o.client_id = vars["client_id"].as<std::string>();
   if (!proto::ValidName(o.client_id)) return Status::InvalidArgument("bad value '" + o.client_id + "' for 'client_id'");
   if (vars.count("tenant")) {
     for (const auto& t : vars["tenant"].as<std::vector<std::string>>()) {
-      size_t colon = t.find(':');
-      std::string name = t.substr(0, colon);
-      if (colon == std::string::npos || !proto::ValidName(name) || colon + 1 == t.size())
-        return Status::InvalidArgument("bad value for 'tenant' (want NAME:SECRET) for tenant '" + name + "'");
-      if (!o.tenants.emplace(name, t.substr(colon + 1)).second)
-        return Status::InvalidArgument("tenant '" + name + "' given twice");
+      CDP_RETURN_IF_ERROR(AddTenantEntry(t, &o.tenants).WithContext("'tenant'"));
     }
   }
   if (o.tenants.empty()) return Status::InvalidArgument("no 'tenant' configured (tenant = NAME:SECRET)");

@@ -27,22 +27,16 @@
 #pragma once
 
 #include "common/config.h"
+#include "common/log.h"
 #include "common/result.h"
 #include "process-server/server.h"
 
 namespace cdp::ps {
 
-struct LogSettings {
-  std::string level;
-  std::string file;
-};
-
 po::options_description ProcessServerConfigDescription();
 
 // Translates loaded values. kInvalidArgument names the bad key and value.
-Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, LogSettings* log = nullptr);
-
-// "host:port" or "[v6]:port". kInvalidArgument naming `key` on a bad value.
-Status ParseHostPort(const std::string& key, const std::string& text, std::string* host, uint16_t* port);
+// Fills *log with the [log] keys when given.
+Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, log::Options* log = nullptr);
 
 }  // namespace cdp::ps

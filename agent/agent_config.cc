@@ -1,0 +1,114 @@
+#include "agent/agent_config.h"
+
+#include <unistd.h>
+
+#include <map>
+
+#include "common/host_port.h"
+
+namespace cdp::agent {
+
+po::options_description AgentConfigDescription() {
+  using po::value;
+  po::options_description desc("cdp-agent options");
+  desc.add_options()
+      ("volume", value<std::vector<std::string>>()->composing(), "NAME=PATH: protect backing file/device PATH as volume NAME (repeatable)")
+      ("export_name", value<std::vector<std::string>>()->composing(), "NAME=EXPORT: NBD export name of volume NAME (default: NAME)")
+      ("nbd_listen", value<std::string>()->default_value("127.0.0.1:10809"), "NBD TCP listener host:port ('none' = off)")
+      ("nbd_unix", value<std::string>()->default_value(""), "NBD unix socket path ('' = off)")
+      ("nbd_workers", value<int>()->default_value(2), "threads executing NBD requests")
+      ("ps", value<std::string>()->default_value("127.0.0.1:7400"), "process server host:port")
+      ("tenant", value<std::string>()->default_value(""), "tenant name")
+      ("secret", value<std::string>()->default_value(""), "tenant secret")
+      ("secret_file", value<std::string>()->default_value(""), "file holding the tenant secret")
+      ("client_id", value<std::string>()->default_value(""), "agent id sent to the process server (default: host name)")
+      ("capture_only", value<bool>()->default_value(false), "do not connect to a process server (tap benchmarks)")
+      ("budget", value<ByteSize>()->default_value(ByteSize{64ull << 20}), "capture queue memory per volume")
+      ("region_size", value<ByteSize>()->default_value(ByteSize{1u << 20}), "dirty bitmap region size")
+      ("bitmap_dir", value<std::string>()->default_value("/var/lib/opencdp/agent"), "directory of the dirty bitmaps")
+      ("batch_bytes", value<ByteSize>()->default_value(ByteSize{4u << 20}), "data bytes per write batch")
+      ("max_inflight", value<int>()->default_value(4), "write batches in flight")
+      ("control", value<std::string>()->default_value("127.0.0.1:9100"), "control/metrics HTTP host:port ('none' = off)")
+      ("freeze_command", value<std::string>()->default_value(""), "run before a tag (e.g. 'fsfreeze -f /data')")
+      ("thaw_command", value<std::string>()->default_value(""), "run after a tag, always (e.g. 'fsfreeze -u /data')")
+      ("freeze_timeout", value<Duration>()->default_value(Duration{10'000'000}), "bound on the freeze window")
+      ("log.level", value<std::string>()->default_value(""), "trace|debug|info|warn|error")
+      ("log.file", value<std::string>()->default_value(""), "log file ('' = stderr)");
+  return desc;
+}
+
+Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* env, log::Options* log) {
+  AgentOptions ao;
+  ao.env = env;
+  ao.clock = SystemClock::Get();
+  std::map<std::string, std::string> exports;
+  if (vm.count("export_name")) {
+    for (const auto& e : vm["export_name"].as<std::vector<std::string>>()) {
+      auto eq = e.find('=');
+      if (eq == std::string::npos) return Status::InvalidArgument("export_name must be NAME=EXPORT: '" + e + "'");
+      exports[e.substr(0, eq)] = e.substr(eq + 1);
+    }
+  }
+  if (vm.count("volume")) {
+    for (const auto& v : vm["volume"].as<std::vector<std::string>>()) {
+      auto eq = v.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == v.size())
+        return Status::InvalidArgument("volume must be NAME=PATH: '" + v + "'");
+      VolumeConfig vc{v.substr(0, eq), v.substr(eq + 1), ""};
+      if (!proto::ValidName(vc.name)) return Status::InvalidArgument("bad volume name '" + vc.name + "'");
+      if (auto it = exports.find(vc.name); it != exports.end()) vc.export_name = it->second;
+      ao.volumes.push_back(vc);
+    }
+  }
+  if (ao.volumes.empty()) return Status::InvalidArgument("no volume configured (volume = NAME=PATH)");
+  const auto listener = HostPort::Rules::OptionalListen();
+  CDP_ASSIGN_OR_RETURN(HostPort nbd, GetHostPort(vm, "nbd_listen", listener));
+  ao.nbd.tcp_host = nbd.host;
+  ao.nbd.tcp_port = nbd.off() ? -1 : nbd.port;
+  ao.nbd.unix_path = vm["nbd_unix"].as<std::string>();
+  ao.nbd.worker_threads = std::max(1, vm["nbd_workers"].as<int>());
+  ao.budget = vm["budget"].as<ByteSize>().bytes;
+  uint64_t region = vm["region_size"].as<ByteSize>().bytes;
+  if (region < 4096 || region > (1u << 30) || (region & (region - 1)) != 0)
+    return Status::InvalidArgument("region_size must be a power of two in 4KiB..1GiB");
+  ao.region_size = uint32_t(region);
+  ao.bitmap_dir = vm["bitmap_dir"].as<std::string>();
+  ao.sender_enabled = !vm["capture_only"].as<bool>();
+  CDP_ASSIGN_OR_RETURN(HostPort ps, GetHostPort(vm, "ps", HostPort::Rules::Peer()));
+  ao.sender.ps_host = ps.host;
+  ao.sender.ps_port = ps.port;
+  ao.sender.tenant = vm["tenant"].as<std::string>();
+  ao.sender.secret = vm["secret"].as<std::string>();
+  std::string secret_file = vm["secret_file"].as<std::string>();
+  if (!secret_file.empty()) {
+    CDP_ASSIGN_OR_RETURN(Bytes data, ReadWholeFile(env, secret_file));
+    ao.sender.secret.assign(data.begin(), data.end());
+    while (!ao.sender.secret.empty() && (ao.sender.secret.back() == '\n' || ao.sender.secret.back() == '\r'))
+      ao.sender.secret.pop_back();
+  }
+  if (ao.sender_enabled && (!proto::ValidName(ao.sender.tenant) || ao.sender.secret.empty())) {
+    return Status::InvalidArgument("tenant and secret (or secret_file) are required unless capture_only = true");
+  }
+  ao.sender.client_id = vm["client_id"].as<std::string>();
+  if (ao.sender.client_id.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    ao.sender.client_id = host;
+    if (!proto::ValidName(ao.sender.client_id)) ao.sender.client_id = "agent";
+  }
+  ao.sender.batch_bytes = std::max<uint64_t>(4096, vm["batch_bytes"].as<ByteSize>().bytes);
+  ao.sender.max_inflight = std::max(1, vm["max_inflight"].as<int>());
+  CDP_ASSIGN_OR_RETURN(HostPort control, GetHostPort(vm, "control", listener));
+  ao.control_host = control.host;
+  ao.control_port = control.off() ? -1 : control.port;
+  ao.freeze_command = vm["freeze_command"].as<std::string>();
+  ao.thaw_command = vm["thaw_command"].as<std::string>();
+  ao.freeze_timeout_ms = vm["freeze_timeout"].as<Duration>().millis();
+  if (log != nullptr) {
+    log->level = vm["log.level"].as<std::string>();
+    log->file = vm["log.file"].as<std::string>();
+  }
+  return ao;
+}
+
+}  // namespace cdp::agent

@@ -1,0 +1,68 @@
+// The agent's config keys and their translation (agent/agent_config.h).
+#include "agent/agent_config.h"
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+cdp::Result<cdp::agent::AgentOptions> Load(cdp::Env* env, std::string_view text, cdp::log::Options* log = nullptr) {
+  const char* argv[] = {"cdp-agent"};
+  auto loaded = cdp::LoadConfigText(1, argv, cdp::agent::AgentConfigDescription(), text, "agent.conf");
+  if (!loaded.ok()) return loaded.status();
+  return cdp::agent::AgentOptionsFromConfig(loaded->vars, env, log);
+}
+
+std::string Error(cdp::Env* env, std::string_view text) {
+  auto o = Load(env, text);
+  REQUIRE_FALSE(o.ok());
+  CHECK(o.status().code() == cdp::Code::kInvalidArgument);
+  return o.status().message();
+}
+
+TEST_CASE("agent config: keys, addresses, secret file, log", "[config]") {
+  auto env = cdp::NewMemEnv();
+  std::string secret = "s3cret-0123456789\n";
+  REQUIRE(cdp::WriteFileAtomic(env.get(), "/secret", cdp::ByteSpan(reinterpret_cast<const uint8_t*>(secret.data()),
+                                                                    secret.size())).ok());
+  cdp::log::Options lo;
+  auto o = Load(env.get(),
+                "volume = db=/dev/vdb\nvolume = logs=/srv/logs.img\nexport_name = db=prod-db\n"
+                "nbd_listen = none\nnbd_unix = /run/cdp.sock\nps = [fd00::7]:7401\ntenant = acme\n"
+                "secret_file = /secret\nclient_id = host1\ncontrol = 127.0.0.1:0\nregion_size = 64KiB\n"
+                "[log]\nlevel = debug\nfile = /var/log/a.log\n",
+                &lo);
+  REQUIRE(o.ok());
+  REQUIRE(o->volumes.size() == 2);
+  CHECK(o->volumes[0].name == "db");
+  CHECK(o->volumes[0].backing_path == "/dev/vdb");
+  CHECK(o->volumes[0].export_name == "prod-db");
+  CHECK(o->volumes[1].export_name == "");
+  CHECK(o->nbd.tcp_port == -1);
+  CHECK(o->nbd.unix_path == "/run/cdp.sock");
+  CHECK(o->sender.ps_host == "fd00::7");
+  CHECK(o->sender.ps_port == 7401);
+  CHECK(o->sender.secret == "s3cret-0123456789");
+  CHECK(o->sender.client_id == "host1");
+  CHECK(o->control_host == "127.0.0.1");
+  CHECK(o->control_port == 0);
+  CHECK(o->region_size == 65536);
+  CHECK(lo.level == "debug");
+  CHECK(lo.file == "/var/log/a.log");
+}
+
+TEST_CASE("agent config: every bad value names its key", "[config]") {
+  auto env = cdp::NewMemEnv();
+  const std::string base = "volume = db=/dev/vdb\ntenant = acme\nsecret = s\n";
+  CHECK(Error(env.get(), "tenant = acme\nsecret = s\n") == "no volume configured (volume = NAME=PATH)");
+  CHECK(Error(env.get(), base + "ps = 10.0.0.1\n") == "'ps': bad address '10.0.0.1': want host:port");
+  CHECK(Error(env.get(), base + "ps = 10.0.0.1:0\n") == "'ps': bad port in '10.0.0.1:0'");
+  CHECK(Error(env.get(), base + "nbd_listen = ::1:10809\n") ==
+        "'nbd_listen': bad address '::1:10809': write an IPv6 address as [address]:port");
+  CHECK(Error(env.get(), base + "control = h:70000\n") == "'control': bad port in 'h:70000'");
+  CHECK(Error(env.get(), base + "region_size = 3000\n") == "region_size must be a power of two in 4KiB..1GiB");
+  CHECK(Error(env.get(), "volume = db=/dev/vdb\n") ==
+        "tenant and secret (or secret_file) are required unless capture_only = true");
+  CHECK(Load(env.get(), base + "secret_file = /missing\n").status().code() == cdp::Code::kNotFound);
+}
+
+}  // namespace

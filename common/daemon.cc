@@ -1,0 +1,57 @@
+#include "common/daemon.h"
+
+#include <csignal>
+
+#include "common/protocol.h"
+
+namespace cdp {
+
+StopSignals::StopSignals() {
+  sigemptyset(&set_);
+  sigaddset(&set_, SIGINT);
+  sigaddset(&set_, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+int StopSignals::Wait() {
+  int sig = 0;
+  while (sigwait(&set_, &sig) != 0) {
+  }
+  return sig;
+}
+
+namespace {
+std::string_view Trim(std::string_view s) {
+  size_t a = s.find_first_not_of(" \t\r");
+  if (a == std::string_view::npos) return {};
+  size_t b = s.find_last_not_of(" \t\r");
+  return s.substr(a, b - a + 1);
+}
+}  // namespace
+
+Result<std::pair<std::string, std::string>> ParseTenantEntry(std::string_view line) {
+  std::string_view t = Trim(line);
+  size_t sep = t.find_first_of(":= \t");
+  if (sep == std::string_view::npos) {
+    return Status::InvalidArgument("tenant entry for '" + std::string(t.substr(0, 64)) + "' is not NAME:SECRET");
+  }
+  std::string name(Trim(t.substr(0, sep)));
+  std::string_view rest = t.substr(sep + 1);
+  size_t a = rest.find_first_not_of(":= \t");
+  std::string secret = a == std::string_view::npos ? std::string() : std::string(Trim(rest.substr(a)));
+  if (!proto::ValidName(name) || secret.empty()) {
+    return Status::InvalidArgument("bad tenant entry for '" + name + "' (want NAME:SECRET)");
+  }
+  return std::make_pair(std::move(name), std::move(secret));
+}
+
+Status AddTenantEntry(std::string_view line, std::map<std::string, std::string>* tenants) {
+  CDP_ASSIGN_OR_RETURN(auto entry, ParseTenantEntry(line));
+  if (!tenants->emplace(entry.first, std::move(entry.second)).second) {
+    return Status::InvalidArgument("tenant '" + entry.first + "' given twice");
+  }
+  return Status::OK();
+}
+
+}  // namespace cdp

@@ -1,0 +1,39 @@
+// What every daemon's main() shares: stop signals taken synchronously, and the
+// tenant credential lines of the PS and MT configs.
+//
+// Thread safety: StopSignals is constructed and waited on by main() only.
+#pragma once
+
+#include <signal.h>
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "common/result.h"
+
+namespace cdp {
+
+// Construct first thing in main(), before any thread starts: blocks SIGINT and
+// SIGTERM in this thread (and so in every thread started later, which inherit
+// the mask) and ignores SIGPIPE. Wait() returns the stop signal once one arrives.
+class StopSignals {
+ public:
+  StopSignals();
+  int Wait();
+
+ private:
+  sigset_t set_;
+};
+
+// One tenant's credential: "NAME:SECRET", "NAME = SECRET" or "NAME SECRET"
+// (white space trimmed). kInvalidArgument naming the tenant for a bad name or
+// an empty secret (the secret itself is never echoed).
+Result<std::pair<std::string, std::string>> ParseTenantEntry(std::string_view line);
+
+// Adds a ParseTenantEntry line to `tenants`; kInvalidArgument for a bad line or
+// a tenant given twice.
+Status AddTenantEntry(std::string_view line, std::map<std::string, std::string>* tenants);
+
+}  // namespace cdp

@@ -1,0 +1,88 @@
+#include "master-target/mt_config.h"
+
+#include "common/daemon.h"
+#include "common/host_port.h"
+
+#include <tuple>
+
+namespace cdp::mt {
+
+po::options_description MasterTargetConfigDescription() {
+  po::options_description desc("cdp-master-target options");
+  desc.add_options()
+      ("listen", po::value<std::string>()->default_value("0.0.0.0:7500"), "data listener for process servers (host:port)")
+      ("control", po::value<std::string>()->default_value("127.0.0.1:9102"), "control API, /metrics, /status (host:port)")
+      ("nbd", po::value<std::string>()->default_value("127.0.0.1:10810"), "point-in-time NBD exports (host:port)")
+      ("data_dir", po::value<std::string>()->default_value("/var/lib/opencdp/master-target"), "replicas, journals, indexes")
+      ("tenant", po::value<std::vector<std::string>>()->composing(), "a tenant as NAME:SECRET (repeatable)")
+      ("tenants_file", po::value<std::string>(), "file of tenants, one 'NAME = SECRET' per line")
+      ("tenant_quota", po::value<std::vector<std::string>>()->composing(),
+       "NAME:SIZE, bytes of volumes + journals a tenant may use (repeatable)")
+      ("segment_size", po::value<ByteSize>()->default_value(ByteSize{64ull << 20}), "undo journal segment size")
+      ("point_interval", po::value<Duration>()->default_value(Duration{5'000'000}),
+       "at most one crash-consistent point per interval")
+      ("retention.max_age", po::value<Duration>(), "keep points younger than this (unset: no age limit)")
+      ("retention.max_bytes", po::value<ByteSize>(), "journal size limit per volume (unset: none)")
+      ("retention.check_interval", po::value<Duration>()->default_value(Duration{10'000'000}),
+       "how often retention runs")
+      ("log.level", po::value<std::string>()->default_value(""), "trace, debug, info, warn, error")
+      ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
+  return desc;
+}
+
+Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_map& vm, Env* env, log::Options* log) {
+  MasterTargetOptions o;
+  o.env = env;
+  o.clock = SystemClock::Get();
+  o.data_dir = vm["data_dir"].as<std::string>();
+  for (auto [key, host, port] : {std::tuple{"listen", &o.listen_host, &o.listen_port},
+                                  std::tuple{"control", &o.control_host, &o.control_port},
+                                  std::tuple{"nbd", &o.nbd_host, &o.nbd_port}}) {
+    CDP_ASSIGN_OR_RETURN(HostPort hp, GetHostPort(vm, key, HostPort::Rules::Listen()));
+    *host = hp.host;
+    *port = hp.port;
+  }
+  if (vm.count("tenant")) {
+    for (const auto& t : vm["tenant"].as<std::vector<std::string>>()) {
+      CDP_RETURN_IF_ERROR(AddTenantEntry(t, &o.tenants).WithContext("'tenant'"));
+    }
+  }
+  if (vm.count("tenants_file")) {
+    const std::string path = vm["tenants_file"].as<std::string>();
+    CDP_ASSIGN_OR_RETURN(Bytes text, ReadWholeFile(env, path));
+    std::string_view all(reinterpret_cast<const char*>(text.data()), text.size());
+    int line_no = 0;
+    while (!all.empty()) {
+      size_t nl = all.find('\n');
+      std::string_view line = all.substr(0, nl);
+      all = nl == std::string_view::npos ? std::string_view() : all.substr(nl + 1);
+      ++line_no;
+      size_t first = line.find_first_not_of(" \t\r");
+      if (first == std::string_view::npos || line[first] == '#') continue;
+      CDP_RETURN_IF_ERROR(AddTenantEntry(line, &o.tenants).WithContext(path + ":" + std::to_string(line_no)));
+    }
+  }
+  if (vm.count("tenant_quota")) {
+    for (const auto& q : vm["tenant_quota"].as<std::vector<std::string>>()) {
+      auto c = q.find(':');
+      auto size = c == std::string::npos ? Result<ByteSize>(Status::InvalidArgument("missing ':'"))
+                                         : ParseByteSize(q.substr(c + 1));
+      if (!size.ok() || !o.tenants.count(q.substr(0, c))) {
+        return Status::InvalidArgument("bad tenant_quota '" + q + "' (NAME:SIZE of a configured tenant)");
+      }
+      o.tenant_quota_bytes[q.substr(0, c)] = size->bytes;
+    }
+  }
+  o.segment_bytes = vm["segment_size"].as<ByteSize>().bytes;
+  o.point_interval_us = vm["point_interval"].as<Duration>().micros;
+  if (vm.count("retention.max_age")) o.retention.max_age_us = vm["retention.max_age"].as<Duration>().micros;
+  if (vm.count("retention.max_bytes")) o.retention.max_bytes = vm["retention.max_bytes"].as<ByteSize>().bytes;
+  o.retention_check_us = vm["retention.check_interval"].as<Duration>().micros;
+  if (log != nullptr) {
+    log->level = vm["log.level"].as<std::string>();
+    log->file = vm["log.file"].as<std::string>();
+  }
+  return o;
+}
+
+}  // namespace cdp::mt

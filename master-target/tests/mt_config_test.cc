@@ -1,0 +1,57 @@
+// The master target's config keys and their translation (master-target/mt_config.h).
+#include "master-target/mt_config.h"
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+cdp::Result<cdp::mt::MasterTargetOptions> Load(cdp::Env* env, std::string_view text) {
+  const char* argv[] = {"cdp-master-target"};
+  auto loaded = cdp::LoadConfigText(1, argv, cdp::mt::MasterTargetConfigDescription(), text, "mt.conf");
+  if (!loaded.ok()) return loaded.status();
+  return cdp::mt::MasterTargetOptionsFromConfig(loaded->vars, env);
+}
+
+std::string Error(cdp::Env* env, std::string_view text) {
+  auto o = Load(env, text);
+  REQUIRE_FALSE(o.ok());
+  CHECK(o.status().code() == cdp::Code::kInvalidArgument);
+  return o.status().message();
+}
+
+void Write(cdp::Env* env, const std::string& path, const std::string& text) {
+  REQUIRE(cdp::WriteFileAtomic(env, path, cdp::ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), text.size()))
+              .ok());
+}
+
+TEST_CASE("master target config: addresses, tenants from flags and a file, quotas", "[config]") {
+  auto env = cdp::NewMemEnv();
+  Write(env.get(), "/tenants", "# provider tenants\n\nbeta = s3cret-beta\n  gamma:s3cret-gamma  \n");
+  auto o = Load(env.get(),
+                "listen = [::]:7501\ncontrol = 127.0.0.1:0\nnbd = 0.0.0.0:10811\ntenant = acme:s3cret-acme\n"
+                "tenants_file = /tenants\ntenant_quota = beta:1GiB\n");
+  REQUIRE(o.ok());
+  CHECK(o->listen_host == "::");
+  CHECK(o->listen_port == 7501);
+  CHECK(o->control_port == 0);
+  CHECK(o->nbd_port == 10811);
+  CHECK(o->tenants.size() == 3);
+  CHECK(o->tenants.at("acme") == "s3cret-acme");
+  CHECK(o->tenants.at("beta") == "s3cret-beta");
+  CHECK(o->tenants.at("gamma") == "s3cret-gamma");
+  CHECK(o->tenant_quota_bytes.at("beta") == (1ull << 30));
+}
+
+TEST_CASE("master target config: every bad value names its key or line", "[config]") {
+  auto env = cdp::NewMemEnv();
+  Write(env.get(), "/tenants", "beta = s3cret-beta\n../x = s\n");
+  CHECK(Error(env.get(), "listen = nohost\n") == "'listen': bad address 'nohost': want host:port");
+  CHECK(Error(env.get(), "nbd = h:65536\n") == "'nbd': bad port in 'h:65536'");
+  CHECK(Error(env.get(), "tenant = acme:a\ntenant = acme:b\n") == "'tenant': tenant 'acme' given twice");
+  CHECK(Error(env.get(), "tenant = acme:\n") == "'tenant': bad tenant entry for 'acme' (want NAME:SECRET)");
+  CHECK(Error(env.get(), "tenants_file = /tenants\n") == "/tenants:2: bad tenant entry for '../x' (want NAME:SECRET)");
+  CHECK(Error(env.get(), "tenant = acme:a\ntenant_quota = other:1G\n") ==
+        "bad tenant_quota 'other:1G' (NAME:SIZE of a configured tenant)");
+}
+
+}  // namespace
