@@ -1,6 +1,6 @@
 // Micro-benchmark of the per-batch data-path primitives: CRC32C, XXH3, lz4 and
 // zstd on one encoded 1 MiB write-batch frame (256 records of 4 KiB), on the
-// realistic mixed data of bench/data.h and on random data, beside memcpy of the
+// realistic mixed data of loadgen/data.h and on random data, beside memcpy of the
 // same buffer in the same run. Not a test.
 //
 //   micro_bench [--write_samples=DIR] [google-benchmark flags]
@@ -14,14 +14,18 @@
 #include <string>
 #include <string_view>
 
-#include "bench/data.h"
 #include "common/codec.h"
 #include "common/crc32c.h"
 #include "common/hash.h"
 #include "common/protocol.h"
+#include "loadgen/data.h"
 
 namespace cdp::bench {
 namespace {
+
+using loadgen::DataGenerator;
+using loadgen::DataMix;
+using loadgen::MakeWriteBatch;
 
 constexpr size_t kRecords = 256;  // x 4 KiB = 1 MiB of record data
 

@@ -6,7 +6,7 @@
 // (handshake, VolumeOpen reply, frame decode + CRC + decompression, Ack) but
 // does not apply, so the figures are the process server's alone.
 //
-// For each compressibility level of bench/data.h's generator and each codec it
+// For each compressibility level of loadgen/data.h's generator and each codec it
 // prints: MB/s of record data shipped (wall), wire ratio (record data / frame
 // bytes), CPU seconds per GB of the process server side (process CPU minus the
 // receiver thread's CPU), and the zstd -1 / lz4 -1 command-line ratio on the
@@ -29,7 +29,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
-#include "bench/data.h"
+#include "loadgen/data.h"
 #include "common/channel.h"
 #include "common/log.h"
 #include "process-server/mt_link.h"
@@ -151,11 +151,11 @@ void RunIntake(const std::string& dir, uint64_t mib, int window) {
   auto rep = (*ch)->Receive(10s);
   if (!rep.ok()) return;
   uint32_t id = std::get<cdp::proto::VolumeOpenReply>(*rep).volume_id;
-  cdp::bench::DataMix mix;
+  cdp::loadgen::DataMix mix;
   mix.seed = 7;
-  cdp::bench::DataGenerator gen(mix);
+  cdp::loadgen::DataGenerator gen(mix);
   std::vector<cdp::proto::WriteBatch> batches;
-  for (uint64_t i = 0; i < mib; ++i) batches.push_back(cdp::bench::MakeWriteBatch(gen, id, 1 + i * 256, i << 20, 256));
+  for (uint64_t i = 0; i < mib; ++i) batches.push_back(cdp::loadgen::MakeWriteBatch(gen, id, 1 + i * 256, i << 20, 256));
   double cpu0 = ProcessCpu(), tcpu0 = ThreadCpu();
   auto t0 = std::chrono::steady_clock::now();
   size_t sent = 0, acked = 0;
@@ -217,13 +217,13 @@ int main(int argc, char** argv) {
   std::printf("| compressibility | codec | ship MB/s (wall) | MB per PS CPU-s | PS CPU s/GB | ratio (ours) | CLI zstd -1 | CLI zstd -3 | CLI lz4 -1 |\n");
   std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
   for (double c : levels) {
-    cdp::bench::DataMix mix;
+    cdp::loadgen::DataMix mix;
     mix.compressibility = c;
     mix.seed = 42;
     // The raw bytes, once, for the command-line compressors.
     std::string sample = dir + "/data_" + std::to_string(int(c * 100)) + ".bin";
     {
-      cdp::bench::DataGenerator gen(mix);
+      cdp::loadgen::DataGenerator gen(mix);
       std::ofstream out(sample, std::ios::binary | std::ios::trunc);
       for (uint64_t i = 0; i < mib; ++i) {
         cdp::Bytes b = gen.Generate(1 << 20);
@@ -255,10 +255,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "volume: %s\n", vol.status().ToString().c_str());
         return 1;
       }
-      cdp::bench::DataGenerator gen(mix);
+      cdp::loadgen::DataGenerator gen(mix);
       uint64_t seq = 1;
       for (uint64_t i = 0; i < mib; ++i) {
-        cdp::proto::WriteBatch b = cdp::bench::MakeWriteBatch(gen, 1, seq, (seq - 1) * 4096, kRecords);
+        cdp::proto::WriteBatch b = cdp::loadgen::MakeWriteBatch(gen, 1, seq, (seq - 1) * 4096, kRecords);
         auto r = (*vol)->spool().Append(std::move(b.records));
         if (!r.status.ok()) {
           std::fprintf(stderr, "append: %s\n", r.status.ToString().c_str());

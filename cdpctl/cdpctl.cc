@@ -7,7 +7,7 @@
 #include <map>
 
 #include "common/host_port.h"
-#include "common/http_server.h"
+#include "common/http_client.h"
 #include "common/protocol.h"
 #include "common/version.h"
 

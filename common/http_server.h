@@ -1,4 +1,4 @@
-// HTTP server and client: the operating and control surface of every daemon.
+// HTTP server: the operating and control surface of every daemon.
 //
 // One small HTTP/1.1 server (Boost.Beast over Asio, on its own io_context
 // thread(s)) per daemon serves:
@@ -112,27 +112,5 @@ class Server {
   std::unique_ptr<Impl> impl_;
   uint16_t port_ = 0;
 };
-
-// A synchronous HTTP/1.1 client for cdpctl and tests: connects to host:port,
-// sends one request (Connection: close) and reads the whole response.
-// `timeout` bounds the whole exchange (resolve, connect, write, read).
-// Success: the response, whatever its status code (404 is a success here).
-// Failure: kUnavailable (refused, reset, timed out; retryable), kInvalidArgument
-// (host does not resolve, bad method), kCorruption (malformed or too large response).
-struct ClientResponse {
-  int status = 0;
-  std::string body;
-  std::string content_type;
-};
-
-struct ClientOptions {
-  std::string content_type = "application/json";  // sent when body is non-empty
-  size_t max_response_bytes = 64 << 20;
-};
-
-Result<ClientResponse> HttpRequest(const std::string& host, uint16_t port, std::string_view method,
-                                   std::string_view target, std::string_view body = {},
-                                   std::chrono::milliseconds timeout = std::chrono::milliseconds(5000),
-                                   const ClientOptions& opts = {});
 
 }  // namespace cdp::http

@@ -15,7 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/http_server.h"
+#include "common/http_client.h"
 
 namespace cdp::e2e {
 namespace json = boost::json;

@@ -4,7 +4,7 @@
 #include <charconv>
 #include <optional>
 
-#include "bench/data.h"
+#include "loadgen/data.h"
 #include "loadgen/nbd_client.h"
 #include "loadgen/pacer.h"
 #include "loadgen/rng.h"
@@ -93,10 +93,10 @@ Result<ChurnResult> RunChurn(ChurnTarget* target, const ChurnOptions& o, const C
   if (o.io_size == 0 || o.io_size > (32u << 20)) return Status::InvalidArgument("io size must be 1 B..32 MiB");
   const uint64_t blocks = target->size() / o.io_size;
   if (blocks == 0) return Status::InvalidArgument(target->name() + ": smaller than one I/O");
-  bench::DataMix mix;
+  loadgen::DataMix mix;
   mix.compressibility = o.compressibility;
   mix.seed = MixSeed(o.seed, 0x6461746100000000ull);
-  bench::DataGenerator gen(mix);
+  loadgen::DataGenerator gen(mix);
   SplitMix64 rng(MixSeed(o.seed, 0x6f66667300000000ull));
   std::optional<ZipfSampler> zipf;
   if (o.pattern.kind == Pattern::kZipf) zipf.emplace(blocks, o.pattern.theta);

@@ -9,7 +9,7 @@
 //   random   uniform over the blocks;
 //   zipf:T   Zipf(theta T) over the blocks: block 0 hottest (a hot spot at the
 //            start of the volume, like a database's hot pages).
-// Data comes from bench::DataGenerator with the given compressibility and seed.
+// Data comes from loadgen::DataGenerator with the given compressibility and seed.
 // Pacing: a Pacer (token bucket, burst = max(io_size, rate x 100 ms)) on the
 // given Clock; the caller supplies the Sleeper that waits (a real sleep in the
 // CLI, ManualClock::Advance in tests).

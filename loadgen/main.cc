@@ -13,7 +13,7 @@
 
 #include <boost/json.hpp>
 
-#include "bench/data.h"
+#include "loadgen/data.h"
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/version.h"
@@ -245,9 +245,9 @@ int CmdPlan(int argc, char** argv) {
       std::snprintf(src, sizeof(src), "measured: zstd -%d on %zu bytes of %s", vm["level"].as<int>(), data.size(),
                     sample.c_str());
     } else {
-      bench::DataMix mix;
+      loadgen::DataMix mix;
       mix.compressibility = vm["compressibility"].as<double>();
-      bench::DataGenerator gen(mix);
+      loadgen::DataGenerator gen(mix);
       data = gen.Generate(32u << 20);
       std::snprintf(src, sizeof(src), "measured: zstd -%d on 32 MiB of generated data, compressibility %g",
                     vm["level"].as<int>(), mix.compressibility);

@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "common/host_port.h"
-#include "common/http_server.h"
+#include "common/http_client.h"
 
 namespace cdp::loadgen {
 

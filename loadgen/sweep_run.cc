@@ -14,7 +14,7 @@
 #include <chrono>
 #include <thread>
 
-#include "common/http_server.h"
+#include "common/http_client.h"
 #include "loadgen/nbd_client.h"
 #include "loadgen/tree.h"
 

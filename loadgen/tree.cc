@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <set>
 
-#include "bench/data.h"
+#include "loadgen/data.h"
 #include "loadgen/rng.h"
 
 namespace cdp::loadgen {
@@ -70,10 +70,10 @@ Result<TreePlan> PlanTree(const TreeOptions& o) {
 }
 
 Bytes TreeFileContent(const TreeOptions& o, const TreeFile& f) {
-  bench::DataMix mix;
+  loadgen::DataMix mix;
   mix.compressibility = o.compressibility;
   mix.seed = f.content_seed;
-  bench::DataGenerator gen(mix);
+  loadgen::DataGenerator gen(mix);
   return gen.Generate(size_t(f.size));
 }
 

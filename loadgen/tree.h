@@ -5,7 +5,7 @@
 //
 // A tree is a pure function of (size, seed, compressibility, shape): PlanTree()
 // draws the layout from the seed, and every file's content comes from a
-// bench::DataGenerator seeded with MixSeed(seed, file index), so "verify"
+// loadgen::DataGenerator seeded with MixSeed(seed, file index), so "verify"
 // regenerates each file in memory and compares it with what is on disk.
 //
 // Layout (docs/loadgen.md): `fanout` directories per level, `depth` levels
@@ -30,7 +30,7 @@ namespace cdp::loadgen {
 struct TreeOptions {
   uint64_t size_bytes = 10ull << 20;  // total file bytes
   uint64_t seed = 8;
-  double compressibility = 0.75;      // bench::DataMix::compressibility
+  double compressibility = 0.75;      // loadgen::DataMix::compressibility
   uint32_t fanout = 8;                // directories per level (1..256)
   uint32_t depth = 2;                 // directory levels (0..8)
   uint64_t min_file = 4096;           // smallest drawn file size (> 0)

@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/http_client.h"
 #include "common/http_server.h"
 
 namespace cdp {

@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include "bench/data.h"
+#include "loadgen/data.h"
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/nbd_server.h"
@@ -70,7 +70,7 @@ TEST_CASE("NbdClient writes pipelined requests that the server stores byte for b
   REQUIRE(c.ok());
   CHECK((*c)->size() == (4u << 20));
   CHECK((*c)->can_flush());
-  bench::DataGenerator gen;
+  loadgen::DataGenerator gen;
   Bytes image(4 << 20, 0);
   for (int i = 0; i < 100; ++i) {
     uint64_t off = uint64_t(i * 37 % 60) * 65536 + uint64_t(i % 3) * 512;

@@ -2,7 +2,7 @@
 
 #include <boost/json.hpp>
 
-#include "bench/data.h"
+#include "loadgen/data.h"
 #include "loadgen/plan.h"
 #include "loadgen/profile.h"
 
@@ -184,9 +184,9 @@ TEST_CASE("Measured compression ratio: zeros compress, random data does not", "[
   auto z = MeasureCompressionRatio(zeros);
   REQUIRE(z.ok());
   CHECK(*z > 1000);
-  bench::DataMix mix;
+  loadgen::DataMix mix;
   mix.compressibility = 0;
-  bench::DataGenerator gen(mix);
+  loadgen::DataGenerator gen(mix);
   auto r = MeasureCompressionRatio(gen.Generate(2 << 20));
   REQUIRE(r.ok());
   CHECK(*r == Approx(1.0).epsilon(0.01));

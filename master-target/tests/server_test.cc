@@ -11,7 +11,7 @@
 
 #include "common/channel.h"
 #include "common/hash.h"
-#include "common/http_server.h"
+#include "common/http_client.h"
 #include "common/tests/test_util.h"
 #include "master-target/server.h"
 #include "master-target/tests/mt_test_util.h"

@@ -16,6 +16,7 @@
 
 #include "common/auth.h"
 #include "common/channel.h"
+#include "common/http_client.h"
 #include "common/http_server.h"
 
 using namespace std::chrono_literals;

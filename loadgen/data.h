@@ -1,4 +1,5 @@
-// Realistic mixed test data for benchmarks and load generation.
+// Realistic mixed test data for load generation (and for bench/, which links
+// cdp_loadgen for it: bench depends on loadgen, never the other way round).
 //
 // Real volumes are not uniform: some blocks are zero (unused space, freshly
 // allocated files), some are text (logs, configs), many are database pages
@@ -32,7 +33,7 @@
 #include "common/coding.h"
 #include "common/protocol.h"
 
-namespace cdp::bench {
+namespace cdp::loadgen {
 
 enum class BlockKind : uint8_t { kZero, kText, kDbPage, kRandom };
 std::string_view BlockKindName(BlockKind k);
@@ -88,4 +89,4 @@ class DataGenerator {
 proto::WriteBatch MakeWriteBatch(DataGenerator& gen, uint32_t volume_id, uint64_t first_seq,
                                  uint64_t first_offset, size_t records);
 
-}  // namespace cdp::bench
+}  // namespace cdp::loadgen

@@ -1,10 +1,10 @@
-#include "bench/data.h"
+#include "loadgen/data.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 
-namespace cdp::bench {
+namespace cdp::loadgen {
 namespace {
 
 constexpr const char* kLevels[] = {"INFO", "INFO", "INFO", "INFO", "INFO", "INFO",
@@ -267,4 +267,4 @@ proto::WriteBatch MakeWriteBatch(DataGenerator& gen, uint32_t volume_id, uint64_
   return batch;
 }
 
-}  // namespace cdp::bench
+}  // namespace cdp::loadgen
