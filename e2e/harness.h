@@ -33,9 +33,8 @@
 
 namespace cdp::e2e {
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bound with port 0,
-// then closed). The daemons bind it with SO_REUSEADDR.
-uint16_t FreePort();
+// A TCP port on 127.0.0.1 that was free a moment ago (common/tests/test_util.h).
+using testing::FreePort;
 
 // Calls `cond` until it returns true or `timeout` passes; between calls it
 // waits `poll` (the wait is the polling period of a condition, never the

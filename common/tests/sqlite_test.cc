@@ -7,27 +7,18 @@
 #include <filesystem>
 #include <string>
 
+#include "common/tests/test_util.h"
+
 namespace cdp {
 namespace {
 
-// A fresh directory under $TMPDIR, removed afterwards. sqlite opens files
-// itself (not through cdp::Env), so these tests use the real file system.
-struct TempDir {
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "cdp-sqlite-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string path;
-};
+// sqlite opens files itself (not through cdp::Env), so these tests use the
+// real file system.
+using TempDir = testing::ScratchDir;
 
 TEST_CASE("sqlite round trip of every column type; reopen keeps data; WAL mode", "[sqlite]") {
   TempDir dir;
-  std::string path = dir.path + "/state.db";
+  std::string path = dir.path() + "/state.db";
   Bytes blob = {0, 1, 2, 255, 0, 7};
   {
     auto db = sqlite::Db::Open(path);
@@ -88,7 +79,7 @@ int64_t CountRows(sqlite::Db& db) {
 
 TEST_CASE("sqlite transaction commits, rolls back on destruction and on Rollback", "[sqlite]") {
   TempDir dir;
-  std::string path = dir.path + "/tx.db";
+  std::string path = dir.path() + "/tx.db";
   {
     auto db = sqlite::Db::Open(path);
     REQUIRE(db.ok());
@@ -129,7 +120,7 @@ TEST_CASE("sqlite transaction commits, rolls back on destruction and on Rollback
 
 TEST_CASE("sqlite errors carry sqlite's message; busy is kBusy", "[sqlite]") {
   TempDir dir;
-  std::string path = dir.path + "/e.db";
+  std::string path = dir.path() + "/e.db";
   sqlite::Db::Options fast;
   fast.busy_timeout_ms = 50;
   auto a = sqlite::Db::Open(path, fast);
@@ -156,10 +147,10 @@ TEST_CASE("sqlite errors carry sqlite's message; busy is kBusy", "[sqlite]") {
 
   sqlite::Db::Options no_create;
   no_create.create = false;
-  auto none = sqlite::Db::Open(dir.path + "/absent.db", no_create);
+  auto none = sqlite::Db::Open(dir.path() + "/absent.db", no_create);
   REQUIRE_FALSE(none.ok());
   CHECK(none.status().code() == Code::kIOError);
-  CHECK(none.status().message().find(dir.path + "/absent.db") != std::string::npos);
+  CHECK(none.status().message().find(dir.path() + "/absent.db") != std::string::npos);
 }
 
 }  // namespace

@@ -5,14 +5,18 @@
 // Thread safety: RunCommand may be called from several threads at once.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -93,6 +97,24 @@ inline CommandResult RunCommand(const std::vector<std::string>& argv, int timeou
 // True when `name` is an executable found in PATH.
 inline bool HaveProgram(const std::string& name) {
   return RunCommand({"sh", "-c", "command -v " + name}, 10000).exit_code == 0;
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound with port 0, then
+// closed); 0 on error. Daemons bind it with SO_REUSEADDR.
+inline uint16_t FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  uint16_t port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
 }
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents by the

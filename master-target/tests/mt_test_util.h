@@ -15,27 +15,11 @@
 
 #include "common/coding.h"
 #include "common/protocol.h"
+#include "common/tests/test_util.h"
 
 namespace cdp::mt::testing {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "mt-test-XXXXXX").string();
-    if (!mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TempDir = ::cdp::testing::ScratchDir;
 
 inline proto::Record DataRecord(uint64_t seq, uint64_t off, Bytes data) {
   proto::Record r;

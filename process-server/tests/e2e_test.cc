@@ -35,25 +35,14 @@ using cdp::proto::RecordKind;
 
 namespace {
 
+using cdp::testing::FreePort;
 using cdp::testing::WaitUntil;
 
 constexpr const char* kSecret = "e2e-secret-0123456789-abcdefgh";
 constexpr uint64_t kVolSize = 8 << 20;
 constexpr uint32_t kBlock = 4096;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/ps_e2e_XXXXXX";
-    char* p = mkdtemp(tmpl);
-    REQUIRE(p != nullptr);
-    path = p;
-  }
-  ~TempDir() {
-    std::string cmd = "rm -rf '" + path + "'";
-    (void)!system(cmd.c_str());
-  }
-};
+using TempDir = cdp::testing::ScratchDir;
 
 Record MakeRecord(uint64_t seq) {
   Record r;
@@ -176,10 +165,10 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
   TempDir mt_dir, ps_dir;
   const uint64_t kTotal = 3000;
 
-  auto mt = std::make_unique<cdp::mt::MasterTarget>(MtOptions(mt_dir.path, 0));
+  auto mt = std::make_unique<cdp::mt::MasterTarget>(MtOptions(mt_dir.path(), 0));
   REQUIRE(mt->Start().ok());
   const int mt_port = mt->port();
-  auto ps = std::make_unique<cdp::ps::ProcessServer>(PsOptions(ps_dir.path, uint16_t(mt_port), 0));
+  auto ps = std::make_unique<cdp::ps::ProcessServer>(PsOptions(ps_dir.path(), uint16_t(mt_port), 0));
   REQUIRE(ps->Start().ok());
   const uint16_t ps_port = ps->agent_port();
 
@@ -195,14 +184,14 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
   applied_records += AppliedRecords(*mt);
   mt.reset();
   REQUIRE(WaitUntil([&] { return agent.acked.load() >= kTotal / 2; }, 60s));  // the spool absorbs it
-  mt = std::make_unique<cdp::mt::MasterTarget>(MtOptions(mt_dir.path, mt_port));
+  mt = std::make_unique<cdp::mt::MasterTarget>(MtOptions(mt_dir.path(), mt_port));
   REQUIRE(mt->Start().ok());
 
   // 2. The process server restarts (the agent reconnects to the same port).
   REQUIRE(WaitUntil([&] { return agent.acked.load() >= 3 * kTotal / 4; }, 60s));
   ps->Stop();
   ps.reset();
-  ps = std::make_unique<cdp::ps::ProcessServer>(PsOptions(ps_dir.path, uint16_t(mt_port), ps_port));
+  ps = std::make_unique<cdp::ps::ProcessServer>(PsOptions(ps_dir.path(), uint16_t(mt_port), ps_port));
   REQUIRE(ps->Start().ok());
 
   REQUIRE(WaitUntil([&] { return agent.acked.load() >= kTotal; }, 120s));
@@ -278,12 +267,6 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
 
 namespace {
 
-uint16_t FreePort() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
-}
-
 pid_t StartDaemon(const std::string& config) {
   pid_t pid = fork();
   if (pid == 0) {
@@ -299,17 +282,17 @@ TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no ack
           "[e2e][resume]") {
   TempDir mt_dir, ps_dir;
   const uint64_t kTotal = 3000;
-  cdp::mt::MasterTarget mt(MtOptions(mt_dir.path, 0));
+  cdp::mt::MasterTarget mt(MtOptions(mt_dir.path(), 0));
   REQUIRE(mt.Start().ok());
   uint16_t ps_port = FreePort();
-  std::string config = ps_dir.path + "/ps.conf";
+  std::string config = ps_dir.path() + "/ps.conf";
   {
     std::ofstream c(config);
     c << "listen = 127.0.0.1:" << ps_port << "\n"
       << "control = 127.0.0.1:0\n"
       << "mt = 127.0.0.1:" << mt.port() << "\n"
       << "tenant = acme:" << kSecret << "\n"
-      << "spool_dir = " << ps_dir.path << "/spool\n"
+      << "spool_dir = " << ps_dir.path() << "/spool\n"
       << "segment_size = 1MiB\n"
       << "frame_size = 64KiB\n"
       << "codec = lz4\n"
@@ -364,9 +347,9 @@ TEST_CASE("e2e: several volumes over parallel connections, compression pool, thr
           "[e2e][quota]") {
   TempDir mt_dir, ps_dir;
   const uint64_t kTotal = 600;
-  cdp::mt::MasterTarget mt(MtOptions(mt_dir.path, 0));
+  cdp::mt::MasterTarget mt(MtOptions(mt_dir.path(), 0));
   REQUIRE(mt.Start().ok());
-  auto o = PsOptions(ps_dir.path, uint16_t(mt.port()), 0);
+  auto o = PsOptions(ps_dir.path(), uint16_t(mt.port()), 0);
   o.connections = 2;
   o.compress_threads = 4;
   o.quota_bytes = 256 << 10;          // ~60 records: the agents outrun the shipping
