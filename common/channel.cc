@@ -1,25 +1,17 @@
 #include "common/channel.h"
 
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cstring>
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/generic/stream_protocol.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/write.hpp>
+#include <boost/asio/io_context.hpp>
 
-#include "common/asio_status.h"
 #include "common/auth.h"
 #include "common/log.h"
 
 namespace cdp {
 
 namespace asio = boost::asio;
-using GenericSocket = asio::generic::stream_protocol::socket;
 using Millis = std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
 
@@ -29,90 +21,28 @@ constexpr size_t kReadChunk = 256 * 1024;  // initial read buffer
 constexpr size_t kMinFree = 64 * 1024;      // room for at least this much per read
 constexpr size_t kShrinkAbove = 16u << 20;  // buffer size given back once empty
 
-// Runs `ctx` until the operation flagged by `done` completes or `timeout`
-// passes; in the latter case cancels it via `cancel` and runs until the
-// handler has seen the cancellation. Returns false on timeout.
-template <typename Cancel>
-bool RunWithTimeout(asio::io_context& ctx, const bool& done, SteadyClock::duration timeout, Cancel cancel) {
-  ctx.restart();
-  if (timeout > SteadyClock::duration::zero()) ctx.run_for(timeout);
-  if (done) return true;
-  cancel();
-  ctx.restart();
-  ctx.run();
-  return false;
-}
-
-std::string EndpointText(const asio::ip::tcp::endpoint& ep) {
-  if (ep.address().is_v6()) return "[" + ep.address().to_string() + "]:" + std::to_string(ep.port());
-  return ep.address().to_string() + ":" + std::to_string(ep.port());
-}
-
 }  // namespace
 
-struct FrameChannel::Impl {
-  asio::io_context rctx;
-  asio::io_context wctx;
-  GenericSocket rsock{rctx};
-  GenericSocket wsock{wctx};
-  int fd = -1;  // rsock's descriptor, for shutdown(2) from any thread
-
-  // Takes ownership of `native` (a connected stream socket descriptor).
-  Status Init(const asio::generic::stream_protocol& proto, int native) {
-    boost::system::error_code ec;
-    rsock.assign(proto, native, ec);
-    if (ec) {
-      ::close(native);
-      return FromAsioError(ec, "adopt socket");
-    }
-    fd = native;
-    int dup_fd = ::dup(native);
-    if (dup_fd < 0) return Status::FromErrno(errno, "dup socket");
-    wsock.assign(proto, dup_fd, ec);
-    if (ec) {
-      ::close(dup_fd);
-      return FromAsioError(ec, "adopt socket");
-    }
-    return Status::OK();
-  }
-};
-
-FrameChannel::FrameChannel(std::unique_ptr<Impl> impl, std::string peer, Options options)
-    : impl_(std::move(impl)), peer_(std::move(peer)), options_(options) {
+FrameChannel::FrameChannel(std::unique_ptr<ByteStream> stream, Options options)
+    : stream_(std::move(stream)), peer_(stream_->peer()), options_(options) {
   rbuf_.resize(kReadChunk);
 }
 
 FrameChannel::~FrameChannel() = default;
 
-Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(asio::ip::tcp::socket socket, Options options) {
-  boost::system::error_code ec;
-  asio::ip::tcp::endpoint remote = socket.remote_endpoint(ec);
-  if (ec) return FromAsioError(ec, "adopt socket: remote endpoint");
-  std::string peer = EndpointText(remote);
-  socket.set_option(asio::ip::tcp::no_delay(true), ec);  // acks and heartbeats are small
-  if (ec) return FromAsioError(ec, "adopt socket " + peer + ": TCP_NODELAY");
-  asio::generic::stream_protocol proto(remote.protocol());
-  int native = socket.release(ec);
-  if (ec) return FromAsioError(ec, "adopt socket " + peer);
-  auto impl = std::make_unique<Impl>();
-  Status s = impl->Init(proto, native);
-  if (!s.ok()) return s.WithContext(peer);
-  return std::unique_ptr<FrameChannel>(new FrameChannel(std::move(impl), std::move(peer), options));
+Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(std::unique_ptr<ByteStream> stream, Options options) {
+  return std::unique_ptr<FrameChannel>(new FrameChannel(std::move(stream), options));
 }
 
-Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(asio::local::stream_protocol::socket socket,
+Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(boost::asio::ip::tcp::socket socket, Options options) {
+  CDP_ASSIGN_OR_RETURN(std::unique_ptr<ByteStream> stream, MakeSocketStream(std::move(socket)));
+  return Adopt(std::move(stream), options);
+}
+
+Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(boost::asio::local::stream_protocol::socket socket,
                                                           Options options) {
-  boost::system::error_code ec;
-  std::string path = socket.remote_endpoint(ec).path();
-  if (ec) path = socket.local_endpoint(ec).path();  // the accepting side sees an unnamed peer
-  std::string peer = "unix:" + path;
-  asio::generic::stream_protocol proto(AF_UNIX, 0);
-  int native = socket.release(ec);
-  if (ec) return FromAsioError(ec, "adopt socket " + peer);
-  auto impl = std::make_unique<Impl>();
-  Status s = impl->Init(proto, native);
-  if (!s.ok()) return s.WithContext(peer);
-  return std::unique_ptr<FrameChannel>(new FrameChannel(std::move(impl), std::move(peer), options));
+  CDP_ASSIGN_OR_RETURN(std::unique_ptr<ByteStream> stream, MakeSocketStream(std::move(socket)));
+  return Adopt(std::move(stream), options);
 }
 
 Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(Listener::Connection& c, Options options) {
@@ -148,7 +78,7 @@ Status FrameChannel::Fail(Status s) {
   }
   broken_.store(true, std::memory_order_release);
   // Wakes a blocked reader or writer and tells the peer we are gone.
-  ::shutdown(impl_->fd, SHUT_RDWR);
+  stream_->Shutdown();
   return first;
 }
 
@@ -172,27 +102,15 @@ Status FrameChannel::Send(const proto::Message& m) {
   }
   std::array<uint8_t, proto::kHeaderSize> header;
   proto::EncodeHeader(proto::TypeOf(m), 0, next_send_seq_, *payload, header.data());
-  std::array<asio::const_buffer, 2> buffers{asio::buffer(header), asio::buffer(*payload)};
-
-  bool done = false;
-  boost::system::error_code ec;
-  size_t written = 0;
-  asio::async_write(impl_->wsock, buffers, [&](const boost::system::error_code& e, size_t n) {
-    ec = e;
-    written = n;
-    done = true;
-  });
-  bool in_time = RunWithTimeout(impl_->wctx, done, options_.send_timeout, [this] {
-    boost::system::error_code ignored;
-    impl_->wsock.cancel(ignored);
-  });
-  bytes_sent_.fetch_add(written, std::memory_order_relaxed);
+  const std::array<ByteSpan, 2> buffers{ByteSpan(header), ByteSpan(*payload)};
+  Status s = stream_->WriteAll(buffers, SteadyClock::now() + options_.send_timeout);
   if (closed_.load(std::memory_order_acquire)) return Fail(Status::Aborted(peer_ + ": channel closed"));
-  if (!in_time) {
+  if (s.IsBusy()) {
     return Fail(Status::Unavailable(peer_ + ": send timed out after " +
                                     std::to_string(options_.send_timeout.count()) + " ms"));
   }
-  if (ec) return Fail(FromAsioError(ec, "send to " + peer_));
+  if (!s.ok()) return Fail(std::move(s));
+  bytes_sent_.fetch_add(header.size() + payload->size(), std::memory_order_relaxed);
   ++next_send_seq_;
   frames_sent_.fetch_add(1, std::memory_order_relaxed);
   return Status::OK();
@@ -249,80 +167,40 @@ Result<proto::Message> FrameChannel::Receive(Millis timeout) {
       if (rbuf_.size() < want) rbuf_.resize(std::max(want, rbuf_.size() * 2));
     }
 
-    bool done = false;
-    boost::system::error_code ec;
-    size_t n = 0;
-    impl_->rsock.async_read_some(asio::buffer(rbuf_.data() + rbuf_end_, rbuf_.size() - rbuf_end_),
-                                 [&](const boost::system::error_code& e, size_t got) {
-                                   ec = e;
-                                   n = got;
-                                   done = true;
-                                 });
-    RunWithTimeout(impl_->rctx, done, left, [this] {
-      boost::system::error_code ignored;
-      impl_->rsock.cancel(ignored);
-    });
-    rbuf_end_ += n;
-    bytes_received_.fetch_add(n, std::memory_order_relaxed);
+    Result<size_t> n = stream_->ReadSome(std::span<uint8_t>(rbuf_.data() + rbuf_end_, rbuf_.size() - rbuf_end_),
+                                         deadline);
+    if (n.ok()) {
+      rbuf_end_ += *n;
+      bytes_received_.fetch_add(*n, std::memory_order_relaxed);
+    }
     if (closed_.load(std::memory_order_acquire)) return Fail(Status::Aborted(peer_ + ": channel closed"));
-    if (ec == asio::error::operation_aborted) continue;  // our timeout: decode what came, then report
-    if (ec) return Fail(FromAsioError(ec, "receive from " + peer_));
+    if (n.ok() || n.status().IsBusy()) continue;  // decode what came; a timeout is reported above
+    return Fail(n.status());
   }
 }
 
 // ---- connecting ----
 
+namespace {
+
+Result<std::unique_ptr<FrameChannel>> AdoptWrapped(Result<std::unique_ptr<ByteStream>> transport,
+                                                  FrameChannel::Options options, const StreamWrapper& wrap) {
+  if (!transport.ok()) return transport.status();
+  std::unique_ptr<ByteStream> stream = std::move(*transport);
+  if (wrap) stream = wrap(std::move(stream));
+  return FrameChannel::Adopt(std::move(stream), options);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<FrameChannel>> Connect(const std::string& host, uint16_t port, Millis timeout,
-                                              FrameChannel::Options options) {
-  const std::string what = "connect to " + host + ":" + std::to_string(port);
-  asio::io_context ctx;
-  asio::ip::tcp::resolver resolver(ctx);
-  asio::ip::tcp::socket socket(ctx);
-  bool done = false;
-  boost::system::error_code ec;
-  resolver.async_resolve(host, std::to_string(port),
-                         [&](const boost::system::error_code& e, asio::ip::tcp::resolver::results_type results) {
-                           if (e) {
-                             ec = e;
-                             done = true;
-                             return;
-                           }
-                           asio::async_connect(socket, results,
-                                               [&](const boost::system::error_code& e2,
-                                                   const asio::ip::tcp::endpoint&) {
-                                                 ec = e2;
-                                                 done = true;
-                                               });
-                         });
-  bool in_time = RunWithTimeout(ctx, done, timeout, [&] {
-    resolver.cancel();
-    boost::system::error_code ignored;
-    socket.close(ignored);
-  });
-  if (!in_time) return Status::Unavailable(what + ": timed out after " + std::to_string(timeout.count()) + " ms");
-  if (ec) return FromAsioError(ec, what);
-  return FrameChannel::Adopt(std::move(socket), options);
+                                              FrameChannel::Options options, const StreamWrapper& wrap) {
+  return AdoptWrapped(ConnectTcpStream(host, port, timeout), options, wrap);
 }
 
 Result<std::unique_ptr<FrameChannel>> ConnectUnix(const std::string& path, Millis timeout,
-                                                  FrameChannel::Options options) {
-  const std::string what = "connect to unix:" + path;
-  asio::io_context ctx;
-  asio::local::stream_protocol::socket socket(ctx);
-  bool done = false;
-  boost::system::error_code ec;
-  socket.async_connect(asio::local::stream_protocol::endpoint(path), [&](const boost::system::error_code& e) {
-    ec = e;
-    done = true;
-  });
-  bool in_time = RunWithTimeout(ctx, done, timeout, [&] {
-    boost::system::error_code ignored;
-    socket.close(ignored);
-  });
-  if (!in_time) return Status::Unavailable(what + ": timed out after " + std::to_string(timeout.count()) + " ms");
-  if (ec == boost::system::errc::no_such_file_or_directory) return Status::Unavailable(what + ": no such socket");
-  if (ec) return FromAsioError(ec, what);
-  return FrameChannel::Adopt(std::move(socket), options);
+                                                  FrameChannel::Options options, const StreamWrapper& wrap) {
+  return AdoptWrapped(ConnectUnixStream(path, timeout), options, wrap);
 }
 
 // ---- handshake ----

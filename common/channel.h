@@ -7,10 +7,10 @@
 // stamps the next outgoing number; Receive() expects the next incoming number
 // and treats any other as kCorruption (a lost, duplicated or spliced frame).
 //
-// Timeouts are Asio's (blocking_tcp_client example): an async operation is
-// started and the channel's private io_context is run for at most the time
-// left; on expiry the operation is cancelled. A dead or silent peer can
-// therefore never hang a thread longer than the timeout given.
+// The bytes travel over a ByteStream (common/byte_stream.h): a TCP or unix
+// transport, possibly under stacked filters (throttle, test faults; see
+// common/stream_filters.h). Every read and write has a deadline, so a dead or
+// silent peer can never hang a thread longer than the timeout given.
 //
 // Errors (the channel is "broken" after any of them except a Receive timeout;
 // a broken channel fails every later call with the same Status):
@@ -26,8 +26,8 @@
 // (sends are serialised by a mutex; each frame is written whole). Close() may
 // be called from any thread and makes a blocked Receive()/Send() return
 // promptly. The destructor must not race with any other call.
-// (Internally the reader and the writer use two descriptors of the same
-// socket on two io_contexts, so the two directions never share Asio state.)
+// (This relies on the ByteStream contract: one reader and one writer may run
+// at once; the socket transport gives each direction its own io_context.)
 //
 // The handshake (ClientHandshake / ServerHandshake), mutual proof of the
 // tenant's secret (proof formulas in common/auth.h):
@@ -67,16 +67,20 @@
 #include <optional>
 #include <string>
 
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 
+#include "common/byte_stream.h"
 #include "common/listener.h"
 #include "common/protocol.h"
 #include "common/result.h"
 #include "common/status.h"
 
 namespace cdp {
+
+// Stacks filters on a freshly connected transport and returns the top of the
+// stack (e.g. `return std::make_unique<ThrottleFilter>(std::move(s), &t);`).
+using StreamWrapper = std::function<std::unique_ptr<ByteStream>(std::unique_ptr<ByteStream> transport)>;
 
 class FrameChannel {
  public:
@@ -108,6 +112,13 @@ class FrameChannel {
   static Result<std::unique_ptr<FrameChannel>> Adopt(Listener::Connection& c, Options options);
   static Result<std::unique_ptr<FrameChannel>> Adopt(Listener::Connection& c) { return Adopt(c, Options{}); }
 
+  // Takes over any connected ByteStream (a transport or a stack of filters).
+  // Never fails today; Result for symmetry with the socket forms.
+  static Result<std::unique_ptr<FrameChannel>> Adopt(std::unique_ptr<ByteStream> stream, Options options);
+  static Result<std::unique_ptr<FrameChannel>> Adopt(std::unique_ptr<ByteStream> stream) {
+    return Adopt(std::move(stream), Options{});
+  }
+
   ~FrameChannel();
   FrameChannel(const FrameChannel&) = delete;
   FrameChannel& operator=(const FrameChannel&) = delete;
@@ -128,7 +139,8 @@ class FrameChannel {
   // True after an error (other than a Receive timeout) or Close().
   bool broken() const { return broken_.load(std::memory_order_acquire); }
 
-  // "127.0.0.1:41234", "[::1]:7400" or "unix:/run/cdp.sock" (fixed at Adopt).
+  // "127.0.0.1:41234", "[::1]:7400" or "unix:/run/cdp.sock": the stream's
+  // peer (fixed at Adopt).
   const std::string& peer() const { return peer_; }
 
   // Counters for metrics (any thread).
@@ -138,11 +150,10 @@ class FrameChannel {
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
 
  private:
-  struct Impl;
-  FrameChannel(std::unique_ptr<Impl> impl, std::string peer, Options options);
+  FrameChannel(std::unique_ptr<ByteStream> stream, Options options);
   Status Fail(Status s);  // marks the channel broken, remembers and returns `s`
 
-  std::unique_ptr<Impl> impl_;
+  const std::unique_ptr<ByteStream> stream_;
   const std::string peer_;
   const Options options_;
 
@@ -170,14 +181,17 @@ Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve);
 
 // Resolves `host` (name or address) and connects to the first address that
 // answers, all within `timeout`. kUnavailable (retryable) if the name does not
-// resolve, nothing answers in time or the connection is refused.
+// resolve, nothing answers in time or the connection is refused. If `wrap` is
+// set, the channel runs over wrap(transport): filters stacked by the caller.
 Result<std::unique_ptr<FrameChannel>> Connect(const std::string& host, uint16_t port,
                                               std::chrono::milliseconds timeout,
-                                              FrameChannel::Options options = {});
+                                              FrameChannel::Options options = {},
+                                              const StreamWrapper& wrap = {});
 // The same over a unix-domain stream socket at `path`.
 Result<std::unique_ptr<FrameChannel>> ConnectUnix(const std::string& path,
                                                   std::chrono::milliseconds timeout,
-                                                  FrameChannel::Options options = {});
+                                                  FrameChannel::Options options = {},
+                                                  const StreamWrapper& wrap = {});
 
 // Client side of the handshake drawn above, all within `timeout`. OK means both
 // sides proved the secret and the server accepted; the channel is then ready

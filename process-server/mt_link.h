@@ -44,7 +44,7 @@
 #include "common/clock.h"
 #include "common/protocol.h"
 #include "common/result.h"
-#include "process-server/throttle.h"
+#include "common/throttle.h"
 #include "process-server/volume.h"
 
 namespace cdp::ps {

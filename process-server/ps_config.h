@@ -18,7 +18,7 @@
 //   connections = 1                  MT connections per tenant
 //   compress_threads = 0             compression pool per tenant (0 = CPU cores)
 //   throttle_mbps = 0                default rate, Mbit/s (0 = unlimited)
-//   throttle_schedule = 20@08:00-18:00   windows (see throttle.h)
+//   throttle_schedule = 20@08:00-18:00   windows (see common/throttle.h)
 //   throttle_utc_offset = 0          minutes added to UTC for the schedule
 //   throttle_burst = 256KiB
 //   [log] level = info, file = ...

@@ -73,7 +73,7 @@
 #include "common/env.h"
 #include "common/protocol.h"
 #include "common/status.h"
-#include "process-server/throttle.h"
+#include "common/throttle.h"
 
 namespace cdp::metrics {
 class Registry;

@@ -1,4 +1,4 @@
-#include "process-server/throttle.h"
+#include "common/throttle.h"
 
 #include <catch2/catch.hpp>
 
@@ -18,7 +18,7 @@ void AdvanceToTimeOfDay(cdp::ManualClock& clock, int hh, int mm) {
 // Returns bytes sent per second in [from, to) (monotonic micros) buckets.
 struct Sender {
   cdp::ManualClock& clock;
-  cdp::ps::Throttle& throttle;
+  cdp::Throttle& throttle;
   uint64_t chunk;
   // Runs until the clock reaches `until`; counts bytes sent inside [from, to).
   uint64_t Run(uint64_t until, uint64_t from, uint64_t to) {
@@ -40,9 +40,9 @@ double Mbps(uint64_t bytes, uint64_t micros) { return double(bytes) * 8.0 / doub
 
 TEST_CASE("throttle holds a constant rate within 5% over a window", "[throttle]") {
   cdp::ManualClock clock;
-  cdp::ps::ThrottleOptions o;
+  cdp::ThrottleOptions o;
   o.default_mbps = 20;
-  cdp::ps::Throttle t(&clock, o);
+  cdp::Throttle t(&clock, o);
   Sender s{clock, t, 64 << 10};
   uint64_t start = clock.NowMicros();
   uint64_t bytes = s.Run(start + 70 * kSec, start + 10 * kSec, start + 70 * kSec);
@@ -56,12 +56,12 @@ TEST_CASE("throttle holds a constant rate within 5% over a window", "[throttle]"
 TEST_CASE("throttle follows a daily schedule across a window edge", "[throttle]") {
   cdp::ManualClock clock;
   AdvanceToTimeOfDay(clock, 17, 58);
-  cdp::ps::ThrottleOptions o;
+  cdp::ThrottleOptions o;
   o.default_mbps = 100;
-  auto sched = cdp::ps::ParseSchedule("20@08:00-18:00");
+  auto sched = cdp::ParseSchedule("20@08:00-18:00");
   REQUIRE(sched.ok());
   o.schedule = *sched;
-  cdp::ps::Throttle t(&clock, o);
+  cdp::Throttle t(&clock, o);
   CHECK(t.CurrentMbps() == 20);
   Sender s{clock, t, 32 << 10};
   uint64_t t0 = clock.NowMicros();  // 17:58:00
@@ -79,12 +79,12 @@ TEST_CASE("throttle follows a daily schedule across a window edge", "[throttle]"
 TEST_CASE("throttle with a window that wraps midnight and an unlimited default", "[throttle]") {
   cdp::ManualClock clock;
   AdvanceToTimeOfDay(clock, 23, 0);
-  cdp::ps::ThrottleOptions o;
+  cdp::ThrottleOptions o;
   o.default_mbps = 0;  // unlimited outside the window
-  auto sched = cdp::ps::ParseSchedule("8@22:00-06:00");
+  auto sched = cdp::ParseSchedule("8@22:00-06:00");
   REQUIRE(sched.ok());
   o.schedule = *sched;
-  cdp::ps::Throttle t(&clock, o);
+  cdp::Throttle t(&clock, o);
   Sender s{clock, t, 16 << 10};
   uint64_t t0 = clock.NowMicros();
   uint64_t bytes = s.Run(t0 + 30 * kSec, t0, t0 + 30 * kSec);
@@ -98,9 +98,9 @@ TEST_CASE("throttle with a window that wraps midnight and an unlimited default",
 
 TEST_CASE("throttle reconfigured at run time takes the new rate", "[throttle]") {
   cdp::ManualClock clock;
-  cdp::ps::ThrottleOptions o;
+  cdp::ThrottleOptions o;
   o.default_mbps = 50;
-  cdp::ps::Throttle t(&clock, o);
+  cdp::Throttle t(&clock, o);
   Sender s{clock, t, 64 << 10};
   uint64_t t0 = clock.NowMicros();
   s.Run(t0 + 5 * kSec, 0, 0);
@@ -114,7 +114,7 @@ TEST_CASE("throttle reconfigured at run time takes the new rate", "[throttle]") 
 }
 
 TEST_CASE("throttle schedule parser", "[throttle]") {
-  auto ok = cdp::ps::ParseSchedule(" 20@08:00-18:00, 5.5@22:30-06:00 ");
+  auto ok = cdp::ParseSchedule(" 20@08:00-18:00, 5.5@22:30-06:00 ");
   REQUIRE(ok.ok());
   REQUIRE(ok->size() == 2);
   CHECK((*ok)[0].mbps == 20);
@@ -123,10 +123,10 @@ TEST_CASE("throttle schedule parser", "[throttle]") {
   CHECK((*ok)[1].mbps == 5.5);
   CHECK((*ok)[1].start_minute == 1350);
   CHECK((*ok)[1].end_minute == 360);
-  CHECK(cdp::ps::ParseSchedule("")->empty());
+  CHECK(cdp::ParseSchedule("")->empty());
   for (const char* bad : {"20", "20@8:00-18:00", "x@08:00-18:00", "20@08:00-08:00", "20@25:00-01:00",
                           "-1@08:00-09:00", "20@08:00"}) {
-    auto r = cdp::ps::ParseSchedule(bad);
+    auto r = cdp::ParseSchedule(bad);
     CHECK(r.status().code() == cdp::Code::kInvalidArgument);
   }
 }

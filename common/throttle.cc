@@ -1,9 +1,9 @@
-#include "process-server/throttle.h"
+#include "common/throttle.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace cdp::ps {
+namespace cdp {
 namespace {
 
 constexpr int64_t kMinuteUs = 60'000'000;
@@ -162,4 +162,4 @@ ThrottleState Throttle::state() const {
   return s;
 }
 
-}  // namespace cdp::ps
+}  // namespace cdp

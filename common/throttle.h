@@ -26,7 +26,7 @@
 #include "common/clock.h"
 #include "common/result.h"
 
-namespace cdp::ps {
+namespace cdp {
 
 struct ThrottleWindow {
   uint32_t start_minute = 0;  // 0..1439
@@ -82,4 +82,4 @@ class Throttle {
   ThrottleState state_;
 };
 
-}  // namespace cdp::ps
+}  // namespace cdp
