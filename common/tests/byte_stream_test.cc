@@ -83,6 +83,21 @@ FaultOptions FlipAt(uint64_t offset) {
   return o;
 }
 
+// A listening socket on 127.0.0.1 with an ephemeral port.
+struct TcpListener {
+  asio::io_context ctx;
+  tcp::acceptor acceptor{ctx, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)};
+  // Accepts one connection in another thread and returns adopt(socket).
+  template <typename Adopt>
+  auto AcceptAsync(Adopt adopt) {
+    return std::async(std::launch::async, [this, adopt] {
+      tcp::socket s(ctx);
+      acceptor.accept(s);
+      return adopt(std::move(s));
+    });
+  }
+};
+
 // A SleepFn that advances a ManualClock instead of waiting.
 SleepFn ManualSleep(ManualClock& clock) {
   return [&clock](uint64_t micros) {
@@ -92,14 +107,9 @@ SleepFn ManualSleep(ManualClock& clock) {
 }
 
 TEST_CASE("TCP transport round-trips bytes both ways", "[stream]") {
-  asio::io_context ctx;
-  tcp::acceptor acceptor(ctx, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-  auto server = std::async(std::launch::async, [&] {
-    tcp::socket s(ctx);
-    acceptor.accept(s);
-    return MakeSocketStream(std::move(s));
-  });
-  auto client = ConnectTcpStream("127.0.0.1", acceptor.local_endpoint().port(), milliseconds(5000));
+  TcpListener l;
+  auto server = l.AcceptAsync([](tcp::socket s) { return MakeSocketStream(std::move(s)); });
+  auto client = ConnectTcpStream("127.0.0.1", l.acceptor.local_endpoint().port(), milliseconds(5000));
   REQUIRE(client.ok());
   auto srv = server.get();
   REQUIRE(srv.ok());
@@ -266,19 +276,14 @@ TEST_CASE("Shutdown cuts a throttle wait short", "[stream][throttle]") {
 }
 
 TEST_CASE("FrameChannel over stacked filters on TCP works end to end", "[stream][channel]") {
-  asio::io_context ctx;
-  tcp::acceptor acceptor(ctx, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-  auto server_fut = std::async(std::launch::async, [&] {
-    tcp::socket s(ctx);
-    acceptor.accept(s);
-    return FrameChannel::Adopt(std::move(s));
-  });
+  TcpListener l;
+  auto server_fut = l.AcceptAsync([](tcp::socket s) { return FrameChannel::Adopt(std::move(s)); });
   ManualClock clock;
   ThrottleOptions to;
   to.default_mbps = 80;
   Throttle throttle(&clock, to);
   std::atomic<int> delays{0};
-  auto client = Connect("127.0.0.1", acceptor.local_endpoint().port(), milliseconds(5000), {},
+  auto client = Connect("127.0.0.1", l.acceptor.local_endpoint().port(), milliseconds(5000), {},
                         [&](std::unique_ptr<ByteStream> s) -> std::unique_ptr<ByteStream> {
                           s = std::make_unique<ThrottleFilter>(std::move(s), &throttle, ManualSleep(clock));
                           FaultOptions fo;
