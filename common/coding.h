@@ -48,6 +48,13 @@ inline void PutBytes(Bytes& b, std::string_view s) {
            reinterpret_cast<const uint8_t*>(s.data()) + s.size());
 }
 
+// True when every byte of `data` is zero (true for an empty span).
+inline bool AllZero(ByteSpan data) {
+  if (data.empty()) return true;
+  if (data[0] != 0) return false;
+  return std::memcmp(data.data(), data.data() + 1, data.size() - 1) == 0;
+}
+
 // Bounds-checked reader over a byte span. Never reads past the end.
 class ByteReader {
  public:

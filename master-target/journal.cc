@@ -1,168 +1,106 @@
 #include "master-target/journal.h"
 
-#include <cinttypes>
-#include <cstdio>
 #include <cstring>
 
-#include "common/crc32c.h"
 
 namespace cdp::mt {
 
-std::string SegmentFileName(uint64_t segment) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64 ".jnl", segment);
-  return buf;
-}
+std::string SegmentFileName(uint64_t segment) { return seglog::FileName(segment, kSegmentSuffix); }
 
 bool ParseSegmentName(const std::string& name, uint64_t* segment) {
-  if (name.size() != 20 || name.compare(16, 4, ".jnl") != 0) return false;
-  uint64_t v = 0;
-  for (size_t i = 0; i < 16; ++i) {
-    char c = name[i];
-    int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return false;
-    v = (v << 4) | uint64_t(d);
-  }
-  *segment = v;
-  return true;
+  return seglog::ParseFileName(name, kSegmentSuffix, segment);
 }
 
 Bytes EncodeSegmentHeader(const SegmentHeader& h) {
-  Bytes b;
-  b.reserve(kSegmentHeaderSize);
-  PutFixed32(b, kSegmentMagic);
-  PutFixed16(b, kJournalVersion);
-  PutFixed16(b, 0);
-  PutFixed64(b, h.segment);
-  PutFixed64(b, h.first_seq);
-  PutFixed32(b, 0);
-  PutFixed32(b, crc32c::Value(b.data(), b.size()));
-  return b;
+  return seglog::EncodeHeader(seglog::Header{kJournalKind, h.segment, h.first_seq});
 }
 
 Result<SegmentHeader> DecodeSegmentHeader(ByteSpan bytes) {
-  if (bytes.size() < kSegmentHeaderSize) return Status::Corruption("journal segment header truncated");
-  const uint8_t* p = bytes.data();
-  if (DecodeFixed32(p) != kSegmentMagic) return Status::Corruption("journal segment: bad magic");
-  if (DecodeFixed16(p + 4) != kJournalVersion)
-    return Status::Corruption("journal segment: unsupported version " + std::to_string(DecodeFixed16(p + 4)));
-  if (DecodeFixed32(p + 28) != crc32c::Value(p, 28)) return Status::Corruption("journal segment header: bad CRC");
-  SegmentHeader h;
-  h.segment = DecodeFixed64(p + 8);
-  h.first_seq = DecodeFixed64(p + 16);
-  return h;
+  auto h = seglog::DecodeHeader(bytes, kJournalKind);
+  if (!h.ok()) return h.status().WithContext("journal");
+  return SegmentHeader{h->number, h->first_seq};
 }
 
 void EncodeUndoRecord(UndoKind kind, uint64_t seq, uint64_t offset, uint32_t length, uint64_t time_us,
                       ByteSpan old_data, Bytes* out) {
-  size_t start = out->size();
-  uint32_t data_len = kind == UndoKind::kData ? uint32_t(old_data.size()) : 0;
-  out->resize(start + kRecordHeaderSize);
-  uint8_t* p = out->data() + start;
-  p[4] = uint8_t(kind);
-  p[5] = 0;
-  EncodeFixed16(p + 6, 0);
-  EncodeFixed64(p + 8, seq);
-  EncodeFixed64(p + 16, offset);
-  EncodeFixed32(p + 24, length);
-  EncodeFixed32(p + 28, data_len);
-  EncodeFixed64(p + 32, time_us);
-  uint32_t crc = crc32c::Value(p + 4, kRecordHeaderSize - 4);
-  if (data_len) {
-    crc = crc32c::Extend(crc, old_data.data(), data_len);
-    out->insert(out->end(), old_data.begin(), old_data.begin() + data_len);
-  }
-  EncodeFixed32(out->data() + start, crc);
-}
-
-bool AllZero(ByteSpan data) {
-  const uint8_t* p = data.data();
-  size_t n = data.size();
-  while (n >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    if (v) return false;
-    p += 8;
-    n -= 8;
-  }
-  while (n--) {
-    if (*p++) return false;
-  }
-  return true;
+  uint8_t head[kUndoHeadSize];
+  head[0] = uint8_t(kind);
+  head[1] = 0;
+  EncodeFixed16(head + 2, 0);
+  EncodeFixed32(head + 4, length);
+  EncodeFixed64(head + 8, seq);
+  EncodeFixed64(head + 16, offset);
+  EncodeFixed64(head + 24, time_us);
+  seglog::AppendRecord(ByteSpan(head, kUndoHeadSize), kind == UndoKind::kData ? old_data : ByteSpan(), out);
 }
 
 namespace {
 
-// Decodes a record header; false if a field is out of range.
-bool ParseRecordHeader(const uint8_t* p, UndoHeader* h, uint32_t* data_len) {
+// Decodes a record's frame and head (kRecordHeaderSize bytes at `p`); false if
+// a field is out of range.
+bool ParseRecordHeader(const uint8_t* p, UndoHeader* h) {
   h->data_crc = DecodeFixed32(p);
-  uint8_t kind = p[4];
-  h->seq = DecodeFixed64(p + 8);
-  h->offset = DecodeFixed64(p + 16);
-  h->length = DecodeFixed32(p + 24);
-  *data_len = DecodeFixed32(p + 28);
-  h->time_us = DecodeFixed64(p + 32);
+  uint32_t payload_len = DecodeFixed32(p + 4);
+  const uint8_t* q = p + seglog::kFrameSize;
+  if (payload_len < kUndoHeadSize) return false;
+  uint32_t data_len = payload_len - uint32_t(kUndoHeadSize);
+  uint8_t kind = q[0];
+  h->length = DecodeFixed32(q + 4);
+  h->seq = DecodeFixed64(q + 8);
+  h->offset = DecodeFixed64(q + 16);
+  h->time_us = DecodeFixed64(q + 24);
   if (h->length == 0 || h->length > kMaxUndoChunk) return false;
   if (h->offset + h->length < h->offset) return false;
   if (kind == uint8_t(UndoKind::kData)) {
     h->kind = UndoKind::kData;
-    return *data_len == h->length;
+    return data_len == h->length;
   }
   if (kind == uint8_t(UndoKind::kZeroes)) {
     h->kind = UndoKind::kZeroes;
-    return *data_len == 0;
+    return data_len == 0;
   }
   return false;
+}
+
+// The frame and head of a scanned record, contiguous as on disk.
+void FrameOf(const seglog::RecordView& v, uint8_t* out) {
+  EncodeFixed32(out, v.crc);
+  EncodeFixed32(out + 4, v.payload_len);
+  std::memcpy(out + seglog::kFrameSize, v.head.data(), kUndoHeadSize);
 }
 
 }  // namespace
 
 Result<ScanResult> ScanSegment(const File& file, uint64_t segment, uint64_t start, bool verify_data,
                                uint64_t limit, const ScanCallback& cb) {
-  ScanResult r;
-  CDP_ASSIGN_OR_RETURN(r.file_size, file.Size());
-  uint8_t hb[kSegmentHeaderSize];
-  if (r.file_size < kSegmentHeaderSize) {
-    return Status::Corruption(file.path() + ": journal segment shorter than its header");
-  }
-  CDP_RETURN_IF_ERROR(file.Read(0, kSegmentHeaderSize, hb));
-  auto sh = DecodeSegmentHeader(ByteSpan(hb, kSegmentHeaderSize));
-  if (!sh.ok()) return sh.status().WithContext(file.path());
-  if (sh->segment != segment) return Status::Corruption(file.path() + ": segment number mismatch");
-  r.header = *sh;
-  uint64_t pos = start < kSegmentHeaderSize ? kSegmentHeaderSize : start;
-  Bytes data;
-  while (pos < r.file_size && pos < limit) {
-    if (r.file_size - pos < kRecordHeaderSize) {
-      r.torn_tail = true;
-      break;
-    }
+  seglog::ScanOptions o;
+  o.start = start;
+  o.limit = limit;
+  o.max_payload = uint32_t(kUndoHeadSize) + kMaxUndoChunk;
+  o.head_size = kUndoHeadSize;
+  o.verify = verify_data;
+  o.number = segment;
+  o.valid = [](const seglog::RecordView& v) {
     uint8_t rh[kRecordHeaderSize];
-    CDP_RETURN_IF_ERROR(file.Read(pos, kRecordHeaderSize, rh));
+    FrameOf(v, rh);
     UndoHeader h;
-    uint32_t data_len = 0;
-    if (!ParseRecordHeader(rh, &h, &data_len) || r.file_size - pos - kRecordHeaderSize < data_len) {
-      r.torn_tail = true;
-      break;
-    }
-    if (verify_data) {
-      uint32_t crc = crc32c::Value(rh + 4, kRecordHeaderSize - 4);
-      if (data_len) {
-        data.resize(data_len);
-        CDP_RETURN_IF_ERROR(file.Read(pos + kRecordHeaderSize, data_len, data.data()));
-        crc = crc32c::Extend(crc, data.data(), data_len);
-      }
-      if (crc != h.data_crc) {
-        r.torn_tail = true;
-        break;
-      }
-    }
-    if (cb) CDP_RETURN_IF_ERROR(cb(h, UndoLocation{segment, pos}));
-    pos += kRecordHeaderSize + data_len;
-  }
-  r.valid_end = pos;
+    return ParseRecordHeader(rh, &h);
+  };
+  auto s = seglog::Scan(file, kJournalKind, o, [&](const seglog::RecordView& v) -> Result<bool> {
+    if (!cb) return true;
+    uint8_t rh[kRecordHeaderSize];
+    FrameOf(v, rh);
+    UndoHeader h;
+    ParseRecordHeader(rh, &h);
+    CDP_RETURN_IF_ERROR(cb(h, UndoLocation{segment, v.offset}));
+    return true;
+  });
+  if (!s.ok()) return s.status();
+  ScanResult r;
+  r.header = SegmentHeader{s->header.number, s->header.first_seq};
+  r.valid_end = s->valid_end;
+  r.file_size = s->file_size;
+  r.torn_tail = s->torn_tail;
   return r;
 }
 
@@ -170,19 +108,17 @@ Status ReadUndoData(const File& file, const UndoHeader& h, const UndoLocation& l
   uint8_t rh[kRecordHeaderSize];
   CDP_RETURN_IF_ERROR(file.Read(loc.file_offset, kRecordHeaderSize, rh));
   UndoHeader got;
-  uint32_t data_len = 0;
-  if (!ParseRecordHeader(rh, &got, &data_len) || got.seq != h.seq || got.offset != h.offset ||
-      got.length != h.length) {
+  if (!ParseRecordHeader(rh, &got) || got.seq != h.seq || got.offset != h.offset || got.length != h.length) {
     return Status::Corruption(file.path() + ": undo record header changed at " + std::to_string(loc.file_offset));
   }
-  uint32_t crc = crc32c::Value(rh + 4, kRecordHeaderSize - 4);
+  ByteSpan data;
   if (got.kind == UndoKind::kZeroes) {
     std::memset(buf, 0, h.length);
   } else {
     CDP_RETURN_IF_ERROR(file.Read(loc.file_offset + kRecordHeaderSize, h.length, buf));
-    crc = crc32c::Extend(crc, buf, h.length);
+    data = ByteSpan(buf, h.length);
   }
-  if (crc != got.data_crc) {
+  if (!seglog::CheckRecord(ByteSpan(rh, kRecordHeaderSize), data)) {
     return Status::Corruption(file.path() + ": undo record CRC mismatch at " + std::to_string(loc.file_offset));
   }
   return Status::OK();
@@ -205,47 +141,28 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Open(Env* env, std::string
   if (create) {
     CDP_RETURN_IF_ERROR(w->StartSegment(segment, first_seq));
   } else {
-    OpenOptions o;
-    auto f = env->Open(JoinPath(w->dir_, SegmentFileName(segment)), o);
-    if (!f.ok()) return f.status();
-    std::shared_ptr<File> file = std::move(*f);
-    CDP_ASSIGN_OR_RETURN(uint64_t size, file->Size());
-    if (size != end) {
-      CDP_RETURN_IF_ERROR(file->Truncate(end));
-      CDP_RETURN_IF_ERROR(file->Sync());
-    }
+    CDP_ASSIGN_OR_RETURN(std::unique_ptr<File> f, env->Open(JoinPath(w->dir_, SegmentFileName(segment)), {}));
+    CDP_ASSIGN_OR_RETURN(w->log_, seglog::Writer::Reopen(std::move(f), end));
     w->segment_ = segment;
-    w->end_ = end;
-    w->file_ = std::move(file);
   }
   return w;
 }
 
 Status SegmentWriter::StartSegment(uint64_t segment, uint64_t first_seq) {
-  OpenOptions o;
-  o.create = true;
-  o.exclusive = true;
-  auto f = env_->Open(JoinPath(dir_, SegmentFileName(segment)), o);
-  if (!f.ok()) return f.status();
-  std::shared_ptr<File> file = std::move(*f);
-  Bytes h = EncodeSegmentHeader(SegmentHeader{segment, first_seq});
-  CDP_RETURN_IF_ERROR(file->Append(h));
+  CDP_ASSIGN_OR_RETURN(log_, seglog::Writer::Create(env_, JoinPath(dir_, SegmentFileName(segment)),
+                                                    seglog::Header{kJournalKind, segment, first_seq}, true));
   segment_ = segment;
-  end_ = h.size();
-  file_ = file;
-  unsynced_.push_back(file);
+  unsynced_.push_back(log_->file());
   dir_dirty_ = true;
-  if (on_new_segment) on_new_segment(segment, file);
+  if (on_new_segment) on_new_segment(segment, log_->file());
   return Status::OK();
 }
 
 Result<UndoLocation> SegmentWriter::Append(ByteSpan records, uint64_t next_seq) {
-  if (end_ >= segment_bytes_) CDP_RETURN_IF_ERROR(StartSegment(segment_ + 1, next_seq));
-  UndoLocation loc{segment_, end_};
-  CDP_RETURN_IF_ERROR(file_->Append(records));
-  end_ += records.size();
-  if (unsynced_.empty() || unsynced_.back() != file_) unsynced_.push_back(file_);
-  return loc;
+  if (log_->end() >= segment_bytes_) CDP_RETURN_IF_ERROR(StartSegment(segment_ + 1, next_seq));
+  CDP_ASSIGN_OR_RETURN(uint64_t at, log_->Append(records));
+  if (unsynced_.empty() || unsynced_.back() != log_->file()) unsynced_.push_back(log_->file());
+  return UndoLocation{segment_, at};
 }
 
 Status SegmentWriter::Sync() {

@@ -1,16 +1,17 @@
-// The undo journal of one replica volume: append-only segment files holding,
-// for every byte range a captured write overwrote, the bytes it held before
-// (an "undo record"). Byte format: docs/formats/journal.md (version 1).
+// The undo journal of one replica volume: a segment log (common/segment_log.h)
+// holding, for every byte range a captured write overwrote, the bytes it held
+// before (an "undo record"). Byte format: docs/formats/journal.md, on top of
+// docs/formats/segment-log.md.
 //
 // A segment file is `<journal dir>/<segment number as 16 hex digits>.jnl`:
 //
-//   segment header (32 bytes)  | record | record | ...
-//   record = 40-byte header | `data_len` bytes of old data
+//   segment header (32 bytes, kind kJournalKind) | record | record | ...
+//   record = 8-byte frame (crc, payload_len) | 32-byte undo head | old data
 //
-// Every record carries a CRC32C over its header (crc field excluded) and its
-// data; a reader stops at the first record that is incomplete or whose CRC does
-// not match (a torn tail after a power cut) and reports where the valid part
-// ends, so the owner can truncate there.
+// Every record carries a CRC32C over its payload length and payload; a reader
+// stops at the first record that is incomplete or whose CRC does not match (a
+// torn tail after a power cut) and reports where the valid part ends, so the
+// owner can truncate there.
 //
 // Undo records never hold more than kMaxUndoChunk bytes of old data; a longer
 // write is journalled as several records with the same sequence. A range whose
@@ -32,14 +33,18 @@
 #include "common/coding.h"
 #include "common/env.h"
 #include "common/result.h"
+#include "common/segment_log.h"
 #include "common/status.h"
 
 namespace cdp::mt {
 
-inline constexpr uint32_t kSegmentMagic = 0x4A504443;  // "CDPJ" little-endian
-inline constexpr uint16_t kJournalVersion = 1;
-inline constexpr size_t kSegmentHeaderSize = 32;
-inline constexpr size_t kRecordHeaderSize = 40;
+// The segment-log kind of journal segments; the version is the segment log's.
+inline constexpr uint16_t kJournalKind = 2;
+inline constexpr uint16_t kJournalVersion = seglog::kVersion;
+inline constexpr char kSegmentSuffix[] = ".jnl";
+inline constexpr size_t kSegmentHeaderSize = seglog::kHeaderSize;
+inline constexpr size_t kUndoHeadSize = 32;  // kind, length, seq, offset, time_us
+inline constexpr size_t kRecordHeaderSize = seglog::kFrameSize + kUndoHeadSize;
 inline constexpr uint32_t kMaxUndoChunk = 1u << 20;  // old-data bytes per record, at most
 
 enum class UndoKind : uint8_t {
@@ -82,8 +87,8 @@ Result<SegmentHeader> DecodeSegmentHeader(ByteSpan bytes);
 void EncodeUndoRecord(UndoKind kind, uint64_t seq, uint64_t offset, uint32_t length,
                       uint64_t time_us, ByteSpan old_data, Bytes* out);
 
-// True if every byte of `data` is zero.
-bool AllZero(ByteSpan data);
+// True if every byte of `data` is zero (common/coding.h).
+using cdp::AllZero;
 
 // Callback of ScanSegment for each valid record: its header and location.
 // Returning a non-ok Status stops the scan and is returned by ScanSegment.
@@ -141,11 +146,11 @@ class SegmentWriter {
   Status Sync();
 
   uint64_t segment() const { return segment_; }
-  uint64_t end() const { return end_; }  // append position in the current segment
+  uint64_t end() const { return log_->end(); }  // append position in the current segment
   // The open file of the current segment (for reads of fresh records).
-  File* current_file() const { return file_.get(); }
+  File* current_file() const { return log_->file().get(); }
   // A shared handle of the current segment's file for readers.
-  std::shared_ptr<File> shared_file() const { return file_; }
+  std::shared_ptr<File> shared_file() const { return log_->file(); }
 
   // Called when a new segment was started: (segment number, its file).
   std::function<void(uint64_t, std::shared_ptr<File>)> on_new_segment;
@@ -159,8 +164,7 @@ class SegmentWriter {
   std::string dir_;
   uint64_t segment_bytes_;
   uint64_t segment_ = 0;
-  uint64_t end_ = 0;
-  std::shared_ptr<File> file_;
+  std::unique_ptr<seglog::Writer> log_;
   std::vector<std::shared_ptr<File>> unsynced_;  // files appended since the last Sync
   bool dir_dirty_ = false;
 };

@@ -2,12 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cinttypes>
-#include <cstdio>
-#include <cstring>
 
 #include "common/coding.h"
-#include "common/crc32c.h"
 
 namespace cdp::ps {
 namespace {
@@ -15,44 +11,12 @@ namespace {
 // A group never grows past this many bytes of records (plus one batch).
 constexpr uint64_t kMaxGroupBytes = 64u << 20;
 
-std::string SegmentName(uint64_t first_seq) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "seg-%020" PRIu64 ".log", first_seq);
-  return buf;
-}
+// The record's payload after the segment log's frame: seq, offset, length,
+// kind, 3 reserved bytes, timestamp, data.
+constexpr size_t kHeadSize = kRecordHeaderSize - seglog::kFrameSize;
+constexpr uint32_t kMaxPayload = uint32_t(kHeadSize) + kMaxSpoolRecordData;
 
-bool ParseSegmentName(const std::string& name, uint64_t* first_seq) {
-  if (name.size() != 4 + 20 + 4 || name.compare(0, 4, "seg-") != 0 ||
-      name.compare(24, 4, ".log") != 0)
-    return false;
-  uint64_t v = 0;
-  for (size_t i = 4; i < 24; ++i) {
-    char c = name[i];
-    if (c < '0' || c > '9') return false;
-    uint64_t d = uint64_t(c - '0');
-    if (v > (UINT64_MAX - d) / 10) return false;
-    v = v * 10 + d;
-  }
-  *first_seq = v;
-  return true;
-}
-
-void EncodeSegmentHeader(uint64_t first_seq, Bytes* out) {
-  size_t start = out->size();
-  PutFixed32(*out, kSegmentMagic);
-  PutFixed32(*out, kSpoolVersion);
-  PutFixed64(*out, first_seq);
-  PutFixed32(*out, crc32c::Value(out->data() + start, 16));
-}
-
-bool DecodeSegmentHeader(ByteSpan in, uint64_t* first_seq) {
-  if (in.size() < kSegmentHeaderSize) return false;
-  const uint8_t* p = in.data();
-  if (DecodeFixed32(p) != kSegmentMagic || DecodeFixed32(p + 4) != kSpoolVersion) return false;
-  if (DecodeFixed32(p + 16) != crc32c::Value(p, 16)) return false;
-  *first_seq = DecodeFixed64(p + 8);
-  return true;
-}
+std::string SegmentName(uint64_t first_seq) { return seglog::FileName(first_seq, kSpoolSegmentSuffix); }
 
 bool ValidShape(proto::RecordKind kind, uint32_t length, size_t data_len) {
   switch (kind) {
@@ -68,53 +32,42 @@ bool ValidShape(proto::RecordKind kind, uint32_t length, size_t data_len) {
   return false;
 }
 
-enum class DecodeResult { kOk, kTruncated, kBad };
-
-// Decodes the record at the start of `in`; on kOk fills *r and *size.
-DecodeResult DecodeSpoolRecord(ByteSpan in, proto::Record* r, size_t* size) {
-  if (in.size() < kRecordHeaderSize) return DecodeResult::kTruncated;
-  const uint8_t* p = in.data();
-  uint32_t crc = DecodeFixed32(p);
-  uint32_t data_len = DecodeFixed32(p + 4);
-  if (data_len > kMaxSpoolRecordData) return DecodeResult::kBad;
-  if (in.size() - kRecordHeaderSize < data_len) return DecodeResult::kTruncated;
-  if (crc32c::Value(p + 4, kRecordHeaderSize - 4 + data_len) != crc) return DecodeResult::kBad;
-  uint8_t kind = p[28];
-  if (kind < 1 || kind > 5) return DecodeResult::kBad;
-  r->seq = DecodeFixed64(p + 8);
-  r->offset = DecodeFixed64(p + 16);
-  r->length = DecodeFixed32(p + 24);
+// Decodes a payload's head (and, when `data` is set, its data) into *r; false
+// when a field is out of range.
+bool DecodeHead(ByteSpan head, size_t data_len, proto::Record* r) {
+  const uint8_t* p = head.data();
+  uint8_t kind = p[20];
+  if (kind < 1 || kind > 5) return false;
+  r->seq = DecodeFixed64(p);
+  r->offset = DecodeFixed64(p + 8);
+  r->length = DecodeFixed32(p + 16);
   r->kind = proto::RecordKind(kind);
-  r->timestamp_us = DecodeFixed64(p + 32);
-  if (!ValidShape(r->kind, r->length, data_len)) return DecodeResult::kBad;
-  r->data.assign(p + kRecordHeaderSize, p + kRecordHeaderSize + data_len);
-  *size = kRecordHeaderSize + data_len;
-  return DecodeResult::kOk;
+  r->timestamp_us = DecodeFixed64(p + 24);
+  return ValidShape(r->kind, r->length, data_len);
+}
+
+// Decodes and checks the record at the start of `in`, all of which must be it.
+bool DecodeSpoolRecord(ByteSpan in, proto::Record* r) {
+  ByteSpan payload;
+  size_t size = 0;
+  if (seglog::DecodeRecord(in, kMaxPayload, &payload, &size) != seglog::Decode::kOk || size != in.size() ||
+      payload.size() < kHeadSize || !DecodeHead(payload.first(kHeadSize), payload.size() - kHeadSize, r))
+    return false;
+  r->data.assign(payload.begin() + kHeadSize, payload.end());
+  return true;
 }
 
 }  // namespace
 
-bool AllZero(ByteSpan data) {
-  if (data.empty()) return true;
-  if (data[0] != 0) return false;
-  return std::memcmp(data.data(), data.data() + 1, data.size() - 1) == 0;
-}
-
 void EncodeSpoolRecord(const proto::Record& r, Bytes* out) {
-  size_t start = out->size();
-  PutFixed32(*out, 0);
-  PutFixed32(*out, uint32_t(r.data.size()));
-  PutFixed64(*out, r.seq);
-  PutFixed64(*out, r.offset);
-  PutFixed32(*out, r.length);
-  PutU8(*out, uint8_t(r.kind));
-  PutU8(*out, 0);
-  PutU8(*out, 0);
-  PutU8(*out, 0);
-  PutFixed64(*out, r.timestamp_us);
-  PutBytes(*out, ByteSpan(r.data));
-  EncodeFixed32(out->data() + start,
-                crc32c::Value(out->data() + start + 4, out->size() - start - 4));
+  uint8_t head[kHeadSize];
+  EncodeFixed64(head, r.seq);
+  EncodeFixed64(head + 8, r.offset);
+  EncodeFixed32(head + 16, r.length);
+  head[20] = uint8_t(r.kind);
+  head[21] = head[22] = head[23] = 0;
+  EncodeFixed64(head + 24, r.timestamp_us);
+  seglog::AppendRecord(ByteSpan(head, kHeadSize), ByteSpan(r.data), out);
 }
 
 struct Spool::Writer {
@@ -151,7 +104,7 @@ Status Spool::Recover(SpoolRecovery* rec) {
   std::vector<std::pair<uint64_t, std::string>> segs;
   for (const auto& n : names) {
     uint64_t first = 0;
-    if (ParseSegmentName(n, &first)) segs.emplace_back(first, n);
+    if (seglog::ParseFileName(n, kSpoolSegmentSuffix, &first)) segs.emplace_back(first, n);
   }
   std::sort(segs.begin(), segs.end());
 
@@ -172,12 +125,13 @@ Status Spool::Recover(SpoolRecovery* rec) {
     CDP_ASSIGN_OR_RETURN(uint64_t size, file->Size());
     if (size > kMaxGroupBytes * 4 + opt_.segment_bytes)
       return Status::Corruption("spool segment too large: " + path);
-    Bytes buf(size);
-    if (size > 0) CDP_RETURN_IF_ERROR(file->Read(0, size, buf.data()));
-    uint64_t first_seq = 0;
-    if (!DecodeSegmentHeader(buf, &first_seq) || first_seq != segs[i].first ||
-        first_seq <= prev_last || first_seq == 0) {
-      if (last && !DecodeSegmentHeader(buf, &first_seq)) {
+    Bytes hb(std::min<uint64_t>(size, kSegmentHeaderSize));
+    if (!hb.empty()) CDP_RETURN_IF_ERROR(file->Read(0, hb.size(), hb.data()));
+    auto header = seglog::DecodeHeader(hb, kSpoolKind);
+    uint64_t first_seq = header.ok() ? header->first_seq : 0;
+    if (!header.ok() || first_seq != segs[i].first || header->number != first_seq || first_seq <= prev_last ||
+        first_seq == 0) {
+      if (last && !header.ok()) {
         // Created but its header never became durable: a torn roll.
         file.reset();
         CDP_RETURN_IF_ERROR(env->Remove(path));
@@ -200,7 +154,7 @@ Status Spool::Recover(SpoolRecovery* rec) {
     if (!segments_.empty() && first_seq > prev_last + 1) {
       // A floor jump (SetFloor): everything before it is already at the MT.
       for (auto& [k, old] : segments_) {
-        old.file.reset();
+        old.log.reset();
         CDP_RETURN_IF_ERROR(env->Remove(old.path));
         rec->dropped_segments++;
         rec->segments--;
@@ -214,37 +168,32 @@ Status Spool::Recover(SpoolRecovery* rec) {
     Segment seg;
     seg.first_seq = first_seq;
     seg.path = path;
-    uint64_t pos = kSegmentHeaderSize;
     uint64_t expected = first_seq;
-    bool bad = false;
-    while (pos < size) {
+    seglog::ScanOptions so;
+    so.max_payload = kMaxPayload;
+    so.head_size = kHeadSize;
+    so.valid = [](const seglog::RecordView& v) {
       proto::Record r;
-      size_t rsize = 0;
-      DecodeResult d = DecodeSpoolRecord(ByteSpan(buf).subspan(pos), &r, &rsize);
-      if (d == DecodeResult::kOk && r.seq != expected) d = DecodeResult::kBad;
-      if (d != DecodeResult::kOk) {
-        bad = true;
-        break;
-      }
-      index_.push_back(IndexEntry{r.seq, first_seq, pos, uint32_t(rsize), r.timestamp_us});
-      backlog_bytes_ += rsize;
-      rec->records++;
-      seg.last_seq = r.seq;
-      expected++;
-      pos += rsize;
-    }
-    if (bad) {
+      return DecodeHead(v.head, v.payload_len - kHeadSize, &r);
+    };
+    CDP_ASSIGN_OR_RETURN(seglog::ScanResult scan,
+                         seglog::Scan(*file, kSpoolKind, so, [&](const seglog::RecordView& v) -> Result<bool> {
+                           proto::Record r;
+                           (void)DecodeHead(v.head, v.payload_len - kHeadSize, &r);
+                           if (r.seq != expected) return false;
+                           uint32_t rsize = uint32_t(seglog::kFrameSize + v.payload_len);
+                           index_.push_back(IndexEntry{r.seq, first_seq, v.offset, rsize, r.timestamp_us});
+                           backlog_bytes_ += rsize;
+                           rec->records++;
+                           seg.last_seq = r.seq;
+                           expected++;
+                           return true;
+                         }));
+    uint64_t pos = scan.valid_end;
+    if (scan.torn_tail) {
       // A bad record followed by a good one is damage to synced data, not a
       // torn tail (which only ever loses the end).
-      bool followed = false;
-      if (pos + kRecordHeaderSize <= size) {
-        uint64_t next = pos + kRecordHeaderSize + DecodeFixed32(buf.data() + pos + 4);
-        proto::Record r2;
-        size_t s2 = 0;
-        followed = next < size &&
-                   DecodeSpoolRecord(ByteSpan(buf).subspan(next), &r2, &s2) == DecodeResult::kOk;
-      }
-      if (last && followed) {
+      if (last && scan.corrupt) {
         Status c = Status::Corruption("spool record bad in " + path + " at byte " + std::to_string(pos) +
                                       " (seq " + std::to_string(expected) + "), later records dropped");
         c.MarkDataLoss();
@@ -260,12 +209,10 @@ Status Spool::Recover(SpoolRecovery* rec) {
         stop = true;
       }
       rec->truncated_bytes += size - pos;
-      CDP_RETURN_IF_ERROR(file->Truncate(pos));
-      CDP_RETURN_IF_ERROR(file->Sync());
       size = pos;
     }
+    CDP_ASSIGN_OR_RETURN(seg.log, seglog::Writer::Reopen(std::move(file), size));
     seg.size = size;
-    seg.file = std::move(file);
     disk_bytes_ += size;
     prev_last = seg.last_seq ? seg.last_seq : first_seq - 1;
     segments_[first_seq] = std::move(seg);
@@ -282,20 +229,16 @@ Status Spool::Recover(SpoolRecovery* rec) {
 
 Status Spool::CreateSegment(uint64_t first_seq, Segment* out) {
   std::string path = JoinPath(opt_.dir, SegmentName(first_seq));
-  OpenOptions oo;
-  oo.create = true;
-  oo.truncate = true;
-  CDP_ASSIGN_OR_RETURN(std::unique_ptr<File> f, opt_.env->Open(path, oo));
-  Bytes hdr;
-  EncodeSegmentHeader(first_seq, &hdr);
-  CDP_RETURN_IF_ERROR(f->Append(hdr));
-  CDP_RETURN_IF_ERROR(f->Sync());
+  CDP_ASSIGN_OR_RETURN(std::unique_ptr<seglog::Writer> w,
+                       seglog::Writer::Create(opt_.env, path, seglog::Header{kSpoolKind, first_seq, first_seq},
+                                              false));
+  CDP_RETURN_IF_ERROR(w->Sync());
   CDP_RETURN_IF_ERROR(opt_.env->SyncDir(opt_.dir));
   out->first_seq = first_seq;
   out->last_seq = 0;
-  out->size = hdr.size();
+  out->size = w->end();
   out->path = path;
-  out->file = std::move(f);
+  out->log = std::move(w);
   return Status::OK();
 }
 
@@ -409,14 +352,14 @@ AppendResult Spool::Append(std::vector<proto::Record> records) {
                                        uint32_t(buf.size() - before), r.timestamp_us});
         }
       }
-      s = target.file->Append(buf);
-      if (s.ok()) s = target.file->Sync();
+      s = target.log->Append(buf).status();
+      if (s.ok()) s = target.log->Sync();
       if (s.ok()) {
         target.size += buf.size();
         target.last_seq = group_last;
       } else if (!rolled) {
         // Cut the unsynced partial group so later groups never follow garbage.
-        Status t = target.file->Truncate(old_size);
+        Status t = target.log->Truncate(old_size);
         if (!t.ok()) poison = true;  // cannot trust the tail any more
       }
     }
@@ -483,7 +426,7 @@ Result<std::vector<proto::Record>> Spool::Read(uint64_t from_seq, uint64_t max_b
       const IndexEntry& e = index_[i];
       auto it = segments_.find(e.segment_first);
       if (it == segments_.end()) return Status::NotFound("spool: segment of seq " + std::to_string(e.seq));
-      pieces.push_back(Piece{it->second.file, e});
+      pieces.push_back(Piece{it->second.log->file(), e});
       bytes += e.size;
     }
   }
@@ -503,9 +446,8 @@ Result<std::vector<proto::Record>> Spool::Read(uint64_t from_seq, uint64_t max_b
     CDP_RETURN_IF_ERROR(pieces[i].file->Read(start, len, buf.data()));
     for (size_t k = i; k < j; ++k) {
       proto::Record r;
-      size_t size = 0;
-      DecodeResult d = DecodeSpoolRecord(ByteSpan(buf).subspan(pieces[k].e.offset - start, pieces[k].e.size), &r, &size);
-      if (d != DecodeResult::kOk || r.seq != pieces[k].e.seq || size != pieces[k].e.size) {
+      if (!DecodeSpoolRecord(ByteSpan(buf).subspan(pieces[k].e.offset - start, pieces[k].e.size), &r) ||
+          r.seq != pieces[k].e.seq) {
         Status c = Status::Corruption("spool: record seq " + std::to_string(pieces[k].e.seq) +
                                       " failed its check in " + pieces[k].file->path());
         c.MarkDataLoss();

@@ -1,8 +1,9 @@
 // Spool: the process server's durable per-volume cache of captured writes.
 //
-// One Spool per (tenant, volume), in its own directory. It is a sequence of
-// segment files "seg-<first seq, 20 digits>.log", each a header followed by
-// CRC-framed records (byte layout: docs/formats/spool.md). Records keep the
+// One Spool per (tenant, volume), in its own directory. It is a segment log
+// (common/segment_log.h): segment files "<first seq, 16 hex digits>.spl", each
+// a header followed by CRC-framed records (byte layout: docs/formats/spool.md
+// on top of docs/formats/segment-log.md). Records keep the
 // volume sequence, offset, length, kind, capture timestamp and data; a kData
 // record whose data is all zeros is stored (and later shipped) as kZero.
 //
@@ -53,15 +54,18 @@
 #include "common/env.h"
 #include "common/protocol.h"
 #include "common/result.h"
+#include "common/segment_log.h"
 #include "common/status.h"
 
 namespace cdp::ps {
 
-// On-disk constants (docs/formats/spool.md, version 1).
-inline constexpr uint32_t kSegmentMagic = 0x53504443;  // "CDPS" little-endian
-inline constexpr uint32_t kSpoolVersion = 1;
-inline constexpr size_t kSegmentHeaderSize = 20;
-inline constexpr size_t kRecordHeaderSize = 40;
+// On-disk constants (docs/formats/spool.md). The version is the segment log's.
+inline constexpr uint16_t kSpoolKind = 1;  // segment-log kind of spool segments
+inline constexpr uint32_t kSpoolVersion = seglog::kVersion;
+inline constexpr char kSpoolSegmentSuffix[] = ".spl";
+inline constexpr size_t kSegmentHeaderSize = seglog::kHeaderSize;
+// The segment log's frame, then seq, offset, length, kind, timestamp.
+inline constexpr size_t kRecordHeaderSize = seglog::kFrameSize + 32;
 // A record's data is at most a protocol record (or a tag name).
 inline constexpr uint32_t kMaxSpoolRecordData = proto::kMaxRecordLength;
 
@@ -145,7 +149,7 @@ class Spool {
     uint64_t last_seq = 0;     // 0 when empty (first_seq - 1 conceptually)
     uint64_t size = 0;
     std::string path;
-    std::shared_ptr<File> file;
+    std::shared_ptr<seglog::Writer> log;  // its file is shared with readers
   };
   struct IndexEntry {
     uint64_t seq;
@@ -182,7 +186,7 @@ class Spool {
 
 // Encodes one record in the spool's framing (exposed for tests and tools).
 void EncodeSpoolRecord(const proto::Record& r, Bytes* out);
-// True when every byte is zero.
-bool AllZero(ByteSpan data);
+// True when every byte is zero (common/coding.h).
+using cdp::AllZero;
 
 }  // namespace cdp::ps

@@ -206,7 +206,7 @@ TEST_CASE("spool detects a flipped byte and never returns that record", "[spool]
   REQUIRE(sp.ok());
   REQUIRE((*sp)->Append(Batch(1, 4)).status.ok());
   std::string seg = LastSegment(env.get());
-  // Flip one data byte of record 2 (header 20 + record 1 (40+512) + header 40 + 100).
+  // Flip one data byte of record 2 (segment header + record 1 (40+512) + header 40 + 100).
   uint64_t at = cdp::ps::kSegmentHeaderSize + (40 + 512) + 40 + 100;
   {
     auto f = env->Open(seg, {});
