@@ -40,6 +40,7 @@ namespace cdp::mt {
 
 // The segment-log kind of journal segments; the version is the segment log's.
 inline constexpr uint16_t kJournalKind = 2;
+inline constexpr uint32_t kSegmentMagic = seglog::kMagic;
 inline constexpr uint16_t kJournalVersion = seglog::kVersion;
 inline constexpr char kSegmentSuffix[] = ".jnl";
 inline constexpr size_t kSegmentHeaderSize = seglog::kHeaderSize;

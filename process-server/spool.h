@@ -61,6 +61,7 @@ namespace cdp::ps {
 
 // On-disk constants (docs/formats/spool.md). The version is the segment log's.
 inline constexpr uint16_t kSpoolKind = 1;  // segment-log kind of spool segments
+inline constexpr uint32_t kSegmentMagic = seglog::kMagic;
 inline constexpr uint32_t kSpoolVersion = seglog::kVersion;
 inline constexpr char kSpoolSegmentSuffix[] = ".spl";
 inline constexpr size_t kSegmentHeaderSize = seglog::kHeaderSize;
