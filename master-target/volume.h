@@ -42,6 +42,11 @@
 // Files of a volume `dir`:  replica.img, journal/<16 hex>.jnl; the sqlite
 // index lives at VolumeOptions::index_path (dir/index.db in the daemon).
 //
+// Code: the façade, reads, pins and hashes in volume.cc; the sqlite index in
+// replica_index.cc; apply and re-protect in volume_apply.cc; crash recovery in
+// volume_recovery.cc; rollback in volume_rollback.cc; retention in
+// volume_retention.cc.
+//
 // Thread safety: all public methods are thread-safe. Apply, Rollback,
 // Retention and RegionHashes are serialised by one mutex; ReadAt (exports)
 // runs concurrently with them and sees the image of its point throughout.
@@ -266,7 +271,11 @@ class Volume {
   Status UndoEntries(const std::vector<UndoEntry>& entries);
   Status ZeroReplica(uint64_t offset, uint64_t len);
   Status ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out);
-  Status CommitVolumeRow(uint64_t applied, uint64_t seg, uint64_t off);
+  // The commit point of a batch (master-target/replica_index.cc): the applied
+  // sequence, the journal position, the touched segments and the new points
+  // (whose ids it fills in), in one sqlite transaction.
+  Status CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
+                     const std::map<uint64_t, SegmentInfo>& touched, std::vector<RecoveryPoint>* new_points);
   std::shared_ptr<File> SegmentFile(uint64_t segment) const;  // index_mu_ held
   void Unpin(uint64_t seq);
   void UpdateGauges();

@@ -1,0 +1,188 @@
+#include "master-target/volume.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "common/sqlite.h"
+#include "master-target/replica_index.h"
+
+namespace cdp::mt {
+
+namespace {
+
+constexpr int kIndexFormatVersion = 1;
+
+const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS volume(
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  format_version INTEGER NOT NULL,
+  name TEXT NOT NULL,
+  size INTEGER NOT NULL,
+  block_size INTEGER NOT NULL,
+  uuid BLOB NOT NULL,
+  generation INTEGER NOT NULL,
+  applied_seq INTEGER NOT NULL,
+  journal_segment INTEGER NOT NULL,
+  journal_offset INTEGER NOT NULL,
+  horizon_seq INTEGER NOT NULL,
+  state INTEGER NOT NULL,
+  rollback_to INTEGER NOT NULL,
+  created_us INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS segments(
+  segment INTEGER PRIMARY KEY,
+  min_seq INTEGER NOT NULL,
+  max_seq INTEGER NOT NULL,
+  first_time_us INTEGER NOT NULL,
+  last_time_us INTEGER NOT NULL,
+  bytes INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS points(
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  seq INTEGER NOT NULL,
+  time_us INTEGER NOT NULL,
+  kind INTEGER NOT NULL,
+  name TEXT NOT NULL);
+)sql";
+
+}  // namespace
+
+Status CreateIndexSchema(sqlite::Db& db) { return db.Exec(kSchema); }
+
+Status Volume::CreateFiles(const VolumeIdentity& id) {
+  if (!proto::ValidName(id.name)) return Status::InvalidArgument("bad volume name");
+  if (!std::has_single_bit(id.block_size) || id.block_size < 512 || id.block_size > (1u << 20))
+    return Status::InvalidArgument("bad block size " + std::to_string(id.block_size));
+  if (id.size == 0 || id.size % id.block_size != 0)
+    return Status::InvalidArgument("volume size must be a non-zero multiple of the block size");
+  Env* env = o_.env;
+  CDP_RETURN_IF_ERROR(env->CreateDirs(JournalDir()));
+  // A creation interrupted before its index row was committed left files that
+  // nothing refers to: start over.
+  CDP_ASSIGN_OR_RETURN(auto names, env->ListDir(JournalDir()));
+  for (const auto& n : names) {
+    uint64_t seg;
+    if (ParseSegmentName(n, &seg)) CDP_RETURN_IF_ERROR(env->Remove(JoinPath(JournalDir(), n)));
+  }
+  {
+    OpenOptions oo;
+    oo.create = true;
+    CDP_ASSIGN_OR_RETURN(auto f, env->Open(ReplicaPath(), oo));
+    CDP_RETURN_IF_ERROR(f->Truncate(0));
+    CDP_RETURN_IF_ERROR(f->Truncate(id.size));
+    CDP_RETURN_IF_ERROR(f->Sync());
+  }
+  CDP_RETURN_IF_ERROR(env->SyncDir(o_.dir));
+  {
+    CDP_ASSIGN_OR_RETURN(auto w, SegmentWriter::Open(env, JournalDir(), 1, true, 1, 0, o_.segment_bytes));
+    CDP_RETURN_IF_ERROR(w->Sync());
+  }
+  CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+  {
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+        "INSERT INTO volume(id, format_version, name, size, block_size, uuid, generation, applied_seq,"
+        " journal_segment, journal_offset, horizon_seq, state, rollback_to, created_us)"
+        " VALUES(1, ?1, ?2, ?3, ?4, ?5, ?6, 0, 1, ?7, 0, 0, 0, ?8)"));
+    CDP_RETURN_IF_ERROR(st.BindAll(int64_t(kIndexFormatVersion), id.name, id.size, int64_t(id.block_size),
+                                   ByteSpan(id.uuid.data(), id.uuid.size()), id.generation,
+                                   uint64_t(kSegmentHeaderSize), o_.clock->WallMicros()));
+    CDP_RETURN_IF_ERROR(st.Run());
+  }
+  {
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("INSERT INTO segments VALUES(1, 0, 0, 0, 0, ?1)"));
+    CDP_RETURN_IF_ERROR(st.BindAll(uint64_t(kSegmentHeaderSize)));
+    CDP_RETURN_IF_ERROR(st.Run());
+  }
+  return tx.Commit();
+}
+
+Status Volume::LoadIndex() {
+  {
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+        "SELECT format_version, name, size, block_size, uuid, generation, applied_seq, journal_segment,"
+        " journal_offset, horizon_seq, state, rollback_to FROM volume WHERE id = 1"));
+    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) return Status::Corruption(o_.index_path + ": no volume row");
+    if (st.ColumnInt64(0) != kIndexFormatVersion)
+      return Status::Corruption(o_.index_path + ": unsupported index format " + std::to_string(st.ColumnInt64(0)));
+    id_.name = st.ColumnText(1);
+    id_.size = uint64_t(st.ColumnInt64(2));
+    id_.block_size = uint32_t(st.ColumnInt64(3));
+    Bytes uuid = st.ColumnBlob(4);
+    if (uuid.size() != id_.uuid.size()) return Status::Corruption(o_.index_path + ": bad uuid");
+    std::copy(uuid.begin(), uuid.end(), id_.uuid.begin());
+    id_.generation = uint64_t(st.ColumnInt64(5));
+    applied_.store(uint64_t(st.ColumnInt64(6)));
+    committed_segment_ = uint64_t(st.ColumnInt64(7));
+    committed_offset_ = uint64_t(st.ColumnInt64(8));
+    horizon_ = uint64_t(st.ColumnInt64(9));
+    int64_t state = st.ColumnInt64(10);
+    if (state < 0 || state > 2) return Status::Corruption(o_.index_path + ": bad state");
+    state_ = VolumeState(state);
+    rollback_to_ = uint64_t(st.ColumnInt64(11));
+  }
+  std::lock_guard<std::mutex> lk(meta_mu_);
+  segments_.clear();
+  {
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+        "SELECT segment, min_seq, max_seq, first_time_us, last_time_us, bytes FROM segments ORDER BY segment"));
+    for (;;) {
+      CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+      if (!row) break;
+      SegmentInfo s;
+      s.segment = uint64_t(st.ColumnInt64(0));
+      s.min_seq = uint64_t(st.ColumnInt64(1));
+      s.max_seq = uint64_t(st.ColumnInt64(2));
+      s.first_time_us = uint64_t(st.ColumnInt64(3));
+      s.last_time_us = uint64_t(st.ColumnInt64(4));
+      s.bytes = uint64_t(st.ColumnInt64(5));
+      segments_[s.segment] = s;
+    }
+  }
+  if (!segments_.count(committed_segment_))
+    return Status::Corruption(o_.index_path + ": committed journal segment is not in the index");
+  points_.clear();
+  {
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT id, seq, time_us, kind, name FROM points ORDER BY id"));
+    for (;;) {
+      CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+      if (!row) break;
+      RecoveryPoint p;
+      p.id = st.ColumnInt64(0);
+      p.seq = uint64_t(st.ColumnInt64(1));
+      p.time_us = uint64_t(st.ColumnInt64(2));
+      p.kind = st.ColumnInt64(3) == int64_t(PointKind::kTag) ? PointKind::kTag : PointKind::kCrash;
+      p.name = st.ColumnText(4);
+      points_.push_back(std::move(p));
+    }
+  }
+  return Status::OK();
+}
+
+Status Volume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
+                           const std::map<uint64_t, SegmentInfo>& touched,
+                           std::vector<RecoveryPoint>* new_points) {
+  CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+  CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+      "UPDATE volume SET applied_seq = ?1, journal_segment = ?2, journal_offset = ?3 WHERE id = 1"));
+  CDP_RETURN_IF_ERROR(st.BindAll(last_seq, journal_segment, journal_offset));
+  CDP_RETURN_IF_ERROR(st.Run());
+  if (!touched.empty()) {
+    CDP_ASSIGN_OR_RETURN(auto up, db_->Prepare("INSERT OR REPLACE INTO segments VALUES(?1, ?2, ?3, ?4, ?5, ?6)"));
+    for (const auto& [seg, si] : touched) {
+      CDP_RETURN_IF_ERROR(up.Reset());
+      CDP_RETURN_IF_ERROR(up.BindAll(seg, si.min_seq, si.max_seq, si.first_time_us, si.last_time_us, si.bytes));
+      CDP_RETURN_IF_ERROR(up.Run());
+    }
+  }
+  if (!new_points->empty()) {
+    CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare("INSERT INTO points(seq, time_us, kind, name) VALUES(?1, ?2, ?3, ?4)"));
+    for (RecoveryPoint& p : *new_points) {
+      CDP_RETURN_IF_ERROR(ins.Reset());
+      CDP_RETURN_IF_ERROR(ins.BindAll(p.seq, p.time_us, int64_t(p.kind), p.name));
+      CDP_RETURN_IF_ERROR(ins.Run());
+      p.id = db_->LastInsertRowId();
+    }
+  }
+  return tx.Commit();
+}
+
+}  // namespace cdp::mt

@@ -1,0 +1,398 @@
+#include "master-target/volume.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/sqlite.h"
+
+namespace cdp::mt {
+
+namespace {
+
+constexpr size_t kJournalFlushBytes = 8u << 20;  // encoded undo bytes buffered before an Append
+constexpr uint64_t kZeroChunk = 1u << 20;
+
+// The bytes a batch's earlier records wrote, so that a later record in the same
+// batch journals the bytes it really overwrites. Non-overlapping extents;
+// `data == nullptr` means zeros. Pointers refer into the batch's records.
+class BatchOverlay {
+ public:
+  void Insert(uint64_t off, uint64_t len, const uint8_t* data) {
+    const uint64_t end = off + len;
+    auto it = m_.lower_bound(off);
+    if (it != m_.begin()) {
+      auto p = std::prev(it);
+      if (p->second.end > off) {
+        Ext tail = p->second;
+        uint64_t pstart = p->first;
+        p->second.end = off;
+        if (tail.end > end) m_[end] = Ext{tail.end, tail.data ? tail.data + (end - pstart) : nullptr};
+      }
+    }
+    it = m_.lower_bound(off);
+    while (it != m_.end() && it->first < end) {
+      if (it->second.end > end) {
+        Ext e = it->second;
+        uint64_t s = it->first;
+        m_.erase(it);
+        m_[end] = Ext{e.end, e.data ? e.data + (end - s) : nullptr};
+        break;
+      }
+      it = m_.erase(it);
+    }
+    m_[off] = Ext{end, data};
+  }
+
+  void Patch(uint64_t off, uint64_t len, uint8_t* buf) const {
+    const uint64_t end = off + len;
+    auto it = m_.upper_bound(off);
+    if (it != m_.begin()) --it;
+    for (; it != m_.end() && it->first < end; ++it) {
+      uint64_t s = std::max(it->first, off), t = std::min(it->second.end, end);
+      if (s >= t) continue;
+      if (it->second.data) {
+        std::memcpy(buf + (s - off), it->second.data + (s - it->first), t - s);
+      } else {
+        std::memset(buf + (s - off), 0, t - s);
+      }
+    }
+  }
+
+ private:
+  struct Ext {
+    uint64_t end;
+    const uint8_t* data;
+  };
+  std::map<uint64_t, Ext> m_;
+};
+
+bool IsWrite(proto::RecordKind k) {
+  return k == proto::RecordKind::kData || k == proto::RecordKind::kZero || k == proto::RecordKind::kTrim;
+}
+
+ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected = 0) {
+  ApplyOutcome o;
+  o.ack = false;
+  o.reason = reason;
+  o.message = std::move(msg);
+  o.expected_seq = expected;
+  return o;
+}
+
+}  // namespace
+
+Status Volume::ZeroReplica(uint64_t offset, uint64_t len) {
+  Status s = replica_->PunchHole(offset, len);
+  if (s.ok()) return s;
+  static const std::vector<uint8_t> zeros(kZeroChunk, 0);
+  while (len > 0) {
+    uint64_t n = std::min(len, kZeroChunk);
+    CDP_RETURN_IF_ERROR(replica_->Write(offset, ByteSpan(zeros.data(), n)));
+    if (o_.metrics.disk_write_bytes) o_.metrics.disk_write_bytes->Inc(n);
+    offset += n;
+    len -= n;
+  }
+  return Status::OK();
+}
+
+Result<ApplyOutcome> Volume::CheckOpen(const VolumeIdentity& id) {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  if (id.uuid != id_.uuid) return Nack(proto::NackReason::kWrongGeneration, "volume uuid differs");
+  if (id.size != id_.size)
+    return Nack(proto::NackReason::kWrongGeneration,
+                "volume size differs: " + std::to_string(id.size) + " != " + std::to_string(id_.size));
+  if (id.block_size != id_.block_size) return Nack(proto::NackReason::kWrongGeneration, "block size differs");
+  if (id.generation < id_.generation)
+    return Nack(proto::NackReason::kWrongGeneration,
+                "stale generation " + std::to_string(id.generation) + " < " + std::to_string(id_.generation));
+  if (id.generation == id_.generation && state_ != VolumeState::kReplicating)
+    return Nack(proto::NackReason::kWrongGeneration,
+                std::string("volume is ") + StateName(state_) + "; re-protect with a higher generation");
+  if (id.generation > id_.generation) CDP_RETURN_IF_ERROR(ResetForNewGeneration(id));
+  ApplyOutcome o;
+  o.durable_seq = applied_.load();
+  return o;
+}
+
+Status Volume::ResetForNewGeneration(const VolumeIdentity& id) {
+  {
+    std::lock_guard<std::mutex> lk(meta_mu_);
+    if (!pins_.empty()) return Status::Busy(id_.name + ": exports are open; cannot re-protect");
+  }
+  const uint64_t new_seg = writer_->segment() + 1;
+  writer_.reset();
+  CDP_ASSIGN_OR_RETURN(auto w, SegmentWriter::Open(o_.env, JournalDir(), new_seg, true, 1, 0, o_.segment_bytes));
+  CDP_RETURN_IF_ERROR(w->Sync());
+  {
+    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+        "UPDATE volume SET generation = ?1, applied_seq = 0, journal_segment = ?2, journal_offset = ?3,"
+        " horizon_seq = 0, state = 0, rollback_to = 0 WHERE id = 1"));
+    CDP_RETURN_IF_ERROR(st.BindAll(id.generation, new_seg, uint64_t(kSegmentHeaderSize)));
+    CDP_RETURN_IF_ERROR(st.Run());
+    CDP_RETURN_IF_ERROR(db_->Exec("DELETE FROM segments; DELETE FROM points;"));
+    CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare("INSERT INTO segments VALUES(?1, 0, 0, 0, 0, ?2)"));
+    CDP_RETURN_IF_ERROR(ins.BindAll(new_seg, uint64_t(kSegmentHeaderSize)));
+    CDP_RETURN_IF_ERROR(ins.Run());
+    CDP_RETURN_IF_ERROR(tx.Commit());
+  }
+  std::vector<uint64_t> old;
+  {
+    auto lk = LockIndexExclusive();
+    undo_ = UndoIndex();
+    for (auto& [seg, f] : seg_files_) old.push_back(seg);
+    seg_files_.clear();
+    seg_files_[new_seg] = w->shared_file();
+    horizon_ = 0;
+  }
+  {
+    std::lock_guard<std::mutex> lk(meta_mu_);
+    segments_.clear();
+    SegmentInfo si;
+    si.segment = new_seg;
+    si.bytes = kSegmentHeaderSize;
+    segments_[new_seg] = si;
+    points_.clear();
+    state_ = VolumeState::kReplicating;
+  }
+  id_.generation = id.generation;
+  rollback_to_ = 0;
+  applied_.store(0);
+  committed_segment_ = new_seg;
+  committed_offset_ = kSegmentHeaderSize;
+  writer_ = std::move(w);
+  writer_->on_new_segment = [this](uint64_t seg, std::shared_ptr<File> f) {
+    auto lk = LockIndexExclusive();
+    seg_files_[seg] = std::move(f);
+  };
+  for (uint64_t seg : old) CDP_RETURN_IF_ERROR(o_.env->Remove(JoinPath(JournalDir(), SegmentFileName(seg))));
+  CDP_RETURN_IF_ERROR(o_.env->SyncDir(JournalDir()));
+  log::Get("mt.volume")->info("{} re-protected with generation {}", log::Where{id_.name, "", 0}, id.generation);
+  UpdateGauges();
+  return Status::OK();
+}
+
+Result<ApplyOutcome> Volume::ApplyBatch(const std::vector<proto::Record>& recs) {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  if (state_ != VolumeState::kReplicating)
+    return Nack(proto::NackReason::kWrongGeneration,
+                std::string("volume is ") + StateName(state_) + "; re-protect with a higher generation");
+  const uint64_t applied = applied_.load();
+  ApplyOutcome out;
+  for (size_t i = 1; i < recs.size(); ++i) {
+    if (recs[i].seq != recs[i - 1].seq + 1)
+      return Nack(proto::NackReason::kBadRecord, "sequences in the batch are not contiguous");
+  }
+  size_t first = 0;
+  while (first < recs.size() && recs[first].seq <= applied) ++first;
+  out.duplicates = first;
+  if (first == recs.size()) {
+    out.durable_seq = applied;
+    return out;
+  }
+  if (recs[first].seq != applied + 1) {
+    return Nack(proto::NackReason::kGap,
+                "expected sequence " + std::to_string(applied + 1) + ", got " + std::to_string(recs[first].seq),
+                applied + 1);
+  }
+  for (size_t i = first; i < recs.size(); ++i) {
+    const proto::Record& r = recs[i];
+    const std::string at = "record seq " + std::to_string(r.seq) + ": ";
+    switch (r.kind) {
+      case proto::RecordKind::kData:
+        if (r.length == 0) return Nack(proto::NackReason::kBadRecord, at + "zero length");
+        if (r.length > proto::kMaxRecordLength) return Nack(proto::NackReason::kBadRecord, at + "absurd length");
+        if (r.data.size() != r.length) return Nack(proto::NackReason::kBadRecord, at + "data size != length");
+        [[fallthrough]];
+      case proto::RecordKind::kZero:
+      case proto::RecordKind::kTrim:
+        if (r.length == 0) return Nack(proto::NackReason::kBadRecord, at + "zero length");
+        if (r.offset > id_.size || r.length > id_.size - r.offset)
+          return Nack(proto::NackReason::kBadRecord, at + "range past the end of the volume");
+        if (r.kind != proto::RecordKind::kData && !r.data.empty())
+          return Nack(proto::NackReason::kBadRecord, at + "zero/trim record with data");
+        break;
+      case proto::RecordKind::kFlush:
+        if (r.offset != 0 || r.length != 0 || !r.data.empty())
+          return Nack(proto::NackReason::kBadRecord, at + "flush with a range");
+        break;
+      case proto::RecordKind::kTag:
+        if (!proto::ValidName(std::string_view(reinterpret_cast<const char*>(r.data.data()), r.data.size())))
+          return Nack(proto::NackReason::kBadRecord, at + "bad tag name");
+        break;
+      default:
+        return Nack(proto::NackReason::kBadRecord, at + "unknown kind");
+    }
+  }
+  Status s = ApplyLocked(recs, first, &out);
+  if (!s.ok()) {
+    log::Get("mt.volume")->error("{} apply failed: {}; undoing the partial batch", log::Where{id_.name, "", applied + 1},
+                                 s.ToString());
+    Status r = RecoverUncommitted();
+    if (!r.ok()) {
+      broken_ = true;
+      log::Get("mt.volume")->error("{} undo after failed apply failed: {}", log::Where{id_.name, "", applied},
+                                   r.ToString());
+    }
+    return s;
+  }
+  out.applied = recs.size() - first;
+  return out;
+}
+
+Status Volume::ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out) {
+  const uint64_t wall = o_.clock->WallMicros();
+  BatchOverlay overlay;
+  Bytes jbuf;
+  struct Pending {
+    UndoEntry e;
+    size_t buf_off;
+  };
+  std::vector<Pending> pend;
+  std::vector<UndoEntry> added;
+  Bytes old;
+  uint64_t read_bytes = 0, write_bytes = 0, change_bytes = 0;
+
+  auto flush_buf = [&]() -> Status {
+    if (jbuf.empty()) return Status::OK();
+    CDP_ASSIGN_OR_RETURN(UndoLocation loc, writer_->Append(jbuf, pend.front().e.seq));
+    for (Pending& p : pend) {
+      p.e.segment = loc.segment;
+      p.e.file_offset = loc.file_offset + p.buf_off;
+      added.push_back(p.e);
+    }
+    write_bytes += jbuf.size();
+    jbuf.clear();
+    pend.clear();
+    return Status::OK();
+  };
+
+  // 1. Undo records: the bytes each write overwrites, in order.
+  for (size_t i = first; i < recs.size(); ++i) {
+    const proto::Record& r = recs[i];
+    if (!IsWrite(r.kind)) continue;
+    change_bytes += r.length;
+    for (uint64_t done = 0; done < r.length;) {
+      uint32_t n = uint32_t(std::min<uint64_t>(kMaxUndoChunk, r.length - done));
+      uint64_t off = r.offset + done;
+      old.resize(n);
+      CDP_RETURN_IF_ERROR(replica_->Read(off, n, old.data()));
+      read_bytes += n;
+      overlay.Patch(off, n, old.data());
+      UndoKind kind = AllZero(old) ? UndoKind::kZeroes : UndoKind::kData;
+      size_t at = jbuf.size();
+      EncodeUndoRecord(kind, r.seq, off, n, wall, kind == UndoKind::kData ? ByteSpan(old) : ByteSpan(), &jbuf);
+      pend.push_back(Pending{UndoEntry{r.seq, off, n, kind, 0, 0, DecodeFixed32(jbuf.data() + at), wall}, at});
+      if (jbuf.size() >= kJournalFlushBytes) CDP_RETURN_IF_ERROR(flush_buf());
+      done += n;
+    }
+    overlay.Insert(r.offset, r.length, r.kind == proto::RecordKind::kData ? r.data.data() : nullptr);
+  }
+  CDP_RETURN_IF_ERROR(flush_buf());
+  // 2. Journal durable (sync point 1).
+  CDP_RETURN_IF_ERROR(writer_->Sync());
+  // 3. Exports see the undo records before the replica changes.
+  if (!added.empty()) {
+    auto lk = LockIndexExclusive();
+    for (const UndoEntry& e : added) undo_.Add(e);
+  }
+  // 4. The replica (sync point 2).
+  bool replica_dirty = false;
+  for (size_t i = first; i < recs.size(); ++i) {
+    const proto::Record& r = recs[i];
+    if (r.kind == proto::RecordKind::kData) {
+      CDP_RETURN_IF_ERROR(replica_->Write(r.offset, r.data));
+      write_bytes += r.length;
+      replica_dirty = true;
+    } else if (r.kind == proto::RecordKind::kZero || r.kind == proto::RecordKind::kTrim) {
+      CDP_RETURN_IF_ERROR(ZeroReplica(r.offset, r.length));
+      replica_dirty = true;
+    }
+  }
+  if (replica_dirty) CDP_RETURN_IF_ERROR(replica_->Sync());
+
+  // 5. Recovery points of this batch.
+  std::vector<RecoveryPoint> new_points;
+  uint64_t last_crash = 0;
+  {
+    std::lock_guard<std::mutex> lk(meta_mu_);
+    for (auto it = points_.rbegin(); it != points_.rend(); ++it) {
+      if (it->kind == PointKind::kCrash) {
+        last_crash = it->time_us;
+        break;
+      }
+    }
+  }
+  for (size_t i = first; i < recs.size(); ++i) {
+    const proto::Record& r = recs[i];
+    if (r.kind == proto::RecordKind::kFlush) {
+      if (last_crash == 0 || wall >= last_crash + o_.point_interval_us) {
+        new_points.push_back(RecoveryPoint{0, r.seq, wall, PointKind::kCrash, ""});
+        last_crash = wall;
+      }
+    } else if (r.kind == proto::RecordKind::kTag) {
+      new_points.push_back(RecoveryPoint{0, r.seq, wall, PointKind::kTag,
+                                         std::string(reinterpret_cast<const char*>(r.data.data()), r.data.size())});
+    }
+  }
+
+  // 6. Segment bookkeeping.
+  std::map<uint64_t, SegmentInfo> touched;
+  {
+    std::lock_guard<std::mutex> lk(meta_mu_);
+    for (const UndoEntry& e : added) {
+      if (!touched.count(e.segment)) {
+        auto it = segments_.find(e.segment);
+        SegmentInfo si;
+        si.segment = e.segment;
+        if (it != segments_.end()) si = it->second;
+        touched[e.segment] = si;
+      }
+      SegmentInfo& si = touched[e.segment];
+      if (si.min_seq == 0) si.min_seq = e.seq;
+      si.max_seq = std::max(si.max_seq, e.seq);
+      if (si.first_time_us == 0) si.first_time_us = e.time_us;
+      si.last_time_us = e.time_us;
+    }
+  }
+  for (auto& [seg, si] : touched) {
+    if (seg == writer_->segment()) {
+      si.bytes = writer_->end();
+    } else {
+      CDP_ASSIGN_OR_RETURN(si.bytes, o_.env->FileSize(JoinPath(JournalDir(), SegmentFileName(seg))));
+    }
+  }
+  const uint64_t last_seq = recs.back().seq;
+  const uint64_t new_seg = writer_->segment(), new_off = writer_->end();
+
+  if (o_.before_commit) CDP_RETURN_IF_ERROR(o_.before_commit());
+  // 7. Commit point.
+  CDP_RETURN_IF_ERROR(CommitBatch(last_seq, new_seg, new_off, touched, &new_points));
+  // 8. Publish.
+  {
+    std::lock_guard<std::mutex> lk(meta_mu_);
+    for (const auto& [seg, si] : touched) segments_[seg] = si;
+    for (auto& p : new_points) points_.push_back(std::move(p));
+  }
+  committed_segment_ = new_seg;
+  committed_offset_ = new_off;
+  applied_.store(last_seq);
+  out->durable_seq = last_seq;
+  const VolumeMetrics& m = o_.metrics;
+  if (m.bytes_applied) m.bytes_applied->Inc(change_bytes);
+  if (m.records_applied) m.records_applied->Inc(recs.size() - first);
+  if (m.disk_read_bytes) m.disk_read_bytes->Inc(read_bytes);
+  if (m.disk_write_bytes) m.disk_write_bytes->Inc(write_bytes);
+  if (m.apply_lag_seconds && recs.back().timestamp_us) {
+    uint64_t now = o_.clock->WallMicros(), ts = recs.back().timestamp_us;
+    m.apply_lag_seconds->Set(now > ts ? double(now - ts) / 1e6 : 0.0);
+  }
+  UpdateGauges();
+  return Status::OK();
+}
+
+}  // namespace cdp::mt
