@@ -2,71 +2,13 @@
 // TCP, applies their write batches to per-tenant replica volumes (Volume), and
 // serves the control API and point-in-time NBD exports.
 //
-// ===================== Protocol contract with the process server =====================
-// (common/protocol.h messages over common/channel.h FrameChannel; the process
-// server codes against this; keep it.)
-//
-//   PS connects to `listen` (default port 7500), then ServerHandshake:
-//     Hello.role must be kProcessServer (kAgent is accepted too, for direct
-//     agent -> MT set-ups); the tenant and its secret come from the MT config.
-//     Wrong secret / unknown tenant -> AuthResult refused, connection closed.
-//
-//   VolumeOpen{name, size, block_size, uuid, generation}
-//     -> VolumeOpenReply{volume_id, durable_seq}
-//        volume_id: handle valid on this connection only;
-//        durable_seq: last applied and committed sequence (0: nothing yet) —
-//        the sender resumes at durable_seq + 1.
-//        First open creates the volume: a sparse replica file of `size` bytes
-//        under the tenant's directory. Bad name/size/block size -> Nack kBadRecord.
-//     -> Nack{kWrongGeneration} for another uuid, size or block size, a lower
-//        generation, or a failed-over volume opened with the same generation.
-//     -> Nack{kPermissionDenied} when creating it would exceed the tenant's quota.
-//        A HIGHER generation re-protects: journal and points are dropped, the
-//        replica is kept as it is, durable_seq = 0 (the sequence restarts at 1;
-//        the source resyncs by region hashes).
-//
-//   WriteBatch{volume_id, records}
-//     records are applied strictly in sequence order:
-//       seq <= applied           duplicate: skipped (still acked)
-//       first new seq != applied+1  -> Nack{kGap, expected_seq = applied+1}, nothing applied
-//       a bad record (past the end of the volume, zero or absurd length, data
-//       size != length, bad tag name, bad kind) -> Nack{kBadRecord}, nothing of
-//       the batch applied; the connection and other volumes are unaffected
-//       unknown volume_id       -> Nack{kUnknownVolume}
-//       failed-over volume      -> Nack{kWrongGeneration}
-//       tenant over its quota   -> Nack{kBusy} (retry later: retention frees journal space)
-//       I/O failure at the MT   -> Nack{kInternal} (the partial batch is undone; resend)
-//     once the whole batch is durable (journal synced, replica synced, sqlite
-//     committed) -> Ack{volume_id, durable_seq = last seq of the batch}.
-//     Acks come in the order of the batches (one reply per WriteBatch).
-//     kFlush records make crash-consistent recovery points (at most one per
-//     `point_interval`, default 5 s); kTag records always make a named point.
-//
-//   HashRequest{volume_id, request_id, region_size, first_region, count}
-//     -> HashResponse{... hashes}: XXH3-128 of each region of the replica as of
-//        the durable sequence (the last region of the volume may be short;
-//        regions past the end are left out) or Nack{kBadRecord} for a bad
-//        size/count or a first region past the end.
-//   Heartbeat{sent_us} -> Heartbeat{sent_us = MT wall clock, echo_us = the peer's sent_us}
-//   Stats -> ignored.  Anything else -> the connection is closed.
-// ======================================================================================
+// The process-server protocol is in master-target/ps_session.h, the control
+// API in master-target/control_api.h.
 //
 // Files: <data_dir>/tenants/<tenant>/volumes/<volume>/{replica.img, index.db, journal/}
 //        <data_dir>/tenants/<tenant>/exports/<n>.cow  (writable export overlays)
 // Every path is built from validated names (proto::ValidName) under the
 // tenant's directory; one tenant's volumes are never reachable by another.
-//
-// Control API (JSON over HTTP on `control`, common/http_server.h); a volume is
-// named by `tenant` + `volume`, or `volume` alone when unique across tenants:
-//   GET    /v1/volumes                       every volume and its state
-//   GET    /v1/points?volume=V[&tenant=T]    recovery points
-//   POST   /v1/rollback {"volume","tenant","point": id | "seq": n}
-//   POST   /v1/export   {"volume","tenant","point": id | "seq": n, "writable": bool}
-//                       -> {"export": name, "port": nbd port}
-//   DELETE /v1/export?name=NAME              (or body {"export": NAME})
-//   GET    /v1/exports                       open exports
-//   GET    /v1/hashes?volume=V[&tenant=T]&region_size=&first=&count=
-//   POST   /v1/retention                     run retention now on every volume
 //
 // Lifecycle: construct -> Start() (opens every volume: crash recovery first,
 // then listeners) -> Stop() (idempotent; the destructor calls it).

@@ -1,0 +1,115 @@
+// The master target daemon's shared state (MasterTarget::Impl), internal to
+// master-target/: the open volumes by tenant, the NBD exports, the listener,
+// the HTTP server, the retention thread and the metrics. Its members are
+// defined across server.cc (the core: volumes, quota, retention, lifecycle),
+// ps_session.cc (one process-server connection, ps_session.h) and
+// control_api.cc (the HTTP routes, control_api.h).
+//
+// Thread safety: `volumes` is guarded by vol_mu, `exports` and
+// export_counter by export_mu; a VolEntry's Volume is itself thread-safe.
+// The listener, http and nbd pointers are set in Start() before their threads
+// run and reset in Stop() after they are joined.
+#pragma once
+
+#include <boost/json.hpp>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "common/channel.h"
+#include "common/http_server.h"
+#include "common/listener.h"
+#include "common/log.h"
+#include "common/nbd_server.h"
+#include "master-target/export.h"
+#include "master-target/server.h"
+
+namespace cdp::mt {
+
+namespace json = boost::json;
+
+struct VolEntry {
+  std::string tenant, name;
+  std::shared_ptr<Volume> volume;
+};
+
+struct ExportEntry {
+  std::string tenant, volume;
+  uint64_t seq = 0;
+  bool writable = false;
+  std::shared_ptr<PointInTimeDevice> device;
+};
+
+struct MasterTarget::Impl {
+  explicit Impl(MasterTarget* owner) : mt(owner), o(owner->o_), log(log::Get("mt")) {}
+
+  MasterTarget* mt;
+  MasterTargetOptions& o;
+  std::shared_ptr<spdlog::logger> log;
+
+  std::mutex vol_mu;
+  std::map<std::string, std::shared_ptr<VolEntry>> volumes;  // "tenant/name"
+
+  std::unique_ptr<Listener> listener;  // process servers, one thread each
+  std::atomic<bool> stopping{false};
+
+  std::unique_ptr<http::Server> http;
+  std::unique_ptr<NbdServer> nbd;
+  std::mutex export_mu;
+  std::map<std::string, ExportEntry> exports;
+  uint64_t export_counter = 0;
+
+  std::mutex ret_mu;
+  std::condition_variable ret_cv;
+  std::thread retention_thread;
+
+  std::shared_ptr<metrics::Gauge> connections;
+  std::shared_ptr<metrics::Counter> nacks;
+
+  static std::string Key(const std::string& t, const std::string& n) { return t + "/" + n; }
+
+  uint64_t Quota(const std::string& tenant) const;
+  // Bytes a tenant uses: its volumes' sizes plus their journals. vol_mu held.
+  uint64_t UsageLocked(const std::string& tenant);
+  bool OverQuota(const std::string& tenant);
+
+  VolumeOptions VolOpts(const std::string& tenant, const std::string& name);
+
+  Status LoadVolumes();
+
+  // VolumeOpen: find or create, then check identity.
+  Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> OpenVolume(const std::string& tenant,
+                                                                         const proto::VolumeOpen& m);
+
+  // One process-server connection, start to end (its own thread: the Listener's).
+  void Serve(FrameChannel& ch);
+
+  void RetentionLoop();
+
+  json::array RunRetention();
+
+  // Finds a volume from "tenant" + "volume" (tenant optional when unique).
+  Result<std::shared_ptr<VolEntry>> Resolve(const std::string& tenant, const std::string& volume);
+
+  json::object VolumeJson(const VolEntry& e);
+
+  json::value StatusJson();
+
+  // Reads a JSON body (or an empty object); throws nothing.
+  static json::object Body(const http::Request& r);
+  static std::string Str(const json::object& b, const http::Request& r, const char* key);
+  static std::optional<int64_t> Int(const json::object& b, const http::Request& r, const char* key);
+
+  // The sequence named by "point" (an id) or "seq".
+  Result<uint64_t> PointSeq(const VolEntry& e, const json::object& b, const http::Request& r);
+
+  void AddRoutes();
+};
+
+}  // namespace cdp::mt

@@ -1,0 +1,115 @@
+#include "master-target/ps_session.h"
+
+#include <variant>
+
+namespace cdp::mt {
+
+void MasterTarget::Impl::Serve(FrameChannel& ch) {
+  const std::string peer_addr = ch.peer();
+  PeerIdentity peer;
+  auto tenant = ServerHandshake(
+      ch,
+      [this](const std::string& t) -> std::optional<std::string> {
+        auto it = o.tenants.find(t);
+        if (it == o.tenants.end()) return std::nullopt;
+        return it->second;
+      },
+      std::chrono::milliseconds(o.handshake_timeout_ms), &peer);
+  if (!tenant.ok()) {
+    log->warn("{} handshake failed: {}", log::Where{"", peer_addr, 0}, tenant.status().ToString());
+    return;
+  }
+  if (peer.role != proto::Role::kProcessServer && peer.role != proto::Role::kAgent) {
+    log->warn("{} refused role {}", log::Where{"", peer_addr, 0}, int(peer.role));
+    return;
+  }
+  connections->Add(1);
+  log->info("{} tenant {} connected ({})", log::Where{"", peer_addr, 0}, *tenant, peer.client_id);
+  std::map<uint32_t, std::shared_ptr<VolEntry>> handles;
+  uint32_t next_id = 1;
+  auto nack = [&](uint32_t vid, proto::NackReason r, std::string msg, uint64_t expected = 0) {
+    nacks->Inc();
+    proto::Nack n;
+    n.volume_id = vid;
+    n.reason = r;
+    n.expected_seq = expected;
+    n.message = std::move(msg);
+    return ch.Send(n);
+  };
+  while (!stopping.load()) {
+    auto m = ch.Receive(std::chrono::milliseconds(500));
+    if (!m.ok()) {
+      if (m.status().IsBusy()) continue;
+      if (!stopping.load())
+        log->info("{} connection ended: {}", log::Where{"", peer_addr, 0}, m.status().ToString());
+      break;
+    }
+    Status s;
+    if (auto* vo = std::get_if<proto::VolumeOpen>(&*m)) {
+      auto r = OpenVolume(*tenant, *vo);
+      if (!r.ok()) {
+        log->error("{} volume open failed: {}", log::Where{vo->name, peer_addr, 0}, r.status().ToString());
+        s = nack(0, proto::NackReason::kInternal, r.status().ToString());
+      } else if (!r->second.ack) {
+        log->warn("{} volume open refused: {}", log::Where{vo->name, peer_addr, 0}, r->second.message);
+        s = nack(0, r->second.reason, r->second.message);
+      } else {
+        uint32_t vid = next_id++;
+        handles[vid] = r->first;
+        s = ch.Send(proto::VolumeOpenReply{vid, r->second.durable_seq});
+      }
+    } else if (auto* wb = std::get_if<proto::WriteBatch>(&*m)) {
+      auto it = handles.find(wb->volume_id);
+      if (it == handles.end()) {
+        s = nack(wb->volume_id, proto::NackReason::kUnknownVolume, "unknown volume id");
+      } else if (OverQuota(*tenant) && !wb->records.empty() &&
+                 wb->records.back().seq > it->second->volume->applied_seq()) {
+        s = nack(wb->volume_id, proto::NackReason::kBusy, "tenant quota exceeded; retry after retention",
+                 it->second->volume->applied_seq() + 1);
+      } else {
+        auto r = it->second->volume->ApplyBatch(wb->records);
+        uint64_t first = wb->records.empty() ? 0 : wb->records.front().seq;
+        if (!r.ok()) {
+          s = nack(wb->volume_id, proto::NackReason::kInternal, r.status().ToString());
+        } else if (!r->ack) {
+          log->warn("{} batch refused: {}", log::Where{it->second->name, peer_addr, first}, r->message);
+          s = nack(wb->volume_id, r->reason, r->message, r->expected_seq);
+        } else {
+          s = ch.Send(proto::Ack{wb->volume_id, r->durable_seq});
+        }
+      }
+    } else if (auto* hr = std::get_if<proto::HashRequest>(&*m)) {
+      auto it = handles.find(hr->volume_id);
+      if (it == handles.end()) {
+        s = nack(hr->volume_id, proto::NackReason::kUnknownVolume, "unknown volume id");
+      } else {
+        auto r = it->second->volume->RegionHashes(hr->region_size, hr->first_region, hr->count);
+        if (!r.ok()) {
+          s = nack(hr->volume_id, proto::NackReason::kBadRecord, r.status().ToString());
+        } else {
+          proto::HashResponse resp;
+          resp.volume_id = hr->volume_id;
+          resp.request_id = hr->request_id;
+          resp.region_size = hr->region_size;
+          resp.first_region = hr->first_region;
+          resp.hashes = std::move(*r);
+          s = ch.Send(resp);
+        }
+      }
+    } else if (auto* hb = std::get_if<proto::Heartbeat>(&*m)) {
+      if (hb->echo_us == 0) s = ch.Send(proto::Heartbeat{o.clock->WallMicros(), hb->sent_us});
+    } else if (std::holds_alternative<proto::Stats>(*m)) {
+      // Counters from the peer are not used by the master target.
+    } else {
+      log->warn("{} unexpected message type {}; closing", log::Where{"", peer_addr, 0}, int(proto::TypeOf(*m)));
+      break;
+    }
+    if (!s.ok()) {
+      log->info("{} send failed: {}", log::Where{"", peer_addr, 0}, s.ToString());
+      break;
+    }
+  }
+  connections->Add(-1);
+}
+
+}  // namespace cdp::mt

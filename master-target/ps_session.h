@@ -1,0 +1,58 @@
+// PS session: one process-server connection at the master target, from the
+// handshake to EOF — VolumeOpen, WriteBatch, HashRequest and Heartbeat on a
+// FrameChannel. Implemented by MasterTarget::Impl::Serve (ps_session.cc),
+// which runs on the connection's own Listener thread; it shares the daemon's
+// volumes (master-target/daemon.h) with the other sessions, the control API
+// and the retention thread.
+//
+// ===================== Protocol contract with the process server =====================
+// (common/protocol.h messages over common/channel.h FrameChannel; the process
+// server codes against this; keep it.)
+//
+//   PS connects to `listen` (default port 7500), then ServerHandshake:
+//     Hello.role must be kProcessServer (kAgent is accepted too, for direct
+//     agent -> MT set-ups); the tenant and its secret come from the MT config.
+//     Wrong secret / unknown tenant -> AuthResult refused, connection closed.
+//
+//   VolumeOpen{name, size, block_size, uuid, generation}
+//     -> VolumeOpenReply{volume_id, durable_seq}
+//        volume_id: handle valid on this connection only;
+//        durable_seq: last applied and committed sequence (0: nothing yet) —
+//        the sender resumes at durable_seq + 1.
+//        First open creates the volume: a sparse replica file of `size` bytes
+//        under the tenant's directory. Bad name/size/block size -> Nack kBadRecord.
+//     -> Nack{kWrongGeneration} for another uuid, size or block size, a lower
+//        generation, or a failed-over volume opened with the same generation.
+//     -> Nack{kPermissionDenied} when creating it would exceed the tenant's quota.
+//        A HIGHER generation re-protects: journal and points are dropped, the
+//        replica is kept as it is, durable_seq = 0 (the sequence restarts at 1;
+//        the source resyncs by region hashes).
+//
+//   WriteBatch{volume_id, records}
+//     records are applied strictly in sequence order:
+//       seq <= applied           duplicate: skipped (still acked)
+//       first new seq != applied+1  -> Nack{kGap, expected_seq = applied+1}, nothing applied
+//       a bad record (past the end of the volume, zero or absurd length, data
+//       size != length, bad tag name, bad kind) -> Nack{kBadRecord}, nothing of
+//       the batch applied; the connection and other volumes are unaffected
+//       unknown volume_id       -> Nack{kUnknownVolume}
+//       failed-over volume      -> Nack{kWrongGeneration}
+//       tenant over its quota   -> Nack{kBusy} (retry later: retention frees journal space)
+//       I/O failure at the MT   -> Nack{kInternal} (the partial batch is undone; resend)
+//     once the whole batch is durable (journal synced, replica synced, sqlite
+//     committed) -> Ack{volume_id, durable_seq = last seq of the batch}.
+//     Acks come in the order of the batches (one reply per WriteBatch).
+//     kFlush records make crash-consistent recovery points (at most one per
+//     `point_interval`, default 5 s); kTag records always make a named point.
+//
+//   HashRequest{volume_id, request_id, region_size, first_region, count}
+//     -> HashResponse{... hashes}: XXH3-128 of each region of the replica as of
+//        the durable sequence (the last region of the volume may be short;
+//        regions past the end are left out) or Nack{kBadRecord} for a bad
+//        size/count or a first region past the end.
+//   Heartbeat{sent_us} -> Heartbeat{sent_us = MT wall clock, echo_us = the peer's sent_us}
+//   Stats -> ignored.  Anything else -> the connection is closed.
+// ======================================================================================
+#pragma once
+
+#include "master-target/daemon.h"
