@@ -1,41 +1,7 @@
 // ProcessServer: the enterprise-site daemon between agents and the master target.
 //
-// ===================== Agent-facing contract (protocol v1) =====================
-// Transport: TCP to `listen` (default port 7400), frames of common/protocol.h,
-// one thread per agent connection (common/channel.h).
-//  1. ServerHandshake: the agent says Hello{role = kAgent, tenant, client_id};
-//     secrets are the per-tenant secrets of the config. Any other role, or a
-//     failed proof, closes the connection.
-//  2. VolumeOpen{name, size, block_size, uuid, generation}: the PS opens (or
-//     creates) the tenant's spool for that volume, forwards the open to the
-//     master target (it waits at most `mt_open_wait` for the MT's answer) and
-//     replies VolumeOpenReply{volume_id, durable_seq}, where durable_seq is the
-//     highest sequence durable in the spool, or the MT's applied sequence if that
-//     is higher. volume_id is valid on this connection only. An invalid name ->
-//     Nack{kBadRecord}; a generation different from the one the spool was made
-//     for -> Nack{kWrongGeneration}; I/O failure -> Nack{kInternal}.
-//  3. WriteBatch{volume_id, records}: contiguous sequences. Records with
-//     seq <= durable are duplicates and skipped; a first new record past
-//     durable+1 -> Nack{kGap, expected_seq = durable+1}. Accepted records are
-//     appended to the spool and group-committed (one fdatasync covers every
-//     batch waiting); then Ack{volume_id, durable_seq} (cumulative: everything
-//     <= durable_seq is durable). Spool over quota -> Nack{kBusy} (nothing of the
-//     batch is kept; retry later / fall back to bitmap mode); the spool accepts
-//     again once shipping has drained it below the resume mark. Unknown
-//     volume_id -> Nack{kUnknownVolume}. Bad record shape -> Nack{kBadRecord}.
-//     All-zero data records are stored and shipped as kZero. Batches the
-//     agent pipelined (sent without waiting) that are already received and
-//     contiguous are appended together (one fdatasync) and each still gets
-//     its own reply, in order.
-//  4. HashRequest{volume_id, request_id, ...}: forwarded to the MT; its
-//     HashResponse is relayed back with the agent's volume_id and request_id
-//     (resync). MT unreachable or not answering within `hash_timeout` ->
-//     Nack{kInternal, message "master target unavailable"}.
-//  5. Heartbeat{sent_us}: answered with Heartbeat{now, echo_us = sent_us}.
-//  A malformed frame (bad CRC, bad payload, wrong frame sequence) or an
-//  unexpected message type closes that connection with a logged reason;
-//  nothing of it is spooled.
-// ==============================================================================
+// The agent-facing protocol is in process-server/agent_session.h, the control
+// API in process-server/control_api.h.
 //
 // Master-target side: for every tenant, `connections` TCP connections to the
 // MT (role kProcessServer, the tenant's secret); each volume is shipped on one
@@ -43,12 +9,6 @@
 // connection has compress_threads/connections sender threads (the compression
 // pool: FrameChannel::Send compresses in the sending thread); a volume is
 // always shipped by one of them. See mt_link.h for the shipping state machine.
-//
-// Control (common/http_server.h, default port 9101):
-//   GET  /metrics, /status
-//   GET  /v1/volumes               every volume: spool backlog, ages, rates, ratio, link state
-//   GET  /v1/throttle              the throttle's state
-//   POST /v1/throttle              {"mbps": N, "schedule": "20@08:00-18:00"} replaces it
 //
 // Spool layout: <spool_dir>/<tenant>/<volume>/ (spool.h) plus volume.meta
 // (docs/formats/spool.md). At start every existing spool is reopened and its
@@ -144,6 +104,8 @@ class ProcessServer {
 
  private:
   struct Impl;
+  // Binds the control server and adds its routes (control_api.cc).
+  Status StartControl();
   ProcessServerOptions opt_;
   std::unique_ptr<Throttle> throttle_;
   std::unique_ptr<Impl> impl_;

@@ -1,0 +1,222 @@
+#include "process-server/agent_session.h"
+
+#include <chrono>
+#include <functional>
+#include <list>
+#include <optional>
+#include <variant>
+
+#include "common/codec.h"
+
+namespace cdp::ps {
+
+namespace {
+
+using Millis = std::chrono::milliseconds;
+
+bool RecordInVolume(const proto::Record& r, const proto::VolumeOpen& v) {
+  switch (r.kind) {
+    case proto::RecordKind::kData:
+    case proto::RecordKind::kZero:
+    case proto::RecordKind::kTrim:
+      return r.length > 0 && r.offset <= v.size && r.length <= v.size - r.offset;
+    case proto::RecordKind::kFlush:
+    case proto::RecordKind::kTag:
+      return true;
+  }
+  return false;
+}
+
+proto::Nack MakeNack(uint32_t id, proto::NackReason reason, uint64_t expected, std::string msg) {
+  proto::Nack n;
+  n.volume_id = id;
+  n.reason = reason;
+  n.expected_seq = expected;
+  n.message = std::move(msg);
+  return n;
+}
+
+}  // namespace
+
+void ProcessServer::Impl::Serve(FrameChannel& ch) {
+  PeerIdentity peer;
+  auto tenant_r = ServerHandshake(
+      ch,
+      [this](const std::string& t) -> std::optional<std::string> {
+        auto it = opt->tenants.find(t);
+        if (it == opt->tenants.end()) return std::nullopt;
+        return it->second;
+      },
+      Millis(10000), &peer);
+  if (!tenant_r.ok()) {
+    log->warn("peer={} handshake failed: {}", ch.peer(), tenant_r.status().ToString());
+    return;
+  }
+  std::string tenant = *tenant_r;
+  if (peer.role != proto::Role::kAgent) {
+    log->warn("peer={} tenant={} refused: role {} is not an agent", ch.peer(), tenant, int(peer.role));
+    return;
+  }
+  log->info("peer={} tenant={} agent {} connected", ch.peer(), tenant, peer.client_id);
+  std::map<uint32_t, Volume*> handles;
+  uint32_t next_id = 1;
+  std::optional<proto::Message> carry;  // received while coalescing, handled next
+  Status pending;                       // a receive error met while coalescing
+  while (!stopping.load()) {
+    proto::Message msg;
+    if (carry) {
+      msg = std::move(*carry);
+      carry.reset();
+    } else {
+      if (!pending.ok()) {
+        log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, pending.ToString());
+        return;
+      }
+      auto m = ch.Receive(Millis(1000));
+      if (!m.ok()) {
+        if (m.status().IsBusy() && !ch.broken()) continue;
+        if (m.status().code() == Code::kUnavailable || stopping.load())
+          log->info("peer={} tenant={} agent disconnected: {}", ch.peer(), tenant, m.status().ToString());
+        else
+          log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, m.status().ToString());
+        return;
+      }
+      msg = std::move(*m);
+    }
+    int replies = 1;
+    if (auto* b = std::get_if<proto::WriteBatch>(&msg)) {
+      // Batches the agent pipelined and that are already here, contiguous
+      // with this one, go into the same spool append (one fdatasync); each
+      // still gets its own reply.
+      uint64_t bytes = 0;
+      for (const auto& r : b->records) bytes += r.data.size();
+      while (replies < 64 && !b->records.empty() && bytes < (32u << 20)) {
+        auto r = ch.Receive(Millis(0));
+        if (!r.ok()) {
+          if (!r.status().IsBusy() || ch.broken()) pending = r.status();
+          break;
+        }
+        auto* nb = std::get_if<proto::WriteBatch>(&*r);
+        if (nb == nullptr || nb->volume_id != b->volume_id || nb->records.empty() ||
+            nb->records.front().seq != b->records.back().seq + 1 ||
+            b->records.size() + nb->records.size() > proto::kMaxRecords) {
+          carry = std::move(*r);
+          break;
+        }
+        for (auto& rec : nb->records) {
+          bytes += rec.data.size();
+          b->records.push_back(std::move(rec));
+        }
+        replies++;
+      }
+    }
+    Status s = Handle(ch, tenant, handles, next_id, msg, replies);
+    if (!s.ok()) {
+      log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, s.ToString());
+      return;
+    }
+  }
+}
+
+Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, Volume*>& handles,
+                                   uint32_t& next_id, proto::Message& m, int replies) {
+  if (auto* o = std::get_if<proto::VolumeOpen>(&m)) {
+    if (!proto::ValidName(o->name)) return ch.Send(MakeNack(0, proto::NackReason::kBadRecord, 0, "invalid volume name"));
+    auto v = GetVolume(tenant, o, o->name);
+    if (!v.ok()) {
+      proto::NackReason reason = v.status().message().rfind("wrong generation", 0) == 0
+                                     ? proto::NackReason::kWrongGeneration
+                                     : proto::NackReason::kInternal;
+      log->error("{} open failed: {}", log::Where{tenant + "/" + o->name, ch.peer(), 0}, v.status().ToString());
+      return ch.Send(MakeNack(0, reason, 0, v.status().message()));
+    }
+    Volume* vol = *v;
+    uint64_t durable = vol->spool().durable_seq();
+    if (MtLink* link = LinkFor(tenant, o->name)) {
+      auto mt = link->WaitOpened(vol, Millis(opt->mt_open_wait_ms));
+      if (mt.ok() && *mt > durable) {
+        vol->spool().SetFloor(*mt);
+        durable = vol->spool().durable_seq();
+      } else if (!mt.ok()) {
+        log->warn("{} master target: {}; answering with the spool's durable seq",
+                  log::Where{vol->key(), ch.peer(), durable}, mt.status().ToString());
+      }
+    }
+    uint32_t id = next_id++;
+    handles[id] = vol;
+    proto::VolumeOpenReply r;
+    r.volume_id = id;
+    r.durable_seq = durable;
+    log->info("{} opened by agent, volume_id {}, durable {}", log::Where{vol->key(), ch.peer(), durable}, id, durable);
+    return ch.Send(r);
+  }
+  if (auto* b = std::get_if<proto::WriteBatch>(&m)) {
+    auto it = handles.find(b->volume_id);
+    if (it == handles.end())
+      return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kUnknownVolume, 0, "volume not open on this connection"));
+    Volume* v = it->second;
+    for (const auto& r : b->records) {
+      if (!RecordInVolume(r, v->open_message()))
+        return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBadRecord, 0,
+                                "record seq " + std::to_string(r.seq) + " outside the volume"));
+    }
+    uint64_t bytes = 0;  // of records that are not duplicates
+    uint64_t before = v->spool().durable_seq();
+    for (const auto& r : b->records)
+      if (r.seq > before) bytes += r.data.size();
+    AppendResult ar = v->spool().Append(std::move(b->records));
+    if (ar.status.ok()) {
+      VolumeCounters& c = v->counters();
+      if (ar.appended > 0) {
+        c.bytes_in.fetch_add(bytes);
+        c.records_in.fetch_add(ar.appended);
+        c.batches_in.fetch_add(uint64_t(replies));
+        if (MtLink* link = LinkFor(tenant, v->name())) link->Notify();
+      }
+      proto::Ack a;
+      a.volume_id = b->volume_id;
+      a.durable_seq = ar.durable_seq;
+      return Reply(ch, replies, a);
+    }
+    switch (ar.status.code()) {
+      case Code::kBusy:
+        v->counters().busy_nacks.fetch_add(uint64_t(replies));
+        return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBusy, ar.expected_seq, ar.status.message()));
+      case Code::kOutOfRange:
+        return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kGap, ar.expected_seq, ar.status.message()));
+      case Code::kInvalidArgument:
+        return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBadRecord, ar.expected_seq, ar.status.message()));
+      default:
+        log->error("{} spool append failed: {}", log::Where{v->key(), ch.peer(), ar.expected_seq},
+                   ar.status.ToString());
+        return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kInternal, ar.expected_seq, ar.status.message()));
+    }
+  }
+  if (auto* h = std::get_if<proto::HashRequest>(&m)) {
+    auto it = handles.find(h->volume_id);
+    if (it == handles.end())
+      return ch.Send(MakeNack(h->volume_id, proto::NackReason::kUnknownVolume, 0, "volume not open on this connection"));
+    MtLink* link = LinkFor(tenant, it->second->name());
+    if (link == nullptr)
+      return ch.Send(MakeNack(h->volume_id, proto::NackReason::kInternal, 0, "master target unavailable"));
+    auto r = link->Hash(it->second, *h, Millis(opt->hash_timeout_ms));
+    if (!r.ok())
+      return ch.Send(MakeNack(h->volume_id, proto::NackReason::kInternal, 0,
+                              "master target unavailable: " + r.status().message()));
+    r->volume_id = h->volume_id;
+    r->request_id = h->request_id;
+    return ch.Send(*r);
+  }
+  if (auto* hb = std::get_if<proto::Heartbeat>(&m)) {
+    if (hb->echo_us != 0) return Status::OK();
+    proto::Heartbeat reply;
+    reply.sent_us = opt->clock->WallMicros();
+    reply.echo_us = hb->sent_us;
+    return ch.Send(reply);
+  }
+  if (std::holds_alternative<proto::Stats>(m)) return Status::OK();
+  return Status::InvalidArgument("unexpected message type " + std::to_string(int(proto::TypeOf(m))) +
+                                 " from an agent");
+}
+
+}  // namespace cdp::ps

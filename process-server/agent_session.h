@@ -1,0 +1,46 @@
+// Agent session: one agent connection at the process server, from the
+// handshake to EOF — VolumeOpen, WriteBatch (spooled, acked once durable),
+// HashRequest (forwarded to the master target) and Heartbeat. Implemented by
+// ProcessServer::Impl::Serve and Handle (agent_session.cc), on the
+// connection's own Listener thread; sessions share the daemon's volumes and
+// MT links (process-server/daemon.h).
+//
+// ===================== Agent-facing contract (protocol v1) =====================
+// Transport: TCP to `listen` (default port 7400), frames of common/protocol.h,
+// one thread per agent connection (common/channel.h).
+//  1. ServerHandshake: the agent says Hello{role = kAgent, tenant, client_id};
+//     secrets are the per-tenant secrets of the config. Any other role, or a
+//     failed proof, closes the connection.
+//  2. VolumeOpen{name, size, block_size, uuid, generation}: the PS opens (or
+//     creates) the tenant's spool for that volume, forwards the open to the
+//     master target (it waits at most `mt_open_wait` for the MT's answer) and
+//     replies VolumeOpenReply{volume_id, durable_seq}, where durable_seq is the
+//     highest sequence durable in the spool, or the MT's applied sequence if that
+//     is higher. volume_id is valid on this connection only. An invalid name ->
+//     Nack{kBadRecord}; a generation different from the one the spool was made
+//     for -> Nack{kWrongGeneration}; I/O failure -> Nack{kInternal}.
+//  3. WriteBatch{volume_id, records}: contiguous sequences. Records with
+//     seq <= durable are duplicates and skipped; a first new record past
+//     durable+1 -> Nack{kGap, expected_seq = durable+1}. Accepted records are
+//     appended to the spool and group-committed (one fdatasync covers every
+//     batch waiting); then Ack{volume_id, durable_seq} (cumulative: everything
+//     <= durable_seq is durable). Spool over quota -> Nack{kBusy} (nothing of the
+//     batch is kept; retry later / fall back to bitmap mode); the spool accepts
+//     again once shipping has drained it below the resume mark. Unknown
+//     volume_id -> Nack{kUnknownVolume}. Bad record shape -> Nack{kBadRecord}.
+//     All-zero data records are stored and shipped as kZero. Batches the
+//     agent pipelined (sent without waiting) that are already received and
+//     contiguous are appended together (one fdatasync) and each still gets
+//     its own reply, in order.
+//  4. HashRequest{volume_id, request_id, ...}: forwarded to the MT; its
+//     HashResponse is relayed back with the agent's volume_id and request_id
+//     (resync). MT unreachable or not answering within `hash_timeout` ->
+//     Nack{kInternal, message "master target unavailable"}.
+//  5. Heartbeat{sent_us}: answered with Heartbeat{now, echo_us = sent_us}.
+//  A malformed frame (bad CRC, bad payload, wrong frame sequence) or an
+//  unexpected message type closes that connection with a logged reason;
+//  nothing of it is spooled.
+// ==============================================================================
+#pragma once
+
+#include "process-server/daemon.h"

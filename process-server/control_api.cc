@@ -1,0 +1,111 @@
+#include "process-server/control_api.h"
+
+#include <boost/json.hpp>
+
+#include "common/codec.h"
+
+namespace cdp::ps {
+
+namespace json = boost::json;
+
+Status ProcessServer::StartControl() {
+  Impl& im = *impl_;
+  http::ServerOptions ho;
+  ho.host = opt_.control_host;
+  ho.port = opt_.control_port;
+  ho.registry = opt_.registry;
+  ho.status = [this] { return StatusJson(); };
+  im.http = std::make_unique<http::Server>(ho);
+  im.http->Route("GET", "/v1/volumes", [this](const http::Request&) {
+    return http::Response::Json(200, VolumesJson());
+  });
+  im.http->Route("GET", "/v1/throttle", [this](const http::Request&) {
+    ThrottleState s = throttle_->state();
+    return http::Response::Json(200, json::object{{"limit_mbps", s.limit_mbps},
+                                                  {"throttling", s.throttling},
+                                                  {"bytes", s.reserved_bytes},
+                                                  {"waited_seconds", double(s.waited_micros) / 1e6}});
+  });
+  im.http->Route("POST", "/v1/throttle", [this](const http::Request& r) {
+    boost::system::error_code jec;
+    json::value body = json::parse(r.body, jec);
+    if (jec || !body.is_object()) return http::Response::Error(400, "body must be a JSON object");
+    ThrottleOptions t = opt_.throttle;
+    const json::object& o = body.as_object();
+    if (auto* m = o.if_contains("mbps")) {
+      if (!m->is_number() || m->to_number<double>() < 0) return http::Response::Error(400, "mbps must be >= 0");
+      t.default_mbps = m->to_number<double>();
+    }
+    if (auto* sc = o.if_contains("schedule")) {
+      if (!sc->is_string()) return http::Response::Error(400, "schedule must be a string");
+      auto parsed = ParseSchedule(std::string(sc->as_string()));
+      if (!parsed.ok()) return http::Response::Error(400, parsed.status().message());
+      t.schedule = *parsed;
+    }
+    throttle_->Reconfigure(t);
+    opt_.throttle = t;
+    return http::Response::Json(200, json::object{{"limit_mbps", throttle_->CurrentMbps()}});
+  });
+  CDP_RETURN_IF_ERROR(im.http->Start());
+  control_port_ = im.http->port();
+  return Status::OK();
+}
+
+json::value ProcessServer::VolumesJson() {
+  Impl& im = *impl_;
+  json::array arr;
+  std::lock_guard<std::mutex> l(im.mu);
+  uint64_t now = opt_.clock->WallMicros();
+  for (auto& [key, v] : im.volumes) {
+    SpoolStats s = v->spool().stats();
+    VolumeCounters& c = v->counters();
+    MtLink* link = im.LinkFor(v->tenant(), v->name());
+    uint64_t wire = c.wire_out.load(), raw = c.raw_out.load();
+    json::object o{
+        {"tenant", v->tenant()},
+        {"volume", v->name()},
+        {"codec", std::string(CodecName(v->codec()))},
+        {"level", v->level()},
+        {"spool_durable_seq", s.durable_seq},
+        {"mt_acked_seq", c.mt_acked.load()},
+        {"backlog_bytes", s.backlog_bytes},
+        {"backlog_records", s.backlog_records},
+        {"oldest_record_age_seconds",
+         s.oldest_timestamp_us && s.oldest_timestamp_us < now ? double(now - s.oldest_timestamp_us) / 1e6 : 0.0},
+        {"spool_disk_bytes", s.disk_bytes},
+        {"spool_segments", s.segments},
+        {"spool_syncs", s.syncs},
+        {"busy", s.busy},
+        {"busy_nacks", c.busy_nacks.load()},
+        {"bytes_in", c.bytes_in.load()},
+        {"records_in", c.records_in.load()},
+        {"bytes_out", wire},
+        {"raw_bytes_out", raw},
+        {"compression_ratio", wire ? double(raw) / double(wire) : 0.0},
+        {"frames_out", c.frames_out.load()},
+        {"resent_frames", c.resent_frames.load()},
+        {"corruptions", c.corruptions.load()},
+        {"link", link ? link->state() : std::string("none")},
+        {"stalled", v->stalled()},
+    };
+    arr.push_back(std::move(o));
+  }
+  return json::object{{"volumes", std::move(arr)}};
+}
+
+json::value ProcessServer::StatusJson() {
+  ThrottleState t = throttle_->state();
+  json::value vols = VolumesJson();
+  json::object o;
+  o["daemon"] = "cdp-process-server";
+  o["agent_port"] = agent_port_;
+  o["master_target"] = opt_.mt_host + ":" + std::to_string(opt_.mt_port);
+  json::object th;
+  th["limit_mbps"] = t.limit_mbps;
+  th["throttling"] = t.throttling;
+  o["throttle"] = std::move(th);
+  o["volumes"] = std::move(vols.as_object()["volumes"]);
+  return o;
+}
+
+}  // namespace cdp::ps

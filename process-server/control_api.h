@@ -1,0 +1,13 @@
+// Control API of the process server: the HTTP routes over its volumes and
+// throttle. Implemented by ProcessServer::StartControl, VolumesJson and
+// StatusJson (control_api.cc); the handlers run on the HTTP server's threads.
+//
+// Control (common/http_server.h, default port 9101):
+//   GET  /metrics, /status
+//   GET  /v1/volumes               every volume: spool backlog, ages, rates, ratio, link state
+//   GET  /v1/throttle              the throttle's state
+//   POST /v1/throttle              {"mbps": N, "schedule": "20@08:00-18:00"} replaces it
+//
+#pragma once
+
+#include "process-server/daemon.h"
