@@ -47,7 +47,7 @@ uint64_t CaptureQueue::PushLocked(QueuedRecord r) {
   st_.peak_memory_bytes = std::max(st_.peak_memory_bytes, st_.memory_bytes);
   uint64_t seq = r.seq;
   q_.push_back(std::move(r));
-  cv_.notify_all();
+  if (on_append_) on_append_();
   return seq;
 }
 
@@ -132,17 +132,9 @@ bool CaptureQueue::Peek(uint64_t from_seq, uint64_t max_bytes, size_t max_record
   return !out->empty();
 }
 
-void CaptureQueue::WaitFor(uint64_t from_seq, int timeout_ms) {
-  std::unique_lock lk(mu_);
-  uint64_t gen = wake_gen_;
-  cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms),
-               [&] { return next_seq_ > from_seq || wake_gen_ != gen; });
-}
-
-void CaptureQueue::Wake() {
+void CaptureQueue::SetOnAppend(std::function<void()> fn) {
   std::lock_guard lk(mu_);
-  ++wake_gen_;
-  cv_.notify_all();
+  on_append_ = std::move(fn);
 }
 
 size_t CaptureQueue::Ack(uint64_t durable) {
@@ -170,7 +162,6 @@ bool CaptureQueue::Resume(uint64_t durable,
       uint64_t old = acked_;
       acked_ = durable;
       if (renumbered) renumbered(old, durable);
-      cv_.notify_all();
       return false;
     }
   }

@@ -32,7 +32,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -123,10 +122,10 @@ class CaptureQueue {
   // Copies records with seq >= from_seq, at most `max_bytes` of data (at least
   // one record) and `max_records`, into *out. Returns false if there is none.
   bool Peek(uint64_t from_seq, uint64_t max_bytes, size_t max_records, std::vector<QueuedRecord>* out);
-  // Waits until a record with seq >= from_seq exists, `timeout_ms` passes
-  // (real time: this is the sender's idle wait), or Wake() is called.
-  void WaitFor(uint64_t from_seq, int timeout_ms);
-  void Wake();
+  // `fn` is called after every record queued, with the capture lock held (so
+  // it must only wake someone: ReplicationSender::Notify). Set it before
+  // writes arrive; empty = none.
+  void SetOnAppend(std::function<void()> fn);
   // The process server durably holds every seq <= durable: releases them.
   // Returns to data mode once nothing is queued. Returns records released.
   size_t Ack(uint64_t durable);
@@ -151,11 +150,10 @@ class CaptureQueue {
   Options opts_;
   uint64_t data_limit_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::function<void()> on_append_;  // guarded by mu_
   std::deque<QueuedRecord> q_;  // seqs acked_+1 .. next_seq_-1, in order
   uint64_t next_seq_ = 1;
   uint64_t acked_ = 0;
-  uint64_t wake_gen_ = 0;
   CaptureQueueStats st_;
   std::atomic<int> mode_relaxed_{0};  // st_.mode, readable without the lock
 };

@@ -1,33 +1,28 @@
 // Sender: ships one volume's captured records to the process server, and runs
 // the volume's resync (initial sync, crash recovery, bitmap-mode healing).
 //
-// State machine (one thread per volume, plus a receiver thread per connection):
+// Shipping is the one replication sender (common/replication_sender.h: its
+// header draws the connect / open / resume / window / gap / busy / heartbeat /
+// backoff state machine); this class is its RecordSource for the capture
+// queue, plus the resync thread:
 //
-//   [disconnected] --Connect+ClientHandshake(kAgent)+VolumeOpen--> [open]
-//        ^   backoff (min..max, doubling)                         |
-//        +---- any channel error / Nack other than Gap/Busy ------+
-//   [open]: VolumeOpenReply.durable_seq = D -> CaptureQueue::Resume(D);
-//           send from D+1:
-//     loop: batch = records [next_send, ...) bounded by batch_bytes and
-//           batch_records (metadata-mode records re-read from the backing
-//           store); wait up to `linger` for a batch to fill; at most
-//           max_inflight batches unacknowledged;
-//           Ack{d}        -> release records <= d (memory freed), bitmap acked
-//           Nack{kGap,E}  -> resume at E (renumber if E is outside our window:
-//                            history lost on the server, full resync)
-//           Nack{kBusy}   -> pause `busy_backoff`, resend from acked+1; the
-//                            queue meanwhile degrades to metadata/bitmap mode
-//     resync step (when regions need it and the queue is in data mode):
-//           HashRequest for up to hash_batch regions from the cursor -> PS -> MT;
-//           HashResponse: equal regions are done, differing ones are queued
-//           as data records (CaptureDevice::ShipRegion) as the budget allows;
-//           kShip regions (bitmap mode) are queued without comparing.
-//     every checkpoint_interval: DirtyBitmap::Checkpoint (clears acked regions,
-//           saves the resync cursor).
-//     Nack{kInternal} while a HashRequest is pending (master target
-//           unreachable): the resync pauses for hash_retry_ms, shipping goes on.
-//     Heartbeat after heartbeat_ms of silence; nothing received for
-//           dead_peer_ms -> reconnect.
+//   RecordSource over the CaptureQueue:
+//     Resume(D)   CaptureQueue::Resume(D); outside our window on a later
+//                 contact than the first of this process = history lost on the
+//                 process server: every region is compared again (full resync)
+//     Read(from)  CaptureQueue::Peek; metadata-mode records are re-read from
+//                 the backing store
+//     Acked(d)    CaptureQueue::Ack(d) (memory freed), DirtyBitmap::SetAcked
+//
+//   resync thread (when regions need it and the queue is in data mode):
+//     HashRequest for up to hash_batch regions from the cursor (through the
+//     sender: PS -> MT) -> equal regions are done, differing ones are queued
+//     as data records (CaptureDevice::ShipRegion) as the budget allows;
+//     kShip regions (bitmap mode) are queued without comparing. A request the
+//     process server cannot answer (master target unreachable) pauses the
+//     resync for hash_retry_ms; shipping goes on.
+//     every checkpoint_interval: DirtyBitmap::Checkpoint (clears acked
+//     regions, saves the resync cursor).
 //
 // The resync compares the replica as the master target has applied it. A
 // region whose records are still in the process server's spool may compare
@@ -41,15 +36,16 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "agent/capture_device.h"
-#include "common/channel.h"
 #include "common/clock.h"
+#include "common/record_source.h"
+#include "common/replication_sender.h"
 
 namespace cdp::agent {
 
@@ -66,7 +62,7 @@ struct SenderOptions {
   uint32_t hash_batch = 256;         // regions per HashRequest
   uint64_t backoff_min_ms = 100;
   uint64_t backoff_max_ms = 10'000;
-  uint64_t busy_backoff_ms = 200;
+  uint64_t busy_backoff_ms = 200;    // hold after a busy nack (process server over quota)
   uint64_t checkpoint_interval_ms = 1000;
   uint64_t connect_timeout_ms = 5000;
   uint64_t hash_timeout_ms = 60'000;
@@ -100,11 +96,11 @@ struct SenderStats {
   std::string last_error;
 };
 
-class Sender {
+class Sender final : private repl::RecordSource {
  public:
   // `device` must outlive the sender.
   Sender(CaptureDevice* device, SenderOptions opts);
-  ~Sender();  // Stop()s
+  ~Sender() override;  // Stop()s
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
 
@@ -114,28 +110,38 @@ class Sender {
   SenderStats Stats() const;
 
  private:
-  struct Conn;
-  void Run();
-  Status Session();                         // one connected session
-  void Receiver(Conn* c);
-  Status SendSome(Conn* c, bool* sent);
-  Status ResyncStep(Conn* c, bool* progressed);
+  // repl::RecordSource over the capture queue.
+  proto::VolumeOpen OpenMessage() override;
+  Result<uint64_t> Resume(uint64_t durable, repl::ResumeCause cause) override;
+  Status Read(uint64_t from, uint64_t max_bytes, size_t max_records, std::vector<proto::Record>* out) override;
+  void Acked(uint64_t durable) override;
+  void Shipped(const proto::WriteBatch& batch, uint64_t wire_bytes) override;
+
+  void ResyncLoop();
+  // One step of the resync; true if it did something (else the loop idles).
+  Result<bool> ResyncStep();
   void Checkpoint(bool force);
-  void SetError(const Status& s);
 
   CaptureDevice* dev_;
   SenderOptions opts_;
-  std::thread thread_;
+  repl::ReplicationSender link_;
+  repl::ReplicationSender::StreamId stream_ = 0;
+  std::thread resync_;
   std::atomic<bool> stop_{false};
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
 
   mutable std::mutex mu_;   // guards st_ and the fields below
-  FrameChannel* active_ = nullptr;  // the session's channel (closed by Stop)
-  SenderStats st_;
+  SenderStats st_;          // the counters the link does not keep
+  bool contacted_ = false;  // a VolumeOpenReply was seen by this process
   uint64_t last_checkpoint_us_ = 0;
   uint64_t resync_pass_start_us_ = 0;
   uint64_t resync_pass_done_ = 0;
+
+  // Resync thread only.
+  std::deque<uint64_t> to_ship_;       // regions found different, waiting for room
+  uint64_t resync_pause_until_us_ = 0;
+  uint64_t next_request_id_ = 1;
 };
 
 }  // namespace cdp::agent

@@ -87,7 +87,7 @@ void FrameChannel::Close() {
   (void)Fail(Status::Aborted(peer_ + ": channel closed"));
 }
 
-Status FrameChannel::Send(const proto::Message& m) {
+Status FrameChannel::Send(const proto::Message& m, uint64_t* wire_bytes) {
   if (broken()) {
     std::lock_guard<std::mutex> lock(error_mu_);
     return error_;
@@ -111,6 +111,7 @@ Status FrameChannel::Send(const proto::Message& m) {
   }
   if (!s.ok()) return Fail(std::move(s));
   bytes_sent_.fetch_add(header.size() + payload->size(), std::memory_order_relaxed);
+  if (wire_bytes != nullptr) *wire_bytes = header.size() + payload->size();
   ++next_send_seq_;
   frames_sent_.fetch_add(1, std::memory_order_relaxed);
   return Status::OK();

@@ -127,7 +127,8 @@ class FrameChannel {
   // the caller's thread, outside the lock) and writes it as one frame. OK means
   // the whole frame is in the kernel's send buffer, not that the peer has it.
   // kInvalidArgument if `m` breaks a cap or holds a bad name (channel stays usable).
-  Status Send(const proto::Message& m);
+  // `wire_bytes`, when given, receives the frame's size (header included).
+  Status Send(const proto::Message& m, uint64_t* wire_bytes = nullptr);
 
   // Waits at most `timeout` for the next frame, checks its sequence and parses
   // it. See the error list above; kBusy (timeout) leaves the channel usable.

@@ -463,6 +463,20 @@ MsgType TypeOf(const Message& m) {
   return MsgType(uint8_t(m.index() + 1));
 }
 
+std::string_view NackReasonName(NackReason r) {
+  switch (r) {
+    case NackReason::kGap: return "gap";
+    case NackReason::kBusy: return "busy";
+    case NackReason::kUnknownVolume: return "unknown volume";
+    case NackReason::kBadRecord: return "bad record";
+    case NackReason::kWrongGeneration: return "wrong generation";
+    case NackReason::kPermissionDenied: return "permission denied";
+    case NackReason::kInternal: return "internal";
+    case NackReason::kCorruption: return "corruption";
+  }
+  return "unknown";
+}
+
 bool ValidName(std::string_view name) {
   if (name.empty() || name.size() > kMaxNameLength) return false;
   if (name[0] == '.' || name[0] == '-') return false;

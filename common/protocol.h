@@ -137,6 +137,8 @@ enum class NackReason : uint32_t {
   kInternal = 7,
   kCorruption = 8,
 };
+// "gap", "busy", "unknown volume", ... for messages; "unknown" for other values.
+std::string_view NackReasonName(NackReason r);
 
 struct Nack {
   uint32_t volume_id = 0;

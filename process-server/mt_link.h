@@ -1,48 +1,36 @@
-// MtLink: one TCP connection (kept alive, reconnected) from the process server
-// to the master target for one tenant, shipping the spools of the volumes
-// assigned to it.
+// MtLink: the process server's connection to the master target for one
+// tenant (kept alive, reconnected), shipping the spools of the volumes
+// assigned to it. Shipping is the one replication sender
+// (common/replication_sender.h: its header draws the state machine); this
+// file is the RecordSource over a volume's spool:
 //
-//   +-------------+  Connect + ClientHandshake ok   +------------------------+
-//   | Disconnected| ------------------------------> | Connected: VolumeOpen  |
-//   +-------------+                                 | for every volume       |
-//        ^   ^ sleep backoff*jitter(0.5..1.5),      +-----------+------------+
-//        |   | backoff = min(2*backoff, max)                    | VolumeOpenReply{durable}
-//        |   +---- connect/handshake failed                     v   next = durable + 1
-//        |                                          +------------------------+
-//        +--- channel broken, ack timeout,  <------ | Shipping: per volume up |
-//             Stop()                                | to max_inflight frames  |
-//                                                   +------------------------+
-// Shipping, per volume: read durable records from the spool at `next`, up to
-// frame_bytes, send them as one WriteBatch (compressed with the volume's codec
-// by FrameChannel::Send), charge the frame's wire bytes to the shared throttle
-// and sleep as long as it says. Ack{durable} from the MT releases spool
-// segments up to durable. Nack{kGap, expected}: the MT has everything below
-// `expected`: rewind `next` to it (late gap nacks for frames sent before the
-// rewind are ignored). Nack{kBusy} / Nack{kInternal}: rewind to acked+1 and
-// hold the volume for 0.2 s / 1 s. Nack{kUnknownVolume}: reconnect (reopens
-// every volume). Any other nack (bad record, wrong generation, permission)
-// stalls the volume: it is reported in /v1/volumes and kept in the spool.
-// On reconnect every volume is reopened and shipping resumes from the MT's
-// durable sequence, so nothing is skipped and duplicates are skipped by the MT.
+//   OpenMessage   the agent's VolumeOpen, as persisted beside the spool
+//   Resume(D)     on open: the spool's floor moves up to D if the master target
+//                 is ahead, segments <= D are released; if the spool no longer
+//                 holds D+1 the volume stalls ("resync needed"). On a gap:
+//                 release <= D and resend from D+1.
+//   Read(from)    durable records from the spool, up to frame_bytes; frames
+//                 compressed with the volume's codec by FrameChannel::Send
+//   Acked(d)      segments <= d released
+//   Stalled       shown in /v1/volumes ("" while it ships); the records stay
+//                 in the spool
 //
-// Thread safety: all public methods are thread-safe. Owns the connect/send
-// thread and, while connected, a reader and workers-1 more sender threads.
+// The shared throttle is a ThrottleFilter under each link's channel, so every
+// byte the links put on the wire is paced by it.
+//
+// Thread safety: all public methods are thread-safe.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
-#include <thread>
 
-#include "common/channel.h"
 #include "common/clock.h"
 #include "common/protocol.h"
+#include "common/replication_sender.h"
 #include "common/result.h"
 #include "common/throttle.h"
 #include "process-server/volume.h"
@@ -66,7 +54,7 @@ struct MtLinkOptions {
   int workers = 1;
   uint64_t backoff_min_ms = 100;
   uint64_t backoff_max_ms = 30'000;
-  uint64_t ack_timeout_ms = 120'000;
+  uint64_t ack_timeout_ms = 120'000;  // nothing received from the MT for this long: reconnect
   uint64_t heartbeat_ms = 10'000;
 };
 
@@ -87,7 +75,7 @@ class MtLink {
 
   // Waits at most `timeout` until the MT answered the VolumeOpen of `v` on the
   // current connection. Success: the MT's durable sequence. kUnavailable when
-  // not connected in time; the MT's refusal as kPermissionDenied/kInvalidArgument.
+  // not connected in time; the MT's refusal as kPermissionDenied.
   Result<uint64_t> WaitOpened(Volume* v, std::chrono::milliseconds timeout);
 
   // Forwards a hash request for `v` and waits for the answer (request_id and
@@ -95,60 +83,21 @@ class MtLink {
   Result<proto::HashResponse> Hash(Volume* v, const proto::HashRequest& req, std::chrono::milliseconds timeout);
 
   // New durable data may be waiting.
-  void Notify();
+  void Notify() { sender_.Notify(); }
 
-  bool connected() const { return connected_.load(); }
-  uint64_t connects() const { return connects_.load(); }
-  std::string state() const;
+  bool connected() const { return sender_.connected(); }
+  uint64_t connects() const { return sender_.Stats().connects; }
+  std::string state() const { return sender_.state(); }
 
  private:
-  struct LinkVolume {
-    Volume* vol = nullptr;
-    int worker = 0;           // the pool thread that ships it
-    bool open_sent = false;
-    bool opened = false;
-    Status open_error;
-    uint32_t mt_id = 0;
-    uint64_t mt_open_durable = 0;
-    uint64_t next = 1;        // next sequence to send
-    uint64_t acked = 0;       // MT durable
-    uint64_t rewind_to = 0;   // last gap rewind target (late nacks for it ignored)
-    uint64_t rewinds = 0;
-    std::deque<uint64_t> inflight;  // last sequence of each unacknowledged frame
-    uint64_t last_progress_us = 0;
-    uint64_t hold_until_us = 0;
-  };
-  struct PendingHash {
-    bool done = false;
-    Status status;
-    proto::HashResponse response;
-  };
+  class SpoolSource;
 
-  void Run();
-  Status SendLoop(const std::shared_ptr<FrameChannel>& ch, uint64_t epoch, int worker);
-  void ReadLoop(std::shared_ptr<FrameChannel> ch, uint64_t epoch);
-  void HandleMessage(FrameChannel& ch, proto::Message& m);
-  void Rewind(LinkVolume& lv, uint64_t to);  // mu_ held
-  void SleepMs(uint64_t ms);                   // interruptible by Stop()
+  Result<repl::ReplicationSender::StreamId> StreamOf(Volume* v) const;
 
   MtLinkOptions opt_;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> connected_{false};
-  std::atomic<uint64_t> connects_{0};
-  std::thread thread_;
-
+  repl::ReplicationSender sender_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;         // sender wake-ups, open and hash waiters
-  std::map<Volume*, std::unique_ptr<LinkVolume>> volumes_;
-  std::map<uint32_t, LinkVolume*> by_mt_id_;
-  std::deque<LinkVolume*> open_fifo_;  // VolumeOpens awaiting their reply, in order
-  std::shared_ptr<FrameChannel> channel_;
-  uint64_t epoch_ = 0;                 // bumped per connection
-  bool conn_failed_ = false;
-  std::string last_error_;
-  uint64_t next_request_id_ = 1;
-  std::map<uint64_t, PendingHash*> hashes_;
-  std::mt19937_64 rng_;
+  std::map<Volume*, std::pair<std::unique_ptr<SpoolSource>, repl::ReplicationSender::StreamId>> volumes_;
 };
 
 }  // namespace cdp::ps

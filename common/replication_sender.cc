@@ -1,0 +1,543 @@
+#include "common/replication_sender.h"
+
+#include <algorithm>
+#include <functional>
+#include <random>
+#include <variant>
+
+#include "common/log.h"
+
+namespace cdp::repl {
+
+using Millis = std::chrono::milliseconds;
+
+struct ReplicationSender::Stream {
+  size_t id = 0;
+  RecordSource* src = nullptr;
+  std::string name;         // the volume, for log lines
+  int worker = 0;           // the sending thread that ships it
+  bool open_sent = false;
+  bool opened = false;      // the open was answered (and the source resumed)
+  bool resuming = false;    // the reader is telling the source where the peer stands
+  Status open_error;        // the peer refused the open
+  Status stalled;           // not ok: shipping stopped until the next connection
+  uint32_t handle = 0;      // the peer's volume_id
+  uint64_t open_durable = 0;
+  uint64_t next = 1;        // next sequence to send
+  uint64_t acked = 0;       // the peer's durable sequence
+  uint64_t gap_expected = 0;  // the last gap rewind target (repeats are ignored)
+  uint64_t rewinds = 0;       // bumped when `next` moves back: a racing send is not counted
+  std::deque<uint64_t> inflight;  // last sequence of each unacknowledged frame
+  uint64_t hold_until_us = 0;
+};
+
+struct ReplicationSender::Session {
+  std::shared_ptr<FrameChannel> ch;
+  uint64_t epoch = 0;
+  std::atomic<uint64_t> last_rx_us{0};
+  std::atomic<uint64_t> last_tx_us{0};
+};
+
+ReplicationSender::ReplicationSender(SenderOptions options) : opt_(std::move(options)) {
+  if (opt_.clock == nullptr) opt_.clock = SystemClock::Get();
+  opt_.workers = std::max(1, opt_.workers);
+  opt_.max_inflight = std::max(1, opt_.max_inflight);
+}
+
+ReplicationSender::~ReplicationSender() { Stop(); }
+
+ReplicationSender::StreamId ReplicationSender::AddStream(RecordSource* source) {
+  auto st = std::make_unique<Stream>();
+  st->src = source;
+  st->name = source->OpenMessage().name;
+  std::lock_guard<std::mutex> l(mu_);
+  st->id = streams_.size();
+  st->worker = int(st->id % size_t(opt_.workers));
+  streams_.push_back(std::move(st));
+  ++notifies_;
+  cv_.notify_all();
+  return streams_.size() - 1;
+}
+
+void ReplicationSender::Start() {
+  if (thread_.joinable()) return;
+  stop_ = false;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void ReplicationSender::Stop() {
+  std::shared_ptr<FrameChannel> ch;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+    ch = channel_;
+    ++notifies_;
+  }
+  if (ch) ch->Close();
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ReplicationSender::Notify() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ++notifies_;
+  }
+  cv_.notify_all();
+}
+
+std::string ReplicationSender::state() const {
+  std::lock_guard<std::mutex> l(mu_);
+  if (connected_.load()) return "connected";
+  return stats_.last_error.empty() ? "connecting" : "disconnected: " + stats_.last_error;
+}
+
+LinkStats ReplicationSender::Stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  LinkStats s = stats_;
+  s.connected = connected_.load();
+  return s;
+}
+
+bool ReplicationSender::SleepMs(uint64_t ms) {
+  std::unique_lock<std::mutex> l(mu_);
+  return !cv_.wait_for(l, Millis(ms), [&] { return stop_.load(); });
+}
+
+void ReplicationSender::Run() {
+  auto log = log::Get(opt_.log_name);
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<double> jitter(0.5, 1.5);
+  uint64_t backoff = opt_.backoff_min_ms;
+  while (!stop_.load()) {
+    const Millis timeout(opt_.connect_timeout_ms);
+    auto chr = Connect(opt_.host, opt_.port, timeout, {}, opt_.wrap);
+    Status s = chr.status();
+    std::shared_ptr<FrameChannel> ch;
+    if (chr.ok()) {
+      ch = std::shared_ptr<FrameChannel>(std::move(*chr));
+      s = ClientHandshake(*ch, opt_.role, opt_.tenant, opt_.client_id, opt_.secret, timeout);
+    }
+    if (s.ok()) {
+      backoff = opt_.backoff_min_ms;
+      s = RunSession(ch);
+    }
+    if (stop_.load()) break;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stats_.last_error = s.ToString();
+    }
+    const uint64_t sleep = uint64_t(double(backoff) * jitter(rng));
+    log->warn("{} {}:{}: {}; reconnecting in {} ms", opt_.label, opt_.host, opt_.port, s.ToString(), sleep);
+    SleepMs(sleep);
+    backoff = std::min(backoff * 2, opt_.backoff_max_ms);
+  }
+}
+
+Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
+  auto log = log::Get(opt_.log_name);
+  Session s;
+  s.ch = ch;
+  s.last_rx_us = s.last_tx_us = opt_.clock->NowMicros();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    channel_ = ch;
+    s.epoch = ++epoch_;
+    session_error_ = Status::OK();
+    open_fifo_.clear();
+    by_handle_.clear();
+    for (auto& st : streams_) {
+      st->open_sent = st->opened = st->resuming = false;
+      st->open_error = Status::OK();
+      st->inflight.clear();
+      st->gap_expected = 0;
+      st->hold_until_us = 0;
+      ++st->rewinds;
+    }
+    ++stats_.connects;
+    stats_.last_error.clear();
+    connected_ = true;
+  }
+  log->info("{} connected to the {} at {}", opt_.label, opt_.peer_name, ch->peer());
+  if (stop_.load()) ch->Close();
+  std::thread reader([this, &s] { ReadLoop(s); });
+  std::vector<std::thread> pool;
+  for (int w = 1; w < opt_.workers; ++w) pool.emplace_back([this, &s, w] { (void)SendLoop(s, w); });
+  Status result = SendLoop(s, 0);
+  ch->Close();
+  cv_.notify_all();
+  for (auto& t : pool) t.join();
+  reader.join();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!session_error_.ok()) result = session_error_;
+    connected_ = false;
+    ++stats_.disconnects;
+    channel_.reset();
+    for (auto& [id, h] : hashes_) {
+      if (!h->done) {
+        h->done = true;
+        h->status = Status::Unavailable(opt_.peer_name + " connection lost");
+      }
+    }
+    ++notifies_;
+  }
+  cv_.notify_all();
+  if (stop_.load() && result.ok()) result = Status::Aborted("stopping");
+  return result;
+}
+
+Status ReplicationSender::SendLoop(Session& s, int worker) {
+  auto fail = [&](Status why) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (session_error_.ok() && s.epoch == epoch_) session_error_ = why;
+      ++notifies_;
+    }
+    s.ch->Close();
+    cv_.notify_all();
+    return why;
+  };
+  while (!stop_.load()) {
+    std::vector<Stream*> to_open, ship;
+    uint64_t seen = 0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!session_error_.ok()) return session_error_;
+      const uint64_t now = opt_.clock->NowMicros();
+      if (worker == 0 && now - s.last_rx_us.load() > opt_.dead_peer_ms * 1000) {
+        session_error_ = Status::Unavailable("nothing received from the " + opt_.peer_name + " for " +
+                                             std::to_string(opt_.dead_peer_ms) + " ms");
+        return fail(session_error_);
+      }
+      for (auto& st : streams_) {
+        if (!st->open_sent) {
+          if (worker == 0) {  // every open goes out from worker 0, in fifo order
+            st->open_sent = true;
+            open_fifo_.push_back(st.get());
+            to_open.push_back(st.get());
+          }
+          continue;
+        }
+        if (st->worker == worker && st->opened && !st->resuming && st->stalled.ok() &&
+            st->inflight.size() < size_t(opt_.max_inflight) && now >= st->hold_until_us) {
+          ship.push_back(st.get());
+        }
+      }
+      seen = notifies_;
+    }
+    for (Stream* st : to_open) {
+      Status r = s.ch->Send(st->src->OpenMessage());
+      if (!r.ok()) return fail(r);
+      s.last_tx_us = opt_.clock->NowMicros();
+    }
+    bool did = !to_open.empty();
+    for (Stream* st : ship) {
+      const uint64_t frames = s.ch->frames_sent();
+      Status r = ShipOne(s, *st);
+      if (!r.ok()) return fail(r);
+      did = did || s.ch->frames_sent() != frames;
+    }
+    const uint64_t now = opt_.clock->NowMicros();
+    if (worker == 0 && now - s.last_tx_us.load() > opt_.heartbeat_ms * 1000) {
+      Status r = s.ch->Send(proto::Heartbeat{opt_.clock->WallMicros(), 0});
+      if (!r.ok()) return fail(r);
+      s.last_tx_us = now;
+    }
+    if (!did) {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait_for(l, Millis(20), [&] { return stop_.load() || notifies_ != seen; });
+    }
+  }
+  return fail(Status::Aborted("stopping"));
+}
+
+Status ReplicationSender::ShipOne(Session& s, Stream& st) {
+  auto log = log::Get(opt_.log_name);
+  uint64_t from = 0, rewinds = 0;
+  uint32_t handle = 0;
+  bool inflight = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    from = st.next;
+    rewinds = st.rewinds;
+    handle = st.handle;
+    inflight = !st.inflight.empty();
+  }
+  proto::WriteBatch b;
+  auto read = [&] {
+    b.records.clear();
+    return st.src->Read(from, opt_.frame_bytes, opt_.frame_records, &b.records);
+  };
+  Status r = read();
+  if (r.ok() && opt_.linger_ms > 0 && inflight && !b.records.empty() && b.records.size() < opt_.frame_records) {
+    uint64_t bytes = 0;
+    for (const auto& rec : b.records) bytes += rec.data.size();
+    // A small frame while the link is busy: let it grow once.
+    if (bytes < opt_.frame_bytes / 4 && SleepMs(opt_.linger_ms)) r = read();
+  }
+  if (!r.ok()) {
+    Status why = r.WithContext("read at seq " + std::to_string(from));
+    log->error("{} {} shipping stalled: {}", opt_.label, log::Where{st.name, s.ch->peer(), from}, why.ToString());
+    std::vector<std::pair<RecordSource*, Status>> notes;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      Stall(st, why);
+      notes.swap(stall_notes_);
+    }
+    for (auto& [src, status] : notes) src->Stalled(status);
+    return Status::OK();
+  }
+  if (b.records.empty()) return Status::OK();
+  b.volume_id = handle;
+  b.codec = st.src->codec();
+  b.level = st.src->level();
+  const uint64_t last = b.records.back().seq;
+  uint64_t wire = 0;
+  CDP_RETURN_IF_ERROR(s.ch->Send(b, &wire));
+  s.last_tx_us = opt_.clock->NowMicros();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (st.rewinds == rewinds && st.next == from) {
+      st.next = last + 1;
+      if (last > st.acked) st.inflight.push_back(last);
+    }
+  }
+  st.src->Shipped(b, wire);
+  return Status::OK();
+}
+
+void ReplicationSender::Rewind(Stream& st, uint64_t next) {
+  st.inflight.clear();
+  st.next = std::max(next, st.acked + 1);
+  ++st.rewinds;
+}
+
+void ReplicationSender::Stall(Stream& st, const Status& why) {
+  st.stalled = why;
+  stall_notes_.emplace_back(st.src, why);
+  bool all = true;
+  for (auto& other : streams_) all = all && !other->stalled.ok();
+  if (all && session_error_.ok()) session_error_ = why.WithContext("every volume stalled");
+  ++notifies_;
+}
+
+void ReplicationSender::ReadLoop(Session& s) {
+  auto log = log::Get(opt_.log_name);
+  while (!stop_.load()) {
+    auto m = s.ch->Receive(Millis(500));
+    if (!m.ok()) {
+      if (m.status().IsBusy() && !s.ch->broken()) continue;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (s.epoch == epoch_ && session_error_.ok()) session_error_ = m.status();
+        ++notifies_;
+      }
+      cv_.notify_all();
+      return;
+    }
+    s.last_rx_us = opt_.clock->NowMicros();
+    Handle(s, *m);
+  }
+}
+
+// Runs in the reader thread. Sources are called outside mu_ (`after`).
+void ReplicationSender::Handle(Session& s, proto::Message& m) {
+  auto log = log::Get(opt_.log_name);
+  const std::string& peer = s.ch->peer();
+  std::vector<std::function<void()>> after;
+  std::unique_lock<std::mutex> l(mu_);
+  const uint64_t now = opt_.clock->NowMicros();
+  auto stream_of = [&](uint32_t handle) -> Stream* {
+    auto it = by_handle_.find(handle);
+    return it == by_handle_.end() ? nullptr : it->second;
+  };
+  // Tells the source where the peer stands (outside the lock) and sets `next`.
+  auto resume = [&](Stream& st, uint64_t durable, ResumeCause cause) {
+    st.resuming = true;
+    ++st.rewinds;
+    l.unlock();
+    Result<uint64_t> next = st.src->Resume(durable, cause);
+    l.lock();
+    st.resuming = false;
+    const uint64_t dropped = st.inflight.size();
+    st.inflight.clear();
+    ++st.rewinds;
+    if (cause == ResumeCause::kOpen || durable > st.acked) st.acked = durable;
+    if (next.ok()) {
+      st.next = std::max<uint64_t>(*next, 1);
+      if (dropped > 0) after.push_back([&st, dropped] { st.src->Rewound(dropped); });
+    } else {
+      Stall(st, next.status());
+    }
+    return next.ok();
+  };
+
+  if (auto* r = std::get_if<proto::VolumeOpenReply>(&m)) {
+    if (open_fifo_.empty()) {
+      session_error_ = Status::Corruption("VolumeOpenReply without a VolumeOpen from the " + opt_.peer_name);
+    } else {
+      Stream& st = *open_fifo_.front();
+      open_fifo_.pop_front();
+      st.handle = r->volume_id;
+      st.open_durable = r->durable_seq;
+      by_handle_[r->volume_id] = &st;
+      const bool was_stalled = !st.stalled.ok();
+      st.stalled = Status::OK();
+      if (resume(st, r->durable_seq, ResumeCause::kOpen)) {
+        if (was_stalled) after.push_back([&st] { st.src->Stalled(Status::OK()); });
+        log->info("{} {} opened at the {} (volume id {}), resuming after seq {}", opt_.label,
+                  log::Where{st.name, peer, r->durable_seq}, opt_.peer_name, r->volume_id, r->durable_seq);
+      }
+      st.opened = true;
+    }
+  } else if (auto* a = std::get_if<proto::Ack>(&m)) {
+    if (Stream* st = stream_of(a->volume_id)) {
+      if (a->durable_seq > st->acked) {
+        st->acked = a->durable_seq;
+        const uint64_t d = a->durable_seq;
+        after.push_back([st, d] { st->src->Acked(d); });
+      }
+      while (!st->inflight.empty() && st->inflight.front() <= st->acked) st->inflight.pop_front();
+      if (st->next <= st->acked) st->next = st->acked + 1;
+    }
+  } else if (auto* n = std::get_if<proto::Nack>(&m)) {
+    Stream* st = stream_of(n->volume_id);
+    const std::string what = std::string(proto::NackReasonName(n->reason)) + ": " + n->message;
+    if (st == nullptr && !open_fifo_.empty()) {
+      // The answer to the oldest VolumeOpen: refused.
+      Stream& o = *open_fifo_.front();
+      open_fifo_.pop_front();
+      o.open_error = Status::PermissionDenied(opt_.peer_name + " refused the volume: " + what);
+      o.opened = false;
+      log->error("{} {} {}", opt_.label, log::Where{o.name, peer, 0}, o.open_error.message());
+      Stall(o, o.open_error);
+    } else if (st == nullptr) {
+      log->warn("{} nack for unknown volume id {} from the {} ignored: {}", opt_.label, n->volume_id,
+                opt_.peer_name, what);
+    } else {
+      switch (n->reason) {
+        case proto::NackReason::kGap: {
+          ++stats_.gap_nacks;
+          const uint64_t expected = std::max<uint64_t>(n->expected_seq, 1);
+          if (expected != st->gap_expected) {
+            log->info("{} {} gap at the {}, resending from {}", opt_.label, log::Where{st->name, peer, expected},
+                      opt_.peer_name, expected);
+            st->gap_expected = expected;
+            resume(*st, expected - 1, ResumeCause::kGap);
+          }
+          break;
+        }
+        case proto::NackReason::kBusy: {
+          ++stats_.busy_nacks;
+          const uint64_t dropped = st->inflight.size();
+          Rewind(*st, st->acked + 1);
+          st->hold_until_us = now + opt_.busy_hold_ms * 1000;
+          if (dropped > 0) after.push_back([st, dropped] { st->src->Rewound(dropped); });
+          break;
+        }
+        case proto::NackReason::kInternal: {
+          PendingHash* oldest = nullptr;
+          for (auto& [id, h] : hashes_) {
+            if (h->stream == st->id && !h->done) {
+              oldest = h;
+              break;
+            }
+          }
+          if (oldest != nullptr) {  // the hash request could not be answered
+            oldest->done = true;
+            oldest->status = Status::Unavailable(opt_.peer_name + " could not answer: " + n->message);
+            break;
+          }
+          // An I/O failure at the peer; the batch was undone: resend after a pause.
+          log->warn("{} {} the {} failed a batch ({}), resending after a pause", opt_.label,
+                    log::Where{st->name, peer, st->acked + 1}, opt_.peer_name, n->message);
+          const uint64_t dropped = st->inflight.size();
+          Rewind(*st, st->acked + 1);
+          st->hold_until_us = now + opt_.internal_hold_ms * 1000;
+          if (dropped > 0) after.push_back([st, dropped] { st->src->Rewound(dropped); });
+          break;
+        }
+        case proto::NackReason::kUnknownVolume:  // our handle is stale: reconnect and reopen
+          session_error_ = Status::Unavailable(opt_.peer_name + " does not know volume id " +
+                                               std::to_string(n->volume_id));
+          break;
+        default:
+          log->error("{} {} the {} refused a batch: {}", opt_.label, log::Where{st->name, peer, n->expected_seq},
+                     opt_.peer_name, what);
+          Rewind(*st, st->acked + 1);
+          Stall(*st, Status::Unavailable(opt_.peer_name + " refused a batch: " + what));
+      }
+    }
+  } else if (auto* h = std::get_if<proto::HashResponse>(&m)) {
+    auto it = hashes_.find(h->request_id);
+    if (it != hashes_.end() && !it->second->done) {
+      it->second->done = true;
+      it->second->response = std::move(*h);
+    }
+  } else if (std::holds_alternative<proto::Heartbeat>(m) || std::holds_alternative<proto::Stats>(m)) {
+    // Liveness only. Not answered from this thread: a reader blocked behind
+    // a full send buffer would stop reading the acks that drain it.
+  } else {
+    session_error_ = Status::Corruption("unexpected message type " + std::to_string(int(proto::TypeOf(m))) +
+                                        " from the " + opt_.peer_name);
+  }
+  const bool failed = !session_error_.ok();
+  std::vector<std::pair<RecordSource*, Status>> notes;
+  notes.swap(stall_notes_);
+  ++notifies_;
+  l.unlock();
+  cv_.notify_all();
+  for (auto& f : after) f();
+  for (auto& [src, why] : notes) src->Stalled(why);
+  if (failed) s.ch->Close();
+}
+
+Result<uint64_t> ReplicationSender::WaitOpened(StreamId id, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (id >= streams_.size()) return Status::NotFound("no such stream");
+  Stream& st = *streams_[id];
+  // Down after a failed attempt: do not hold the caller for a peer known to
+  // be unreachable.
+  if (!connected_.load() && !stats_.last_error.empty() && !st.opened)
+    return Status::Unavailable(opt_.peer_name + " not reachable: " + stats_.last_error);
+  bool ok = cv_.wait_for(l, timeout, [&] { return stop_.load() || st.opened || !st.open_error.ok(); });
+  if (!st.open_error.ok()) return st.open_error;
+  if (!ok || !st.opened) return Status::Unavailable(opt_.peer_name + " not reachable");
+  return st.open_durable;
+}
+
+Result<proto::HashResponse> ReplicationSender::Hash(StreamId id, const proto::HashRequest& request,
+                                                    std::chrono::milliseconds timeout) {
+  std::shared_ptr<FrameChannel> ch;
+  PendingHash pending;
+  pending.stream = id;
+  uint64_t request_id = 0;
+  proto::HashRequest fwd = request;
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    if (id >= streams_.size()) return Status::NotFound("no such stream");
+    Stream& st = *streams_[id];
+    if (!connected_.load() && !stats_.last_error.empty())
+      return Status::Unavailable(opt_.peer_name + " unavailable: " + stats_.last_error);
+    if (!cv_.wait_for(l, timeout, [&] { return stop_.load() || !st.stalled.ok() || (st.opened && channel_); }) ||
+        stop_.load())
+      return Status::Unavailable(opt_.peer_name + " unavailable");
+    if (!st.stalled.ok()) return Status::Unavailable("volume stalled: " + st.stalled.message());
+    ch = channel_;
+    request_id = next_request_id_++;
+    fwd.volume_id = st.handle;
+    fwd.request_id = request_id;
+    hashes_[request_id] = &pending;
+  }
+  Status s = ch->Send(fwd);
+  std::unique_lock<std::mutex> l(mu_);
+  if (s.ok()) cv_.wait_for(l, timeout, [&] { return pending.done || stop_.load(); });
+  hashes_.erase(request_id);
+  if (!s.ok()) return s;
+  if (!pending.done) return Status::Unavailable(opt_.peer_name + " did not answer the hash request in time");
+  if (!pending.status.ok()) return pending.status;
+  return std::move(pending.response);
+}
+
+}  // namespace cdp::repl

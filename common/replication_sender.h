@@ -1,0 +1,181 @@
+// ReplicationSender: the one replication sender. It ships the records of one
+// or more streams (volumes), each read from a RecordSource
+// (common/record_source.h), to one peer over one connection, kept alive and
+// reconnected. The agent ships its volume to the process server with it
+// (agent/sender.h), the process server a tenant's spools to the master target
+// (process-server/mt_link.h).
+//
+//   +--------------+  Connect (through opts.wrap) + ClientHandshake(role)
+//   | disconnected | -----------------------------------------------+
+//   +--------------+                                                  v
+//      ^  wait backoff * jitter(0.5..1.5),         +---------------------------------+
+//      |  backoff = min(2 * backoff, max);         | connected: VolumeOpen for every |
+//      |  reset by a successful handshake          | stream, in order (answers FIFO) |
+//      |                                           +----------------+----------------+
+//      |                                                            | VolumeOpenReply{durable}:
+//      |                                                            v next = source.Resume(durable)
+//      |   channel error, nothing received for     +---------------------------------+
+//      +-- dead_peer_ms, Nack{kUnknownVolume},  <- | streaming, per stream:          |
+//          every stream stalled, Stop()            |  Read(next) -> WriteBatch while |
+//                                                  |  < max_inflight unacknowledged  |
+//                                                  +---------------------------------+
+//   per stream, from the peer:
+//     Ack{d}            source.Acked(d); frames <= d leave the window
+//     Nack{kGap, E}     the peer holds everything below E: next = source.Resume(E-1)
+//                       (repeats of the same E, for frames sent before, are ignored)
+//     Nack{kBusy}       next = acked + 1, hold the stream busy_hold_ms
+//     Nack{kInternal}   answers the oldest pending Hash of the stream if there is
+//                       one (it fails, the stream goes on); else the batch failed
+//                       at the peer: next = acked + 1, hold internal_hold_ms
+//     any other Nack    the stream stalls (source.Stalled) until the next connection
+//   a Nack for handle 0 (or an unknown one) while opens are pending refuses the
+//   oldest open: that stream stalls.
+//   Heartbeat after heartbeat_ms without sending; the peer echoes it.
+//
+// Frames: up to frame_bytes of record data and frame_records records; when
+// the batch is small and frames are in flight the worker waits linger_ms once
+// for it to grow. Streams are spread over `workers` sending threads (the
+// compression pool: FrameChannel::Send compresses in the caller); one stream
+// is always sent by one thread, so its frames stay in order. Duplicates after
+// a rewind or reconnection are skipped by the peer; nothing is ever skipped
+// here: the peer's durable sequence is where every (re)start begins.
+//
+// Thread safety: every public method is thread-safe. Owns the connect thread
+// (worker 0), and while connected a reader and workers-1 sending threads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/channel.h"
+#include "common/clock.h"
+#include "common/protocol.h"
+#include "common/record_source.h"
+#include "common/result.h"
+
+namespace cdp::repl {
+
+struct SenderOptions {
+  const Clock* clock = nullptr;  // must outlive the sender; null = the system clock
+  std::string log_name = "repl";  // logger name
+  std::string peer_name = "peer";  // in messages: "process server", "master target"
+  std::string label;               // in log lines: which link ("tenant=acme link=0")
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  StreamWrapper wrap;              // filters over the transport (the throttle); may be empty
+  proto::Role role = proto::Role::kAgent;
+  std::string tenant;
+  std::string secret;
+  std::string client_id;
+  uint64_t frame_bytes = 1u << 20;  // record data per WriteBatch (at least one record)
+  size_t frame_records = 16384;
+  uint32_t linger_ms = 0;           // wait once this long for a small frame to grow
+  int max_inflight = 8;             // frames per stream sent, not yet acknowledged
+  int workers = 1;                  // sending threads (the compression pool)
+  uint64_t connect_timeout_ms = 5000;  // connect, and the handshake
+  uint64_t backoff_min_ms = 100;
+  uint64_t backoff_max_ms = 30'000;
+  uint64_t busy_hold_ms = 200;
+  uint64_t internal_hold_ms = 1000;
+  uint64_t heartbeat_ms = 10'000;   // a Heartbeat when nothing was sent for this long
+  uint64_t dead_peer_ms = 30'000;   // nothing received for this long: reconnect
+};
+
+struct LinkStats {
+  bool connected = false;
+  uint64_t connects = 0;
+  uint64_t disconnects = 0;
+  uint64_t busy_nacks = 0;
+  uint64_t gap_nacks = 0;
+  std::string last_error;  // why the last connection attempt or session ended
+};
+
+class ReplicationSender {
+ public:
+  using StreamId = size_t;
+
+  explicit ReplicationSender(SenderOptions options);
+  ~ReplicationSender();  // Stop()s
+  ReplicationSender(const ReplicationSender&) = delete;
+  ReplicationSender& operator=(const ReplicationSender&) = delete;
+
+  // Ships `source` from now on (opened on the current or next connection).
+  // `source` must outlive the sender.
+  StreamId AddStream(RecordSource* source);
+
+  void Start();
+  // Closes the connection, fails pending Hash calls and joins the threads.
+  // Idempotent.
+  void Stop();
+
+  // New records may be waiting (wakes idle workers at once instead of at
+  // their next 20 ms poll).
+  void Notify();
+
+  // Waits at most `timeout` until the peer answered the stream's VolumeOpen on
+  // the current connection. The peer's durable sequence; kUnavailable when not
+  // connected in time (at once if the last attempt failed), or the refusal as
+  // kPermissionDenied.
+  Result<uint64_t> WaitOpened(StreamId id, std::chrono::milliseconds timeout);
+
+  // Sends `request` for the stream (volume_id and request_id are filled in
+  // here) and waits at most `timeout` for the answer, whose ids are the
+  // peer's. kUnavailable if not connected, the connection drops, the peer
+  // answers with Nack{kInternal} or the time runs out.
+  Result<proto::HashResponse> Hash(StreamId id, const proto::HashRequest& request, std::chrono::milliseconds timeout);
+
+  bool connected() const { return connected_.load(); }
+  // "connected", "connecting" or "disconnected: <why>".
+  std::string state() const;
+  LinkStats Stats() const;
+
+ private:
+  struct Stream;
+  struct Session;
+  struct PendingHash {
+    size_t stream = 0;
+    bool done = false;
+    Status status;
+    proto::HashResponse response;
+  };
+
+  void Run();
+  Status RunSession(const std::shared_ptr<FrameChannel>& ch);
+  Status SendLoop(Session& s, int worker);
+  Status ShipOne(Session& s, Stream& st);
+  void ReadLoop(Session& s);
+  void Handle(Session& s, proto::Message& m);
+  void Rewind(Stream& st, uint64_t next);  // mu_ held
+  void Stall(Stream& st, const Status& why);  // mu_ held; the source is told after
+  bool SleepMs(uint64_t ms);  // false if Stop() cut it short
+
+  SenderOptions opt_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> connected_{false};
+  std::thread thread_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // workers, open and hash waiters
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::map<uint32_t, Stream*> by_handle_;
+  std::deque<Stream*> open_fifo_;  // VolumeOpens awaiting their answer, in order
+  std::shared_ptr<FrameChannel> channel_;
+  uint64_t epoch_ = 0;             // bumped per connection
+  Status session_error_;           // set by the reader/handler: the session must end
+  uint64_t notifies_ = 0;
+  uint64_t next_request_id_ = 1;
+  std::map<uint64_t, PendingHash*> hashes_;
+  LinkStats stats_;
+  std::vector<std::pair<RecordSource*, Status>> stall_notes_;  // told outside mu_
+};
+
+}  // namespace cdp::repl
