@@ -1,0 +1,401 @@
+// The one replication sender against a scripted peer on loopback (the real
+// FrameChannel, handshake and listener): ordered delivery of several streams
+// over one connection, resume at the peer's durable sequence after a dropped
+// connection (FaultFilter), gap rewind, busy hold, a refused open that stalls
+// one stream only, and a kInternal nack answering a pending hash request.
+#include "common/replication_sender.h"
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "common/listener.h"
+#include "common/stream_filters.h"
+#include "common/tests/test_util.h"
+
+using namespace std::chrono_literals;
+using cdp::Bytes;
+using cdp::FrameChannel;
+using cdp::Result;
+using cdp::Status;
+using cdp::repl::RecordSource;
+using cdp::repl::ReplicationSender;
+using cdp::repl::ResumeCause;
+using cdp::testing::WaitUntil;
+namespace proto = cdp::proto;
+
+namespace {
+
+constexpr char kTenant[] = "t1";
+constexpr char kSecret[] = "replication-secret";
+
+Bytes Payload(const std::string& volume, uint64_t seq) {
+  Bytes b(512);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = uint8_t(seq * 31 + i + volume.size());
+  return b;
+}
+
+// Records 1..count of one volume, each 512 bytes at offset (seq-1)*512.
+class VectorSource final : public RecordSource {
+ public:
+  VectorSource(std::string name, uint64_t count) : name_(std::move(name)), count_(count) {}
+
+  proto::VolumeOpen OpenMessage() override {
+    proto::VolumeOpen vo;
+    vo.name = name_;
+    vo.size = count_ * 512;
+    vo.block_size = 512;
+    vo.generation = 1;
+    return vo;
+  }
+  Result<uint64_t> Resume(uint64_t durable, ResumeCause cause) override {
+    std::lock_guard l(mu_);
+    resumes.emplace_back(durable, cause);
+    acked = std::max(acked, durable);
+    return durable + 1;
+  }
+  Status Read(uint64_t from, uint64_t max_bytes, size_t max_records, std::vector<proto::Record>* out) override {
+    {
+      std::lock_guard l(mu_);
+      if (jump_at != 0 && from == jump_at) {  // once: skip 10 records (a gap at the peer)
+        from += 10;
+        jump_at = 0;
+      }
+    }
+    uint64_t bytes = 0;
+    for (uint64_t s = from; s <= count_ && out->size() < max_records && (out->empty() || bytes < max_bytes); ++s) {
+      proto::Record r;
+      r.seq = s;
+      r.offset = (s - 1) * 512;
+      r.length = 512;
+      r.kind = proto::RecordKind::kData;
+      r.data = Payload(name_, s);
+      bytes += r.data.size();
+      out->push_back(std::move(r));
+    }
+    return Status::OK();
+  }
+  void Acked(uint64_t durable) override {
+    std::lock_guard l(mu_);
+    acked = std::max(acked, durable);
+  }
+  void Stalled(const Status& why) override {
+    std::lock_guard l(mu_);
+    stalls.push_back(why);
+  }
+  void Rewound(uint64_t frames) override {
+    std::lock_guard l(mu_);
+    rewound += frames;
+  }
+
+  uint64_t Acked() {
+    std::lock_guard l(mu_);
+    return acked;
+  }
+
+  std::mutex mu_;
+  uint64_t jump_at = 0;
+  uint64_t acked = 0;
+  uint64_t rewound = 0;
+  std::vector<std::pair<uint64_t, ResumeCause>> resumes;
+  std::vector<Status> stalls;
+
+ private:
+  const std::string name_;
+  const uint64_t count_;
+};
+
+// A peer that applies batches in order per volume name (durable across
+// connections), with scripted refusals.
+class ScriptedPeer {
+ public:
+  std::set<std::string> refuse_open;     // answered Nack{0, kWrongGeneration}
+  std::map<std::string, int> busy_first;  // the first N batches of a volume are busy
+  std::map<std::string, uint64_t> durable;  // per volume; preset = the peer is ahead
+  bool hash_internal = false;             // HashRequest -> Nack{kInternal}
+
+  ScriptedPeer() {
+    cdp::Listener::Options lo;
+    lo.name = "scripted-peer";
+    lo.tcp_port = 0;
+    lo.mode = cdp::Listener::Mode::kThreadPerConnection;
+    listener_ = std::make_unique<cdp::Listener>(lo, cdp::ServeFrames([this](FrameChannel& ch) { Serve(ch); }));
+    REQUIRE(listener_->Start().ok());
+  }
+  ~ScriptedPeer() { listener_->Stop(); }
+
+  uint16_t port() const { return listener_->tcp_port(); }
+
+  // What the peer applied, per volume: the sequences in order.
+  std::vector<uint64_t> Applied(const std::string& v) {
+    std::lock_guard l(mu_);
+    return applied_[v];
+  }
+  uint64_t Durable(const std::string& v) {
+    std::lock_guard l(mu_);
+    return durable[v];
+  }
+  int connections() {
+    std::lock_guard l(mu_);
+    return connections_;
+  }
+  uint64_t bad_data() {
+    std::lock_guard l(mu_);
+    return bad_data_;
+  }
+
+ private:
+  void Serve(FrameChannel& ch) {
+    auto who = cdp::ServerHandshake(
+        ch, [](const std::string& t) -> std::optional<std::string> {
+          if (t == kTenant) return std::string(kSecret);
+          return std::nullopt;
+        },
+        5s);
+    if (!who.ok()) return;
+    {
+      std::lock_guard l(mu_);
+      ++connections_;
+    }
+    std::map<uint32_t, std::string> handles;
+    uint32_t next_handle = 1;
+    while (!ch.broken()) {
+      auto m = ch.Receive(100ms);
+      if (!m.ok()) {
+        if (m.status().IsBusy()) continue;
+        return;
+      }
+      Status s;
+      if (auto* vo = std::get_if<proto::VolumeOpen>(&*m)) {
+        std::lock_guard l(mu_);
+        if (refuse_open.count(vo->name)) {
+          s = ch.Send(proto::Nack{0, proto::NackReason::kWrongGeneration, 0, "generation 1 is not 2"});
+        } else {
+          handles[next_handle] = vo->name;
+          s = ch.Send(proto::VolumeOpenReply{next_handle++, durable[vo->name]});
+        }
+      } else if (auto* wb = std::get_if<proto::WriteBatch>(&*m)) {
+        std::unique_lock l(mu_);
+        const std::string v = handles.at(wb->volume_id);
+        uint64_t& d = durable[v];
+        if (busy_first[v] > 0) {
+          --busy_first[v];
+          l.unlock();
+          s = ch.Send(proto::Nack{wb->volume_id, proto::NackReason::kBusy, d + 1, "over quota"});
+        } else if (wb->records.front().seq > d + 1) {
+          const uint64_t expected = d + 1;
+          l.unlock();
+          s = ch.Send(proto::Nack{wb->volume_id, proto::NackReason::kGap, expected, "gap"});
+        } else {
+          for (const auto& r : wb->records) {
+            if (r.seq <= d) continue;  // a duplicate after a rewind
+            if (r.data != Payload(v, r.seq)) ++bad_data_;
+            applied_[v].push_back(r.seq);
+            d = r.seq;
+          }
+          const uint64_t ack = d;
+          l.unlock();
+          s = ch.Send(proto::Ack{wb->volume_id, ack});
+        }
+      } else if (auto* hr = std::get_if<proto::HashRequest>(&*m)) {
+        if (hash_internal) {
+          s = ch.Send(proto::Nack{hr->volume_id, proto::NackReason::kInternal, 0, "master target unavailable"});
+        } else {
+          proto::HashResponse resp;
+          resp.volume_id = hr->volume_id;
+          resp.request_id = hr->request_id;
+          resp.region_size = hr->region_size;
+          resp.first_region = hr->first_region;
+          resp.hashes.resize(hr->count);
+          s = ch.Send(resp);
+        }
+      } else if (auto* hb = std::get_if<proto::Heartbeat>(&*m)) {
+        if (hb->echo_us == 0) s = ch.Send(proto::Heartbeat{1, hb->sent_us});
+      }
+      if (!s.ok()) return;
+    }
+  }
+
+  std::unique_ptr<cdp::Listener> listener_;
+  std::mutex mu_;
+  std::map<std::string, std::vector<uint64_t>> applied_;
+  int connections_ = 0;
+  uint64_t bad_data_ = 0;
+};
+
+cdp::repl::SenderOptions Options(uint16_t port) {
+  cdp::repl::SenderOptions o;
+  o.log_name = "test";
+  o.peer_name = "test peer";
+  o.port = port;
+  o.role = proto::Role::kProcessServer;
+  o.tenant = kTenant;
+  o.secret = kSecret;
+  o.client_id = "test";
+  o.frame_bytes = 8 * 512;
+  o.max_inflight = 4;
+  o.backoff_min_ms = 10;
+  o.backoff_max_ms = 50;
+  o.busy_hold_ms = 10;
+  o.internal_hold_ms = 10;
+  return o;
+}
+
+std::vector<uint64_t> Range(uint64_t first, uint64_t last) {
+  std::vector<uint64_t> v;
+  for (uint64_t s = first; s <= last; ++s) v.push_back(s);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("replication sender: several streams over one connection arrive complete and in order",
+          "[replication]") {
+  ScriptedPeer peer;
+  auto o = Options(peer.port());
+  o.workers = 2;
+  ReplicationSender sender(o);
+  std::vector<std::unique_ptr<VectorSource>> sources;
+  for (const char* name : {"a", "b", "c"}) {
+    sources.push_back(std::make_unique<VectorSource>(name, 500));
+    sender.AddStream(sources.back().get());
+  }
+  sender.Start();
+  REQUIRE(WaitUntil([&] {
+    for (auto& s : sources)
+      if (s->Acked() != 500) return false;
+    return true;
+  }, 20s));
+  for (const char* name : {"a", "b", "c"}) CHECK(peer.Applied(name) == Range(1, 500));
+  CHECK(peer.bad_data() == 0);
+  CHECK(peer.connections() == 1);
+  CHECK(sender.Stats().connects == 1);
+  CHECK(sender.state() == "connected");
+}
+
+TEST_CASE("replication sender: a connection dropped mid-stream resumes at the peer's durable sequence",
+          "[replication][fault]") {
+  ScriptedPeer peer;
+  auto o = Options(peer.port());
+  std::atomic<int> connects{0};
+  // The first connection breaks after 40 KiB written: mid-frame.
+  o.wrap = [&](std::unique_ptr<cdp::ByteStream> s) -> std::unique_ptr<cdp::ByteStream> {
+    if (connects.fetch_add(1) > 0) return s;
+    cdp::FaultOptions f;
+    f.drop_after = 40 << 10;
+    return std::make_unique<cdp::FaultFilter>(std::move(s), f);
+  };
+  ReplicationSender sender(o);
+  VectorSource src("vol", 1000);
+  sender.AddStream(&src);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return src.Acked() == 1000; }, 20s));
+  // Every record applied exactly once, in order, though frames were resent.
+  CHECK(peer.Applied("vol") == Range(1, 1000));
+  CHECK(peer.bad_data() == 0);
+  CHECK(peer.connections() == 2);
+  CHECK(sender.Stats().connects == 2);
+  CHECK(sender.Stats().disconnects == 1);
+  std::lock_guard l(src.mu_);
+  REQUIRE(src.resumes.size() == 2);
+  CHECK(src.resumes[0] == std::make_pair(uint64_t(0), ResumeCause::kOpen));
+  CHECK(src.resumes[1].second == ResumeCause::kOpen);
+  // Something was applied before the drop, and the stream went on from there.
+  CHECK(src.resumes[1].first > 0);
+  CHECK(src.resumes[1].first < 1000);
+}
+
+TEST_CASE("replication sender: a peer that is ahead is resumed after, a peer that is behind gets a gap rewind",
+          "[replication]") {
+  ScriptedPeer peer;
+  peer.durable["ahead"] = 300;
+  ReplicationSender sender(Options(peer.port()));
+  VectorSource ahead("ahead", 400);
+  VectorSource behind("behind", 400);
+  behind.jump_at = 97;  // frames of 8 records: the read at 97 starts at 107
+  sender.AddStream(&ahead);
+  sender.AddStream(&behind);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return ahead.Acked() == 400 && behind.Acked() == 400; }, 20s));
+  CHECK(peer.Applied("ahead") == Range(301, 400));
+  CHECK(peer.Applied("behind") == Range(1, 400));
+  CHECK(sender.Stats().gap_nacks >= 1);
+  {
+    std::lock_guard l(ahead.mu_);
+    REQUIRE(ahead.resumes.size() == 1);
+    CHECK(ahead.resumes[0] == std::make_pair(uint64_t(300), ResumeCause::kOpen));
+  }
+  std::lock_guard l(behind.mu_);
+  // One rewind however many frames in flight were refused with the same gap.
+  REQUIRE(behind.resumes.size() == 2);
+  CHECK(behind.resumes[0] == std::make_pair(uint64_t(0), ResumeCause::kOpen));
+  CHECK(behind.resumes[1] == std::make_pair(uint64_t(96), ResumeCause::kGap));
+}
+
+TEST_CASE("replication sender: busy holds the stream and resends from the acknowledged sequence",
+          "[replication]") {
+  ScriptedPeer peer;
+  peer.busy_first["v"] = 3;
+  ReplicationSender sender(Options(peer.port()));
+  VectorSource src("v", 200);
+  sender.AddStream(&src);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return src.Acked() == 200; }, 20s));
+  CHECK(peer.Applied("v") == Range(1, 200));
+  CHECK(sender.Stats().busy_nacks == 3);
+  CHECK(sender.Stats().connects == 1);
+}
+
+TEST_CASE("replication sender: a refused open stalls that stream only; WaitOpened names the refusal",
+          "[replication]") {
+  ScriptedPeer peer;
+  peer.refuse_open.insert("bad");
+  ReplicationSender sender(Options(peer.port()));
+  VectorSource bad("bad", 50), good("good", 300);
+  auto bad_id = sender.AddStream(&bad);
+  auto good_id = sender.AddStream(&good);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return good.Acked() == 300; }, 20s));
+  CHECK(peer.Applied("good") == Range(1, 300));
+  CHECK(peer.Applied("bad").empty());
+  auto r = sender.WaitOpened(bad_id, 5s);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == cdp::Code::kPermissionDenied);
+  CHECK(r.status().message() == "test peer refused the volume: wrong generation: generation 1 is not 2");
+  auto g = sender.WaitOpened(good_id, 5s);
+  REQUIRE(g.ok());
+  CHECK(*g == 0);
+  std::lock_guard l(bad.mu_);
+  REQUIRE(bad.stalls.size() == 1);
+  CHECK(bad.stalls[0].message() == r.status().message());
+  CHECK(sender.Stats().connects == 1);  // the good stream kept the connection
+}
+
+TEST_CASE("replication sender: hash requests are answered, and a kInternal nack fails the pending one only",
+          "[replication]") {
+  ScriptedPeer peer;
+  ReplicationSender sender(Options(peer.port()));
+  VectorSource src("v", 100);
+  auto id = sender.AddStream(&src);
+  sender.Start();
+  proto::HashRequest hr;
+  hr.request_id = 77;
+  hr.region_size = 1 << 20;
+  hr.first_region = 3;
+  hr.count = 5;
+  auto ok = sender.Hash(id, hr, 10s);
+  REQUIRE(ok.ok());
+  CHECK(ok->first_region == 3);
+  CHECK(ok->hashes.size() == 5);
+  peer.hash_internal = true;
+  auto refused = sender.Hash(id, hr, 10s);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == cdp::Code::kUnavailable);
+  CHECK(refused.status().message() == "test peer could not answer: master target unavailable");
+  REQUIRE(WaitUntil([&] { return src.Acked() == 100; }, 20s));
+  CHECK(peer.Applied("v") == Range(1, 100));
+  CHECK(sender.Stats().connects == 1);
+}
