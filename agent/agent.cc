@@ -89,10 +89,10 @@ Status Agent::Start() {
   }
   for (size_t i = 0; i < devices_.size(); ++i) RegisterMetrics(i);
   metrics::RegisterProcessMetrics(registry_, opts_.env, opts_.clock);
-  if (opts_.control_port >= 0) {
+  if (!opts_.control.off()) {
     http::ServerOptions ho;
-    ho.host = opts_.control_host;
-    ho.port = uint16_t(opts_.control_port);
+    ho.host = opts_.control.host;
+    ho.port = opts_.control.port;
     ho.registry = &registry_;
     ho.status = [this] { return StatusJson(); };
     http_ = std::make_unique<http::Server>(ho);

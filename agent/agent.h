@@ -28,6 +28,7 @@
 #include "agent/sender.h"
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/host_port.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
 #include "common/nbd_server.h"
@@ -50,8 +51,7 @@ struct AgentOptions {
   uint32_t region_size = 1u << 20;
   SenderOptions sender;          // PS address, tenant, secret, batching
   bool sender_enabled = true;    // false: capture only (benchmarks of the tap alone)
-  std::string control_host = "127.0.0.1";
-  int control_port = 9100;       // 0 = ephemeral, < 0 = no HTTP server
+  HostPort control{"127.0.0.1", 9100};  // HTTP server; port 0 = ephemeral, off() = none
   std::string freeze_command;    // run through /bin/sh -c before a tag ("" = none)
   std::string thaw_command;      // run after a tag, always
   uint64_t freeze_timeout_ms = 10'000;

@@ -75,8 +75,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   ao.bitmap_dir = vm["bitmap_dir"].as<std::string>();
   ao.sender_enabled = !vm["capture_only"].as<bool>();
   CDP_ASSIGN_OR_RETURN(HostPort ps, GetHostPort(vm, "ps", HostPort::Rules::Peer()));
-  ao.sender.ps_host = ps.host;
-  ao.sender.ps_port = ps.port;
+  ao.sender.ps = ps;
   ao.sender.tenant = vm["tenant"].as<std::string>();
   ao.sender.secret = vm["secret"].as<std::string>();
   std::string secret_file = vm["secret_file"].as<std::string>();
@@ -98,9 +97,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   }
   ao.sender.batch_bytes = std::max<uint64_t>(4096, vm["batch_bytes"].as<ByteSize>().bytes);
   ao.sender.max_inflight = std::max(1, vm["max_inflight"].as<int>());
-  CDP_ASSIGN_OR_RETURN(HostPort control, GetHostPort(vm, "control", listener));
-  ao.control_host = control.host;
-  ao.control_port = control.off() ? -1 : control.port;
+  CDP_ASSIGN_OR_RETURN(ao.control, GetHostPort(vm, "control", listener));
   ao.freeze_command = vm["freeze_command"].as<std::string>();
   ao.thaw_command = vm["thaw_command"].as<std::string>();
   ao.freeze_timeout_ms = vm["freeze_timeout"].as<Duration>().millis();

@@ -18,8 +18,8 @@ repl::SenderOptions LinkOptions(const SenderOptions& o, const std::string& volum
   l.log_name = "agent";
   l.peer_name = "process server";
   l.label = "volume=" + volume;
-  l.host = o.ps_host;
-  l.port = o.ps_port;
+  l.host = o.ps.host;
+  l.port = o.ps.port;
   l.role = proto::Role::kAgent;
   l.tenant = o.tenant;
   l.secret = o.secret;
@@ -135,7 +135,7 @@ Result<uint64_t> Sender::Resume(uint64_t durable, repl::ResumeCause cause) {
     // (our numbers were provisional); later it means the server's history and
     // ours disagree: everything is compared again.
     log::Get("agent")->error("{} process server resumes at {} outside our window: full resync",
-                             log::Where{dev_->volume(), opts_.ps_host, durable}, durable);
+                             log::Where{dev_->volume(), opts_.ps.host, durable}, durable);
     dev_->bitmap().MarkAllCompare();
     std::lock_guard lk(mu_);
     ++st_.history_lost;
@@ -207,7 +207,7 @@ void Sender::ResyncLoop() {
     Checkpoint(false);
     Result<bool> progressed = ResyncStep();
     if (!progressed.ok() && !stop_) {
-      log::Get("agent")->warn("{} resync paused {} ms: {}", log::Where{dev_->volume(), opts_.ps_host, 0},
+      log::Get("agent")->warn("{} resync paused {} ms: {}", log::Where{dev_->volume(), opts_.ps.host, 0},
                               opts_.hash_retry_ms, progressed.status().ToString());
       std::lock_guard lk(mu_);
       st_.last_error = progressed.status().ToString();

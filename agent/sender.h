@@ -44,14 +44,14 @@
 
 #include "agent/capture_device.h"
 #include "common/clock.h"
+#include "common/host_port.h"
 #include "common/record_source.h"
 #include "common/replication_sender.h"
 
 namespace cdp::agent {
 
 struct SenderOptions {
-  std::string ps_host = "127.0.0.1";
-  uint16_t ps_port = 7400;
+  HostPort ps{"127.0.0.1", 7400};  // the process server
   std::string tenant;
   std::string secret;
   std::string client_id = "agent";

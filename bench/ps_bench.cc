@@ -132,10 +132,9 @@ void RunIntake(const std::string& dir, uint64_t mib, int window) {
   cdp::ps::ProcessServerOptions o;
   o.env = env;
   o.clock = cdp::SystemClock::Get();
-  o.listen_host = "127.0.0.1";
-  o.listen_port = 0;
-  o.control_enabled = false;
-  o.mt_port = dead_port;
+  o.listen = {"127.0.0.1", 0};
+  o.control = {};  // off
+  o.mt.port = dead_port;
   o.mt_open_wait_ms = 10;
   o.backoff_min_ms = 1000;
   o.tenants = {{"bench", kSecret}};

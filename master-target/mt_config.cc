@@ -35,13 +35,9 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   o.env = env;
   o.clock = SystemClock::Get();
   o.data_dir = vm["data_dir"].as<std::string>();
-  for (auto [key, host, port] : {std::tuple{"listen", &o.listen_host, &o.listen_port},
-                                  std::tuple{"control", &o.control_host, &o.control_port},
-                                  std::tuple{"nbd", &o.nbd_host, &o.nbd_port}}) {
-    CDP_ASSIGN_OR_RETURN(HostPort hp, GetHostPort(vm, key, HostPort::Rules::Listen()));
-    *host = hp.host;
-    *port = hp.port;
-  }
+  CDP_ASSIGN_OR_RETURN(o.listen, GetHostPort(vm, "listen", HostPort::Rules::Listen()));
+  CDP_ASSIGN_OR_RETURN(o.control, GetHostPort(vm, "control", HostPort::Rules::OptionalListen()));
+  CDP_ASSIGN_OR_RETURN(o.nbd, GetHostPort(vm, "nbd", HostPort::Rules::OptionalListen()));
   if (vm.count("tenant")) {
     for (const auto& t : vm["tenant"].as<std::vector<std::string>>()) {
       CDP_RETURN_IF_ERROR(AddTenantEntry(t, &o.tenants).WithContext("'tenant'"));

@@ -230,10 +230,10 @@ Status MasterTarget::Start() {
   // Crash recovery of every volume comes before anything else.
   CDP_RETURN_IF_ERROR(m.LoadVolumes());
 
-  if (o_.nbd_port >= 0) {
+  if (!o_.nbd.off()) {
     NbdServerOptions no;
-    no.tcp_host = o_.nbd_host;
-    no.tcp_port = o_.nbd_port;
+    no.tcp_host = o_.nbd.host;
+    no.tcp_port = o_.nbd.port;
     m.nbd = std::make_unique<NbdServer>(no);
     Status s = m.nbd->Start();
     if (!s.ok()) {
@@ -241,10 +241,10 @@ Status MasterTarget::Start() {
       return s.WithContext("nbd exports");
     }
   }
-  if (o_.control_port >= 0) {
+  if (!o_.control.off()) {
     http::ServerOptions ho;
-    ho.host = o_.control_host;
-    ho.port = uint16_t(o_.control_port);
+    ho.host = o_.control.host;
+    ho.port = o_.control.port;
     ho.registry = &registry_;
     ho.status = [this] { return impl_->StatusJson(); };
     m.http = std::make_unique<http::Server>(ho);
@@ -257,8 +257,8 @@ Status MasterTarget::Start() {
   }
   Listener::Options lo;
   lo.name = "mt-peers";
-  lo.tcp_host = o_.listen_host;
-  lo.tcp_port = o_.listen_port;
+  lo.tcp_host = o_.listen.host;
+  lo.tcp_port = o_.listen.port;
   lo.mode = Listener::Mode::kThreadPerConnection;
   lo.registry = &registry_;
   m.listener = std::make_unique<Listener>(lo, ServeFrames([&m](FrameChannel& ch) { m.Serve(ch); }));
@@ -268,7 +268,7 @@ Status MasterTarget::Start() {
   }
   port_ = m.listener->tcp_port();
   m.retention_thread = std::thread([&m] { m.RetentionLoop(); });
-  m.log->info("listening on {}:{}, control port {}, nbd port {}", o_.listen_host, port(), control_port(), nbd_port());
+  m.log->info("listening on {}:{}, control port {}, nbd port {}", o_.listen.host, port(), control_port(), nbd_port());
   return Status::OK();
 }
 

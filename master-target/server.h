@@ -30,6 +30,7 @@
 
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/host_port.h"
 #include "common/metrics.h"
 #include "common/result.h"
 #include "common/status.h"
@@ -53,12 +54,10 @@ struct MasterTargetOptions {
   // name -> bytes a tenant may use (sum of its volumes' sizes and journals);
   // absent or 0 = unlimited.
   std::map<std::string, uint64_t> tenant_quota_bytes;
-  std::string listen_host = "0.0.0.0";
-  int listen_port = 7500;           // 0 = ephemeral (tests)
-  std::string control_host = "127.0.0.1";
-  int control_port = 9102;          // 0 = ephemeral; < 0 = no control server
-  std::string nbd_host = "127.0.0.1";
-  int nbd_port = 10810;             // 0 = ephemeral; < 0 = no NBD exports
+  // Addresses: port 0 = ephemeral (tests), off() = none.
+  HostPort listen{"0.0.0.0", 7500};     // process servers
+  HostPort control{"127.0.0.1", 9102};  // control API and /metrics; may be off
+  HostPort nbd{"127.0.0.1", 10810};     // point-in-time exports; may be off
   uint64_t segment_bytes = 64ull << 20;
   uint64_t point_interval_us = 5'000'000;
   RetentionPolicy retention;

@@ -11,8 +11,8 @@ namespace json = boost::json;
 Status ProcessServer::StartControl() {
   Impl& im = *impl_;
   http::ServerOptions ho;
-  ho.host = opt_.control_host;
-  ho.port = opt_.control_port;
+  ho.host = opt_.control.host;
+  ho.port = opt_.control.port;
   ho.registry = opt_.registry;
   ho.status = [this] { return StatusJson(); };
   im.http = std::make_unique<http::Server>(ho);
@@ -99,7 +99,7 @@ json::value ProcessServer::StatusJson() {
   json::object o;
   o["daemon"] = "cdp-process-server";
   o["agent_port"] = agent_port_;
-  o["master_target"] = opt_.mt_host + ":" + std::to_string(opt_.mt_port);
+  o["master_target"] = opt_.mt.ToString();
   json::object th;
   th["limit_mbps"] = t.limit_mbps;
   th["throttling"] = t.throttling;

@@ -59,13 +59,9 @@ Result<std::pair<proto::Codec, int>> ParseCodecLevel(const std::string& key, con
 
 Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, log::Options* log) {
   ProcessServerOptions o;
-  for (auto [key, host, port] : {std::tuple{"listen", &o.listen_host, &o.listen_port},
-                                  std::tuple{"control", &o.control_host, &o.control_port},
-                                  std::tuple{"mt", &o.mt_host, &o.mt_port}}) {
-    CDP_ASSIGN_OR_RETURN(HostPort hp, GetHostPort(vars, key, HostPort::Rules::Listen()));
-    *host = hp.host;
-    *port = hp.port;
-  }
+  CDP_ASSIGN_OR_RETURN(o.listen, GetHostPort(vars, "listen", HostPort::Rules::Listen()));
+  CDP_ASSIGN_OR_RETURN(o.control, GetHostPort(vars, "control", HostPort::Rules::OptionalListen()));
+  CDP_ASSIGN_OR_RETURN(o.mt, GetHostPort(vars, "mt", HostPort::Rules::Peer()));
   o.client_id = vars["client_id"].as<std::string>();
   if (!proto::ValidName(o.client_id)) return Status::InvalidArgument("bad value '" + o.client_id + "' for 'client_id'");
   if (vars.count("tenant")) {

@@ -131,8 +131,8 @@ Status ProcessServer::Start() {
       MtLinkOptions lo;
       lo.clock = opt_.clock;
       lo.throttle = throttle_.get();
-      lo.host = opt_.mt_host;
-      lo.port = opt_.mt_port;
+      lo.host = opt_.mt.host;
+      lo.port = opt_.mt.port;
       lo.tenant = tenant;
       lo.secret = secret;
       lo.client_id = opt_.client_id;
@@ -164,8 +164,8 @@ Status ProcessServer::Start() {
   // Agent listener.
   Listener::Options lo;
   lo.name = "ps-agents";
-  lo.tcp_host = opt_.listen_host;
-  lo.tcp_port = opt_.listen_port;
+  lo.tcp_host = opt_.listen.host;
+  lo.tcp_port = opt_.listen.port;
   lo.mode = Listener::Mode::kThreadPerConnection;
   lo.registry = opt_.registry;
   im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch) { im.Serve(ch); }));
@@ -173,7 +173,7 @@ Status ProcessServer::Start() {
   agent_port_ = im.listener->tcp_port();
 
   // Control server.
-  if (opt_.control_enabled) CDP_RETURN_IF_ERROR(StartControl());
+  if (!opt_.control.off()) CDP_RETURN_IF_ERROR(StartControl());
   if (opt_.registry != nullptr) {
     Throttle* th = throttle_.get();
     opt_.registry->AddComputed("cdp_ps_throttle_limit_mbps", "Throttle rate in force (0 = unlimited)",
@@ -186,8 +186,8 @@ Status ProcessServer::Start() {
     im.series.emplace_back("cdp_ps_throttle_waiting", metrics::Labels{});
     im.series.emplace_back("cdp_ps_throttle_wait_seconds_total", metrics::Labels{});
   }
-  im.log->info("process server listening on {}:{} (agents), control port {}, master target {}:{}", opt_.listen_host,
-               agent_port_, control_port_, opt_.mt_host, opt_.mt_port);
+  im.log->info("process server listening on {}:{} (agents), control port {}, master target {}:{}", opt_.listen.host,
+               agent_port_, control_port_, opt_.mt.host, opt_.mt.port);
   return Status::OK();
 }
 

@@ -31,6 +31,7 @@
 
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/host_port.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/throttle.h"
@@ -47,13 +48,10 @@ class MtLink;
 struct ProcessServerOptions {
   Env* env = nullptr;          // files; must outlive the server
   Clock* clock = nullptr;      // time; must outlive the server
-  std::string listen_host = "0.0.0.0";
-  uint16_t listen_port = 7400;  // 0 = ephemeral (tests); see agent_port()
-  std::string control_host = "127.0.0.1";
-  uint16_t control_port = 9101;  // 0 = ephemeral
-  bool control_enabled = true;
-  std::string mt_host = "127.0.0.1";
-  uint16_t mt_port = 7500;
+  // Addresses: port 0 = ephemeral (tests; see agent_port()), off() = none.
+  HostPort listen{"0.0.0.0", 7400};    // agents
+  HostPort control{"127.0.0.1", 9101};  // control API and /metrics; may be off
+  HostPort mt{"127.0.0.1", 7500};       // the master target
   std::string client_id = "process-server";
   std::map<std::string, std::string> tenants;  // tenant -> secret
   std::string spool_dir = "/var/lib/opencdp/ps/spool";

@@ -39,12 +39,12 @@ TEST_CASE("agent config: keys, addresses, secret file, log", "[config]") {
   CHECK(o->volumes[1].export_name == "");
   CHECK(o->nbd.tcp_port == -1);
   CHECK(o->nbd.unix_path == "/run/cdp.sock");
-  CHECK(o->sender.ps_host == "fd00::7");
-  CHECK(o->sender.ps_port == 7401);
+  CHECK(o->sender.ps.host == "fd00::7");
+  CHECK(o->sender.ps.port == 7401);
   CHECK(o->sender.secret == "s3cret-0123456789");
   CHECK(o->sender.client_id == "host1");
-  CHECK(o->control_host == "127.0.0.1");
-  CHECK(o->control_port == 0);
+  CHECK(o->control.host == "127.0.0.1");
+  CHECK(o->control.port == 0);
   CHECK(o->region_size == 65536);
   CHECK(lo.level == "debug");
   CHECK(lo.file == "/var/log/a.log");

@@ -46,8 +46,8 @@ AgentOptions BaseOptions(cdp::Env* env, const std::string& dir, uint16_t ps_port
   ao.nbd.tcp_port = -1;
   ao.nbd.unix_path = dir + "/nbd.sock";
   ao.bitmap_dir = dir + "/bm";
-  ao.control_port = 0;
-  ao.sender.ps_port = ps_port;
+  ao.control.port = 0;
+  ao.sender.ps.port = ps_port;
   ao.sender.tenant = "t1";
   ao.sender.secret = "s3cret";
   ao.sender.client_id = "test-agent";

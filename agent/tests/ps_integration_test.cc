@@ -49,11 +49,9 @@ TEST_CASE("every captured record becomes durable in the real process server's sp
   cdp::ps::ProcessServerOptions po;
   po.env = env.get();
   po.clock = clock;
-  po.listen_host = "127.0.0.1";
-  po.listen_port = 0;
-  po.control_enabled = false;
-  po.mt_host = "127.0.0.1";
-  po.mt_port = 1;  // nothing listens there: no master target
+  po.listen = {"127.0.0.1", 0};
+  po.control = {};  // off
+  po.mt = {"127.0.0.1", 1};  // nothing listens there: no master target
   po.tenants = {{"t1", "s3cret"}};
   po.spool_dir = "/ps/spool";
   po.mt_open_wait_ms = 50;
@@ -71,7 +69,7 @@ TEST_CASE("every captured record becomes durable in the real process server's sp
   o.budget = 2 * kMiB;
   auto dev = std::move(*CaptureDevice::Open(o));
   SenderOptions so;
-  so.ps_port = ps.agent_port();
+  so.ps.port = ps.agent_port();
   so.tenant = "t1";
   so.secret = "s3cret";
   so.client_id = "agent-test";

@@ -57,7 +57,7 @@ std::shared_ptr<CaptureDevice> OpenDevice(cdp::Env* env, uint64_t budget = 64 * 
 
 SenderOptions Opts(const TestPeer& peer) {
   SenderOptions so;
-  so.ps_port = peer.port();
+  so.ps.port = peer.port();
   so.tenant = "t1";
   so.secret = "s3cret";
   so.client_id = "test-agent";

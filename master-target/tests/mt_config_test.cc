@@ -31,10 +31,10 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
                 "listen = [::]:7501\ncontrol = 127.0.0.1:0\nnbd = 0.0.0.0:10811\ntenant = acme:s3cret-acme\n"
                 "tenants_file = /tenants\ntenant_quota = beta:1GiB\n");
   REQUIRE(o.ok());
-  CHECK(o->listen_host == "::");
-  CHECK(o->listen_port == 7501);
-  CHECK(o->control_port == 0);
-  CHECK(o->nbd_port == 10811);
+  CHECK(o->listen.host == "::");
+  CHECK(o->listen.port == 7501);
+  CHECK(o->control.port == 0);
+  CHECK(o->nbd.port == 10811);
   CHECK(o->tenants.size() == 3);
   CHECK(o->tenants.at("acme") == "s3cret-acme");
   CHECK(o->tenants.at("beta") == "s3cret-beta");

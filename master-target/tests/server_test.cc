@@ -35,10 +35,9 @@ struct Daemon {
     o.data_dir = dir;
     o.tenants = {{"acme", "s3cret-acme"}, {"globex", "s3cret-globex"}};
     if (globex_quota) o.tenant_quota_bytes["globex"] = globex_quota;
-    o.listen_host = "127.0.0.1";
-    o.listen_port = 0;
-    o.control_port = 0;
-    o.nbd_port = 0;
+    o.listen = {"127.0.0.1", 0};
+    o.control.port = 0;
+    o.nbd.port = 0;
     o.point_interval_us = 0;
     o.segment_bytes = 1 << 20;
     mt = std::make_unique<MasterTarget>(o);

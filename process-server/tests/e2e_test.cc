@@ -65,10 +65,9 @@ cdp::mt::MasterTargetOptions MtOptions(const std::string& dir, int port) {
   o.clock = cdp::SystemClock::Get();
   o.data_dir = dir;
   o.tenants = {{"acme", kSecret}};
-  o.listen_host = "127.0.0.1";
-  o.listen_port = port;
-  o.control_port = -1;
-  o.nbd_port = -1;
+  o.listen = {"127.0.0.1", uint16_t(port)};
+  o.control = {};  // off
+  o.nbd = {};      // off
   return o;
 }
 
@@ -76,11 +75,9 @@ cdp::ps::ProcessServerOptions PsOptions(const std::string& dir, uint16_t mt_port
   cdp::ps::ProcessServerOptions o;
   o.env = cdp::DefaultEnv();
   o.clock = cdp::SystemClock::Get();
-  o.listen_host = "127.0.0.1";
-  o.listen_port = listen_port;
-  o.control_enabled = false;
-  o.mt_host = "127.0.0.1";
-  o.mt_port = mt_port;
+  o.listen = {"127.0.0.1", listen_port};
+  o.control = {};  // off
+  o.mt = {"127.0.0.1", mt_port};
   o.tenants = {{"acme", kSecret}};
   o.spool_dir = dir;
   o.segment_bytes = 256 << 10;  // many segments, so release is exercised

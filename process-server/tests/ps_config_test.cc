@@ -36,10 +36,10 @@ TEST_CASE("process server config: every key, flags override the file", "[config]
       "throttle_utc_offset = 60\n",
       {"--inflight", "4"});
   REQUIRE(o.ok());
-  CHECK(o->listen_host == "10.0.0.1");
-  CHECK(o->listen_port == 7401);
-  CHECK(o->control_port == 9111);
-  CHECK(o->mt_host == "mt.example.net");
+  CHECK(o->listen.host == "10.0.0.1");
+  CHECK(o->listen.port == 7401);
+  CHECK(o->control.port == 9111);
+  CHECK(o->mt.host == "mt.example.net");
   CHECK(o->tenants.size() == 2);
   CHECK(o->tenants.at("beta") == "s3cret-beta");
   CHECK(o->spool_dir == "/srv/spool");

@@ -38,10 +38,9 @@ cdp::ps::ProcessServerOptions Options(cdp::Env* env) {
   cdp::ps::ProcessServerOptions o;
   o.env = env;
   o.clock = cdp::SystemClock::Get();
-  o.listen_host = "127.0.0.1";
-  o.listen_port = 0;
-  o.control_port = 0;
-  o.mt_port = ClosedPort();
+  o.listen = {"127.0.0.1", 0};
+  o.control.port = 0;
+  o.mt.port = ClosedPort();
   o.tenants = {{"acme", kSecret}, {"beta", "beta-secret-beta-secret-beta"}};
   o.spool_dir = "/ps/spool";
   o.segment_bytes = 1 << 20;
