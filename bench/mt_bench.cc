@@ -33,7 +33,7 @@
 
 #include "common/clock.h"
 #include "common/env.h"
-#include "master-target/volume.h"
+#include "master-target/replica_volume.h"
 
 using namespace cdp;
 
@@ -152,7 +152,7 @@ void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
   id.block_size = 4096;
   id.generation = 1;
   {
-    auto v = mt::Volume::Open(vo, &id);
+    auto v = mt::ReplicaVolume::Open(vo, &id);
     if (!v.ok()) Die("create volume", v.status());
   }
   {
@@ -166,7 +166,7 @@ void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
     }
     if (Status s = (*f)->Sync(); !s.ok()) Die("fill sync", s);
   }
-  auto v = mt::Volume::Open(vo, nullptr);
+  auto v = mt::ReplicaVolume::Open(vo, nullptr);
   if (!v.ok()) Die("open volume", v.status());
 
   const uint32_t rec_len = workload == "random4k" ? 4096 : (1u << 20);

@@ -33,8 +33,8 @@
 #include "common/channel.h"
 #include "common/log.h"
 #include "process-server/mt_link.h"
-#include "process-server/server.h"
-#include "process-server/volume.h"
+#include "process-server/process_server.h"
+#include "process-server/spooled_volume.h"
 
 namespace {
 
@@ -249,7 +249,7 @@ int main(int argc, char** argv) {
       cdp::proto::VolumeOpen open;
       open.name = "bench";
       open.size = (mib + 1) << 20;
-      auto vol = cdp::ps::Volume::Open(so, "bench", &open, cc.codec, cc.level);
+      auto vol = cdp::ps::SpooledVolume::Open(so, "bench", &open, cc.codec, cc.level);
       if (!vol.ok()) {
         std::fprintf(stderr, "volume: %s\n", vol.status().ToString().c_str());
         return 1;

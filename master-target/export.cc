@@ -5,10 +5,10 @@
 
 namespace cdp::mt {
 
-Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::Open(std::shared_ptr<Volume> volume, uint64_t point_seq,
+Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::Open(std::shared_ptr<ReplicaVolume> volume, uint64_t point_seq,
                                                                    Env* env, const std::string& overlay_path) {
   CDP_ASSIGN_OR_RETURN(auto pin, volume->Pin(point_seq));
-  Volume* v = volume.get();
+  ReplicaVolume* v = volume.get();
   std::shared_ptr<PointInTimeDevice> d(new PointInTimeDevice(std::move(volume), std::move(pin)));
   d->size_ = v->size();
   d->block_ = v->identity().block_size;

@@ -1,7 +1,7 @@
 // PointInTimeDevice: a recovery point of a volume as an NBD BlockDevice
 // (common/nbd_server.h), served while replication goes on.
 //
-// Reads return the image of the volume at the point (Volume::ReadAt: each
+// Reads return the image of the volume at the point (ReplicaVolume::ReadAt: each
 // block changed since the point comes from the oldest later undo record, the
 // rest from the replica). The point is pinned for the device's lifetime, so
 // retention keeps what it needs and a rollback is refused meanwhile.
@@ -24,7 +24,7 @@
 
 #include "common/env.h"
 #include "common/nbd_server.h"
-#include "master-target/volume.h"
+#include "master-target/replica_volume.h"
 
 namespace cdp::mt {
 
@@ -33,7 +33,7 @@ class PointInTimeDevice final : public BlockDevice {
   // Read-only when `overlay_path` is empty; otherwise the overlay file is
   // created there (it must not exist) through `env`. kOutOfRange if the point
   // is not reachable.
-  static Result<std::shared_ptr<PointInTimeDevice>> Open(std::shared_ptr<Volume> volume, uint64_t point_seq,
+  static Result<std::shared_ptr<PointInTimeDevice>> Open(std::shared_ptr<ReplicaVolume> volume, uint64_t point_seq,
                                                          Env* env, const std::string& overlay_path);
   ~PointInTimeDevice() override;
 
@@ -51,10 +51,10 @@ class PointInTimeDevice final : public BlockDevice {
   uint64_t overlay_blocks() const;
 
  private:
-  PointInTimeDevice(std::shared_ptr<Volume> v, std::unique_ptr<PointPin> pin) : volume_(std::move(v)), pin_(std::move(pin)) {}
+  PointInTimeDevice(std::shared_ptr<ReplicaVolume> v, std::unique_ptr<PointPin> pin) : volume_(std::move(v)), pin_(std::move(pin)) {}
   Status WriteLocked(uint64_t offset, const uint8_t* data, uint64_t len);  // data == nullptr: zeros
 
-  std::shared_ptr<Volume> volume_;
+  std::shared_ptr<ReplicaVolume> volume_;
   std::unique_ptr<PointPin> pin_;
   uint64_t size_ = 0;
   uint32_t block_ = 4096;

@@ -1,4 +1,4 @@
-// cdp-master-target: the provider-side daemon. See master-target/server.h for
+// cdp-master-target: the provider-side daemon. See master-target/master_target.h for
 // the protocol and control API, docs/recovery.md for operating it.
 #include <iostream>
 

@@ -8,7 +8,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/result.h"
-#include "master-target/server.h"
+#include "master-target/master_target.h"
 
 namespace cdp::mt {
 

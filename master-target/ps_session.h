@@ -2,7 +2,7 @@
 // handshake to EOF — VolumeOpen, WriteBatch, HashRequest and Heartbeat on a
 // FrameChannel. Implemented by MasterTarget::Impl::Serve (ps_session.cc),
 // which runs on the connection's own Listener thread; it shares the daemon's
-// volumes (master-target/daemon.h) with the other sessions, the control API
+// volumes (master-target/master_target_impl.h) with the other sessions, the control API
 // and the retention thread.
 //
 // ===================== Protocol contract with the process server =====================
@@ -55,4 +55,4 @@
 // ======================================================================================
 #pragma once
 
-#include "master-target/daemon.h"
+#include "master-target/master_target_impl.h"

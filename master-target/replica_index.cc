@@ -1,4 +1,4 @@
-#include "master-target/volume.h"
+#include "master-target/replica_volume.h"
 
 #include <algorithm>
 #include <bit>
@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS points(
 
 Status CreateIndexSchema(sqlite::Db& db) { return db.Exec(kSchema); }
 
-Status Volume::CreateFiles(const VolumeIdentity& id) {
+Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
   if (!proto::ValidName(id.name)) return Status::InvalidArgument("bad volume name");
   if (!std::has_single_bit(id.block_size) || id.block_size < 512 || id.block_size > (1u << 20))
     return Status::InvalidArgument("bad block size " + std::to_string(id.block_size));
@@ -94,7 +94,7 @@ Status Volume::CreateFiles(const VolumeIdentity& id) {
   return tx.Commit();
 }
 
-Status Volume::LoadIndex() {
+Status ReplicaVolume::LoadIndex() {
   {
     CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
         "SELECT format_version, name, size, block_size, uuid, generation, applied_seq, journal_segment,"
@@ -157,7 +157,7 @@ Status Volume::LoadIndex() {
   return Status::OK();
 }
 
-Status Volume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
+Status ReplicaVolume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
                            const std::map<uint64_t, SegmentInfo>& touched,
                            std::vector<RecoveryPoint>* new_points) {
   CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));

@@ -1,14 +1,14 @@
-// Replica index: the sqlite half of a master-target Volume's state — the
+// Replica index: the sqlite half of a master-target ReplicaVolume's state — the
 // volume row (identity, applied sequence, committed journal position, horizon,
 // state), the journal segments and the recovery points. Its format is written
 // down in docs/formats/mt-index.md.
 //
-// The Volume owns the sqlite::Db; the index code lives in replica_index.cc:
-// CreateIndexSchema here, and the Volume members that create the row
+// The ReplicaVolume owns the sqlite::Db; the index code lives in replica_index.cc:
+// CreateIndexSchema here, and the ReplicaVolume members that create the row
 // (CreateFiles), load it (LoadIndex) and commit an applied batch (CommitBatch,
-// the commit point of the apply protocol in master-target/volume.h).
+// the commit point of the apply protocol in master-target/replica_volume.h).
 //
-// Thread safety: none of its own. The Volume calls it at Open, or with its
+// Thread safety: none of its own. The ReplicaVolume calls it at Open, or with its
 // apply mutex held.
 #pragma once
 

@@ -16,7 +16,7 @@
 // while later records there reach further (same-offset records of equal
 // length, the common case of a hot block, cost one step).
 //
-// Thread safety: none inside; the owner (Volume) guards it with a
+// Thread safety: none inside; the owner (ReplicaVolume) guards it with a
 // shared_mutex — lookups under the shared lock, changes under the exclusive one.
 #pragma once
 

@@ -58,7 +58,7 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
     return;
   }
   log->info("peer={} tenant={} agent {} connected", ch.peer(), tenant, peer.client_id);
-  std::map<uint32_t, Volume*> handles;
+  std::map<uint32_t, SpooledVolume*> handles;
   uint32_t next_id = 1;
   std::optional<proto::Message> carry;  // received while coalescing, handled next
   Status pending;                       // a receive error met while coalescing
@@ -118,7 +118,7 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
   }
 }
 
-Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, Volume*>& handles,
+Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, SpooledVolume*>& handles,
                                    uint32_t& next_id, proto::Message& m, int replies) {
   if (auto* o = std::get_if<proto::VolumeOpen>(&m)) {
     if (!proto::ValidName(o->name)) return ch.Send(MakeNack(0, proto::NackReason::kBadRecord, 0, "invalid volume name"));
@@ -130,7 +130,7 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
       log->error("{} open failed: {}", log::Where{tenant + "/" + o->name, ch.peer(), 0}, v.status().ToString());
       return ch.Send(MakeNack(0, reason, 0, v.status().message()));
     }
-    Volume* vol = *v;
+    SpooledVolume* vol = *v;
     uint64_t durable = vol->spool().durable_seq();
     if (MtLink* link = LinkFor(tenant, o->name)) {
       auto mt = link->WaitOpened(vol, Millis(opt->mt_open_wait_ms));
@@ -154,7 +154,7 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
     auto it = handles.find(b->volume_id);
     if (it == handles.end())
       return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kUnknownVolume, 0, "volume not open on this connection"));
-    Volume* v = it->second;
+    SpooledVolume* v = it->second;
     for (const auto& r : b->records) {
       if (!RecordInVolume(r, v->open_message()))
         return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBadRecord, 0,

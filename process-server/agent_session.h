@@ -3,7 +3,7 @@
 // HashRequest (forwarded to the master target) and Heartbeat. Implemented by
 // ProcessServer::Impl::Serve and Handle (agent_session.cc), on the
 // connection's own Listener thread; sessions share the daemon's volumes and
-// MT links (process-server/daemon.h).
+// MT links (process-server/process_server_impl.h).
 //
 // ===================== Agent-facing contract (protocol v1) =====================
 // Transport: TCP to `listen` (default port 7400), frames of common/protocol.h,
@@ -43,4 +43,4 @@
 // ==============================================================================
 #pragma once
 
-#include "process-server/daemon.h"
+#include "process-server/process_server_impl.h"

@@ -8,7 +8,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "process-server/ps_config.h"
-#include "process-server/server.h"
+#include "process-server/process_server.h"
 
 int main(int argc, char** argv) {
   cdp::StopSignals signals;

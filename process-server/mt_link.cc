@@ -7,7 +7,7 @@ namespace cdp::ps {
 
 class MtLink::SpoolSource final : public repl::RecordSource {
  public:
-  explicit SpoolSource(Volume* v) : v_(v) {}
+  explicit SpoolSource(SpooledVolume* v) : v_(v) {}
 
   proto::VolumeOpen OpenMessage() override { return v_->open_message(); }
   proto::Codec codec() const override { return v_->codec(); }
@@ -65,7 +65,7 @@ class MtLink::SpoolSource final : public repl::RecordSource {
     if (!s.ok()) log::Get("ps.link")->warn("{} spool release: {}", log::Where{v_->key(), "", durable}, s.ToString());
   }
 
-  Volume* const v_;
+  SpooledVolume* const v_;
 };
 
 namespace {
@@ -111,7 +111,7 @@ void MtLink::Start() { sender_.Start(); }
 
 void MtLink::Stop() { sender_.Stop(); }
 
-void MtLink::AddVolume(Volume* v) {
+void MtLink::AddVolume(SpooledVolume* v) {
   std::lock_guard<std::mutex> l(mu_);
   if (volumes_.count(v)) return;
   auto src = std::make_unique<SpoolSource>(v);
@@ -119,19 +119,19 @@ void MtLink::AddVolume(Volume* v) {
   volumes_[v] = {std::move(src), id};
 }
 
-Result<repl::ReplicationSender::StreamId> MtLink::StreamOf(Volume* v) const {
+Result<repl::ReplicationSender::StreamId> MtLink::StreamOf(SpooledVolume* v) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = volumes_.find(v);
   if (it == volumes_.end()) return Status::NotFound("volume not on this link");
   return it->second.second;
 }
 
-Result<uint64_t> MtLink::WaitOpened(Volume* v, std::chrono::milliseconds timeout) {
+Result<uint64_t> MtLink::WaitOpened(SpooledVolume* v, std::chrono::milliseconds timeout) {
   CDP_ASSIGN_OR_RETURN(auto id, StreamOf(v));
   return sender_.WaitOpened(id, timeout);
 }
 
-Result<proto::HashResponse> MtLink::Hash(Volume* v, const proto::HashRequest& req, std::chrono::milliseconds timeout) {
+Result<proto::HashResponse> MtLink::Hash(SpooledVolume* v, const proto::HashRequest& req, std::chrono::milliseconds timeout) {
   CDP_ASSIGN_OR_RETURN(auto id, StreamOf(v));
   return sender_.Hash(id, req, timeout);
 }

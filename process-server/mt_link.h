@@ -33,7 +33,7 @@
 #include "common/replication_sender.h"
 #include "common/result.h"
 #include "common/throttle.h"
-#include "process-server/volume.h"
+#include "process-server/spooled_volume.h"
 
 namespace cdp::ps {
 
@@ -71,16 +71,16 @@ class MtLink {
 
   // Ships `v` from now on (opened at the MT on the current or next connection).
   // `v` must outlive the link.
-  void AddVolume(Volume* v);
+  void AddVolume(SpooledVolume* v);
 
   // Waits at most `timeout` until the MT answered the VolumeOpen of `v` on the
   // current connection. Success: the MT's durable sequence. kUnavailable when
   // not connected in time; the MT's refusal as kPermissionDenied.
-  Result<uint64_t> WaitOpened(Volume* v, std::chrono::milliseconds timeout);
+  Result<uint64_t> WaitOpened(SpooledVolume* v, std::chrono::milliseconds timeout);
 
   // Forwards a hash request for `v` and waits for the answer (request_id and
   // volume_id of the answer are the MT's; the caller substitutes its own).
-  Result<proto::HashResponse> Hash(Volume* v, const proto::HashRequest& req, std::chrono::milliseconds timeout);
+  Result<proto::HashResponse> Hash(SpooledVolume* v, const proto::HashRequest& req, std::chrono::milliseconds timeout);
 
   // New durable data may be waiting.
   void Notify() { sender_.Notify(); }
@@ -92,12 +92,12 @@ class MtLink {
  private:
   class SpoolSource;
 
-  Result<repl::ReplicationSender::StreamId> StreamOf(Volume* v) const;
+  Result<repl::ReplicationSender::StreamId> StreamOf(SpooledVolume* v) const;
 
   MtLinkOptions opt_;
   repl::ReplicationSender sender_;
   mutable std::mutex mu_;
-  std::map<Volume*, std::pair<std::unique_ptr<SpoolSource>, repl::ReplicationSender::StreamId>> volumes_;
+  std::map<SpooledVolume*, std::pair<std::unique_ptr<SpoolSource>, repl::ReplicationSender::StreamId>> volumes_;
 };
 
 }  // namespace cdp::ps

@@ -29,7 +29,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/result.h"
-#include "process-server/server.h"
+#include "process-server/process_server.h"
 
 namespace cdp::ps {
 

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "agent/sender.h"
-#include "process-server/server.h"
+#include "process-server/process_server.h"
 #include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;

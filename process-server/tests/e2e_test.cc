@@ -25,8 +25,8 @@
 #include "common/channel.h"
 #include "common/hash.h"
 #include "common/metrics.h"
-#include "master-target/server.h"
-#include "process-server/server.h"
+#include "master-target/master_target.h"
+#include "process-server/process_server.h"
 #include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;
@@ -197,7 +197,7 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
   CHECK(agent.reconnects.load() >= 2);
   CHECK(agent.unexpected_nacks.load() == 0);
 
-  std::shared_ptr<cdp::mt::Volume> vol;
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
   REQUIRE(WaitUntil([&] {
     vol = mt->FindVolume("acme", "db1");
     return vol && vol->applied_seq() == kTotal;
@@ -319,7 +319,7 @@ TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no ack
   agent_thread.join();
   CHECK(agent.unexpected_nacks.load() == 0);
 
-  std::shared_ptr<cdp::mt::Volume> vol;
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
   bool done = WaitUntil([&] {
     vol = mt.FindVolume("acme", "db1");
     return vol && vol->applied_seq() == kTotal;
@@ -390,7 +390,7 @@ TEST_CASE("e2e: several volumes over parallel connections, compression pool, thr
     std::copy(r.data.begin(), r.data.end(), expect.begin() + long(r.offset));
   }
   for (const char* name : {"vol-a", "vol-b", "vol-c"}) {
-    std::shared_ptr<cdp::mt::Volume> vol;
+    std::shared_ptr<cdp::mt::ReplicaVolume> vol;
     REQUIRE(WaitUntil([&] {
       vol = mt.FindVolume("acme", name);
       return vol && vol->applied_seq() == kTotal;

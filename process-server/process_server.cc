@@ -1,10 +1,10 @@
-#include "process-server/server.h"
+#include "process-server/process_server.h"
 
 #include <boost/json.hpp>
 
 #include "common/codec.h"
-#include "process-server/control_api.h"
-#include "process-server/daemon.h"
+#include "process-server/ps_control_api.h"
+#include "process-server/process_server_impl.h"
 
 namespace cdp::ps {
 
@@ -39,7 +39,7 @@ SpoolOptions ProcessServer::Impl::SpoolOpts(const std::string& tenant, const std
   return so;
 }
 
-void ProcessServer::Impl::RegisterMetrics(Volume* v) {
+void ProcessServer::Impl::RegisterMetrics(SpooledVolume* v) {
   metrics::Registry* reg = opt->registry;
   if (reg == nullptr) return;
   metrics::Labels lb{{"tenant", v->tenant()}, {"volume", v->name()}};
@@ -87,7 +87,7 @@ void ProcessServer::Impl::RegisterMetrics(Volume* v) {
       [sp] { return sp->stats().busy ? 1.0 : 0.0; });
 }
 
-Result<Volume*> ProcessServer::Impl::GetVolume(const std::string& tenant, const proto::VolumeOpen* open, const std::string& name) {
+Result<SpooledVolume*> ProcessServer::Impl::GetVolume(const std::string& tenant, const proto::VolumeOpen* open, const std::string& name) {
   std::string key = tenant + "/" + name;
   std::lock_guard<std::mutex> l(mu);
   auto it = volumes.find(key);
@@ -99,8 +99,8 @@ Result<Volume*> ProcessServer::Impl::GetVolume(const std::string& tenant, const 
     return it->second.get();
   }
   auto [codec, level] = CodecFor(key);
-  CDP_ASSIGN_OR_RETURN(std::unique_ptr<Volume> v, Volume::Open(SpoolOpts(tenant, name), tenant, open, codec, level));
-  Volume* raw = v.get();
+  CDP_ASSIGN_OR_RETURN(std::unique_ptr<SpooledVolume> v, SpooledVolume::Open(SpoolOpts(tenant, name), tenant, open, codec, level));
+  SpooledVolume* raw = v.get();
   volumes[key] = std::move(v);
   RegisterMetrics(raw);
   if (MtLink* link = LinkFor(tenant, name)) link->AddVolume(raw);

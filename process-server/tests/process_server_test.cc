@@ -1,7 +1,7 @@
 // The agent-facing contract of the process server (server.h), exercised over
 // real loopback TCP with the real channel and handshake. The master target is
 // absent here (its address refuses connections): the spool side must work alone.
-#include "process-server/server.h"
+#include "process-server/process_server.h"
 #include "process-server/spool.h"
 
 #include <catch2/catch.hpp>

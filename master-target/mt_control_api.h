@@ -1,7 +1,7 @@
 // Control API of the master target: the HTTP routes over the daemon's
 // volumes and exports. Implemented by MasterTarget::Impl::AddRoutes and its
 // JSON helpers (control_api.cc); the handlers run on the HTTP server's
-// threads and take the daemon's locks (master-target/daemon.h).
+// threads and take the daemon's locks (master-target/master_target_impl.h).
 //
 // Control API (JSON over HTTP on `control`, common/http_server.h); a volume is
 // named by `tenant` + `volume`, or `volume` alone when unique across tenants:
@@ -17,4 +17,4 @@
 //
 #pragma once
 
-#include "master-target/daemon.h"
+#include "master-target/master_target_impl.h"

@@ -12,7 +12,7 @@
 #include "common/hash.h"
 #include "master-target/journal.h"
 #include "master-target/tests/mt_test_util.h"
-#include "master-target/volume.h"
+#include "master-target/replica_volume.h"
 
 using namespace cdp;
 using namespace cdp::mt;
@@ -46,7 +46,7 @@ VolumeOptions Opts(Env* env, const Clock* clock, const std::string& index, uint6
   return o;
 }
 
-Bytes ReadImage(Volume& v, uint64_t point) {
+Bytes ReadImage(ReplicaVolume& v, uint64_t point) {
   Bytes b(v.size());
   Status s = v.ReadAt(point, 0, b.size(), b.data());
   REQUIRE(s.ok());
@@ -118,7 +118,7 @@ TEST_CASE("randomized apply: every point read through an export and rolled back 
   StreamGen gen(kVolSize, seed);
   auto batches = gen.Batches(60, 12);
 
-  auto v = Volume::Open(Opts(env.get(), &clock, tmp.path() + "/index.db"), &kIdent);
+  auto v = ReplicaVolume::Open(Opts(env.get(), &clock, tmp.path() + "/index.db"), &kIdent);
   REQUIRE(v.ok());
   for (const auto& b : batches) {
     clock.Advance(1000);
@@ -150,7 +150,7 @@ TEST_CASE("randomized apply: every point read through an export and rolled back 
 
   // The index rebuilt from the journal at open answers the same.
   v->reset();
-  v = Volume::Open(Opts(env.get(), &clock, tmp.path() + "/index.db"), nullptr);
+  v = ReplicaVolume::Open(Opts(env.get(), &clock, tmp.path() + "/index.db"), nullptr);
   REQUIRE(v.ok());
   REQUIRE((*v)->applied_seq() == gen.last_seq());
   REQUIRE(Sigs((*v)->ListPoints()) == Sigs(points));
@@ -190,7 +190,7 @@ TEST_CASE("crash at every sync point, restart and resend: replica, journal and i
   std::vector<JRec> ref_journal;
   std::vector<PointSig> ref_points;
   {
-    auto v = Volume::Open(Opts(ref_env.get(), &ref_clock, ref_tmp.path() + "/i.db", 16 * 1024),
+    auto v = ReplicaVolume::Open(Opts(ref_env.get(), &ref_clock, ref_tmp.path() + "/i.db", 16 * 1024),
                           &kIdent);
     REQUIRE(v.ok());
     for (const auto& b : batches) {
@@ -231,7 +231,7 @@ TEST_CASE("crash at every sync point, restart and resend: replica, journal and i
     };
     bool crashed = false;
     {
-      auto v = Volume::Open(opts, &kIdent);
+      auto v = ReplicaVolume::Open(opts, &kIdent);
       if (!v.ok()) {
         crashed = true;
       } else {
@@ -253,7 +253,7 @@ TEST_CASE("crash at every sync point, restart and resend: replica, journal and i
     fault.ClearErrors();
     opts.before_commit = nullptr;
     // Restart, then the sender resends from durable_seq + 1 (here: everything; duplicates are skipped).
-    auto v = Volume::Open(opts, &kIdent);
+    auto v = ReplicaVolume::Open(opts, &kIdent);
     REQUIRE(v.ok());
     uint64_t durable = (*v)->applied_seq();
     // Before anything is resent, the replica is exactly the image at the durable sequence.
@@ -278,7 +278,7 @@ TEST_CASE("retention keeps exactly the points the policy promises", "[volume][re
   auto env = NewMemEnv();
   ManualClock clock;
   auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db", 40 * 1024);
-  auto v = Volume::Open(opts, &kIdent);
+  auto v = ReplicaVolume::Open(opts, &kIdent);
   REQUIRE(v.ok());
   // Each batch: 16 KiB of new data over the same region, then a flush (a point),
   // 10 s apart. Journal records after the first are 16 KiB each.
@@ -381,7 +381,7 @@ TEST_CASE("retention keeps exactly the points the policy promises", "[volume][re
   auto points_kept = Sigs((*v)->ListPoints());
   auto horizon = (*v)->GetStatus().horizon_seq;
   v->reset();
-  v = Volume::Open(opts, nullptr);
+  v = ReplicaVolume::Open(opts, nullptr);
   REQUIRE(v.ok());
   REQUIRE(Sigs((*v)->ListPoints()) == points_kept);
   REQUIRE((*v)->GetStatus().horizon_seq == horizon);
@@ -398,7 +398,7 @@ TEST_CASE("an export read while new writes are applied still returns the image a
   StreamGen gen(kVolSize, 9);
   auto first = gen.Batches(20, 8);
   auto later = gen.Batches(80, 8);
-  auto v = Volume::Open(Opts(env.get(), &clock, tmp.path() + "/i.db"), &kIdent);
+  auto v = ReplicaVolume::Open(Opts(env.get(), &clock, tmp.path() + "/i.db"), &kIdent);
   REQUIRE(v.ok());
   for (const auto& b : first) REQUIRE((*v)->ApplyBatch(b)->ack);
   const uint64_t point = (*v)->applied_seq();
@@ -439,7 +439,7 @@ TEST_CASE("bad records are nacked with nothing of the batch applied", "[volume][
   TempDir tmp;
   auto env = NewMemEnv();
   ManualClock clock;
-  auto v = Volume::Open(Opts(env.get(), &clock, tmp.path() + "/i.db"), &kIdent);
+  auto v = ReplicaVolume::Open(Opts(env.get(), &clock, tmp.path() + "/i.db"), &kIdent);
   REQUIRE(v.ok());
   REQUIRE((*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 1))})->ack);
   const Bytes before = ReplicaFile(env.get(), "/t/vol1", kVolSize);
@@ -513,7 +513,7 @@ TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[v
   auto env = NewMemEnv();
   ManualClock clock;
   auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db");
-  auto v = Volume::Open(opts, &kIdent);
+  auto v = ReplicaVolume::Open(opts, &kIdent);
   REQUIRE(v.ok());
   REQUIRE((*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 1)), FlushRecord(2), DataRecord(3, 0, Bytes(512, 3))})->ack);
 
@@ -543,7 +543,7 @@ TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[v
   REQUIRE(JournalRecords(env.get(), "/t/vol1").empty());
   REQUIRE((*v)->ApplyBatch({DataRecord(1, 8192, Bytes(512, 7))})->ack);
   v->reset();
-  v = Volume::Open(opts, nullptr);
+  v = ReplicaVolume::Open(opts, nullptr);
   REQUIRE(v.ok());
   REQUIRE((*v)->identity().generation == 2);
   REQUIRE((*v)->applied_seq() == 1);
@@ -560,7 +560,7 @@ TEST_CASE("zero and trim over several undo chunks, and region hashes", "[volume]
   auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db", 1 << 20);
   opts.dir = "/t/vol1";
   VolumeIdentity id = Ident(size);
-  auto v = Volume::Open(opts, &id);
+  auto v = ReplicaVolume::Open(opts, &id);
   REQUIRE(v.ok());
   Reference ref(size);
   std::mt19937_64 rng(11);
@@ -594,7 +594,7 @@ TEST_CASE("a corrupt undo record is detected by reads and never applied by rollb
   TempDir tmp;
   auto env = NewMemEnv();
   ManualClock clock;
-  auto v = Volume::Open(Opts(env.get(), &clock, tmp.path() + "/i.db"), &kIdent);
+  auto v = ReplicaVolume::Open(Opts(env.get(), &clock, tmp.path() + "/i.db"), &kIdent);
   REQUIRE(v.ok());
   REQUIRE((*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 1)), FlushRecord(2)})->ack);
   REQUIRE((*v)->ApplyBatch({DataRecord(3, 0, Bytes(4096, 2)), FlushRecord(4)})->ack);

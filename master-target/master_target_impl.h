@@ -6,7 +6,7 @@
 // control_api.cc (the HTTP routes, control_api.h).
 //
 // Thread safety: `volumes` is guarded by vol_mu, `exports` and
-// export_counter by export_mu; a VolEntry's Volume is itself thread-safe.
+// export_counter by export_mu; a VolEntry's ReplicaVolume is itself thread-safe.
 // The listener, http and nbd pointers are set in Start() before their threads
 // run and reset in Stop() after they are joined.
 #pragma once
@@ -28,7 +28,7 @@
 #include "common/log.h"
 #include "common/nbd_server.h"
 #include "master-target/export.h"
-#include "master-target/server.h"
+#include "master-target/master_target.h"
 
 namespace cdp::mt {
 
@@ -36,7 +36,7 @@ namespace json = boost::json;
 
 struct VolEntry {
   std::string tenant, name;
-  std::shared_ptr<Volume> volume;
+  std::shared_ptr<ReplicaVolume> volume;
 };
 
 struct ExportEntry {

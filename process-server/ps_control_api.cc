@@ -1,4 +1,4 @@
-#include "process-server/control_api.h"
+#include "process-server/ps_control_api.h"
 
 #include <boost/json.hpp>
 

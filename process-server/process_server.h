@@ -1,7 +1,7 @@
 // ProcessServer: the enterprise-site daemon between agents and the master target.
 //
 // The agent-facing protocol is in process-server/agent_session.h, the control
-// API in process-server/control_api.h.
+// API in process-server/ps_control_api.h.
 //
 // Master-target side: for every tenant, `connections` TCP connections to the
 // MT (role kProcessServer, the tenant's secret); each volume is shipped on one
@@ -42,7 +42,7 @@ class Registry;
 
 namespace cdp::ps {
 
-class Volume;
+class SpooledVolume;
 class MtLink;
 
 struct ProcessServerOptions {

@@ -1,4 +1,4 @@
-#include "master-target/volume.h"
+#include "master-target/replica_volume.h"
 
 #include <algorithm>
 #include <bit>
@@ -23,21 +23,21 @@ const char* PointKindName(PointKind k) { return k == PointKind::kTag ? "tag" : "
 
 PointPin::~PointPin() { v_->Unpin(seq_); }
 
-Volume::~Volume() = default;
+ReplicaVolume::~ReplicaVolume() = default;
 
-std::string Volume::JournalDir() const { return JoinPath(o_.dir, "journal"); }
-std::string Volume::ReplicaPath() const { return JoinPath(o_.dir, "replica.img"); }
+std::string ReplicaVolume::JournalDir() const { return JoinPath(o_.dir, "journal"); }
+std::string ReplicaVolume::ReplicaPath() const { return JoinPath(o_.dir, "replica.img"); }
 
-Result<std::unique_ptr<Volume>> Volume::Open(VolumeOptions opts, const VolumeIdentity* create) {
+Result<std::unique_ptr<ReplicaVolume>> ReplicaVolume::Open(VolumeOptions opts, const VolumeIdentity* create) {
   if (!opts.env || !opts.clock) return Status::InvalidArgument("volume: env and clock are required");
   if (opts.segment_bytes < kSegmentHeaderSize + kRecordHeaderSize)
     return Status::InvalidArgument("volume: segment_bytes too small");
-  std::unique_ptr<Volume> v(new Volume(std::move(opts)));
+  std::unique_ptr<ReplicaVolume> v(new ReplicaVolume(std::move(opts)));
   CDP_RETURN_IF_ERROR(v->Init(create));
   return v;
 }
 
-Status Volume::Init(const VolumeIdentity* create) {
+Status ReplicaVolume::Init(const VolumeIdentity* create) {
   CDP_ASSIGN_OR_RETURN(db_, sqlite::Db::Open(o_.index_path));
   CDP_RETURN_IF_ERROR(CreateIndexSchema(*db_));
   bool exists = false;
@@ -62,27 +62,27 @@ Status Volume::Init(const VolumeIdentity* create) {
   return Status::OK();
 }
 
-std::unique_lock<std::shared_mutex> Volume::LockIndexExclusive() const {
+std::unique_lock<std::shared_mutex> ReplicaVolume::LockIndexExclusive() const {
   std::unique_lock<std::mutex> gate(turnstile_);
   return std::unique_lock<std::shared_mutex>(index_mu_);
 }
 
-std::shared_lock<std::shared_mutex> Volume::LockIndexShared() const {
+std::shared_lock<std::shared_mutex> ReplicaVolume::LockIndexShared() const {
   { std::lock_guard<std::mutex> gate(turnstile_); }
   return std::shared_lock<std::shared_mutex>(index_mu_);
 }
 
-std::shared_ptr<File> Volume::SegmentFile(uint64_t segment) const {
+std::shared_ptr<File> ReplicaVolume::SegmentFile(uint64_t segment) const {
   auto it = seg_files_.find(segment);
   return it == seg_files_.end() ? nullptr : it->second;
 }
 
-VolumeState Volume::state() const {
+VolumeState ReplicaVolume::state() const {
   std::lock_guard<std::mutex> lk(meta_mu_);
   return state_;
 }
 
-Status Volume::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
+Status ReplicaVolume::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
   if (offset > id_.size || len > id_.size - offset) return Status::OutOfRange(id_.name + ": read past the end");
   std::shared_lock<std::shared_mutex> lk = LockIndexShared();
   if (point_seq < horizon_)
@@ -106,7 +106,7 @@ Status Volume::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t
   return Status::OK();
 }
 
-Result<std::unique_ptr<PointPin>> Volume::Pin(uint64_t point_seq) {
+Result<std::unique_ptr<PointPin>> ReplicaVolume::Pin(uint64_t point_seq) {
   std::shared_lock<std::shared_mutex> lk(index_mu_);
   if (point_seq < horizon_ || point_seq > applied_.load())
     return Status::OutOfRange(id_.name + ": sequence " + std::to_string(point_seq) + " is not reachable");
@@ -115,13 +115,13 @@ Result<std::unique_ptr<PointPin>> Volume::Pin(uint64_t point_seq) {
   return std::make_unique<PointPin>(this, point_seq);
 }
 
-void Volume::Unpin(uint64_t seq) {
+void ReplicaVolume::Unpin(uint64_t seq) {
   std::lock_guard<std::mutex> lk(meta_mu_);
   auto it = pins_.find(seq);
   if (it != pins_.end()) pins_.erase(it);
 }
 
-Result<std::vector<proto::Hash128>> Volume::RegionHashes(uint32_t region_size, uint64_t first, uint32_t count) {
+Result<std::vector<proto::Hash128>> ReplicaVolume::RegionHashes(uint32_t region_size, uint64_t first, uint32_t count) {
   if (!std::has_single_bit(region_size) || region_size < 512) return Status::InvalidArgument("bad region size");
   if (count == 0 || count > proto::kMaxHashes) return Status::InvalidArgument("bad region count");
   if (first >= (id_.size + region_size - 1) / region_size)
@@ -150,12 +150,12 @@ Result<std::vector<proto::Hash128>> Volume::RegionHashes(uint32_t region_size, u
   return out;
 }
 
-std::vector<RecoveryPoint> Volume::ListPoints() const {
+std::vector<RecoveryPoint> ReplicaVolume::ListPoints() const {
   std::lock_guard<std::mutex> lk(meta_mu_);
   return points_;
 }
 
-std::optional<RecoveryPoint> Volume::FindPoint(int64_t id) const {
+std::optional<RecoveryPoint> ReplicaVolume::FindPoint(int64_t id) const {
   std::lock_guard<std::mutex> lk(meta_mu_);
   for (const auto& p : points_) {
     if (p.id == id) return p;
@@ -163,14 +163,14 @@ std::optional<RecoveryPoint> Volume::FindPoint(int64_t id) const {
   return std::nullopt;
 }
 
-std::vector<SegmentInfo> Volume::Segments() const {
+std::vector<SegmentInfo> ReplicaVolume::Segments() const {
   std::lock_guard<std::mutex> lk(meta_mu_);
   std::vector<SegmentInfo> v;
   for (const auto& [seg, si] : segments_) v.push_back(si);
   return v;
 }
 
-VolumeStatus Volume::GetStatus() const {
+VolumeStatus ReplicaVolume::GetStatus() const {
   VolumeStatus s;
   s.identity = id_;
   s.applied_seq = applied_.load();
@@ -189,7 +189,7 @@ VolumeStatus Volume::GetStatus() const {
   return s;
 }
 
-void Volume::UpdateGauges() {
+void ReplicaVolume::UpdateGauges() {
   const VolumeMetrics& m = o_.metrics;
   uint64_t jbytes = 0;
   size_t npoints = 0;

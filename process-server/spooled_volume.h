@@ -1,4 +1,4 @@
-// Volume: one (tenant, volume) at the process server: its spool, the
+// SpooledVolume: one (tenant, volume) at the process server: its spool, the
 // VolumeOpen it was created with (persisted as volume.meta beside the spool so
 // the backlog can be shipped after a restart before the agent reconnects), its
 // codec, and its counters.
@@ -42,12 +42,12 @@ struct VolumeCounters {
   std::atomic<uint64_t> corruptions{0};
 };
 
-class Volume {
+class SpooledVolume {
  public:
   // Opens or creates the volume in `dir`. `open` = the agent's VolumeOpen, or
   // nullptr to reopen from volume.meta at start-up. A different generation than
   // the stored one is kInvalidArgument ("wrong generation").
-  static Result<std::unique_ptr<Volume>> Open(const SpoolOptions& spool_options, const std::string& tenant,
+  static Result<std::unique_ptr<SpooledVolume>> Open(const SpoolOptions& spool_options, const std::string& tenant,
                                               const proto::VolumeOpen* open, proto::Codec codec, int level);
 
   const std::string& tenant() const { return tenant_; }
@@ -64,7 +64,7 @@ class Volume {
   std::string stalled() const;
 
  private:
-  Volume() = default;
+  SpooledVolume() = default;
   std::string tenant_;
   proto::VolumeOpen open_;
   proto::Codec codec_ = proto::Codec::kNone;

@@ -10,4 +10,4 @@
 //
 #pragma once
 
-#include "process-server/daemon.h"
+#include "process-server/process_server_impl.h"

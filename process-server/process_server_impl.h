@@ -6,7 +6,7 @@
 // agent_session.h); control_api.cc reads it for the routes.
 //
 // Thread safety: `volumes`, `links` and `series` are guarded by mu (links and
-// series are filled in Start() before any connection runs); a Volume's
+// series are filled in Start() before any connection runs); a SpooledVolume's
 // counters are atomics and its spool is thread-safe.
 #pragma once
 
@@ -24,8 +24,8 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "process-server/mt_link.h"
-#include "process-server/server.h"
-#include "process-server/volume.h"
+#include "process-server/process_server.h"
+#include "process-server/spooled_volume.h"
 
 namespace cdp::ps {
 
@@ -35,7 +35,7 @@ struct ProcessServer::Impl {
   std::shared_ptr<spdlog::logger> log = log::Get("ps");
 
   std::mutex mu;
-  std::map<std::string, std::unique_ptr<Volume>> volumes;           // "tenant/volume"
+  std::map<std::string, std::unique_ptr<SpooledVolume>> volumes;           // "tenant/volume"
   std::map<std::string, std::vector<std::unique_ptr<MtLink>>> links;  // tenant -> links
   std::vector<std::pair<std::string, metrics::Labels>> series;       // registered computed metrics
 
@@ -51,10 +51,10 @@ struct ProcessServer::Impl {
 
   SpoolOptions SpoolOpts(const std::string& tenant, const std::string& volume);
 
-  void RegisterMetrics(Volume* v);
+  void RegisterMetrics(SpooledVolume* v);
 
   // Opens or finds the volume; ok also for a reopen by the agent.
-  Result<Volume*> GetVolume(const std::string& tenant, const proto::VolumeOpen* open, const std::string& name);
+  Result<SpooledVolume*> GetVolume(const std::string& tenant, const proto::VolumeOpen* open, const std::string& name);
 
   template <typename M>
   static Status Reply(FrameChannel& ch, int replies, const M& msg) {
@@ -67,7 +67,7 @@ struct ProcessServer::Impl {
 
   // Handles one message; a WriteBatch that holds `replies` coalesced agent
   // batches is answered `replies` times (each reply is cumulative).
-  Status Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, Volume*>& handles,
+  Status Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, SpooledVolume*>& handles,
                 uint32_t& next_id, proto::Message& m, int replies = 1);
 };
 

@@ -1,10 +1,10 @@
-#include "master-target/server.h"
+#include "master-target/master_target.h"
 
 #include <cinttypes>
 #include <cstdio>
 
-#include "master-target/control_api.h"
-#include "master-target/daemon.h"
+#include "master-target/mt_control_api.h"
+#include "master-target/master_target_impl.h"
 #include "master-target/ps_session.h"
 
 namespace cdp::mt {
@@ -77,7 +77,7 @@ Status MasterTarget::Impl::LoadVolumes() {
     CDP_ASSIGN_OR_RETURN(auto names, o.env->ListDir(vdir));
     for (const auto& n : names) {
       if (!proto::ValidName(n) || !o.env->Exists(JoinPath(JoinPath(vdir, n), "index.db"))) continue;
-      auto v = Volume::Open(VolOpts(tenant, n), nullptr);
+      auto v = ReplicaVolume::Open(VolOpts(tenant, n), nullptr);
       if (!v.ok()) {
         log->error("{} cannot open volume: {}", log::Where{n, tenant, 0}, v.status().ToString());
         continue;
@@ -85,7 +85,7 @@ Status MasterTarget::Impl::LoadVolumes() {
       auto e = std::make_shared<VolEntry>();
       e->tenant = tenant;
       e->name = n;
-      e->volume = std::shared_ptr<Volume>(std::move(*v));
+      e->volume = std::shared_ptr<ReplicaVolume>(std::move(*v));
       log->info("{} opened: applied seq {}, {} points", log::Where{n, tenant, e->volume->applied_seq()},
                 e->volume->applied_seq(), e->volume->ListPoints().size());
       volumes[Key(tenant, n)] = e;
@@ -126,7 +126,7 @@ Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> MasterTarget::Impl::O
         return std::make_pair(std::shared_ptr<VolEntry>(), bad);
       }
       CDP_RETURN_IF_ERROR(o.env->CreateDirs(dir));
-      auto v = Volume::Open(VolOpts(tenant, m.name), &id);
+      auto v = ReplicaVolume::Open(VolOpts(tenant, m.name), &id);
       if (!v.ok()) {
         if (v.status().code() == Code::kInvalidArgument) {
           ApplyOutcome bad;
@@ -140,7 +140,7 @@ Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> MasterTarget::Impl::O
       e = std::make_shared<VolEntry>();
       e->tenant = tenant;
       e->name = m.name;
-      e->volume = std::shared_ptr<Volume>(std::move(*v));
+      e->volume = std::shared_ptr<ReplicaVolume>(std::move(*v));
       volumes[Key(tenant, m.name)] = e;
       log->info("{} created: {} bytes, block size {}", log::Where{m.name, tenant, 0}, m.size, m.block_size);
     }
@@ -210,7 +210,7 @@ MasterTarget::~MasterTarget() { Stop(); }
 uint16_t MasterTarget::control_port() const { return impl_->http ? impl_->http->port() : 0; }
 uint16_t MasterTarget::nbd_port() const { return impl_->nbd ? impl_->nbd->port() : 0; }
 
-std::shared_ptr<Volume> MasterTarget::FindVolume(const std::string& tenant, const std::string& name) {
+std::shared_ptr<ReplicaVolume> MasterTarget::FindVolume(const std::string& tenant, const std::string& name) {
   std::lock_guard<std::mutex> lk(impl_->vol_mu);
   auto it = impl_->volumes.find(Impl::Key(tenant, name));
   return it == impl_->volumes.end() ? nullptr : it->second->volume;
@@ -297,7 +297,7 @@ Result<std::string> MasterTarget::StartExport(const std::string& tenant, const s
                                               bool writable) {
   Impl& m = *impl_;
   if (!m.nbd) return Status::NotSupported("NBD exports are disabled (nbd port < 0)");
-  std::shared_ptr<Volume> v = FindVolume(tenant, volume);
+  std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
   std::lock_guard<std::mutex> lk(m.export_mu);
   uint64_t n = ++m.export_counter;

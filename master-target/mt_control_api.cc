@@ -1,4 +1,4 @@
-#include "master-target/control_api.h"
+#include "master-target/mt_control_api.h"
 
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-// Volume: one replicated volume at the master target — its replica file, its
+// ReplicaVolume: one replicated volume at the master target — its replica file, its
 // undo journal (master-target/journal.h), its sqlite index (volume row,
 // journal segments, recovery points; docs/formats/mt-index.md) and the
 // in-memory undo index for point-in-time reads.
@@ -28,7 +28,7 @@
 // holds exactly the image at the committed sequence, and resent records are
 // applied again. A volume interrupted in a rollback finishes the rollback.
 //
-// Volume states:
+// ReplicaVolume states:
 //
 //   replicating --Rollback(P)--> rolling-back --done--> failed-over
 //        ^                                                   |
@@ -125,8 +125,8 @@ struct VolumeMetrics {
 };
 
 struct VolumeOptions {
-  Env* env = nullptr;             // must outlive the Volume
-  const Clock* clock = nullptr;   // must outlive the Volume
+  Env* env = nullptr;             // must outlive the ReplicaVolume
+  const Clock* clock = nullptr;   // must outlive the ReplicaVolume
   std::string dir;                // the volume's directory in `env`
   std::string index_path;         // sqlite file (real file system, or ":memory:"-like paths in tests)
   uint64_t segment_bytes = 64ull << 20;
@@ -178,33 +178,33 @@ struct SegmentInfo {
   uint64_t bytes = 0;       // file size (append position)
 };
 
-class Volume;
+class ReplicaVolume;
 
 // Keeps a point readable (retention will not drop what it needs, rollback is
-// refused) while alive. Must not outlive its Volume.
+// refused) while alive. Must not outlive its ReplicaVolume.
 class PointPin {
  public:
-  PointPin(Volume* v, uint64_t seq) : v_(v), seq_(seq) {}
+  PointPin(ReplicaVolume* v, uint64_t seq) : v_(v), seq_(seq) {}
   ~PointPin();
   PointPin(const PointPin&) = delete;
   PointPin& operator=(const PointPin&) = delete;
   uint64_t seq() const { return seq_; }
 
  private:
-  Volume* v_;
+  ReplicaVolume* v_;
   uint64_t seq_;
 };
 
-class Volume {
+class ReplicaVolume {
  public:
   // Opens the volume in opts.dir, creating it from `create` when its index has
   // no volume yet (create == nullptr: kNotFound then). Runs crash recovery
   // before returning. Failure: the Env's or sqlite's Status, kCorruption for a
   // journal that contradicts the index.
-  static Result<std::unique_ptr<Volume>> Open(VolumeOptions opts, const VolumeIdentity* create);
-  ~Volume();
-  Volume(const Volume&) = delete;
-  Volume& operator=(const Volume&) = delete;
+  static Result<std::unique_ptr<ReplicaVolume>> Open(VolumeOptions opts, const VolumeIdentity* create);
+  ~ReplicaVolume();
+  ReplicaVolume(const ReplicaVolume&) = delete;
+  ReplicaVolume& operator=(const ReplicaVolume&) = delete;
 
   // Checks a VolumeOpen against this volume. OK: same uuid, size and
   // generation (or re-protected for a higher generation: journal and points
@@ -258,7 +258,7 @@ class Volume {
 
  private:
   friend class PointPin;
-  explicit Volume(VolumeOptions opts) : o_(std::move(opts)) {}
+  explicit ReplicaVolume(VolumeOptions opts) : o_(std::move(opts)) {}
   Status Init(const VolumeIdentity* create);
   Status CreateFiles(const VolumeIdentity& id);
   Status LoadIndex();

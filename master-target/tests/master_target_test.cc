@@ -13,7 +13,7 @@
 #include "common/hash.h"
 #include "common/http_client.h"
 #include "common/tests/test_util.h"
-#include "master-target/server.h"
+#include "master-target/master_target.h"
 #include "master-target/tests/mt_test_util.h"
 
 using namespace cdp;

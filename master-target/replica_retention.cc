@@ -1,4 +1,4 @@
-#include "master-target/volume.h"
+#include "master-target/replica_volume.h"
 
 #include <algorithm>
 #include <limits>
@@ -8,7 +8,7 @@
 
 namespace cdp::mt {
 
-Result<RetentionResult> Volume::ApplyRetention() {
+Result<RetentionResult> ReplicaVolume::ApplyRetention() {
   std::lock_guard<std::mutex> lk(apply_mu_);
   RetentionResult res;
   res.horizon_seq = horizon_;
@@ -86,7 +86,7 @@ Result<RetentionResult> Volume::ApplyRetention() {
   return res;
 }
 
-void Volume::SetRetention(const RetentionPolicy& policy) {
+void ReplicaVolume::SetRetention(const RetentionPolicy& policy) {
   std::lock_guard<std::mutex> lk(apply_mu_);
   o_.retention = policy;
 }

@@ -1,4 +1,4 @@
-#include "master-target/volume.h"
+#include "master-target/replica_volume.h"
 
 #include <algorithm>
 
@@ -7,7 +7,7 @@
 
 namespace cdp::mt {
 
-Status Volume::Rollback(uint64_t point_seq) {
+Status ReplicaVolume::Rollback(uint64_t point_seq) {
   std::lock_guard<std::mutex> lk(apply_mu_);
   if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
   {
@@ -33,7 +33,7 @@ Status Volume::Rollback(uint64_t point_seq) {
   return s;
 }
 
-Status Volume::FinishRollback() {
+Status ReplicaVolume::FinishRollback() {
   const uint64_t p = rollback_to_;
   std::vector<UndoEntry> entries;
   {

@@ -1,4 +1,4 @@
-#include "process-server/volume.h"
+#include "process-server/spooled_volume.h"
 
 #include "common/crc32c.h"
 
@@ -39,11 +39,11 @@ Result<proto::VolumeOpen> DecodeVolumeMeta(ByteSpan data) {
   return o;
 }
 
-Result<std::unique_ptr<Volume>> Volume::Open(const SpoolOptions& spool_options, const std::string& tenant,
+Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& spool_options, const std::string& tenant,
                                              const proto::VolumeOpen* open, proto::Codec codec, int level) {
   Env* env = spool_options.env;
   std::string meta_path = JoinPath(spool_options.dir, "volume.meta");
-  std::unique_ptr<Volume> v(new Volume());
+  std::unique_ptr<SpooledVolume> v(new SpooledVolume());
   v->tenant_ = tenant;
   v->codec_ = codec;
   v->level_ = level;
@@ -67,7 +67,7 @@ Result<std::unique_ptr<Volume>> Volume::Open(const SpoolOptions& spool_options, 
     CDP_RETURN_IF_ERROR(WriteFileAtomic(env, meta_path, EncodeVolumeMeta(*open)));
   }
   SpoolOptions so = spool_options;
-  Volume* raw = v.get();
+  SpooledVolume* raw = v.get();
   auto user_cb = spool_options.on_corruption;
   so.on_corruption = [raw, user_cb](const Status& s) {
     raw->counters_.corruptions.fetch_add(1);
@@ -78,12 +78,12 @@ Result<std::unique_ptr<Volume>> Volume::Open(const SpoolOptions& spool_options, 
   return v;
 }
 
-void Volume::SetStalled(std::string reason) {
+void SpooledVolume::SetStalled(std::string reason) {
   std::lock_guard<std::mutex> l(mu_);
   stalled_ = std::move(reason);
 }
 
-std::string Volume::stalled() const {
+std::string SpooledVolume::stalled() const {
   std::lock_guard<std::mutex> l(mu_);
   return stalled_;
 }

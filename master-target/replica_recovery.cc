@@ -1,4 +1,4 @@
-#include "master-target/volume.h"
+#include "master-target/replica_volume.h"
 
 #include <algorithm>
 #include <limits>
@@ -8,7 +8,7 @@
 
 namespace cdp::mt {
 
-Status Volume::UndoEntries(const std::vector<UndoEntry>& entries) {
+Status ReplicaVolume::UndoEntries(const std::vector<UndoEntry>& entries) {
   Bytes buf;
   std::map<uint64_t, std::shared_ptr<File>> files;
   for (const UndoEntry& e : entries) {
@@ -33,7 +33,7 @@ Status Volume::UndoEntries(const std::vector<UndoEntry>& entries) {
   return Status::OK();
 }
 
-Status Volume::RecoverUncommitted(bool undo_records) {
+Status ReplicaVolume::RecoverUncommitted(bool undo_records) {
   writer_.reset();
   Env* env = o_.env;
   const std::string jdir = JournalDir();
@@ -112,7 +112,7 @@ Status Volume::RecoverUncommitted(bool undo_records) {
   return Status::OK();
 }
 
-Status Volume::RebuildUndoIndex() {
+Status ReplicaVolume::RebuildUndoIndex() {
   std::map<uint64_t, SegmentInfo> segs;
   {
     std::lock_guard<std::mutex> lk(meta_mu_);

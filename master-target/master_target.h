@@ -1,9 +1,9 @@
 // MasterTarget: the provider-side daemon core — accepts process servers over
-// TCP, applies their write batches to per-tenant replica volumes (Volume), and
+// TCP, applies their write batches to per-tenant replica volumes (ReplicaVolume), and
 // serves the control API and point-in-time NBD exports.
 //
 // The process-server protocol is in master-target/ps_session.h, the control
-// API in master-target/control_api.h.
+// API in master-target/mt_control_api.h.
 //
 // Files: <data_dir>/tenants/<tenant>/volumes/<volume>/{replica.img, index.db, journal/}
 //        <data_dir>/tenants/<tenant>/exports/<n>.cow  (writable export overlays)
@@ -34,7 +34,7 @@
 #include "common/metrics.h"
 #include "common/result.h"
 #include "common/status.h"
-#include "master-target/volume.h"
+#include "master-target/replica_volume.h"
 
 namespace cdp {
 class FrameChannel;
@@ -83,7 +83,7 @@ class MasterTarget {
   metrics::Registry& registry() { return registry_; }
 
   // The volume `name` of `tenant`, if open. For tests and the control API.
-  std::shared_ptr<Volume> FindVolume(const std::string& tenant, const std::string& name);
+  std::shared_ptr<ReplicaVolume> FindVolume(const std::string& tenant, const std::string& name);
 
   // Starts an NBD export of the volume at `point_seq`; returns its name.
   // kOutOfRange for an unreachable point, kNotFound for an unknown volume.

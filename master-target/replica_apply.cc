@@ -1,4 +1,4 @@
-#include "master-target/volume.h"
+#include "master-target/replica_volume.h"
 
 #include <algorithm>
 #include <cstring>
@@ -83,7 +83,7 @@ ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected =
 
 }  // namespace
 
-Status Volume::ZeroReplica(uint64_t offset, uint64_t len) {
+Status ReplicaVolume::ZeroReplica(uint64_t offset, uint64_t len) {
   Status s = replica_->PunchHole(offset, len);
   if (s.ok()) return s;
   static const std::vector<uint8_t> zeros(kZeroChunk, 0);
@@ -97,7 +97,7 @@ Status Volume::ZeroReplica(uint64_t offset, uint64_t len) {
   return Status::OK();
 }
 
-Result<ApplyOutcome> Volume::CheckOpen(const VolumeIdentity& id) {
+Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id) {
   std::lock_guard<std::mutex> lk(apply_mu_);
   if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
   if (id.uuid != id_.uuid) return Nack(proto::NackReason::kWrongGeneration, "volume uuid differs");
@@ -117,7 +117,7 @@ Result<ApplyOutcome> Volume::CheckOpen(const VolumeIdentity& id) {
   return o;
 }
 
-Status Volume::ResetForNewGeneration(const VolumeIdentity& id) {
+Status ReplicaVolume::ResetForNewGeneration(const VolumeIdentity& id) {
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
     if (!pins_.empty()) return Status::Busy(id_.name + ": exports are open; cannot re-protect");
@@ -175,7 +175,7 @@ Status Volume::ResetForNewGeneration(const VolumeIdentity& id) {
   return Status::OK();
 }
 
-Result<ApplyOutcome> Volume::ApplyBatch(const std::vector<proto::Record>& recs) {
+Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>& recs) {
   std::lock_guard<std::mutex> lk(apply_mu_);
   if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
   if (state_ != VolumeState::kReplicating)
@@ -244,7 +244,7 @@ Result<ApplyOutcome> Volume::ApplyBatch(const std::vector<proto::Record>& recs) 
   return out;
 }
 
-Status Volume::ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out) {
+Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out) {
   const uint64_t wall = o_.clock->WallMicros();
   BatchOverlay overlay;
   Bytes jbuf;
