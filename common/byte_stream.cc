@@ -236,4 +236,16 @@ Result<std::unique_ptr<ByteStream>> ConnectUnixStream(const std::string& path, M
   return MakeSocketStream(std::move(socket));
 }
 
+Result<std::unique_ptr<ByteStream>> MakeSocketStream(Listener::Connection& c) {
+  asio::io_context ctx;  // only until the stream has moved the descriptor to its own
+  if (c.family == AF_UNIX) {
+    asio::local::stream_protocol::socket s(ctx);
+    CDP_RETURN_IF_ERROR(AssignTo(c, s));
+    return MakeSocketStream(std::move(s));
+  }
+  asio::ip::tcp::socket s(ctx);
+  CDP_RETURN_IF_ERROR(AssignTo(c, s));
+  return MakeSocketStream(std::move(s));
+}
+
 }  // namespace cdp

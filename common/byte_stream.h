@@ -35,6 +35,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 
 #include "common/coding.h"
+#include "common/listener.h"
 #include "common/result.h"
 #include "common/status.h"
 
@@ -71,6 +72,9 @@ class ByteStream {
 // are small). kIOError if the descriptor cannot be duplicated or registered.
 Result<std::unique_ptr<ByteStream>> MakeSocketStream(boost::asio::ip::tcp::socket socket);
 Result<std::unique_ptr<ByteStream>> MakeSocketStream(boost::asio::local::stream_protocol::socket socket);
+// The transport of a connection the Listener accepted (TCP or Unix, by its
+// family). The connection's descriptor is taken over.
+Result<std::unique_ptr<ByteStream>> MakeSocketStream(Listener::Connection& connection);
 
 // Resolves `host` and connects to the first address that answers, all within
 // `timeout`. kUnavailable (retryable) if the name does not resolve, nothing

@@ -46,15 +46,8 @@ Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(boost::asio::local::st
 }
 
 Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(Listener::Connection& c, Options options) {
-  asio::io_context ctx;  // only until Adopt() has moved the descriptor to the channel's own
-  if (c.family == AF_UNIX) {
-    asio::local::stream_protocol::socket s(ctx);
-    if (Status st = AssignTo(c, s); !st.ok()) return st;
-    return Adopt(std::move(s), options);
-  }
-  asio::ip::tcp::socket s(ctx);
-  if (Status st = AssignTo(c, s); !st.ok()) return st;
-  return Adopt(std::move(s), options);
+  CDP_ASSIGN_OR_RETURN(std::unique_ptr<ByteStream> stream, MakeSocketStream(c));
+  return Adopt(std::move(stream), options);
 }
 
 Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve) {

@@ -1,21 +1,11 @@
 #include "common/http_client.h"
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-
 #include "common/asio_status.h"
+#include "common/http_detail.h"
 
 namespace cdp::http {
 
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
-
-namespace {
-constexpr size_t kHeaderLimit = 16 << 10;
-}  // namespace
+using namespace detail;
 
 Result<ClientResponse> HttpRequest(const std::string& host, uint16_t port, std::string_view method,
                                    std::string_view target, std::string_view body, std::chrono::milliseconds timeout,

@@ -1,29 +1,23 @@
 #include "common/http_server.h"
 
 #include <algorithm>
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <boost/json.hpp>
 #include <optional>
 #include <thread>
 #include <vector>
 
 #include "common/asio_status.h"
+#include "common/http_detail.h"
 #include "common/listener.h"
 #include "common/log.h"
 #include "common/metrics.h"
 
 namespace cdp::http {
 
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
+using namespace detail;
 
 namespace {
 
-constexpr size_t kHeaderLimit = 16 << 10;
 // After a 413 the client may still be sending: read and discard up to this
 // much (for at most kDrainTime) so that closing does not reset the connection
 // before the client has read the answer.
