@@ -25,6 +25,7 @@ struct ReplicationSender::Stream {
   uint64_t open_durable = 0;
   uint64_t next = 1;        // next sequence to send
   uint64_t acked = 0;       // the peer's durable sequence
+  uint64_t sent_max = 0;    // the highest sequence ever sent or told by an open
   uint64_t gap_expected = 0;  // the last gap rewind target (repeats are ignored)
   uint64_t rewinds = 0;       // bumped when `next` moves back: a racing send is not counted
   std::deque<uint64_t> inflight;  // last sequence of each unacknowledged frame
@@ -293,6 +294,11 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st) {
   b.codec = st.src->codec();
   b.level = st.src->level();
   const uint64_t last = b.records.back().seq;
+  {
+    // Before the send: the peer's Ack may arrive before Send returns.
+    std::lock_guard<std::mutex> l(mu_);
+    st.sent_max = std::max(st.sent_max, last);
+  }
   uint64_t wire = 0;
   CDP_RETURN_IF_ERROR(s.ch->Send(b, &wire));
   s.last_tx_us = opt_.clock->NowMicros();
@@ -381,6 +387,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
       open_fifo_.pop_front();
       st.handle = r->volume_id;
       st.open_durable = r->durable_seq;
+      st.sent_max = std::max(st.sent_max, r->durable_seq);
       by_handle_[r->volume_id] = &st;
       const bool was_stalled = !st.stalled.ok();
       st.stalled = Status::OK();
@@ -392,7 +399,13 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
       st.opened = true;
     }
   } else if (auto* a = std::get_if<proto::Ack>(&m)) {
-    if (Stream* st = stream_of(a->volume_id)) {
+    Stream* st = stream_of(a->volume_id);
+    if (st != nullptr && a->durable_seq > st->sent_max) {
+      // Never trusted: releasing records the peer cannot hold would lose them.
+      session_error_ = Status::Corruption(opt_.peer_name + " acknowledged seq " + std::to_string(a->durable_seq) +
+                                          " of " + st->name + ", beyond the last sent (" +
+                                          std::to_string(st->sent_max) + ")");
+    } else if (st != nullptr) {
       if (a->durable_seq > st->acked) {
         st->acked = a->durable_seq;
         const uint64_t d = a->durable_seq;
@@ -420,7 +433,12 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
         case proto::NackReason::kGap: {
           ++stats_.gap_nacks;
           const uint64_t expected = std::max<uint64_t>(n->expected_seq, 1);
-          if (expected != st->gap_expected) {
+          if (expected - 1 > st->sent_max) {
+            // A gap claims the peer holds what was never sent: as a forged Ack.
+            session_error_ = Status::Corruption(opt_.peer_name + " expects seq " + std::to_string(expected) +
+                                                " of " + st->name + ", beyond the last sent (" +
+                                                std::to_string(st->sent_max) + ")");
+          } else if (expected != st->gap_expected) {
             log->info("{} {} gap at the {}, resending from {}", opt_.label, log::Where{st->name, peer, expected},
                       opt_.peer_name, expected);
             st->gap_expected = expected;

@@ -20,7 +20,10 @@
 //                                                  |  < max_inflight unacknowledged  |
 //                                                  +---------------------------------+
 //   per stream, from the peer:
-//     Ack{d}            source.Acked(d); frames <= d leave the window
+//     Ack{d}            source.Acked(d); frames <= d leave the window. An Ack
+//                       (or a gap's E-1) beyond the highest sequence ever sent
+//                       or told by the open is a protocol error: the session
+//                       ends and nothing is released
 //     Nack{kGap, E}     the peer holds everything below E: next = source.Resume(E-1)
 //                       (repeats of the same E, for frames sent before, are ignored)
 //     Nack{kBusy}       next = acked + 1, hold the stream busy_hold_ms

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "common/listener.h"
@@ -54,6 +55,7 @@ class VectorSource final : public RecordSource {
   Result<uint64_t> Resume(uint64_t durable, ResumeCause cause) override {
     std::lock_guard l(mu_);
     resumes.emplace_back(durable, cause);
+    max_told = std::max(max_told, durable);
     acked = std::max(acked, durable);
     return durable + 1;
   }
@@ -81,6 +83,7 @@ class VectorSource final : public RecordSource {
   void Acked(uint64_t durable) override {
     std::lock_guard l(mu_);
     acked = std::max(acked, durable);
+    max_told = std::max(max_told, durable);
   }
   void Stalled(const Status& why) override {
     std::lock_guard l(mu_);
@@ -99,6 +102,7 @@ class VectorSource final : public RecordSource {
   std::mutex mu_;
   uint64_t jump_at = 0;
   uint64_t acked = 0;
+  uint64_t max_told = 0;  // the highest sequence Acked or Resume ever said the peer holds
   uint64_t rewound = 0;
   std::vector<std::pair<uint64_t, ResumeCause>> resumes;
   std::vector<Status> stalls;
@@ -116,6 +120,10 @@ class ScriptedPeer {
   std::map<std::string, int> busy_first;  // the first N batches of a volume are busy
   std::map<std::string, uint64_t> durable;  // per volume; preset = the peer is ahead
   bool hash_internal = false;             // HashRequest -> Nack{kInternal}
+  // Once, instead of the Ack of a batch: an Ack / a gap Nack claiming seq
+  // 2^62, which was never sent.
+  bool forge_ack_once = false;
+  bool forge_gap_once = false;
 
   ScriptedPeer() {
     cdp::Listener::Options lo;
@@ -197,8 +205,16 @@ class ScriptedPeer {
             d = r.seq;
           }
           const uint64_t ack = d;
+          const bool forge_ack = std::exchange(forge_ack_once, false);
+          const bool forge_gap = !forge_ack && std::exchange(forge_gap_once, false);
           l.unlock();
-          s = ch.Send(proto::Ack{wb->volume_id, ack});
+          if (forge_ack) {
+            s = ch.Send(proto::Ack{wb->volume_id, uint64_t(1) << 62});
+          } else if (forge_gap) {
+            s = ch.Send(proto::Nack{wb->volume_id, proto::NackReason::kGap, (uint64_t(1) << 62) + 1, "gap"});
+          } else {
+            s = ch.Send(proto::Ack{wb->volume_id, ack});
+          }
         }
       } else if (auto* hr = std::get_if<proto::HashRequest>(&*m)) {
         if (hash_internal) {
@@ -398,4 +414,23 @@ TEST_CASE("replication sender: hash requests are answered, and a kInternal nack 
   REQUIRE(WaitUntil([&] { return src.Acked() == 100; }, 20s));
   CHECK(peer.Applied("v") == Range(1, 100));
   CHECK(sender.Stats().connects == 1);
+}
+
+TEST_CASE("replication sender: an Ack or a gap beyond what was sent is a protocol error and releases nothing",
+          "[replication][security]") {
+  for (bool gap : {false, true}) {
+    ScriptedPeer peer;
+    (gap ? peer.forge_gap_once : peer.forge_ack_once) = true;
+    ReplicationSender sender(Options(peer.port()));
+    VectorSource src("v", 300);
+    sender.AddStream(&src);
+    sender.Start();
+    REQUIRE(WaitUntil([&] { return src.Acked() == 300; }, 20s));
+    CHECK(peer.Applied("v") == Range(1, 300));
+    // The forged claim never reached the source: nothing beyond 300 was released.
+    std::lock_guard l(src.mu_);
+    CHECK(src.max_told == 300);
+    CHECK(sender.Stats().connects == 2);  // the session that saw it was dropped
+    CHECK(sender.Stats().disconnects == 1);
+  }
 }
