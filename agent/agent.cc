@@ -12,37 +12,19 @@
 
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/subprocess.h"
 
 namespace cdp::agent {
 
 namespace json = boost::json;
 
 Status RunHook(const std::string& command, uint64_t timeout_ms) {
-  pid_t pid = fork();
-  if (pid < 0) return Status::FromErrno(errno, "fork for hook");
-  if (pid == 0) {
-    setpgid(0, 0);  // its own process group: a timeout kills the whole hook
-    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  setpgid(pid, pid);  // also here: no race with the child's own call
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  int status = 0;
-  while (true) {
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
-    if (r < 0 && errno != EINTR) return Status::FromErrno(errno, "waitpid for hook");
-    if (std::chrono::steady_clock::now() >= deadline) {
-      kill(-pid, SIGKILL);
-      kill(pid, SIGKILL);
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      return Status::Aborted("hook '" + command + "' timed out after " + std::to_string(timeout_ms) + " ms");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::OK();
-  return Status::Aborted("hook '" + command + "' failed (status " + std::to_string(status) + ")");
+  // A process group of its own: a timeout kills the whole hook.
+  CDP_ASSIGN_OR_RETURN(CommandResult r, RunCommand({"/bin/sh", "-c", command}, std::chrono::milliseconds(timeout_ms)));
+  if (r.timed_out) return Status::Aborted("hook '" + command + "' timed out after " + std::to_string(timeout_ms) + " ms");
+  if (r.exit_code == 0) return Status::OK();
+  return Status::Aborted("hook '" + command + "' failed (exit " + std::to_string(r.exit_code) + ")" +
+                         (r.output.empty() ? "" : ": " + r.output));
 }
 
 Agent::Agent(AgentOptions opts) : opts_(std::move(opts)) {

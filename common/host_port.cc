@@ -1,5 +1,12 @@
 #include "common/host_port.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 namespace cdp {
 
 std::string HostPort::ToString() const {
@@ -53,6 +60,23 @@ Result<HostPort> ParseHostPort(std::string_view text, const HostPort::Rules& rul
   if (port > 65535 || (port == 0 && !rules.allow_port_zero)) return Status::InvalidArgument("bad port in " + quoted);
   hp.port = uint16_t(port);
   return hp;
+}
+
+Result<uint16_t> FreeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::FromErrno(errno, "socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    Status s = Status::FromErrno(errno, "bind 127.0.0.1:0");
+    ::close(fd);
+    return s;
+  }
+  ::close(fd);
+  return uint16_t(ntohs(a.sin_port));
 }
 
 }  // namespace cdp

@@ -39,6 +39,10 @@ struct HostPort {
 // `text` ("bad address 'x': want host:port" and the like); no port, a port
 // outside 1..65535 (0 only when allowed), an empty host, an unclosed '['.
 Result<HostPort> ParseHostPort(std::string_view text, const HostPort::Rules& rules);
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
+// released): for local clusters and tests; another process may take it first.
+Result<uint16_t> FreeLoopbackPort();
 inline Result<HostPort> ParseHostPort(std::string_view text) { return ParseHostPort(text, HostPort::Rules{}); }
 
 }  // namespace cdp

@@ -53,172 +53,64 @@ bool CopyFile(const std::string& from, const std::string& to) {
 
 // ---------------------------------------------------------------- Daemon
 
-Daemon::~Daemon() {
-  if (pid_ > 0) Stop(SIGKILL);
-}
-
 bool Daemon::Start(const std::vector<std::string>& argv, const std::string& log) {
-  if (pid_ > 0) return false;
+  if (p_.Running()) return false;
   log_ = log;
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = ::fork();
-  if (pid < 0) return false;
-  if (pid == 0) {
-    int fd = ::open(log.c_str(), O_CREAT | O_APPEND | O_WRONLY, 0644);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, 0);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-    }
-    // Die with the test process, whatever happens to it.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::execv(args[0], args.data());
-    _exit(127);
-  }
-  pid_ = pid;
+  SpawnOptions o;
+  o.argv = argv;
+  o.output_file = log;
+  o.die_with_parent = true;  // whatever happens to the test process
+  auto p = Subprocess::Spawn(o);
+  if (!p.ok()) return false;
+  p_ = std::move(*p);
   return true;
 }
 
-int Daemon::Stop(int sig) {
-  if (pid_ <= 0) return -1;
-  ::kill(pid_, sig);
-  int status = -1;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  for (;;) {
-    pid_t r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_ || (r < 0 && errno != EINTR)) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid_, SIGKILL);
-      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  pid_ = -1;
-  return status;
-}
-
-bool Daemon::Running() {
-  if (pid_ <= 0) return false;
-  int status = 0;
-  pid_t r = ::waitpid(pid_, &status, WNOHANG);
-  if (r == pid_) {
-    pid_ = -1;
-    return false;
-  }
-  return true;
-}
+int Daemon::Stop(int sig) { return p_.Stop(sig, std::chrono::seconds(20)); }
 
 // ---------------------------------------------------------------- Cluster
 
-const char* Name(Which w) {
-  switch (w) {
-    case Which::kMasterTarget: return "master-target";
-    case Which::kProcessServer: return "process-server";
-    case Which::kAgent: return "agent";
-  }
-  return "?";
+namespace {
+
+loadgen::LocalClusterOptions LocalOptions(const ClusterOptions& o, const std::string& dir) {
+  loadgen::LocalClusterOptions l;
+  l.agent_bin = CDP_AGENT_BIN;
+  l.ps_bin = CDP_PS_BIN;
+  l.mt_bin = CDP_MT_BIN;
+  l.dir = dir;
+  l.volume = o.volume;
+  l.volume_bytes = o.volume_size;
+  l.tenant = o.tenant;
+  l.secret = o.secret;
+  l.codec = o.codec;
+  l.compress_threads = 1;
+  l.agent_budget = o.agent_budget;
+  l.point_interval = o.point_interval;
+  l.client_id = "e2e-agent";
+  l.die_with_parent = true;
+  return l;
 }
 
-Cluster::Cluster(ClusterOptions o) : o_(std::move(o)) {}
+}  // namespace
 
-Cluster::~Cluster() {
-  // SIGKILL: nothing to keep, and a wedged daemon must not hang the test.
-  agent_.Stop(SIGKILL);
-  ps_.Stop(SIGKILL);
-  mt_.Stop(SIGKILL);
-}
+Cluster::Cluster(ClusterOptions o) : o_(std::move(o)), c_(LocalOptions(o_, scratch_.path())) {}
 
-Daemon& Cluster::daemon(Which w) {
-  switch (w) {
-    case Which::kMasterTarget: return mt_;
-    case Which::kProcessServer: return ps_;
-    case Which::kAgent: return agent_;
-  }
-  return agent_;
-}
-
-std::string Cluster::replica_path() const {
-  return scratch_.Join("mt/tenants/" + o_.tenant + "/volumes/" + o_.volume + "/replica.img");
-}
-
-std::string Cluster::nbd_uri() const { return "nbd://127.0.0.1:" + std::to_string(agent_nbd_) + "/" + o_.volume; }
-
-void Cluster::WriteConfigs() {
-  auto hp = [](uint16_t p) { return "127.0.0.1:" + std::to_string(p); };
-  RunCommand({"mkdir", "-p", Path("etc"), Path("mt"), Path("ps/spool"), Path("agent")}, 10000);
-  {
-    std::ofstream f(Path("etc/master-target.conf"));
-    f << "# written by the e2e harness\n"
-      << "listen = " << hp(mt_data_) << "\n"
-      << "control = " << hp(mt_ctl_) << "\n"
-      << "nbd = " << hp(mt_nbd_) << "\n"
-      << "data_dir = " << Path("mt") << "\n"
-      << "tenant = " << o_.tenant << ":" << o_.secret << "\n"
-      << "point_interval = " << o_.point_interval << "\n"
-      << "[log]\nlevel = info\n";
-  }
-  {
-    std::ofstream f(Path("etc/process-server.conf"));
-    f << "listen = " << hp(ps_data_) << "\n"
-      << "control = " << hp(ps_ctl_) << "\n"
-      << "mt = " << hp(mt_data_) << "\n"
-      << "tenant = " << o_.tenant << ":" << o_.secret << "\n"
-      << "spool_dir = " << Path("ps/spool") << "\n"
-      << "codec = " << o_.codec << "\n"
-      << "compress_threads = 1\n"
-      << "[log]\nlevel = info\n";
-  }
-  {
-    std::ofstream s(Path("etc/agent.secret"));
-    s << o_.secret << "\n";
-    std::ofstream f(Path("etc/agent.conf"));
-    f << "volume = " << o_.volume << "=" << source_path() << "\n"
-      << "nbd_listen = " << hp(agent_nbd_) << "\n"
-      << "ps = " << hp(ps_data_) << "\n"
-      << "tenant = " << o_.tenant << "\n"
-      << "secret_file = " << Path("etc/agent.secret") << "\n"
-      << "client_id = e2e-agent\n"
-      << "bitmap_dir = " << Path("agent") << "\n"
-      << "budget = " << o_.agent_budget << "\n"
-      << "control = " << hp(agent_ctl_) << "\n"
-      << "[log]\nlevel = info\n";
-  }
-}
+Cluster::~Cluster() = default;  // the LocalCluster SIGKILLs its daemons before the scratch dir goes
 
 bool Cluster::Start() {
   if (scratch_.path().empty()) {
     why_ = "no scratch directory";
     return false;
   }
-  if (!MakeSparseFile(source_path(), o_.volume_size)) {
-    why_ = "cannot create " + source_path();
+  if (Status s = c_.Start(); !s.ok()) {
+    why_ = s.ToString();
     return false;
-  }
-  // A port found free can be taken (by another test's outgoing connection)
-  // before the daemon binds it: then start again on other ports.
-  for (int attempt = 0;; ++attempt) {
-    mt_data_ = FreePort(), mt_ctl_ = FreePort(), mt_nbd_ = FreePort();
-    ps_data_ = FreePort(), ps_ctl_ = FreePort();
-    agent_nbd_ = FreePort(), agent_ctl_ = FreePort();
-    WriteConfigs();
-    if (StartOne(Which::kMasterTarget) && StartOne(Which::kProcessServer) && StartOne(Which::kAgent)) break;
-    if (attempt == 2 || why_.find("Address already in use") == std::string::npos) return false;
-    agent_.Stop(SIGKILL);
-    ps_.Stop(SIGKILL);
-    mt_.Stop(SIGKILL);
-    RunCommand({"rm", "-rf", Path("mt"), Path("ps"), Path("agent")}, 30000);
-    for (const char* n : {"master-target.log", "process-server.log", "agent.log"}) ::unlink(Path(n).c_str());
   }
   // A new volume starts with an initial sync (every region compared with the
   // replica); until it is done the agent refuses tags. Tests start after it.
   bool synced = WaitFor(
       [&] {
-        auto a = GetJson(agent_ctl_, "/status");
+        auto a = GetJson(agent_control(), "/status");
         if (!a) return false;
         for (const auto& v : a->at("volumes").as_array()) {
           const json::object& o = v.as_object();
@@ -235,57 +127,23 @@ bool Cluster::Start() {
 }
 
 bool Cluster::StartOne(Which w) {
-  std::string bin, conf;
-  switch (w) {
-    case Which::kMasterTarget: bin = CDP_MT_BIN, conf = "etc/master-target.conf"; break;
-    case Which::kProcessServer: bin = CDP_PS_BIN, conf = "etc/process-server.conf"; break;
-    case Which::kAgent: bin = CDP_AGENT_BIN, conf = "etc/agent.conf"; break;
-  }
-  Daemon& d = daemon(w);
-  if (!d.Start({bin, "--config", Path(conf)}, Path(std::string(Name(w)) + ".log"))) {
-    why_ = std::string("cannot start ") + bin;
-    return false;
-  }
-  return WaitReady(w, std::chrono::seconds(30));
-}
-
-bool Cluster::WaitReady(Which w, std::chrono::milliseconds timeout) {
-  uint16_t port = w == Which::kMasterTarget ? mt_ctl_ : w == Which::kProcessServer ? ps_ctl_ : agent_ctl_;
-  Daemon& d = daemon(w);
-  bool ok = WaitFor([&] { return !d.Running() || GetJson(port, "/status").has_value(); }, timeout);
-  if (!ok || !d.Running()) {
-    why_ = std::string(Name(w)) + (d.Running() ? " did not answer /status" : " exited at start") + "\n" + Logs();
-    return false;
-  }
-  return true;
+  Status s = c_.StartOne(w);
+  if (!s.ok()) why_ = s.ToString();
+  return s.ok();
 }
 
 bool Cluster::Kill9(Which w) {
-  Daemon& d = daemon(w);
-  if (!d.Running()) {
-    why_ = std::string(Name(w)) + " is not running";
-    return false;
-  }
-  int st = d.Stop(SIGKILL);
-  if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) {
-    why_ = std::string(Name(w)) + " did not die of SIGKILL";
-    return false;
-  }
-  return true;
-}
-
-void Cluster::StopAll() {
-  agent_.Stop(SIGTERM);
-  ps_.Stop(SIGTERM);
-  mt_.Stop(SIGTERM);
+  Status s = c_.Kill9(w);
+  if (!s.ok()) why_ = s.ToString();
+  return s.ok();
 }
 
 bool Cluster::WaitDrained(std::chrono::milliseconds timeout) {
   std::string last;
   bool ok = WaitFor(
       [&] {
-        auto a = GetJson(agent_ctl_, "/status");
-        auto m = GetJson(mt_ctl_, "/status");
+        auto a = GetJson(agent_control(), "/status");
+        auto m = GetJson(mt_control(), "/status");
         if (!a || !m) {
           last = "a daemon did not answer /status";
           return false;
@@ -321,8 +179,8 @@ bool Cluster::WaitDrained(std::chrono::milliseconds timeout) {
 
 testing::CommandResult Cluster::Cdpctl(const std::vector<std::string>& args, int timeout_ms) {
   auto hp = [](uint16_t p) { return "127.0.0.1:" + std::to_string(p); };
-  std::vector<std::string> argv = {CDP_CTL_BIN,  "--agent", hp(agent_ctl_), "--ps", hp(ps_ctl_),
-                                   "--mt",       hp(mt_ctl_), "--tenant", o_.tenant};
+  std::vector<std::string> argv = {CDP_CTL_BIN,  "--agent",        hp(agent_control()), "--ps", hp(ps_control()),
+                                   "--mt",       hp(mt_control()), "--tenant",           o_.tenant};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv, timeout_ms);
 }
@@ -373,19 +231,6 @@ int64_t Cluster::TagPointId(const std::string& tag) {
   }
   why_ = "no point named " + tag + " in " + json::serialize(*p);
   return -1;
-}
-
-std::string Cluster::Logs(size_t tail_bytes) const {
-  std::string out;
-  for (const char* n : {"master-target", "process-server", "agent"}) {
-    std::ifstream f(scratch_.Join(std::string(n) + ".log"));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::string s = ss.str();
-    if (s.size() > tail_bytes) s = "..." + s.substr(s.size() - tail_bytes);
-    out += std::string("---- ") + n + ".log\n" + s;
-  }
-  return out;
 }
 
 // ---------------------------------------------------------------- workload

@@ -29,7 +29,9 @@
 #include <string>
 #include <vector>
 
+#include "common/subprocess.h"
 #include "common/tests/test_util.h"
+#include "loadgen/local_cluster.h"
 
 namespace cdp::e2e {
 
@@ -55,27 +57,23 @@ bool MakeSparseFile(const std::string& path, uint64_t size);
 // Copies a file byte for byte (cp --sparse=always). False on error.
 bool CopyFile(const std::string& from, const std::string& to);
 
-// A child process running a daemon binary; its stdout and stderr go to `log`.
-// The destructor SIGKILLs and reaps it if it still runs.
+// A child process (common/subprocess.h) with its stdout and stderr appended
+// to `log`; it dies with the test process. The destructor SIGKILLs and reaps
+// it if it still runs.
 class Daemon {
  public:
-  Daemon() = default;
-  ~Daemon();
-  Daemon(const Daemon&) = delete;
-  Daemon& operator=(const Daemon&) = delete;
-
-  // Starts argv[0] (a path) with `argv`. False if fork/exec failed at once.
+  // Starts argv[0] (a path) with `argv`. False if it could not be started.
   bool Start(const std::vector<std::string>& argv, const std::string& log);
   // Sends `sig`, then (for SIGKILL/SIGTERM) waits up to 20 s for the exit.
   // Returns the raw wait status, or -1 if it was not running / did not exit.
   int Stop(int sig);
   // True while the process has not exited (reaps it if it has).
-  bool Running();
-  pid_t pid() const { return pid_; }
+  bool Running() { return p_.Running(); }
+  pid_t pid() const { return p_.pid(); }
   const std::string& log() const { return log_; }
 
  private:
-  pid_t pid_ = -1;
+  Subprocess p_;
   std::string log_;
 };
 
@@ -87,12 +85,13 @@ struct ClusterOptions {
   std::string codec = "zstd";     // PS codec
   std::string agent_budget = "64MiB";
   std::string point_interval = "1s";  // MT crash-consistent point interval
-  std::string scratch_parent;         // "" = $TMPDIR or /tmp
 };
 
-enum class Which { kMasterTarget, kProcessServer, kAgent };
-const char* Name(Which w);
+using Which = loadgen::Role;
+using loadgen::Name;
 
+// The local cluster (loadgen/local_cluster.h) in a scratch directory, with
+// what the tests check on it.
 class Cluster {
  public:
   explicit Cluster(ClusterOptions o = {});
@@ -107,7 +106,7 @@ class Cluster {
   bool Kill9(Which w);
   bool Restart(Which w) { return StartOne(w); }
   // Graceful stop (SIGTERM) of every daemon, agent first.
-  void StopAll();
+  void StopAll() { c_.StopAll(std::chrono::seconds(20)); }
 
   // Waits until the agent's queue is empty, it has no dirty or resync regions,
   // and every record it captured is acknowledged by the PS and applied by the
@@ -130,28 +129,21 @@ class Cluster {
   const ClusterOptions& options() const { return o_; }
   const std::string& dir() const { return scratch_.path(); }
   std::string Path(const std::string& name) const { return scratch_.Join(name); }
-  std::string source_path() const { return scratch_.Join("source.img"); }
-  std::string replica_path() const;
-  std::string nbd_uri() const;  // nbd://127.0.0.1:port/volume (the agent's export)
-  uint16_t nbd_port() const { return agent_nbd_; }
-  uint16_t agent_control() const { return agent_ctl_; }
-  uint16_t ps_control() const { return ps_ctl_; }
-  uint16_t mt_control() const { return mt_ctl_; }
-  Daemon& daemon(Which w);
+  std::string source_path() const { return c_.source_path(); }
+  std::string replica_path() const { return c_.replica_path(); }
+  std::string nbd_uri() const { return c_.nbd_uri(); }  // nbd://127.0.0.1:port/volume (the agent's export)
+  uint16_t nbd_port() const { return c_.agent_nbd_port(); }
+  uint16_t agent_control() const { return c_.control_port(Which::kAgent); }
+  uint16_t ps_control() const { return c_.control_port(Which::kProcessServer); }
+  uint16_t mt_control() const { return c_.control_port(Which::kMasterTarget); }
   const std::string& why() const { return why_; }
   // The tail of every daemon log, for failure messages.
-  std::string Logs(size_t tail_bytes = 3000) const;
+  std::string Logs(size_t tail_bytes = 3000) const { return c_.Logs(tail_bytes); }
 
  private:
-  bool WaitReady(Which w, std::chrono::milliseconds timeout);
-  void WriteConfigs();
-
   ClusterOptions o_;
   testing::ScratchDir scratch_;
-  uint16_t mt_data_ = 0, mt_ctl_ = 0, mt_nbd_ = 0;
-  uint16_t ps_data_ = 0, ps_ctl_ = 0;
-  uint16_t agent_nbd_ = 0, agent_ctl_ = 0;
-  Daemon mt_, ps_, agent_;
+  loadgen::LocalCluster c_;
   std::string why_;
 };
 

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <boost/json.hpp>
@@ -20,6 +21,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "loadgen/churn.h"
+#include "loadgen/local_cluster.h"
 #include "loadgen/plan.h"
 #include "loadgen/profile.h"
 #include "loadgen/scrape.h"
@@ -41,7 +43,8 @@ constexpr const char* kUsage =
     "  plan    WAN sizing report from a churn profile (CSV)\n"
     "  record  poll a daemon's /metrics counter into a churn profile CSV\n"
     "  sweep   the seed's experiment against running daemons: tables (Markdown, CSV) and SVG charts\n"
-    "  wanem   emulated WAN between two network namespaces (root): up, down\n";
+    "  wanem   emulated WAN between two network namespaces (root): up, down\n"
+    "  cluster the whole product on loopback (the local cluster of make demo) until SIGTERM\n";
 
 // Parses the options of one subcommand; returns -1 to continue, else an exit code.
 int Load(int argc, char** argv, const po::options_description& desc, const std::string& summary, LoadedConfig* out) {
@@ -467,20 +470,19 @@ int CmdSweep(int argc, char** argv) {
         if (vm["phases"].as<std::string>().find(phase) == std::string::npos) continue;
         char tmpl[] = "/tmp/cdp-sweep.XXXXXX";
         if (!::mkdtemp(tmpl)) return Fail("sweep", Status::FromErrno(errno, "mkdtemp"));
-        LocalDeploymentOptions lo;
-        lo.agent_bin = JoinPath(local, "agent/cdp-agent");
-        lo.ps_bin = JoinPath(local, "process-server/cdp-process-server");
-        lo.mt_bin = JoinPath(local, "master-target/cdp-master-target");
-        lo.work_dir = tmpl;
+        LocalClusterOptions lo = LocalClusterOptionsFor(local, tmpl);
+        lo.tenant = "sweep";
+        lo.client_id = "sweep";
         lo.codec = phase == "on" ? "zstd" : "none";
         lo.level = vm["level"].as<int>();
         lo.volume_bytes = vm["volume-size"].as<ByteSize>().bytes;
         Result<std::vector<SweepSample>> r = Status::Aborted("not run");
         {
-          LocalDeployment dep(lo);
-          Status st = dep.Start();
-          if (st.ok()) r = RunSweepPhase(dep.targets(), phase == "on", o, env, clock);
+          LocalCluster cluster(lo);
+          Status st = cluster.Start();
+          if (st.ok()) r = RunSweepPhase(TargetsOf(cluster), phase == "on", o, env, clock);
           else r = st;
+          cluster.StopAll();
         }
         if (r.ok()) {
           if (Status rs = RemoveAll(env, tmpl); !rs.ok()) std::fprintf(stderr, "sweep: %s\n", rs.ToString().c_str());
@@ -512,6 +514,69 @@ int CmdSweep(int argc, char** argv) {
   return 0;
 }
 
+// Shell-quoted 'value' for an env file.
+std::string ShellQuote(const std::string& v) {
+  std::string q = "'";
+  for (char c : v) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+int CmdCluster(int argc, char** argv) {
+  po::options_description d("cluster options");
+  d.add_options()("build", po::value<std::string>()->default_value("build"), "build directory with the daemons")(
+      "dir", po::value<std::string>()->default_value(""), "working directory (created; kept after exit)")(
+      "volume", po::value<std::string>()->default_value("vol"), "protected volume name")(
+      "volume-size", po::value<ByteSize>()->default_value(ByteSize{1ull << 30}), "sparse source volume size")(
+      "tenant", po::value<std::string>()->default_value("local"), "tenant name")(
+      "codec", po::value<std::string>()->default_value("zstd"), "process server codec: none | lz4 | zstd")(
+      "level", po::value<int>()->default_value(1), "compression level")(
+      "point-interval", po::value<std::string>()->default_value(""), "MT crash-consistent point interval")(
+      "env-file", po::value<std::string>()->default_value(""),
+      "write the endpoints here as shell assignments once every daemon answers");
+  LoadedConfig cfg;
+  if (int rc = Load(argc, argv, d, "Starts cdp-master-target, cdp-process-server and cdp-agent on loopback, "
+                                   "prints their endpoints and runs until SIGTERM or SIGINT.",
+                    &cfg);
+      rc >= 0)
+    return rc;
+  const po::variables_map& vm = cfg.vars;
+  if (vm["dir"].as<std::string>().empty()) return Fail("cluster", Status::InvalidArgument("--dir is required"));
+  // Blocked before any thread or child exists; waited for below.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  LocalClusterOptions o = LocalClusterOptionsFor(vm["build"].as<std::string>(), vm["dir"].as<std::string>());
+  o.volume = vm["volume"].as<std::string>();
+  o.volume_bytes = vm["volume-size"].as<ByteSize>().bytes;
+  o.tenant = vm["tenant"].as<std::string>();
+  o.codec = vm["codec"].as<std::string>();
+  o.level = vm["level"].as<int>();
+  o.point_interval = vm["point-interval"].as<std::string>();
+  LocalCluster c(o);
+  if (Status s = c.Start(); !s.ok()) return Fail("cluster", s);
+  auto hp = [](uint16_t port) { return "127.0.0.1:" + std::to_string(port); };
+  std::string env = "CDP_DIR=" + ShellQuote(o.dir) + "\nCDP_TENANT=" + ShellQuote(o.tenant) +
+                    "\nCDP_VOLUME=" + ShellQuote(o.volume) + "\nCDP_SOURCE=" + ShellQuote(c.source_path()) +
+                    "\nCDP_REPLICA=" + ShellQuote(c.replica_path()) + "\nCDP_NBD_URI=" + ShellQuote(c.nbd_uri()) +
+                    "\nCDP_AGENT_CONTROL=" + hp(c.control_port(Role::kAgent)) +
+                    "\nCDP_PS_CONTROL=" + hp(c.control_port(Role::kProcessServer)) +
+                    "\nCDP_MT_CONTROL=" + hp(c.control_port(Role::kMasterTarget)) + "\n";
+  std::cout << env << std::flush;
+  const std::string env_file = vm["env-file"].as<std::string>();
+  if (!env_file.empty()) {
+    Status s = WriteFileAtomic(DefaultEnv(), env_file, ByteSpan(reinterpret_cast<const uint8_t*>(env.data()), env.size()));
+    if (!s.ok()) return Fail("cluster", s);
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::cerr << "cdp-loadgen cluster: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping the daemons\n";
+  c.StopAll();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -531,6 +596,7 @@ int main(int argc, char** argv) {
     if (cmd == "record") return CmdRecord(argc - 1, argv + 1);
     if (cmd == "sweep") return CmdSweep(argc - 1, argv + 1);
     if (cmd == "wanem") return CmdWanem(argc - 1, argv + 1);
+    if (cmd == "cluster") return CmdCluster(argc - 1, argv + 1);
   } catch (const std::exception& e) {
     std::cerr << "cdp-loadgen " << cmd << ": " << e.what() << "\n";
     return 2;

@@ -10,14 +10,9 @@
 // bytes laid end to end from offset 0 (wrapping at the export's end) -- the
 // block writes a file system would issue for them, minus its metadata.
 //
-// LocalDeployment starts a real cdp-master-target, cdp-process-server and
-// cdp-agent on loopback (free ports, a temporary directory, one sparse
-// volume), as scripts/demo.sh does, so that `sweep --local BUILD_DIR` and the
-// tests need no running deployment. Compression off/on = the process server's
-// codec "none" / "zstd".
-//
-// Thread safety: a LocalDeployment is used from one thread; its destructor
-// stops the daemons (SIGTERM, then SIGKILL after 10 s).
+// `sweep --local BUILD_DIR` runs it against a LocalCluster
+// (loadgen/local_cluster.h), so that it and the tests need no running
+// deployment. Compression off/on = the process server's codec "none" / "zstd".
 #pragma once
 
 #include <sys/types.h>
@@ -30,6 +25,7 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/result.h"
+#include "loadgen/local_cluster.h"
 #include "loadgen/sweep.h"
 
 namespace cdp::loadgen {
@@ -59,39 +55,11 @@ Result<std::vector<SweepSample>> RunSweepPhase(const SweepTargets& t, bool compr
 // Waits until cdp_agent_queue_bytes and cdp_ps_backlog_bytes are 0.
 Status WaitDrained(const SweepTargets& t, uint64_t timeout_us, const Clock* clock);
 
-struct LocalDeploymentOptions {
-  std::string agent_bin, ps_bin, mt_bin;  // paths of the three daemons
-  std::string work_dir;                   // created; holds configs, data, logs
-  std::string codec = "none";             // PS codec: none | lz4 | zstd
-  int level = 1;
-  uint64_t volume_bytes = 1ull << 30;     // sparse source volume
-};
-
-class LocalDeployment {
- public:
-  explicit LocalDeployment(LocalDeploymentOptions o) : o_(std::move(o)) {}
-  ~LocalDeployment();
-  LocalDeployment(const LocalDeployment&) = delete;
-  LocalDeployment& operator=(const LocalDeployment&) = delete;
-
-  // Writes configs, starts MT, PS and agent and waits (30 s each) until each
-  // answers /status. Failure: which daemon failed, with the tail of its log.
-  Status Start();
-  // SIGTERM every daemon, wait, SIGKILL stragglers. Idempotent.
-  void Stop();
-  const SweepTargets& targets() const { return targets_; }
-
- private:
-  Status Spawn(const std::string& name, const std::string& bin, const std::string& conf, uint16_t control_port);
-  LocalDeploymentOptions o_;
-  SweepTargets targets_;
-  std::vector<pid_t> pids_;
-};
+// The targets of a local cluster (loadgen/local_cluster.h): its three
+// /metrics and the agent's export.
+SweepTargets TargetsOf(const LocalCluster& c);
 
 // Removes `path` and, if it is a directory, everything under it. ok if absent.
 Status RemoveAll(Env* env, const std::string& path);
-
-// An unused TCP port on 127.0.0.1 (bound with port 0, then released).
-Result<uint16_t> FreeLoopbackPort();
 
 }  // namespace cdp::loadgen

@@ -9,7 +9,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -31,6 +30,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/env.h"
+#include "common/subprocess.h"
 #include "common/host_port.h"
 
 extern char** environ;
@@ -85,14 +85,9 @@ bool ValidName(const std::string& n) {
 
 // Runs a shell command line built from validated values; failure carries its output.
 Status Sh(const std::string& cmd) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return Status::FromErrno(errno, "popen");
-  std::string out;
-  char buf[1024];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int st = ::pclose(p);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return Status::IOError("'" + cmd + "' failed: " + out);
+  CDP_ASSIGN_OR_RETURN(CommandResult r, RunCommand({"sh", "-c", cmd}, std::chrono::minutes(2)));
+  if (r.timed_out) return Status::IOError("'" + cmd + "' timed out: " + r.output);
+  if (r.exit_code != 0) return Status::IOError("'" + cmd + "' failed: " + r.output);
   return Status::OK();
 }
 
@@ -284,32 +279,21 @@ Status Up(const std::string& name, double rate_mbit, double delay_ms, double los
   char d[32], l[32];
   std::snprintf(d, sizeof(d), "%g", delay_ms);
   std::snprintf(l, sizeof(l), "%g", loss);
-  std::vector<std::string> args = {self, "wanem", "forward", "--name", name, "--delay-ms", d, "--loss", l,
-                                   "--ready-file", ready};
-  std::vector<char*> argv;
-  for (auto& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, self, &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
+  SpawnOptions so;
+  so.argv = {self, "wanem", "forward", "--name", name, "--delay-ms", d, "--loss", l, "--ready-file", ready};
+  so.output_file = log;
+  so.truncate_output = true;
+  so.new_session = true;
+  auto fwd = Subprocess::Spawn(so);
+  if (!fwd.ok()) {
     (void)Down(name);
-    return Status::FromErrno(rc, "start the forwarder");
+    return fwd.status().WithContext("start the forwarder");
   }
+  const pid_t pid = fwd->pid();
   std::string pidtext = std::to_string(pid) + "\n";
   Status s = WriteFileAtomic(DefaultEnv(), PidFile(name), ByteSpan(reinterpret_cast<const uint8_t*>(pidtext.data()), pidtext.size()));
   for (int i = 0; i < 250 && s.ok() && !DefaultEnv()->Exists(ready); ++i) {
-    int st = 0;
-    if (::waitpid(pid, &st, WNOHANG) == pid) {
+    if (!fwd->Running()) {
       s = Status::IOError("the forwarder exited at start; see " + log);
       break;
     }
@@ -320,6 +304,7 @@ Status Up(const std::string& name, double rate_mbit, double delay_ms, double los
     (void)Down(name);
     return s;
   }
+  fwd->Release();  // it runs until `wanem down`
   std::printf("wanem %s up: %g Mbit/s each way (tbf), one-way delay %g ms (RTT %g ms), loss %g%%\n", name.c_str(),
               rate_mbit, delay_ms, 2 * delay_ms, loss * 100);
   std::printf("  side A: netns %s, address %s\n  side B: netns %s, address %s\n", A.c_str(), kAddrA, B.c_str(), kAddrB);

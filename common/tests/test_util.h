@@ -22,6 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/host_port.h"
+#include "common/subprocess.h"
+
 namespace cdp::testing {
 
 // Polls `pred` every `poll` until it holds (true) or `timeout` passes (false,
@@ -38,59 +41,15 @@ bool WaitUntil(Pred pred, std::chrono::milliseconds timeout = std::chrono::secon
   return true;
 }
 
-struct CommandResult {
-  int exit_code = -1;      // exit status; -1 when killed by a signal or not started
-  bool timed_out = false;  // killed because the deadline passed
-  std::string output;      // stdout and stderr, interleaved
-};
+using cdp::CommandResult;
 
-// Runs argv[0] (looked up in PATH) with `argv`, stdin from /dev/null, and
-// waits at most `timeout_ms`; past it the process is killed (SIGKILL).
+// cdp::RunCommand (common/subprocess.h) with a timeout in ms; a program that
+// cannot be started gives exit_code -1 and the reason as its output.
 inline CommandResult RunCommand(const std::vector<std::string>& argv, int timeout_ms = 60000) {
+  auto r = cdp::RunCommand(argv, std::chrono::milliseconds(timeout_ms));
+  if (r.ok()) return *r;
   CommandResult res;
-  int fds[2];
-  if (argv.empty() || ::pipe2(fds, O_CLOEXEC) != 0) return res;
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return res;
-  }
-  if (pid == 0) {
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, 0);
-    ::dup2(fds[1], 1);
-    ::dup2(fds[1], 2);
-    ::execvp(args[0], args.data());
-    _exit(127);
-  }
-  ::close(fds[1]);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  char buf[4096];
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) {
-      res.timed_out = true;
-      ::kill(pid, SIGKILL);
-      break;
-    }
-    pollfd p{fds[0], POLLIN, 0};
-    const int r = ::poll(&p, 1, int(left));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
-    const ssize_t n = ::read(fds[0], buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    res.output.append(buf, size_t(n));
-  }
-  ::close(fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  res.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  res.output = r.status().ToString();
   return res;
 }
 
@@ -102,19 +61,8 @@ inline bool HaveProgram(const std::string& name) {
 // A TCP port on 127.0.0.1 that was free a moment ago (bound with port 0, then
 // closed); 0 on error. Daemons bind it with SO_REUSEADDR.
 inline uint16_t FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  uint16_t port = 0;
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  ::close(fd);
-  return port;
+  auto p = cdp::FreeLoopbackPort();
+  return p.ok() ? *p : 0;
 }
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents by the

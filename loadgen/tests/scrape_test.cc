@@ -66,9 +66,9 @@ TEST_CASE("cdp-loadgen record polls a live /metrics into a profile plan can read
   so.registry = &reg;
   http::Server srv(so);
   REQUIRE(srv.Start().ok());
-  testing::TempDir tmp;
+  cdp::testing::ScratchDir tmp;
   const std::string csv = tmp.path() + "/p.csv";
-  auto r = testing::Run(std::string(CDP_LOADGEN_BIN) + " record --url http://127.0.0.1:" + std::to_string(srv.port()) +
+  auto r = RunShell(std::string(CDP_LOADGEN_BIN) + " record --url http://127.0.0.1:" + std::to_string(srv.port()) +
                         "/metrics --interval 100ms --samples 4 --out " + csv);
   REQUIRE(r.exit_code == 0);
   auto text = ReadWholeFile(DefaultEnv(), csv);
@@ -81,10 +81,10 @@ TEST_CASE("cdp-loadgen record polls a live /metrics into a profile plan can read
     CHECK(s.seconds > 0.05);
   }
   CHECK(scrapes.load() == 5);
-  auto plan = testing::Run(std::string(CDP_LOADGEN_BIN) + " plan --profile " + csv + " --rpo 1m --format json");
+  auto plan = RunShell(std::string(CDP_LOADGEN_BIN) + " plan --profile " + csv + " --rpo 1m --format json");
   CHECK(plan.exit_code == 0);
   CHECK(plan.output.find("\"total_bytes\":1.6384E4") != std::string::npos);
-  auto missing = testing::Run(std::string(CDP_LOADGEN_BIN) + " record --url http://127.0.0.1:" +
+  auto missing = RunShell(std::string(CDP_LOADGEN_BIN) + " record --url http://127.0.0.1:" +
                               std::to_string(srv.port()) + "/metrics --metric nope_total --samples 1");
   CHECK(missing.exit_code == 1);
   CHECK(missing.output.find("nope_total not exported") != std::string::npos);

@@ -148,9 +148,9 @@ std::vector<std::vector<std::string>> ReadCsv(const std::string& path) {
 
 TEST_CASE("cdp-loadgen sweep --local: real daemons, both phases, every column present and non-negative",
           "[sweep][e2e]") {
-  testing::TempDir tmp;
+  cdp::testing::ScratchDir tmp;
   const std::string out = tmp.path() + "/out";
-  auto r = testing::Run(std::string(CDP_LOADGEN_BIN) + " sweep --local " + CDP_BUILD_DIR +
+  auto r = RunShell(std::string(CDP_LOADGEN_BIN) + " sweep --local " + CDP_BUILD_DIR +
                         " --sizes 1,4 --window 2s --pause 200ms --drain-timeout 60s --volume-size 256MiB --out " + out);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -172,15 +172,15 @@ TEST_CASE("cdp-loadgen sweep --local: real daemons, both phases, every column pr
       CHECK(std::stod(rows[i][3]) > 0);  // the tree loop wrote through the agent
       CHECK(std::stod(rows[i][4]) > 0);  // and the process server received it
     }
-    CHECK(testing::Run("test -s " + out + "/cpu_" + phase + ".svg").exit_code == 0);
-    CHECK(testing::Run("test -s " + out + "/bandwidth_" + phase + ".svg").exit_code == 0);
+    CHECK(RunShell("test -s " + out + "/cpu_" + phase + ".svg").exit_code == 0);
+    CHECK(RunShell("test -s " + out + "/bandwidth_" + phase + ".svg").exit_code == 0);
   }
   for (const char* t : {"table_a1_ps.csv", "table_a2_mt.csv"}) {
     auto rows = ReadCsv(out + "/" + t);
     CHECK(rows.size() == 3);
   }
   // The recorded samples re-render to the same tables.
-  auto again = testing::Run(std::string(CDP_LOADGEN_BIN) + " sweep --from " + out + "/samples.json --out " + out + "/re");
+  auto again = RunShell(std::string(CDP_LOADGEN_BIN) + " sweep --from " + out + "/samples.json --out " + out + "/re");
   REQUIRE(again.exit_code == 0);
   CHECK(ReadCsv(out + "/re/compression_on.csv") == ReadCsv(out + "/compression_on.csv"));
 }

@@ -129,14 +129,13 @@ TEST_CASE("Tree compressibility changes content, not layout", "[tree]") {
 #include "loadgen/tests/test_util.h"
 
 TEST_CASE("cdp-loadgen tree: verify exits non-zero naming each bad file - gentesttree.sh loops and deletes", "[tree][cli][e2e]") {
-  using cdp::loadgen::testing::Run;
-  cdp::loadgen::testing::TempDir tmp;
+  cdp::testing::ScratchDir tmp;
   REQUIRE(!tmp.path().empty());
   const std::string bin = CDP_LOADGEN_BIN;
   const std::string dir = tmp.path() + "/tree";
-  auto w = Run(bin + " tree --mode write --size-mb 4 --seed 8 --dir " + dir);
+  auto w = RunShell(bin + " tree --mode write --size-mb 4 --seed 8 --dir " + dir);
   REQUIRE(w.exit_code == 0);
-  auto ok = Run(bin + " tree --mode verify --size-mb 4 --seed 8 --dir " + dir);
+  auto ok = RunShell(bin + " tree --mode verify --size-mb 4 --seed 8 --dir " + dir);
   CHECK(ok.exit_code == 0);
   CHECK(ok.output.find("OK (0 missing, 0 mismatched, 0 unexpected)") != std::string::npos);
 
@@ -147,16 +146,16 @@ TEST_CASE("cdp-loadgen tree: verify exits non-zero naming each bad file - gentes
   REQUIRE(plan.ok());
   const auto& f0 = plan->files[0];
   const auto& f1 = plan->files[1];
-  REQUIRE(Run("printf 'Z' | dd of=" + dir + "/" + f0.path + " bs=1 seek=7 conv=notrunc").exit_code == 0);
-  REQUIRE(Run("rm " + dir + "/" + f1.path).exit_code == 0);
-  auto bad = Run(bin + " tree --mode 1 --size-mb 4 --seed 8 --dir " + dir);
+  REQUIRE(RunShell("printf 'Z' | dd of=" + dir + "/" + f0.path + " bs=1 seek=7 conv=notrunc").exit_code == 0);
+  REQUIRE(RunShell("rm " + dir + "/" + f1.path).exit_code == 0);
+  auto bad = RunShell(bin + " tree --mode 1 --size-mb 4 --seed 8 --dir " + dir);
   CHECK(bad.exit_code == 1);
   CHECK(bad.output.find("MISSING " + f1.path + "\n") != std::string::npos);
   // (byte 7 of the seed-8 tree's first file is not 'Z', so the write is a change)
   CHECK(bad.output.find("MISMATCH " + f0.path + ": differs at byte 7\n") != std::string::npos);
 
-  auto loop = Run(std::string(CDP_GENTESTTREE_SH) + " -s 1 -p 0.1 -n 3 -d " + tmp.path() + "/loop -b " + bin);
+  auto loop = RunShell(std::string(CDP_GENTESTTREE_SH) + " -s 1 -p 0.1 -n 3 -d " + tmp.path() + "/loop -b " + bin);
   CHECK(loop.exit_code == 0);
   CHECK(loop.output.find("iteration 3: wrote 1 MiB") != std::string::npos);
-  CHECK(Run("test -e " + tmp.path() + "/loop").exit_code == 1);  // deleted after the last pause
+  CHECK(RunShell("test -e " + tmp.path() + "/loop").exit_code == 1);  // deleted after the last pause
 }

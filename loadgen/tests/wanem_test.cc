@@ -43,26 +43,25 @@ TEST_CASE("DelayLine drops the configured share and what overflows its buffer", 
 }
 
 TEST_CASE("wanem up/down: rate and delay between two namespaces (root only)", "[wanem][e2e]") {
-  using testing::Run;
   if (::geteuid() != 0) {
     WARN("SKIPPED: wanem needs root (network namespaces, tc, TUN); running as uid " << ::geteuid());
     return;
   }
-  if (Run("ip netns add cdplgprobe && ip netns del cdplgprobe").exit_code != 0) {
+  if (RunShell("ip netns add cdplgprobe && ip netns del cdplgprobe").exit_code != 0) {
     WARN("SKIPPED: 'ip netns add' does not work here");
     return;
   }
   const std::string bin = CDP_LOADGEN_BIN;
   const std::string name = "lgt" + std::to_string(::getpid() % 100000);
-  auto up = Run(bin + " wanem up --name " + name + " --rate-mbit 20 --delay-ms 20");
+  auto up = RunShell(bin + " wanem up --name " + name + " --rate-mbit 20 --delay-ms 20");
   INFO(up.output);
   REQUIRE(up.exit_code == 0);
   CHECK(up.output.find("side B: netns " + name + "-b, address 10.77.0.2") != std::string::npos);
   // Receiver in B for 8 s; sender in A for 3 s over 2 streams (it retries until the receiver listens).
-  auto res = Run("ip netns exec " + name + "-b " + bin +
+  auto res = RunShell("ip netns exec " + name + "-b " + bin +
                  " wanem probe --mode server --listen 10.77.0.2:5201 --seconds 8 >/dev/null & ip netns exec " +
                  name + "-a " + bin + " wanem probe --mode client --connect 10.77.0.2:5201 --streams 2 --seconds 3 --json; wait");
-  auto down = Run(bin + " wanem down --name " + name);
+  auto down = RunShell(bin + " wanem down --name " + name);
   CHECK(down.exit_code == 0);
   INFO(res.output);
   REQUIRE(res.exit_code == 0);
@@ -76,5 +75,5 @@ TEST_CASE("wanem up/down: rate and delay between two namespaces (root only)", "[
   CHECK(mbit > 12.0);  // and the link carries most of it
   CHECK(rtt >= 40.0);  // two delayed directions
   CHECK(rtt < 200.0);
-  CHECK(Run("ip netns list | grep -q " + name).exit_code != 0);  // down removed both namespaces
+  CHECK(RunShell("ip netns list | grep -q " + name).exit_code != 0);  // down removed both namespaces
 }

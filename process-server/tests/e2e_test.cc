@@ -264,13 +264,13 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
 
 namespace {
 
-pid_t StartDaemon(const std::string& config) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    execl(CDP_PS_BINARY, CDP_PS_BINARY, "--config", config.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
+cdp::Subprocess StartDaemon(const std::string& config) {
+  cdp::SpawnOptions o;
+  o.argv = {CDP_PS_BINARY, "--config", config};
+  o.die_with_parent = true;
+  auto p = cdp::Subprocess::Spawn(o);
+  REQUIRE(p.ok());
+  return std::move(*p);
 }
 
 }  // namespace
@@ -295,8 +295,7 @@ TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no ack
       << "codec = lz4\n"
       << "\n[log]\nlevel = warn\n";
   }
-  pid_t pid = StartDaemon(config);
-  REQUIRE(pid > 0);
+  cdp::Subprocess ps = StartDaemon(config);
 
   AgentClient agent;
   agent.total = kTotal;
@@ -305,12 +304,9 @@ TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no ack
   for (uint64_t mark : {kTotal / 3, 2 * kTotal / 3}) {
     REQUIRE(WaitUntil([&] { return agent.acked.load() >= mark; }, 120s));
     uint64_t acked_before_kill = agent.acked.load();
-    REQUIRE(kill(pid, SIGKILL) == 0);
-    int st = 0;
-    REQUIRE(waitpid(pid, &st, 0) == pid);
+    int st = ps.Stop(SIGKILL, 0s);
     CHECK(WIFSIGNALED(st));
-    pid = StartDaemon(config);
-    REQUIRE(pid > 0);
+    ps = StartDaemon(config);
     // Whatever was acknowledged before the kill is still there after it.
     REQUIRE(WaitUntil([&] { return agent.acked.load() > acked_before_kill; }, 120s));
   }
@@ -324,9 +320,7 @@ TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no ack
     vol = mt.FindVolume("acme", "db1");
     return vol && vol->applied_seq() == kTotal;
   }, 120s);
-  kill(pid, SIGTERM);
-  int st = 0;
-  waitpid(pid, &st, 0);
+  int st = ps.Stop(SIGTERM, 60s);
   REQUIRE(done);
   CHECK(WIFEXITED(st));
   CHECK(AppliedRecords(mt) == kTotal);

@@ -1,0 +1,181 @@
+#include "loadgen/local_cluster.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <thread>
+
+#include "common/env.h"
+#include "common/host_port.h"
+#include "common/http_client.h"
+
+namespace cdp::loadgen {
+namespace {
+
+using Millis = std::chrono::milliseconds;
+
+Status WriteText(const std::string& path, const std::string& text) {
+  return WriteFileAtomic(DefaultEnv(), path, ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
+std::string Tail(const std::string& path, size_t bytes) {
+  auto b = ReadWholeFile(DefaultEnv(), path);
+  if (!b.ok()) return "(no log)\n";
+  std::string s(b->begin(), b->end());
+  return s.size() > bytes ? "..." + s.substr(s.size() - bytes) : s;
+}
+
+std::string Loopback(uint16_t port) { return "127.0.0.1:" + std::to_string(port); }
+
+}  // namespace
+
+LocalClusterOptions LocalClusterOptionsFor(const std::string& build_dir, const std::string& dir) {
+  LocalClusterOptions o;
+  o.agent_bin = JoinPath(build_dir, "agent/cdp-agent");
+  o.ps_bin = JoinPath(build_dir, "process-server/cdp-process-server");
+  o.mt_bin = JoinPath(build_dir, "master-target/cdp-master-target");
+  o.dir = dir;
+  return o;
+}
+
+const char* Name(Role r) {
+  switch (r) {
+    case Role::kMasterTarget: return "master-target";
+    case Role::kProcessServer: return "process-server";
+    case Role::kAgent: return "agent";
+  }
+  return "?";
+}
+
+LocalCluster::LocalCluster(LocalClusterOptions o) : o_(std::move(o)) {}
+
+LocalCluster::~LocalCluster() {
+  // SIGKILL: nothing to keep, and a wedged daemon must not hang the caller.
+  for (Role r : {Role::kAgent, Role::kProcessServer, Role::kMasterTarget}) process(r).Stop(SIGKILL, Millis(0));
+}
+
+Subprocess& LocalCluster::process(Role r) {
+  switch (r) {
+    case Role::kMasterTarget: return mt_;
+    case Role::kProcessServer: return ps_;
+    case Role::kAgent: return agent_;
+  }
+  return agent_;
+}
+
+bool LocalCluster::Running(Role r) { return process(r).Running(); }
+
+uint16_t LocalCluster::control_port(Role r) const {
+  switch (r) {
+    case Role::kMasterTarget: return mt_ctl_;
+    case Role::kProcessServer: return ps_ctl_;
+    case Role::kAgent: return agent_ctl_;
+  }
+  return 0;
+}
+
+std::string LocalCluster::replica_path() const {
+  return Path("mt/tenants/" + o_.tenant + "/volumes/" + o_.volume + "/replica.img");
+}
+
+std::string LocalCluster::nbd_uri() const { return "nbd://" + Loopback(agent_nbd_) + "/" + o_.volume; }
+
+Status LocalCluster::WriteConfigs() {
+  std::string mt = "# written by the local cluster (loadgen/local_cluster.h)\nlisten = " + Loopback(mt_data_) +
+                   "\ncontrol = " + Loopback(mt_ctl_) + "\nnbd = " + Loopback(mt_nbd_) + "\ndata_dir = " + Path("mt") +
+                   "\ntenant = " + o_.tenant + ":" + o_.secret + "\n";
+  if (!o_.point_interval.empty()) mt += "point_interval = " + o_.point_interval + "\n";
+  mt += "[log]\nlevel = " + o_.log_level + "\n";
+  std::string ps = "# written by the local cluster (loadgen/local_cluster.h)\nlisten = " + Loopback(ps_data_) +
+                   "\ncontrol = " + Loopback(ps_ctl_) + "\nmt = " + Loopback(mt_data_) + "\ntenant = " + o_.tenant +
+                   ":" + o_.secret + "\nspool_dir = " + Path("ps/spool") + "\ncodec = " + o_.codec +
+                   "\nlevel = " + std::to_string(o_.level) + "\n";
+  if (o_.compress_threads > 0) ps += "compress_threads = " + std::to_string(o_.compress_threads) + "\n";
+  ps += "[log]\nlevel = " + o_.log_level + "\n";
+  std::string ag = "# written by the local cluster (loadgen/local_cluster.h)\nvolume = " + o_.volume + "=" +
+                   source_path() + "\nnbd_listen = " + Loopback(agent_nbd_) + "\nps = " + Loopback(ps_data_) +
+                   "\ntenant = " + o_.tenant + "\nsecret_file = " + Path("etc/agent.secret") +
+                   "\nclient_id = " + o_.client_id + "\nbitmap_dir = " + Path("agent") +
+                   "\ncontrol = " + Loopback(agent_ctl_) + "\n";
+  if (!o_.agent_budget.empty()) ag += "budget = " + o_.agent_budget + "\n";
+  ag += "[log]\nlevel = " + o_.log_level + "\n";
+  CDP_RETURN_IF_ERROR(WriteText(Path("etc/master-target.conf"), mt));
+  CDP_RETURN_IF_ERROR(WriteText(Path("etc/process-server.conf"), ps));
+  CDP_RETURN_IF_ERROR(WriteText(Path("etc/agent.secret"), o_.secret + "\n"));
+  // The configs hold the tenant's secret too: owner only.
+  for (const char* f : {"etc/agent.secret", "etc/master-target.conf", "etc/process-server.conf"}) {
+    if (::chmod(Path(f).c_str(), 0600) != 0) return Status::FromErrno(errno, "chmod " + Path(f));
+  }
+  return WriteText(Path("etc/agent.conf"), ag);
+}
+
+Status LocalCluster::Start() {
+  Env* env = DefaultEnv();
+  for (const char* sub : {"etc", "mt", "ps/spool", "agent"}) CDP_RETURN_IF_ERROR(env->CreateDirs(Path(sub)));
+  if (!env->Exists(source_path())) {
+    OpenOptions oo;
+    oo.create = true;
+    CDP_ASSIGN_OR_RETURN(auto f, env->Open(source_path(), oo));
+    CDP_RETURN_IF_ERROR(f->Truncate(o_.volume_bytes));
+  }
+  // A port found free can be taken (by another test's outgoing connection)
+  // before the daemon binds it: then start again on other ports.
+  for (int attempt = 0;; ++attempt) {
+    for (uint16_t* p : {&mt_data_, &mt_ctl_, &mt_nbd_, &ps_data_, &ps_ctl_, &agent_nbd_, &agent_ctl_}) {
+      CDP_ASSIGN_OR_RETURN(*p, FreeLoopbackPort());
+    }
+    CDP_RETURN_IF_ERROR(WriteConfigs());
+    Status s = StartOne(Role::kMasterTarget);
+    if (s.ok()) s = StartOne(Role::kProcessServer);
+    if (s.ok()) s = StartOne(Role::kAgent);
+    if (s.ok()) return s;
+    if (attempt == 2 || s.message().find("Address already in use") == std::string::npos) return s;
+    for (Role r : {Role::kAgent, Role::kProcessServer, Role::kMasterTarget}) process(r).Stop(SIGKILL, Millis(0));
+  }
+}
+
+Status LocalCluster::StartOne(Role r) {
+  const std::string* bin = r == Role::kMasterTarget ? &o_.mt_bin : r == Role::kProcessServer ? &o_.ps_bin : &o_.agent_bin;
+  if (process(r).Running()) return Status::AlreadyExists(std::string(Name(r)) + " is running");
+  SpawnOptions so;
+  so.argv = {*bin, "--config", Path("etc/" + std::string(Name(r)) + ".conf")};
+  so.output_file = log_path(r);
+  so.die_with_parent = o_.die_with_parent;
+  CDP_ASSIGN_OR_RETURN(process(r), Subprocess::Spawn(so));
+  return WaitReady(r, std::chrono::seconds(30));
+}
+
+Status LocalCluster::WaitReady(Role r, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (!process(r).Running()) return Status::Unavailable(std::string(Name(r)) + " exited at start\n" + Logs());
+    auto resp = http::HttpRequest("127.0.0.1", control_port(r), "GET", "/status", {}, Millis(1000));
+    if (resp.ok() && resp->status == 200) return Status::OK();
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Status::Unavailable(std::string(Name(r)) + " did not answer /status\n" + Logs());
+    // The polling period of a condition with a deadline.
+    std::this_thread::sleep_for(Millis(50));
+  }
+}
+
+Status LocalCluster::Kill9(Role r) {
+  if (!process(r).Running()) return Status::NotFound(std::string(Name(r)) + " is not running");
+  const int st = process(r).Stop(SIGKILL, Millis(0));
+  if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL))
+    return Status::Aborted(std::string(Name(r)) + " did not die of SIGKILL");
+  return Status::OK();
+}
+
+void LocalCluster::StopAll(std::chrono::milliseconds grace) {
+  for (Role r : {Role::kAgent, Role::kProcessServer, Role::kMasterTarget}) process(r).Stop(SIGTERM, grace);
+}
+
+std::string LocalCluster::Logs(size_t tail_bytes) const {
+  std::string out;
+  for (Role r : {Role::kMasterTarget, Role::kProcessServer, Role::kAgent})
+    out += std::string("---- ") + Name(r) + ".log\n" + Tail(log_path(r), tail_bytes);
+  return out;
+}
+
+}  // namespace cdp::loadgen

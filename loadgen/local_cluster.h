@@ -1,0 +1,99 @@
+// LocalCluster: the whole product on loopback -- a real cdp-master-target,
+// cdp-process-server and cdp-agent protecting one sparse volume, in one
+// directory, on free ports. The one local-cluster harness: the e2e tests
+// (e2e/harness.h), `cdp-loadgen sweep --local` and `cdp-loadgen cluster`
+// (which `make demo` runs) all start the product through it.
+//
+//   <dir>/etc/{master-target,process-server,agent}.conf, etc/agent.secret
+//   <dir>/source.img                  the protected volume (sparse)
+//   <dir>/mt/  <dir>/ps/spool/  <dir>/agent/     the daemons' data
+//   <dir>/{master-target,process-server,agent}.log   their output
+//
+// Start() picks free ports, writes the configs and starts MT, PS and agent in
+// that order, each answering GET /status before the next starts; a port taken
+// between the pick and the bind is retried on new ports (three attempts).
+// Daemons are started through common/subprocess.h; the destructor SIGKILLs
+// every one still running.
+//
+// Thread safety: one thread drives a LocalCluster.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "common/result.h"
+#include "common/status.h"
+#include "common/subprocess.h"
+
+namespace cdp::loadgen {
+
+struct LocalClusterOptions {
+  std::string agent_bin, ps_bin, mt_bin;  // paths of the three daemons
+  std::string dir;                        // created if missing
+  std::string volume = "vol";
+  uint64_t volume_bytes = 1ull << 30;     // sparse source volume (kept if it exists)
+  std::string tenant = "local";
+  std::string secret = "local-secret-0123456789abcdef";
+  std::string codec = "none";             // PS codec: none | lz4 | zstd
+  int level = 1;
+  int compress_threads = 0;               // 0 = the PS's default
+  std::string agent_budget;               // "" = the agent's default
+  std::string point_interval;             // "" = the MT's default
+  std::string client_id = "local-agent";
+  std::string log_level = "info";
+  bool die_with_parent = false;           // daemons die with this process (tests)
+};
+
+// Options for the daemons of a build tree (BUILD/agent/cdp-agent, ...) in `dir`.
+LocalClusterOptions LocalClusterOptionsFor(const std::string& build_dir, const std::string& dir);
+
+enum class Role { kMasterTarget, kProcessServer, kAgent };
+const char* Name(Role r);  // "master-target", "process-server", "agent"
+
+class LocalCluster {
+ public:
+  explicit LocalCluster(LocalClusterOptions o);
+  ~LocalCluster();  // SIGKILLs every daemon still running
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+
+  // Creates the directories and the volume, picks ports, writes the configs
+  // and starts the three daemons. Failure: which daemon, and the tail of the logs.
+  Status Start();
+  // Starts one daemon (with the existing configs) and waits (30 s) until it
+  // answers /status.
+  Status StartOne(Role r);
+  // kill -9, and waits for the death.
+  Status Kill9(Role r);
+  // SIGTERM, agent first, then PS and MT; SIGKILL after `grace` each.
+  void StopAll(std::chrono::milliseconds grace = std::chrono::seconds(10));
+  bool Running(Role r);
+  Subprocess& process(Role r);
+
+  const LocalClusterOptions& options() const { return o_; }
+  std::string Path(const std::string& name) const { return o_.dir + "/" + name; }
+  std::string source_path() const { return Path("source.img"); }
+  std::string replica_path() const;
+  std::string log_path(Role r) const { return Path(std::string(Name(r)) + ".log"); }
+  std::string nbd_uri() const;  // nbd://127.0.0.1:port/volume (the agent's export)
+  uint16_t control_port(Role r) const;
+  uint16_t mt_data_port() const { return mt_data_; }
+  uint16_t mt_nbd_port() const { return mt_nbd_; }
+  uint16_t ps_data_port() const { return ps_data_; }
+  uint16_t agent_nbd_port() const { return agent_nbd_; }
+  // The tail of every daemon log, for failure messages.
+  std::string Logs(size_t tail_bytes = 3000) const;
+
+ private:
+  Status WriteConfigs();
+  Status WaitReady(Role r, std::chrono::milliseconds timeout);
+
+  LocalClusterOptions o_;
+  uint16_t mt_data_ = 0, mt_ctl_ = 0, mt_nbd_ = 0;
+  uint16_t ps_data_ = 0, ps_ctl_ = 0;
+  uint16_t agent_nbd_ = 0, agent_ctl_ = 0;
+  Subprocess mt_, ps_, agent_;
+};
+
+}  // namespace cdp::loadgen
