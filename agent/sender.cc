@@ -12,12 +12,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-repl::SenderOptions LinkOptions(const SenderOptions& o, const std::string& volume) {
+repl::SenderOptions LinkOptions(const SenderOptions& o) {
   repl::SenderOptions l;
   l.clock = o.clock;
   l.log_name = "agent";
   l.peer_name = "process server";
-  l.label = "volume=" + volume;
+  l.label = "tenant=" + o.tenant;
   l.host = o.ps.host;
   l.port = o.ps.port;
   l.role = proto::Role::kAgent;
@@ -46,7 +46,7 @@ const SenderOptions& WithClock(SenderOptions& o) {
 }  // namespace
 
 Sender::Sender(CaptureDevice* device, SenderOptions opts)
-    : dev_(device), opts_(std::move(opts)), link_(LinkOptions(WithClock(opts_), device->volume())) {
+    : dev_(device), opts_(std::move(opts)), link_(LinkOptions(WithClock(opts_))) {
   stream_ = link_.AddStream(this);
 }
 

@@ -555,6 +555,7 @@ int CmdCluster(int argc, char** argv) {
   o.codec = vm["codec"].as<std::string>();
   o.level = vm["level"].as<int>();
   o.point_interval = vm["point-interval"].as<std::string>();
+  o.die_with_parent = true;  // a kill -9 of this command takes the daemons with it
   LocalCluster c(o);
   if (Status s = c.Start(); !s.ok()) return Fail("cluster", s);
   auto hp = [](uint16_t port) { return "127.0.0.1:" + std::to_string(port); };

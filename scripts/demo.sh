@@ -3,7 +3,8 @@
 #
 #   bash scripts/demo.sh BUILD_DIR
 #
-# Starts cdp-master-target, cdp-process-server and cdp-agent protecting a 1 GiB
+# Starts cdp-master-target, cdp-process-server and cdp-agent (through
+# `cdp-loadgen cluster`, the local cluster the e2e tests use) protecting a 1 GiB
 # sparse source volume; drives writes through the agent's NBD export with real
 # clients (cdp-loadgen churn, qemu-io, nbdcopy); tags two recovery points with
 # cdpctl, copying the source at each; shows `cdpctl status`; waits for catch-up;
@@ -22,7 +23,7 @@ PS=$BUILD/process-server/cdp-process-server
 MT=$BUILD/master-target/cdp-master-target
 CTL=$BUILD/cdpctl/cdpctl
 LOADGEN=$BUILD/loadgen/cdp-loadgen
-for b in "$AGENT" "$PS" "$MT" "$CTL"; do
+for b in "$AGENT" "$PS" "$MT" "$CTL" "$LOADGEN"; do
   [ -x "$b" ] || { echo "demo: $b not built (run make build)" >&2; exit 2; }
 done
 for p in qemu-io nbdcopy cmp curl; do
@@ -36,7 +37,7 @@ cleanup() {
   local rc=$?
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
@@ -53,61 +54,10 @@ trap 'exit 130' INT TERM
 say() { printf '\n== [%3ds] %s\n' $(( $(date +%s) - T0 )) "$*"; }
 die() { echo "demo: FAILED: $*" >&2; exit 1; }
 
-# Free ports: a random base, each port checked unused (nothing answers).
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# Below the kernel's ephemeral range, so no outgoing connection holds one.
-lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-next_port=$((10000 + RANDOM % (lo - 10100)))
-pick_port() {  # VAR
-  while ! port_free $next_port; do next_port=$((next_port + 1)); done
-  printf -v "$1" '%s' $next_port
-  next_port=$((next_port + 1))
-}
-for v in MT_DATA MT_CTL MT_NBD PS_DATA PS_CTL AG_NBD AG_CTL; do pick_port $v; done
-
 VOL=demo
 TENANT=acme
-SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 SIZE=$((1 << 30))
-mkdir -p "$DIR/etc" "$DIR/mt" "$DIR/spool" "$DIR/agent" "$DIR/copies"
-truncate -s $SIZE "$DIR/source.img"
-echo "$SECRET" > "$DIR/etc/secret"
-chmod 600 "$DIR/etc/secret"
-
-cat > "$DIR/etc/master-target.conf" <<EOF
-listen = 127.0.0.1:$MT_DATA
-control = 127.0.0.1:$MT_CTL
-nbd = 127.0.0.1:$MT_NBD
-data_dir = $DIR/mt
-tenant = $TENANT:$SECRET
-point_interval = 2s
-[log]
-file = $DIR/master-target.log
-EOF
-cat > "$DIR/etc/process-server.conf" <<EOF
-listen = 127.0.0.1:$PS_DATA
-control = 127.0.0.1:$PS_CTL
-mt = 127.0.0.1:$MT_DATA
-tenant = $TENANT:$SECRET
-spool_dir = $DIR/spool
-codec = zstd
-level = 1
-[log]
-file = $DIR/process-server.log
-EOF
-cat > "$DIR/etc/agent.conf" <<EOF
-volume = $VOL=$DIR/source.img
-nbd_listen = 127.0.0.1:$AG_NBD
-ps = 127.0.0.1:$PS_DATA
-tenant = $TENANT
-secret_file = $DIR/etc/secret
-client_id = demo-host
-bitmap_dir = $DIR/agent
-control = 127.0.0.1:$AG_CTL
-[log]
-file = $DIR/agent.log
-EOF
-
+mkdir -p "$DIR/copies"
 # A tag is refused (Busy) while the agent cannot promise a consistent point
 # (metadata/bitmap mode after a burst past its memory budget, or a resync
 # pending); like an operator, retry until it is accepted.
@@ -121,25 +71,25 @@ tag() {
   done
   echo "$out" | sed 's/^/  /'
 }
-ctl() { "$CTL" --agent 127.0.0.1:$AG_CTL --ps 127.0.0.1:$PS_CTL --mt 127.0.0.1:$MT_CTL --tenant $TENANT "$@"; }
+ctl() { "$CTL" --agent "$CDP_AGENT_CONTROL" --ps "$CDP_PS_CONTROL" --mt "$CDP_MT_CONTROL" --tenant $TENANT "$@"; }
 
-start() {  # NAME BINARY CONFIG CONTROL_PORT
-  "$2" --config "$3" >>"$DIR/$1.out" 2>&1 &
-  PIDS+=($!)
-  local pid=$!
-  for _ in $(seq 300); do
-    kill -0 $pid 2>/dev/null || die "$1 exited at start: $(tail -n 5 "$DIR/$1.out" "$DIR/$1.log" 2>/dev/null)"
-    curl -fsS "http://127.0.0.1:$4/status" >/dev/null 2>&1 && { echo "  $1 up (pid $pid, control :$4)"; return; }
-    sleep 0.1
-  done
-  die "$1 did not answer /status within 30 s"
-}
-
-say "starting the daemons in $DIR (1 GiB sparse source volume)"
-start master-target "$MT" "$DIR/etc/master-target.conf" $MT_CTL
-start process-server "$PS" "$DIR/etc/process-server.conf" $PS_CTL
-start agent "$AGENT" "$DIR/etc/agent.conf" $AG_CTL
-URI=nbd://127.0.0.1:$AG_NBD/$VOL
+say "starting the daemons in $DIR (1 GiB sparse source volume): cdp-loadgen cluster"
+# The one local-cluster harness (loadgen/local_cluster.h), as the e2e tests use it.
+"$LOADGEN" cluster --build "$BUILD" --dir "$DIR" --volume $VOL --volume-size $SIZE --tenant $TENANT --codec zstd --level 1 \
+  --point-interval 2s --env-file "$DIR/cluster.env" >"$DIR/cluster.out" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 600); do
+  [ -s "$DIR/cluster.env" ] && break
+  kill -0 "${PIDS[0]}" 2>/dev/null || die "cdp-loadgen cluster exited: $(tail -n 20 "$DIR/cluster.out")"
+  sleep 0.1
+done
+[ -s "$DIR/cluster.env" ] || die "the daemons did not come up within 60 s"
+# shellcheck disable=SC1091
+. "$DIR/cluster.env"
+URI=$CDP_NBD_URI
+AG_CTL=${CDP_AGENT_CONTROL##*:}
+MT_CTL=${CDP_MT_CONTROL##*:}
+echo "  master target :${CDP_MT_CONTROL##*:}, process server :${CDP_PS_CONTROL##*:}, agent :$AG_CTL (control ports)"
 echo "  protected volume exported at $URI"
 
 # Waits until every write the agent captured is applied at the master target.
