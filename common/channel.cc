@@ -118,8 +118,20 @@ Result<proto::Message> FrameChannel::Receive(Millis timeout) {
       return error_;
     }
     proto::Frame frame;
-    proto::DecodeOutcome o = proto::DecodeFrame(ByteSpan(rbuf_.data() + rbuf_start_, rbuf_end_ - rbuf_start_),
-                                                &frame, options_.max_payload);
+    if (handshake_ && rbuf_end_ - rbuf_start_ > 5) {
+      // The type byte is checked as soon as it arrives: nothing of another
+      // message is read, allocated or parsed before authentication.
+      const auto type = proto::MsgType(rbuf_[rbuf_start_ + 5]);
+      if (!(type == proto::MsgType::kHello || type == proto::MsgType::kChallenge || type == proto::MsgType::kAuth ||
+            type == proto::MsgType::kAuthResult)) {
+        return Fail(Status::InvalidArgument(peer_ + ": message type " + std::to_string(int(type)) +
+                                            " before authentication"));
+      }
+    }
+    const uint32_t cap = handshake_ ? std::min(options_.max_payload, proto::kHandshakeMaxPayload)
+                                    : options_.max_payload;
+    proto::DecodeOutcome o =
+        proto::DecodeFrame(ByteSpan(rbuf_.data() + rbuf_start_, rbuf_end_ - rbuf_start_), &frame, cap);
     if (o.state == proto::DecodeState::kBad) return Fail(o.error.WithContext("receive from " + peer_));
     if (o.state == proto::DecodeState::kComplete) {
       rbuf_start_ += o.consumed;
@@ -230,11 +242,24 @@ Status Abort(FrameChannel& ch, Status s) {
   return s;
 }
 
+// Handshake mode (FrameChannel::SetHandshakeMode) while in scope.
+class HandshakeMode {
+ public:
+  explicit HandshakeMode(FrameChannel& ch) : ch_(ch) { ch_.SetHandshakeMode(true); }
+  ~HandshakeMode() { ch_.SetHandshakeMode(false); }
+  HandshakeMode(const HandshakeMode&) = delete;
+  HandshakeMode& operator=(const HandshakeMode&) = delete;
+
+ private:
+  FrameChannel& ch_;
+};
+
 }  // namespace
 
 Status ClientHandshake(FrameChannel& ch, proto::Role role, const std::string& tenant,
                        const std::string& client_id, const std::string& secret, Millis timeout) {
   const SteadyClock::time_point deadline = SteadyClock::now() + timeout;
+  HandshakeMode mode(ch);
   if (!proto::ValidName(tenant)) return Abort(ch, Status::InvalidArgument("handshake: invalid tenant name"));
   if (!proto::ValidName(client_id)) return Abort(ch, Status::InvalidArgument("handshake: invalid client_id"));
   if (secret.empty()) return Abort(ch, Status::InvalidArgument("handshake: empty secret"));
@@ -273,6 +298,7 @@ Result<std::string> ServerHandshake(
     FrameChannel& ch, const std::function<std::optional<std::string>(const std::string& tenant)>& secret_lookup,
     Millis timeout, PeerIdentity* peer) {
   const SteadyClock::time_point deadline = SteadyClock::now() + timeout;
+  HandshakeMode mode(ch);
   Result<proto::Hello> hello = Expect<proto::Hello>(ch, deadline, "Hello");
   if (!hello.ok()) return hello.status();
 

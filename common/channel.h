@@ -137,6 +137,14 @@ class FrameChannel {
   // Shuts the socket down in both directions. Idempotent; any thread.
   void Close();
 
+  // Handshake mode, on for the duration of ClientHandshake / ServerHandshake:
+  // a frame whose header claims more than proto::kHandshakeMaxPayload breaks
+  // the channel (kCorruption) before anything is allocated for it, and a frame
+  // of any type but Hello, Challenge, Auth or AuthResult breaks it
+  // (kInvalidArgument) as soon as its type byte arrives: nothing of it is read
+  // further, parsed or decompressed. Reader thread only.
+  void SetHandshakeMode(bool on) { handshake_ = on; }
+
   // True after an error (other than a Receive timeout) or Close().
   bool broken() const { return broken_.load(std::memory_order_acquire); }
 
@@ -162,6 +170,7 @@ class FrameChannel {
   uint64_t next_send_seq_ = 1;  // guarded by send_mu_
 
   uint64_t next_recv_seq_ = 1;  // reader thread only
+  bool handshake_ = false;      // reader thread only
   Bytes rbuf_;                  // reader thread only: [rbuf_start_, rbuf_end_) received, not decoded
   size_t rbuf_start_ = 0;
   size_t rbuf_end_ = 0;

@@ -32,6 +32,7 @@ inline constexpr uint8_t kVersion = 1;
 inline constexpr size_t kHeaderSize = 24;
 // Hard caps, applied before any allocation.
 inline constexpr uint32_t kMaxPayload = 64u << 20;      // one frame's payload
+inline constexpr uint32_t kHandshakeMaxPayload = 4096;  // one frame's payload before authentication
 inline constexpr uint32_t kMaxBatchRaw = 64u << 20;     // a batch after decompression
 inline constexpr uint32_t kMaxRecordLength = 32u << 20; // one write record's length
 inline constexpr uint32_t kMaxRecords = 1u << 20;       // records in one batch

@@ -335,6 +335,53 @@ TEST_CASE("a client skipping the handshake is refused", "[channel][auth]") {
   CHECK(r.status().code() == Code::kInvalidArgument);
 }
 
+TEST_CASE("before authentication a header claiming 64 MiB breaks the channel at once", "[channel][auth][security]") {
+  RawPeer p;
+  auto srv = std::async(std::launch::async, [&p] {
+    return ServerHandshake(
+        *p.server, [](const std::string&) { return std::optional<std::string>("x"); }, milliseconds(10000));
+  });
+  // A real Hello's header, its length field raised to 64 MiB; no payload follows.
+  Result<Bytes> hello = proto::EncodeMessage(proto::Hello{proto::Role::kAgent, "t", "c", {}}, 1);
+  REQUIRE(hello.ok());
+  Bytes header(hello->begin(), hello->begin() + proto::kHeaderSize);
+  EncodeFixed32(header.data() + 8, 64u << 20);
+  const auto t0 = std::chrono::steady_clock::now();
+  p.Write(header);
+  Result<std::string> r = srv.get();
+  // Refused on the header alone, not after the 10 s handshake deadline.
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == Code::kCorruption);
+  CHECK(r.status().message().find("payload length 67108864 over the cap") != std::string::npos);
+}
+
+TEST_CASE("before authentication a write batch is refused on its type byte, never decompressed",
+          "[channel][auth][security]") {
+  RawPeer p;
+  auto srv = std::async(std::launch::async, [&p] {
+    return ServerHandshake(
+        *p.server, [](const std::string&) { return std::optional<std::string>("x"); }, milliseconds(10000));
+  });
+  proto::WriteBatch b;
+  b.volume_id = 1;
+  b.codec = proto::Codec::kZstd;
+  b.level = 1;
+  proto::Record rec;
+  rec.seq = 1;
+  rec.length = 1u << 20;
+  rec.data.assign(1u << 20, 0);  // compresses to almost nothing
+  b.records.push_back(rec);
+  Result<Bytes> frame = proto::EncodeMessage(b, 1);
+  REQUIRE(frame.ok());
+  // Only the first 6 bytes: the type byte alone is enough to refuse it.
+  p.Write(Bytes(frame->begin(), frame->begin() + 6));
+  Result<std::string> r = srv.get();
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == Code::kInvalidArgument);
+  CHECK(r.status().message().find("message type 7 before authentication") != std::string::npos);
+}
+
 TEST_CASE("client handshake refuses bad arguments before sending", "[channel][auth]") {
   auto [client, server] = Pair();
   CHECK(ClientHandshake(*client, proto::Role::kAgent, "../x", "h", "s", milliseconds(1000)).code() ==
