@@ -54,4 +54,22 @@ Status AddTenantEntry(std::string_view line, std::map<std::string, std::string>*
   return Status::OK();
 }
 
+void AddConnectionCapOptions(boost::program_options::options_description* desc) {
+  namespace po = boost::program_options;
+  const ConnectionCaps defaults;
+  desc->add_options()("max_connections", po::value<size_t>()->default_value(defaults.total),
+                      "peer connections at most, in all (more are closed at once)")(
+      "max_connections_per_peer", po::value<size_t>()->default_value(defaults.per_peer),
+      "peer connections at most from one IP address");
+}
+
+Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables_map& vm) {
+  ConnectionCaps c;
+  c.total = vm["max_connections"].as<size_t>();
+  c.per_peer = vm["max_connections_per_peer"].as<size_t>();
+  if (c.total < 1 || c.total > 65536) return Status::InvalidArgument("'max_connections' must be 1..65536");
+  if (c.per_peer < 1 || c.per_peer > 65536) return Status::InvalidArgument("'max_connections_per_peer' must be 1..65536");
+  return c;
+}
+
 }  // namespace cdp

@@ -6,6 +6,8 @@
 
 #include <signal.h>
 
+#include <boost/program_options.hpp>
+#include <cstddef>
 #include <map>
 #include <string>
 #include <string_view>
@@ -26,6 +28,16 @@ class StopSignals {
  private:
   sigset_t set_;
 };
+
+// The caps on a daemon's peer connections (common/listener.h), from the config
+// keys `max_connections` (all peers) and `max_connections_per_peer` (one IP
+// address), both 1..65536; AddConnectionCapOptions declares them.
+struct ConnectionCaps {
+  size_t total = 256;
+  size_t per_peer = 32;
+};
+void AddConnectionCapOptions(boost::program_options::options_description* desc);
+Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables_map& vm);
 
 // One tenant's credential: "NAME:SECRET", "NAME = SECRET" or "NAME SECRET"
 // (white space trimmed). kInvalidArgument naming the tenant for a bad name or

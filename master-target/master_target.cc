@@ -257,6 +257,8 @@ Status MasterTarget::Start() {
   }
   Listener::Options lo;
   lo.name = "mt-peers";
+  lo.max_connections = o_.connection_caps.total;
+  lo.max_per_peer = o_.connection_caps.per_peer;
   lo.tcp_host = o_.listen.host;
   lo.tcp_port = o_.listen.port;
   lo.mode = Listener::Mode::kThreadPerConnection;

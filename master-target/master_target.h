@@ -30,6 +30,7 @@
 
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/daemon.h"
 #include "common/host_port.h"
 #include "common/metrics.h"
 #include "common/result.h"
@@ -58,6 +59,7 @@ struct MasterTargetOptions {
   HostPort listen{"0.0.0.0", 7500};     // process servers
   HostPort control{"127.0.0.1", 9102};  // control API and /metrics; may be off
   HostPort nbd{"127.0.0.1", 10810};     // point-in-time exports; may be off
+  ConnectionCaps connection_caps;  // process server connections (the data listener)
   uint64_t segment_bytes = 64ull << 20;
   uint64_t point_interval_us = 5'000'000;
   RetentionPolicy retention;

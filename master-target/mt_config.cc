@@ -27,6 +27,7 @@ po::options_description MasterTargetConfigDescription() {
        "how often retention runs")
       ("log.level", po::value<std::string>()->default_value(""), "trace, debug, info, warn, error")
       ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
+  AddConnectionCapOptions(&desc);
   return desc;
 }
 
@@ -38,6 +39,7 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   CDP_ASSIGN_OR_RETURN(o.listen, GetHostPort(vm, "listen", HostPort::Rules::Listen()));
   CDP_ASSIGN_OR_RETURN(o.control, GetHostPort(vm, "control", HostPort::Rules::OptionalListen()));
   CDP_ASSIGN_OR_RETURN(o.nbd, GetHostPort(vm, "nbd", HostPort::Rules::OptionalListen()));
+  CDP_ASSIGN_OR_RETURN(o.connection_caps, GetConnectionCaps(vm));
   if (vm.count("tenant")) {
     for (const auto& t : vm["tenant"].as<std::vector<std::string>>()) {
       CDP_RETURN_IF_ERROR(AddTenantEntry(t, &o.tenants).WithContext("'tenant'"));

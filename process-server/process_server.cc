@@ -164,6 +164,8 @@ Status ProcessServer::Start() {
   // Agent listener.
   Listener::Options lo;
   lo.name = "ps-agents";
+  lo.max_connections = opt_.connection_caps.total;
+  lo.max_per_peer = opt_.connection_caps.per_peer;
   lo.tcp_host = opt_.listen.host;
   lo.tcp_port = opt_.listen.port;
   lo.mode = Listener::Mode::kThreadPerConnection;

@@ -31,6 +31,7 @@
 
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/daemon.h"
 #include "common/host_port.h"
 #include "common/protocol.h"
 #include "common/status.h"
@@ -63,6 +64,7 @@ struct ProcessServerOptions {
   uint64_t frame_bytes = 1u << 20;    // raw record bytes per shipped frame
   int max_inflight = 8;               // frames per volume not yet acknowledged
   int connections = 1;                // MT connections per tenant
+  ConnectionCaps connection_caps;     // agent connections (the data listener)
   int compress_threads = 0;           // compression pool per tenant; 0 = CPU cores
   ThrottleOptions throttle;
   uint64_t backoff_min_ms = 100;

@@ -32,6 +32,7 @@ po::options_description ProcessServerConfigDescription() {
       ("throttle_burst", po::value<ByteSize>()->default_value(ByteSize{256u << 10}), "token bucket depth")
       ("log.level", po::value<std::string>()->default_value(""), "trace, debug, info, warn, error")
       ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
+  AddConnectionCapOptions(&d);
   return d;
 }
 
@@ -97,6 +98,7 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
     return Status::InvalidArgument("'frame_size' must be 4KiB..32MiB");
   o.max_inflight = vars["inflight"].as<int>();
   if (o.max_inflight < 1 || o.max_inflight > 1024) return Status::InvalidArgument("'inflight' must be 1..1024");
+  CDP_ASSIGN_OR_RETURN(o.connection_caps, GetConnectionCaps(vars));
   o.connections = vars["connections"].as<int>();
   if (o.connections < 1 || o.connections > 64) return Status::InvalidArgument("'connections' must be 1..64");
   o.compress_threads = vars["compress_threads"].as<int>();

@@ -29,8 +29,10 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
   Write(env.get(), "/tenants", "# provider tenants\n\nbeta = s3cret-beta\n  gamma:s3cret-gamma  \n");
   auto o = Load(env.get(),
                 "listen = [::]:7501\ncontrol = 127.0.0.1:0\nnbd = 0.0.0.0:10811\ntenant = acme:s3cret-acme\n"
-                "tenants_file = /tenants\ntenant_quota = beta:1GiB\n");
+                "tenants_file = /tenants\ntenant_quota = beta:1GiB\nmax_connections_per_peer = 4\n");
   REQUIRE(o.ok());
+  CHECK(o->connection_caps.total == 256);
+  CHECK(o->connection_caps.per_peer == 4);
   CHECK(o->listen.host == "::");
   CHECK(o->listen.port == 7501);
   CHECK(o->control.port == 0);
@@ -52,6 +54,9 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
   CHECK(Error(env.get(), "tenants_file = /tenants\n") == "/tenants:2: bad tenant entry for '../x' (want NAME:SECRET)");
   CHECK(Error(env.get(), "tenant = acme:a\ntenant_quota = other:1G\n") ==
         "bad tenant_quota 'other:1G' (NAME:SIZE of a configured tenant)");
+  CHECK(Error(env.get(), "max_connections = 0\n") == "'max_connections' must be 1..65536");
+  CHECK(Error(env.get(), "control = none\nnbd = none\nmax_connections_per_peer = 0\n") ==
+        "'max_connections_per_peer' must be 1..65536");
 }
 
 }  // namespace

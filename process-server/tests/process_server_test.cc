@@ -18,6 +18,7 @@
 #include "common/channel.h"
 #include "common/http_client.h"
 #include "common/http_server.h"
+#include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;
 using cdp::proto::Record;
@@ -309,4 +310,29 @@ TEST_CASE("agent contract: pipelined batches each get their reply, in order", "[
   CHECK(gap.expected_seq == 16);
   REQUIRE(ch->Send(Vol("db1")).ok());
   CHECK(Expect<cdp::proto::VolumeOpenReply>(*ch).durable_seq == 15);
+}
+
+TEST_CASE("agent listener: connections over the per-peer cap are closed at once, before any handshake",
+          "[server][security]") {
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.connection_caps.per_peer = 2;
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+  auto a = AgentConnect(ps.agent_port());
+  auto b = AgentConnect(ps.agent_port());
+  // The third from the same address is refused: closed before the server says anything.
+  auto c = cdp::Connect("127.0.0.1", ps.agent_port(), 5s);
+  REQUIRE(c.ok());
+  auto m = (*c)->Receive(5s);
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.status().code() == cdp::Code::kUnavailable);
+  // One closed: a new one is accepted again.
+  a->Close();
+  a.reset();
+  bool accepted = cdp::testing::WaitUntil([&] {
+    auto d = cdp::Connect("127.0.0.1", ps.agent_port(), 5s);
+    return d.ok() && cdp::ClientHandshake(**d, cdp::proto::Role::kAgent, "acme", "agent-2", kSecret, 5s).ok();
+  }, 10s, 50ms);
+  CHECK(accepted);
 }

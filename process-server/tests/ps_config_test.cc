@@ -33,9 +33,13 @@ TEST_CASE("process server config: every key, flags override the file", "[config]
       "compress_threads = 8\n"
       "throttle_mbps = 100\n"
       "throttle_schedule = 20@08:00-18:00\n"
-      "throttle_utc_offset = 60\n",
+      "throttle_utc_offset = 60\n"
+      "max_connections = 1000\n"
+      "max_connections_per_peer = 8\n",
       {"--inflight", "4"});
   REQUIRE(o.ok());
+  CHECK(o->connection_caps.total == 1000);
+  CHECK(o->connection_caps.per_peer == 8);
   CHECK(o->listen.host == "10.0.0.1");
   CHECK(o->listen.port == 7401);
   CHECK(o->control.port == 9111);
@@ -73,4 +77,7 @@ TEST_CASE("process server config: bad values name the key", "[config]") {
   CHECK(msg("tenant = ../x:b\n").find("tenant") != std::string::npos);
   CHECK(msg("listen = 0.0.0.0:7400\n").find("tenant") != std::string::npos);
   CHECK(msg("tenant = a:b\nprot = 1\n").find("prot") != std::string::npos);
+  CHECK(msg("tenant = a:b\nmax_connections = 0\n") == "'max_connections' must be 1..65536");
+  CHECK(msg("tenant = a:b\nmax_connections_per_peer = 70000\n") == "'max_connections_per_peer' must be 1..65536");
+  CHECK(msg("tenant = a:b\ncontrol = none\nmt = h:0\n").find("mt") != std::string::npos);
 }
