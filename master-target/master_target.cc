@@ -117,6 +117,15 @@ Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> MasterTarget::Impl::O
         bad.message = "bad volume name";
         return std::make_pair(std::shared_ptr<VolEntry>(), bad);
       }
+      size_t count = 0;
+      for (const auto& [key, entry] : volumes) count += entry->tenant == tenant ? 1 : 0;
+      if (count >= o.max_volumes_per_tenant) {
+        ApplyOutcome bad;
+        bad.ack = false;
+        bad.reason = proto::NackReason::kPermissionDenied;
+        bad.message = "tenant volume limit reached: " + std::to_string(count) + " volumes (max_volumes_per_tenant)";
+        return std::make_pair(std::shared_ptr<VolEntry>(), bad);
+      }
       if (uint64_t q = Quota(tenant); q != 0 && UsageLocked(tenant) + m.size > q) {
         ApplyOutcome bad;
         bad.ack = false;

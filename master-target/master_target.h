@@ -60,6 +60,7 @@ struct MasterTargetOptions {
   HostPort control{"127.0.0.1", 9102};  // control API and /metrics; may be off
   HostPort nbd{"127.0.0.1", 10810};     // point-in-time exports; may be off
   ConnectionCaps connection_caps;  // process server connections (the data listener)
+  size_t max_volumes_per_tenant = 256;  // a VolumeOpen creating one more is refused
   uint64_t segment_bytes = 64ull << 20;
   uint64_t point_interval_us = 5'000'000;
   RetentionPolicy retention;

@@ -27,6 +27,8 @@ po::options_description MasterTargetConfigDescription() {
        "how often retention runs")
       ("log.level", po::value<std::string>()->default_value(""), "trace, debug, info, warn, error")
       ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
+  desc.add_options()("max_volumes_per_tenant", po::value<size_t>()->default_value(256),
+                      "volumes a tenant may create, at most (1..100000)");
   AddConnectionCapOptions(&desc);
   return desc;
 }
@@ -40,6 +42,9 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   CDP_ASSIGN_OR_RETURN(o.control, GetHostPort(vm, "control", HostPort::Rules::OptionalListen()));
   CDP_ASSIGN_OR_RETURN(o.nbd, GetHostPort(vm, "nbd", HostPort::Rules::OptionalListen()));
   CDP_ASSIGN_OR_RETURN(o.connection_caps, GetConnectionCaps(vm));
+  o.max_volumes_per_tenant = vm["max_volumes_per_tenant"].as<size_t>();
+  if (o.max_volumes_per_tenant < 1 || o.max_volumes_per_tenant > 100000)
+    return Status::InvalidArgument("'max_volumes_per_tenant' must be 1..100000");
   if (vm.count("tenant")) {
     for (const auto& t : vm["tenant"].as<std::vector<std::string>>()) {
       CDP_RETURN_IF_ERROR(AddTenantEntry(t, &o.tenants).WithContext("'tenant'"));

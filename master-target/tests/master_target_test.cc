@@ -28,13 +28,14 @@ namespace {
 constexpr auto kTimeout = std::chrono::milliseconds(10000);
 
 struct Daemon {
-  explicit Daemon(const std::string& dir, uint64_t globex_quota = 0) : env(NewPosixEnv()) {
+  explicit Daemon(const std::string& dir, uint64_t globex_quota = 0, size_t max_volumes = 256) : env(NewPosixEnv()) {
     MasterTargetOptions o;
     o.env = env.get();
     o.clock = SystemClock::Get();
     o.data_dir = dir;
     o.tenants = {{"acme", "s3cret-acme"}, {"globex", "s3cret-globex"}};
     if (globex_quota) o.tenant_quota_bytes["globex"] = globex_quota;
+    o.max_volumes_per_tenant = max_volumes;
     o.listen = {"127.0.0.1", 0};
     o.control.port = 0;
     o.nbd.port = 0;
@@ -248,6 +249,24 @@ TEST_CASE("tenant quota: volume creation refused, writes pushed back when journa
   auto a = Client(d.mt->port(), "acme", "s3cret-acme");
   uint32_t va = OpenVolume(*a, OpenMsg("big", 4 << 20), 0);
   REQUIRE(std::holds_alternative<proto::Ack>(Call(*a, Batch(va, {DataRecord(1, 0, Bytes(4096, 1))}))));
+}
+
+TEST_CASE("tenant volume limit: the volume past it is refused with a clear nack, other tenants unaffected",
+          "[server][tenant][security]") {
+  TempDir dir;
+  Daemon d(dir.path(), 0, 2);
+  auto g = Client(d.mt->port(), "globex", "s3cret-globex");
+  OpenVolume(*g, OpenMsg("v1", 1 << 20), 0);
+  OpenVolume(*g, OpenMsg("v2", 1 << 20), 0);
+  auto m = Call(*g, OpenMsg("v3", 1 << 20));
+  auto* nack = std::get_if<proto::Nack>(&m);
+  REQUIRE(nack != nullptr);
+  CHECK(nack->reason == proto::NackReason::kPermissionDenied);
+  CHECK(nack->message == "tenant volume limit reached: 2 volumes (max_volumes_per_tenant)");
+  // Reopening an existing volume is not creating one.
+  OpenVolume(*g, OpenMsg("v1", 1 << 20), 0);
+  auto a = Client(d.mt->port(), "acme", "s3cret-acme");
+  OpenVolume(*a, OpenMsg("v1", 1 << 20), 0);
 }
 
 namespace {

@@ -55,6 +55,7 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
   CHECK(Error(env.get(), "tenant = acme:a\ntenant_quota = other:1G\n") ==
         "bad tenant_quota 'other:1G' (NAME:SIZE of a configured tenant)");
   CHECK(Error(env.get(), "max_connections = 0\n") == "'max_connections' must be 1..65536");
+  CHECK(Error(env.get(), "max_volumes_per_tenant = 0\n") == "'max_volumes_per_tenant' must be 1..100000");
   CHECK(Error(env.get(), "control = none\nnbd = none\nmax_connections_per_peer = 0\n") ==
         "'max_connections_per_peer' must be 1..65536");
 }
