@@ -18,6 +18,7 @@
 #include "common/channel.h"
 #include "common/http_client.h"
 #include "common/http_server.h"
+#include "common/listener.h"
 #include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;
@@ -335,4 +336,75 @@ TEST_CASE("agent listener: connections over the per-peer cap are closed at once,
     return d.ok() && cdp::ClientHandshake(**d, cdp::proto::Role::kAgent, "acme", "agent-2", kSecret, 5s).ok();
   }, 10s, 50ms);
   CHECK(accepted);
+}
+
+namespace {
+
+// A master target that acknowledges every batch with Ack{2^62}: far beyond
+// anything the process server sent. Counts connections and batches.
+class ForgingMasterTarget {
+ public:
+  ForgingMasterTarget() {
+    cdp::Listener::Options lo;
+    lo.name = "forging-mt";
+    lo.tcp_port = 0;
+    lo.mode = cdp::Listener::Mode::kThreadPerConnection;
+    listener_ = std::make_unique<cdp::Listener>(lo, cdp::ServeFrames([this](cdp::FrameChannel& ch) { Serve(ch); }));
+    REQUIRE(listener_->Start().ok());
+  }
+  ~ForgingMasterTarget() { listener_->Stop(); }
+  uint16_t port() const { return listener_->tcp_port(); }
+  std::atomic<int> connections{0};
+  std::atomic<int> batches{0};
+
+ private:
+  void Serve(cdp::FrameChannel& ch) {
+    auto who = cdp::ServerHandshake(
+        ch, [](const std::string& t) { return t == "acme" ? std::optional<std::string>(kSecret) : std::nullopt; }, 5s);
+    if (!who.ok()) return;
+    ++connections;
+    while (!ch.broken()) {
+      auto m = ch.Receive(100ms);
+      if (!m.ok()) {
+        if (m.status().IsBusy()) continue;
+        return;
+      }
+      cdp::Status s;
+      if (std::holds_alternative<cdp::proto::VolumeOpen>(*m)) {
+        s = ch.Send(cdp::proto::VolumeOpenReply{1, 0});
+      } else if (std::holds_alternative<cdp::proto::WriteBatch>(*m)) {
+        ++batches;
+        s = ch.Send(cdp::proto::Ack{1, uint64_t(1) << 62});
+      } else if (auto* hb = std::get_if<cdp::proto::Heartbeat>(&*m)) {
+        if (hb->echo_us == 0) s = ch.Send(cdp::proto::Heartbeat{1, hb->sent_us});
+      }
+      if (!s.ok()) return;
+    }
+  }
+  std::unique_ptr<cdp::Listener> listener_;
+};
+
+}  // namespace
+
+TEST_CASE("a forged Ack beyond what was sent deletes no spool record", "[server][security]") {
+  ForgingMasterTarget mt;
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.mt.port = mt.port();
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+  auto ch = AgentConnect(ps.agent_port());
+  REQUIRE(ch->Send(Vol("db1")).ok());
+  uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*ch).volume_id;
+  REQUIRE(ch->Send(Batch(id, 1, 5)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*ch).durable_seq == 5);
+  // The link ships, gets the forged Ack, drops the session and comes back.
+  REQUIRE(cdp::testing::WaitUntil([&] { return mt.batches.load() >= 2 && mt.connections.load() >= 2; }, 30s, 10ms));
+  auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+  REQUIRE(r.ok());
+  auto j = boost::json::parse(r->body);
+  auto& vols = j.at("volumes").as_array();
+  REQUIRE(vols.size() == 1);
+  CHECK(vols[0].at("backlog_records").to_number<uint64_t>() == 5);
+  CHECK(vols[0].at("mt_acked_seq").to_number<uint64_t>() == 0);
 }
