@@ -32,6 +32,7 @@
 #include "loadgen/data.h"
 #include "common/channel.h"
 #include "common/log.h"
+#include "common/subprocess.h"
 #include "process-server/mt_link.h"
 #include "process-server/process_server.h"
 #include "process-server/spooled_volume.h"
@@ -109,12 +110,9 @@ class Receiver {
 };
 
 uint64_t CliSize(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return 0;
-  unsigned long long n = 0;
-  if (std::fscanf(p, "%llu", &n) != 1) n = 0;
-  pclose(p);
-  return n;
+  auto r = cdp::RunCommand({"sh", "-c", cmd}, std::chrono::minutes(2));
+  if (!r.ok() || r->exit_code != 0) return 0;
+  return std::strtoull(r->output.c_str(), nullptr, 10);
 }
 
 // Intake: an agent connection streams 1 MiB batches (codec none on the wire,
@@ -128,7 +126,7 @@ void RunIntake(const std::string& dir, uint64_t mib, int window) {
   uint16_t dead_port = closed.local_endpoint().port();
   closed.close();
   std::string sdir = dir + "/intake_spool";
-  (void)!std::system(("rm -rf '" + sdir + "'").c_str());
+  (void)cdp::RunCommand({"rm", "-rf", sdir}, std::chrono::minutes(2));
   cdp::ps::ProcessServerOptions o;
   o.env = env;
   o.clock = cdp::SystemClock::Get();
@@ -178,7 +176,7 @@ void RunIntake(const std::string& dir, uint64_t mib, int window) {
               (unsigned long long)syncs);
   std::fflush(stdout);
   ps.Stop();
-  (void)!std::system(("rm -rf '" + sdir + "'").c_str());
+  (void)cdp::RunCommand({"rm", "-rf", sdir}, std::chrono::minutes(2));
 }
 
 }  // namespace

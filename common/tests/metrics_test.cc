@@ -16,6 +16,7 @@
 #include "common/env.h"
 #include "common/http_client.h"
 #include "common/http_server.h"
+#include "common/tests/test_util.h"
 
 namespace cdp {
 namespace {
@@ -384,21 +385,12 @@ TEST_CASE("HTTP: concurrent clients on a two-thread server all get answers", "[h
   CHECK(hits->Value() == uint64_t(kClients) * kEach);
 }
 
-// Runs a shell command, returns its stdout.
-std::string Run(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  return out;
-}
+// Runs a shell command (curl -s: nothing on stderr), returns its output.
+std::string Run(const std::string& cmd) { return cdp::testing::RunCommand({"sh", "-c", cmd}, 60000).output; }
 
 TEST_CASE("HTTP: curl gets /metrics, /status, a POST route, 404 and 413; keep-alive reuses", "[http]") {
   // curl is in scripts/install-deps.sh; a machine without it fails here on purpose.
-  REQUIRE(std::system("command -v curl >/dev/null 2>&1") == 0);
+  REQUIRE(cdp::testing::HaveProgram("curl"));
   TestServer t;
   std::string base = "http://127.0.0.1:" + std::to_string(t.server.port());
   std::string curl = "curl -s --max-time 20 ";
