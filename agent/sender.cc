@@ -50,10 +50,9 @@ Sender::Sender(CaptureDevice* device, SenderOptions opts)
   stream_ = link_.AddStream(this);
 }
 
-Sender::~Sender() {
-  Stop();
-  dev_->queue().SetOnAppend({});
-}
+// A stopped sender no longer touches the device (Stop() removed the queue's
+// hook): the device may be gone by now.
+Sender::~Sender() { Stop(); }
 
 void Sender::Start() {
   if (resync_.joinable()) return;
