@@ -234,10 +234,12 @@ Status ReplicationSender::SendLoop(Session& s, int worker) {
     }
     bool did = !to_open.empty();
     for (Stream* st : ship) {
-      const uint64_t frames = s.ch->frames_sent();
-      Status r = ShipOne(s, *st);
+      // Only this worker's own sends count: the channel's frame counter also
+      // moves with the other workers' frames, and idling on it would spin.
+      bool sent = false;
+      Status r = ShipOne(s, *st, &sent);
       if (!r.ok()) return fail(r);
-      did = did || s.ch->frames_sent() != frames;
+      did = did || sent;
     }
     const uint64_t now = opt_.clock->NowMicros();
     if (worker == 0 && now - s.last_tx_us.load() > opt_.heartbeat_ms * 1000) {
@@ -253,7 +255,8 @@ Status ReplicationSender::SendLoop(Session& s, int worker) {
   return fail(Status::Aborted("stopping"));
 }
 
-Status ReplicationSender::ShipOne(Session& s, Stream& st) {
+Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
+  *sent = false;
   auto log = log::Get(opt_.log_name);
   uint64_t from = 0, rewinds = 0;
   uint32_t handle = 0;
@@ -301,6 +304,7 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st) {
   }
   uint64_t wire = 0;
   CDP_RETURN_IF_ERROR(s.ch->Send(b, &wire));
+  *sent = true;
   s.last_tx_us = opt_.clock->NowMicros();
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -154,7 +154,7 @@ class ReplicationSender {
   void Run();
   Status RunSession(const std::shared_ptr<FrameChannel>& ch);
   Status SendLoop(Session& s, int worker);
-  Status ShipOne(Session& s, Stream& st);
+  Status ShipOne(Session& s, Stream& st, bool* sent);  // *sent: a frame went out
   void ReadLoop(Session& s);
   void Handle(Session& s, proto::Message& m);
   void Rewind(Stream& st, uint64_t next);  // mu_ held
