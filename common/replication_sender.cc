@@ -39,7 +39,8 @@ struct ReplicationSender::Session {
   std::atomic<uint64_t> last_tx_us{0};
 };
 
-ReplicationSender::ReplicationSender(SenderOptions options) : opt_(std::move(options)) {
+ReplicationSender::ReplicationSender(SenderOptions options)
+    : opt_(std::move(options)), log_(log::Get(opt_.log_name)) {
   if (opt_.clock == nullptr) opt_.clock = SystemClock::Get();
   opt_.workers = std::max(1, opt_.workers);
   opt_.max_inflight = std::max(1, opt_.max_inflight);
@@ -106,7 +107,6 @@ bool ReplicationSender::SleepMs(uint64_t ms) {
 }
 
 void ReplicationSender::Run() {
-  auto log = log::Get(opt_.log_name);
   std::mt19937_64 rng(std::random_device{}());
   std::uniform_real_distribution<double> jitter(0.5, 1.5);
   uint64_t backoff = opt_.backoff_min_ms;
@@ -129,14 +129,13 @@ void ReplicationSender::Run() {
       stats_.last_error = s.ToString();
     }
     const uint64_t sleep = uint64_t(double(backoff) * jitter(rng));
-    log->warn("{} {}:{}: {}; reconnecting in {} ms", opt_.label, opt_.host, opt_.port, s.ToString(), sleep);
+    log_->warn("{} {}:{}: {}; reconnecting in {} ms", opt_.label, opt_.host, opt_.port, s.ToString(), sleep);
     SleepMs(sleep);
     backoff = std::min(backoff * 2, opt_.backoff_max_ms);
   }
 }
 
 Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
-  auto log = log::Get(opt_.log_name);
   Session s;
   s.ch = ch;
   s.last_rx_us = s.last_tx_us = opt_.clock->NowMicros();
@@ -159,7 +158,7 @@ Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
     stats_.last_error.clear();
     connected_ = true;
   }
-  log->info("{} connected to the {} at {}", opt_.label, opt_.peer_name, ch->peer());
+  log_->info("{} connected to the {} at {}", opt_.label, opt_.peer_name, ch->peer());
   if (stop_.load()) ch->Close();
   std::thread reader([this, &s] { ReadLoop(s); });
   std::vector<std::thread> pool;
@@ -257,7 +256,6 @@ Status ReplicationSender::SendLoop(Session& s, int worker) {
 
 Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
   *sent = false;
-  auto log = log::Get(opt_.log_name);
   uint64_t from = 0, rewinds = 0;
   uint32_t handle = 0;
   bool inflight = false;
@@ -282,7 +280,7 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
   }
   if (!r.ok()) {
     Status why = r.WithContext("read at seq " + std::to_string(from));
-    log->error("{} {} shipping stalled: {}", opt_.label, log::Where{st.name, s.ch->peer(), from}, why.ToString());
+    log_->error("{} {} shipping stalled: {}", opt_.label, log::Where{st.name, s.ch->peer(), from}, why.ToString());
     std::vector<std::pair<RecordSource*, Status>> notes;
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -333,7 +331,6 @@ void ReplicationSender::Stall(Stream& st, const Status& why) {
 }
 
 void ReplicationSender::ReadLoop(Session& s) {
-  auto log = log::Get(opt_.log_name);
   while (!stop_.load()) {
     auto m = s.ch->Receive(Millis(500));
     if (!m.ok()) {
@@ -353,7 +350,6 @@ void ReplicationSender::ReadLoop(Session& s) {
 
 // Runs in the reader thread. Sources are called outside mu_ (`after`).
 void ReplicationSender::Handle(Session& s, proto::Message& m) {
-  auto log = log::Get(opt_.log_name);
   const std::string& peer = s.ch->peer();
   std::vector<std::function<void()>> after;
   std::unique_lock<std::mutex> l(mu_);
@@ -397,7 +393,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
       st.stalled = Status::OK();
       if (resume(st, r->durable_seq, ResumeCause::kOpen)) {
         if (was_stalled) after.push_back([&st] { st.src->Stalled(Status::OK()); });
-        log->info("{} {} opened at the {} (volume id {}), resuming after seq {}", opt_.label,
+        log_->info("{} {} opened at the {} (volume id {}), resuming after seq {}", opt_.label,
                   log::Where{st.name, peer, r->durable_seq}, opt_.peer_name, r->volume_id, r->durable_seq);
       }
       st.opened = true;
@@ -427,10 +423,10 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
       open_fifo_.pop_front();
       o.open_error = Status::PermissionDenied(opt_.peer_name + " refused the volume: " + what);
       o.opened = false;
-      log->error("{} {} {}", opt_.label, log::Where{o.name, peer, 0}, o.open_error.message());
+      log_->error("{} {} {}", opt_.label, log::Where{o.name, peer, 0}, o.open_error.message());
       Stall(o, o.open_error);
     } else if (st == nullptr) {
-      log->warn("{} nack for unknown volume id {} from the {} ignored: {}", opt_.label, n->volume_id,
+      log_->warn("{} nack for unknown volume id {} from the {} ignored: {}", opt_.label, n->volume_id,
                 opt_.peer_name, what);
     } else {
       switch (n->reason) {
@@ -443,7 +439,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
                                                 " of " + st->name + ", beyond the last sent (" +
                                                 std::to_string(st->sent_max) + ")");
           } else if (expected != st->gap_expected) {
-            log->info("{} {} gap at the {}, resending from {}", opt_.label, log::Where{st->name, peer, expected},
+            log_->info("{} {} gap at the {}, resending from {}", opt_.label, log::Where{st->name, peer, expected},
                       opt_.peer_name, expected);
             st->gap_expected = expected;
             resume(*st, expected - 1, ResumeCause::kGap);
@@ -472,7 +468,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
             break;
           }
           // An I/O failure at the peer; the batch was undone: resend after a pause.
-          log->warn("{} {} the {} failed a batch ({}), resending after a pause", opt_.label,
+          log_->warn("{} {} the {} failed a batch ({}), resending after a pause", opt_.label,
                     log::Where{st->name, peer, st->acked + 1}, opt_.peer_name, n->message);
           const uint64_t dropped = st->inflight.size();
           Rewind(*st, st->acked + 1);
@@ -485,7 +481,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
                                                std::to_string(n->volume_id));
           break;
         default:
-          log->error("{} {} the {} refused a batch: {}", opt_.label, log::Where{st->name, peer, n->expected_seq},
+          log_->error("{} {} the {} refused a batch: {}", opt_.label, log::Where{st->name, peer, n->expected_seq},
                      opt_.peer_name, what);
           Rewind(*st, st->acked + 1);
           Stall(*st, Status::Unavailable(opt_.peer_name + " refused a batch: " + what));

@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "common/channel.h"
+#include "common/log.h"
 #include "common/clock.h"
 #include "common/protocol.h"
 #include "common/record_source.h"
@@ -162,6 +163,7 @@ class ReplicationSender {
   bool SleepMs(uint64_t ms);  // false if Stop() cut it short
 
   SenderOptions opt_;
+  const std::shared_ptr<spdlog::logger> log_;  // looked up once, not per frame
   std::atomic<bool> stop_{false};
   std::atomic<bool> connected_{false};
   std::thread thread_;
