@@ -67,6 +67,20 @@ Status Agent::Start() {
     }
   }
   if (opts_.sender_enabled) {
+    if (opts_.tls.enabled) {
+      auto creds = TlsCredentials::Load(TlsFiles{opts_.tls.ca, opts_.tls.cert, opts_.tls.key});
+      if (!creds.ok()) {
+        nbd_.reset();
+        devices_.clear();
+        return creds.status().WithContext("TLS");
+      }
+      tls_ = std::move(*creds);
+      opts_.sender.tls = tls_.get();
+      const TlsPeer& self = tls_->Current()->self();
+      log::Get("agent")->info("TLS on: certificate '{}' (role {}, tenant {})", self.name, self.role, self.tenant);
+    } else {
+      log::Get("agent")->warn("tls = off: writes reach the process server in clear text");
+    }
     for (auto& d : devices_) senders_.push_back(std::make_unique<Sender>(d.get(), opts_.sender));
   }
   for (size_t i = 0; i < devices_.size(); ++i) RegisterMetrics(i);
@@ -174,6 +188,14 @@ Status Agent::Start() {
   log::Get("agent")->info("agent started: {} volume(s), NBD port {} unix '{}', control port {}", devices_.size(),
                           nbd_->port(), opts_.nbd.unix_path, control_port());
   return Status::OK();
+}
+
+Status Agent::ReloadTls() {
+  if (!tls_) return Status::OK();
+  Status s = tls_->Reload();
+  if (s.ok()) log::Get("agent")->info("TLS credentials reloaded");
+  else log::Get("agent")->error("TLS reload failed, keeping the current credentials: {}", s.ToString());
+  return s;
 }
 
 void Agent::Stop() {

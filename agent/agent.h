@@ -26,6 +26,8 @@
 
 #include "agent/capture_device.h"
 #include "agent/sender.h"
+#include "common/daemon.h"
+#include "common/tls_stream.h"
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/host_port.h"
@@ -55,6 +57,9 @@ struct AgentOptions {
   std::string freeze_command;    // run through /bin/sh -c before a tag ("" = none)
   std::string thaw_command;      // run after a tag, always
   uint64_t freeze_timeout_ms = 10'000;
+  // TLS to the process server (common/tls_stream.h). The config's default is
+  // on; options built by hand (in-process tests) are clear unless they set it.
+  TlsSettings tls = TlsSettings::Off();
 };
 
 struct TagResult {
@@ -72,6 +77,10 @@ class Agent {
   // server. Failure leaves nothing running; the message names the volume or address.
   Status Start();
   void Stop();
+
+  // Loads the TLS files again (SIGHUP): later connections to the PS use them,
+  // the ones up keep theirs. On failure the current credentials stay.
+  Status ReloadTls();
 
   // Inserts tag `name` in every volume (see above). kInvalidArgument for a bad
   // name, kBusy when a volume is not consistent, kAborted when the freeze hook
@@ -91,6 +100,7 @@ class Agent {
   AgentOptions opts_;
   metrics::Registry registry_;
   std::vector<std::shared_ptr<CaptureDevice>> devices_;
+  std::unique_ptr<TlsCredentials> tls_;  // null with tls off; outlives the senders
   std::vector<std::unique_ptr<Sender>> senders_;
   std::unique_ptr<NbdServer> nbd_;
   std::unique_ptr<http::Server> http_;

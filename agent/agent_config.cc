@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "common/daemon.h"
 #include "common/host_port.h"
 
 namespace cdp::agent {
@@ -34,6 +35,7 @@ po::options_description AgentConfigDescription() {
       ("freeze_timeout", value<Duration>()->default_value(Duration{10'000'000}), "bound on the freeze window")
       ("log.level", value<std::string>()->default_value(""), "trace|debug|info|warn|error")
       ("log.file", value<std::string>()->default_value(""), "log file ('' = stderr)");
+  AddTlsOptions(&desc);
   return desc;
 }
 
@@ -76,6 +78,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   ao.sender_enabled = !vm["capture_only"].as<bool>();
   CDP_ASSIGN_OR_RETURN(HostPort ps, GetHostPort(vm, "ps", HostPort::Rules::Peer()));
   ao.sender.ps = ps;
+  CDP_ASSIGN_OR_RETURN(ao.tls, GetTlsSettings(vm));
   ao.sender.tenant = vm["tenant"].as<std::string>();
   ao.sender.secret = vm["secret"].as<std::string>();
   std::string secret_file = vm["secret_file"].as<std::string>();

@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   if (auto s = agent.Start(); !s.ok()) return Fail(s.ToString());
   std::printf("cdp-agent ready: nbd_port=%u control_port=%u\n", agent.nbd_port(), agent.control_port());
   std::fflush(stdout);
-  int sig = signals.Wait();
+  int sig = signals.Wait([&agent] { (void)agent.ReloadTls(); });
   cdp::log::Get("agent")->info("signal {}: stopping", sig);
   agent.Stop();
   return 0;

@@ -35,6 +35,7 @@ repl::SenderOptions LinkOptions(const SenderOptions& o) {
   l.busy_hold_ms = o.busy_backoff_ms;
   l.heartbeat_ms = o.heartbeat_ms;
   l.dead_peer_ms = o.dead_peer_ms;
+  if (o.tls != nullptr) l.wrap = TlsWrapper(o.tls, TlsSide::kClient, std::chrono::milliseconds(o.connect_timeout_ms));
   return l;
 }
 

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "agent/capture_device.h"
+#include "common/tls_stream.h"
 #include "common/clock.h"
 #include "common/host_port.h"
 #include "common/record_source.h"
@@ -71,6 +72,7 @@ struct SenderOptions {
   uint64_t dead_peer_ms = 30'000;     // nothing received for this long: reconnect
   uint64_t generation = 1;
   const Clock* clock = nullptr;      // must outlive the sender
+  const TlsCredentials* tls = nullptr;  // TLS to the PS; null = clear text; must outlive the sender
 };
 
 struct SenderStats {

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "common/host_port.h"
 #include "common/http_client.h"
+#include "common/pki.h"
 #include "common/protocol.h"
 #include "common/version.h"
 
@@ -343,10 +345,74 @@ int Verify(const Options& o, const std::string& volume, uint64_t region_size, st
   return differ.empty() ? 0 : 1;
 }
 
+// pki init --dir DIR [--name NAME] [--days N]
+// pki issue --dir DIR --role agent|ps|mt --name NAME [--out PREFIX] [--days N]   (tenant: --tenant)
+// pki show CERT
+int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args.size() == 3 && args[1] == "show") {
+    std::string not_after;
+    auto id = pki::IdentityOfFile(args[2], &not_after);
+    if (!id.ok()) return err << "cdpctl: " << id.status().ToString() << "\n", 1;
+    out << "role " << pki::RoleName(id->role) << "\ntenant " << (id->tenant.empty() ? "-" : id->tenant) << "\nname "
+        << id->name << "\nnot after " << not_after << "\n";
+    return 0;
+  }
+  std::map<std::string, std::string> flags;
+  for (size_t i = 2; i < args.size(); i += 2) {
+    static const std::set<std::string> known{"--dir", "--name", "--days", "--role", "--out"};
+    if (!known.count(args[i]) || i + 1 >= args.size()) {
+      err << "cdpctl: pki: unexpected '" << args[i] << "'\n";
+      return 2;
+    }
+    flags[args[i]] = args[i + 1];
+  }
+  if (!flags.count("--dir")) return err << "cdpctl: pki " << args[1] << " needs --dir DIR\n", 2;
+  const std::string dir = flags["--dir"];
+  int days = 0;
+  if (flags.count("--days")) {
+    const std::string& d = flags["--days"];
+    auto [p, ec] = std::from_chars(d.data(), d.data() + d.size(), days);
+    if (ec != std::errc() || p != d.data() + d.size() || days < 1) {
+      return err << "cdpctl: --days must be a positive number\n", 2;
+    }
+  }
+  if (args[1] == "init") {
+    pki::CaOptions co;
+    if (flags.count("--name")) co.name = flags["--name"];
+    if (days > 0) co.valid_days = days;
+    cdp::Status s = pki::InitCa(dir, co);
+    if (!s.ok()) return err << "cdpctl: " << s.ToString() << "\n", 1;
+    out << "site CA: " << dir << "/ca.crt (key " << dir << "/ca.key, mode 0600)\n";
+    return 0;
+  }
+  if (args[1] == "issue") {
+    if (!flags.count("--role") || !flags.count("--name")) {
+      return err << "cdpctl: pki issue needs --role agent|ps|mt and --name NAME\n", 2;
+    }
+    auto role = pki::ParseRole(flags["--role"]);
+    if (!role.ok()) return err << "cdpctl: " << role.status().message() << "\n", 2;
+    pki::IssueOptions io;
+    io.identity = pki::Identity{*role, o.tenant, flags["--name"]};
+    if (days > 0) io.not_after_s = int64_t(days) * 86400;
+    std::string prefix = flags.count("--out") ? flags["--out"]
+                                              : dir + "/" + flags["--role"] + "-" +
+                                                    (o.tenant.empty() ? "" : o.tenant + "-") + flags["--name"];
+    cdp::Status s = pki::Issue(dir, io, prefix + ".key", prefix + ".crt");
+    if (!s.ok()) return err << "cdpctl: " << s.ToString() << "\n", 1;
+    out << "certificate: " << prefix << ".crt (key " << prefix << ".key, mode 0600)\n";
+    return 0;
+  }
+  err << "cdpctl: pki wants init, issue or show\n";
+  return 2;
+}
+
 constexpr const char* kUsage =
     "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
     "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
     "  export VOLUME@POINT [--writable] | unexport EXPORT | verify VOLUME [--region-size BYTES]\n"
+    "  pki init --dir DIR [--name NAME] [--days N] |\n"
+    "  pki issue --dir DIR --role agent|ps|mt [--tenant T] --name NAME [--out PREFIX] [--days N] |\n"
+    "  pki show CERT\n"
     "  --help | --version\n";
 
 // Bad usage: names the first option no command takes, then the usage; exit 2.
@@ -393,6 +459,7 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
     return Export(o, args[1], args.size() == 3, out, err);
   }
   if (cmd == "unexport" && args.size() == 2) return Unexport(o, args[1], out, err);
+  if (cmd == "pki" && args.size() >= 2) return Pki(o, args, out, err);
   if (cmd == "verify" && (args.size() == 2 || (args.size() == 4 && args[2] == "--region-size"))) {
     uint64_t rs = 1 << 20;
     if (args.size() == 4) {

@@ -11,13 +11,14 @@ namespace cdp::auth {
 namespace {
 
 Result<Proof> Hmac(std::string_view key, std::string_view label, const Nonce& first, const Nonce& second,
-                   std::string_view tenant) {
+                   std::string_view tenant, std::span<const uint8_t> binding) {
   std::string data;
-  data.reserve(label.size() + first.size() + second.size() + tenant.size());
+  data.reserve(label.size() + first.size() + second.size() + tenant.size() + binding.size());
   data.append(label);
   data.append(reinterpret_cast<const char*>(first.data()), first.size());
   data.append(reinterpret_cast<const char*>(second.data()), second.size());
   data.append(tenant);
+  data.append(reinterpret_cast<const char*>(binding.data()), binding.size());
   return HmacSha256(key, data);
 }
 
@@ -44,13 +45,13 @@ Result<Proof> HmacSha256(std::string_view key, std::string_view data) {
 }
 
 Result<Proof> ServerProof(std::string_view secret, const Nonce& client_nonce, const Nonce& server_nonce,
-                          std::string_view tenant) {
-  return Hmac(secret, "server", client_nonce, server_nonce, tenant);
+                          std::string_view tenant, std::span<const uint8_t> binding) {
+  return Hmac(secret, "server", client_nonce, server_nonce, tenant, binding);
 }
 
 Result<Proof> ClientProof(std::string_view secret, const Nonce& server_nonce, const Nonce& client_nonce,
-                          std::string_view tenant) {
-  return Hmac(secret, "client", server_nonce, client_nonce, tenant);
+                          std::string_view tenant, std::span<const uint8_t> binding) {
+  return Hmac(secret, "client", server_nonce, client_nonce, tenant, binding);
 }
 
 bool ProofsEqual(const Proof& a, const Proof& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }

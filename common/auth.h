@@ -3,17 +3,20 @@
 //
 // Each tenant has a shared secret. Both sides prove they know it without
 // sending it, by HMAC-SHA256 over both sides' fresh 32-byte nonces:
-//   server_proof = HMAC-SHA256(secret, "server" | client_nonce | server_nonce | tenant)
-//   client_proof = HMAC-SHA256(secret, "client" | server_nonce | client_nonce | tenant)
+//   server_proof = HMAC-SHA256(secret, "server" | client_nonce | server_nonce | tenant [| binding])
+//   client_proof = HMAC-SHA256(secret, "client" | server_nonce | client_nonce | tenant [| binding])
 // The labels make the two proofs differ, so one side cannot replay the other's
 // proof; the nonces make every handshake's proofs differ, so a recorded proof
-// is worthless later.
+// is worthless later. Over TLS, `binding` is the session's exporter value
+// (common/byte_stream.h TlsPeer::binding): the proofs then hold only inside
+// that one TLS session, so a handshake relayed between two sessions fails.
 //
 // Thread safety: all functions are thread-safe (OpenSSL 3 is).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "common/result.h"
@@ -30,9 +33,11 @@ Result<Nonce> RandomNonce();
 // The proofs above. An empty secret is allowed by the math but refused by the
 // handshake (a tenant must have a secret). Fails only if OpenSSL fails.
 Result<Proof> ServerProof(std::string_view secret, const Nonce& client_nonce,
-                          const Nonce& server_nonce, std::string_view tenant);
+                          const Nonce& server_nonce, std::string_view tenant,
+                          std::span<const uint8_t> binding = {});
 Result<Proof> ClientProof(std::string_view secret, const Nonce& server_nonce,
-                          const Nonce& client_nonce, std::string_view tenant);
+                          const Nonce& client_nonce, std::string_view tenant,
+                          std::span<const uint8_t> binding = {});
 
 // HMAC-SHA256(key, data): the building block, exposed for tests (RFC 4231 vectors).
 Result<Proof> HmacSha256(std::string_view key, std::string_view data);

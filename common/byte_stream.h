@@ -5,10 +5,10 @@
 //
 // Streams stack like nbdkit filters: a filter (common/stream_filters.h) is a
 // ByteStream that owns the next stream down and forwards each call to it,
-// changing what it must on the way (throttle, inject faults; TLS would be one
-// more layer). The bottom of every stack is a transport made here.
+// changing what it must on the way (throttle, inject faults, TLS in
+// common/tls_stream.h). The bottom of every stack is a transport made here.
 //
-//   FrameChannel -> [FaultFilter] -> [ThrottleFilter] -> SocketStream (TCP | unix)
+//   FrameChannel -> [TlsStream] -> [FaultFilter] -> [ThrottleFilter] -> SocketStream (TCP | unix)
 //
 // Errors (a stream is unusable after any error other than a read timeout):
 //   kBusy         ReadSome(): nothing arrived before the deadline; nothing is
@@ -25,6 +25,7 @@
 // return promptly. The destructor must not race with any other call.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -40,6 +41,18 @@
 #include "common/status.h"
 
 namespace cdp {
+
+// What a TLS layer of the stack proved about the peer: the identity in its
+// certificate (verified against the site CA; format in common/pki.h) and the
+// session's channel binding (RFC 5705 exporter, label "EXPORTER-opencdp-auth",
+// 32 bytes), which the frame handshake mixes into its proofs so that a
+// handshake relayed from another TLS session fails.
+struct TlsPeer {
+  std::string role;    // "agent" | "ps" | "mt"
+  std::string tenant;  // empty for "mt"
+  std::string name;    // the certificate's CN
+  std::array<uint8_t, 32> binding{};
+};
 
 class ByteStream {
  public:
@@ -64,6 +77,10 @@ class ByteStream {
   // Who is at the other end: "127.0.0.1:41234", "[::1]:7400",
   // "unix:/run/cdp.sock". Fixed at construction.
   virtual const std::string& peer() const = 0;
+
+  // The peer as proven by a TLS layer in this stack, or nullptr for a clear
+  // stack. Fixed once the stream is handed out; lives as long as the stream.
+  virtual const TlsPeer* tls_peer() const { return nullptr; }
 };
 
 // Transports over an already connected socket, from any io_context: the

@@ -50,9 +50,12 @@ Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(Listener::Connection& 
   return Adopt(std::move(stream), options);
 }
 
-Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve) {
-  return [serve = std::move(serve)](Listener::Connection c) {
-    auto ch = FrameChannel::Adopt(c);
+Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve, StreamWrapper wrap) {
+  return [serve = std::move(serve), wrap = std::move(wrap)](Listener::Connection c) {
+    Result<std::unique_ptr<ByteStream>> stream = MakeSocketStream(c);
+    if (stream.ok() && wrap) stream = wrap(std::move(*stream));
+    Result<std::unique_ptr<FrameChannel>> ch =
+        stream.ok() ? FrameChannel::Adopt(std::move(*stream)) : Result<std::unique_ptr<FrameChannel>>(stream.status());
     if (!ch.ok()) {
       log::Get("channel")->warn("adopting a connection from {} failed: {}", c.peer, ch.status().ToString());
       return;
@@ -193,7 +196,9 @@ Result<std::unique_ptr<FrameChannel>> AdoptWrapped(Result<std::unique_ptr<ByteSt
                                                   FrameChannel::Options options, const StreamWrapper& wrap) {
   if (!transport.ok()) return transport.status();
   std::unique_ptr<ByteStream> stream = std::move(*transport);
-  if (wrap) stream = wrap(std::move(stream));
+  if (wrap) {
+    CDP_ASSIGN_OR_RETURN(stream, wrap(std::move(stream)));
+  }
   return FrameChannel::Adopt(std::move(stream), options);
 }
 
@@ -264,6 +269,15 @@ Status ClientHandshake(FrameChannel& ch, proto::Role role, const std::string& te
   if (!proto::ValidName(client_id)) return Abort(ch, Status::InvalidArgument("handshake: invalid client_id"));
   if (secret.empty()) return Abort(ch, Status::InvalidArgument("handshake: empty secret"));
 
+  std::span<const uint8_t> binding;
+  if (const TlsPeer* tls = ch.tls_peer()) {
+    const char* want = role == proto::Role::kAgent ? "ps" : role == proto::Role::kProcessServer ? "mt" : "";
+    if (tls->role != want) {
+      return Abort(ch, Status::PermissionDenied(ch.peer() + ": server certificate '" + tls->name + "' has role '" +
+                                                tls->role + "', expected '" + want + "'"));
+    }
+    binding = std::span<const uint8_t>(tls->binding.data(), tls->binding.size());
+  }
   Result<auth::Nonce> nc = auth::RandomNonce();
   if (!nc.ok()) return Abort(ch, nc.status());
   proto::Hello hello{role, tenant, client_id, *nc};
@@ -272,7 +286,7 @@ Status ClientHandshake(FrameChannel& ch, proto::Role role, const std::string& te
 
   Result<proto::Challenge> challenge = Expect<proto::Challenge>(ch, deadline, "Challenge");
   if (!challenge.ok()) return challenge.status();
-  Result<auth::Proof> expected = auth::ServerProof(secret, *nc, challenge->server_nonce, tenant);
+  Result<auth::Proof> expected = auth::ServerProof(secret, *nc, challenge->server_nonce, tenant, binding);
   if (!expected.ok()) return Abort(ch, expected.status());
   if (!auth::ProofsEqual(*expected, challenge->server_proof)) {
     // Tell the server we refuse, without giving it a real proof to work on.
@@ -280,7 +294,7 @@ Status ClientHandshake(FrameChannel& ch, proto::Role role, const std::string& te
     return Abort(ch, Status::PermissionDenied(ch.peer() + ": authentication failed"));
   }
 
-  Result<auth::Proof> proof = auth::ClientProof(secret, challenge->server_nonce, *nc, tenant);
+  Result<auth::Proof> proof = auth::ClientProof(secret, challenge->server_nonce, *nc, tenant, binding);
   if (!proof.ok()) return Abort(ch, proof.status());
   s = ch.Send(proto::Auth{*proof});
   if (!s.ok()) return Abort(ch, s.WithContext("handshake"));
@@ -302,10 +316,29 @@ Result<std::string> ServerHandshake(
   Result<proto::Hello> hello = Expect<proto::Hello>(ch, deadline, "Hello");
   if (!hello.ok()) return hello.status();
 
+  // Over TLS the certificate names the tenant and the role; a Hello claiming
+  // others is refused like a wrong secret.
+  const TlsPeer* tls = ch.tls_peer();
+  std::span<const uint8_t> binding;
+  std::string mismatch;
+  proto::Role role = hello->role;
+  if (tls != nullptr) {
+    binding = std::span<const uint8_t>(tls->binding.data(), tls->binding.size());
+    if (tls->role == "agent") role = proto::Role::kAgent;
+    else if (tls->role == "ps") role = proto::Role::kProcessServer;
+    else mismatch = "certificate role '" + tls->role + "' may not open a session";
+    if (mismatch.empty() && role != hello->role) {
+      mismatch = "Hello claims role " + std::to_string(int(hello->role)) + " but the certificate is '" + tls->role + "'";
+    }
+    if (mismatch.empty() && tls->tenant != hello->tenant) {
+      mismatch = "Hello claims tenant '" + hello->tenant + "' but the certificate is tenant '" + tls->tenant + "'";
+    }
+  }
+
   // An unknown tenant gets a random secret: the exchange goes on exactly as for
   // a known tenant with a wrong secret, so the two cannot be told apart.
   std::optional<std::string> secret = secret_lookup(hello->tenant);
-  const bool known = secret.has_value() && !secret->empty();
+  const bool known = secret.has_value() && !secret->empty() && mismatch.empty();
   std::string key;
   if (known) {
     key = std::move(*secret);
@@ -317,24 +350,27 @@ Result<std::string> ServerHandshake(
 
   Result<auth::Nonce> ns = auth::RandomNonce();
   if (!ns.ok()) return Abort(ch, ns.status());
-  Result<auth::Proof> server_proof = auth::ServerProof(key, hello->client_nonce, *ns, hello->tenant);
+  Result<auth::Proof> server_proof = auth::ServerProof(key, hello->client_nonce, *ns, hello->tenant, binding);
   if (!server_proof.ok()) return Abort(ch, server_proof.status());
   Status s = ch.Send(proto::Challenge{*ns, *server_proof});
   if (!s.ok()) return Abort(ch, s.WithContext("handshake"));
 
   Result<proto::Auth> auth_msg = Expect<proto::Auth>(ch, deadline, "Auth");
   if (!auth_msg.ok()) return auth_msg.status();
-  Result<auth::Proof> expected = auth::ClientProof(key, *ns, hello->client_nonce, hello->tenant);
+  Result<auth::Proof> expected = auth::ClientProof(key, *ns, hello->client_nonce, hello->tenant, binding);
   if (!expected.ok()) return Abort(ch, expected.status());
   const bool proof_ok = auth::ProofsEqual(*expected, auth_msg->client_proof);
   if (!proof_ok || !known) {
     (void)ch.Send(proto::AuthResult{false, "authentication failed"});
     return Abort(ch, Status::PermissionDenied(ch.peer() + ": authentication failed for tenant '" +
-                                              hello->tenant + "' (client '" + hello->client_id + "')"));
+                                              hello->tenant + "' (client '" + hello->client_id + "')" +
+                                              (mismatch.empty() ? "" : ": " + mismatch)));
   }
   s = ch.Send(proto::AuthResult{true, ""});
   if (!s.ok()) return Abort(ch, s.WithContext("handshake"));
-  if (peer != nullptr) *peer = PeerIdentity{hello->role, hello->tenant, hello->client_id};
+  if (peer != nullptr) {
+    *peer = PeerIdentity{role, hello->tenant, hello->client_id, tls != nullptr, tls ? tls->name : std::string()};
+  }
   return hello->tenant;
 }
 

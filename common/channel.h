@@ -56,6 +56,14 @@
 //   must be high-entropy: the server proves itself first, so anyone may
 //   collect server proofs to attack a weak secret offline.
 //   On any failure both functions Close() the channel.
+//
+// Over TLS (the channel's tls_peer() is set) the certificates decide who the
+// peer is, and the secret is a second factor bound to the TLS session:
+//   - both proofs include the session's channel binding (common/auth.h);
+//   - the server refuses (as "authentication failed") a Hello whose tenant is
+//     not the certificate's tenant or whose role is not the certificate's role;
+//   - the client refuses a server whose certificate is not the next hop's role
+//     (an agent talks to a "ps", a process server to an "mt").
 #pragma once
 
 #include <atomic>
@@ -79,8 +87,10 @@
 namespace cdp {
 
 // Stacks filters on a freshly connected transport and returns the top of the
-// stack (e.g. `return std::make_unique<ThrottleFilter>(std::move(s), &t);`).
-using StreamWrapper = std::function<std::unique_ptr<ByteStream>(std::unique_ptr<ByteStream> transport)>;
+// stack (e.g. `return std::make_unique<ThrottleFilter>(std::move(s), &t);`),
+// or an error (a TLS handshake that failed: common/tls_stream.h TlsWrapper).
+using StreamWrapper =
+    std::function<Result<std::unique_ptr<ByteStream>>(std::unique_ptr<ByteStream> transport)>;
 
 class FrameChannel {
  public:
@@ -145,6 +155,9 @@ class FrameChannel {
   // further, parsed or decompressed. Reader thread only.
   void SetHandshakeMode(bool on) { handshake_ = on; }
 
+  // The peer as its TLS certificate proves it, or nullptr on a clear stream.
+  const TlsPeer* tls_peer() const { return stream_->tls_peer(); }
+
   // True after an error (other than a Receive timeout) or Close().
   bool broken() const { return broken_.load(std::memory_order_acquire); }
 
@@ -185,9 +198,11 @@ class FrameChannel {
 
 // A Listener handler for thread-per-connection servers speaking frames: adopts
 // each connection as a FrameChannel, runs `serve` on it (in the connection's
-// thread) and closes the channel when `serve` returns. A connection that cannot
-// be adopted is logged and dropped.
-Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve);
+// thread) and closes the channel when `serve` returns. If `wrap` is set, the
+// channel runs over wrap(transport) (the server side of TLS), in the
+// connection's thread. A connection that cannot be adopted or wrapped is
+// logged and dropped.
+Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve, StreamWrapper wrap = {});
 
 // Resolves `host` (name or address) and connects to the first address that
 // answers, all within `timeout`. kUnavailable (retryable) if the name does not
@@ -212,12 +227,15 @@ Status ClientHandshake(FrameChannel& channel, proto::Role role, const std::strin
                        const std::string& client_id, const std::string& secret,
                        std::chrono::milliseconds timeout);
 
-// Who authenticated, as told by its Hello (role and client_id are claims; the
-// tenant is proven).
+// Who authenticated. Over TLS, role and tenant are the certificate's and
+// cert_name its CN; in clear text role and client_id are claims of the Hello
+// and only the tenant is proven.
 struct PeerIdentity {
   proto::Role role = proto::Role::kAgent;
   std::string tenant;
   std::string client_id;
+  bool tls = false;
+  std::string cert_name;
 };
 
 // Server side of the handshake, all within `timeout`. `secret_lookup` returns

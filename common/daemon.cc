@@ -10,15 +10,18 @@ StopSignals::StopSignals() {
   sigemptyset(&set_);
   sigaddset(&set_, SIGINT);
   sigaddset(&set_, SIGTERM);
+  sigaddset(&set_, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set_, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 }
 
-int StopSignals::Wait() {
-  int sig = 0;
-  while (sigwait(&set_, &sig) != 0) {
+int StopSignals::Wait(const std::function<void()>& on_hup) {
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set_, &sig) != 0) continue;
+    if (sig != SIGHUP) return sig;
+    if (on_hup) on_hup();
   }
-  return sig;
 }
 
 namespace {
@@ -70,6 +73,32 @@ Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables
   if (c.total < 1 || c.total > 65536) return Status::InvalidArgument("'max_connections' must be 1..65536");
   if (c.per_peer < 1 || c.per_peer > 65536) return Status::InvalidArgument("'max_connections_per_peer' must be 1..65536");
   return c;
+}
+
+void AddTlsOptions(boost::program_options::options_description* desc) {
+  namespace po = boost::program_options;
+  desc->add_options()("tls", po::value<std::string>()->default_value("on"),
+                      "TLS 1.3 with mutual certificates on the data path: on | off (off = clear text)")(
+      "tls_ca", po::value<std::string>()->default_value(""), "site CA certificate (PEM)")(
+      "tls_cert", po::value<std::string>()->default_value(""), "this daemon's certificate (PEM)")(
+      "tls_key", po::value<std::string>()->default_value(""), "this daemon's private key (PEM)");
+}
+
+Result<TlsSettings> GetTlsSettings(const boost::program_options::variables_map& vm) {
+  TlsSettings t;
+  const std::string mode = vm["tls"].as<std::string>();
+  if (mode == "on") t.enabled = true;
+  else if (mode == "off") t.enabled = false;
+  else return Status::InvalidArgument("'tls' must be on or off, not '" + mode + "'");
+  t.ca = vm["tls_ca"].as<std::string>();
+  t.cert = vm["tls_cert"].as<std::string>();
+  t.key = vm["tls_key"].as<std::string>();
+  if (t.enabled) {
+    for (auto [key, value] : {std::pair{"tls_ca", &t.ca}, {"tls_cert", &t.cert}, {"tls_key", &t.key}}) {
+      if (value->empty()) return Status::InvalidArgument(std::string("'") + key + "' is required with tls = on");
+    }
+  }
+  return t;
 }
 
 }  // namespace cdp

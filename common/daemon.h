@@ -8,6 +8,7 @@
 
 #include <boost/program_options.hpp>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -17,13 +18,14 @@
 
 namespace cdp {
 
-// Construct first thing in main(), before any thread starts: blocks SIGINT and
-// SIGTERM in this thread (and so in every thread started later, which inherit
-// the mask) and ignores SIGPIPE. Wait() returns the stop signal once one arrives.
+// Construct first thing in main(), before any thread starts: blocks SIGINT,
+// SIGTERM and SIGHUP in this thread (and so in every thread started later,
+// which inherit the mask) and ignores SIGPIPE. Wait() returns the stop signal
+// once one arrives; each SIGHUP before it runs `on_hup` (reload credentials).
 class StopSignals {
  public:
   StopSignals();
-  int Wait();
+  int Wait(const std::function<void()>& on_hup = {});
 
  private:
   sigset_t set_;
@@ -38,6 +40,27 @@ struct ConnectionCaps {
 };
 void AddConnectionCapOptions(boost::program_options::options_description* desc);
 Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables_map& vm);
+
+// The TLS keys of every daemon's config (common/tls_stream.h):
+//   tls = on | off     on by default; off is clear text (logged as a warning)
+//   tls_ca = FILE      the site CA (`cdpctl pki init`)
+//   tls_cert = FILE    this daemon's certificate (`cdpctl pki issue`)
+//   tls_key = FILE     its private key
+// With tls on, a missing file key is kInvalidArgument naming the key.
+struct TlsSettings {
+  bool enabled = true;
+  std::string ca;
+  std::string cert;
+  std::string key;
+
+  static TlsSettings Off() {
+    TlsSettings t;
+    t.enabled = false;
+    return t;
+  }
+};
+void AddTlsOptions(boost::program_options::options_description* desc);
+Result<TlsSettings> GetTlsSettings(const boost::program_options::variables_map& vm);
 
 // One tenant's credential: "NAME:SECRET", "NAME = SECRET" or "NAME SECRET"
 // (white space trimmed). kInvalidArgument naming the tenant for a bad name or

@@ -41,6 +41,8 @@ void StreamFilter::Shutdown() {
 
 const std::string& StreamFilter::peer() const { return next_->peer(); }
 
+const TlsPeer* StreamFilter::tls_peer() const { return next_->tls_peer(); }
+
 bool StreamFilter::Sleep(uint64_t micros) {
   if (sleep_) {
     if (!sleep_(micros)) return false;

@@ -52,6 +52,7 @@ class StreamFilter : public ByteStream {
   // Wakes this filter's waits, then shuts the next stream down.
   void Shutdown() override;
   const std::string& peer() const override;
+  const TlsPeer* tls_peer() const override;
 
  protected:
   ByteStream& next() { return *next_; }

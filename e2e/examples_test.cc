@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/pki.h"
 #include "e2e/harness.h"
 
 namespace {
@@ -49,6 +50,17 @@ TEST_CASE("docs/examples configs start the three daemons, which then replicate",
   const uint16_t mt_data = FreePort(), mt_ctl = FreePort(), mt_nbd = FreePort(), ps_data = FreePort(),
                  ps_ctl = FreePort(), ag_nbd = FreePort(), ag_ctl = FreePort();
   const std::string secret = "change-me-to-a-long-random-secret";
+  // The site PKI the examples point at, made as `cdpctl pki` makes it.
+  const std::string tls = dir.Join("tls");
+  REQUIRE(cdp::pki::InitCa(tls, cdp::pki::CaOptions{}).ok());
+  auto issue = [&](cdp::pki::CertRole role, const std::string& tenant, const std::string& name, const char* file) {
+    cdp::pki::IssueOptions io;
+    io.identity = cdp::pki::Identity{role, tenant, name};
+    REQUIRE(cdp::pki::Issue(tls, io, tls + "/" + file + ".key", tls + "/" + file + ".crt").ok());
+  };
+  issue(cdp::pki::CertRole::kMasterTarget, "", "mt-1", "mt");
+  issue(cdp::pki::CertRole::kProcessServer, "acme", "ps-1", "ps");
+  issue(cdp::pki::CertRole::kAgent, "acme", "db-host-1", "agent");
 
   std::string mt = Slurp(ex + "master-target.conf");
   Sub(&mt, "0.0.0.0:7500", hp(mt_data));
@@ -56,6 +68,7 @@ TEST_CASE("docs/examples configs start the three daemons, which then replicate",
   Sub(&mt, "127.0.0.1:10810", hp(mt_nbd));
   Sub(&mt, "/var/lib/opencdp/master-target", dir.Join("mt"));
   Sub(&mt, "/etc/opencdp/mt-tenants", ex + "mt-tenants");
+  Sub(&mt, "/etc/opencdp/tls", tls);
   Write(dir.Join("mt.conf"), mt);
 
   std::string ps = Slurp(ex + "process-server.conf");
@@ -63,6 +76,7 @@ TEST_CASE("docs/examples configs start the three daemons, which then replicate",
   Sub(&ps, "127.0.0.1:9101", hp(ps_ctl));
   Sub(&ps, "mt.provider.example:7500", hp(mt_data));
   Sub(&ps, "/var/lib/opencdp/ps/spool", dir.Join("spool"));
+  Sub(&ps, "/etc/opencdp/tls", tls);
   REQUIRE(ps.find("tenant = acme:" + secret) != std::string::npos);
   Write(dir.Join("ps.conf"), ps);
 
@@ -73,6 +87,7 @@ TEST_CASE("docs/examples configs start the three daemons, which then replicate",
   Sub(&ag, "ps.example.net:7400", hp(ps_data));
   Sub(&ag, "/etc/opencdp/agent.secret", dir.Join("agent.secret"));
   Sub(&ag, "/var/lib/opencdp/agent", dir.Join("bitmaps"));
+  Sub(&ag, "/etc/opencdp/tls", tls);
   Sub(&ag, "127.0.0.1:10809", hp(ag_nbd));
   Sub(&ag, "127.0.0.1:9100", hp(ag_ctl));
   Sub(&ag, "fsfreeze -f /srv/db", "true");

@@ -8,6 +8,7 @@
 
 #include "common/env.h"
 #include "common/host_port.h"
+#include "common/pki.h"
 #include "common/http_client.h"
 
 namespace cdp::loadgen {
@@ -81,23 +82,51 @@ std::string LocalCluster::replica_path() const {
 
 std::string LocalCluster::nbd_uri() const { return "nbd://" + Loopback(agent_nbd_) + "/" + o_.volume; }
 
+Status LocalCluster::MakeCertificates() {
+  const std::string dir = pki_dir();
+  if (!DefaultEnv()->Exists(dir + "/ca.key")) CDP_RETURN_IF_ERROR(pki::InitCa(dir, pki::CaOptions{}));
+  const struct {
+    const char* file;
+    pki::CertRole role;
+    std::string name;
+  } certs[] = {{"mt", pki::CertRole::kMasterTarget, "local-mt"},
+               {"ps", pki::CertRole::kProcessServer, "local-ps"},
+               {"agent", pki::CertRole::kAgent, o_.client_id}};
+  for (const auto& c : certs) {
+    const std::string key = dir + "/" + c.file + ".key";
+    if (DefaultEnv()->Exists(key)) continue;
+    pki::IssueOptions io;
+    io.identity.role = c.role;
+    io.identity.name = c.name;
+    if (c.role != pki::CertRole::kMasterTarget) io.identity.tenant = o_.tenant;
+    CDP_RETURN_IF_ERROR(pki::Issue(dir, io, key, dir + "/" + c.file + ".crt"));
+  }
+  return Status::OK();
+}
+
+std::string LocalCluster::TlsKeys(const std::string& who) const {
+  if (!o_.tls) return "tls = off\n";
+  const std::string dir = pki_dir();
+  return "tls_ca = " + dir + "/ca.crt\ntls_cert = " + dir + "/" + who + ".crt\ntls_key = " + dir + "/" + who + ".key\n";
+}
+
 Status LocalCluster::WriteConfigs() {
   std::string mt = "# written by the local cluster (loadgen/local_cluster.h)\nlisten = " + Loopback(mt_data_) +
                    "\ncontrol = " + Loopback(mt_ctl_) + "\nnbd = " + Loopback(mt_nbd_) + "\ndata_dir = " + Path("mt") +
-                   "\ntenant = " + o_.tenant + ":" + o_.secret + "\n";
+                   "\ntenant = " + o_.tenant + ":" + o_.secret + "\n" + TlsKeys("mt");
   if (!o_.point_interval.empty()) mt += "point_interval = " + o_.point_interval + "\n";
   mt += "[log]\nlevel = " + o_.log_level + "\n";
   std::string ps = "# written by the local cluster (loadgen/local_cluster.h)\nlisten = " + Loopback(ps_data_) +
                    "\ncontrol = " + Loopback(ps_ctl_) + "\nmt = " + Loopback(mt_data_) + "\ntenant = " + o_.tenant +
                    ":" + o_.secret + "\nspool_dir = " + Path("ps/spool") + "\ncodec = " + o_.codec +
-                   "\nlevel = " + std::to_string(o_.level) + "\n";
+                   "\nlevel = " + std::to_string(o_.level) + "\n" + TlsKeys("ps");
   if (o_.compress_threads > 0) ps += "compress_threads = " + std::to_string(o_.compress_threads) + "\n";
   ps += "[log]\nlevel = " + o_.log_level + "\n";
   std::string ag = "# written by the local cluster (loadgen/local_cluster.h)\nvolume = " + o_.volume + "=" +
                    source_path() + "\nnbd_listen = " + Loopback(agent_nbd_) + "\nps = " + Loopback(ps_data_) +
                    "\ntenant = " + o_.tenant + "\nsecret_file = " + Path("etc/agent.secret") +
                    "\nclient_id = " + o_.client_id + "\nbitmap_dir = " + Path("agent") +
-                   "\ncontrol = " + Loopback(agent_ctl_) + "\n";
+                   "\ncontrol = " + Loopback(agent_ctl_) + "\n" + TlsKeys("agent");
   if (!o_.agent_budget.empty()) ag += "budget = " + o_.agent_budget + "\n";
   ag += "[log]\nlevel = " + o_.log_level + "\n";
   CDP_RETURN_IF_ERROR(WriteText(Path("etc/master-target.conf"), mt));
@@ -113,6 +142,7 @@ Status LocalCluster::WriteConfigs() {
 Status LocalCluster::Start() {
   Env* env = DefaultEnv();
   for (const char* sub : {"etc", "mt", "ps/spool", "agent"}) CDP_RETURN_IF_ERROR(env->CreateDirs(Path(sub)));
+  if (o_.tls) CDP_RETURN_IF_ERROR(MakeCertificates().WithContext("certificates in " + pki_dir()));
   if (!env->Exists(source_path())) {
     OpenOptions oo;
     oo.create = true;

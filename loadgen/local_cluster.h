@@ -5,6 +5,8 @@
 // (which `make demo` runs) all start the product through it.
 //
 //   <dir>/etc/{master-target,process-server,agent}.conf, etc/agent.secret
+//   <dir>/pki/ca.{crt,key}, {mt,ps,agent}.{crt,key}   the site CA and the daemons'
+//                                     certificates (TLS on; made if missing)
 //   <dir>/source.img                  the protected volume (sparse)
 //   <dir>/mt/  <dir>/ps/spool/  <dir>/agent/     the daemons' data
 //   <dir>/{master-target,process-server,agent}.log   their output
@@ -43,6 +45,11 @@ struct LocalClusterOptions {
   std::string client_id = "local-agent";
   std::string log_level = "info";
   bool die_with_parent = false;           // daemons die with this process (tests)
+  // TLS on every data link (the product's default). The certificates in
+  // pki_dir ("" = <dir>/pki) are used as they are; missing ones are made
+  // with common/pki.h (`cdpctl pki` does the same from the command line).
+  bool tls = true;
+  std::string pki_dir;
 };
 
 // Options for the daemons of a build tree (BUILD/agent/cdp-agent, ...) in `dir`.
@@ -77,6 +84,7 @@ class LocalCluster {
   std::string replica_path() const;
   std::string log_path(Role r) const { return Path(std::string(Name(r)) + ".log"); }
   std::string nbd_uri() const;  // nbd://127.0.0.1:port/volume (the agent's export)
+  std::string pki_dir() const { return o_.pki_dir.empty() ? Path("pki") : o_.pki_dir; }
   uint16_t control_port(Role r) const;
   uint16_t mt_data_port() const { return mt_data_; }
   uint16_t mt_nbd_port() const { return mt_nbd_; }
@@ -87,6 +95,8 @@ class LocalCluster {
 
  private:
   Status WriteConfigs();
+  Status MakeCertificates();
+  std::string TlsKeys(const std::string& who) const;
   Status WaitReady(Role r, std::chrono::milliseconds timeout);
 
   LocalClusterOptions o_;

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
     log->critical("start failed: {}", s.ToString());
     return 1;
   }
-  int sig = signals.Wait();
+  int sig = signals.Wait([&mt] { (void)mt.ReloadTls(); });
   log->info("signal {}: stopping", sig);
   mt.Stop();
   return 0;

@@ -272,7 +272,20 @@ Status MasterTarget::Start() {
   lo.tcp_port = o_.listen.port;
   lo.mode = Listener::Mode::kThreadPerConnection;
   lo.registry = &registry_;
-  m.listener = std::make_unique<Listener>(lo, ServeFrames([&m](FrameChannel& ch) { m.Serve(ch); }));
+  StreamWrapper secure;
+  if (o_.tls.enabled) {
+    auto creds = TlsCredentials::Load(TlsFiles{o_.tls.ca, o_.tls.cert, o_.tls.key});
+    if (!creds.ok()) {
+      Stop();
+      return creds.status().WithContext("TLS");
+    }
+    m.tls = std::move(*creds);
+    secure = TlsWrapper(m.tls.get(), TlsSide::kServer, std::chrono::milliseconds(o_.handshake_timeout_ms));
+    m.log->info("TLS on: certificate '{}' (role {})", m.tls->Current()->self().name, m.tls->Current()->self().role);
+  } else {
+    m.log->warn("tls = off: process servers connect in clear text; blocks cross the network unencrypted");
+  }
+  m.listener = std::make_unique<Listener>(lo, ServeFrames([&m](FrameChannel& ch) { m.Serve(ch); }, secure));
   if (Status s = m.listener->Start(); !s.ok()) {
     Stop();
     return s;
@@ -281,6 +294,14 @@ Status MasterTarget::Start() {
   m.retention_thread = std::thread([&m] { m.RetentionLoop(); });
   m.log->info("listening on {}:{}, control port {}, nbd port {}", o_.listen.host, port(), control_port(), nbd_port());
   return Status::OK();
+}
+
+Status MasterTarget::ReloadTls() {
+  if (!impl_ || !impl_->tls) return Status::OK();
+  Status s = impl_->tls->Reload();
+  if (s.ok()) impl_->log->info("TLS credentials reloaded");
+  else impl_->log->error("TLS reload failed, keeping the current credentials: {}", s.ToString());
+  return s;
 }
 
 void MasterTarget::Stop() {

@@ -22,6 +22,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,6 +67,13 @@ struct MasterTargetOptions {
   RetentionPolicy retention;
   uint64_t retention_check_us = 10'000'000;
   uint32_t handshake_timeout_ms = 10'000;
+  // TLS on the data listener (common/tls_stream.h). The config's default is
+  // on (common/daemon.h); options built by hand (in-process tests) are clear
+  // unless they set it.
+  TlsSettings tls = TlsSettings::Off();
+  // Tenants whose agents may connect straight to the MT (role "agent" over
+  // TLS, or the agent role in clear text). Everyone else must be a process server.
+  std::set<std::string> direct_agent_tenants;
 };
 
 class MasterTarget {
@@ -79,6 +87,11 @@ class MasterTarget {
   // starts the threads. Failure: the first error; nothing is left running.
   Status Start();
   void Stop();
+
+  // Loads the TLS files again (SIGHUP): new connections use them, the ones up
+  // keep theirs. On failure the current credentials stay. OK (nothing to do)
+  // with TLS off.
+  Status ReloadTls();
 
   uint16_t port() const { return port_.load(); }          // data listener
   uint16_t control_port() const;

@@ -27,6 +27,7 @@
 #include "common/listener.h"
 #include "common/log.h"
 #include "common/nbd_server.h"
+#include "common/tls_stream.h"
 #include "master-target/export.h"
 #include "master-target/master_target.h"
 
@@ -56,6 +57,7 @@ struct MasterTarget::Impl {
   std::mutex vol_mu;
   std::map<std::string, std::shared_ptr<VolEntry>> volumes;  // "tenant/name"
 
+  std::unique_ptr<TlsCredentials> tls;  // null with tls = off
   std::unique_ptr<Listener> listener;  // process servers, one thread each
   std::atomic<bool> stopping{false};
 

@@ -2,6 +2,7 @@
 
 #include "common/daemon.h"
 #include "common/host_port.h"
+#include "common/protocol.h"
 
 #include <tuple>
 
@@ -29,7 +30,10 @@ po::options_description MasterTargetConfigDescription() {
       ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
   desc.add_options()("max_volumes_per_tenant", po::value<size_t>()->default_value(256),
                       "volumes a tenant may create, at most (1..100000)");
+  desc.add_options()("direct_agents", po::value<std::vector<std::string>>()->composing(),
+                      "a tenant whose agents may connect without a process server (repeatable)");
   AddConnectionCapOptions(&desc);
+  AddTlsOptions(&desc);
   return desc;
 }
 
@@ -42,6 +46,13 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   CDP_ASSIGN_OR_RETURN(o.control, GetHostPort(vm, "control", HostPort::Rules::OptionalListen()));
   CDP_ASSIGN_OR_RETURN(o.nbd, GetHostPort(vm, "nbd", HostPort::Rules::OptionalListen()));
   CDP_ASSIGN_OR_RETURN(o.connection_caps, GetConnectionCaps(vm));
+  CDP_ASSIGN_OR_RETURN(o.tls, GetTlsSettings(vm));
+  if (vm.count("direct_agents")) {
+    for (const auto& t : vm["direct_agents"].as<std::vector<std::string>>()) {
+      if (!proto::ValidName(t)) return Status::InvalidArgument("'direct_agents': bad tenant name '" + t + "'");
+      o.direct_agent_tenants.insert(t);
+    }
+  }
   o.max_volumes_per_tenant = vm["max_volumes_per_tenant"].as<size_t>();
   if (o.max_volumes_per_tenant < 1 || o.max_volumes_per_tenant > 100000)
     return Status::InvalidArgument("'max_volumes_per_tenant' must be 1..100000");

@@ -19,8 +19,13 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
     log->warn("{} handshake failed: {}", log::Where{"", peer_addr, 0}, tenant.status().ToString());
     return;
   }
-  if (peer.role != proto::Role::kProcessServer && peer.role != proto::Role::kAgent) {
-    log->warn("{} refused role {}", log::Where{"", peer_addr, 0}, int(peer.role));
+  // Only process servers, unless the tenant lets its agents connect directly.
+  if (peer.role != proto::Role::kProcessServer &&
+      !(peer.role == proto::Role::kAgent && o.direct_agent_tenants.count(*tenant) > 0)) {
+    log->warn("{} tenant {} refused: role {} may not connect to the master target{}", log::Where{"", peer_addr, 0},
+              *tenant, int(peer.role), peer.role == proto::Role::kAgent ? " (the tenant allows no direct agents)" : "");
+    (void)ch.Send(proto::Nack{0, proto::NackReason::kPermissionDenied, 0,
+                              "role not allowed at the master target: connect through a process server"});
     return;
   }
   connections->Add(1);

@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
       cdp::log::Get("ps")->critical("start failed: {}", s.ToString());
       return 1;
     }
-    int sig = signals.Wait();
+    int sig = signals.Wait([&server] { (void)server.ReloadTls(); });
     cdp::log::Get("ps")->info("signal {}: stopping", sig);
     server.Stop();
     return 0;

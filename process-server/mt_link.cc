@@ -80,10 +80,12 @@ repl::SenderOptions LinkOptions(const MtLinkOptions& o) {
   l.port = o.port;
   if (o.throttle != nullptr) {
     Throttle* t = o.throttle;
-    l.wrap = [t](std::unique_ptr<ByteStream> s) -> std::unique_ptr<ByteStream> {
-      return std::make_unique<ThrottleFilter>(std::move(s), t);
+    l.wrap = [t](std::unique_ptr<ByteStream> s) -> Result<std::unique_ptr<ByteStream>> {
+      return std::unique_ptr<ByteStream>(std::make_unique<ThrottleFilter>(std::move(s), t));
     };
   }
+  // TLS over the throttle: the throttle charges the bytes on the wire.
+  if (o.tls != nullptr) l.wrap = TlsWrapper(o.tls, TlsSide::kClient, std::chrono::milliseconds(5000), l.wrap);
   l.role = proto::Role::kProcessServer;
   l.tenant = o.tenant;
   l.secret = o.secret;

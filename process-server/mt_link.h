@@ -32,6 +32,7 @@
 #include "common/protocol.h"
 #include "common/replication_sender.h"
 #include "common/result.h"
+#include "common/tls_stream.h"
 #include "common/throttle.h"
 #include "process-server/spooled_volume.h"
 
@@ -40,6 +41,7 @@ namespace cdp::ps {
 struct MtLinkOptions {
   Clock* clock = nullptr;        // must outlive the link
   Throttle* throttle = nullptr;  // shared by all links; may be null (unlimited)
+  const TlsCredentials* tls = nullptr;  // TLS to the MT (over the throttle); null = clear text; must outlive the link
   std::string host;
   uint16_t port = 0;
   std::string tenant;

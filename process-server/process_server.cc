@@ -123,6 +123,13 @@ ProcessServer::~ProcessServer() { Stop(); }
 
 Status ProcessServer::Start() {
   Impl& im = *impl_;
+  if (opt_.tls.enabled) {
+    CDP_ASSIGN_OR_RETURN(im.tls, TlsCredentials::Load(TlsFiles{opt_.tls.ca, opt_.tls.cert, opt_.tls.key}));
+    const TlsPeer& self = im.tls->Current()->self();
+    im.log->info("TLS on: certificate '{}' (role {}, tenant {})", self.name, self.role, self.tenant);
+  } else {
+    im.log->warn("tls = off: agents and the master target are reached in clear text; blocks cross the network unencrypted");
+  }
   // MT links per tenant.
   for (const auto& [tenant, secret] : opt_.tenants) {
     if (!proto::ValidName(tenant)) return Status::InvalidArgument("bad tenant name '" + tenant + "'");
@@ -131,6 +138,7 @@ Status ProcessServer::Start() {
       MtLinkOptions lo;
       lo.clock = opt_.clock;
       lo.throttle = throttle_.get();
+      lo.tls = im.tls.get();
       lo.host = opt_.mt.host;
       lo.port = opt_.mt.port;
       lo.tenant = tenant;
@@ -170,7 +178,9 @@ Status ProcessServer::Start() {
   lo.tcp_port = opt_.listen.port;
   lo.mode = Listener::Mode::kThreadPerConnection;
   lo.registry = opt_.registry;
-  im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch) { im.Serve(ch); }));
+  StreamWrapper secure;
+  if (im.tls) secure = TlsWrapper(im.tls.get(), TlsSide::kServer, std::chrono::milliseconds(10'000));
+  im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch) { im.Serve(ch); }, secure));
   CDP_RETURN_IF_ERROR(im.listener->Start());
   agent_port_ = im.listener->tcp_port();
 
@@ -191,6 +201,14 @@ Status ProcessServer::Start() {
   im.log->info("process server listening on {}:{} (agents), control port {}, master target {}:{}", opt_.listen.host,
                agent_port_, control_port_, opt_.mt.host, opt_.mt.port);
   return Status::OK();
+}
+
+Status ProcessServer::ReloadTls() {
+  if (!impl_ || !impl_->tls) return Status::OK();
+  Status s = impl_->tls->Reload();
+  if (s.ok()) impl_->log->info("TLS credentials reloaded");
+  else impl_->log->error("TLS reload failed, keeping the current credentials: {}", s.ToString());
+  return s;
 }
 
 void ProcessServer::Stop() {

@@ -65,6 +65,9 @@ struct ProcessServerOptions {
   int max_inflight = 8;               // frames per volume not yet acknowledged
   int connections = 1;                // MT connections per tenant
   ConnectionCaps connection_caps;     // agent connections (the data listener)
+  // TLS to agents and to the MT (common/tls_stream.h). The config's default is
+  // on; options built by hand (in-process tests) are clear unless they set it.
+  TlsSettings tls = TlsSettings::Off();
   int compress_threads = 0;           // compression pool per tenant; 0 = CPU cores
   ThrottleOptions throttle;
   uint64_t backoff_min_ms = 100;
@@ -89,6 +92,10 @@ class ProcessServer {
   // Stops accepting, closes every connection and joins every thread.
   // Whatever was acknowledged stays in the spool. Idempotent.
   void Stop();
+
+  // Loads the TLS files again (SIGHUP) for new agent and MT connections; the
+  // ones up keep theirs. On failure the current credentials stay. OK with TLS off.
+  Status ReloadTls();
 
   uint16_t agent_port() const { return agent_port_; }
   uint16_t control_port() const { return control_port_; }

@@ -21,6 +21,7 @@
 #include "common/channel.h"
 #include "common/http_server.h"
 #include "common/listener.h"
+#include "common/tls_stream.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "process-server/mt_link.h"
@@ -39,6 +40,7 @@ struct ProcessServer::Impl {
   std::map<std::string, std::vector<std::unique_ptr<MtLink>>> links;  // tenant -> links
   std::vector<std::pair<std::string, metrics::Labels>> series;       // registered computed metrics
 
+  std::unique_ptr<TlsCredentials> tls;  // null with tls = off; outlives links and listener
   std::unique_ptr<Listener> listener;  // agents, one thread each
 
   std::atomic<bool> stopping{false};

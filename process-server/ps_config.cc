@@ -33,6 +33,7 @@ po::options_description ProcessServerConfigDescription() {
       ("log.level", po::value<std::string>()->default_value(""), "trace, debug, info, warn, error")
       ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
   AddConnectionCapOptions(&d);
+  AddTlsOptions(&d);
   return d;
 }
 
@@ -99,6 +100,7 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
   o.max_inflight = vars["inflight"].as<int>();
   if (o.max_inflight < 1 || o.max_inflight > 1024) return Status::InvalidArgument("'inflight' must be 1..1024");
   CDP_ASSIGN_OR_RETURN(o.connection_caps, GetConnectionCaps(vars));
+  CDP_ASSIGN_OR_RETURN(o.tls, GetTlsSettings(vars));
   o.connections = vars["connections"].as<int>();
   if (o.connections < 1 || o.connections > 64) return Status::InvalidArgument("'connections' must be 1..64");
   o.compress_threads = vars["compress_threads"].as<int>();

@@ -5,9 +5,17 @@
 
 namespace {
 
+// The key tests below are about other keys: they run with tls = off unless
+// their text sets tls itself (the TLS keys have their own test case).
+std::string ClearUnlessTls(std::string_view text) {
+  std::string t(text);
+  if (t.find("tls") == std::string::npos) t = "tls = off\n" + t;
+  return t;
+}
+
 cdp::Result<cdp::agent::AgentOptions> Load(cdp::Env* env, std::string_view text, cdp::log::Options* log = nullptr) {
   const char* argv[] = {"cdp-agent"};
-  auto loaded = cdp::LoadConfigText(1, argv, cdp::agent::AgentConfigDescription(), text, "agent.conf");
+  auto loaded = cdp::LoadConfigText(1, argv, cdp::agent::AgentConfigDescription(), ClearUnlessTls(text), "agent.conf");
   if (!loaded.ok()) return loaded.status();
   return cdp::agent::AgentOptionsFromConfig(loaded->vars, env, log);
 }
@@ -66,3 +74,14 @@ TEST_CASE("agent config: every bad value names its key", "[config]") {
 }
 
 }  // namespace
+
+TEST_CASE("agent config: TLS is on by default and needs its three files", "[config][tls]") {
+  auto env = cdp::NewMemEnv();
+  CHECK(Error(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\ntls_ca = /ca.crt\n") ==
+        "'tls_cert' is required with tls = on");
+  auto o = Load(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\ntls_ca = /ca.crt\ntls_cert = /a.crt\n"
+                           "tls_key = /a.key\n");
+  REQUIRE(o.ok());
+  CHECK(o->tls.enabled);
+  CHECK(o->tls.cert == "/a.crt");
+}

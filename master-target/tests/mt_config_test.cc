@@ -5,9 +5,18 @@
 
 namespace {
 
+// The key tests below are about other keys: they run with tls = off unless
+// their text sets tls itself (the TLS keys have their own test case).
+std::string ClearUnlessTls(std::string_view text) {
+  std::string t(text);
+  if (t.find("tls") == std::string::npos) t = "tls = off\n" + t;
+  return t;
+}
+
 cdp::Result<cdp::mt::MasterTargetOptions> Load(cdp::Env* env, std::string_view text) {
   const char* argv[] = {"cdp-master-target"};
-  auto loaded = cdp::LoadConfigText(1, argv, cdp::mt::MasterTargetConfigDescription(), text, "mt.conf");
+  auto loaded =
+      cdp::LoadConfigText(1, argv, cdp::mt::MasterTargetConfigDescription(), ClearUnlessTls(text), "mt.conf");
   if (!loaded.ok()) return loaded.status();
   return cdp::mt::MasterTargetOptionsFromConfig(loaded->vars, env);
 }
@@ -61,3 +70,21 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
 }
 
 }  // namespace
+
+TEST_CASE("master target config: TLS is on by default and needs its three files; direct agents", "[config][tls]") {
+  auto env = cdp::NewMemEnv();
+  CHECK(Error(env.get(), "tls = on\n") == "'tls_ca' is required with tls = on");
+  CHECK(Error(env.get(), "tls_ca = /ca.crt\ntls_cert = /mt.crt\n") == "'tls_key' is required with tls = on");
+  CHECK(Error(env.get(), "tls = maybe\n") == "'tls' must be on or off, not 'maybe'");
+  auto o = Load(env.get(), "tls_ca = /ca.crt\ntls_cert = /mt.crt\ntls_key = /mt.key\ndirect_agents = acme\n");
+  REQUIRE(o.ok());
+  CHECK(o->tls.enabled);
+  CHECK(o->tls.ca == "/ca.crt");
+  CHECK(o->tls.cert == "/mt.crt");
+  CHECK(o->tls.key == "/mt.key");
+  CHECK(o->direct_agent_tenants == std::set<std::string>{"acme"});
+  auto off = Load(env.get(), "tls = off\n");
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->tls.enabled);
+  CHECK(off->direct_agent_tenants.empty());
+}

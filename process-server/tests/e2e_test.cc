@@ -26,6 +26,8 @@
 #include "common/hash.h"
 #include "common/metrics.h"
 #include "master-target/master_target.h"
+#include "common/pki.h"
+#include "common/tls_stream.h"
 #include "process-server/process_server.h"
 #include "common/tests/test_util.h"
 
@@ -107,10 +109,11 @@ struct AgentClient {
   std::atomic<uint64_t> reconnects{0};
   std::atomic<uint64_t> busy{0};
   std::atomic<uint64_t> unexpected_nacks{0};
+  cdp::StreamWrapper wrap;  // TLS when set
 
   void Run() {
     while (!stop.load() && acked.load() < total) {
-      auto ch = cdp::Connect("127.0.0.1", port.load(), 2s);
+      auto ch = cdp::Connect("127.0.0.1", port.load(), 2s, {}, wrap);
       if (!ch.ok()) {
         std::this_thread::sleep_for(20ms);
         continue;
@@ -277,10 +280,25 @@ cdp::Subprocess StartDaemon(const std::string& config) {
 
 TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no acknowledged write",
           "[e2e][resume]") {
-  TempDir mt_dir, ps_dir;
+  TempDir mt_dir, ps_dir, pki_dir;
   const uint64_t kTotal = 3000;
-  cdp::mt::MasterTarget mt(MtOptions(mt_dir.path(), 0));
+  // Every link over TLS, with certificates made here.
+  const std::string pki = pki_dir.path() + "/pki";
+  REQUIRE(cdp::pki::InitCa(pki, {}).ok());
+  auto issue = [&](cdp::pki::CertRole role, const std::string& tenant, const std::string& stem) {
+    cdp::pki::IssueOptions io;
+    io.identity = cdp::pki::Identity{role, tenant, stem + "-e2e"};
+    REQUIRE(cdp::pki::Issue(pki, io, pki + "/" + stem + ".key", pki + "/" + stem + ".crt").ok());
+  };
+  issue(cdp::pki::CertRole::kMasterTarget, "", "mt");
+  issue(cdp::pki::CertRole::kProcessServer, "acme", "ps");
+  issue(cdp::pki::CertRole::kAgent, "acme", "agent");
+  auto mt_options = MtOptions(mt_dir.path(), 0);
+  mt_options.tls = cdp::TlsSettings{true, pki + "/ca.crt", pki + "/mt.crt", pki + "/mt.key"};
+  cdp::mt::MasterTarget mt(mt_options);
   REQUIRE(mt.Start().ok());
+  auto agent_tls = cdp::TlsCredentials::Load(cdp::TlsFiles{pki + "/ca.crt", pki + "/agent.crt", pki + "/agent.key"});
+  REQUIRE(agent_tls.ok());
   uint16_t ps_port = FreePort();
   std::string config = ps_dir.path() + "/ps.conf";
   {
@@ -293,11 +311,13 @@ TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no ack
       << "segment_size = 1MiB\n"
       << "frame_size = 64KiB\n"
       << "codec = lz4\n"
+      << "tls_ca = " << pki << "/ca.crt\ntls_cert = " << pki << "/ps.crt\ntls_key = " << pki << "/ps.key\n"
       << "\n[log]\nlevel = warn\n";
   }
   cdp::Subprocess ps = StartDaemon(config);
 
   AgentClient agent;
+  agent.wrap = cdp::TlsWrapper(agent_tls->get(), cdp::TlsSide::kClient, 5s);
   agent.total = kTotal;
   agent.port.store(ps_port);
   std::thread agent_thread([&] { agent.Run(); });

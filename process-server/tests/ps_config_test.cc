@@ -4,10 +4,18 @@
 
 namespace {
 
+// The key tests below are about other keys: they run with tls = off unless
+// their text sets tls itself (the TLS keys have their own test case).
+std::string ClearUnlessTls(std::string_view text) {
+  std::string t(text);
+  if (t.find("tls") == std::string::npos) t = "tls = off\n" + t;
+  return t;
+}
+
 cdp::Result<cdp::ps::ProcessServerOptions> Load(std::string_view text, std::vector<const char*> flags = {}) {
   std::vector<const char*> argv{"cdp-process-server"};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  auto loaded = cdp::LoadConfigText(int(argv.size()), argv.data(), cdp::ps::ProcessServerConfigDescription(), text,
+  auto loaded = cdp::LoadConfigText(int(argv.size()), argv.data(), cdp::ps::ProcessServerConfigDescription(), ClearUnlessTls(text),
                                     "ps.conf");
   if (!loaded.ok()) return loaded.status();
   return cdp::ps::OptionsFromConfig(loaded->vars);
@@ -80,4 +88,14 @@ TEST_CASE("process server config: bad values name the key", "[config]") {
   CHECK(msg("tenant = a:b\nmax_connections = 0\n") == "'max_connections' must be 1..65536");
   CHECK(msg("tenant = a:b\nmax_connections_per_peer = 70000\n") == "'max_connections_per_peer' must be 1..65536");
   CHECK(msg("tenant = a:b\ncontrol = none\nmt = h:0\n").find("mt") != std::string::npos);
+}
+
+TEST_CASE("process server config: TLS is on by default and needs its three files", "[config][tls]") {
+  auto missing = Load("tls = on\ntenant = acme:s3cret\n");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().message() == "'tls_ca' is required with tls = on");
+  auto o = Load("tenant = acme:s3cret\ntls_ca = /etc/opencdp/ca.crt\ntls_cert = /etc/opencdp/ps.crt\ntls_key = /etc/opencdp/ps.key\n");
+  REQUIRE(o.ok());
+  CHECK(o->tls.enabled);
+  CHECK(o->tls.key == "/etc/opencdp/ps.key");
 }

@@ -1,0 +1,67 @@
+// The site PKI of mutual TLS (common/tls_stream.h): one CA per site, one key
+// and certificate per daemon, made with the OpenSSL library (`cdpctl pki`).
+//
+// Identity format (what TLS peers are checked against):
+//   subject  CN=<name>, O=<tenant> (absent for role mt), OU=<role>
+//   role     exactly one of "agent", "ps", "mt"
+//   names    tenant and name pass proto::ValidName (common/protocol.h)
+// Keys are ECDSA P-256, signatures SHA-256. The CA certificate is
+// CA:TRUE (critical) with keyCertSign; a daemon's certificate is CA:FALSE with
+// digitalSignature and both serverAuth and clientAuth (every daemon is a TLS
+// server to its clients and a client of its next hop).
+//
+// Files: private keys are created with mode 0600 (O_EXCL: an existing file is
+// never overwritten), certificates 0644.
+//
+// Thread safety: every function is thread-safe (OpenSSL 3 is).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/result.h"
+#include "common/status.h"
+
+typedef struct x509_st X509;
+
+namespace cdp::pki {
+
+enum class CertRole { kAgent, kProcessServer, kMasterTarget };
+std::string_view RoleName(CertRole r);              // "agent" | "ps" | "mt"
+Result<CertRole> ParseRole(std::string_view text);  // kInvalidArgument naming the text
+
+struct Identity {
+  CertRole role = CertRole::kAgent;
+  std::string tenant;  // empty for kMasterTarget
+  std::string name;    // CN
+};
+
+struct CaOptions {
+  std::string name = "OpenCDP site CA";
+  int valid_days = 3650;
+};
+// Creates `dir` if missing (0700), then dir/ca.key (0600) and dir/ca.crt.
+// kAlreadyExists if dir/ca.key exists: a CA is never overwritten.
+Status InitCa(const std::string& dir, const CaOptions& options);
+
+struct IssueOptions {
+  Identity identity;  // tenant required for agent and ps, refused for mt
+  // Validity relative to now, in seconds (tests make expired ones with < 0).
+  int64_t not_before_s = -300;
+  int64_t not_after_s = 825LL * 86400;
+};
+// Signs a new key and certificate with the CA of `ca_dir` (ca.key, ca.crt).
+// kInvalidArgument for a bad identity; kAlreadyExists if `key_path` exists.
+Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::string& key_path,
+             const std::string& cert_path);
+
+// The identity in a certificate: exactly one CN and one OU with a known role,
+// exactly one O for agent and ps and none for mt, every name valid. Anything
+// else is kPermissionDenied naming what is wrong. Does not verify the
+// signature (TLS has done that).
+Result<Identity> IdentityOf(X509* cert);
+// The same from a PEM file; also returns its notAfter as text in *not_after.
+Result<Identity> IdentityOfFile(const std::string& cert_path, std::string* not_after = nullptr);
+
+}  // namespace cdp::pki
