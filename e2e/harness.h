@@ -136,6 +136,11 @@ class Cluster {
   uint16_t agent_control() const { return c_.control_port(Which::kAgent); }
   uint16_t ps_control() const { return c_.control_port(Which::kProcessServer); }
   uint16_t mt_control() const { return c_.control_port(Which::kMasterTarget); }
+  uint16_t ps_data_port() const { return c_.ps_data_port(); }
+  uint16_t mt_data_port() const { return c_.mt_data_port(); }
+  // The site PKI of the cluster: ca.{crt,key}, {mt,ps,agent}.{crt,key}.
+  std::string pki_dir() const { return c_.pki_dir(); }
+  pid_t pid(Which w) { return c_.process(w).pid(); }
   const std::string& why() const { return why_; }
   // The tail of every daemon log, for failure messages.
   std::string Logs(size_t tail_bytes = 3000) const { return c_.Logs(tail_bytes); }
