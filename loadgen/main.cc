@@ -531,6 +531,9 @@ int CmdCluster(int argc, char** argv) {
       "codec", po::value<std::string>()->default_value("zstd"), "process server codec: none | lz4 | zstd")(
       "level", po::value<int>()->default_value(1), "compression level")(
       "point-interval", po::value<std::string>()->default_value(""), "MT crash-consistent point interval")(
+      "tls", po::value<std::string>()->default_value("on"), "TLS on the data links: on | off")(
+      "pki-dir", po::value<std::string>()->default_value(""),
+      "site CA and certificates (ca, mt, ps, agent .crt/.key; missing ones are made); default DIR/pki")(
       "env-file", po::value<std::string>()->default_value(""),
       "write the endpoints here as shell assignments once every daemon answers");
   LoadedConfig cfg;
@@ -555,6 +558,10 @@ int CmdCluster(int argc, char** argv) {
   o.codec = vm["codec"].as<std::string>();
   o.level = vm["level"].as<int>();
   o.point_interval = vm["point-interval"].as<std::string>();
+  const std::string tls = vm["tls"].as<std::string>();
+  if (tls != "on" && tls != "off") return Fail("cluster", Status::InvalidArgument("--tls must be on or off"));
+  o.tls = tls == "on";
+  o.pki_dir = vm["pki-dir"].as<std::string>();
   o.die_with_parent = true;  // a kill -9 of this command takes the daemons with it
   LocalCluster c(o);
   if (Status s = c.Start(); !s.ok()) return Fail("cluster", s);

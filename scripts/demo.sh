@@ -3,7 +3,8 @@
 #
 #   bash scripts/demo.sh BUILD_DIR
 #
-# Starts cdp-master-target, cdp-process-server and cdp-agent (through
+# Makes a site CA and one certificate per daemon with `cdpctl pki`, then starts
+# cdp-master-target, cdp-process-server and cdp-agent over TLS (through
 # `cdp-loadgen cluster`, the local cluster the e2e tests use) protecting a 1 GiB
 # sparse source volume; drives writes through the agent's NBD export with real
 # clients (cdp-loadgen churn, qemu-io, nbdcopy); tags two recovery points with
@@ -73,10 +74,19 @@ tag() {
 }
 ctl() { "$CTL" --agent "$CDP_AGENT_CONTROL" --ps "$CDP_PS_CONTROL" --mt "$CDP_MT_CONTROL" --tenant $TENANT "$@"; }
 
-say "starting the daemons in $DIR (1 GiB sparse source volume): cdp-loadgen cluster"
+say "site PKI: a CA and one certificate per daemon, made by cdpctl pki"
+PKI=$DIR/pki
+"$CTL" pki init --dir "$PKI" --name "OpenCDP demo CA" | sed 's/^/  /'
+"$CTL" pki issue --dir "$PKI" --role mt --name demo-mt --out "$PKI/mt" | sed 's/^/  /'
+"$CTL" --tenant $TENANT pki issue --dir "$PKI" --role ps --name demo-ps --out "$PKI/ps" | sed 's/^/  /'
+"$CTL" --tenant $TENANT pki issue --dir "$PKI" --role agent --name demo-host --out "$PKI/agent" | sed 's/^/  /'
+"$CTL" pki show "$PKI/agent.crt" | sed 's/^/  agent certificate: /'
+[ "$(stat -c %a "$PKI/agent.key")" = 600 ] || die "agent.key is not mode 0600"
+
+say "starting the daemons in $DIR (1 GiB sparse source volume, TLS on every link): cdp-loadgen cluster"
 # The one local-cluster harness (loadgen/local_cluster.h), as the e2e tests use it.
 "$LOADGEN" cluster --build "$BUILD" --dir "$DIR" --volume $VOL --volume-size $SIZE --tenant $TENANT --codec zstd --level 1 \
-  --point-interval 2s --env-file "$DIR/cluster.env" >"$DIR/cluster.out" 2>&1 &
+  --point-interval 2s --tls on --pki-dir "$PKI" --env-file "$DIR/cluster.env" >"$DIR/cluster.out" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 600); do
   [ -s "$DIR/cluster.env" ] && break
@@ -197,6 +207,13 @@ for tag in before-upgrade after-upgrade; do
   echo "  source copied at the tag vs export: $r"
   check "export of point $id ('$tag') == source at the tag" same "$r"
 done
+say "check: every data link ran over TLS with the cdpctl pki certificates"
+tls_links=0
+grep -q "TLS on: certificate 'demo-mt'" "$DIR/master-target.log" && tls_links=$((tls_links + 1))
+grep -q "TLS on: certificate 'demo-ps'" "$DIR/process-server.log" && tls_links=$((tls_links + 1))
+grep -q "TLS on: certificate 'demo-host'" "$DIR/agent.log" && tls_links=$((tls_links + 1))
+echo "  daemons on TLS with the demo certificates: $tls_links of 3"
+check "agent, PS and MT on TLS 1.3 with certificates from cdpctl pki" 3 "$tls_links"
 if [ "$(same "$DIR/copies/before-upgrade.img" "$DIR/copies/after-upgrade.img")" = same ]; then
   CHECKS+=("FAIL  the two tags name different images"); FAILED=1
 fi
