@@ -9,7 +9,11 @@
 #   - beside it, in the same run, single-core lz4 -1 and zstd -1 compression
 #     speed (the CLIs' -b mode, one thread) on the bytes the churn wrote.
 #
-#   bash bench/e2e_bench.sh BUILD_DIR [SECONDS=20] [COMPRESSIBILITY=0.75] [CODEC=zstd]
+#   bash bench/e2e_bench.sh BUILD_DIR [SECONDS=20] [COMPRESSIBILITY=0.75] [CODEC=zstd] [TLS=on]
+#
+# TLS=on (the product's default) makes a site CA and three certificates with
+# `cdpctl pki` and runs agent->PS and PS->MT over TLS 1.3; TLS=off is clear text.
+# Compare the two in one sitting: for t in off on off on; do bash ... zstd $t; done
 #
 # Prints a Markdown table row set; docs/benchmarks.md "End to end" records runs.
 set -euo pipefail
@@ -18,11 +22,13 @@ BUILD=$(cd "${1:?usage: e2e_bench.sh BUILD_DIR [SECONDS] [COMPRESSIBILITY] [CODE
 SECS=${2:-20}
 COMP=${3:-0.75}
 CODEC=${4:-zstd}
+TLS=${5:-on}
+CTL=$BUILD/cdpctl/cdpctl
 AGENT=$BUILD/agent/cdp-agent
 PS=$BUILD/process-server/cdp-process-server
 MT=$BUILD/master-target/cdp-master-target
 LOADGEN=$BUILD/loadgen/cdp-loadgen
-for b in "$AGENT" "$PS" "$MT" "$LOADGEN"; do [ -x "$b" ] || { echo "e2e_bench: $b not built" >&2; exit 2; }; done
+for b in "$AGENT" "$PS" "$MT" "$LOADGEN" "$CTL"; do [ -x "$b" ] || { echo "e2e_bench: $b not built" >&2; exit 2; }; done
 for p in zstd lz4 curl; do command -v $p >/dev/null || { echo "e2e_bench: $p missing" >&2; exit 2; }; done
 
 DIR=$(mktemp -d "${TMPDIR:-/var/tmp}/opencdp-bench.XXXXXX")
@@ -47,14 +53,24 @@ SIZE=$((4 << 30))
 SECRET=bench-secret-$RANDOM$RANDOM
 mkdir -p "$DIR/mt" "$DIR/spool" "$DIR/agent"
 truncate -s $SIZE "$DIR/source.img"
+tls_args() { echo --tls off; }
+if [ "$TLS" = on ]; then
+  "$CTL" pki init --dir "$DIR/pki" >/dev/null
+  "$CTL" pki issue --dir "$DIR/pki" --role mt --name bench-mt --out "$DIR/pki/mt" >/dev/null
+  "$CTL" --tenant bench pki issue --dir "$DIR/pki" --role ps --name bench-ps --out "$DIR/pki/ps" >/dev/null
+  "$CTL" --tenant bench pki issue --dir "$DIR/pki" --role agent --name bench-agent --out "$DIR/pki/agent" >/dev/null
+  tls_args() { echo --tls_ca "$DIR/pki/ca.crt" --tls_cert "$DIR/pki/$1.crt" --tls_key "$DIR/pki/$1.key"; }
+elif [ "$TLS" != off ]; then
+  echo "e2e_bench: TLS must be on or off" >&2; exit 2
+fi
 "$MT" --listen 127.0.0.1:$MT_DATA --control 127.0.0.1:$MT_CTL --nbd 127.0.0.1:$MT_NBD --data_dir "$DIR/mt" \
-  --tenant bench:$SECRET --log.file "$DIR/mt.log" &
+  --tenant bench:$SECRET --log.file "$DIR/mt.log" $(tls_args mt) &
 PIDS+=($!)
 "$PS" --listen 127.0.0.1:$PS_DATA --control 127.0.0.1:$PS_CTL --mt 127.0.0.1:$MT_DATA --tenant bench:$SECRET \
-  --spool_dir "$DIR/spool" --codec "$CODEC" --level 1 --log.file "$DIR/ps.log" &
+  --spool_dir "$DIR/spool" --codec "$CODEC" --level 1 --log.file "$DIR/ps.log" $(tls_args ps) &
 PIDS+=($!)
 "$AGENT" --volume vol=$DIR/source.img --nbd_listen 127.0.0.1:$AG_NBD --ps 127.0.0.1:$PS_DATA --tenant bench \
-  --secret $SECRET --bitmap_dir "$DIR/agent" --control 127.0.0.1:$AG_CTL --log.file "$DIR/agent.log" >/dev/null &
+  --secret $SECRET --bitmap_dir "$DIR/agent" --control 127.0.0.1:$AG_CTL --log.file "$DIR/agent.log" $(tls_args agent) >/dev/null &
 PIDS+=($!)
 for port in $MT_CTL $PS_CTL $AG_CTL; do
   for _ in $(seq 300); do curl -fsS "http://127.0.0.1:$port/status" >/dev/null 2>&1 && break; sleep 0.1; done
@@ -103,12 +119,12 @@ ratio() { echo "$1" | grep -oE '\(x?[0-9.]+\)' | head -n1 | tr -d '()x '; }
 awk -v b="$BYTES" -v t0="$T0" -v t1="$T1" -v t2="$T2" -v a0="$A0" -v a1="$A1" -v p0="$P0" -v p1="$P1" \
     -v m0="$M0" -v m1="$M1" -v zs="$(speed "$ZSTD_LINE")" -v zr="$(ratio "$ZSTD_LINE")" -v ls="$(speed "$LZ4_LINE")" \
     -v lr="$(ratio "$LZ4_LINE")" -v comp="$COMP" -v codec="$CODEC" -v secs="$SECS" -v modes="$MODE_CHANGES" \
-    -v psin="$PS_IN" -v psout="$PS_OUT" 'BEGIN {
+    -v psin="$PS_IN" -v psout="$PS_OUT" -v tls="$TLS" 'BEGIN {
   gb = b / 1e9
-  printf "| compressibility | PS codec | written (MB) | write phase (s) | until applied (s) | sustained e2e MB/s | agent CPU s/GB | PS CPU s/GB | MT CPU s/GB | PS in/out ratio | agent mode changes | zstd -1 MB/s (1 core, ratio) | lz4 -1 MB/s (1 core, ratio) |\n"
-  printf "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-  printf "| %s | %s -1 | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %d | %s (%s) | %s (%s) |\n", \
-    comp, codec, b / 1e6, t1 - t0, t2 - t0, b / 1e6 / (t2 - t0), (a1 - a0) / gb, (p1 - p0) / gb, (m1 - m0) / gb, \
+  printf "| TLS | compressibility | PS codec | written (MB) | write phase (s) | until applied (s) | sustained e2e MB/s | agent CPU s/GB | PS CPU s/GB | MT CPU s/GB | PS in/out ratio | agent mode changes | zstd -1 MB/s (1 core, ratio) | lz4 -1 MB/s (1 core, ratio) |\n"
+  printf "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+  printf "| %s | %s | %s -1 | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %d | %s (%s) | %s (%s) |\n", \
+    tls, comp, codec, b / 1e6, t1 - t0, t2 - t0, b / 1e6 / (t2 - t0), (a1 - a0) / gb, (p1 - p0) / gb, (m1 - m0) / gb, \
     (psout > 0 ? psin / psout : 0), modes, zs, zr, ls, lr
 }'
 echo
