@@ -122,11 +122,15 @@ bool CaptureQueue::Peek(uint64_t from_seq, uint64_t max_bytes, size_t max_record
   uint64_t first = q_.front().seq;
   size_t i = from_seq > first ? size_t(from_seq - first) : 0;
   uint64_t bytes = 0;
+  uint64_t work = 0;  // what the batch asks of the master target (proto::kMaxBatchWork)
   for (; i < q_.size() && out->size() < max_records; ++i) {
     const QueuedRecord& r = q_[i];
     uint64_t cost = r.kind == proto::RecordKind::kData ? r.length : r.data_size();
-    if (!out->empty() && bytes + cost > max_bytes) break;
+    const bool ranged = r.kind == proto::RecordKind::kData || r.kind == proto::RecordKind::kZero ||
+                        r.kind == proto::RecordKind::kTrim;
+    if (!out->empty() && (bytes + cost > max_bytes || (ranged && work + r.length > proto::kMaxBatchWork))) break;
     bytes += cost;
+    if (ranged) work += r.length;
     out->push_back(r);
   }
   return !out->empty();

@@ -255,6 +255,23 @@ int Rollback(const Options& o, const std::string& volume, const std::string& poi
   return 0;
 }
 
+// Re-protect at the master target: the next generation's open is accepted, history kept.
+int Reprotect(const Options& o, const std::string& volume, std::ostream& out, std::ostream& err) {
+  json::object b{{"volume", volume}};
+  if (!o.tenant.empty()) b["tenant"] = o.tenant;
+  Call c = Http(o, o.mt, "POST", "/v1/reprotect", b);
+  if (!c.reached || c.status != 200) return Fail(err, "reprotect " + volume, c);
+  if (o.json) {
+    out << json::serialize(c.body) << "\n";
+    return 0;
+  }
+  const json::object& r = c.body.as_object();
+  out << "volume " << volume << ": generation " << uint64_t(Num(r, "generation"))
+      << " will be accepted from the process server; its " << uint64_t(Num(r, "points"))
+      << " recovery points are kept until retention expires them\n";
+  return 0;
+}
+
 int Export(const Options& o, const std::string& spec, bool writable, std::ostream& out, std::ostream& err) {
   size_t at = spec.find('@');
   if (at == std::string::npos || at == 0 || at + 1 == spec.size()) {
@@ -409,7 +426,8 @@ int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& ou
 constexpr const char* kUsage =
     "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
     "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
-    "  export VOLUME@POINT [--writable] | unexport EXPORT | verify VOLUME [--region-size BYTES]\n"
+    "  export VOLUME@POINT [--writable] | unexport EXPORT | verify VOLUME [--region-size BYTES] |\n"
+    "  reprotect VOLUME\n"
     "  pki init --dir DIR [--name NAME] [--days N] |\n"
     "  pki issue --dir DIR --role agent|ps|mt [--tenant T] --name NAME [--out PREFIX] [--days N] |\n"
     "  pki show CERT\n"
@@ -460,6 +478,7 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   }
   if (cmd == "unexport" && args.size() == 2) return Unexport(o, args[1], out, err);
   if (cmd == "pki" && args.size() >= 2) return Pki(o, args, out, err);
+  if (cmd == "reprotect" && args.size() == 2) return Reprotect(o, args[1], out, err);
   if (cmd == "verify" && (args.size() == 2 || (args.size() == 4 && args[2] == "--region-size"))) {
     uint64_t rs = 1 << 20;
     if (args.size() == 4) {

@@ -10,6 +10,7 @@
 //     export VOLUME@POINT [--writable]   serve the point over NBD (test failover)
 //     unexport EXPORT               stop an export
 //     verify VOLUME [--region-size B]    compare source and replica region hashes
+//     reprotect VOLUME              accept the volume's next generation (history kept)
 //     pki init|issue|show ...       the site CA and the daemons' certificates (common/pki.h)
 //
 // The functions below are split from main() so that tests can run a command

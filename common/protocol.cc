@@ -477,6 +477,25 @@ std::string_view NackReasonName(NackReason r) {
   return "unknown";
 }
 
+uint64_t BatchWork(std::span<const Record> records) {
+  uint64_t work = 0;
+  for (const Record& r : records) {
+    if (r.kind == RecordKind::kData || r.kind == RecordKind::kZero || r.kind == RecordKind::kTrim) work += r.length;
+  }
+  return work;
+}
+
+void CutToWorkCap(std::vector<Record>* records) {
+  uint64_t work = 0;
+  for (size_t i = 0; i < records->size(); ++i) {
+    work += BatchWork(std::span<const Record>(&(*records)[i], 1));
+    if (i > 0 && work > kMaxBatchWork) {
+      records->resize(i);
+      return;
+    }
+  }
+}
+
 bool ValidName(std::string_view name) {
   if (name.empty() || name.size() > kMaxNameLength) return false;
   if (name[0] == '.' || name[0] == '-') return false;

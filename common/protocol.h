@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -38,6 +39,11 @@ inline constexpr uint32_t kMaxRecordLength = 32u << 20; // one write record's le
 inline constexpr uint32_t kMaxRecords = 1u << 20;       // records in one batch
 inline constexpr size_t kMaxNameLength = 128;           // tenant, volume, tag names
 inline constexpr uint32_t kMaxHashes = 1u << 16;        // regions in one hash message
+// The work one batch may ask of the master target: the sum of the lengths of
+// its data, zero and trim records (each range is read into the undo journal).
+// Sources cut batches at it (a record is at most kMaxRecordLength, so one
+// always fits); the PS and the MT refuse a batch over it (Nack kBadRecord).
+inline constexpr uint64_t kMaxBatchWork = 1ull << 30;
 inline constexpr size_t kMaxTextLength = 4096;          // AuthResult.reason, Nack.message
 inline constexpr uint32_t kMaxStats = 4096;             // values in one Stats message
 
@@ -227,5 +233,12 @@ void EncodeHeader(MsgType type, uint16_t flags, uint64_t sequence, ByteSpan payl
 // Tenant, volume, client and tag names: 1..kMaxNameLength bytes of
 // [A-Za-z0-9._-], not starting with '.' or '-'. Keeps names safe as path parts.
 bool ValidName(std::string_view name);
+
+// The work of `records`: the sum of the lengths of their data, zero and trim
+// records (see kMaxBatchWork).
+uint64_t BatchWork(std::span<const Record> records);
+// Drops records from the end of *records until its work is within
+// kMaxBatchWork, keeping at least the first record.
+void CutToWorkCap(std::vector<Record>* records);
 
 }  // namespace cdp::proto

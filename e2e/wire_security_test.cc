@@ -324,7 +324,7 @@ TEST_CASE("wire: a tenant-B certificate cannot open or resume tenant A's volumes
   CHECK(cdp::e2e::Sha256File(c.replica_path()) == cdp::e2e::Sha256File(c.source_path()));
 }
 
-TEST_CASE("wire: a man in the middle flipping one TLS byte breaks the link; nothing corrupt is applied, "
+TEST_CASE("wire: a man in the middle flipping one TLS byte breaks the link, nothing corrupt is applied, "
           "replication resumes to an identical replica",
           "[e2e][security][tls]") {
   Cluster c;
@@ -353,7 +353,7 @@ TEST_CASE("wire: a man in the middle flipping one TLS byte breaks the link; noth
   CHECK(Slurp(c.Path("master-target.log")).find("bad record mac") != std::string::npos);
 }
 
-TEST_CASE("wire: 100 connections each claiming a 64 MiB frame grow RSS by less than 16 MiB; the daemons keep serving",
+TEST_CASE("wire: 100 connections each claiming a 64 MiB frame grow RSS by less than 16 MiB, the daemons keep serving",
           "[e2e][security]") {
   Cluster c;
   INFO(c.why());

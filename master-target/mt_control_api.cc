@@ -39,7 +39,12 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"block_size", st.identity.block_size},
                       {"generation", st.identity.generation},
                       {"state", StateName(st.state)},
-                      {"applied_seq", st.applied_seq},
+                      // the generation's own sequence, as its source counts it
+                      {"applied_seq", st.applied_seq - st.seq_base},
+                      // the volume's history sequence (points and exports use it)
+                      {"history_seq", st.applied_seq},
+                      {"seq_base", st.seq_base},
+                      {"reprotect_armed", st.reprotect_armed},
                       {"horizon_seq", st.horizon_seq},
                       {"journal_bytes", st.journal_bytes},
                       {"journal_segments", st.journal_segments},
@@ -193,6 +198,19 @@ void MasterTarget::Impl::AddRoutes() {
                                                   {"first", first},
                                                   {"applied_seq", (*e)->volume->applied_seq()},
                                                   {"hashes", hs}});
+  });
+  // Re-protect (an operator's command, never a peer's): the next VolumeOpen
+  // with the next generation is accepted; every recovery point is kept.
+  http->Route("POST", "/v1/reprotect", [this](const http::Request& r) {
+    json::object b = Body(r);
+    auto e = Resolve(Str(b, r, "tenant"), Str(b, r, "volume"));
+    if (!e.ok()) return http::Response::Error(HttpStatusOf(e.status()), e.status().message());
+    auto gen = (*e)->volume->ArmReprotect();
+    if (!gen.ok()) return http::Response::Error(HttpStatusOf(gen.status()), gen.status().message());
+    return http::Response::Json(200, json::object{{"tenant", (*e)->tenant},
+                                                  {"volume", (*e)->name},
+                                                  {"generation", *gen},
+                                                  {"points", (*e)->volume->ListPoints().size()}});
   });
   http->Route("POST", "/v1/retention", [this](const http::Request&) {
     return http::Response::Json(200, json::object{{"volumes", RunRetention()}});

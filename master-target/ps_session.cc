@@ -31,6 +31,7 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
   connections->Add(1);
   log->info("{} tenant {} connected ({})", log::Where{"", peer_addr, 0}, *tenant, peer.client_id);
   std::map<uint32_t, std::shared_ptr<VolEntry>> handles;
+  std::map<uint32_t, uint64_t> opened_generation;  // volume id -> the generation this session opened
   uint32_t next_id = 1;
   auto nack = [&](uint32_t vid, proto::NackReason r, std::string msg, uint64_t expected = 0) {
     nacks->Inc();
@@ -61,26 +62,35 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
       } else {
         uint32_t vid = next_id++;
         handles[vid] = r->first;
+        opened_generation[vid] = vo->generation;
         s = ch.Send(proto::VolumeOpenReply{vid, r->second.durable_seq});
       }
     } else if (auto* wb = std::get_if<proto::WriteBatch>(&*m)) {
       auto it = handles.find(wb->volume_id);
       if (it == handles.end()) {
         s = nack(wb->volume_id, proto::NackReason::kUnknownVolume, "unknown volume id");
-      } else if (OverQuota(*tenant) && !wb->records.empty() &&
-                 wb->records.back().seq > it->second->volume->applied_seq()) {
-        s = nack(wb->volume_id, proto::NackReason::kBusy, "tenant quota exceeded; retry after retention",
-                 it->second->volume->applied_seq() + 1);
+      } else if (it->second->volume->generation() != opened_generation[wb->volume_id]) {
+        s = nack(wb->volume_id, proto::NackReason::kWrongGeneration,
+                 "volume re-protected under generation " + std::to_string(it->second->volume->generation()));
       } else {
-        auto r = it->second->volume->ApplyBatch(wb->records);
-        uint64_t first = wb->records.empty() ? 0 : wb->records.front().seq;
-        if (!r.ok()) {
-          s = nack(wb->volume_id, proto::NackReason::kInternal, r.status().ToString());
-        } else if (!r->ack) {
-          log->warn("{} batch refused: {}", log::Where{it->second->name, peer_addr, first}, r->message);
-          s = nack(wb->volume_id, r->reason, r->message, r->expected_seq);
+        // The wire numbers the generation's records from 1; the volume its whole history.
+        ReplicaVolume& vol = *it->second->volume;
+        const uint64_t base = vol.seq_base();
+        for (proto::Record& rec : wb->records) rec.seq += base;
+        if (OverQuota(*tenant) && !wb->records.empty() && wb->records.back().seq > vol.applied_seq()) {
+          s = nack(wb->volume_id, proto::NackReason::kBusy, "tenant quota exceeded; retry after retention",
+                   vol.applied_seq() + 1 - base);
         } else {
-          s = ch.Send(proto::Ack{wb->volume_id, r->durable_seq});
+          auto r = vol.ApplyBatch(wb->records);
+          uint64_t first = wb->records.empty() ? 0 : wb->records.front().seq;
+          if (!r.ok()) {
+            s = nack(wb->volume_id, proto::NackReason::kInternal, r.status().ToString());
+          } else if (!r->ack) {
+            log->warn("{} batch refused: {}", log::Where{it->second->name, peer_addr, first}, r->message);
+            s = nack(wb->volume_id, r->reason, r->message, r->expected_seq > base ? r->expected_seq - base : 0);
+          } else {
+            s = ch.Send(proto::Ack{wb->volume_id, r->durable_seq - base});
+          }
         }
       }
     } else if (auto* hr = std::get_if<proto::HashRequest>(&*m)) {

@@ -109,68 +109,53 @@ Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id) {
     return Nack(proto::NackReason::kWrongGeneration,
                 "stale generation " + std::to_string(id.generation) + " < " + std::to_string(id_.generation));
   if (id.generation == id_.generation && state_ != VolumeState::kReplicating)
-    return Nack(proto::NackReason::kWrongGeneration,
-                std::string("volume is ") + StateName(state_) + "; re-protect with a higher generation");
-  if (id.generation > id_.generation) CDP_RETURN_IF_ERROR(ResetForNewGeneration(id));
+    return Nack(proto::NackReason::kWrongGeneration, std::string("volume is ") + StateName(state_) +
+                                                         "; re-protect is an operator command (cdpctl reprotect)");
+  if (id.generation > id_.generation) {
+    if (id.generation != reprotect_armed_.load()) {
+      return Nack(proto::NackReason::kPermissionDenied,
+                  "generation " + std::to_string(id.generation) + " > " + std::to_string(id_.generation) +
+                      ": re-protect is an operator command (cdpctl reprotect at the master target)");
+    }
+    CDP_RETURN_IF_ERROR(Reprotect(id.generation));
+  }
   ApplyOutcome o;
-  o.durable_seq = applied_.load();
+  o.durable_seq = applied_.load() - seq_base_.load();
   return o;
 }
 
-Status ReplicaVolume::ResetForNewGeneration(const VolumeIdentity& id) {
-  {
-    std::lock_guard<std::mutex> lk(meta_mu_);
-    if (!pins_.empty()) return Status::Busy(id_.name + ": exports are open; cannot re-protect");
-  }
-  const uint64_t new_seg = writer_->segment() + 1;
-  writer_.reset();
-  CDP_ASSIGN_OR_RETURN(auto w, SegmentWriter::Open(o_.env, JournalDir(), new_seg, true, 1, 0, o_.segment_bytes));
-  CDP_RETURN_IF_ERROR(w->Sync());
+Result<uint64_t> ReplicaVolume::ArmReprotect() {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  reprotect_armed_.store(id_.generation + 1);
+  log::Get("mt.volume")->warn("{} re-protect armed by the operator: generation {} will be accepted",
+                              log::Where{id_.name, "", applied_.load()}, id_.generation + 1);
+  return id_.generation + 1;
+}
+
+Status ReplicaVolume::Reprotect(uint64_t gen) {
+  const uint64_t base = applied_.load();
   {
     CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
-        "UPDATE volume SET generation = ?1, applied_seq = 0, journal_segment = ?2, journal_offset = ?3,"
-        " horizon_seq = 0, state = 0, rollback_to = 0 WHERE id = 1"));
-    CDP_RETURN_IF_ERROR(st.BindAll(id.generation, new_seg, uint64_t(kSegmentHeaderSize)));
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("UPDATE volume SET generation = ?1, state = 0, rollback_to = 0 WHERE id = 1"));
+    CDP_RETURN_IF_ERROR(st.BindAll(gen));
     CDP_RETURN_IF_ERROR(st.Run());
-    CDP_RETURN_IF_ERROR(db_->Exec("DELETE FROM segments; DELETE FROM points;"));
-    CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare("INSERT INTO segments VALUES(?1, 0, 0, 0, 0, ?2)"));
-    CDP_RETURN_IF_ERROR(ins.BindAll(new_seg, uint64_t(kSegmentHeaderSize)));
-    CDP_RETURN_IF_ERROR(ins.Run());
+    CDP_ASSIGN_OR_RETURN(auto hs, db_->Prepare("INSERT OR REPLACE INTO history(id, seq_base) VALUES(1, ?1)"));
+    CDP_RETURN_IF_ERROR(hs.BindAll(base));
+    CDP_RETURN_IF_ERROR(hs.Run());
     CDP_RETURN_IF_ERROR(tx.Commit());
-  }
-  std::vector<uint64_t> old;
-  {
-    auto lk = LockIndexExclusive();
-    undo_ = UndoIndex();
-    for (auto& [seg, f] : seg_files_) old.push_back(seg);
-    seg_files_.clear();
-    seg_files_[new_seg] = w->shared_file();
-    horizon_ = 0;
   }
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
-    segments_.clear();
-    SegmentInfo si;
-    si.segment = new_seg;
-    si.bytes = kSegmentHeaderSize;
-    segments_[new_seg] = si;
-    points_.clear();
     state_ = VolumeState::kReplicating;
   }
-  id_.generation = id.generation;
+  id_.generation = gen;
+  generation_.store(gen);
+  seq_base_.store(base);
   rollback_to_ = 0;
-  applied_.store(0);
-  committed_segment_ = new_seg;
-  committed_offset_ = kSegmentHeaderSize;
-  writer_ = std::move(w);
-  writer_->on_new_segment = [this](uint64_t seg, std::shared_ptr<File> f) {
-    auto lk = LockIndexExclusive();
-    seg_files_[seg] = std::move(f);
-  };
-  for (uint64_t seg : old) CDP_RETURN_IF_ERROR(o_.env->Remove(JoinPath(JournalDir(), SegmentFileName(seg))));
-  CDP_RETURN_IF_ERROR(o_.env->SyncDir(JournalDir()));
-  log::Get("mt.volume")->info("{} re-protected with generation {}", log::Where{id_.name, "", 0}, id.generation);
+  reprotect_armed_.store(0);
+  log::Get("mt.volume")->info("{} re-protected under generation {}: its sequence 1 follows history sequence {}; "
+                              "every recovery point is kept", log::Where{id_.name, "", base}, gen, base);
   UpdateGauges();
   return Status::OK();
 }
@@ -180,7 +165,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
   if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
   if (state_ != VolumeState::kReplicating)
     return Nack(proto::NackReason::kWrongGeneration,
-                std::string("volume is ") + StateName(state_) + "; re-protect with a higher generation");
+                std::string("volume is ") + StateName(state_) + "; re-protect is an operator command (cdpctl reprotect)");
   const uint64_t applied = applied_.load();
   ApplyOutcome out;
   for (size_t i = 1; i < recs.size(); ++i) {
@@ -199,6 +184,11 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
                 "expected sequence " + std::to_string(applied + 1) + ", got " + std::to_string(recs[first].seq),
                 applied + 1);
   }
+  if (uint64_t work = proto::BatchWork(std::span<const proto::Record>(recs).subspan(first));
+      work > proto::kMaxBatchWork) {
+    return Nack(proto::NackReason::kBadRecord, "batch asks " + std::to_string(work) + " bytes of work, over the cap of " +
+                                                   std::to_string(proto::kMaxBatchWork));
+  }
   for (size_t i = first; i < recs.size(); ++i) {
     const proto::Record& r = recs[i];
     const std::string at = "record seq " + std::to_string(r.seq) + ": ";
@@ -211,6 +201,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
       case proto::RecordKind::kZero:
       case proto::RecordKind::kTrim:
         if (r.length == 0) return Nack(proto::NackReason::kBadRecord, at + "zero length");
+        if (r.length > proto::kMaxRecordLength) return Nack(proto::NackReason::kBadRecord, at + "absurd length");
         if (r.offset > id_.size || r.length > id_.size - r.offset)
           return Nack(proto::NackReason::kBadRecord, at + "range past the end of the volume");
         if (r.kind != proto::RecordKind::kData && !r.data.empty())

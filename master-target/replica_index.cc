@@ -35,6 +35,9 @@ CREATE TABLE IF NOT EXISTS segments(
   first_time_us INTEGER NOT NULL,
   last_time_us INTEGER NOT NULL,
   bytes INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS history(
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  seq_base INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS points(
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   seq INTEGER NOT NULL,
@@ -118,6 +121,15 @@ Status ReplicaVolume::LoadIndex() {
     if (state < 0 || state > 2) return Status::Corruption(o_.index_path + ": bad state");
     state_ = VolumeState(state);
     rollback_to_ = uint64_t(st.ColumnInt64(11));
+  }
+  generation_.store(id_.generation);
+  {
+    // Indexes made before re-protect existed have no history table yet.
+    CDP_RETURN_IF_ERROR(db_->Exec("CREATE TABLE IF NOT EXISTS history(id INTEGER PRIMARY KEY CHECK (id = 1),"
+                                  " seq_base INTEGER NOT NULL)"));
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT seq_base FROM history WHERE id = 1"));
+    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+    seq_base_.store(row ? uint64_t(st.ColumnInt64(0)) : 0);
   }
   std::lock_guard<std::mutex> lk(meta_mu_);
   segments_.clear();

@@ -174,6 +174,7 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   VolumeStatus s;
   s.identity = id_;
   s.applied_seq = applied_.load();
+  s.seq_base = seq_base_.load();
   {
     std::shared_lock<std::shared_mutex> ik(index_mu_);
     s.horizon_seq = horizon_;
@@ -186,6 +187,7 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   s.points = points_.size();
   s.active_exports = pins_.size();
   s.rollback_to = state_ == VolumeState::kFailedOver ? rollback_to_ : 0;
+  s.reprotect_armed = reprotect_armed_.load();
   return s;
 }
 

@@ -31,13 +31,20 @@
 // ReplicaVolume states:
 //
 //   replicating --Rollback(P)--> rolling-back --done--> failed-over
-//        ^                                                   |
-//        +-------- Open with a higher generation (re-protect) +
+//     ^    ^                                                 |
+//     |    +-- Open with generation G+1 after ArmReprotect() -+
+//     +------- (the same, from replicating)
 //
-// A failed-over volume refuses writes (Nack kWrongGeneration); re-protecting
-// it takes a VolumeOpen with a higher generation, which drops the journal and
-// the points and starts the sequence again at 1 on the replica as it is (the
-// source then resyncs by region hashes).
+// No message from a peer drops history. A VolumeOpen with a higher
+// generation is refused (Nack kPermissionDenied) unless an operator armed a
+// re-protect (ArmReprotect(), `cdpctl reprotect`), and then only for the next
+// generation. Re-protecting keeps the replica, the journal and every point:
+// the new generation's sequence 1 follows the volume's history sequence H
+// (the applied sequence at the re-protect), so internally sequences never
+// restart and every old point stays exportable until retention expires it.
+// The wire speaks the generation's own numbers: wire seq = history seq - H
+// (seq_base()); points, exports and applied_seq() are history sequences.
+// A failed-over volume refuses writes (Nack kWrongGeneration) until re-protected.
 //
 // Files of a volume `dir`:  replica.img, journal/<16 hex>.jnl; the sqlite
 // index lives at VolumeOptions::index_path (dir/index.db in the daemon).
@@ -160,6 +167,8 @@ struct VolumeStatus {
   size_t points = 0;
   size_t active_exports = 0;
   uint64_t rollback_to = 0;        // failed-over: the point rolled back to
+  uint64_t seq_base = 0;           // see ReplicaVolume::seq_base()
+  uint64_t reprotect_armed = 0;    // the generation an operator allowed, 0: none
 };
 
 struct RetentionResult {
@@ -207,10 +216,18 @@ class ReplicaVolume {
   ReplicaVolume& operator=(const ReplicaVolume&) = delete;
 
   // Checks a VolumeOpen against this volume. OK: same uuid, size and
-  // generation (or re-protected for a higher generation: journal and points
-  // dropped, applied seq 0). Otherwise an outcome with ack=false and
-  // reason kWrongGeneration naming the mismatch.
+  // generation, or the armed re-protect generation (see above); durable_seq is
+  // a wire sequence. Otherwise an outcome with ack=false: kWrongGeneration for
+  // another uuid, size or block size, a lower generation or a failed-over
+  // volume; kPermissionDenied for a higher generation nobody armed.
   Result<ApplyOutcome> CheckOpen(const VolumeIdentity& id);
+
+  // An operator's re-protect: the next VolumeOpen with generation()+1 will be
+  // accepted (once; until the daemon restarts). Returns that generation.
+  Result<uint64_t> ArmReprotect();
+  // The history sequence the current generation's wire sequence 0 stands for.
+  uint64_t seq_base() const { return seq_base_.load(); }
+  uint64_t generation() const { return generation_.load(); }
 
   // Applies a batch (see the protocol above). Validation failures and gaps
   // are returned as a nack outcome with nothing applied; a non-ok Status is an
@@ -267,7 +284,8 @@ class ReplicaVolume {
   Status RecoverUncommitted(bool undo = true);
   Status RebuildUndoIndex();
   Status FinishRollback();
-  Status ResetForNewGeneration(const VolumeIdentity& id);
+  // Moves to generation `gen` keeping everything (apply_mu_ held).
+  Status Reprotect(uint64_t gen);
   Status UndoEntries(const std::vector<UndoEntry>& entries);
   Status ZeroReplica(uint64_t offset, uint64_t len);
   Status ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out);
@@ -296,6 +314,9 @@ class ReplicaVolume {
   uint64_t last_crash_point_us_ = 0; // monotonic micros of the last crash point (0: none)
   bool broken_ = false;              // an apply failed and could not be undone
   std::atomic<uint64_t> applied_{0};
+  std::atomic<uint64_t> seq_base_{0};    // history seq of the generation's wire seq 0
+  std::atomic<uint64_t> generation_{0};  // id_.generation, for readers without apply_mu_
+  std::atomic<uint64_t> reprotect_armed_{0};  // written under apply_mu_: the generation an operator allowed
 
   // Readers (exports) take index_mu_ shared across the index lookup and the
   // reads it leads to; the apply thread takes it exclusive only to change the

@@ -19,7 +19,8 @@ bool RecordInVolume(const proto::Record& r, const proto::VolumeOpen& v) {
     case proto::RecordKind::kData:
     case proto::RecordKind::kZero:
     case proto::RecordKind::kTrim:
-      return r.length > 0 && r.offset <= v.size && r.length <= v.size - r.offset;
+      return r.length > 0 && r.length <= proto::kMaxRecordLength && r.offset <= v.size &&
+             r.length <= v.size - r.offset;
     case proto::RecordKind::kFlush:
     case proto::RecordKind::kTag:
       return true;
@@ -159,6 +160,11 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
       if (!RecordInVolume(r, v->open_message()))
         return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBadRecord, 0,
                                 "record seq " + std::to_string(r.seq) + " outside the volume"));
+    }
+    if (uint64_t work = proto::BatchWork(b->records); work > proto::kMaxBatchWork) {
+      return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBadRecord, 0,
+                                         "batch asks " + std::to_string(work) + " bytes of work, over the cap of " +
+                                             std::to_string(proto::kMaxBatchWork)));
     }
     uint64_t bytes = 0;  // of records that are not duplicates
     uint64_t before = v->spool().durable_seq();

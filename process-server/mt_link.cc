@@ -37,6 +37,7 @@ class MtLink::SpoolSource final : public repl::RecordSource {
   Status Read(uint64_t from, uint64_t max_bytes, size_t max_records, std::vector<proto::Record>* out) override {
     (void)max_records;  // a spool read is bounded by bytes
     CDP_ASSIGN_OR_RETURN(std::vector<proto::Record> recs, v_->spool().Read(from, max_bytes));
+    proto::CutToWorkCap(&recs);
     *out = std::move(recs);
     return Status::OK();
   }

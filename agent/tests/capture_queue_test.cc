@@ -85,7 +85,7 @@ TEST_CASE("modes degrade within the budget and return to data once drained", "[q
   REQUIRE(q.Stats().memory_bytes == 0);
 }
 
-TEST_CASE("resume inside the window acks; outside it renumbers", "[queue]") {
+TEST_CASE("resume inside the window acks, outside it renumbers", "[queue]") {
   cdp::ManualClock clock;
   CaptureQueue q({"v", 4u << 20, &clock});
   auto d = Pattern(100, 4);

@@ -128,7 +128,7 @@ TEST_CASE("after a power cut exactly the unacknowledged regions are dirty", "[bi
   REQUIRE(ResyncRegions(**bm) == std::vector<uint64_t>{5, 9, 12, 15});
 }
 
-TEST_CASE("a torn slot falls back to the previous image; two bad slots are corruption", "[bitmap][fault]") {
+TEST_CASE("a torn slot falls back to the previous image, two bad slots are corruption", "[bitmap][fault]") {
   auto env = cdp::NewMemEnv();
   REQUIRE(env->CreateDirs("/bm").ok());
   {

@@ -86,7 +86,7 @@ cdp::Bytes Random(size_t n, uint32_t seed) {
 
 }  // namespace
 
-TEST_CASE("a slow peer degrades the modes within budget; after drain the replica equals the source",
+TEST_CASE("a slow peer degrades the modes within budget, after drain the replica equals the source",
           "[sender][modes]") {
   auto env = cdp::NewMemEnv();
   const uint64_t size = 32 * kMiB, budget = 2 * kMiB;

@@ -137,7 +137,7 @@ TEST_CASE("unix transport round-trips bytes both ways", "[stream]") {
   CHECK(ConnectUnixStream(path, milliseconds(5000)).status().code() == Code::kUnavailable);
 }
 
-TEST_CASE("a read timeout is kBusy; Shutdown wakes a blocked reader", "[stream]") {
+TEST_CASE("a read timeout is kBusy, Shutdown wakes a blocked reader", "[stream]") {
   auto [a, b] = StreamPair();
   std::array<uint8_t, 16> buf{};
   CHECK(b->ReadSome(buf, In(milliseconds(20))).status().code() == Code::kBusy);

@@ -93,7 +93,7 @@ TEST_CASE("crc32c hardware equals portable on all short lengths and alignments",
   }
 }
 
-TEST_CASE("crc32c hardware equals portable on random buffers; Extend chains", "[crc]") {
+TEST_CASE("crc32c hardware equals portable on random buffers, Extend chains", "[crc]") {
   std::mt19937_64 rng(11);
   for (int round = 0; round < 50; ++round) {
     const size_t n = rng() % (256 * 1024);

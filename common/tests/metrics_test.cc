@@ -61,7 +61,7 @@ TEST_CASE("Prometheus text format is exact for a small registry", "[metrics]") {
   CHECK(reg.RenderPrometheus() == kSmallRegistryText);
 }
 
-TEST_CASE("the same name and labels give the same series; misuse throws", "[metrics]") {
+TEST_CASE("the same name and labels give the same series, misuse throws", "[metrics]") {
   Registry reg;
   auto a = reg.GetCounter("x_total", "x", {{"b", "2"}, {"a", "1"}});
   auto b = reg.GetCounter("x_total", "x", {{"a", "1"}, {"b", "2"}});
@@ -80,7 +80,7 @@ TEST_CASE("the same name and labels give the same series; misuse throws", "[metr
   CHECK_THROWS_AS(reg.GetDoubleGauge("g", "g"), std::logic_error);
 }
 
-TEST_CASE("RemoveSeries stops exporting; the handle stays usable", "[metrics]") {
+TEST_CASE("RemoveSeries stops exporting, the handle stays usable", "[metrics]") {
   Registry reg;
   auto c = reg.GetCounter("cdp_writes_total", "Writes", {{"volume", "db1"}});
   c->Inc(3);
@@ -388,7 +388,7 @@ TEST_CASE("HTTP: concurrent clients on a two-thread server all get answers", "[h
 // Runs a shell command (curl -s: nothing on stderr), returns its output.
 std::string Run(const std::string& cmd) { return cdp::testing::RunCommand({"sh", "-c", cmd}, 60000).output; }
 
-TEST_CASE("HTTP: curl gets /metrics, /status, a POST route, 404 and 413; keep-alive reuses", "[http]") {
+TEST_CASE("HTTP: curl gets /metrics, /status, a POST route, 404 and 413, keep-alive reuses", "[http]") {
   // curl is in scripts/install-deps.sh; a machine without it fails here on purpose.
   REQUIRE(cdp::testing::HaveProgram("curl"));
   TestServer t;

@@ -365,7 +365,7 @@ TEST_CASE("replication sender: busy holds the stream and resends from the acknow
   CHECK(sender.Stats().connects == 1);
 }
 
-TEST_CASE("replication sender: a refused open stalls that stream only; WaitOpened names the refusal",
+TEST_CASE("replication sender: a refused open stalls that stream only, WaitOpened names the refusal",
           "[replication]") {
   ScriptedPeer peer;
   peer.refuse_open.insert("bad");

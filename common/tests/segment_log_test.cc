@@ -113,7 +113,7 @@ TEST_CASE("segment file names are 16 lower-case hex digits and a suffix", "[segm
   CHECK_FALSE(seglog::ParseFileName("000000000000001a.jnl.tmp", ".jnl", &n));
 }
 
-TEST_CASE("segment header round-trips; every field is checked", "[segment_log]") {
+TEST_CASE("segment header round-trips, every field is checked", "[segment_log]") {
   Bytes h = seglog::EncodeHeader(seglog::Header{kKind, 9, 42});
   REQUIRE(h.size() == seglog::kHeaderSize);
   CHECK(cdp::DecodeFixed32(h.data()) == seglog::kMagic);
@@ -132,7 +132,7 @@ TEST_CASE("segment header round-trips; every field is checked", "[segment_log]")
   }
 }
 
-TEST_CASE("records frame with length and CRC; DecodeRecord tells short from bad", "[segment_log]") {
+TEST_CASE("records frame with length and CRC, DecodeRecord tells short from bad", "[segment_log]") {
   Bytes r = Rec(3);
   REQUIRE(r.size() == seglog::kFrameSize + kHead + 39);
   CHECK(cdp::DecodeFixed32(r.data() + 4) == kHead + 39);
@@ -234,7 +234,7 @@ TEST_CASE("a torn tail is reported where the valid part ends, not as corruption"
   }
 }
 
-TEST_CASE("a flipped byte ends the valid part; a good record after it marks corruption", "[segment_log]") {
+TEST_CASE("a flipped byte ends the valid part, a good record after it marks corruption", "[segment_log]") {
   auto env = cdp::NewMemEnv();
   std::string path = WriteSegment(env.get(), 10);
   auto f = OpenRw(env.get(), path);

@@ -16,7 +16,7 @@ namespace {
 // real file system.
 using TempDir = testing::ScratchDir;
 
-TEST_CASE("sqlite round trip of every column type; reopen keeps data; WAL mode", "[sqlite]") {
+TEST_CASE("sqlite round trip of every column type, reopen keeps data, WAL mode", "[sqlite]") {
   TempDir dir;
   std::string path = dir.path() + "/state.db";
   Bytes blob = {0, 1, 2, 255, 0, 7};
@@ -118,7 +118,7 @@ TEST_CASE("sqlite transaction commits, rolls back on destruction and on Rollback
   CHECK(CountRows(**db) == 2);
 }
 
-TEST_CASE("sqlite errors carry sqlite's message; busy is kBusy", "[sqlite]") {
+TEST_CASE("sqlite errors carry sqlite's message, busy is kBusy", "[sqlite]") {
   TempDir dir;
   std::string path = dir.path() + "/e.db";
   sqlite::Db::Options fast;

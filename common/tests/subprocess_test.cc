@@ -92,7 +92,7 @@ TEST_CASE("subprocess: output to a file, signals, Wait with a deadline, Stop esc
   CHECK(WEXITSTATUS(*w) == 7);
 }
 
-TEST_CASE("subprocess: the destructor kills and reaps; Release leaves the child alone", "[subprocess]") {
+TEST_CASE("subprocess: the destructor kills and reaps, Release leaves the child alone", "[subprocess]") {
   SpawnOptions o;
   o.argv = {"sleep", "60"};
   pid_t killed = -1, released = -1;

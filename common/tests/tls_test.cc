@@ -166,7 +166,7 @@ TEST_CASE("pki: issued certificates carry exactly the identity, verify against t
   CHECK(wrong_key.status().message().find("tls_key " + ps.key) == 0);
 }
 
-TEST_CASE("tls: both sides learn the other's identity and the same channel binding; bytes cross full duplex",
+TEST_CASE("tls: both sides learn the other's identity and the same channel binding, bytes cross full duplex",
           "[tls]") {
   cdp::testing::ScratchDir dir;
   Pki p(dir.Join("pki"));
@@ -364,7 +364,7 @@ TEST_CASE("tls: proofs are bound to the TLS session", "[tls][auth]") {
   CHECK_FALSE(cdp::auth::ProofsEqual(*p1, *p0));
 }
 
-TEST_CASE("tls: a reload takes new certificates for new connections; streams up keep working", "[tls]") {
+TEST_CASE("tls: a reload takes new certificates for new connections, streams up keep working", "[tls]") {
   cdp::testing::ScratchDir dir;
   Pki p(dir.Join("pki"));
   auto files = p.Issue("agent", CertRole::kAgent, "acme", "host-old");

@@ -43,7 +43,7 @@ TEST_CASE("segment header rejects bad magic, version and CRC", "[journal]") {
   }
 }
 
-TEST_CASE("records written by SegmentWriter scan back; torn tails are found", "[journal]") {
+TEST_CASE("records written by SegmentWriter scan back, torn tails are found", "[journal]") {
   auto env = NewMemEnv();
   REQUIRE(env->CreateDirs("/j").ok());
   std::mt19937_64 rng(1);

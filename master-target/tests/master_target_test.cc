@@ -431,3 +431,119 @@ TEST_CASE("writable export: qemu-io writes land in the overlay, never in the rep
   REQUIRE(ReadFile(VolumeDir(p.dir.path(), "acme", "vm1") + "/replica.img") == before);
   Http(p.d.mt->control_port(), "DELETE", "/v1/export?name=" + name, "", 200);
 }
+
+TEST_CASE("no peer message destroys history: a higher generation, another size or uuid drop no point, the "
+          "operator's reprotect keeps every point exportable",
+          "[server][security][generation]") {
+  TempDir dir;
+  Daemon d(dir.path());
+  const uint64_t size = 1 << 20;
+  Reference ref(size);
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  uint32_t vid = OpenVolume(*ch, OpenMsg("db1", size), 0);
+  std::vector<proto::Record> b1{DataRecord(1, 0, Bytes(8192, 0x11)), FlushRecord(2), TagRecord(3, "t1")};
+  std::vector<proto::Record> b2{DataRecord(4, 0, Bytes(8192, 0x22)), DataRecord(5, 65536, Bytes(4096, 0x33)),
+                                FlushRecord(6)};
+  for (auto* b : {&b1, &b2}) {
+    ref.Apply(*b);
+    auto m = Call(*ch, Batch(vid, *b));
+    REQUIRE(std::holds_alternative<proto::Ack>(m));
+  }
+  auto vol = d.mt->FindVolume("acme", "db1");
+  REQUIRE(vol != nullptr);
+  const auto points = vol->ListPoints();
+  REQUIRE(points.size() >= 2);
+
+  // What a compromised host would send, each on a fresh authenticated session.
+  struct Attack {
+    const char* what;
+    proto::VolumeOpen open;
+    proto::NackReason reason;
+  };
+  proto::VolumeOpen other_uuid = OpenMsg("db1", size);
+  other_uuid.uuid[0] = 8;
+  for (const Attack& a : {Attack{"generation + 1", OpenMsg("db1", size, 2), proto::NackReason::kPermissionDenied},
+                          Attack{"generation 2^64-1", OpenMsg("db1", size, ~uint64_t(0)),
+                                 proto::NackReason::kPermissionDenied},
+                          Attack{"another size", OpenMsg("db1", size * 2), proto::NackReason::kWrongGeneration},
+                          Attack{"another uuid", other_uuid, proto::NackReason::kWrongGeneration}}) {
+    INFO(a.what);
+    auto attacker = Client(d.mt->port(), "acme", "s3cret-acme");
+    auto m = Call(*attacker, a.open);
+    auto* nack = std::get_if<proto::Nack>(&m);
+    REQUIRE(nack != nullptr);
+    CHECK(nack->reason == a.reason);
+  }
+  // Every point is still listed and reads as the source did at it.
+  REQUIRE(vol->ListPoints().size() == points.size());
+  CHECK(vol->identity().generation == 1);
+  for (const auto& p : points) {
+    Bytes img(size);
+    REQUIRE(vol->ReadAt(p.seq, 0, size, img.data()).ok());
+    CHECK(img == ref.ImageAt(p.seq));
+  }
+  // The operator re-protects: generation 2 is accepted, its record 1 follows
+  // history sequence 6, and the old points stay exportable.
+  json::value r = Http(d.mt->control_port(), "POST", "/v1/reprotect", R"({"tenant":"acme","volume":"db1"})", 200);
+  CHECK(r.at("generation").as_int64() == 2);
+  auto ps2 = Client(d.mt->port(), "acme", "s3cret-acme");
+  uint32_t vid2 = OpenVolume(*ps2, OpenMsg("db1", size, 2), 0);
+  auto m = Call(*ps2, Batch(vid2, {DataRecord(1, 0, Bytes(4096, 0x44)), FlushRecord(2)}));
+  auto* ack = std::get_if<proto::Ack>(&m);
+  REQUIRE(ack != nullptr);
+  CHECK(ack->durable_seq == 2);
+  CHECK(vol->seq_base() == 6);
+  CHECK(vol->applied_seq() == 8);
+  CHECK(vol->ListPoints().size() >= points.size());
+  for (const auto& p : points) {
+    Bytes img(size);
+    REQUIRE(vol->ReadAt(p.seq, 0, size, img.data()).ok());
+    CHECK(img == ref.ImageAt(p.seq));
+  }
+  // The old generation's session is told, not applied.
+  auto old = Call(*ch, Batch(vid, {DataRecord(7, 0, Bytes(4096, 0x55))}));
+  auto* stale = std::get_if<proto::Nack>(&old);
+  REQUIRE(stale != nullptr);
+  CHECK(stale->reason == proto::NackReason::kWrongGeneration);
+  json::value st = Http(d.mt->control_port(), "GET", "/v1/volumes", "", 200);
+  const auto& v0 = st.at("volumes").as_array().at(0).as_object();
+  CHECK(v0.at("applied_seq").as_int64() == 2);
+  CHECK(v0.at("history_seq").as_int64() == 8);
+}
+
+TEST_CASE("work caps: an absurd trim, a trim far past the end and a batch over the work cap get a Nack, the master "
+          "target keeps serving",
+          "[server][security]") {
+  TempDir dir;
+  Daemon d(dir.path());
+  const uint64_t size = 8ull << 30;  // sparse
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  uint32_t vid = OpenVolume(*ch, OpenMsg("big", size), 0);
+  auto trim = [](uint64_t seq, uint64_t offset, uint32_t length) {
+    proto::Record r;
+    r.seq = seq;
+    r.offset = offset;
+    r.length = length;
+    r.kind = proto::RecordKind::kTrim;
+    return r;
+  };
+  auto refused = [&](std::vector<proto::Record> recs, const std::string& text) {
+    auto m = Call(*ch, Batch(vid, std::move(recs)));
+    auto* n = std::get_if<proto::Nack>(&m);
+    REQUIRE(n != nullptr);
+    CHECK(n->reason == proto::NackReason::kBadRecord);
+    INFO(n->message);
+    CHECK(n->message.find(text) != std::string::npos);
+  };
+  refused({trim(1, 1ull << 40, 1u << 20)}, "range past the end of the volume");
+  refused({trim(1, 0, 0xffffffffu)}, "batch asks 4294967295 bytes of work");
+  refused({trim(1, 0, 64u << 20)}, "absurd length");  // a record is at most 32 MiB
+  std::vector<proto::Record> many;
+  for (uint64_t i = 0; i < 40; ++i) many.push_back(trim(i + 1, i * (32u << 20), 32u << 20));  // 1.25 GiB of work
+  refused(many, "bytes of work, over the cap of 1073741824");
+  // Nothing was applied, and the volume goes on.
+  auto m = Call(*ch, Batch(vid, {DataRecord(1, 0, Bytes(4096, 1)), trim(2, 1 << 20, 32u << 20)}));
+  auto* ack = std::get_if<proto::Ack>(&m);
+  REQUIRE(ack != nullptr);
+  CHECK(ack->durable_seq == 2);
+}

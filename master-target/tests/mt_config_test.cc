@@ -71,7 +71,7 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
 
 }  // namespace
 
-TEST_CASE("master target config: TLS is on by default and needs its three files; direct agents", "[config][tls]") {
+TEST_CASE("master target config: TLS is on by default and needs its three files, direct agents", "[config][tls]") {
   auto env = cdp::NewMemEnv();
   CHECK(Error(env.get(), "tls = on\n") == "'tls_ca' is required with tls = on");
   CHECK(Error(env.get(), "tls_ca = /ca.crt\ntls_cert = /mt.crt\n") == "'tls_key' is required with tls = on");

@@ -531,24 +531,53 @@ TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[v
   o = (*v)->CheckOpen(older);
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
 
+  // A higher generation from the wire, nobody having armed it: refused, nothing dropped.
+  const size_t points_before = (*v)->ListPoints().size();
+  REQUIRE(points_before > 0);
+  const auto journal_before = JournalRecords(env.get(), "/t/vol1");
+  VolumeIdentity next = Ident(kVolSize, 2);
+  o = (*v)->CheckOpen(next);
+  REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kPermissionDenied));
+  CHECK(o->message == "generation 2 > 1: re-protect is an operator command (cdpctl reprotect at the master target)");
+  VolumeIdentity huge = Ident(kVolSize, ~uint64_t(0));
+  o = (*v)->CheckOpen(huge);
+  REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kPermissionDenied));
+  CHECK((*v)->ListPoints().size() == points_before);
+  CHECK(JournalRecords(env.get(), "/t/vol1") == journal_before);
+  CHECK((*v)->identity().generation == 1);
+
   REQUIRE((*v)->Rollback(2).ok());
   o = (*v)->CheckOpen(kIdent);
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
-  // Re-protect: a higher generation starts again at sequence 1 on the replica as it is.
-  VolumeIdentity next = Ident(kVolSize, 2);
+  // Re-protect, armed by the operator: generation 2 follows history sequence 2
+  // on the replica as it is; every point is kept.
+  auto armed = (*v)->ArmReprotect();
+  REQUIRE(armed.ok());
+  REQUIRE(*armed == 2);
+  o = (*v)->CheckOpen(Ident(kVolSize, 3));  // only the next generation
+  REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kPermissionDenied));
+  const size_t points_at_reprotect = (*v)->ListPoints().size();
   o = (*v)->CheckOpen(next);
   REQUIRE((o.ok() && o->ack && o->durable_seq == 0));
   REQUIRE((*v)->state() == VolumeState::kReplicating);
-  REQUIRE((*v)->ListPoints().empty());
-  REQUIRE(JournalRecords(env.get(), "/t/vol1").empty());
-  REQUIRE((*v)->ApplyBatch({DataRecord(1, 8192, Bytes(512, 7))})->ack);
+  REQUIRE((*v)->seq_base() == 2);
+  REQUIRE((*v)->ListPoints().size() == points_at_reprotect);
+  // The new generation's record 1 is history sequence 3.
+  REQUIRE((*v)->ApplyBatch({DataRecord(3, 0, Bytes(512, 7)), DataRecord(4, 8192, Bytes(512, 7))})->ack);
+  Bytes old_point = ReadImage(**v, 2);
+  CHECK(old_point[0] == 1);  // the point before the re-protect still reads as it was
+  CHECK(old_point[8192] == 0);
   v->reset();
   v = ReplicaVolume::Open(opts, nullptr);
   REQUIRE(v.ok());
   REQUIRE((*v)->identity().generation == 2);
-  REQUIRE((*v)->applied_seq() == 1);
+  REQUIRE((*v)->seq_base() == 2);
+  REQUIRE((*v)->applied_seq() == 4);
+  o = (*v)->CheckOpen(next);
+  REQUIRE((o.ok() && o->ack && o->durable_seq == 2));  // wire sequence of generation 2
+  CHECK(ReadImage(**v, 2)[0] == 1);
   Bytes img = ReplicaFile(env.get(), "/t/vol1", kVolSize);
-  REQUIRE(img[0] == 1);      // the rolled-back image (seq 2) is the base
+  REQUIRE(img[0] == 7);
   REQUIRE(img[8192] == 7);
 }
 
