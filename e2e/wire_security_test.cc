@@ -402,3 +402,118 @@ TEST_CASE("wire: 100 connections each claiming a 64 MiB frame grow RSS by less t
   REQUIRE(c.WaitDrained());
   CHECK(cdp::e2e::Sha256File(c.replica_path()) == cdp::e2e::Sha256File(c.source_path()));
 }
+
+namespace {
+
+// Opens a session as `role` with a certificate of the cluster's site and
+// sends `m`; returns the first answer.
+cdp::Result<cdp::proto::Message> AskAs(uint16_t port, std::shared_ptr<const cdp::TlsContext> ctx,
+                                       cdp::proto::Role role, const std::string& tenant, const std::string& secret,
+                                       const std::vector<cdp::proto::Message>& msgs) {
+  cdp::StreamWrapper wrap = [ctx](std::unique_ptr<cdp::ByteStream> s) {
+    return cdp::StartTls(std::move(s), ctx, cdp::TlsSide::kClient, 5000ms);
+  };
+  CDP_ASSIGN_OR_RETURN(auto ch, cdp::Connect("127.0.0.1", port, 5000ms, {}, wrap));
+  CDP_RETURN_IF_ERROR(cdp::ClientHandshake(*ch, role, tenant, "hostile", secret, 5000ms));
+  cdp::Result<cdp::proto::Message> last = cdp::Status::Aborted("nothing sent");
+  for (const auto& m : msgs) {
+    CDP_RETURN_IF_ERROR(ch->Send(m));
+    last = ch->Receive(10000ms);
+    if (!last.ok()) return last;
+  }
+  return last;
+}
+
+}  // namespace
+
+TEST_CASE("history: a VolumeOpen with a higher generation from a valid agent certificate drops no recovery point",
+          "[e2e][security][generation]") {
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 21, 2, 30, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  const std::string copy = c.Path("at-tag.img");
+  REQUIRE(cdp::e2e::CopyFile(c.source_path(), copy));
+  REQUIRE(c.Cdpctl({"tag", "before-attack"}).exit_code == 0);
+  w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 22, 2, 30, 0, c.dir());
+  REQUIRE(w.empty());
+  REQUIRE(c.WaitDrained());
+  auto before = c.CdpctlJson({"points", c.options().volume});
+  REQUIRE(before.has_value());
+  const size_t points = before->at("points").as_array().size();
+  REQUIRE(points >= 1);
+
+  // The protected host, compromised, reopens its volume under new generations.
+  const std::string tenant = c.options().tenant, secret = c.options().secret;
+  auto agent = Context(c.pki_dir(), "agent");
+  for (uint64_t gen : {uint64_t(2), ~uint64_t(0)}) {
+    cdp::proto::VolumeOpen open;
+    open.name = c.options().volume;
+    open.size = c.options().volume_size;
+    open.block_size = 4096;
+    open.generation = gen;
+    auto r = AskAs(c.ps_data_port(), agent, cdp::proto::Role::kAgent, tenant, secret, {open});
+    REQUIRE(r.ok());
+    auto* nack = std::get_if<cdp::proto::Nack>(&*r);
+    REQUIRE(nack != nullptr);
+    INFO(nack->message);
+    CHECK(nack->reason == cdp::proto::NackReason::kWrongGeneration);
+  }
+  // Every point is still listed, and the tag still exports the source as it was.
+  auto after = c.CdpctlJson({"points", c.options().volume});
+  REQUIRE(after.has_value());
+  CHECK(after->at("points").as_array().size() == points);
+  const int64_t id = c.TagPointId("before-attack");
+  REQUIRE(id >= 0);
+  const std::string out = c.Path("export.img");
+  bool copied = c.CopyExport(std::to_string(id), out);
+  INFO(c.why());
+  REQUIRE(copied);
+  CHECK(cdp::e2e::Sha256File(out) == cdp::e2e::Sha256File(copy));
+  // Replication goes on under the real generation.
+  w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 23, 1, 20, 0, c.dir());
+  REQUIRE(w.empty());
+  REQUIRE(c.WaitDrained());
+  CHECK(cdp::e2e::Sha256File(c.replica_path()) == cdp::e2e::Sha256File(c.source_path()));
+}
+
+TEST_CASE("work caps: a trim far past the end and an absurd trim get a Nack, the MT stays up", "[e2e][security]") {
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  Issue(c.pki_dir(), "ps-hostile", CertRole::kProcessServer, c.options().tenant);
+  auto ps = Context(c.pki_dir(), "ps-hostile");
+  cdp::proto::VolumeOpen open;
+  open.name = "scratch";
+  open.size = 64 << 20;
+  open.block_size = 4096;
+  open.generation = 1;
+  auto trim = [](uint64_t offset, uint32_t length) {
+    cdp::proto::WriteBatch b;
+    b.volume_id = 1;
+    cdp::proto::Record r;
+    r.seq = 1;
+    r.offset = offset;
+    r.length = length;
+    r.kind = cdp::proto::RecordKind::kTrim;
+    b.records.push_back(r);
+    return b;
+  };
+  for (auto [offset, length] : {std::pair<uint64_t, uint32_t>{1ull << 40, 1u << 20}, {0, 0xffffffffu}}) {
+    auto r = AskAs(c.mt_data_port(), ps, cdp::proto::Role::kProcessServer, c.options().tenant, c.options().secret,
+                   {open, trim(offset, length)});
+    REQUIRE(r.ok());
+    auto* nack = std::get_if<cdp::proto::Nack>(&*r);
+    REQUIRE(nack != nullptr);
+    INFO(nack->message);
+    CHECK(nack->reason == cdp::proto::NackReason::kBadRecord);
+  }
+  // The master target is up and replicating.
+  REQUIRE(c.Cdpctl({"status"}).exit_code == 0);
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 31, 1, 20, 0, c.dir());
+  REQUIRE(w.empty());
+  REQUIRE(c.WaitDrained());
+  CHECK(cdp::e2e::Sha256File(c.replica_path()) == cdp::e2e::Sha256File(c.source_path()));
+}

@@ -135,7 +135,13 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
     uint64_t durable = vol->spool().durable_seq();
     if (MtLink* link = LinkFor(tenant, o->name)) {
       auto mt = link->WaitOpened(vol, Millis(opt->mt_open_wait_ms));
-      if (mt.ok() && *mt > durable) {
+      if (mt.ok() && *mt > durable && vol->spool().stats().backlog_records > 0) {
+        // Ahead of records it never received: a lie (or a replaced MT); the
+        // spool keeps them and the link refuses the session (mt_link.cc).
+        log->error("{} master target claims sequence {} beyond the spool's unshipped records; answering with the "
+                   "spool's durable seq",
+                   log::Where{vol->key(), ch.peer(), durable}, *mt);
+      } else if (mt.ok() && *mt > durable) {
         vol->spool().SetFloor(*mt);
         durable = vol->spool().durable_seq();
       } else if (!mt.ok()) {

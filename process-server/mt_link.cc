@@ -16,9 +16,17 @@ class MtLink::SpoolSource final : public repl::RecordSource {
   Result<uint64_t> Resume(uint64_t durable, repl::ResumeCause cause) override {
     Spool& spool = v_->spool();
     if (cause == repl::ResumeCause::kOpen) {
-      // The master target may be ahead of the spool (it was restored, or the
-      // spool was lost): continue after it.
-      if (durable > spool.durable_seq()) spool.SetFloor(durable);
+      // The master target may be ahead of an empty spool (the spool was
+      // lost): continue after it. Ahead of records the spool still holds, it
+      // claims what it never received: releasing them would lose them.
+      if (durable > spool.durable_seq()) {
+        if (spool.stats().backlog_records > 0) {
+          return Status::Corruption("master target claims sequence " + std::to_string(durable) +
+                                    " beyond the spool's last " + std::to_string(spool.durable_seq()) +
+                                    " while records are unshipped: nothing released");
+        }
+        spool.SetFloor(durable);
+      }
       v_->counters().mt_acked.store(durable);
       Release(durable);
       SpoolStats st = spool.stats();

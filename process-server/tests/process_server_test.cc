@@ -344,7 +344,8 @@ namespace {
 // anything the process server sent. Counts connections and batches.
 class ForgingMasterTarget {
  public:
-  ForgingMasterTarget() {
+  // `open_reply`: the durable sequence claimed in every VolumeOpenReply.
+  explicit ForgingMasterTarget(uint64_t open_reply = 0) : open_reply_(open_reply) {
     cdp::Listener::Options lo;
     lo.name = "forging-mt";
     lo.tcp_port = 0;
@@ -356,12 +357,14 @@ class ForgingMasterTarget {
   uint16_t port() const { return listener_->tcp_port(); }
   std::atomic<int> connections{0};
   std::atomic<int> batches{0};
+  std::atomic<int> opens{0};
+  std::atomic<bool> serving{true};  // false: every session is dropped after the handshake
 
  private:
   void Serve(cdp::FrameChannel& ch) {
     auto who = cdp::ServerHandshake(
         ch, [](const std::string& t) { return t == "acme" ? std::optional<std::string>(kSecret) : std::nullopt; }, 5s);
-    if (!who.ok()) return;
+    if (!who.ok() || !serving.load()) return;
     ++connections;
     while (!ch.broken()) {
       auto m = ch.Receive(100ms);
@@ -371,7 +374,8 @@ class ForgingMasterTarget {
       }
       cdp::Status s;
       if (std::holds_alternative<cdp::proto::VolumeOpen>(*m)) {
-        s = ch.Send(cdp::proto::VolumeOpenReply{1, 0});
+        ++opens;
+        s = ch.Send(cdp::proto::VolumeOpenReply{1, open_reply_});
       } else if (std::holds_alternative<cdp::proto::WriteBatch>(*m)) {
         ++batches;
         s = ch.Send(cdp::proto::Ack{1, uint64_t(1) << 62});
@@ -381,10 +385,40 @@ class ForgingMasterTarget {
       if (!s.ok()) return;
     }
   }
+  const uint64_t open_reply_;
   std::unique_ptr<cdp::Listener> listener_;
 };
 
 }  // namespace
+
+TEST_CASE("a forged VolumeOpenReply beyond the spool deletes no spool record", "[server][security]") {
+  ForgingMasterTarget mt(uint64_t(1) << 62);
+  mt.serving = false;  // the records reach the spool first
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.mt.port = mt.port();
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+  auto ch = AgentConnect(ps.agent_port());
+  REQUIRE(ch->Send(Vol("db1")).ok());
+  uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*ch).volume_id;
+  REQUIRE(ch->Send(Batch(id, 1, 5)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*ch).durable_seq == 5);
+  mt.serving = true;
+  // The link opens, hears 2^62, refuses it, and tries again later.
+  REQUIRE(cdp::testing::WaitUntil([&] { return mt.opens.load() >= 2; }, 30s, 10ms));
+  auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+  REQUIRE(r.ok());
+  auto j = boost::json::parse(r->body);
+  auto& vols = j.at("volumes").as_array();
+  REQUIRE(vols.size() == 1);
+  CHECK(vols[0].at("backlog_records").to_number<uint64_t>() == 5);
+  CHECK(vols[0].at("mt_acked_seq").to_number<uint64_t>() == 0);
+  // The agent's own resume is untouched: the PS still answers the spool's sequence.
+  auto again = AgentConnect(ps.agent_port());
+  REQUIRE(again->Send(Vol("db1")).ok());
+  CHECK(Expect<cdp::proto::VolumeOpenReply>(*again).durable_seq == 5);
+}
 
 TEST_CASE("a forged Ack beyond what was sent deletes no spool record", "[server][security]") {
   ForgingMasterTarget mt;
