@@ -192,10 +192,7 @@ Status Agent::Start() {
 
 Status Agent::ReloadTls() {
   if (!tls_) return Status::OK();
-  Status s = tls_->Reload();
-  if (s.ok()) log::Get("agent")->info("TLS credentials reloaded");
-  else log::Get("agent")->error("TLS reload failed, keeping the current credentials: {}", s.ToString());
-  return s;
+  return tls_->Reload();
 }
 
 void Agent::Stop() {

@@ -33,19 +33,7 @@ using CertPtr = std::unique_ptr<X509, Deleter<X509, X509_free>>;
 using BioPtr = std::unique_ptr<BIO, Deleter<BIO, BIO_free_all>>;
 using BnPtr = std::unique_ptr<BIGNUM, Deleter<BIGNUM, BN_free>>;
 
-std::string SslErrors() {
-  std::string out;
-  unsigned long e;
-  while ((e = ERR_get_error()) != 0) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "unknown OpenSSL error" : out;
-}
-
-Status SslFailure(const std::string& what) { return Status::IOError(what + ": " + SslErrors()); }
+Status SslFailure(const std::string& what) { return Status::IOError(what + ": " + OpenSslErrors()); }
 
 Result<KeyPtr> NewKey() {
   KeyPtr key(EVP_EC_gen("P-256"));
@@ -133,17 +121,17 @@ Result<CertPtr> NewCert(EVP_PKEY* key, const Identity* id, const std::string& ca
 
 Result<KeyPtr> ReadKey(const std::string& path) {
   BioPtr bio(BIO_new_file(path.c_str(), "r"));
-  if (!bio) return Status::IOError("open " + path + ": " + SslErrors());
+  if (!bio) return Status::IOError("open " + path + ": " + OpenSslErrors());
   KeyPtr key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
-  if (!key) return Status::InvalidArgument(path + ": not a PEM private key: " + SslErrors());
+  if (!key) return Status::InvalidArgument(path + ": not a PEM private key: " + OpenSslErrors());
   return key;
 }
 
 Result<CertPtr> ReadCert(const std::string& path) {
   BioPtr bio(BIO_new_file(path.c_str(), "r"));
-  if (!bio) return Status::IOError("open " + path + ": " + SslErrors());
+  if (!bio) return Status::IOError("open " + path + ": " + OpenSslErrors());
   CertPtr cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
-  if (!cert) return Status::InvalidArgument(path + ": not a PEM certificate: " + SslErrors());
+  if (!cert) return Status::InvalidArgument(path + ": not a PEM certificate: " + OpenSslErrors());
   return cert;
 }
 
@@ -162,6 +150,18 @@ std::vector<std::string> Entries(X509_NAME* name, int nid) {
 }
 
 }  // namespace
+
+std::string OpenSslErrors() {
+  std::string out;
+  unsigned long e;
+  while ((e = ERR_get_error()) != 0) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    if (!out.empty()) out += "; ";
+    out += buf;
+  }
+  return out.empty() ? "unknown OpenSSL error" : out;
+}
 
 std::string_view RoleName(CertRole r) {
   switch (r) {

@@ -56,6 +56,10 @@ struct IssueOptions {
 Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::string& key_path,
              const std::string& cert_path);
 
+// OpenSSL's error queue, drained into one line ("unknown OpenSSL error" when
+// empty). For the Status messages of this file and common/tls_stream.cc.
+std::string OpenSslErrors();
+
 // The identity in a certificate: exactly one CN and one OU with a known role,
 // exactly one O for agent and ps and none for mt, every name valid. Anything
 // else is kPermissionDenied naming what is wrong. Does not verify the

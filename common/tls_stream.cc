@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/log.h"
 #include "common/pki.h"
 
 namespace cdp {
@@ -28,19 +29,6 @@ constexpr size_t kReadChunk = 256 * 1024;
 // Plaintext encrypted per lock hold while writing.
 constexpr size_t kWriteChunk = 256 * 1024;
 
-// Drains OpenSSL's error queue into one line ("" when empty).
-std::string SslErrors() {
-  std::string out;
-  unsigned long e;
-  while ((e = ERR_get_error()) != 0) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out;
-}
-
 Result<TlsPeer> PeerOf(SSL* ssl) {
   X509* cert = SSL_get0_peer_certificate(ssl);
   if (cert == nullptr) return Status::PermissionDenied("peer presented no certificate");
@@ -51,7 +39,7 @@ Result<TlsPeer> PeerOf(SSL* ssl) {
   p.name = id.name;
   if (SSL_export_keying_material(ssl, p.binding.data(), p.binding.size(), kExporterLabel,
                                  sizeof(kExporterLabel) - 1, nullptr, 0, 0) != 1) {
-    return Status::IOError("TLS exporter failed: " + SslErrors());
+    return Status::IOError("TLS exporter failed: " + pki::OpenSslErrors());
   }
   return p;
 }
@@ -67,13 +55,13 @@ class TlsStream final : public ByteStream {
 
   Status Init(TlsSide side) {
     ssl_ = SSL_new(context_->native());
-    if (ssl_ == nullptr) return Status::IOError("SSL_new: " + SslErrors());
+    if (ssl_ == nullptr) return Status::IOError("SSL_new: " + pki::OpenSslErrors());
     BIO* rbio = BIO_new(BIO_s_mem());
     BIO* wbio = BIO_new(BIO_s_mem());
     if (rbio == nullptr || wbio == nullptr) {
       BIO_free(rbio);
       BIO_free(wbio);
-      return Status::IOError("BIO_new: " + SslErrors());
+      return Status::IOError("BIO_new: " + pki::OpenSslErrors());
     }
     // An empty input BIO means "wait for more", not end of stream.
     BIO_set_mem_eof_return(rbio, -1);
@@ -192,7 +180,7 @@ class TlsStream final : public ByteStream {
   }
 
   std::string Describe(int ssl_error) {
-    std::string text = SslErrors();
+    std::string text = ERR_peek_error() != 0 ? pki::OpenSslErrors() : std::string();
     const long verify = SSL_get_verify_result(ssl_);
     if (verify != X509_V_OK) {
       text += std::string(text.empty() ? "" : "; ") + "certificate verify: " +
@@ -233,12 +221,12 @@ Result<std::shared_ptr<const TlsContext>> TlsContext::Load(const TlsFiles& files
   std::shared_ptr<TlsContext> c(new TlsContext());
   ERR_clear_error();
   c->ctx_ = SSL_CTX_new(TLS_method());
-  if (c->ctx_ == nullptr) return Status::IOError("SSL_CTX_new: " + SslErrors());
+  if (c->ctx_ == nullptr) return Status::IOError("SSL_CTX_new: " + pki::OpenSslErrors());
   SSL_CTX* ctx = c->ctx_;
   SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
   // AES-128-GCM first: as safe for our use and faster than AES-256 (AES-NI).
   if (SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256") != 1) {
-    return Status::IOError("TLS cipher suites: " + SslErrors());
+    return Status::IOError("TLS cipher suites: " + pki::OpenSslErrors());
   }
   SSL_CTX_set_num_tickets(ctx, 0);
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
@@ -247,13 +235,13 @@ Result<std::shared_ptr<const TlsContext>> TlsContext::Load(const TlsFiles& files
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
   SSL_CTX_set_verify_depth(ctx, 2);
   if (SSL_CTX_load_verify_locations(ctx, files.ca.c_str(), nullptr) != 1) {
-    return Status::InvalidArgument("tls_ca " + files.ca + ": " + SslErrors());
+    return Status::InvalidArgument("tls_ca " + files.ca + ": " + pki::OpenSslErrors());
   }
   if (SSL_CTX_use_certificate_chain_file(ctx, files.cert.c_str()) != 1) {
-    return Status::InvalidArgument("tls_cert " + files.cert + ": " + SslErrors());
+    return Status::InvalidArgument("tls_cert " + files.cert + ": " + pki::OpenSslErrors());
   }
   if (SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM) != 1) {
-    return Status::InvalidArgument("tls_key " + files.key + ": " + SslErrors());
+    return Status::InvalidArgument("tls_key " + files.key + ": " + pki::OpenSslErrors());
   }
   if (SSL_CTX_check_private_key(ctx) != 1) {
     return Status::InvalidArgument("tls_key " + files.key + " does not match tls_cert " + files.cert);
@@ -269,7 +257,7 @@ Result<std::shared_ptr<const TlsContext>> TlsContext::Load(const TlsFiles& files
   X509_STORE* store = SSL_CTX_get_cert_store(ctx);
   std::unique_ptr<X509_STORE_CTX, void (*)(X509_STORE_CTX*)> vctx(X509_STORE_CTX_new(), X509_STORE_CTX_free);
   if (!vctx || X509_STORE_CTX_init(vctx.get(), store, own, nullptr) != 1) {
-    return Status::IOError("X509_STORE_CTX: " + SslErrors());
+    return Status::IOError("X509_STORE_CTX: " + pki::OpenSslErrors());
   }
   if (X509_verify_cert(vctx.get()) != 1) {
     return Status::InvalidArgument("tls_cert " + files.cert + " does not verify against tls_ca " + files.ca + ": " +
@@ -287,10 +275,17 @@ Result<std::unique_ptr<TlsCredentials>> TlsCredentials::Load(TlsFiles files) {
 }
 
 Status TlsCredentials::Reload() {
-  CDP_ASSIGN_OR_RETURN(std::shared_ptr<const TlsContext> fresh, TlsContext::Load(files_));
-  std::lock_guard<std::mutex> lock(mu_);
-  current_ = std::move(fresh);
+  Result<std::shared_ptr<const TlsContext>> fresh = TlsContext::Load(files_);
+  if (!fresh.ok()) {
+    log::Get("tls")->error("TLS reload failed, keeping the current credentials: {}", fresh.status().ToString());
+    return fresh.status();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_ = std::move(*fresh);
+  }
   reloads_.fetch_add(1, std::memory_order_relaxed);
+  log::Get("tls")->info("TLS credentials reloaded: certificate '{}' for new connections", Current()->self().name);
   return Status::OK();
 }
 

@@ -82,7 +82,8 @@ class TlsContext {
 // The credentials a daemon uses for new connections. Reload() (on SIGHUP)
 // loads the files again and swaps them in for connections made after it;
 // connections already up keep the context they started with, so the data path
-// does not drop. A failed reload keeps the current credentials.
+// does not drop. A failed reload keeps the current credentials. Both outcomes
+// are logged ("TLS credentials reloaded" / "TLS reload failed").
 class TlsCredentials {
  public:
   static Result<std::unique_ptr<TlsCredentials>> Load(TlsFiles files);

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -513,6 +514,33 @@ TEST_CASE("work caps: a trim far past the end and an absurd trim get a Nack, the
   // The master target is up and replicating.
   REQUIRE(c.Cdpctl({"status"}).exit_code == 0);
   std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 31, 1, 20, 0, c.dir());
+  REQUIRE(w.empty());
+  REQUIRE(c.WaitDrained());
+  CHECK(cdp::e2e::Sha256File(c.replica_path()) == cdp::e2e::Sha256File(c.source_path()));
+}
+
+TEST_CASE("wire: SIGHUP takes a renewed certificate for the next connection without dropping replication",
+          "[e2e][security][tls]") {
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  const std::string dir = c.pki_dir();
+  // The operator renews the agent's certificate in place.
+  REQUIRE(::unlink((dir + "/agent.key").c_str()) == 0);
+  Issue(dir, "agent", CertRole::kAgent, c.options().tenant);
+  // Issue() names the renewed certificate after its stem, "agent" (the first
+  // one was named after the agent's client id).
+  REQUIRE(::kill(c.pid(Which::kAgent), SIGHUP) == 0);
+  REQUIRE(LogSays(c.Path("agent.log"), "TLS credentials reloaded"));
+  // Writes keep flowing on the connection that was up.
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 41, 1, 20, 0, c.dir());
+  REQUIRE(w.empty());
+  REQUIRE(c.WaitDrained());
+  // The next connection presents the renewed certificate.
+  REQUIRE(c.Kill9(Which::kProcessServer));
+  REQUIRE(c.Restart(Which::kProcessServer));
+  REQUIRE(LogSays(c.Path("process-server.log"), "(certificate 'agent')"));
+  w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 42, 1, 20, 0, c.dir());
   REQUIRE(w.empty());
   REQUIRE(c.WaitDrained());
   CHECK(cdp::e2e::Sha256File(c.replica_path()) == cdp::e2e::Sha256File(c.source_path()));

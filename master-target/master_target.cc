@@ -298,10 +298,7 @@ Status MasterTarget::Start() {
 
 Status MasterTarget::ReloadTls() {
   if (!impl_ || !impl_->tls) return Status::OK();
-  Status s = impl_->tls->Reload();
-  if (s.ok()) impl_->log->info("TLS credentials reloaded");
-  else impl_->log->error("TLS reload failed, keeping the current credentials: {}", s.ToString());
-  return s;
+  return impl_->tls->Reload();
 }
 
 void MasterTarget::Stop() {

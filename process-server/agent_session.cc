@@ -58,7 +58,8 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
     log->warn("peer={} tenant={} refused: role {} is not an agent", ch.peer(), tenant, int(peer.role));
     return;
   }
-  log->info("peer={} tenant={} agent {} connected", ch.peer(), tenant, peer.client_id);
+  log->info("peer={} tenant={} agent {} connected{}", ch.peer(), tenant, peer.client_id,
+            peer.tls ? " (certificate '" + peer.cert_name + "')" : std::string(" (clear text)"));
   std::map<uint32_t, SpooledVolume*> handles;
   uint32_t next_id = 1;
   std::optional<proto::Message> carry;  // received while coalescing, handled next

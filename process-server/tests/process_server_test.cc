@@ -391,54 +391,52 @@ class ForgingMasterTarget {
 
 }  // namespace
 
+// A process server shipping to `mt`, whose agent has had records 1..5 of db1
+// spooled and acknowledged.
+struct ShippingPs {
+  explicit ShippingPs(ForgingMasterTarget& mt) : env(cdp::NewMemEnv()) {
+    auto o = Options(env.get());
+    o.mt.port = mt.port();
+    ps = std::make_unique<cdp::ps::ProcessServer>(o);
+    REQUIRE(ps->Start().ok());
+    agent = AgentConnect(ps->agent_port());
+    REQUIRE(agent->Send(Vol("db1")).ok());
+    uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+    REQUIRE(agent->Send(Batch(id, 1, 5)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
+  }
+  // db1's spool backlog (records) and the sequence the MT has acknowledged.
+  std::pair<uint64_t, uint64_t> BacklogAndAcked() {
+    auto r = cdp::http::HttpRequest("127.0.0.1", ps->control_port(), "GET", "/v1/volumes");
+    REQUIRE(r.ok());
+    auto j = boost::json::parse(r->body);
+    auto& vols = j.at("volumes").as_array();
+    REQUIRE(vols.size() == 1);
+    return {vols[0].at("backlog_records").to_number<uint64_t>(), vols[0].at("mt_acked_seq").to_number<uint64_t>()};
+  }
+  std::unique_ptr<cdp::Env> env;
+  std::unique_ptr<cdp::ps::ProcessServer> ps;
+  std::unique_ptr<cdp::FrameChannel> agent;
+};
+
 TEST_CASE("a forged VolumeOpenReply beyond the spool deletes no spool record", "[server][security]") {
   ForgingMasterTarget mt(uint64_t(1) << 62);
   mt.serving = false;  // the records reach the spool first
-  auto env = cdp::NewMemEnv();
-  auto o = Options(env.get());
-  o.mt.port = mt.port();
-  cdp::ps::ProcessServer ps(o);
-  REQUIRE(ps.Start().ok());
-  auto ch = AgentConnect(ps.agent_port());
-  REQUIRE(ch->Send(Vol("db1")).ok());
-  uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*ch).volume_id;
-  REQUIRE(ch->Send(Batch(id, 1, 5)).ok());
-  CHECK(Expect<cdp::proto::Ack>(*ch).durable_seq == 5);
+  ShippingPs p(mt);
   mt.serving = true;
   // The link opens, hears 2^62, refuses it, and tries again later.
   REQUIRE(cdp::testing::WaitUntil([&] { return mt.opens.load() >= 2; }, 30s, 10ms));
-  auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
-  REQUIRE(r.ok());
-  auto j = boost::json::parse(r->body);
-  auto& vols = j.at("volumes").as_array();
-  REQUIRE(vols.size() == 1);
-  CHECK(vols[0].at("backlog_records").to_number<uint64_t>() == 5);
-  CHECK(vols[0].at("mt_acked_seq").to_number<uint64_t>() == 0);
+  CHECK(p.BacklogAndAcked() == std::pair<uint64_t, uint64_t>{5, 0});
   // The agent's own resume is untouched: the PS still answers the spool's sequence.
-  auto again = AgentConnect(ps.agent_port());
+  auto again = AgentConnect(p.ps->agent_port());
   REQUIRE(again->Send(Vol("db1")).ok());
   CHECK(Expect<cdp::proto::VolumeOpenReply>(*again).durable_seq == 5);
 }
 
 TEST_CASE("a forged Ack beyond what was sent deletes no spool record", "[server][security]") {
   ForgingMasterTarget mt;
-  auto env = cdp::NewMemEnv();
-  auto o = Options(env.get());
-  o.mt.port = mt.port();
-  cdp::ps::ProcessServer ps(o);
-  REQUIRE(ps.Start().ok());
-  auto ch = AgentConnect(ps.agent_port());
-  REQUIRE(ch->Send(Vol("db1")).ok());
-  uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*ch).volume_id;
-  REQUIRE(ch->Send(Batch(id, 1, 5)).ok());
-  CHECK(Expect<cdp::proto::Ack>(*ch).durable_seq == 5);
+  ShippingPs p(mt);
   // The link ships, gets the forged Ack, drops the session and comes back.
   REQUIRE(cdp::testing::WaitUntil([&] { return mt.batches.load() >= 2 && mt.connections.load() >= 2; }, 30s, 10ms));
-  auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
-  REQUIRE(r.ok());
-  auto j = boost::json::parse(r->body);
-  auto& vols = j.at("volumes").as_array();
-  REQUIRE(vols.size() == 1);
-  CHECK(vols[0].at("backlog_records").to_number<uint64_t>() == 5);
-  CHECK(vols[0].at("mt_acked_seq").to_number<uint64_t>() == 0);
+  CHECK(p.BacklogAndAcked() == std::pair<uint64_t, uint64_t>{5, 0});
 }
