@@ -354,6 +354,18 @@ TEST_CASE("wire: a man in the middle flipping one TLS byte breaks the link, noth
   CHECK(Slurp(c.Path("master-target.log")).find("bad record mac") != std::string::npos);
 }
 
+// The sanitized build (`make asan`) gives each connection thread of the
+// daemons AddressSanitizer's own allocator caches and fake stacks, which it
+// keeps after the thread ends: about 2 MiB of RSS per thread (measured: 62 MiB
+// for this test's connections; the product build grew 0.7 and 1.4 MiB). That
+// is the tool's cost, not the daemon's: the product build is held to 16 MiB,
+// the sanitized one to 16 MiB plus 3 MiB per connection.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr uint64_t kSanitizerThreadRss = 100ull * (3u << 20);
+#else
+constexpr uint64_t kSanitizerThreadRss = 0;
+#endif
+
 TEST_CASE("wire: 100 connections each claiming a 64 MiB frame grow RSS by less than 16 MiB, the daemons keep serving",
           "[e2e][security]") {
   Cluster c;
@@ -391,8 +403,8 @@ TEST_CASE("wire: 100 connections each claiming a 64 MiB frame grow RSS by less t
       }
     }
     const uint64_t during = RssBytes(pid);
-    INFO(Name(w) << ": RSS " << before << " -> " << during);
-    CHECK(during < before + (16u << 20));
+    WARN(Name(w) << ": RSS " << before << " -> " << during << " bytes");
+    CHECK(during < before + (16u << 20) + kSanitizerThreadRss);
     for (int fd : raw) ::close(fd);
     tls.clear();
   }
