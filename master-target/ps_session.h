@@ -9,10 +9,11 @@
 // (common/protocol.h messages over common/channel.h FrameChannel; the process
 // server codes against this; keep it.)
 //
-//   PS connects to `listen` (default port 7500), then ServerHandshake:
-//     Hello.role must be kProcessServer (kAgent is accepted too, for direct
-//     agent -> MT set-ups); the tenant and its secret come from the MT config.
-//     Wrong secret / unknown tenant -> AuthResult refused, connection closed.
+//   PS connects to `listen` (default port 7500) over TLS (unless tls = off),
+//   then ServerHandshake: tenant and role come from the PS's certificate and
+//   must match the Hello (common/channel.h). The role must be kProcessServer;
+//   kAgent only for a tenant in `direct_agents` (else Nack kPermissionDenied,
+//   connection closed). Wrong secret / unknown tenant -> AuthResult refused.
 //
 //   VolumeOpen{name, size, block_size, uuid, generation}
 //     -> VolumeOpenReply{volume_id, durable_seq}
@@ -23,10 +24,12 @@
 //        under the tenant's directory. Bad name/size/block size -> Nack kBadRecord.
 //     -> Nack{kWrongGeneration} for another uuid, size or block size, a lower
 //        generation, or a failed-over volume opened with the same generation.
-//     -> Nack{kPermissionDenied} when creating it would exceed the tenant's quota.
-//        A HIGHER generation re-protects: journal and points are dropped, the
-//        replica is kept as it is, durable_seq = 0 (the sequence restarts at 1;
-//        the source resyncs by region hashes).
+//     -> Nack{kPermissionDenied} when creating it would exceed the tenant's
+//        quota, and for a HIGHER generation unless the operator armed a
+//        re-protect (`cdpctl reprotect`): no peer message drops history. The
+//        armed next generation is accepted with durable_seq = 0 and numbers
+//        its records from 1; the MT adds the volume's seq_base (journal and
+//        every point kept; see replica_volume.h).
 //
 //   WriteBatch{volume_id, records}
 //     records are applied strictly in sequence order:
@@ -36,7 +39,10 @@
 //       size != length, bad tag name, bad kind) -> Nack{kBadRecord}, nothing of
 //       the batch applied; the connection and other volumes are unaffected
 //       unknown volume_id       -> Nack{kUnknownVolume}
-//       failed-over volume      -> Nack{kWrongGeneration}
+//       failed-over volume, or re-protected since this session opened it
+//                               -> Nack{kWrongGeneration}
+//       a zero/trim longer than 32 MiB, or a batch asking more than
+//       proto::kMaxBatchWork of ranged work -> Nack{kBadRecord}
 //       tenant over its quota   -> Nack{kBusy} (retry later: retention frees journal space)
 //       I/O failure at the MT   -> Nack{kInternal} (the partial batch is undone; resend)
 //     once the whole batch is durable (journal synced, replica synced, sqlite
