@@ -64,3 +64,16 @@ TEST_CASE("the dependency step finds nothing missing after make ran it", "[e2e][
 }
 
 }  // namespace
+
+TEST_CASE("the systemd units are hardened: exposure at most 2.0 in systemd-analyze security", "[e2e][cli][security]") {
+  // systemd-analyze (Debian package systemd, an install-deps package) scores a
+  // unit file without loading it; --threshold=20 fails above an exposure of 2.0.
+  REQUIRE(cdp::testing::HaveProgram("systemd-analyze"));
+  for (const char* unit : {"cdp-agent.service", "cdp-process-server.service", "cdp-master-target.service"}) {
+    const std::string path = std::string(CDP_SOURCE_DIR) + "/packaging/" + unit;
+    auto r = RunCommand({"systemd-analyze", "security", "--offline=true", "--threshold=20", path}, 60000);
+    INFO(unit << "\n" << r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("Overall exposure level for " + std::string(unit)) != std::string::npos);
+  }
+}
