@@ -1,6 +1,8 @@
 #include "common/http_server.h"
 
 #include <algorithm>
+#include <boost/asio/ip/address.hpp>
+#include <cctype>
 #include <boost/json.hpp>
 #include <optional>
 #include <thread>
@@ -167,6 +169,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     req.body = std::move(preq.body());
     req.content_type = std::string(preq[bhttp::field::content_type]);
+    req.host = std::string(preq[bhttp::field::host]);
     Response r = srv_->Dispatch(req);
     Send(r, preq.version(), preq.keep_alive());
   }
@@ -243,7 +246,51 @@ void ServerState::OnConnection(Listener::Connection c) {
   std::make_shared<Session>(std::move(socket), this, std::move(c.slot))->Start();
 }
 
+namespace {
+
+// The host part of a Host header ("127.0.0.1:9100" -> "127.0.0.1",
+// "[::1]:9100" -> "::1", "localhost" -> "localhost").
+std::string HostPart(std::string_view h) {
+  if (!h.empty() && h.front() == '[') {
+    size_t close = h.find(']');
+    return close == std::string_view::npos ? std::string() : std::string(h.substr(1, close - 1));
+  }
+  size_t colon = h.find(':');
+  return std::string(h.substr(0, colon));
+}
+
+bool HostAllowed(const std::string& header, const std::vector<std::string>& allowed) {
+  const std::string host = HostPart(header);
+  if (host.empty()) return false;
+  boost::system::error_code ec;
+  (void)boost::asio::ip::make_address(host, ec);
+  if (!ec) return true;  // an IP literal: no name to rebind
+  std::string lower;
+  for (char c : host) lower += char(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "localhost") return true;
+  for (const std::string& a : allowed) {
+    if (lower == a) return true;
+  }
+  return false;
+}
+
+bool IsJson(std::string_view content_type) {
+  std::string_view t = content_type.substr(0, content_type.find(';'));
+  while (!t.empty() && t.back() == ' ') t.remove_suffix(1);
+  std::string lower;
+  for (char c : t) lower += char(std::tolower(static_cast<unsigned char>(c)));
+  return lower == "application/json";
+}
+
+}  // namespace
+
 Response ServerState::Dispatch(Request& req) {
+  if (!HostAllowed(req.host, opts.allowed_hosts)) {
+    return Response::Error(403, "Host header '" + req.host + "' is not allowed (IP literals, localhost, allowed_hosts)");
+  }
+  if ((!req.body.empty() || !req.content_type.empty()) && !IsJson(req.content_type)) {
+    return Response::Error(415, "request bodies must be application/json, not '" + req.content_type + "'");
+  }
   try {
     if (req.path == "/metrics" && opts.registry != nullptr) {
       if (req.method != "GET") return Response::Error(405, "method " + req.method + " not allowed on /metrics");

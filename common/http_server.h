@@ -11,6 +11,14 @@
 // connection is closed. Keep-alive is supported; idle connections are closed
 // after idle_timeout_ms. "Expect: 100-continue" is answered.
 //
+// Against DNS rebinding and cross-site requests from a browser on the host:
+//   - the Host header must name an IP literal, "localhost", or one of
+//     ServerOptions::allowed_hosts (a page of evil.example rebound to
+//     127.0.0.1 still sends "Host: evil.example"): else 403;
+//   - a request with a body (or any Content-Type) must be application/json:
+//     a form post (x-www-form-urlencoded, multipart, text/plain: the types a
+//     page may send without asking) gets 415.
+//
 //   http::Server srv({.host = "127.0.0.1", .port = 9100, .registry = &reg,
 //                     .status = [&] { return agent.StatusJson(); }});
 //   srv.Route("POST", "/v1/volumes/*", [&](const http::Request& r) {
@@ -35,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "common/result.h"
@@ -55,6 +64,7 @@ struct Request {
   std::map<std::string, std::string> params;  // decoded query parameters (last one wins)
   std::string body;
   std::string content_type;
+  std::string host;  // the Host header as sent
 };
 
 struct Response {
@@ -81,6 +91,7 @@ struct ServerOptions {
   metrics::Registry* registry = nullptr;       // /metrics when set; must outlive the Server
   metrics::Registry* listener_registry = nullptr;  // the listener's connection counters go here when set
   std::function<boost::json::value()> status;  // /status when set
+  std::vector<std::string> allowed_hosts;      // host names accepted in Host besides IP literals and "localhost"
 };
 
 class Server {

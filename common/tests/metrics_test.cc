@@ -327,7 +327,7 @@ TEST_CASE("HTTP: Stop closes open keep-alive connections", "[http]") {
   net::io_context ioc;
   net::ip::tcp::socket sock(ioc);
   sock.connect({net::ip::make_address("127.0.0.1"), t.server.port()});
-  std::string req = "GET /status HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::string req = "GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   net::write(sock, net::buffer(req));
   // Read the first answer fully (it has a Content-Length), then the connection stays open.
   std::string got;
@@ -408,10 +408,32 @@ TEST_CASE("HTTP: curl gets /metrics, /status, a POST route, 404 and 413, keep-al
   CHECK(Run("head -c 2097152 /dev/zero | " + curl + "-o /dev/null -w '%{http_code}' -X POST --data-binary @- " +
             base + "/v1/echo") == "413");
   // A small body with an explicit "Expect: 100-continue" is answered with 100, then served.
-  CHECK(Run(curl + "-o /dev/null -w '%{http_code}' -H 'Expect: 100-continue' -d 'abc' " + base + "/v1/echo") == "201");
+  CHECK(Run(curl + "-o /dev/null -w '%{http_code}' -H 'Expect: 100-continue' -H 'Content-Type: application/json' "
+                   "-d '{}' " +
+            base + "/v1/echo") == "201");
   // Two URLs in one curl run share one connection (keep-alive).
   CHECK(Run(curl + "-o /dev/null -o /dev/null -w '%{http_code} %{num_connects}\\n' " + base + "/status " + base +
             "/metrics") == "200 1\n200 0\n");
+}
+
+TEST_CASE("HTTP: a Host that is not an IP literal, localhost or allowed gets 403, a form post 415",
+          "[http][security]") {
+  TestServer t;
+  const std::string port = std::to_string(t.server.port());
+  std::string base = "http://127.0.0.1:" + port;
+  std::string curl = "curl -s --max-time 20 -o /dev/null -w '%{http_code}' ";
+  // DNS rebinding: a name that resolves to 127.0.0.1 still arrives as that name.
+  CHECK(Run(curl + "-H 'Host: evil.example:" + port + "' " + base + "/status") == "403");
+  CHECK(Run(curl + "-H 'Host: evil.example' -X POST -H 'Content-Type: application/json' -d '{}' " + base +
+            "/v1/echo") == "403");
+  CHECK(Run(curl + "-H 'Host: localhost:" + port + "' " + base + "/status") == "200");
+  CHECK(Run(curl + "-H 'Host: [::1]:" + port + "' " + base + "/status") == "200");
+  CHECK(Run(curl + base + "/status") == "200");
+  // What a web page can post without asking: form, multipart, text/plain.
+  CHECK(Run(curl + "-d 'volume=db1' " + base + "/v1/echo") == "415");
+  CHECK(Run(curl + "-F 'volume=db1' " + base + "/v1/echo") == "415");
+  CHECK(Run(curl + "-H 'Content-Type: text/plain' -d '{}' " + base + "/v1/echo") == "415");
+  CHECK(Run(curl + "-H 'Content-Type: application/json; charset=utf-8' -d '{}' " + base + "/v1/echo") == "201");
 }
 
 }  // namespace
