@@ -185,9 +185,9 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
                 applied + 1);
   }
   if (uint64_t work = proto::BatchWork(std::span<const proto::Record>(recs).subspan(first));
-      work > proto::kMaxBatchWork) {
+      work > o_.max_batch_work) {
     return Nack(proto::NackReason::kBadRecord, "batch asks " + std::to_string(work) + " bytes of work, over the cap of " +
-                                                   std::to_string(proto::kMaxBatchWork));
+                                                   std::to_string(o_.max_batch_work) + " (max_batch_work)");
   }
   for (size_t i = first; i < recs.size(); ++i) {
     const proto::Record& r = recs[i];
