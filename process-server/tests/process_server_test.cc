@@ -440,3 +440,39 @@ TEST_CASE("a forged Ack beyond what was sent deletes no spool record", "[server]
   REQUIRE(cdp::testing::WaitUntil([&] { return mt.batches.load() >= 2 && mt.connections.load() >= 2; }, 30s, 10ms));
   CHECK(p.BacklogAndAcked() == std::pair<uint64_t, uint64_t>{5, 0});
 }
+
+TEST_CASE("a trim at 2^40, of 4 GiB or just past the end from an agent never enters the spool: Nack, the volume goes on",
+          "[server][security][workcap]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ps::ProcessServer ps(Options(env.get()));
+  REQUIRE(ps.Start().ok());
+  auto ch = AgentConnect(ps.agent_port());
+  REQUIRE(ch->Send(Vol("db1")).ok());
+  const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*ch).volume_id;
+  auto trim = [&](uint64_t offset, uint32_t length) {
+    cdp::proto::WriteBatch b;
+    b.volume_id = id;
+    Record r;
+    r.seq = 1;
+    r.offset = offset;
+    r.length = length;
+    r.kind = RecordKind::kTrim;
+    b.records.push_back(r);
+    return b;
+  };
+  for (auto b : {trim(uint64_t(1) << 40, 1 << 20), trim(0, 0xffffffffu), trim(64 << 20, 4096)}) {  // (offset + length overflowing u64 cannot even be encoded)
+    cdp::Status sent = ch->Send(b);
+    INFO(sent.ToString());
+    REQUIRE(sent.ok());
+    auto n = Expect<cdp::proto::Nack>(*ch);
+    CHECK(n.reason == cdp::proto::NackReason::kBadRecord);
+    CHECK(n.message == "record seq 1 outside the volume");
+  }
+  // Nothing was spooled (a restart would have nothing to resend), and a valid batch is taken.
+  auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+  REQUIRE(r.ok());
+  auto j = boost::json::parse(r->body);
+  CHECK(j.at("volumes").as_array().at(0).at("spool_durable_seq").to_number<uint64_t>() == 0);
+  REQUIRE(ch->Send(Batch(id, 1, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*ch).durable_seq == 2);
+}
