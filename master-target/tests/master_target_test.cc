@@ -478,6 +478,9 @@ TEST_CASE("no peer message destroys history: a higher generation, another size o
     auto* nack = std::get_if<proto::Nack>(&m);
     REQUIRE(nack != nullptr);
     CHECK(nack->reason == a.reason);
+    INFO(nack->message);
+    CHECK((nack->message.find("re-protect is an operator command (cdpctl reprotect") != std::string::npos ||
+           nack->message.find("the replica and its recovery points are kept") != std::string::npos));
   }
   // Every point is still listed and reads as the source did at it; an export
   // of the oldest one (the device the NBD server serves) is byte-equal.
