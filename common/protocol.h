@@ -42,8 +42,9 @@ inline constexpr uint32_t kMaxHashes = 1u << 16;        // regions in one hash m
 // The work one batch may ask of the master target: the sum of the lengths of
 // its data, zero and trim records (each range is read into the undo journal).
 // Sources cut batches at it (a record is at most kMaxRecordLength, so one
-// always fits); the PS and the MT refuse a batch over it (Nack kBadRecord).
-inline constexpr uint64_t kMaxBatchWork = 1ull << 30;
+// always fits); the PS refuses a batch over it and the MT one over its
+// `max_batch_work` (default this value) with Nack kBadRecord.
+inline constexpr uint64_t kMaxBatchWork = 256ull << 20;
 inline constexpr size_t kMaxTextLength = 4096;          // AuthResult.reason, Nack.message
 inline constexpr uint32_t kMaxStats = 4096;             // values in one Stats message
 

@@ -36,6 +36,15 @@ bool MasterTarget::Impl::OverQuota(const std::string& tenant) {
   return UsageLocked(tenant) > q;
 }
 
+uint64_t MasterTarget::Impl::JournalBytes(const std::string& tenant) {
+  std::lock_guard<std::mutex> lk(vol_mu);
+  uint64_t bytes = 0;
+  for (auto& [k, e] : volumes) {
+    if (e->tenant == tenant) bytes += e->volume->GetStatus().journal_bytes;
+  }
+  return bytes;
+}
+
 VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::string& name) {
   VolumeOptions vo;
   vo.env = o.env;
@@ -44,6 +53,7 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
   vo.index_path = JoinPath(vo.dir, "index.db");
   vo.segment_bytes = o.segment_bytes;
   vo.point_interval_us = o.point_interval_us;
+  vo.max_batch_work = o.max_batch_work;
   vo.retention = o.retention;
   metrics::Labels l{{"tenant", tenant}, {"volume", name}};
   auto& r = mt->registry_;
@@ -228,6 +238,13 @@ std::shared_ptr<ReplicaVolume> MasterTarget::FindVolume(const std::string& tenan
 Status MasterTarget::Start() {
   Impl& m = *impl_;
   if (!o_.env || !o_.clock) return Status::InvalidArgument("master target: env and clock are required");
+  if (o_.max_batch_work < proto::kMaxRecordLength)
+    return Status::InvalidArgument("max_batch_work must be at least one record (" +
+                                   std::to_string(proto::kMaxRecordLength) + " bytes)");
+  if (o_.max_batch_work < proto::kMaxBatchWork)
+    m.log->warn("max_batch_work {} is below the {} bytes sources cut batches at: a batch of many zero/trim records "
+                "will be refused and its volume stall",
+                o_.max_batch_work, proto::kMaxBatchWork);
   for (const auto& [t, s] : o_.tenants) {
     if (!proto::ValidName(t)) return Status::InvalidArgument("bad tenant name '" + t + "'");
     if (s.empty()) return Status::InvalidArgument("tenant " + t + " has an empty secret");

@@ -62,6 +62,14 @@ struct MasterTargetOptions {
   HostPort nbd{"127.0.0.1", 10810};     // point-in-time exports; may be off
   ConnectionCaps connection_caps;  // process server connections (the data listener)
   size_t max_volumes_per_tenant = 256;  // a VolumeOpen creating one more is refused
+  // Ranged work one WriteBatch may ask (bytes read into the undo journal);
+  // more -> Nack kBadRecord. Below proto::kMaxBatchWork, batches that sources
+  // legitimately cut at that size are refused too (their volume stalls).
+  uint64_t max_batch_work = proto::kMaxBatchWork;
+  // Undo-journal bytes all of a tenant's volumes may hold; once reached, its
+  // batches get Nack kBusy until retention frees journal (0 = unlimited). The
+  // journal passes the cap by at most one batch.
+  uint64_t max_journal_bytes_per_tenant = 0;
   uint64_t segment_bytes = 64ull << 20;
   uint64_t point_interval_us = 5'000'000;
   RetentionPolicy retention;

@@ -80,6 +80,8 @@ struct MasterTarget::Impl {
   // Bytes a tenant uses: its volumes' sizes plus their journals. vol_mu held.
   uint64_t UsageLocked(const std::string& tenant);
   bool OverQuota(const std::string& tenant);
+  // Undo-journal bytes of all the tenant's volumes.
+  uint64_t JournalBytes(const std::string& tenant);
 
   VolumeOptions VolOpts(const std::string& tenant, const std::string& name);
 

@@ -30,6 +30,10 @@ po::options_description MasterTargetConfigDescription() {
       ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
   desc.add_options()("max_volumes_per_tenant", po::value<size_t>()->default_value(256),
                       "volumes a tenant may create, at most (1..100000)");
+  desc.add_options()("max_batch_work", po::value<ByteSize>()->default_value(ByteSize{proto::kMaxBatchWork}),
+                      "ranged work (bytes read into the undo journal) one batch may ask (32MiB..64GiB)");
+  desc.add_options()("max_journal_bytes_per_tenant", po::value<ByteSize>()->default_value(ByteSize{0}),
+                      "undo-journal bytes a tenant's volumes may hold before its batches wait for retention (0: unlimited)");
   desc.add_options()("direct_agents", po::value<std::vector<std::string>>()->composing(),
                       "a tenant whose agents may connect without a process server (repeatable)");
   AddConnectionCapOptions(&desc);
@@ -56,6 +60,10 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   o.max_volumes_per_tenant = vm["max_volumes_per_tenant"].as<size_t>();
   if (o.max_volumes_per_tenant < 1 || o.max_volumes_per_tenant > 100000)
     return Status::InvalidArgument("'max_volumes_per_tenant' must be 1..100000");
+  o.max_batch_work = vm["max_batch_work"].as<ByteSize>().bytes;
+  if (o.max_batch_work < proto::kMaxRecordLength || o.max_batch_work > (64ull << 30))
+    return Status::InvalidArgument("'max_batch_work' must be 32MiB..64GiB");
+  o.max_journal_bytes_per_tenant = vm["max_journal_bytes_per_tenant"].as<ByteSize>().bytes;
   if (vm.count("tenant")) {
     for (const auto& t : vm["tenant"].as<std::vector<std::string>>()) {
       CDP_RETURN_IF_ERROR(AddTenantEntry(t, &o.tenants).WithContext("'tenant'"));

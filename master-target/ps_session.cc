@@ -77,8 +77,19 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
         ReplicaVolume& vol = *it->second->volume;
         const uint64_t base = vol.seq_base();
         for (proto::Record& rec : wb->records) rec.seq += base;
-        if (OverQuota(*tenant) && !wb->records.empty() && wb->records.back().seq > vol.applied_seq()) {
+        const bool news = !wb->records.empty() && wb->records.back().seq > vol.applied_seq();
+        uint64_t journal = 0;
+        if (news && OverQuota(*tenant)) {
           s = nack(wb->volume_id, proto::NackReason::kBusy, "tenant quota exceeded; retry after retention",
+                   vol.applied_seq() + 1 - base);
+        } else if (news && o.max_journal_bytes_per_tenant != 0 &&
+                   (journal = JournalBytes(*tenant)) >= o.max_journal_bytes_per_tenant) {
+          log->warn("{} batch held: tenant {} journal cap reached ({} bytes)",
+                    log::Where{it->second->name, peer_addr, vol.applied_seq() + 1 - base}, *tenant, journal);
+          s = nack(wb->volume_id, proto::NackReason::kBusy,
+                   "tenant journal cap reached: " + std::to_string(journal) + " bytes of undo journal >= " +
+                       std::to_string(o.max_journal_bytes_per_tenant) +
+                       " (max_journal_bytes_per_tenant); retry after retention",
                    vol.applied_seq() + 1 - base);
         } else {
           auto r = vol.ApplyBatch(wb->records);

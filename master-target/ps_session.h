@@ -42,8 +42,10 @@
 //       failed-over volume, or re-protected since this session opened it
 //                               -> Nack{kWrongGeneration}
 //       a zero/trim longer than 32 MiB, or a batch asking more than
-//       proto::kMaxBatchWork of ranged work -> Nack{kBadRecord}
-//       tenant over its quota   -> Nack{kBusy} (retry later: retention frees journal space)
+//       `max_batch_work` (default proto::kMaxBatchWork, 256 MiB) of ranged
+//       work                    -> Nack{kBadRecord}
+//       tenant over its quota, or its journals at max_journal_bytes_per_tenant
+//                               -> Nack{kBusy} (retry later: retention frees journal space)
 //       I/O failure at the MT   -> Nack{kInternal} (the partial batch is undone; resend)
 //     once the whole batch is durable (journal synced, replica synced, sqlite
 //     committed) -> Ack{volume_id, durable_seq = last seq of the batch}.

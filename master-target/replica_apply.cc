@@ -100,11 +100,15 @@ Status ReplicaVolume::ZeroReplica(uint64_t offset, uint64_t len) {
 Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id) {
   std::lock_guard<std::mutex> lk(apply_mu_);
   if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
-  if (id.uuid != id_.uuid) return Nack(proto::NackReason::kWrongGeneration, "volume uuid differs");
+  // Another disk under this name never replaces the replica or its history.
+  const std::string keep = ": the replica and its recovery points are kept; another disk needs another volume name";
+  if (id.uuid != id_.uuid) return Nack(proto::NackReason::kWrongGeneration, "volume uuid differs" + keep);
   if (id.size != id_.size)
     return Nack(proto::NackReason::kWrongGeneration,
-                "volume size differs: " + std::to_string(id.size) + " != " + std::to_string(id_.size));
-  if (id.block_size != id_.block_size) return Nack(proto::NackReason::kWrongGeneration, "block size differs");
+                "volume size differs: " + std::to_string(id.size) + " != " + std::to_string(id_.size) + keep);
+  if (id.block_size != id_.block_size)
+    return Nack(proto::NackReason::kWrongGeneration,
+                "block size differs: " + std::to_string(id.block_size) + " != " + std::to_string(id_.block_size) + keep);
   if (id.generation < id_.generation)
     return Nack(proto::NackReason::kWrongGeneration,
                 "stale generation " + std::to_string(id.generation) + " < " + std::to_string(id_.generation));
@@ -185,9 +189,9 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
                 applied + 1);
   }
   if (uint64_t work = proto::BatchWork(std::span<const proto::Record>(recs).subspan(first));
-      work > proto::kMaxBatchWork) {
+      work > o_.max_batch_work) {
     return Nack(proto::NackReason::kBadRecord, "batch asks " + std::to_string(work) + " bytes of work, over the cap of " +
-                                                   std::to_string(proto::kMaxBatchWork));
+                                                   std::to_string(o_.max_batch_work) + " (max_batch_work)");
   }
   for (size_t i = first; i < recs.size(); ++i) {
     const proto::Record& r = recs[i];

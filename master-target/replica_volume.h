@@ -138,6 +138,9 @@ struct VolumeOptions {
   std::string index_path;         // sqlite file (real file system, or ":memory:"-like paths in tests)
   uint64_t segment_bytes = 64ull << 20;
   uint64_t point_interval_us = 5'000'000;  // at most one crash-consistent point per interval
+  // A batch asking more ranged work (sum of data/zero/trim lengths: bytes
+  // read into the undo journal) is refused with kBadRecord, nothing applied.
+  uint64_t max_batch_work = proto::kMaxBatchWork;
   RetentionPolicy retention;
   // Fault injection for tests: called just before the sqlite commit of a
   // batch; a non-ok Status aborts the batch there (as a crash before commit).

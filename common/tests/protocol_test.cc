@@ -592,3 +592,32 @@ TEST_CASE("bad names are rejected", "[protocol]") {
 
 }  // namespace
 }  // namespace cdp::proto
+
+namespace cdp::proto {
+
+TEST_CASE("work cap: sources cut a batch of trims at kMaxBatchWork (256 MiB), keeping at least one record",
+          "[protocol][workcap]") {
+  STATIC_REQUIRE(kMaxBatchWork == (256ull << 20));
+  std::vector<Record> recs;
+  for (uint64_t i = 0; i < 9; ++i) {
+    Record r;
+    r.seq = i + 1;
+    r.offset = i * kMaxRecordLength;
+    r.length = kMaxRecordLength;
+    r.kind = RecordKind::kTrim;
+    recs.push_back(r);
+  }
+  Record flush;
+  flush.seq = 10;
+  flush.kind = RecordKind::kFlush;
+  recs.push_back(flush);
+  CHECK(BatchWork(recs) == 9 * uint64_t(kMaxRecordLength));
+  CutToWorkCap(&recs);
+  REQUIRE(recs.size() == 8);
+  CHECK(BatchWork(recs) == kMaxBatchWork);
+  std::vector<Record> one(recs.begin(), recs.begin() + 1);
+  CutToWorkCap(&one);
+  CHECK(one.size() == 1);
+}
+
+}  // namespace cdp::proto

@@ -55,6 +55,8 @@ class VectorSource final : public RecordSource {
   Result<uint64_t> Resume(uint64_t durable, ResumeCause cause) override {
     std::lock_guard l(mu_);
     resumes.emplace_back(durable, cause);
+    if (refuse_ahead && durable > count_)  // as the PS's spool does (process-server/mt_link.cc)
+      return Status::Corruption("peer claims " + std::to_string(durable) + " beyond the last record held");
     max_told = std::max(max_told, durable);
     acked = std::max(acked, durable);
     return durable + 1;
@@ -100,6 +102,7 @@ class VectorSource final : public RecordSource {
   }
 
   std::mutex mu_;
+  bool refuse_ahead = false;  // Resume refuses a durable sequence beyond the records held
   uint64_t jump_at = 0;
   uint64_t acked = 0;
   uint64_t max_told = 0;  // the highest sequence Acked or Resume ever said the peer holds
@@ -124,6 +127,9 @@ class ScriptedPeer {
   // 2^62, which was never sent.
   bool forge_ack_once = false;
   bool forge_gap_once = false;
+  // Volumes whose VolumeOpenReply is followed at once by an Ack of the
+  // durable sequence it claimed (preset `durable`: a forged resume point).
+  std::set<std::string> ack_after_open;
 
   ScriptedPeer() {
     cdp::Listener::Options lo;
@@ -183,7 +189,9 @@ class ScriptedPeer {
           s = ch.Send(proto::Nack{0, proto::NackReason::kWrongGeneration, 0, "generation 1 is not 2"});
         } else {
           handles[next_handle] = vo->name;
-          s = ch.Send(proto::VolumeOpenReply{next_handle++, durable[vo->name]});
+          s = ch.Send(proto::VolumeOpenReply{next_handle, durable[vo->name]});
+          if (s.ok() && ack_after_open.count(vo->name)) s = ch.Send(proto::Ack{next_handle, durable[vo->name]});
+          ++next_handle;
         }
       } else if (auto* wb = std::get_if<proto::WriteBatch>(&*m)) {
         std::unique_lock l(mu_);
@@ -433,4 +441,31 @@ TEST_CASE("replication sender: an Ack or a gap beyond what was sent is a protoco
     CHECK(sender.Stats().connects == 2);  // the session that saw it was dropped
     CHECK(sender.Stats().disconnects == 1);
   }
+}
+
+TEST_CASE("replication sender: a VolumeOpenReply beyond what the source holds releases nothing, even followed by an "
+          "Ack up to it",
+          "[replication][security]") {
+  ScriptedPeer peer;
+  const uint64_t forged = uint64_t(1) << 62;
+  peer.durable["w"] = forged;
+  peer.ack_after_open.insert("w");
+  ReplicationSender sender(Options(peer.port()));
+  VectorSource v("v", 300), w("w", 50);
+  w.refuse_ahead = true;
+  sender.AddStream(&v);
+  sender.AddStream(&w);
+  sender.Start();
+  // The honest stream goes on; the other one stalls and is told nothing.
+  REQUIRE(WaitUntil([&] { return v.Acked() == 300; }, 20s));
+  REQUIRE(WaitUntil([&] {
+    std::lock_guard l(w.mu_);
+    return !w.stalls.empty();
+  }, 20s));
+  CHECK(peer.Applied("v") == Range(1, 300));
+  CHECK(peer.Applied("w").empty());
+  std::lock_guard l(w.mu_);
+  CHECK(w.acked == 0);
+  CHECK(w.max_told == 0);
+  CHECK(!w.stalls.front().ok());
 }

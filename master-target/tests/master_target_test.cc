@@ -7,12 +7,14 @@
 #include <boost/json.hpp>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "common/channel.h"
 #include "common/hash.h"
 #include "common/http_client.h"
 #include "common/tests/test_util.h"
+#include "master-target/export.h"
 #include "master-target/master_target.h"
 #include "master-target/tests/mt_test_util.h"
 
@@ -28,7 +30,9 @@ namespace {
 constexpr auto kTimeout = std::chrono::milliseconds(10000);
 
 struct Daemon {
-  explicit Daemon(const std::string& dir, uint64_t globex_quota = 0, size_t max_volumes = 256) : env(NewPosixEnv()) {
+  explicit Daemon(const std::string& dir, uint64_t globex_quota = 0, size_t max_volumes = 256,
+                  const std::function<void(MasterTargetOptions&)>& tweak = {})
+      : env(NewPosixEnv()) {
     MasterTargetOptions o;
     o.env = env.get();
     o.clock = SystemClock::Get();
@@ -41,6 +45,7 @@ struct Daemon {
     o.nbd.port = 0;
     o.point_interval_us = 0;
     o.segment_bytes = 1 << 20;
+    if (tweak) tweak(o);
     mt = std::make_unique<MasterTarget>(o);
     Status s = mt->Start();
     INFO(s.ToString());
@@ -473,8 +478,19 @@ TEST_CASE("no peer message destroys history: a higher generation, another size o
     auto* nack = std::get_if<proto::Nack>(&m);
     REQUIRE(nack != nullptr);
     CHECK(nack->reason == a.reason);
+    INFO(nack->message);
+    CHECK((nack->message.find("re-protect is an operator command (cdpctl reprotect") != std::string::npos ||
+           nack->message.find("the replica and its recovery points are kept") != std::string::npos));
   }
-  // Every point is still listed and reads as the source did at it.
+  // Every point is still listed and reads as the source did at it; an export
+  // of the oldest one (the device the NBD server serves) is byte-equal.
+  auto export_oldest = [&] {
+    auto dev = PointInTimeDevice::Open(vol, points.front().seq, d.env.get(), "");
+    REQUIRE(dev.ok());
+    Bytes img(size);
+    REQUIRE((*dev)->Read(0, uint32_t(size), img.data()).ok());
+    return img;
+  };
   REQUIRE(vol->ListPoints().size() == points.size());
   CHECK(vol->identity().generation == 1);
   for (const auto& p : points) {
@@ -482,6 +498,7 @@ TEST_CASE("no peer message destroys history: a higher generation, another size o
     REQUIRE(vol->ReadAt(p.seq, 0, size, img.data()).ok());
     CHECK(img == ref.ImageAt(p.seq));
   }
+  CHECK(export_oldest() == ref.ImageAt(points.front().seq));
   // The operator re-protects: generation 2 is accepted, its record 1 follows
   // history sequence 6, and the old points stay exportable.
   json::value r = Http(d.mt->control_port(), "POST", "/v1/reprotect", R"({"tenant":"acme","volume":"db1"})", 200);
@@ -500,6 +517,7 @@ TEST_CASE("no peer message destroys history: a higher generation, another size o
     REQUIRE(vol->ReadAt(p.seq, 0, size, img.data()).ok());
     CHECK(img == ref.ImageAt(p.seq));
   }
+  CHECK(export_oldest() == ref.ImageAt(points.front().seq));
   // The old generation's session is told, not applied.
   auto old = Call(*ch, Batch(vid, {DataRecord(7, 0, Bytes(4096, 0x55))}));
   auto* stale = std::get_if<proto::Nack>(&old);
@@ -539,11 +557,82 @@ TEST_CASE("work caps: an absurd trim, a trim far past the end and a batch over t
   refused({trim(1, 0, 0xffffffffu)}, "batch asks 4294967295 bytes of work");
   refused({trim(1, 0, 64u << 20)}, "absurd length");  // a record is at most 32 MiB
   std::vector<proto::Record> many;
-  for (uint64_t i = 0; i < 40; ++i) many.push_back(trim(i + 1, i * (32u << 20), 32u << 20));  // 1.25 GiB of work
-  refused(many, "bytes of work, over the cap of 1073741824");
+  for (uint64_t i = 0; i < 9; ++i) many.push_back(trim(i + 1, i * (32u << 20), 32u << 20));  // 288 MiB of work
+  refused(many, "bytes of work, over the cap of 268435456 (max_batch_work)");
   // Nothing was applied, and the volume goes on.
   auto m = Call(*ch, Batch(vid, {DataRecord(1, 0, Bytes(4096, 1)), trim(2, 1 << 20, 32u << 20)}));
   auto* ack = std::get_if<proto::Ack>(&m);
   REQUIRE(ack != nullptr);
   CHECK(ack->durable_seq == 2);
+}
+
+TEST_CASE("work caps: a batch of trims over the configured max_batch_work gets a Nack naming the cap, a batch "
+          "within it applies",
+          "[server][security][workcap]") {
+  TempDir dir;
+  Daemon d(dir.path(), 0, 256, [](MasterTargetOptions& o) { o.max_batch_work = 64ull << 20; });
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  uint32_t vid = OpenVolume(*ch, OpenMsg("big", 1ull << 30), 0);
+  auto trims = [](uint64_t first_seq, int n) {
+    std::vector<proto::Record> v;
+    for (int i = 0; i < n; ++i) {
+      proto::Record r;
+      r.seq = first_seq + uint64_t(i);
+      r.offset = uint64_t(i) * (32u << 20);
+      r.length = 32u << 20;
+      r.kind = proto::RecordKind::kTrim;
+      v.push_back(r);
+    }
+    return v;
+  };
+  auto m = Call(*ch, Batch(vid, trims(1, 3)));  // 96 MiB of undo reads
+  auto* n = std::get_if<proto::Nack>(&m);
+  REQUIRE(n != nullptr);
+  CHECK(n->reason == proto::NackReason::kBadRecord);
+  CHECK(n->message == "batch asks 100663296 bytes of work, over the cap of 67108864 (max_batch_work)");
+  CHECK(d.mt->FindVolume("acme", "big")->applied_seq() == 0);
+  m = Call(*ch, Batch(vid, trims(1, 2)));
+  auto* ack = std::get_if<proto::Ack>(&m);
+  REQUIRE(ack != nullptr);
+  CHECK(ack->durable_seq == 2);
+}
+
+TEST_CASE("tenant journal cap: a tenant whose undo journal reached max_journal_bytes_per_tenant gets busy, its "
+          "points are kept and other tenants go on",
+          "[server][security][tenant]") {
+  TempDir dir;
+  Daemon d(dir.path(), 0, 256, [](MasterTargetOptions& o) { o.max_journal_bytes_per_tenant = 256 << 10; });
+  const uint64_t size = 1 << 20;
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  uint32_t vid = OpenVolume(*ch, OpenMsg("db1", size), 0);
+  // Each overwrite of 128 KiB journals the 128 KiB it replaces.
+  uint64_t seq = 0;
+  auto overwrite = [&](uint8_t fill) {
+    return Batch(vid, {DataRecord(seq + 1, 0, Bytes(128 << 10, fill)), FlushRecord(seq + 2)});
+  };
+  for (uint8_t fill : {0x11, 0x22, 0x33}) {
+    auto m = Call(*ch, overwrite(fill));
+    REQUIRE(std::holds_alternative<proto::Ack>(m));
+    seq += 2;
+  }
+  auto vol = d.mt->FindVolume("acme", "db1");
+  REQUIRE(vol->GetStatus().journal_bytes >= (256u << 10));
+  const size_t points = vol->ListPoints().size();
+  auto m = Call(*ch, overwrite(0x44));
+  auto* n = std::get_if<proto::Nack>(&m);
+  REQUIRE(n != nullptr);
+  CHECK(n->reason == proto::NackReason::kBusy);
+  CHECK(n->expected_seq == seq + 1);
+  INFO(n->message);
+  CHECK(n->message.find("tenant journal cap reached") != std::string::npos);
+  CHECK(n->message.find("(max_journal_bytes_per_tenant); retry after retention") != std::string::npos);
+  CHECK(vol->applied_seq() == seq);
+  CHECK(vol->ListPoints().size() == points);
+  // A duplicate is still acknowledged, and another tenant is not held by acme's journal.
+  m = Call(*ch, Batch(vid, {FlushRecord(seq)}));
+  REQUIRE(std::holds_alternative<proto::Ack>(m));
+  auto other = Client(d.mt->port(), "globex", "s3cret-globex");
+  uint32_t gvid = OpenVolume(*other, OpenMsg("db1", size), 0);
+  m = Call(*other, Batch(gvid, {DataRecord(1, 0, Bytes(4096, 0x55))}));
+  REQUIRE(std::holds_alternative<proto::Ack>(m));
 }

@@ -51,6 +51,12 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
   CHECK(o->tenants.at("beta") == "s3cret-beta");
   CHECK(o->tenants.at("gamma") == "s3cret-gamma");
   CHECK(o->tenant_quota_bytes.at("beta") == (1ull << 30));
+  CHECK(o->max_batch_work == (256ull << 20));
+  CHECK(o->max_journal_bytes_per_tenant == 0);
+  auto caps = Load(env.get(), "max_batch_work = 64MiB\nmax_journal_bytes_per_tenant = 10GiB\n");
+  REQUIRE(caps.ok());
+  CHECK(caps->max_batch_work == (64ull << 20));
+  CHECK(caps->max_journal_bytes_per_tenant == (10ull << 30));
 }
 
 TEST_CASE("master target config: every bad value names its key or line", "[config]") {
@@ -65,6 +71,7 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
         "bad tenant_quota 'other:1G' (NAME:SIZE of a configured tenant)");
   CHECK(Error(env.get(), "max_connections = 0\n") == "'max_connections' must be 1..65536");
   CHECK(Error(env.get(), "max_volumes_per_tenant = 0\n") == "'max_volumes_per_tenant' must be 1..100000");
+  CHECK(Error(env.get(), "max_batch_work = 1MiB\n") == "'max_batch_work' must be 32MiB..64GiB");
   CHECK(Error(env.get(), "control = none\nnbd = none\nmax_connections_per_peer = 0\n") ==
         "'max_connections_per_peer' must be 1..65536");
 }

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <thread>
+
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -20,6 +22,7 @@
 #include "common/http_server.h"
 #include "common/listener.h"
 #include "common/tests/test_util.h"
+#include "master-target/master_target.h"
 
 using namespace std::chrono_literals;
 using cdp::proto::Record;
@@ -439,4 +442,110 @@ TEST_CASE("a forged Ack beyond what was sent deletes no spool record", "[server]
   // The link ships, gets the forged Ack, drops the session and comes back.
   REQUIRE(cdp::testing::WaitUntil([&] { return mt.batches.load() >= 2 && mt.connections.load() >= 2; }, 30s, 10ms));
   CHECK(p.BacklogAndAcked() == std::pair<uint64_t, uint64_t>{5, 0});
+}
+
+TEST_CASE("a trim at 2^40, of 4 GiB or just past the end from an agent never enters the spool: Nack, the volume goes on",
+          "[server][security][workcap]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ps::ProcessServer ps(Options(env.get()));
+  REQUIRE(ps.Start().ok());
+  auto ch = AgentConnect(ps.agent_port());
+  REQUIRE(ch->Send(Vol("db1")).ok());
+  const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*ch).volume_id;
+  auto trim = [&](uint64_t offset, uint32_t length) {
+    cdp::proto::WriteBatch b;
+    b.volume_id = id;
+    Record r;
+    r.seq = 1;
+    r.offset = offset;
+    r.length = length;
+    r.kind = RecordKind::kTrim;
+    b.records.push_back(r);
+    return b;
+  };
+  for (auto b : {trim(uint64_t(1) << 40, 1 << 20), trim(0, 0xffffffffu), trim(64 << 20, 4096)}) {  // (offset + length overflowing u64 cannot even be encoded)
+    cdp::Status sent = ch->Send(b);
+    INFO(sent.ToString());
+    REQUIRE(sent.ok());
+    auto n = Expect<cdp::proto::Nack>(*ch);
+    CHECK(n.reason == cdp::proto::NackReason::kBadRecord);
+    CHECK(n.message == "record seq 1 outside the volume");
+  }
+  // Nothing was spooled (a restart would have nothing to resend), and a valid batch is taken.
+  auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+  REQUIRE(r.ok());
+  auto j = boost::json::parse(r->body);
+  CHECK(j.at("volumes").as_array().at(0).at("spool_durable_seq").to_number<uint64_t>() == 0);
+  REQUIRE(ch->Send(Batch(id, 1, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*ch).durable_seq == 2);
+}
+
+TEST_CASE("a compromised host's higher generation, refused by the master target, stalls that volume at the PS: "
+          "shown in the status, spool kept, every point at the MT kept",
+          "[server][security][generation]") {
+  cdp::testing::ScratchDir dir;
+  auto mt_env = cdp::NewPosixEnv();
+  cdp::mt::MasterTargetOptions mo;
+  mo.env = mt_env.get();
+  mo.clock = cdp::SystemClock::Get();
+  mo.data_dir = dir.path();
+  mo.tenants = {{"acme", kSecret}};
+  mo.listen = {"127.0.0.1", 0};
+  mo.control = cdp::HostPort{};  // off
+  mo.nbd = cdp::HostPort{};
+  mo.point_interval_us = 0;
+  cdp::mt::MasterTarget mt(mo);
+  REQUIRE(mt.Start().ok());
+  // The history at the MT: db1, generation 1, records 1..3 with a point.
+  {
+    auto ch = cdp::Connect("127.0.0.1", mt.port(), 5s);
+    REQUIRE(ch.ok());
+    REQUIRE(cdp::ClientHandshake(**ch, cdp::proto::Role::kProcessServer, "acme", "ps-0", kSecret, 5s).ok());
+    REQUIRE((*ch)->Send(Vol("db1")).ok());
+    uint32_t id = Expect<cdp::proto::VolumeOpenReply>(**ch).volume_id;
+    auto b = Batch(id, 1, 2);
+    Record flush;
+    flush.seq = 3;
+    flush.kind = RecordKind::kFlush;
+    b.records.push_back(flush);
+    REQUIRE((*ch)->Send(b).ok());
+    REQUIRE(Expect<cdp::proto::Ack>(**ch).durable_seq == 3);
+  }
+  auto vol = mt.FindVolume("acme", "db1");
+  REQUIRE(vol != nullptr);
+  const auto points = vol->ListPoints();
+  REQUIRE(points.size() == 1);
+  cdp::Bytes image(64 << 20);
+  REQUIRE(vol->ReadAt(points[0].seq, 0, image.size(), image.data()).ok());
+
+  // A PS with no spool for db1; the compromised agent opens it under generation 2.
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.mt.port = mt.port();
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+  auto agent = AgentConnect(ps.agent_port());
+  REQUIRE(agent->Send(Vol("db1", 2)).ok());
+  uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+  REQUIRE(agent->Send(Batch(id, 1, 5)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
+  auto db1 = [&] {
+    auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+    REQUIRE(r.ok());
+    return boost::json::parse(r->body).at("volumes").as_array().at(0).as_object();
+  };
+  REQUIRE(cdp::testing::WaitUntil([&] { return !db1().at("stalled").as_string().empty(); }, 30s, 20ms));
+  const std::string why(db1().at("stalled").as_string());
+  INFO(why);
+  CHECK(why.find("generation 2 > 1: re-protect is an operator command") != std::string::npos);
+  // The link keeps trying (with backoff) and keeps refusing; nothing is released or applied.
+  std::this_thread::sleep_for(500ms);
+  CHECK(db1().at("backlog_records").to_number<uint64_t>() == 5);
+  CHECK(db1().at("mt_acked_seq").to_number<uint64_t>() == 0);
+  CHECK(vol->identity().generation == 1);
+  CHECK(vol->applied_seq() == 3);
+  REQUIRE(vol->ListPoints().size() == 1);
+  cdp::Bytes now(64 << 20);
+  REQUIRE(vol->ReadAt(points[0].seq, 0, now.size(), now.data()).ok());
+  CHECK(now == image);
 }
