@@ -4,12 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include <openssl/bio.h>
 #include <openssl/bn.h>
+#include <openssl/crypto.h>
 #include <openssl/ec.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -41,30 +43,60 @@ Result<KeyPtr> NewKey() {
   return key;
 }
 
-// Writes `data` to a new file at `path` with `mode` (O_EXCL), synced.
+// Writes `data` to a new file at `path` with `mode` (O_EXCL), synced. A file
+// this call created but could not finish is removed.
 Status WriteNewFile(const std::string& path, const std::string& data, mode_t mode) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) {
     if (errno == EEXIST) return Status::AlreadyExists(path + " exists; not overwriting it");
     return Status::FromErrno(errno, "create " + path);
   }
+  auto fail = [&](const char* what) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    return Status::FromErrno(e, std::string(what) + " " + path);
+  };
   size_t off = 0;
   while (off < data.size()) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);
     if (n < 0) {
       if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      return Status::FromErrno(e, "write " + path);
+      return fail("write");
     }
     off += size_t(n);
   }
-  if (::fsync(fd) != 0) {
-    int e = errno;
-    ::close(fd);
-    return Status::FromErrno(e, "fsync " + path);
+  if (::fsync(fd) != 0) return fail("fsync");
+  if (::close(fd) != 0) {
+    const int e = errno;
+    ::unlink(path.c_str());
+    return Status::FromErrno(e, "close " + path);
   }
-  if (::close(fd) != 0) return Status::FromErrno(errno, "close " + path);
+  return Status::OK();
+}
+
+// Writes a new private key and then its certificate. The key is created with
+// O_EXCL (never overwriting one); a certificate at `cert_path` is replaced. If
+// the certificate cannot be written, the key just made is removed again, so
+// that a retry is not refused. The key's PEM text is wiped from memory.
+Status WriteKeyAndCert(const std::string& key_path, std::string* key_pem, const std::string& cert_path,
+                       const std::string& cert_pem) {
+  Status s = WriteNewFile(key_path, *key_pem, 0600);
+  OPENSSL_cleanse(key_pem->data(), key_pem->size());
+  CDP_RETURN_IF_ERROR(s);
+  if (::unlink(cert_path.c_str()) != 0 && errno != ENOENT) s = Status::FromErrno(errno, "unlink " + cert_path);
+  if (s.ok()) s = WriteNewFile(cert_path, cert_pem, 0644);
+  if (!s.ok()) ::unlink(key_path.c_str());
+  return s;
+}
+
+// mkdir -p: the parents (0755) of `dir`, then `dir` itself with `mode`.
+Status MakeDirs(const std::string& dir, mode_t mode) {
+  for (size_t slash = dir.find('/', 1); slash != std::string::npos; slash = dir.find('/', slash + 1)) {
+    const std::string parent = dir.substr(0, slash);
+    if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + parent);
+  }
+  if (::mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + dir);
   return Status::OK();
 }
 
@@ -88,7 +120,8 @@ Status AddExt(X509* cert, X509* issuer, int nid, const char* value) {
   return Status::OK();
 }
 
-// A certificate for `key` with `subject`, valid [now + nb, now + na], not yet signed.
+// A certificate for `key`, subject `id` (the CA's, CN=ca_name, when null),
+// valid [now + nb, now + na], not yet signed.
 Result<CertPtr> NewCert(EVP_PKEY* key, const Identity* id, const std::string& ca_name, int64_t nb, int64_t na) {
   CertPtr cert(X509_new());
   if (!cert) return SslFailure("X509_new");
@@ -185,7 +218,7 @@ Result<CertRole> ParseRole(std::string_view text) {
 Status InitCa(const std::string& dir, const CaOptions& options) {
   if (options.name.empty()) return Status::InvalidArgument("CA name is empty");
   if (options.valid_days < 1) return Status::InvalidArgument("CA validity must be at least 1 day");
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + dir);
+  CDP_RETURN_IF_ERROR(MakeDirs(dir, 0700));
   const std::string key_path = dir + "/ca.key";
   if (::access(key_path.c_str(), F_OK) == 0) return Status::AlreadyExists(key_path + " exists; not overwriting a CA");
   ERR_clear_error();
@@ -201,10 +234,8 @@ Status InitCa(const std::string& dir, const CaOptions& options) {
                          return PEM_write_bio_PrivateKey(b, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
                        }));
   CDP_ASSIGN_OR_RETURN(std::string cert_pem, Pem([&](BIO* b) { return PEM_write_bio_X509(b, cert.get()); }));
-  CDP_RETURN_IF_ERROR(WriteNewFile(key_path, key_pem, 0600));
-  const std::string cert_path = dir + "/ca.crt";
-  ::unlink(cert_path.c_str());  // a stale ca.crt without its key is useless
-  return WriteNewFile(cert_path, cert_pem, 0644);
+  // A stale ca.crt without its key is useless: it is replaced.
+  return WriteKeyAndCert(key_path, &key_pem, dir + "/ca.crt", cert_pem);
 }
 
 Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::string& key_path,
@@ -218,9 +249,14 @@ Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::
                                    id.tenant + "'");
   }
   if (options.not_after_s <= options.not_before_s) return Status::InvalidArgument("certificate validity is empty");
+  if (key_path == cert_path) return Status::InvalidArgument("key and certificate would both be " + key_path);
   ERR_clear_error();
   CDP_ASSIGN_OR_RETURN(KeyPtr ca_key, ReadKey(ca_dir + "/ca.key"));
   CDP_ASSIGN_OR_RETURN(CertPtr ca_cert, ReadCert(ca_dir + "/ca.crt"));
+  if (X509_check_private_key(ca_cert.get(), ca_key.get()) != 1) {
+    ERR_clear_error();
+    return Status::InvalidArgument(ca_dir + "/ca.key is not the key of " + ca_dir + "/ca.crt");
+  }
   CDP_ASSIGN_OR_RETURN(KeyPtr key, NewKey());
   CDP_ASSIGN_OR_RETURN(CertPtr cert, NewCert(key.get(), &id, "", options.not_before_s, options.not_after_s));
   if (X509_set_issuer_name(cert.get(), X509_get_subject_name(ca_cert.get())) != 1) return SslFailure("issuer");
@@ -233,9 +269,7 @@ Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::
                          return PEM_write_bio_PrivateKey(b, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
                        }));
   CDP_ASSIGN_OR_RETURN(std::string cert_pem, Pem([&](BIO* b) { return PEM_write_bio_X509(b, cert.get()); }));
-  CDP_RETURN_IF_ERROR(WriteNewFile(key_path, key_pem, 0600));
-  ::unlink(cert_path.c_str());
-  return WriteNewFile(cert_path, cert_pem, 0644);
+  return WriteKeyAndCert(key_path, &key_pem, cert_path, cert_pem);
 }
 
 Result<Identity> IdentityOf(X509* cert) {

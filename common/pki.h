@@ -41,8 +41,11 @@ struct CaOptions {
   std::string name = "OpenCDP site CA";
   int valid_days = 3650;
 };
-// Creates `dir` if missing (0700), then dir/ca.key (0600) and dir/ca.crt.
+// Creates `dir` if missing (0700; missing parents 0755), then dir/ca.key
+// (0600) and dir/ca.crt (0644 less the umask), replacing a ca.crt without key.
 // kAlreadyExists if dir/ca.key exists: a CA is never overwritten.
+// kInvalidArgument for an empty name or valid_days < 1. On failure no key is
+// left behind.
 Status InitCa(const std::string& dir, const CaOptions& options);
 
 struct IssueOptions {
@@ -51,8 +54,12 @@ struct IssueOptions {
   int64_t not_before_s = -300;
   int64_t not_after_s = 825LL * 86400;
 };
-// Signs a new key and certificate with the CA of `ca_dir` (ca.key, ca.crt).
-// kInvalidArgument for a bad identity; kAlreadyExists if `key_path` exists.
+// Signs a new key and certificate with the CA of `ca_dir` (ca.key, ca.crt):
+// `key_path` is created 0600 and never overwritten, `cert_path` (0644 less the
+// umask) replaces any file there. kInvalidArgument for a bad identity, an empty
+// validity, key_path == cert_path, or a ca.key that is not ca.crt's key;
+// kAlreadyExists if `key_path` exists; otherwise an error naming the file. On
+// failure no key is left behind.
 Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::string& key_path,
              const std::string& cert_path);
 
