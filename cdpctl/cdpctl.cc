@@ -366,7 +366,8 @@ int Verify(const Options& o, const std::string& volume, uint64_t region_size, st
 // pki issue --dir DIR --role agent|ps|mt --name NAME [--out PREFIX] [--days N]   (tenant: --tenant)
 // pki show CERT
 int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  if (args.size() == 3 && args[1] == "show") {
+  if (args[1] == "show" && args.size() != 3) return err << "cdpctl: pki show wants one CERT file\n", 2;
+  if (args[1] == "show") {
     std::string not_after;
     auto id = pki::IdentityOfFile(args[2], &not_after);
     if (!id.ok()) return err << "cdpctl: " << id.status().ToString() << "\n", 1;
@@ -408,6 +409,12 @@ int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& ou
     }
     auto role = pki::ParseRole(flags["--role"]);
     if (!role.ok()) return err << "cdpctl: " << role.status().message() << "\n", 2;
+    if (*role == pki::CertRole::kMasterTarget && !o.tenant.empty()) {
+      return err << "cdpctl: a master target certificate has no tenant: drop --tenant\n", 2;
+    }
+    if (*role != pki::CertRole::kMasterTarget && o.tenant.empty()) {
+      return err << "cdpctl: pki issue --role " << flags["--role"] << " needs --tenant T\n", 2;
+    }
     pki::IssueOptions io;
     io.identity = pki::Identity{*role, o.tenant, flags["--name"]};
     if (days > 0) io.not_after_s = int64_t(days) * 86400;
