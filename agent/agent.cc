@@ -91,15 +91,22 @@ Status Agent::Start() {
     ho.port = opts_.control.port;
     ho.registry = &registry_;
     ho.status = [this] { return StatusJson(); };
+    auto tokens = ApplyControlAuth(opts_.control_auth, JoinPath(opts_.bitmap_dir, "control.token"), "", "agent", &ho);
+    if (!tokens.ok()) {
+      nbd_.reset();
+      senders_.clear();
+      devices_.clear();
+      return tokens.status();
+    }
+    control_tokens_ = *tokens;
     http_ = std::make_unique<http::Server>(ho);
     http_->Route("POST", "/v1/tag", [this](const http::Request& r) {
-      std::string name;
-      try {
-        json::value body = json::parse(r.body);
-        name = std::string(body.at("name").as_string());
-      } catch (const std::exception&) {
-        return http::Response::Error(400, "body must be {\"name\": \"TAG\"}");
-      }
+      auto p = http::Params::Of(r, {"name"});
+      if (!p.ok()) return http::ErrorResponse(p.status());
+      auto given = p->String("name");
+      if (!given.ok()) return http::ErrorResponse(given.status());
+      if (!*given) return http::Response::Error(400, "body must be {\"name\": \"TAG\"}");
+      const std::string name = **given;
       auto t = Tag(name);
       if (!t.ok()) {
         int code = t.status().code() == Code::kInvalidArgument ? 400
@@ -118,28 +125,28 @@ Status Agent::Start() {
     // that `cdpctl verify` can compare source and replica. Reads the backing
     // store as it is now: compare when the writers are quiet (seq says where).
     http_->Route("GET", "/v1/hashes", [this](const http::Request& r) {
-      auto param = [&](const char* key) -> std::optional<uint64_t> {
-        auto it = r.params.find(key);
-        if (it == r.params.end()) return std::nullopt;
-        uint64_t v = 0;
-        auto [p, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
-        if (ec != std::errc() || p != it->second.data() + it->second.size()) return std::nullopt;
-        return v;
-      };
-      auto vol = r.params.find("volume");
+      auto p = http::Params::Of(r, {"volume", "region_size", "first", "count"});
+      if (!p.ok()) return http::ErrorResponse(p.status());
+      auto vol = p->String("volume");
+      auto region_p = p->Uint("region_size");
+      auto first_p = p->Uint("first");
+      auto count_p = p->Uint("count");
+      for (const Status& s : {vol.status(), region_p.status(), first_p.status(), count_p.status()}) {
+        if (!s.ok()) return http::ErrorResponse(s);
+      }
       CaptureDevice* dev = nullptr;
       for (auto& d : devices_) {
-        if (vol != r.params.end() && d->volume() == vol->second) dev = d.get();
+        if (*vol && d->volume() == **vol) dev = d.get();
       }
-      if (!dev) return http::Response::Error(404, "no such volume");
-      uint64_t region = param("region_size").value_or(1u << 20);
+      if (!dev) return http::Response::Error(404, "no volume " + vol->value_or(""));
+      uint64_t region = region_p->value_or(1u << 20);
       if (region < 4096 || region > (1ull << 30) || (region & (region - 1))) {
         return http::Response::Error(400, "region_size must be a power of two in 4096..1GiB");
       }
       uint64_t regions = (dev->size() + region - 1) / region;
-      uint64_t first = param("first").value_or(0);
+      uint64_t first = first_p->value_or(0);
       if (first > regions) return http::Response::Error(400, "first is past the end of the volume");
-      uint64_t count = std::min<uint64_t>(param("count").value_or(regions - first), proto::kMaxHashes);
+      uint64_t count = std::min<uint64_t>(count_p->value_or(regions - first), proto::kMaxHashes);
       count = std::min(count, regions - first);
       uint64_t seq = dev->queue().Stats().next_seq - 1;
       json::array hs;

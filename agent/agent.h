@@ -1,12 +1,16 @@
 // Agent: the cdp-agent daemon as a library. It owns, for every protected
 // volume, a CaptureDevice (exported through one shared NbdServer) and a
-// Sender to the process server; plus the control/metrics HTTP server:
+// Sender to the process server; plus the control/metrics HTTP server, every
+// route behind the agent's admin token (common/control_token.h; /metrics
+// public only with metrics_public), so the freeze hook (run as the agent's
+// user) and the whole-device hashes answer only the operator:
 //
 //   GET  /metrics, /status        Prometheus text / JSON status of every volume
 //   POST /v1/tag {"name": "N"}    one kTag record in every volume at the same
 //                                 point of the write order (consistency group),
 //                                 around the optional freeze hook
 //   GET  /v1/volumes              the same per-volume JSON as /status
+//   GET  /v1/hashes?volume=V&region_size=&first=&count=   region hashes of the source
 //
 // Tags: the freeze command (if any) runs first, bounded by freeze_timeout; then
 // every volume's capture lock is taken (in configuration order), each volume
@@ -27,6 +31,7 @@
 #include "agent/capture_device.h"
 #include "agent/sender.h"
 #include "common/daemon.h"
+#include "common/control_token.h"
 #include "common/tls_stream.h"
 #include "common/clock.h"
 #include "common/env.h"
@@ -60,6 +65,10 @@ struct AgentOptions {
   // TLS to the process server (common/tls_stream.h). The config's default is
   // on; options built by hand (in-process tests) are clear unless they set it.
   TlsSettings tls = TlsSettings::Off();
+  // Tokens of the control API (common/control_token.h); the admin token file
+  // defaults to <bitmap_dir>/control.token. The config's default is on;
+  // options built by hand are open unless they set it.
+  ControlAuthSettings control_auth = ControlAuthSettings::Off();
 };
 
 struct TagResult {
@@ -103,6 +112,7 @@ class Agent {
   std::unique_ptr<TlsCredentials> tls_;  // null with tls off; outlives the senders
   std::vector<std::unique_ptr<Sender>> senders_;
   std::unique_ptr<NbdServer> nbd_;
+  std::shared_ptr<ControlTokens> control_tokens_;  // null with control_auth off
   std::unique_ptr<http::Server> http_;
   std::mutex tag_mu_;
   bool started_ = false;

@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "common/control_token.h"
 #include "common/daemon.h"
 #include "common/host_port.h"
 
@@ -36,6 +37,7 @@ po::options_description AgentConfigDescription() {
       ("log.level", value<std::string>()->default_value(""), "trace|debug|info|warn|error")
       ("log.file", value<std::string>()->default_value(""), "log file ('' = stderr)");
   AddTlsOptions(&desc);
+  AddControlAuthOptions(&desc);
   return desc;
 }
 
@@ -79,6 +81,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   CDP_ASSIGN_OR_RETURN(HostPort ps, GetHostPort(vm, "ps", HostPort::Rules::Peer()));
   ao.sender.ps = ps;
   CDP_ASSIGN_OR_RETURN(ao.tls, GetTlsSettings(vm));
+  CDP_ASSIGN_OR_RETURN(ao.control_auth, GetControlAuthSettings(vm));
   ao.sender.tenant = vm["tenant"].as<std::string>();
   ao.sender.secret = vm["secret"].as<std::string>();
   std::string secret_file = vm["secret_file"].as<std::string>();

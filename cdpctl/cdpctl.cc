@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "common/control_token.h"
 #include "common/host_port.h"
 #include "common/http_client.h"
 #include "common/pki.h"
@@ -29,7 +30,9 @@ Call Http(const Options& o, const Endpoint& ep, std::string_view method, const s
           const json::value& body = nullptr) {
   Call c;
   std::string payload = body.is_null() ? std::string() : json::serialize(body);
-  auto r = http::HttpRequest(ep.host, ep.port, method, target, payload, std::chrono::milliseconds(o.timeout_ms));
+  http::ClientOptions co;
+  co.bearer_token = ep.token;
+  auto r = http::HttpRequest(ep.host, ep.port, method, target, payload, std::chrono::milliseconds(o.timeout_ms), co);
   if (!r.ok()) {
     c.error = r.status().ToString();
     return c;
@@ -294,7 +297,7 @@ int Export(const Options& o, const std::string& spec, bool writable, std::ostrea
 }
 
 int Unexport(const Options& o, const std::string& name, std::ostream& out, std::ostream& err) {
-  Call c = Http(o, o.mt, "DELETE", "/v1/export?name=" + Q(name));
+  Call c = Http(o, o.mt, "POST", "/v1/unexport", json::object{{"export", name}});
   if (!c.reached || c.status != 200) return Fail(err, "unexport " + name, c);
   if (o.json) out << json::serialize(c.body) << "\n";
   else out << "export " << name << " removed\n";
@@ -307,7 +310,7 @@ bool FetchHashes(const Options& o, const Endpoint& ep, const std::string& volume
   uint64_t first = 0;
   for (;;) {
     std::string target = "/v1/hashes?volume=" + Q(volume) + "&region_size=" + std::to_string(region_size) +
-                         "&first=" + std::to_string(first) + TenantParam(o);
+                         "&first=" + std::to_string(first) + (&ep == &o.mt ? TenantParam(o) : "");
     Call c = Http(o, ep, "GET", target);
     if (!c.reached || c.status != 200) {
       Fail(err, "hashes of " + volume + " from " + Where(ep), c);
@@ -430,11 +433,45 @@ int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   return 2;
 }
 
+// Tenant control tokens at the master target (admin token needed).
+int Token(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  const std::string& sub = args[1];
+  if (sub == "list" && args.size() == 2) {
+    Call c = Http(o, o.mt, "GET", "/v1/tokens");
+    if (!c.reached || c.status != 200) return Fail(err, "token list", c);
+    if (o.json) return out << json::serialize(c.body) << "\n", 0;
+    for (const auto& kv : c.body.as_object().at("tenants").as_object()) {
+      out << kv.key() << ": " << kv.value().to_number<uint64_t>() << " token(s)\n";
+    }
+    return 0;
+  }
+  if ((sub == "issue" || sub == "revoke") && args.size() == 2) {
+    if (o.tenant.empty()) return err << "cdpctl: token " << sub << " needs --tenant T\n", 2;
+    Call c = Http(o, o.mt, "POST", sub == "issue" ? "/v1/tokens" : "/v1/tokens/revoke",
+                  json::object{{"tenant", o.tenant}});
+    if (!c.reached || c.status != 200) return Fail(err, "token " + sub, c);
+    if (o.json) return out << json::serialize(c.body) << "\n", 0;
+    if (sub == "issue") {
+      // The token alone on stdout, so `cdpctl token issue --tenant T > t.token` makes a token file.
+      out << Str(c.body.as_object(), "token") << "\n";
+      err << "cdpctl: a control token for tenant " << o.tenant
+          << " (shown once; keep it in a file of mode 0600 and give it with --token-file)\n";
+    } else {
+      out << uint64_t(Num(c.body.as_object(), "revoked")) << " token(s) of tenant " << o.tenant << " revoked\n";
+    }
+    return 0;
+  }
+  err << "cdpctl: token wants issue, revoke or list\n";
+  return 2;
+}
+
 constexpr const char* kUsage =
     "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
     "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
     "  export VOLUME@POINT [--writable] | unexport EXPORT | verify VOLUME [--region-size BYTES] |\n"
-    "  reprotect VOLUME\n"
+    "  reprotect VOLUME | token issue|revoke (with --tenant T) | token list\n"
+    "  control tokens: --token-file F, --agent-token-file F, --ps-token-file F, --mt-token-file F,\n"
+    "                  or CDP_TOKEN / CDP_TOKEN_FILE in the environment\n"
     "  pki init --dir DIR [--name NAME] [--days N] |\n"
     "  pki issue --dir DIR --role agent|ps|mt [--tenant T] --name NAME [--out PREFIX] [--days N] |\n"
     "  pki show CERT\n"
@@ -453,6 +490,19 @@ int Usage(const std::vector<std::string>& args, std::ostream& err) {
 }
 
 }  // namespace
+
+::cdp::Status ResolveTokens(const TokenFiles& files, Options* opts) {
+  CDP_ASSIGN_OR_RETURN(std::string common, ClientToken(files.all));
+  for (auto [file, ep] : {std::pair{&files.agent, &opts->agent}, std::pair{&files.ps, &opts->ps},
+                          std::pair{&files.mt, &opts->mt}}) {
+    if (file->empty()) {
+      ep->token = common;
+    } else {
+      CDP_ASSIGN_OR_RETURN(ep->token, ReadTokenFile(DefaultEnv(), *file));
+    }
+  }
+  return Status::OK();
+}
 
 bool ParseEndpoint(const std::string& text, Endpoint* ep) {
   auto hp = ParseHostPort(text);
@@ -486,6 +536,7 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   if (cmd == "unexport" && args.size() == 2) return Unexport(o, args[1], out, err);
   if (cmd == "pki" && args.size() >= 2) return Pki(o, args, out, err);
   if (cmd == "reprotect" && args.size() == 2) return Reprotect(o, args[1], out, err);
+  if (cmd == "token" && args.size() >= 2) return Token(o, args, out, err);
   if (cmd == "verify" && (args.size() == 2 || (args.size() == 4 && args[2] == "--region-size"))) {
     uint64_t rs = 1 << 20;
     if (args.size() == 4) {

@@ -11,6 +11,12 @@
 //     unexport EXPORT               stop an export
 //     verify VOLUME [--region-size B]    compare source and replica region hashes
 //     reprotect VOLUME              accept the volume's next generation (history kept)
+//     token issue|revoke --tenant T tenant control tokens at the master target (admin)
+//     token list                    tenants holding tokens
+//
+//   Control tokens (common/control_token.h): --token-file F for every daemon,
+//   --agent-token-file / --ps-token-file / --mt-token-file for one; else the
+//   environment: CDP_TOKEN (the token) or CDP_TOKEN_FILE (its file).
 //     pki init|issue|show ...       the site CA and the daemons' certificates (common/pki.h)
 //
 // The functions below are split from main() so that tests can run a command
@@ -22,17 +28,20 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
+
 namespace cdp::ctl {
 
 struct Endpoint {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
+  std::string token;  // control token sent to this daemon ("" = none; common/control_token.h)
 };
 
 struct Options {
-  Endpoint agent{"127.0.0.1", 9100};
-  Endpoint ps{"127.0.0.1", 9101};
-  Endpoint mt{"127.0.0.1", 9102};
+  Endpoint agent{"127.0.0.1", 9100, ""};
+  Endpoint ps{"127.0.0.1", 9101, ""};
+  Endpoint mt{"127.0.0.1", 9102, ""};
   std::string tenant;     // empty: the master target's only tenant
   bool json = false;
   int timeout_ms = 10000;
@@ -42,6 +51,15 @@ struct Options {
 // to `out` and problems to `err`. Returns the process exit code: 0 success,
 // 1 the command failed (daemon refused, verify found differences), 2 usage.
 int Run(const Options& opts, const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+// Fills each endpoint's token: from its own token file when given (e.g.
+// --mt-token-file), else from `token_file` (--token-file), else CDP_TOKEN,
+// else the file named by CDP_TOKEN_FILE. kInvalidArgument / the file's error
+// for an unreadable or malformed token file.
+struct TokenFiles {
+  std::string all, agent, ps, mt;
+};
+Status ResolveTokens(const TokenFiles& files, Options* opts);
 
 // "host:port" -> Endpoint; false if malformed.
 bool ParseEndpoint(const std::string& text, Endpoint* ep);

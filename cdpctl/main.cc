@@ -7,6 +7,7 @@
 
 int main(int argc, char** argv) {
   cdp::ctl::Options opts;
+  cdp::ctl::TokenFiles tokens;
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -21,10 +22,18 @@ int main(int argc, char** argv) {
     else if (a == "--ps") endpoint(&opts.ps);
     else if (a == "--mt") endpoint(&opts.mt);
     else if (a == "--json") opts.json = true;
+    else if (a == "--token-file" && i + 1 < argc) tokens.all = argv[++i];
+    else if (a == "--agent-token-file" && i + 1 < argc) tokens.agent = argv[++i];
+    else if (a == "--ps-token-file" && i + 1 < argc) tokens.ps = argv[++i];
+    else if (a == "--mt-token-file" && i + 1 < argc) tokens.mt = argv[++i];
     else if (a == "--tenant" && i + 1 < argc) opts.tenant = argv[++i];
     else if (a == "--timeout-ms" && i + 1 < argc) opts.timeout_ms = std::atoi(argv[++i]);
     else if (a == "-h" || a == "--help" || a == "--version") return cdp::ctl::Run(opts, {a == "-h" ? "--help" : a}, std::cout, std::cerr);
     else args.push_back(a);
+  }
+  if (cdp::Status s = cdp::ctl::ResolveTokens(tokens, &opts); !s.ok()) {
+    std::cerr << "cdpctl: control token: " << s.ToString() << "\n";
+    return 2;
   }
   return cdp::ctl::Run(opts, args, std::cout, std::cerr);
 }

@@ -37,6 +37,7 @@ struct OpenOptions {
   bool truncate = false;    // truncate to 0 on open
   bool read_only = false;
   bool direct = false;      // O_DIRECT where supported (ignored by MemEnv)
+  uint32_t mode = 0644;     // permission bits of a file this Open creates (before umask; ignored by MemEnv)
 };
 
 // An open file. Offsets are bytes. Closing happens in the destructor.
@@ -89,8 +90,9 @@ std::unique_ptr<Env> NewMemEnv();
 
 // Helpers built on any Env.
 // Writes `data` to `path` atomically and durably: write "path.tmp", sync,
-// rename over `path`, sync the directory.
-Status WriteFileAtomic(Env* env, const std::string& path, ByteSpan data);
+// rename over `path`, sync the directory. The file is created with `mode`
+// (0600 for secrets: it is never readable by others, not even for a moment).
+Status WriteFileAtomic(Env* env, const std::string& path, ByteSpan data, uint32_t mode = 0644);
 Result<Bytes> ReadWholeFile(Env* env, const std::string& path);
 // Lexical normal form: "a//b/./c/" -> "a/b/c", "/" stays "/", "" stays "",
 // a path with no parts -> ".". No "..", symlink or file-system look-up.

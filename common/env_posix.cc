@@ -175,7 +175,7 @@ class PosixEnv final : public Env {
 #endif
     int fd;
     do {
-      fd = ::open(path.c_str(), flags, 0644);
+      fd = ::open(path.c_str(), flags, static_cast<mode_t>(opts.mode));
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) return Err(errno, opts.direct ? "open (O_DIRECT)" : "open", path);
     struct stat st;

@@ -19,14 +19,19 @@ Env* DefaultEnv() {
   return env;
 }
 
-Status WriteFileAtomic(Env* env, const std::string& path, ByteSpan data) {
+Status WriteFileAtomic(Env* env, const std::string& path, ByteSpan data, uint32_t mode) {
   const std::string tmp = path + ".tmp";
   Status s;
   {
     OpenOptions o;
     o.create = true;
-    o.truncate = true;
+    o.exclusive = true;  // a stale tmp file would keep its old mode: start afresh
+    o.mode = mode;
     auto f = env->Open(tmp, o);
+    if (!f.ok() && f.status().code() == Code::kAlreadyExists) {
+      (void)env->Remove(tmp);
+      f = env->Open(tmp, o);
+    }
     if (!f.ok()) return f.status();
     s = (*f)->Write(0, data);
     if (s.ok()) s = (*f)->Sync();

@@ -22,6 +22,7 @@ Result<ClientResponse> HttpRequest(const std::string& host, uint16_t port, std::
   req.set(bhttp::field::host, host + ":" + std::to_string(port));
   req.set(bhttp::field::user_agent, "opencdp");
   req.set(bhttp::field::connection, "close");
+  if (!opts.bearer_token.empty()) req.set(bhttp::field::authorization, "Bearer " + opts.bearer_token);
   if (!body.empty()) {
     req.set(bhttp::field::content_type, opts.content_type);
     req.body() = std::string(body);

@@ -28,6 +28,7 @@ struct ClientResponse {
 struct ClientOptions {
   std::string content_type = "application/json";  // sent when body is non-empty
   size_t max_response_bytes = 64 << 20;
+  std::string bearer_token;  // sent as "Authorization: Bearer TOKEN" when non-empty (common/control_token.h)
 };
 
 Result<ClientResponse> HttpRequest(const std::string& host, uint16_t port, std::string_view method,

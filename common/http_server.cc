@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <boost/asio/ip/address.hpp>
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <boost/json.hpp>
 #include <optional>
 #include <thread>
@@ -78,6 +80,133 @@ Response Response::Json(int status, const boost::json::value& body) {
 
 Response Response::Error(int status, std::string_view message) {
   return Json(status, boost::json::object{{"error", message}});
+}
+
+// ---------------------------------------------------------------- Params
+
+Result<Params> Params::Of(const Request& r, std::initializer_list<std::string_view> allowed) {
+  Params p;
+  auto check = [&](std::string_view key) -> Status {
+    for (std::string_view a : allowed) {
+      if (a == key) return Status::OK();
+    }
+    return Status::InvalidArgument("unknown parameter '" + std::string(key) + "'");
+  };
+  if (r.method == "GET" || r.method == "HEAD") {
+    p.from_query_ = true;
+    p.query_ = r.params;
+    for (const auto& [k, v] : p.query_) CDP_RETURN_IF_ERROR(check(k));
+    return p;
+  }
+  if (!r.params.empty()) {
+    return Status::InvalidArgument("the parameters of a " + r.method + " go in its JSON body, not in the query string");
+  }
+  if (!r.body.empty()) {
+    boost::system::error_code ec;
+    boost::json::value v = boost::json::parse(r.body, ec);
+    if (ec || !v.is_object()) return Status::InvalidArgument("the request body must be a JSON object");
+    p.body_ = std::move(v.as_object());
+  }
+  for (const auto& kv : p.body_) CDP_RETURN_IF_ERROR(check(kv.key()));
+  return p;
+}
+
+namespace {
+Status BadValue(std::string_view key, const char* want) {
+  return Status::InvalidArgument("parameter '" + std::string(key) + "' must be " + want);
+}
+}  // namespace
+
+Result<std::optional<std::string>> Params::String(std::string_view key) const {
+  if (from_query_) {
+    auto it = query_.find(std::string(key));
+    if (it == query_.end()) return std::optional<std::string>();
+    return std::optional<std::string>(it->second);
+  }
+  const boost::json::value* v = body_.if_contains(key);
+  if (v == nullptr) return std::optional<std::string>();
+  if (!v->is_string()) return BadValue(key, "a string");
+  return std::optional<std::string>(std::string(v->as_string()));
+}
+
+Result<std::optional<int64_t>> Params::Int(std::string_view key) const {
+  if (from_query_) {
+    auto it = query_.find(std::string(key));
+    if (it == query_.end()) return std::optional<int64_t>();
+    const std::string& t = it->second;
+    int64_t x = 0;
+    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), x);
+    if (t.empty() || ec != std::errc() || end != t.data() + t.size()) return BadValue(key, "an integer");
+    return std::optional<int64_t>(x);
+  }
+  const boost::json::value* v = body_.if_contains(key);
+  if (v == nullptr) return std::optional<int64_t>();
+  if (v->is_int64()) return std::optional<int64_t>(v->as_int64());
+  if (v->is_uint64() && v->as_uint64() <= uint64_t(INT64_MAX)) return std::optional<int64_t>(int64_t(v->as_uint64()));
+  return BadValue(key, "an integer");
+}
+
+Result<std::optional<uint64_t>> Params::Uint(std::string_view key) const {
+  if (from_query_) {
+    auto it = query_.find(std::string(key));
+    if (it == query_.end()) return std::optional<uint64_t>();
+    const std::string& t = it->second;
+    uint64_t x = 0;
+    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), x);
+    if (t.empty() || ec != std::errc() || end != t.data() + t.size()) return BadValue(key, "a non-negative integer");
+    return std::optional<uint64_t>(x);
+  }
+  const boost::json::value* v = body_.if_contains(key);
+  if (v == nullptr) return std::optional<uint64_t>();
+  if (v->is_uint64()) return std::optional<uint64_t>(v->as_uint64());
+  if (v->is_int64() && v->as_int64() >= 0) return std::optional<uint64_t>(uint64_t(v->as_int64()));
+  return BadValue(key, "a non-negative integer");
+}
+
+Result<std::optional<double>> Params::Number(std::string_view key) const {
+  double x = 0;
+  if (from_query_) {
+    auto it = query_.find(std::string(key));
+    if (it == query_.end()) return std::optional<double>();
+    const std::string& t = it->second;
+    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), x);
+    if (t.empty() || ec != std::errc() || end != t.data() + t.size()) return BadValue(key, "a number");
+  } else {
+    const boost::json::value* v = body_.if_contains(key);
+    if (v == nullptr) return std::optional<double>();
+    if (!v->is_number()) return BadValue(key, "a number");
+    x = v->to_number<double>();
+  }
+  if (!std::isfinite(x)) return BadValue(key, "a finite number");
+  return std::optional<double>(x);
+}
+
+Result<std::optional<bool>> Params::Bool(std::string_view key) const {
+  if (from_query_) {
+    auto it = query_.find(std::string(key));
+    if (it == query_.end()) return std::optional<bool>();
+    if (it->second == "true" || it->second == "1") return std::optional<bool>(true);
+    if (it->second == "false" || it->second == "0") return std::optional<bool>(false);
+    return BadValue(key, "true or false");
+  }
+  const boost::json::value* v = body_.if_contains(key);
+  if (v == nullptr) return std::optional<bool>();
+  if (!v->is_bool()) return BadValue(key, "true or false");
+  return std::optional<bool>(v->as_bool());
+}
+
+Response ErrorResponse(const Status& s) {
+  int status = 500;
+  switch (s.code()) {
+    case Code::kNotFound: status = 404; break;
+    case Code::kInvalidArgument:
+    case Code::kOutOfRange: status = 400; break;
+    case Code::kPermissionDenied: status = 403; break;
+    case Code::kBusy:
+    case Code::kAlreadyExists: status = 409; break;
+    default: break;
+  }
+  return Response::Error(status, s.message());
 }
 
 // ---------------------------------------------------------------- Server::Impl
@@ -170,6 +299,7 @@ class Session : public std::enable_shared_from_this<Session> {
     req.body = std::move(preq.body());
     req.content_type = std::string(preq[bhttp::field::content_type]);
     req.host = std::string(preq[bhttp::field::host]);
+    req.authorization = std::string(preq[bhttp::field::authorization]);
     Response r = srv_->Dispatch(req);
     Send(r, preq.version(), preq.keep_alive());
   }
@@ -178,6 +308,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res_.emplace(static_cast<bhttp::status>(r.status), version);
     res_->set(bhttp::field::server, "opencdp");
     res_->set(bhttp::field::content_type, r.content_type);
+    if (r.status == 401) res_->set(bhttp::field::www_authenticate, "Bearer");
     res_->keep_alive(keep_alive);
     res_->body() = r.body;
     res_->prepare_payload();
@@ -274,6 +405,14 @@ bool HostAllowed(const std::string& header, const std::vector<std::string>& allo
   return false;
 }
 
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  }
+  return true;
+}
+
 bool IsJson(std::string_view content_type) {
   std::string_view t = content_type.substr(0, content_type.find(';'));
   while (!t.empty() && t.back() == ' ') t.remove_suffix(1);
@@ -291,7 +430,23 @@ Response ServerState::Dispatch(Request& req) {
   if ((!req.body.empty() || !req.content_type.empty()) && !IsJson(req.content_type)) {
     return Response::Error(415, "request bodies must be application/json, not '" + req.content_type + "'");
   }
+  if (opts.authenticate && !(opts.metrics_public && req.path == "/metrics")) {
+    std::string_view auth(req.authorization);
+    constexpr std::string_view kBearer = "Bearer ";
+    if (auth.size() <= kBearer.size() || !EqualsIgnoreCase(auth.substr(0, kBearer.size()), kBearer)) {
+      return Response::Error(401, "a control token is required (Authorization: Bearer TOKEN; cdpctl --token-file)");
+    }
+    auto caller = opts.authenticate(auth.substr(kBearer.size()));
+    if (!caller) return Response::Error(401, "the control token is not valid here");
+    req.caller = std::move(*caller);
+  } else {
+    req.caller.admin = true;  // no authentication configured: the only caller is the operator
+  }
   try {
+    const bool daemon_wide = (req.path == "/metrics" && !opts.metrics_public) || req.path == "/status";
+    if (daemon_wide && opts.authenticate && !req.caller.admin) {
+      return Response::Error(403, req.path + " covers every tenant: it needs an admin token");
+    }
     if (req.path == "/metrics" && opts.registry != nullptr) {
       if (req.method != "GET") return Response::Error(405, "method " + req.method + " not allowed on /metrics");
       auto f = req.params.find("format");

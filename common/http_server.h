@@ -11,6 +11,10 @@
 // connection is closed. Keep-alive is supported; idle connections are closed
 // after idle_timeout_ms. "Expect: 100-continue" is answered.
 //
+// Authentication (ServerOptions::authenticate; common/control_token.h):
+// without a valid bearer token a request gets 401 and reaches no handler;
+// handlers see the Caller (admin, or one tenant) in Request::caller.
+//
 // Against DNS rebinding and cross-site requests from a browser on the host:
 //   - the Host header must name an IP literal, "localhost", or one of
 //     ServerOptions::allowed_hosts (a page of evil.example rebound to
@@ -36,11 +40,14 @@
 // respect to the rest of the daemon and should not block for long.
 #pragma once
 
+#include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +62,12 @@ class Registry;
 
 namespace cdp::http {
 
+// Who sent a request, as ServerOptions::authenticate found it (common/control_token.h).
+struct Caller {
+  bool admin = false;  // an admin token: every object of the daemon
+  std::string tenant;  // a tenant token: only this tenant's objects ("" for admin)
+};
+
 struct Request {
   std::string method;   // "GET", "POST", ...
   std::string target;   // as sent: "/v1/volumes/db1?x=1"
@@ -65,6 +78,8 @@ struct Request {
   std::string body;
   std::string content_type;
   std::string host;  // the Host header as sent
+  std::string authorization;  // the Authorization header as sent
+  Caller caller;     // set when ServerOptions::authenticate accepted the request
 };
 
 struct Response {
@@ -77,6 +92,40 @@ struct Response {
   // {"error": message}
   static Response Error(int status, std::string_view message);
 };
+
+// The parameters of a control request. A GET (or HEAD) takes them from the
+// query string; any other method only from its JSON object body (an empty
+// body is {}), never from the query string, so that no link or form can
+// forge a state change. Every accessor answers a missing key with nullopt and
+// a value of the wrong type with kInvalidArgument naming the key (a 400).
+//
+//   auto p = http::Params::Of(r, {"volume", "tenant", "seq"});
+//   if (!p.ok()) return http::Response::Error(400, p.status().message());
+//   auto seq = p->Uint("seq");   // Result<std::optional<uint64_t>>
+class Params {
+ public:
+  // kInvalidArgument: a body that is not a JSON object, a query string on
+  // anything but a GET, or a key outside `allowed` ("unknown parameter 'x'"; typos must not pass silently).
+  static Result<Params> Of(const Request& r, std::initializer_list<std::string_view> allowed);
+
+  Result<std::optional<std::string>> String(std::string_view key) const;
+  // An integer (JSON number without fraction, or decimal digits in a query).
+  Result<std::optional<int64_t>> Int(std::string_view key) const;
+  Result<std::optional<uint64_t>> Uint(std::string_view key) const;
+  Result<std::optional<double>> Number(std::string_view key) const;  // finite
+  // JSON true/false; in a query "true", "false", "1" or "0".
+  Result<std::optional<bool>> Bool(std::string_view key) const;
+
+ private:
+  bool from_query_ = false;
+  std::map<std::string, std::string> query_;
+  boost::json::object body_;
+};
+
+// The HTTP status of a Status: kNotFound 404, kInvalidArgument/kOutOfRange
+// 400, kPermissionDenied 403, kBusy/kAlreadyExists 409, else 500; with the
+// Status's message as the error.
+Response ErrorResponse(const Status& s);
 
 // Handlers may throw; the exception becomes a 500 with its what() as the error.
 using Handler = std::function<Response(const Request&)>;
@@ -92,6 +141,13 @@ struct ServerOptions {
   metrics::Registry* listener_registry = nullptr;  // the listener's connection counters go here when set
   std::function<boost::json::value()> status;  // /status when set
   std::vector<std::string> allowed_hosts;      // host names accepted in Host besides IP literals and "localhost"
+  // When set, every request (routes, /status, and /metrics unless
+  // metrics_public) must carry "Authorization: Bearer TOKEN" for which this
+  // returns a Caller: else 401 with "WWW-Authenticate: Bearer" (after the Host
+  // and Content-Type checks, before any route runs). Unset: no authentication
+  // (in-process tests; daemons log a warning when an operator turns it off).
+  std::function<std::optional<Caller>(std::string_view token)> authenticate;
+  bool metrics_public = false;  // /metrics without a token (the operator opted in)
 };
 
 class Server {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace cdp {
 namespace {
@@ -27,6 +28,24 @@ std::string_view Trim(std::string_view s) {
 }
 
 }  // namespace
+
+Status ValidateThrottle(const ThrottleOptions& options) {
+  auto check = [](double mbps, const std::string& what) -> Status {
+    if (mbps == 0 || (mbps >= kMinThrottleMbps && mbps <= kMaxThrottleMbps)) return Status::OK();
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s: %g Mbit/s is outside 0 (unlimited) or %g..%g", what.c_str(), mbps,
+             kMinThrottleMbps, kMaxThrottleMbps);
+    return Status::InvalidArgument(buf);
+  };
+  CDP_RETURN_IF_ERROR(check(options.default_mbps, "throttle rate"));
+  for (const ThrottleWindow& w : options.schedule) {
+    char when[96];
+    snprintf(when, sizeof when, "schedule window %02u:%02u-%02u:%02u", w.start_minute / 60, w.start_minute % 60,
+             w.end_minute / 60, w.end_minute % 60);
+    CDP_RETURN_IF_ERROR(check(w.mbps, when));
+  }
+  return Status::OK();
+}
 
 Result<std::vector<ThrottleWindow>> ParseSchedule(std::string_view text) {
   std::vector<ThrottleWindow> out;

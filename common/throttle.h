@@ -25,6 +25,7 @@
 
 #include "common/clock.h"
 #include "common/result.h"
+#include "common/status.h"
 
 namespace cdp {
 
@@ -44,6 +45,16 @@ struct ThrottleOptions {
 // Parses "20@08:00-18:00,100@18:00-08:00" (Mbit/s @ HH:MM-HH:MM, comma list).
 // Empty text = no schedule. kInvalidArgument names the bad part.
 Result<std::vector<ThrottleWindow>> ParseSchedule(std::string_view text);
+
+// The lowest rate a throttle may be set to (Mbit/s), 0 (unlimited) aside: a
+// typo such as 0.000001 would otherwise stall shipping for good.
+inline constexpr double kMinThrottleMbps = 0.5;
+// The highest: 1 Tbit/s (anything above is a mistake, not a link).
+inline constexpr double kMaxThrottleMbps = 1e6;
+
+// kInvalidArgument naming the bad rate unless every rate (default and
+// schedule windows) is 0 or within [kMinThrottleMbps, kMaxThrottleMbps].
+Status ValidateThrottle(const ThrottleOptions& options);
 
 struct ThrottleState {
   double limit_mbps = 0;          // rate in force now (0 = unlimited)

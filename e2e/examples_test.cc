@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/control_token.h"
 #include "common/pki.h"
 #include "e2e/harness.h"
 
@@ -101,15 +102,23 @@ TEST_CASE("docs/examples configs start the three daemons, which then replicate",
   REQUIRE(dm.Start({CDP_MT_BIN, "--config", dir.Join("mt.conf")}, dir.Join("mt.log")));
   REQUIRE(dp.Start({CDP_PS_BIN, "--config", dir.Join("ps.conf")}, dir.Join("ps.log")));
   REQUIRE(da.Start({CDP_AGENT_BIN, "--config", dir.Join("agent.conf")}, dir.Join("agent.log")));
-  for (uint16_t port : {mt_ctl, ps_ctl, ag_ctl}) {
-    bool up = WaitFor([&] { return GetJson(port, "/status").has_value(); }, std::chrono::seconds(30));
+  // Each daemon makes its admin control token at first start, in its state directory.
+  auto token = [&](const std::string& file) {
+    auto t = cdp::ReadTokenFile(cdp::DefaultEnv(), file);
+    return t.ok() ? *t : std::string();
+  };
+  const std::pair<uint16_t, std::string> daemons[] = {{mt_ctl, dir.Join("mt/control.token")},
+                                                      {ps_ctl, dir.Join("spool/control.token")},
+                                                      {ag_ctl, dir.Join("bitmaps/control.token")}};
+  for (const auto& [port, file] : daemons) {
+    bool up = WaitFor([&] { return GetJson(port, "/status", token(file)).has_value(); }, std::chrono::seconds(30));
     INFO("port " << port << "\n" << Slurp(dir.Join("mt.log")) << Slurp(dir.Join("ps.log")) << Slurp(dir.Join("agent.log")));
     REQUIRE(up);
   }
   // Both volumes of the example reach the master target.
   bool both = WaitFor(
       [&] {
-        auto s = GetJson(mt_ctl, "/status");
+        auto s = GetJson(mt_ctl, "/status", token(dir.Join("mt/control.token")));
         return s && s->at("volumes").as_array().size() == 2;
       },
       std::chrono::seconds(30));

@@ -25,8 +25,10 @@ bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeou
   return testing::WaitUntil(cond, timeout, poll);
 }
 
-std::optional<json::value> GetJson(uint16_t port, const std::string& target) {
-  auto r = http::HttpRequest("127.0.0.1", port, "GET", target, {}, std::chrono::milliseconds(5000));
+std::optional<json::value> GetJson(uint16_t port, const std::string& target, const std::string& token) {
+  http::ClientOptions co;
+  co.bearer_token = token;
+  auto r = http::HttpRequest("127.0.0.1", port, "GET", target, {}, std::chrono::milliseconds(5000), co);
   if (!r.ok() || r->status != 200) return std::nullopt;
   boost::system::error_code ec;
   json::value v = json::parse(r->body, ec);
@@ -110,7 +112,7 @@ bool Cluster::Start() {
   // replica); until it is done the agent refuses tags. Tests start after it.
   bool synced = WaitFor(
       [&] {
-        auto a = GetJson(agent_control(), "/status");
+        auto a = StatusOf(Which::kAgent);
         if (!a) return false;
         for (const auto& v : a->at("volumes").as_array()) {
           const json::object& o = v.as_object();
@@ -142,8 +144,8 @@ bool Cluster::WaitDrained(std::chrono::milliseconds timeout) {
   std::string last;
   bool ok = WaitFor(
       [&] {
-        auto a = GetJson(agent_control(), "/status");
-        auto m = GetJson(mt_control(), "/status");
+        auto a = StatusOf(Which::kAgent);
+        auto m = StatusOf(Which::kMasterTarget);
         if (!a || !m) {
           last = "a daemon did not answer /status";
           return false;
@@ -177,10 +179,17 @@ bool Cluster::WaitDrained(std::chrono::milliseconds timeout) {
   return ok;
 }
 
+std::optional<json::value> Cluster::StatusOf(Which w) const {
+  return GetJson(c_.control_port(w), "/status", c_.token(w));
+}
+
 testing::CommandResult Cluster::Cdpctl(const std::vector<std::string>& args, int timeout_ms) {
   auto hp = [](uint16_t p) { return "127.0.0.1:" + std::to_string(p); };
   std::vector<std::string> argv = {CDP_CTL_BIN,  "--agent",        hp(agent_control()), "--ps", hp(ps_control()),
-                                   "--mt",       hp(mt_control()), "--tenant",           o_.tenant};
+                                   "--mt",       hp(mt_control()), "--tenant",           o_.tenant,
+                                   "--agent-token-file", token_path(Which::kAgent),
+                                   "--ps-token-file", token_path(Which::kProcessServer),
+                                   "--mt-token-file", token_path(Which::kMasterTarget)};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv, timeout_ms);
 }

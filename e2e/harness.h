@@ -44,9 +44,9 @@ using testing::FreePort;
 bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout,
              std::chrono::milliseconds poll = std::chrono::milliseconds(50));
 
-// GET http://127.0.0.1:port/target as JSON; nullopt when unreachable, not 200
-// or not JSON.
-std::optional<boost::json::value> GetJson(uint16_t port, const std::string& target);
+// GET http://127.0.0.1:port/target as JSON with control token `token`;
+// nullopt when unreachable, not 200 or not JSON.
+std::optional<boost::json::value> GetJson(uint16_t port, const std::string& target, const std::string& token);
 
 // SHA-256 of a file's contents as hex ("" on error), via sha256sum.
 std::string Sha256File(const std::string& path);
@@ -114,7 +114,7 @@ class Cluster {
   // what was last seen).
   bool WaitDrained(std::chrono::milliseconds timeout = std::chrono::seconds(90));
 
-  // Runs cdpctl with the three control endpoints plus `args`.
+  // Runs cdpctl with the three control endpoints and their token files plus `args`.
   testing::CommandResult Cdpctl(const std::vector<std::string>& args, int timeout_ms = 60000);
   // Runs cdpctl --json ... and parses stdout; nullopt on a non-zero exit or bad JSON.
   std::optional<boost::json::value> CdpctlJson(const std::vector<std::string>& args);
@@ -136,6 +136,11 @@ class Cluster {
   uint16_t agent_control() const { return c_.control_port(Which::kAgent); }
   uint16_t ps_control() const { return c_.control_port(Which::kProcessServer); }
   uint16_t mt_control() const { return c_.control_port(Which::kMasterTarget); }
+  // A daemon's admin control token and its file (the daemon made it at first start).
+  std::string token(Which w) const { return c_.token(w); }
+  std::string token_path(Which w) const { return c_.token_path(w); }
+  // GET /status of a daemon with its admin token; nullopt as GetJson.
+  std::optional<boost::json::value> StatusOf(Which w) const;
   uint16_t ps_data_port() const { return c_.ps_data_port(); }
   uint16_t mt_data_port() const { return c_.mt_data_port(); }
   // The site PKI of the cluster: ca.{crt,key}, {mt,ps,agent}.{crt,key}.

@@ -32,7 +32,7 @@ void RequireClients() {
 }
 
 uint64_t AgentU64(Cluster& c, const char* key) {
-  auto s = GetJson(c.agent_control(), "/status");
+  auto s = c.StatusOf(Which::kAgent);
   if (!s) return 0;
   for (const auto& v : s->at("volumes").as_array()) {
     if (v.as_object().at("name").as_string() == c.options().volume) return json::value_to<uint64_t>(v.at(key));
@@ -41,7 +41,7 @@ uint64_t AgentU64(Cluster& c, const char* key) {
 }
 
 uint64_t MtApplied(Cluster& c) {
-  auto s = GetJson(c.mt_control(), "/status");
+  auto s = c.StatusOf(Which::kMasterTarget);
   if (!s) return 0;
   for (const auto& v : s->at("volumes").as_array()) {
     if (v.as_object().at("volume").as_string() == c.options().volume) return json::value_to<uint64_t>(v.at("applied_seq"));

@@ -8,8 +8,9 @@
 
 #include "common/env.h"
 #include "common/host_port.h"
-#include "common/pki.h"
+#include "common/control_token.h"
 #include "common/http_client.h"
+#include "common/pki.h"
 
 namespace cdp::loadgen {
 namespace {
@@ -76,6 +77,21 @@ uint16_t LocalCluster::control_port(Role r) const {
   return 0;
 }
 
+std::string LocalCluster::token_path(Role r) const {
+  switch (r) {
+    case Role::kMasterTarget: return Path("mt/control.token");
+    case Role::kProcessServer: return Path("ps/spool/control.token");
+    case Role::kAgent: return Path("agent/control.token");
+  }
+  return "";
+}
+
+std::string LocalCluster::token(Role r) const {
+  if (!o_.control_auth) return "";
+  auto t = ReadTokenFile(DefaultEnv(), token_path(r));
+  return t.ok() ? *t : "";
+}
+
 std::string LocalCluster::replica_path() const {
   return Path("mt/tenants/" + o_.tenant + "/volumes/" + o_.volume + "/replica.img");
 }
@@ -113,20 +129,20 @@ std::string LocalCluster::TlsKeys(const std::string& who) const {
 Status LocalCluster::WriteConfigs() {
   std::string mt = "# written by the local cluster (loadgen/local_cluster.h)\nlisten = " + Loopback(mt_data_) +
                    "\ncontrol = " + Loopback(mt_ctl_) + "\nnbd = " + Loopback(mt_nbd_) + "\ndata_dir = " + Path("mt") +
-                   "\ntenant = " + o_.tenant + ":" + o_.secret + "\n" + TlsKeys("mt");
+                   "\ntenant = " + o_.tenant + ":" + o_.secret + "\n" + TlsKeys("mt") + (o_.control_auth ? "" : "control_auth = off\n");
   if (!o_.point_interval.empty()) mt += "point_interval = " + o_.point_interval + "\n";
   mt += "[log]\nlevel = " + o_.log_level + "\n";
   std::string ps = "# written by the local cluster (loadgen/local_cluster.h)\nlisten = " + Loopback(ps_data_) +
                    "\ncontrol = " + Loopback(ps_ctl_) + "\nmt = " + Loopback(mt_data_) + "\ntenant = " + o_.tenant +
                    ":" + o_.secret + "\nspool_dir = " + Path("ps/spool") + "\ncodec = " + o_.codec +
-                   "\nlevel = " + std::to_string(o_.level) + "\n" + TlsKeys("ps");
+                   "\nlevel = " + std::to_string(o_.level) + "\n" + TlsKeys("ps") + (o_.control_auth ? "" : "control_auth = off\n");
   if (o_.compress_threads > 0) ps += "compress_threads = " + std::to_string(o_.compress_threads) + "\n";
   ps += "[log]\nlevel = " + o_.log_level + "\n";
   std::string ag = "# written by the local cluster (loadgen/local_cluster.h)\nvolume = " + o_.volume + "=" +
                    source_path() + "\nnbd_listen = " + Loopback(agent_nbd_) + "\nps = " + Loopback(ps_data_) +
                    "\ntenant = " + o_.tenant + "\nsecret_file = " + Path("etc/agent.secret") +
                    "\nclient_id = " + o_.client_id + "\nbitmap_dir = " + Path("agent") +
-                   "\ncontrol = " + Loopback(agent_ctl_) + "\n" + TlsKeys("agent");
+                   "\ncontrol = " + Loopback(agent_ctl_) + "\n" + TlsKeys("agent") + (o_.control_auth ? "" : "control_auth = off\n");
   if (!o_.agent_budget.empty()) ag += "budget = " + o_.agent_budget + "\n";
   ag += "[log]\nlevel = " + o_.log_level + "\n";
   CDP_RETURN_IF_ERROR(WriteText(Path("etc/master-target.conf"), mt));
@@ -180,7 +196,9 @@ Status LocalCluster::WaitReady(Role r, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     if (!process(r).Running()) return Status::Unavailable(std::string(Name(r)) + " exited at start\n" + Logs());
-    auto resp = http::HttpRequest("127.0.0.1", control_port(r), "GET", "/status", {}, Millis(1000));
+    http::ClientOptions co;
+    co.bearer_token = token(r);  // the daemon writes it before it serves /status
+    auto resp = http::HttpRequest("127.0.0.1", control_port(r), "GET", "/status", {}, Millis(1000), co);
     if (resp.ok() && resp->status == 200) return Status::OK();
     if (std::chrono::steady_clock::now() >= deadline)
       return Status::Unavailable(std::string(Name(r)) + " did not answer /status\n" + Logs());

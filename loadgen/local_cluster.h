@@ -8,7 +8,8 @@
 //   <dir>/pki/ca.{crt,key}, {mt,ps,agent}.{crt,key}   the site CA and the daemons'
 //                                     certificates (TLS on; made if missing)
 //   <dir>/source.img                  the protected volume (sparse)
-//   <dir>/mt/  <dir>/ps/spool/  <dir>/agent/     the daemons' data
+//   <dir>/mt/  <dir>/ps/spool/  <dir>/agent/     the daemons' data (and each
+//                                     one's control.token, made at its first start)
 //   <dir>/{master-target,process-server,agent}.log   their output
 //
 // Start() picks free ports, writes the configs and starts MT, PS and agent in
@@ -50,6 +51,9 @@ struct LocalClusterOptions {
   // with common/pki.h (`cdpctl pki` does the same from the command line).
   bool tls = true;
   std::string pki_dir;
+  // Control tokens (the product's default): each daemon makes its admin token
+  // at first start in its state directory (token_path()); token() reads it.
+  bool control_auth = true;
 };
 
 // Options for the daemons of a build tree (BUILD/agent/cdp-agent, ...) in `dir`.
@@ -86,6 +90,11 @@ class LocalCluster {
   std::string nbd_uri() const;  // nbd://127.0.0.1:port/volume (the agent's export)
   std::string pki_dir() const { return o_.pki_dir.empty() ? Path("pki") : o_.pki_dir; }
   uint16_t control_port(Role r) const;
+  // The daemon's admin token file: <dir>/mt/control.token,
+  // <dir>/ps/spool/control.token, <dir>/agent/control.token.
+  std::string token_path(Role r) const;
+  // The token in it ("" with control_auth off or before the daemon made it).
+  std::string token(Role r) const;
   uint16_t mt_data_port() const { return mt_data_; }
   uint16_t mt_nbd_port() const { return mt_nbd_; }
   uint16_t ps_data_port() const { return ps_data_; }

@@ -17,6 +17,7 @@
 #include "loadgen/data.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/control_token.h"
 #include "common/version.h"
 #include "common/env.h"
 #include "common/log.h"
@@ -293,6 +294,10 @@ int CmdRecord(int argc, char** argv) {
   const auto& vm = cfg.vars;
   auto url = ParseHttpUrl(vm["url"].as<std::string>());
   if (!url.ok()) return Fail("record", url.status());
+  // The daemon's control token, from CDP_TOKEN or CDP_TOKEN_FILE (common/control_token.h).
+  auto token = ClientToken("");
+  if (!token.ok()) return Fail("record", token.status());
+  url->token = *token;
   const std::string metric = vm["metric"].as<std::string>();
   const uint64_t interval = vm["interval"].as<Duration>().micros;
   if (interval == 0) return Fail("record", Status::InvalidArgument("--interval must be > 0"));
@@ -499,6 +504,9 @@ int CmdSweep(int argc, char** argv) {
       t.mt_metrics = vm["mt-metrics"].as<std::string>();
       t.nbd_uri = vm["target"].as<std::string>();
       t.dir = vm["dir"].as<std::string>();
+      auto token = ClientToken("");  // one token for the three, from CDP_TOKEN / CDP_TOKEN_FILE
+      if (!token.ok()) return Fail("sweep", token.status());
+      t.agent_token = t.ps_token = t.mt_token = *token;
       if (t.agent_metrics.empty() || t.ps_metrics.empty() || t.mt_metrics.empty())
         return Fail("sweep", Status::InvalidArgument("give --local, or --from, or all three --*-metrics URLs"));
       std::string c = vm["compression"].as<std::string>();
@@ -571,7 +579,10 @@ int CmdCluster(int argc, char** argv) {
                     "\nCDP_REPLICA=" + ShellQuote(c.replica_path()) + "\nCDP_NBD_URI=" + ShellQuote(c.nbd_uri()) +
                     "\nCDP_AGENT_CONTROL=" + hp(c.control_port(Role::kAgent)) +
                     "\nCDP_PS_CONTROL=" + hp(c.control_port(Role::kProcessServer)) +
-                    "\nCDP_MT_CONTROL=" + hp(c.control_port(Role::kMasterTarget)) + "\n";
+                    "\nCDP_MT_CONTROL=" + hp(c.control_port(Role::kMasterTarget)) +
+                    "\nCDP_AGENT_TOKEN_FILE=" + ShellQuote(c.token_path(Role::kAgent)) +
+                    "\nCDP_PS_TOKEN_FILE=" + ShellQuote(c.token_path(Role::kProcessServer)) +
+                    "\nCDP_MT_TOKEN_FILE=" + ShellQuote(c.token_path(Role::kMasterTarget)) + "\n";
   std::cout << env << std::flush;
   const std::string env_file = vm["env-file"].as<std::string>();
   if (!env_file.empty()) {

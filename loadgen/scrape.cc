@@ -77,8 +77,10 @@ Result<HttpUrl> ParseHttpUrl(std::string_view url) {
 }
 
 Result<MetricSums> Scrape(const HttpUrl& url, uint32_t timeout_ms) {
+  http::ClientOptions co;
+  co.bearer_token = url.token;
   CDP_ASSIGN_OR_RETURN(auto resp, http::HttpRequest(url.host, url.port, "GET", url.target, {},
-                                                   std::chrono::milliseconds(timeout_ms)));
+                                                   std::chrono::milliseconds(timeout_ms), co));
   if (resp.status != 200)
     return Status::Unavailable("GET http://" + url.host + ":" + std::to_string(url.port) + url.target + ": HTTP " +
                                std::to_string(resp.status));

@@ -37,6 +37,7 @@ struct HttpUrl {
   std::string host;
   uint16_t port = 80;
   std::string target = "/metrics";
+  std::string token;  // control token sent as a bearer ("" = none; common/control_token.h)
 };
 Result<HttpUrl> ParseHttpUrl(std::string_view url);
 

@@ -23,12 +23,15 @@ Result<DaemonSnapshot> Snapshot(const SweepTargets& t, const Clock* clock) {
   DaemonSnapshot s;
   struct Item {
     const std::string* url;
+    const std::string* token;
     MetricSums* out;
     const char* who;
-  } items[] = {{&t.agent_metrics, &s.agent, "agent"}, {&t.ps_metrics, &s.ps, "process server"},
-               {&t.mt_metrics, &s.mt, "master target"}};
+  } items[] = {{&t.agent_metrics, &t.agent_token, &s.agent, "agent"},
+               {&t.ps_metrics, &t.ps_token, &s.ps, "process server"},
+               {&t.mt_metrics, &t.mt_token, &s.mt, "master target"}};
   for (auto& it : items) {
     CDP_ASSIGN_OR_RETURN(HttpUrl u, ParseHttpUrl(*it.url));
+    u.token = *it.token;
     auto m = Scrape(u);
     if (!m.ok()) return m.status().WithContext(std::string("scrape ") + it.who + " " + *it.url);
     *it.out = std::move(*m);
@@ -160,6 +163,9 @@ SweepTargets TargetsOf(const LocalCluster& c) {
   t.agent_metrics = metrics(Role::kAgent);
   t.ps_metrics = metrics(Role::kProcessServer);
   t.mt_metrics = metrics(Role::kMasterTarget);
+  t.agent_token = c.token(Role::kAgent);
+  t.ps_token = c.token(Role::kProcessServer);
+  t.mt_token = c.token(Role::kMasterTarget);
   t.nbd_uri = c.nbd_uri();
   return t;
 }

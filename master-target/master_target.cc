@@ -179,12 +179,14 @@ void MasterTarget::Impl::RetentionLoop() {
   }
 }
 
-json::array MasterTarget::Impl::RunRetention() {
+json::array MasterTarget::Impl::RunRetention(const std::string& tenant) {
   json::array out;
   std::vector<std::shared_ptr<VolEntry>> vs;
   {
     std::lock_guard<std::mutex> lk(vol_mu);
-    for (auto& [k, e] : volumes) vs.push_back(e);
+    for (auto& [k, e] : volumes) {
+      if (tenant.empty() || e->tenant == tenant) vs.push_back(e);
+    }
   }
   for (auto& e : vs) {
     auto r = e->volume->ApplyRetention();
@@ -201,9 +203,16 @@ json::array MasterTarget::Impl::RunRetention() {
   return out;
 }
 
-Result<std::shared_ptr<VolEntry>> MasterTarget::Impl::Resolve(const std::string& tenant, const std::string& volume) {
+Result<std::shared_ptr<VolEntry>> MasterTarget::Impl::Resolve(const http::Caller& caller, const std::string& tenant,
+                                                              const std::string& volume) {
   if (!proto::ValidName(volume)) return Status::InvalidArgument("missing or bad 'volume'");
   std::lock_guard<std::mutex> lk(vol_mu);
+  if (!caller.admin) {
+    // One answer for "not yours" and "not there": nothing tells them apart.
+    auto it = tenant.empty() || tenant == caller.tenant ? volumes.find(Key(caller.tenant, volume)) : volumes.end();
+    if (it == volumes.end()) return Status::NotFound("no volume " + volume);
+    return it->second;
+  }
   if (!tenant.empty()) {
     auto it = volumes.find(Key(tenant, volume));
     if (it == volumes.end()) return Status::NotFound("no volume " + tenant + "/" + volume);
@@ -273,6 +282,13 @@ Status MasterTarget::Start() {
     ho.port = o_.control.port;
     ho.registry = &registry_;
     ho.status = [this] { return impl_->StatusJson(); };
+    auto tokens = ApplyControlAuth(o_.control_auth, JoinPath(o_.data_dir, "control.token"),
+                                   JoinPath(o_.data_dir, "tenant_tokens"), "mt", &ho);
+    if (!tokens.ok()) {
+      Stop();
+      return tokens.status();
+    }
+    m.control_tokens = *tokens;
     m.http = std::make_unique<http::Server>(ho);
     m.AddRoutes();
     Status s = m.http->Start();

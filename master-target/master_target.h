@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/control_token.h"
 #include "common/env.h"
 #include "common/daemon.h"
 #include "common/host_port.h"
@@ -79,6 +80,11 @@ struct MasterTargetOptions {
   // on (common/daemon.h); options built by hand (in-process tests) are clear
   // unless they set it.
   TlsSettings tls = TlsSettings::Off();
+  // Tokens of the control API (common/control_token.h): the admin token
+  // defaults to <data_dir>/control.token, tenant tokens live in
+  // <data_dir>/tenant_tokens. The config's default is on; options built by
+  // hand are open unless they set it.
+  ControlAuthSettings control_auth = ControlAuthSettings::Off();
   // Tenants whose agents may connect straight to the MT (role "agent" over
   // TLS, or the agent role in clear text). Everyone else must be a process server.
   std::set<std::string> direct_agent_tenants;

@@ -61,6 +61,7 @@ struct MasterTarget::Impl {
   std::unique_ptr<Listener> listener;  // process servers, one thread each
   std::atomic<bool> stopping{false};
 
+  std::shared_ptr<ControlTokens> control_tokens;  // null with control_auth off
   std::unique_ptr<http::Server> http;
   std::unique_ptr<NbdServer> nbd;
   std::mutex export_mu;
@@ -96,22 +97,23 @@ struct MasterTarget::Impl {
 
   void RetentionLoop();
 
-  json::array RunRetention();
+  // Applies the retention policy to every volume (of `tenant` only when non-empty).
+  json::array RunRetention(const std::string& tenant = "");
 
-  // Finds a volume from "tenant" + "volume" (tenant optional when unique).
-  Result<std::shared_ptr<VolEntry>> Resolve(const std::string& tenant, const std::string& volume);
+  // Finds a volume from "tenant" + "volume" (tenant optional when unique) as
+  // `caller` may see it: a tenant caller finds only its own tenant's volumes,
+  // and any other volume is "no volume NAME", exactly like a missing one.
+  Result<std::shared_ptr<VolEntry>> Resolve(const http::Caller& caller, const std::string& tenant,
+                                            const std::string& volume);
 
   json::object VolumeJson(const VolEntry& e);
 
   json::value StatusJson();
 
-  // Reads a JSON body (or an empty object); throws nothing.
-  static json::object Body(const http::Request& r);
-  static std::string Str(const json::object& b, const http::Request& r, const char* key);
-  static std::optional<int64_t> Int(const json::object& b, const http::Request& r, const char* key);
-
+  // The volume named by a request's "tenant" and "volume" parameters.
+  Result<std::shared_ptr<VolEntry>> ResolveParams(const http::Request& r, const http::Params& p);
   // The sequence named by "point" (an id) or "seq".
-  Result<uint64_t> PointSeq(const VolEntry& e, const json::object& b, const http::Request& r);
+  Result<uint64_t> PointSeq(const VolEntry& e, const http::Params& p);
 
   void AddRoutes();
 };

@@ -1,5 +1,6 @@
 #include "master-target/mt_config.h"
 
+#include "common/control_token.h"
 #include "common/daemon.h"
 #include "common/host_port.h"
 #include "common/protocol.h"
@@ -38,6 +39,7 @@ po::options_description MasterTargetConfigDescription() {
                       "a tenant whose agents may connect without a process server (repeatable)");
   AddConnectionCapOptions(&desc);
   AddTlsOptions(&desc);
+  AddControlAuthOptions(&desc);
   return desc;
 }
 
@@ -51,6 +53,7 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   CDP_ASSIGN_OR_RETURN(o.nbd, GetHostPort(vm, "nbd", HostPort::Rules::OptionalListen()));
   CDP_ASSIGN_OR_RETURN(o.connection_caps, GetConnectionCaps(vm));
   CDP_ASSIGN_OR_RETURN(o.tls, GetTlsSettings(vm));
+  CDP_ASSIGN_OR_RETURN(o.control_auth, GetControlAuthSettings(vm));
   if (vm.count("direct_agents")) {
     for (const auto& t : vm["direct_agents"].as<std::vector<std::string>>()) {
       if (!proto::ValidName(t)) return Status::InvalidArgument("'direct_agents': bad tenant name '" + t + "'");

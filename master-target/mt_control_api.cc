@@ -9,18 +9,6 @@ namespace cdp::mt {
 
 namespace {
 
-int HttpStatusOf(const Status& s) {
-  switch (s.code()) {
-    case Code::kNotFound: return 404;
-    case Code::kInvalidArgument:
-    case Code::kOutOfRange: return 400;
-    case Code::kBusy:
-    case Code::kAlreadyExists: return 409;
-    case Code::kPermissionDenied: return 403;
-    default: return 500;
-  }
-}
-
 json::object PointJson(const RecoveryPoint& p) {
   return json::object{{"id", p.id},
                       {"seq", p.seq},
@@ -61,159 +49,195 @@ json::value MasterTarget::Impl::StatusJson() {
   return json::object{{"daemon", "cdp-master-target"}, {"volumes", vols}};
 }
 
-json::object MasterTarget::Impl::Body(const http::Request& r) {
-  if (r.body.empty()) return {};
-  boost::system::error_code ec;
-  json::value v = json::parse(r.body, ec);
-  if (ec || !v.is_object()) return {};
-  return v.as_object();
+Result<std::shared_ptr<VolEntry>> MasterTarget::Impl::ResolveParams(const http::Request& r, const http::Params& p) {
+  CDP_ASSIGN_OR_RETURN(auto tenant, p.String("tenant"));
+  CDP_ASSIGN_OR_RETURN(auto volume, p.String("volume"));
+  return Resolve(r.caller, tenant.value_or(""), volume.value_or(""));
 }
 
-std::string MasterTarget::Impl::Str(const json::object& b, const http::Request& r, const char* key) {
-  if (auto* v = b.if_contains(key); v && v->is_string()) return std::string(v->as_string());
-  auto it = r.params.find(key);
-  return it == r.params.end() ? "" : it->second;
-}
-
-std::optional<int64_t> MasterTarget::Impl::Int(const json::object& b, const http::Request& r, const char* key) {
-  if (auto* v = b.if_contains(key)) {
-    if (v->is_int64()) return v->as_int64();
-    if (v->is_uint64()) return int64_t(v->as_uint64());
-    if (v->is_string()) {
-      try {
-        return std::stoll(std::string(v->as_string()));
-      } catch (...) {
-        return std::nullopt;
-      }
-    }
+Result<uint64_t> MasterTarget::Impl::PointSeq(const VolEntry& e, const http::Params& p) {
+  CDP_ASSIGN_OR_RETURN(auto id, p.Int("point"));
+  CDP_ASSIGN_OR_RETURN(auto seq, p.Uint("seq"));
+  if (id && seq) return Status::InvalidArgument("give 'point' or 'seq', not both");
+  if (id) {
+    auto pt = e.volume->FindPoint(*id);
+    if (!pt) return Status::NotFound("no recovery point " + std::to_string(*id) + " on " + e.name);
+    return pt->seq;
   }
-  auto it = r.params.find(key);
-  if (it == r.params.end()) return std::nullopt;
-  try {
-    size_t pos = 0;
-    long long x = std::stoll(it->second, &pos);
-    if (pos != it->second.size()) return std::nullopt;
-    return x;
-  } catch (...) {
-    return std::nullopt;
-  }
-}
-
-Result<uint64_t> MasterTarget::Impl::PointSeq(const VolEntry& e, const json::object& b, const http::Request& r) {
-  if (auto id = Int(b, r, "point")) {
-    auto p = e.volume->FindPoint(*id);
-    if (!p) return Status::NotFound("no recovery point " + std::to_string(*id) + " on " + e.name);
-    return p->seq;
-  }
-  if (auto seq = Int(b, r, "seq")) {
-    if (*seq < 0) return Status::InvalidArgument("bad seq");
-    return uint64_t(*seq);
-  }
+  if (seq) return *seq;
   return Status::InvalidArgument("give 'point' (an id from /v1/points) or 'seq'");
 }
 
+namespace {
+
+// Runs `body` with the request's parameters (only `allowed` keys); a bad
+// parameter or a failed Status becomes its HTTP error.
+template <typename F>
+http::Response WithParams(const http::Request& r, std::initializer_list<std::string_view> allowed, F&& body) {
+  auto p = http::Params::Of(r, allowed);
+  if (!p.ok()) return http::ErrorResponse(p.status());
+  Result<http::Response> out = body(*p);
+  if (!out.ok()) return http::ErrorResponse(out.status());
+  return std::move(*out);
+}
+
+http::Response NeedsAdmin(const http::Request& r) {
+  return http::Response::Error(403, r.method + " " + r.path + " needs the admin token");
+}
+
+}  // namespace
+
 void MasterTarget::Impl::AddRoutes() {
-  http->Route("GET", "/v1/volumes", [this](const http::Request&) {
-    json::array vols;
-    std::lock_guard<std::mutex> lk(vol_mu);
-    for (auto& [k, e] : volumes) vols.push_back(VolumeJson(*e));
-    return http::Response::Json(200, json::object{{"volumes", vols}});
+  http->Route("GET", "/v1/volumes", [this](const http::Request& r) {
+    return WithParams(r, {}, [&](const http::Params&) -> Result<http::Response> {
+      json::array vols;
+      std::lock_guard<std::mutex> lk(vol_mu);
+      for (auto& [k, e] : volumes) {
+        if (r.caller.admin || e->tenant == r.caller.tenant) vols.push_back(VolumeJson(*e));
+      }
+      return http::Response::Json(200, json::object{{"volumes", vols}});
+    });
   });
   http->Route("GET", "/v1/points", [this](const http::Request& r) {
-    json::object b;
-    auto e = Resolve(Str(b, r, "tenant"), Str(b, r, "volume"));
-    if (!e.ok()) return http::Response::Error(HttpStatusOf(e.status()), e.status().message());
-    json::array pts;
-    for (const auto& p : (*e)->volume->ListPoints()) pts.push_back(PointJson(p));
-    return http::Response::Json(200, json::object{{"tenant", (*e)->tenant},
-                                                  {"volume", (*e)->name},
-                                                  {"applied_seq", (*e)->volume->applied_seq()},
-                                                  {"points", pts}});
+    return WithParams(r, {"tenant", "volume"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      json::array pts;
+      for (const auto& pt : e->volume->ListPoints()) pts.push_back(PointJson(pt));
+      return http::Response::Json(200, json::object{{"tenant", e->tenant},
+                                                    {"volume", e->name},
+                                                    {"applied_seq", e->volume->applied_seq()},
+                                                    {"points", pts}});
+    });
   });
   http->Route("POST", "/v1/rollback", [this](const http::Request& r) {
-    json::object b = Body(r);
-    auto e = Resolve(Str(b, r, "tenant"), Str(b, r, "volume"));
-    if (!e.ok()) return http::Response::Error(HttpStatusOf(e.status()), e.status().message());
-    auto seq = PointSeq(**e, b, r);
-    if (!seq.ok()) return http::Response::Error(HttpStatusOf(seq.status()), seq.status().message());
-    Status s = (*e)->volume->Rollback(*seq);
-    if (!s.ok()) return http::Response::Error(HttpStatusOf(s), s.ToString());
-    log->warn("{} rolled back to sequence {} (failed over)", log::Where{(*e)->name, "control", *seq}, *seq);
-    return http::Response::Json(200, VolumeJson(**e));
+    return WithParams(r, {"tenant", "volume", "point", "seq"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p));
+      CDP_RETURN_IF_ERROR(e->volume->Rollback(seq));
+      log->warn("{} rolled back to sequence {} (failed over)", log::Where{e->name, "control", seq}, seq);
+      return http::Response::Json(200, VolumeJson(*e));
+    });
   });
   http->Route("POST", "/v1/export", [this](const http::Request& r) {
-    json::object b = Body(r);
-    auto e = Resolve(Str(b, r, "tenant"), Str(b, r, "volume"));
-    if (!e.ok()) return http::Response::Error(HttpStatusOf(e.status()), e.status().message());
-    auto seq = PointSeq(**e, b, r);
-    if (!seq.ok()) return http::Response::Error(HttpStatusOf(seq.status()), seq.status().message());
-    bool writable = false;
-    if (auto* w = b.if_contains("writable"); w && w->is_bool()) writable = w->as_bool();
-    if (r.params.count("writable")) writable = r.params.at("writable") == "true" || r.params.at("writable") == "1";
-    auto name = mt->StartExport((*e)->tenant, (*e)->name, *seq, writable);
-    if (!name.ok()) return http::Response::Error(HttpStatusOf(name.status()), name.status().message());
-    return http::Response::Json(200, json::object{{"export", *name},
-                                                  {"port", nbd ? nbd->port() : 0},
-                                                  {"seq", *seq},
-                                                  {"writable", writable}});
+    return WithParams(r, {"tenant", "volume", "point", "seq", "writable"},
+                      [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p));
+      CDP_ASSIGN_OR_RETURN(auto writable, p.Bool("writable"));
+      CDP_ASSIGN_OR_RETURN(std::string name, mt->StartExport(e->tenant, e->name, seq, writable.value_or(false)));
+      return http::Response::Json(200, json::object{{"export", name},
+                                                    {"port", nbd ? nbd->port() : 0},
+                                                    {"seq", seq},
+                                                    {"writable", writable.value_or(false)}});
+    });
   });
-  http->Route("DELETE", "/v1/export", [this](const http::Request& r) {
-    json::object b = Body(r);
-    std::string name = Str(b, r, "name");
-    if (name.empty()) name = Str(b, r, "export");
-    Status s = mt->StopExport(name);
-    if (!s.ok()) return http::Response::Error(HttpStatusOf(s), s.message());
-    return http::Response::Json(200, json::object{{"removed", name}});
+  http->Route("POST", "/v1/unexport", [this](const http::Request& r) {
+    return WithParams(r, {"export"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto name, p.String("export"));
+      if (!name || name->empty()) return Status::InvalidArgument("give 'export' (a name from /v1/exports)");
+      if (!r.caller.admin) {
+        std::lock_guard<std::mutex> lk(export_mu);
+        auto it = exports.find(*name);
+        if (it == exports.end() || it->second.tenant != r.caller.tenant) return Status::NotFound("no export " + *name);
+      }
+      CDP_RETURN_IF_ERROR(mt->StopExport(*name));
+      return http::Response::Json(200, json::object{{"removed", *name}});
+    });
   });
-  http->Route("GET", "/v1/exports", [this](const http::Request&) {
-    json::array out;
-    std::lock_guard<std::mutex> lk(export_mu);
-    for (auto& [name, x] : exports) {
-      out.push_back(json::object{{"export", name},
-                                 {"tenant", x.tenant},
-                                 {"volume", x.volume},
-                                 {"seq", x.seq},
-                                 {"writable", x.writable},
-                                 {"overlay_blocks", x.device->overlay_blocks()}});
-    }
-    return http::Response::Json(200, json::object{{"exports", out}, {"port", nbd ? nbd->port() : 0}});
+  http->Route("GET", "/v1/exports", [this](const http::Request& r) {
+    return WithParams(r, {}, [&](const http::Params&) -> Result<http::Response> {
+      json::array out;
+      std::lock_guard<std::mutex> lk(export_mu);
+      for (auto& [name, x] : exports) {
+        if (!r.caller.admin && x.tenant != r.caller.tenant) continue;
+        out.push_back(json::object{{"export", name},
+                                   {"tenant", x.tenant},
+                                   {"volume", x.volume},
+                                   {"seq", x.seq},
+                                   {"writable", x.writable},
+                                   {"overlay_blocks", x.device->overlay_blocks()}});
+      }
+      return http::Response::Json(200, json::object{{"exports", out}, {"port", nbd ? nbd->port() : 0}});
+    });
   });
   http->Route("GET", "/v1/hashes", [this](const http::Request& r) {
-    json::object b;
-    auto e = Resolve(Str(b, r, "tenant"), Str(b, r, "volume"));
-    if (!e.ok()) return http::Response::Error(HttpStatusOf(e.status()), e.status().message());
-    int64_t region = Int(b, r, "region_size").value_or(1 << 20);
-    int64_t first = Int(b, r, "first").value_or(0);
-    if (region <= 0 || region > (1ll << 30) || first < 0) return http::Response::Error(400, "bad region_size or first");
-    uint64_t regions = ((*e)->volume->size() + uint64_t(region) - 1) / uint64_t(region);
-    int64_t count = Int(b, r, "count").value_or(int64_t(std::min<uint64_t>(regions - std::min<uint64_t>(regions, first), proto::kMaxHashes)));
-    if (count <= 0 || count > int64_t(proto::kMaxHashes)) return http::Response::Error(400, "bad count");
-    auto h = (*e)->volume->RegionHashes(uint32_t(region), uint64_t(first), uint32_t(count));
-    if (!h.ok()) return http::Response::Error(HttpStatusOf(h.status()), h.status().message());
-    json::array hs;
-    for (const auto& x : *h) hs.push_back(json::value(HashToHex(x)));
-    return http::Response::Json(200, json::object{{"tenant", (*e)->tenant},
-                                                  {"volume", (*e)->name},
-                                                  {"region_size", region},
-                                                  {"first", first},
-                                                  {"applied_seq", (*e)->volume->applied_seq()},
-                                                  {"hashes", hs}});
+    return WithParams(r, {"tenant", "volume", "region_size", "first", "count"},
+                      [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      CDP_ASSIGN_OR_RETURN(auto region_p, p.Uint("region_size"));
+      CDP_ASSIGN_OR_RETURN(auto first_p, p.Uint("first"));
+      CDP_ASSIGN_OR_RETURN(auto count_p, p.Uint("count"));
+      const uint64_t region = region_p.value_or(1u << 20);
+      if (region < 4096 || region > (1ull << 30) || (region & (region - 1)) != 0) {
+        return Status::InvalidArgument("region_size must be a power of two in 4096..1GiB");
+      }
+      const uint64_t regions = (e->volume->size() + region - 1) / region;
+      const uint64_t first = first_p.value_or(0);
+      if (first > regions) return Status::InvalidArgument("first is past the end of the volume");
+      const uint64_t count = count_p.value_or(std::min<uint64_t>(regions - first, proto::kMaxHashes));
+      if (count == 0 || count > proto::kMaxHashes || count > regions - first) {
+        return Status::InvalidArgument("count must be 1.." + std::to_string(std::min<uint64_t>(regions - first, proto::kMaxHashes)));
+      }
+      CDP_ASSIGN_OR_RETURN(auto h, e->volume->RegionHashes(uint32_t(region), first, uint32_t(count)));
+      json::array hs;
+      for (const auto& x : h) hs.push_back(json::value(HashToHex(x)));
+      return http::Response::Json(200, json::object{{"tenant", e->tenant},
+                                                    {"volume", e->name},
+                                                    {"region_size", region},
+                                                    {"first", first},
+                                                    {"applied_seq", e->volume->applied_seq()},
+                                                    {"hashes", hs}});
+    });
   });
   // Re-protect (an operator's command, never a peer's): the next VolumeOpen
   // with the next generation is accepted; every recovery point is kept.
   http->Route("POST", "/v1/reprotect", [this](const http::Request& r) {
-    json::object b = Body(r);
-    auto e = Resolve(Str(b, r, "tenant"), Str(b, r, "volume"));
-    if (!e.ok()) return http::Response::Error(HttpStatusOf(e.status()), e.status().message());
-    auto gen = (*e)->volume->ArmReprotect();
-    if (!gen.ok()) return http::Response::Error(HttpStatusOf(gen.status()), gen.status().message());
-    return http::Response::Json(200, json::object{{"tenant", (*e)->tenant},
-                                                  {"volume", (*e)->name},
-                                                  {"generation", *gen},
-                                                  {"points", (*e)->volume->ListPoints().size()}});
+    return WithParams(r, {"tenant", "volume"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      CDP_ASSIGN_OR_RETURN(uint64_t gen, e->volume->ArmReprotect());
+      return http::Response::Json(200, json::object{{"tenant", e->tenant},
+                                                    {"volume", e->name},
+                                                    {"generation", gen},
+                                                    {"points", e->volume->ListPoints().size()}});
+    });
   });
-  http->Route("POST", "/v1/retention", [this](const http::Request&) {
-    return http::Response::Json(200, json::object{{"volumes", RunRetention()}});
+  http->Route("POST", "/v1/retention", [this](const http::Request& r) {
+    return WithParams(r, {}, [&](const http::Params&) -> Result<http::Response> {
+      return http::Response::Json(200, json::object{{"volumes", RunRetention(r.caller.admin ? "" : r.caller.tenant)}});
+    });
+  });
+  // Tenant tokens (common/control_token.h): the admin token only.
+  http->Route("GET", "/v1/tokens", [this](const http::Request& r) {
+    if (!r.caller.admin) return NeedsAdmin(r);
+    json::object counts;
+    if (control_tokens) {
+      for (const auto& [t, n] : control_tokens->TenantTokenCounts()) counts[t] = n;
+    }
+    return http::Response::Json(200, json::object{{"tenants", counts}});
+  });
+  http->Route("POST", "/v1/tokens", [this](const http::Request& r) {
+    if (!r.caller.admin) return NeedsAdmin(r);
+    return WithParams(r, {"tenant"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto tenant, p.String("tenant"));
+      if (!tenant || !o.tenants.count(*tenant)) {
+        return Status::InvalidArgument("give 'tenant', one of the tenants configured at this master target");
+      }
+      if (!control_tokens) return Status::InvalidArgument("control_auth is off at this master target: no tokens");
+      CDP_ASSIGN_OR_RETURN(std::string token, control_tokens->IssueTenantToken(*tenant));
+      log->warn("control token issued for tenant {}", *tenant);
+      return http::Response::Json(200, json::object{{"tenant", *tenant}, {"token", token}});
+    });
+  });
+  http->Route("POST", "/v1/tokens/revoke", [this](const http::Request& r) {
+    if (!r.caller.admin) return NeedsAdmin(r);
+    return WithParams(r, {"tenant"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto tenant, p.String("tenant"));
+      if (!tenant) return Status::InvalidArgument("give 'tenant'");
+      if (!control_tokens) return Status::InvalidArgument("control_auth is off at this master target: no tokens");
+      CDP_ASSIGN_OR_RETURN(size_t n, control_tokens->RevokeTenantTokens(*tenant));
+      log->warn("{} control token(s) of tenant {} revoked", n, *tenant);
+      return http::Response::Json(200, json::object{{"tenant", *tenant}, {"revoked", n}});
+    });
   });
 }
 

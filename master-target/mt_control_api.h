@@ -3,17 +3,30 @@
 // JSON helpers (control_api.cc); the handlers run on the HTTP server's
 // threads and take the daemon's locks (master-target/master_target_impl.h).
 //
-// Control API (JSON over HTTP on `control`, common/http_server.h); a volume is
-// named by `tenant` + `volume`, or `volume` alone when unique across tenants:
-//   GET    /v1/volumes                       every volume and its state
-//   GET    /v1/points?volume=V[&tenant=T]    recovery points
-//   POST   /v1/rollback {"volume","tenant","point": id | "seq": n}
-//   POST   /v1/export   {"volume","tenant","point": id | "seq": n, "writable": bool}
-//                       -> {"export": name, "port": nbd port}
-//   DELETE /v1/export?name=NAME              (or body {"export": NAME})
-//   GET    /v1/exports                       open exports
-//   GET    /v1/hashes?volume=V[&tenant=T]&region_size=&first=&count=
-//   POST   /v1/retention                     run retention now on every volume
+// Control API (JSON over HTTP on `control`, common/http_server.h). Every
+// request carries a control token (common/control_token.h): the admin token
+// acts on every tenant; a tenant token only on its tenant's volumes and
+// exports, and another tenant's volume or export answers exactly like a
+// missing one (404 "no volume NAME" / "no export NAME"). A volume is named by
+// `tenant` + `volume`, or `volume` alone when unique among those the caller
+// sees. GETs take query parameters; state changes are POSTs whose parameters
+// come only from the JSON object body. An unknown parameter or a value of the
+// wrong type is a 400 naming it.
+//   GET  /v1/volumes                          the caller's volumes and their state
+//   GET  /v1/points?volume=V[&tenant=T]       recovery points
+//   POST /v1/rollback {"volume","tenant","point": id | "seq": n}
+//   POST /v1/export   {"volume","tenant","point": id | "seq": n, "writable": bool}
+//                     -> {"export": name, "port": nbd port}
+//   POST /v1/unexport {"export": NAME}
+//   GET  /v1/exports                          the caller's open exports
+//   GET  /v1/hashes?volume=V[&tenant=T]&region_size=&first=&count=
+//   POST /v1/reprotect {"volume","tenant"}    accept the next generation
+//   POST /v1/retention {}                     run retention now (the caller's volumes)
+//   GET  /v1/tokens                           admin: tenant -> number of tokens
+//   POST /v1/tokens {"tenant": T}             admin: a new token for T, shown once
+//   POST /v1/tokens/revoke {"tenant": T}      admin: remove every token of T
+// /status and /metrics cover every tenant: admin token only (/metrics public
+// when the operator sets metrics_public).
 //
 #pragma once
 

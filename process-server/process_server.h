@@ -30,6 +30,7 @@
 #include <boost/json/value.hpp>
 
 #include "common/clock.h"
+#include "common/control_token.h"
 #include "common/env.h"
 #include "common/daemon.h"
 #include "common/host_port.h"
@@ -68,6 +69,10 @@ struct ProcessServerOptions {
   // TLS to agents and to the MT (common/tls_stream.h). The config's default is
   // on; options built by hand (in-process tests) are clear unless they set it.
   TlsSettings tls = TlsSettings::Off();
+  // Tokens of the control API (common/control_token.h); the admin token file
+  // defaults to <spool_dir>/control.token. The config's default is on;
+  // options built by hand are open unless they set it.
+  ControlAuthSettings control_auth = ControlAuthSettings::Off();
   int compress_threads = 0;           // compression pool per tenant; 0 = CPU cores
   ThrottleOptions throttle;
   uint64_t backoff_min_ms = 100;

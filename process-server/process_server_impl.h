@@ -45,6 +45,7 @@ struct ProcessServer::Impl {
 
   std::atomic<bool> stopping{false};
 
+  std::shared_ptr<ControlTokens> control_tokens;  // null with control_auth off
   std::unique_ptr<http::Server> http;
 
   MtLink* LinkFor(const std::string& tenant, const std::string& volume);

@@ -1,6 +1,7 @@
 #include "process-server/ps_config.h"
 
 #include "common/codec.h"
+#include "common/control_token.h"
 #include "common/daemon.h"
 #include "common/host_port.h"
 
@@ -34,6 +35,7 @@ po::options_description ProcessServerConfigDescription() {
       ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
   AddConnectionCapOptions(&d);
   AddTlsOptions(&d);
+  AddControlAuthOptions(&d);
   return d;
 }
 
@@ -101,6 +103,7 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
   if (o.max_inflight < 1 || o.max_inflight > 1024) return Status::InvalidArgument("'inflight' must be 1..1024");
   CDP_ASSIGN_OR_RETURN(o.connection_caps, GetConnectionCaps(vars));
   CDP_ASSIGN_OR_RETURN(o.tls, GetTlsSettings(vars));
+  CDP_ASSIGN_OR_RETURN(o.control_auth, GetControlAuthSettings(vars));
   o.connections = vars["connections"].as<int>();
   if (o.connections < 1 || o.connections > 64) return Status::InvalidArgument("'connections' must be 1..64");
   o.compress_threads = vars["compress_threads"].as<int>();
@@ -112,6 +115,7 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
   o.throttle.utc_offset_minutes = vars["throttle_utc_offset"].as<int>();
   o.throttle.burst_bytes = vars["throttle_burst"].as<ByteSize>().bytes;
   if (o.throttle.burst_bytes < 4096) return Status::InvalidArgument("'throttle_burst' below 4KiB");
+  CDP_RETURN_IF_ERROR(ValidateThrottle(o.throttle).WithContext("'throttle_mbps'/'throttle_schedule'"));
   if (log != nullptr) {
     log->level = vars["log.level"].as<std::string>();
     log->file = vars["log.file"].as<std::string>();

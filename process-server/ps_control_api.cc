@@ -15,6 +15,8 @@ Status ProcessServer::StartControl() {
   ho.port = opt_.control.port;
   ho.registry = opt_.registry;
   ho.status = [this] { return StatusJson(); };
+  CDP_ASSIGN_OR_RETURN(im.control_tokens,
+                       ApplyControlAuth(opt_.control_auth, JoinPath(opt_.spool_dir, "control.token"), "", "ps", &ho));
   im.http = std::make_unique<http::Server>(ho);
   im.http->Route("GET", "/v1/volumes", [this](const http::Request&) {
     return http::Response::Json(200, VolumesJson());
@@ -27,21 +29,21 @@ Status ProcessServer::StartControl() {
                                                   {"waited_seconds", double(s.waited_micros) / 1e6}});
   });
   im.http->Route("POST", "/v1/throttle", [this](const http::Request& r) {
-    boost::system::error_code jec;
-    json::value body = json::parse(r.body, jec);
-    if (jec || !body.is_object()) return http::Response::Error(400, "body must be a JSON object");
+    auto p = http::Params::Of(r, {"mbps", "schedule"});
+    if (!p.ok()) return http::ErrorResponse(p.status());
+    auto mbps = p->Number("mbps");
+    auto schedule = p->String("schedule");
+    if (!mbps.ok()) return http::ErrorResponse(mbps.status());
+    if (!schedule.ok()) return http::ErrorResponse(schedule.status());
+    if (!*mbps && !*schedule) return http::Response::Error(400, "give 'mbps' and/or 'schedule'");
     ThrottleOptions t = opt_.throttle;
-    const json::object& o = body.as_object();
-    if (auto* m = o.if_contains("mbps")) {
-      if (!m->is_number() || m->to_number<double>() < 0) return http::Response::Error(400, "mbps must be >= 0");
-      t.default_mbps = m->to_number<double>();
-    }
-    if (auto* sc = o.if_contains("schedule")) {
-      if (!sc->is_string()) return http::Response::Error(400, "schedule must be a string");
-      auto parsed = ParseSchedule(std::string(sc->as_string()));
-      if (!parsed.ok()) return http::Response::Error(400, parsed.status().message());
+    if (*mbps) t.default_mbps = **mbps;
+    if (*schedule) {
+      auto parsed = ParseSchedule(**schedule);
+      if (!parsed.ok()) return http::ErrorResponse(parsed.status());
       t.schedule = *parsed;
     }
+    if (Status s = ValidateThrottle(t); !s.ok()) return http::ErrorResponse(s);
     throttle_->Reconfigure(t);
     opt_.throttle = t;
     return http::Response::Json(200, json::object{{"limit_mbps", throttle_->CurrentMbps()}});

@@ -319,8 +319,8 @@ TEST_CASE("control API: volumes, points, export, rollback, hashes", "[server][co
   REQUIRE(ex.at("seq").to_number<uint64_t>() == mid.at("seq").to_number<uint64_t>());
   Http(cport, "POST", "/v1/rollback", body, 409);
   Http(cport, "GET", "/v1/exports", "", 200);
-  Http(cport, "DELETE", "/v1/export?name=" + name, "", 200);
-  Http(cport, "DELETE", "/v1/export?name=" + name, "", 404);
+  Http(cport, "POST", "/v1/unexport", json::serialize(json::object{{"export", name}}), 200);
+  Http(cport, "POST", "/v1/unexport", json::serialize(json::object{{"export", name}}), 404);
 
   auto rb = Http(cport, "POST", "/v1/rollback", body, 200);
   REQUIRE(std::string(rb.at("state").as_string()) == "failed-over");
@@ -434,7 +434,7 @@ TEST_CASE("writable export: qemu-io writes land in the overlay, never in the rep
   std::fill(expect.begin() + 1000, expect.begin() + 6000, 0x5a);
   REQUIRE(ReadFile(out) == expect);
   REQUIRE(ReadFile(VolumeDir(p.dir.path(), "acme", "vm1") + "/replica.img") == before);
-  Http(p.d.mt->control_port(), "DELETE", "/v1/export?name=" + name, "", 200);
+  Http(p.d.mt->control_port(), "POST", "/v1/unexport", json::serialize(json::object{{"export", name}}), 200);
 }
 
 TEST_CASE("no peer message destroys history: a higher generation, another size or uuid drop no point, the "
