@@ -239,8 +239,15 @@ int Points(const Options& o, const std::string& volume, std::ostream& out, std::
 json::object PointArg(const std::string& volume, const std::string& point, const Options& o) {
   json::object b{{"volume", volume}};
   if (!o.tenant.empty()) b["tenant"] = o.tenant;
-  if (point.rfind("seq:", 0) == 0) b["seq"] = point.substr(4);
-  else b["point"] = point;
+  // Numbers go as JSON numbers; anything else as given, for the daemon's 400 naming it.
+  auto number = [](std::string_view t) -> json::value {
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (!t.empty() && ec == std::errc() && p == t.data() + t.size()) return v;
+    return json::string(t);
+  };
+  if (point.rfind("seq:", 0) == 0) b["seq"] = number(std::string_view(point).substr(4));
+  else b["point"] = number(point);
   return b;
 }
 

@@ -90,6 +90,8 @@ loadgen::LocalClusterOptions LocalOptions(const ClusterOptions& o, const std::st
   l.point_interval = o.point_interval;
   l.client_id = "e2e-agent";
   l.die_with_parent = true;
+  l.mt_extra_config = o.mt_extra_config;
+  l.agent_extra_config = o.agent_extra_config;
   return l;
 }
 

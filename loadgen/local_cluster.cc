@@ -131,20 +131,20 @@ Status LocalCluster::WriteConfigs() {
                    "\ncontrol = " + Loopback(mt_ctl_) + "\nnbd = " + Loopback(mt_nbd_) + "\ndata_dir = " + Path("mt") +
                    "\ntenant = " + o_.tenant + ":" + o_.secret + "\n" + TlsKeys("mt") + (o_.control_auth ? "" : "control_auth = off\n");
   if (!o_.point_interval.empty()) mt += "point_interval = " + o_.point_interval + "\n";
-  mt += "[log]\nlevel = " + o_.log_level + "\n";
+  mt += o_.mt_extra_config + "[log]\nlevel = " + o_.log_level + "\n";
   std::string ps = "# written by the local cluster (loadgen/local_cluster.h)\nlisten = " + Loopback(ps_data_) +
                    "\ncontrol = " + Loopback(ps_ctl_) + "\nmt = " + Loopback(mt_data_) + "\ntenant = " + o_.tenant +
                    ":" + o_.secret + "\nspool_dir = " + Path("ps/spool") + "\ncodec = " + o_.codec +
                    "\nlevel = " + std::to_string(o_.level) + "\n" + TlsKeys("ps") + (o_.control_auth ? "" : "control_auth = off\n");
   if (o_.compress_threads > 0) ps += "compress_threads = " + std::to_string(o_.compress_threads) + "\n";
-  ps += "[log]\nlevel = " + o_.log_level + "\n";
+  ps += o_.ps_extra_config + "[log]\nlevel = " + o_.log_level + "\n";
   std::string ag = "# written by the local cluster (loadgen/local_cluster.h)\nvolume = " + o_.volume + "=" +
                    source_path() + "\nnbd_listen = " + Loopback(agent_nbd_) + "\nps = " + Loopback(ps_data_) +
                    "\ntenant = " + o_.tenant + "\nsecret_file = " + Path("etc/agent.secret") +
                    "\nclient_id = " + o_.client_id + "\nbitmap_dir = " + Path("agent") +
                    "\ncontrol = " + Loopback(agent_ctl_) + "\n" + TlsKeys("agent") + (o_.control_auth ? "" : "control_auth = off\n");
   if (!o_.agent_budget.empty()) ag += "budget = " + o_.agent_budget + "\n";
-  ag += "[log]\nlevel = " + o_.log_level + "\n";
+  ag += o_.agent_extra_config + "[log]\nlevel = " + o_.log_level + "\n";
   CDP_RETURN_IF_ERROR(WriteText(Path("etc/master-target.conf"), mt));
   CDP_RETURN_IF_ERROR(WriteText(Path("etc/process-server.conf"), ps));
   CDP_RETURN_IF_ERROR(WriteText(Path("etc/agent.secret"), o_.secret + "\n"));

@@ -54,6 +54,9 @@ struct LocalClusterOptions {
   // Control tokens (the product's default): each daemon makes its admin token
   // at first start in its state directory (token_path()); token() reads it.
   bool control_auth = true;
+  // More config lines ("key = value\n"...) for one daemon, e.g. a second
+  // tenant at the MT or a freeze_command at the agent (tests).
+  std::string mt_extra_config, ps_extra_config, agent_extra_config;
 };
 
 // Options for the daemons of a build tree (BUILD/agent/cdp-agent, ...) in `dir`.
