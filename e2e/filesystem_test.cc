@@ -213,8 +213,7 @@ TEST_CASE("ext4 through nbdfuse and a loop device: the tag's export passes e2fsc
   INFO(c.why());
   REQUIRE(e.has_value());
   const std::string name(e->at("export").as_string());
-  const std::string uri =
-      "nbd://127.0.0.1:" + std::to_string(boost::json::value_to<uint64_t>(e->at("port"))) + "/" + name;
+  const std::string uri = c.mt_export_uri(name);
   {
     Attachments at;
     at.Push([&] { c.Cdpctl({"unexport", name}); });

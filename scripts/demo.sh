@@ -200,6 +200,8 @@ for tag in before-upgrade after-upgrade; do
   ej=$(ctl --json export "$VOL@$id")
   name=$(echo "$ej" | grep -o '"export":"[^"]*"' | cut -d'"' -f4)
   url="nbd://127.0.0.1:$(echo "$ej" | json_num port)/$name"
+  # The MT's exports need NBD TLS with the tenant's certificate (docs/operations.md).
+  [ -n "${CDP_MT_NBD_TLS_DIR:-}" ] && url="nbds${url#nbd}?tls-certificates=$CDP_MT_NBD_TLS_DIR"
   echo "  cdpctl export $VOL@$id -> $url (sequence $(echo "$ej" | json_num seq), read-only)"
   # The export streamed through nbdcopy straight into cmp (no 1 GiB temp file).
   if nbdcopy "$url" - | cmp -s - "$DIR/copies/$tag.img"; then r=same; else r=differ; fi
