@@ -169,7 +169,7 @@ class AttachedClient {
 
 }  // namespace
 
-TEST_CASE("nbd: the agent tap is a 0660 Unix socket an unprivileged user cannot open; tenant B sees nothing of A",
+TEST_CASE("nbd: the agent tap is a 0660 Unix socket an unprivileged user cannot open, tenant B sees nothing of A",
           "[e2e][security][nbd]") {
   RequireNbdinfo();
   Cluster c;

@@ -73,7 +73,7 @@ TEST_CASE("agent config: every bad value names its key", "[config]") {
   CHECK(Load(env.get(), base + "secret_file = /missing\n").status().code() == cdp::Code::kNotFound);
 }
 
-TEST_CASE("agent config: the NBD tap is a 0660 Unix socket by default; TCP needs TLS", "[config][nbd]") {
+TEST_CASE("agent config: the NBD tap is a 0660 Unix socket by default, TCP needs TLS", "[config][nbd]") {
   auto env = cdp::NewMemEnv();
   const std::string base = "volume = db=/dev/vdb\ntenant = acme\nsecret = s\nbitmap_dir = /var/lib/a\n";
   auto o = Load(env.get(), base);
