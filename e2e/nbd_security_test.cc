@@ -173,8 +173,9 @@ TEST_CASE("nbd: the agent tap is a 0660 Unix socket an unprivileged user cannot 
           "[e2e][security][nbd]") {
   RequireNbdinfo();
   Cluster c;
+  const bool started = c.Start();
   INFO(c.why());
-  REQUIRE(c.Start());
+  REQUIRE(started);
   const std::string sock = c.agent_nbd_socket();
   struct stat st {};
   REQUIRE(::stat(sock.c_str(), &st) == 0);
@@ -230,8 +231,9 @@ TEST_CASE("nbd: the agent tap is a 0660 Unix socket an unprivileged user cannot 
 TEST_CASE("nbd: a client without TLS gets no MT export", "[e2e][security][nbd]") {
   RequireNbdinfo();
   Cluster c;
+  const bool started = c.Start();
   INFO(c.why());
-  REQUIRE(c.Start());
+  REQUIRE(started);
   const std::string name = ExportTag(c, "no-tls");
   const std::string plain = "nbd://127.0.0.1:" + std::to_string(c.mt_nbd_port()) + "/" + name;
   CommandResult r = RunCommand({"nbdinfo", plain}, 30000);
@@ -250,8 +252,9 @@ TEST_CASE("nbd: a client without TLS gets no MT export", "[e2e][security][nbd]")
 TEST_CASE("nbd: 300 idle NBD clients do not lock out a fresh client", "[e2e][security][nbd]") {
   RequireNbdinfo();
   Cluster c;
+  const bool started = c.Start();
   INFO(c.why());
-  REQUIRE(c.Start());
+  REQUIRE(started);
   const std::string name = ExportTag(c, "idle");
   const std::string certs = c.nbd_client_dir();
   auto ctx = cdp::TlsContext::Load(
