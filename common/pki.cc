@@ -288,9 +288,16 @@ Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::
   CDP_RETURN_IF_ERROR(AddExt(cert.get(), ca_cert.get(), NID_key_usage, "critical,digitalSignature"));
   CDP_RETURN_IF_ERROR(AddExt(cert.get(), ca_cert.get(), NID_ext_key_usage, "serverAuth,clientAuth"));
   CDP_RETURN_IF_ERROR(AddExt(cert.get(), ca_cert.get(), NID_authority_key_identifier, "keyid:always"));
-  if (!options.hosts.empty()) {
+  std::vector<std::string> hosts = options.hosts;
+  if (hosts.empty() && id.role == CertRole::kMasterTarget) {
+    // NBD clients (GnuTLS) check the host they dial: the MT's exports listen
+    // on loopback by default, and its name may be its DNS name.
+    hosts = {"localhost", "127.0.0.1", "::1"};
+    if (ValidHostName(id.name) && !IsIpAddress(id.name) && id.name != "localhost") hosts.push_back(id.name);
+  }
+  if (!hosts.empty()) {
     std::string san;
-    for (const std::string& h : options.hosts) {
+    for (const std::string& h : hosts) {
       if (!san.empty()) san += ",";
       san += (IsIpAddress(h) ? "IP:" : "DNS:") + h;
     }

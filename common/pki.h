@@ -57,6 +57,9 @@ struct IssueOptions {
   // Host names and IP addresses the certificate is valid for as a server
   // (subjectAltName DNS:/IP:). Our own peers check the identity fields only;
   // GnuTLS clients such as libnbd (nbds://HOST) check HOST against these.
+  // Empty for role mt: localhost, 127.0.0.1, ::1 and the name (when it is a
+  // valid DNS name), so NBD clients reach the MT's exports as they are
+  // configured by default. Empty for other roles: no subjectAltName.
   std::vector<std::string> hosts;
 };
 // Signs a new key and certificate with the CA of `ca_dir` (ca.key, ca.crt):
