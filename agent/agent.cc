@@ -55,11 +55,34 @@ Status Agent::Start() {
     }
     devices_.push_back(*dev);
   }
+  if (opts_.tls.enabled) {
+    auto creds = TlsCredentials::Load(TlsFiles{opts_.tls.ca, opts_.tls.cert, opts_.tls.key});
+    if (!creds.ok()) {
+      devices_.clear();
+      return creds.status().WithContext("TLS");
+    }
+    tls_ = std::move(*creds);
+    const TlsPeer& self = tls_->Current()->self();
+    log::Get("agent")->info("TLS on: certificate '{}' (role {}, tenant {})", self.name, self.role, self.tenant);
+  }
+  // The tap reads and writes the production volumes: over TCP only with TLS
+  // (the client's certificate must be of this agent's tenant, or tenant-less);
+  // the Unix socket is guarded by its mode and group.
+  std::string owner;
+  if (opts_.nbd.tcp_port >= 0) {
+    if (!tls_) {
+      devices_.clear();
+      return Status::InvalidArgument("NBD over TCP requires TLS (tls = on), or use the Unix socket only");
+    }
+    opts_.nbd.tls = tls_.get();
+    opts_.nbd.tls_mode = NbdServerOptions::TlsMode::kRequire;
+    owner = tls_->Current()->self().tenant;
+  }
   nbd_ = std::make_unique<NbdServer>(opts_.nbd);
   for (size_t i = 0; i < devices_.size(); ++i) {
     const auto& v = opts_.volumes[i];
     Status s = nbd_->AddExport(v.export_name.empty() ? v.name : v.export_name, devices_[i],
-                               "OpenCDP capture tap of " + v.name);
+                               "OpenCDP capture tap of " + v.name, owner);
     if (!s.ok()) {
       nbd_.reset();
       devices_.clear();
@@ -67,17 +90,8 @@ Status Agent::Start() {
     }
   }
   if (opts_.sender_enabled) {
-    if (opts_.tls.enabled) {
-      auto creds = TlsCredentials::Load(TlsFiles{opts_.tls.ca, opts_.tls.cert, opts_.tls.key});
-      if (!creds.ok()) {
-        nbd_.reset();
-        devices_.clear();
-        return creds.status().WithContext("TLS");
-      }
-      tls_ = std::move(*creds);
+    if (tls_) {
       opts_.sender.tls = tls_.get();
-      const TlsPeer& self = tls_->Current()->self();
-      log::Get("agent")->info("TLS on: certificate '{}' (role {}, tenant {})", self.name, self.role, self.tenant);
     } else {
       log::Get("agent")->warn("tls = off: writes reach the process server in clear text");
     }

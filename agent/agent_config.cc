@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <map>
 
 #include "common/control_token.h"
@@ -16,8 +17,15 @@ po::options_description AgentConfigDescription() {
   desc.add_options()
       ("volume", value<std::vector<std::string>>()->composing(), "NAME=PATH: protect backing file/device PATH as volume NAME (repeatable)")
       ("export_name", value<std::vector<std::string>>()->composing(), "NAME=EXPORT: NBD export name of volume NAME (default: NAME)")
-      ("nbd_listen", value<std::string>()->default_value("127.0.0.1:10809"), "NBD TCP listener host:port ('none' = off)")
-      ("nbd_unix", value<std::string>()->default_value(""), "NBD unix socket path ('' = off)")
+      ("nbd_listen", value<std::string>()->default_value("none"),
+       "NBD TCP listener host:port ('none' = off); TCP requires NBD TLS (tls = on)")
+      ("nbd_unix", value<std::string>()->default_value(""),
+       "NBD unix socket path ('' = <bitmap_dir>/nbd.sock, 'none' = off)")
+      ("nbd_unix_group", value<std::string>()->default_value(""), "group of the NBD unix socket ('' = the agent's)")
+      ("nbd_unix_mode", value<std::string>()->default_value("0660"), "mode of the NBD unix socket (octal)")
+      ("nbd_idle_timeout", value<Duration>()->default_value(Duration{600'000'000}),
+       "close an attached NBD client idle this long (0 = never)")
+      ("nbd_max_connections", value<int>()->default_value(256), "NBD connections at most (1..65536)")
       ("nbd_workers", value<int>()->default_value(2), "threads executing NBD requests")
       ("ps", value<std::string>()->default_value("127.0.0.1:7400"), "process server host:port")
       ("tenant", value<std::string>()->default_value(""), "tenant name")
@@ -69,19 +77,41 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   CDP_ASSIGN_OR_RETURN(HostPort nbd, GetHostPort(vm, "nbd_listen", listener));
   ao.nbd.tcp_host = nbd.host;
   ao.nbd.tcp_port = nbd.off() ? -1 : nbd.port;
+  ao.bitmap_dir = vm["bitmap_dir"].as<std::string>();
   ao.nbd.unix_path = vm["nbd_unix"].as<std::string>();
+  if (ao.nbd.unix_path.empty()) ao.nbd.unix_path = ao.bitmap_dir + "/nbd.sock";
+  if (ao.nbd.unix_path == "none") ao.nbd.unix_path.clear();
+  ao.nbd.unix_group = vm["nbd_unix_group"].as<std::string>();
+  {
+    const std::string mode = vm["nbd_unix_mode"].as<std::string>();
+    char* end = nullptr;
+    const unsigned long m = mode.empty() ? 0 : std::strtoul(mode.c_str(), &end, 8);
+    if (mode.empty() || *end != '\0' || m == 0 || m > 0777) {
+      return Status::InvalidArgument("'nbd_unix_mode' must be an octal mode such as 0660, not '" + mode + "'");
+    }
+    ao.nbd.unix_mode = uint32_t(m);
+  }
+  const uint64_t idle_ms = vm["nbd_idle_timeout"].as<Duration>().millis();
+  if (idle_ms > UINT32_MAX) return Status::InvalidArgument("'nbd_idle_timeout' is too long");
+  ao.nbd.idle_timeout_ms = uint32_t(idle_ms);
+  ao.nbd.max_connections = vm["nbd_max_connections"].as<int>();
+  if (ao.nbd.max_connections < 1 || ao.nbd.max_connections > 65536)
+    return Status::InvalidArgument("'nbd_max_connections' must be 1..65536");
   ao.nbd.worker_threads = std::max(1, vm["nbd_workers"].as<int>());
   ao.budget = vm["budget"].as<ByteSize>().bytes;
   uint64_t region = vm["region_size"].as<ByteSize>().bytes;
   if (region < 4096 || region > (1u << 30) || (region & (region - 1)) != 0)
     return Status::InvalidArgument("region_size must be a power of two in 4KiB..1GiB");
   ao.region_size = uint32_t(region);
-  ao.bitmap_dir = vm["bitmap_dir"].as<std::string>();
   ao.sender_enabled = !vm["capture_only"].as<bool>();
   CDP_ASSIGN_OR_RETURN(HostPort ps, GetHostPort(vm, "ps", HostPort::Rules::Peer()));
   ao.sender.ps = ps;
   CDP_ASSIGN_OR_RETURN(ao.tls, GetTlsSettings(vm));
   CDP_ASSIGN_OR_RETURN(ao.control_auth, GetControlAuthSettings(vm));
+  if (ao.nbd.tcp_port >= 0 && !ao.tls.enabled) {
+    return Status::InvalidArgument("'nbd_listen' serves the tap over TCP, which requires NBD TLS: set tls = on with "
+                                   "tls_ca, tls_cert and tls_key, or use nbd_unix only (nbd_listen = none)");
+  }
   ao.sender.tenant = vm["tenant"].as<std::string>();
   ao.sender.secret = vm["secret"].as<std::string>();
   std::string secret_file = vm["secret_file"].as<std::string>();

@@ -46,7 +46,7 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
 next_port=$((10000 + RANDOM % (lo - 10100)))
 pick_port() { while ! port_free $next_port; do next_port=$((next_port + 1)); done; printf -v "$1" '%s' $next_port; next_port=$((next_port + 1)); }
-for v in MT_DATA MT_CTL MT_NBD PS_DATA PS_CTL AG_NBD AG_CTL; do pick_port $v; done
+for v in MT_DATA MT_CTL PS_DATA PS_CTL AG_CTL; do pick_port $v; done
 
 json_num() { grep -o "\"$1\":[0-9.e+-]*" | head -n1 | cut -d: -f2; }
 SIZE=$((4 << 30))
@@ -63,13 +63,13 @@ if [ "$TLS" = on ]; then
 elif [ "$TLS" != off ]; then
   echo "e2e_bench: TLS must be on or off" >&2; exit 2
 fi
-"$MT" --listen 127.0.0.1:$MT_DATA --control 127.0.0.1:$MT_CTL --nbd 127.0.0.1:$MT_NBD --data_dir "$DIR/mt" \
+"$MT" --listen 127.0.0.1:$MT_DATA --control 127.0.0.1:$MT_CTL --nbd none --data_dir "$DIR/mt" \
   --tenant bench:$SECRET --log.file "$DIR/mt.log" $(tls_args mt) &
 PIDS+=($!)
 "$PS" --listen 127.0.0.1:$PS_DATA --control 127.0.0.1:$PS_CTL --mt 127.0.0.1:$MT_DATA --tenant bench:$SECRET \
   --spool_dir "$DIR/spool" --codec "$CODEC" --level 1 --log.file "$DIR/ps.log" $(tls_args ps) &
 PIDS+=($!)
-"$AGENT" --volume vol=$DIR/source.img --nbd_listen 127.0.0.1:$AG_NBD --ps 127.0.0.1:$PS_DATA --tenant bench \
+"$AGENT" --volume vol=$DIR/source.img --nbd_unix "$DIR/agent/nbd.sock" --ps 127.0.0.1:$PS_DATA --tenant bench \
   --secret $SECRET --bitmap_dir "$DIR/agent" --control 127.0.0.1:$AG_CTL --log.file "$DIR/agent.log" $(tls_args agent) >/dev/null &
 PIDS+=($!)
 for port in $MT_CTL $PS_CTL $AG_CTL; do
@@ -89,7 +89,7 @@ A0=$(cpu $AG_CTL); P0=$(cpu $PS_CTL); M0=$(cpu $MT_CTL)
 T0=$(now)
 # 1 MiB sequential writes, rate far above what the pipeline can take: the
 # agent's capture queue fills and the NBD client is paced by the pipeline.
-"$LOADGEN" churn --target nbd://127.0.0.1:$AG_NBD/vol --rate 10000 --duration "$SECS" --pattern seq \
+"$LOADGEN" churn --target "nbd+unix:///vol?socket=$DIR/agent/nbd.sock" --rate 10000 --duration "$SECS" --pattern seq \
   --io-size 1MiB --compressibility "$COMP" --seed 7 --flush-every 256MiB --json > "$DIR/churn.json"
 T1=$(now)
 # Catch-up: every captured record applied at the master target.

@@ -23,7 +23,7 @@ mkdir -p "$OUT"
 link_mbs=$(awk -v r="$RATE" 'BEGIN {print r / 8}')  # MB/s (10^6 bytes)
 
 churn() {  # RATE_MBS SECONDS
-  $A "$LG" churn --target nbd://127.0.0.1:10809/v --rate "$1" --duration "$2" --pattern zipf:0.99 \
+  $A "$LG" churn --target "nbd+unix:///v?socket=$WAN_DIR/agent/nbd.sock" --rate "$1" --duration "$2" --pattern zipf:0.99 \
     --io-size 64KiB --compressibility 0.75 --flush-every 16MiB --json >"$WAN_DIR/churn.json" 2>/dev/null
 }
 lag() {

@@ -1,6 +1,7 @@
 #include "common/listener.h"
 
 #include <arpa/inet.h>
+#include <grp.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -17,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/asio_status.h"
 #include "common/log.h"
@@ -109,7 +111,7 @@ struct Listener::Impl {
   std::mutex workers_mu;
   std::list<std::unique_ptr<Worker>> workers;  // thread mode
 
-  std::atomic<uint64_t> accepted{0}, refused_total{0}, refused_peer{0}, errors{0};
+  std::atomic<uint64_t> accepted{0}, refused_total{0}, refused_peer{0}, errors{0}, evicted{0};
   std::shared_ptr<metrics::Counter> m_accepted, m_refused, m_errors;
 
   ~Impl() {
@@ -179,9 +181,32 @@ Status Listener::Impl::BindUnix() {
   std::memcpy(sa.sun_path, opt.unix_path.data(), opt.unix_path.size());
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return Status::FromErrno(errno, where);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
     Status s = Status::FromErrno(errno, where);
     ::close(fd);
+    return s;
+  }
+  // Permissions before listen(): until then every connect() is refused.
+  Status s;
+  if (!opt.unix_group.empty()) {
+    group gr{};
+    group* found = nullptr;
+    std::vector<char> buf(16384);
+    int rc = ::getgrnam_r(opt.unix_group.c_str(), &gr, buf.data(), buf.size(), &found);
+    if (found == nullptr) {
+      s = Status::InvalidArgument(where + ": unknown group '" + opt.unix_group + "'" +
+                                  (rc != 0 ? std::string(": ") + std::strerror(rc) : std::string()));
+    } else if (::chown(opt.unix_path.c_str(), uid_t(-1), found->gr_gid) != 0) {
+      s = Status::FromErrno(errno, where + ": chown to group " + opt.unix_group);
+    }
+  }
+  if (s.ok() && opt.unix_mode != 0 && ::chmod(opt.unix_path.c_str(), mode_t(opt.unix_mode)) != 0) {
+    s = Status::FromErrno(errno, where + ": chmod");
+  }
+  if (s.ok() && ::listen(fd, SOMAXCONN) != 0) s = Status::FromErrno(errno, where);
+  if (!s.ok()) {
+    ::close(fd);
+    ::unlink(opt.unix_path.c_str());
     return s;
   }
   unix_fd = fd;
@@ -282,15 +307,30 @@ void Listener::Impl::AcceptOne(int listen_fd, std::chrono::milliseconds* backoff
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
+  // At the cap, the owner may close an older connection (outside our lock:
+  // it takes its own locks) to admit this one.
+  bool room_made = false;
+  if (opt.make_room && opt.mode == Mode::kHandOff) {
+    bool full;
+    {
+      std::lock_guard<std::mutex> lock(caps->mu);
+      full = caps->live >= opt.max_connections &&
+             !(opt.max_per_peer > 0 && caps->per_peer.count(key) && caps->per_peer[key] >= opt.max_per_peer);
+    }
+    if (full && opt.make_room()) {
+      room_made = true;
+      evicted.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(caps->mu);
     const char* refused = nullptr;
-    if (caps->live >= opt.max_connections) {
-      refused = "too many connections";
-      refused_total.fetch_add(1, std::memory_order_relaxed);
-    } else if (opt.max_per_peer > 0 && caps->per_peer[key] >= opt.max_per_peer) {
+    if (opt.max_per_peer > 0 && caps->per_peer[key] >= opt.max_per_peer) {
       refused = "too many connections from this peer";
       refused_peer.fetch_add(1, std::memory_order_relaxed);
+    } else if (caps->live >= opt.max_connections && !room_made) {
+      refused = "too many connections";
+      refused_total.fetch_add(1, std::memory_order_relaxed);
     }
     if (refused != nullptr) {
       if (caps->per_peer[key] == 0) caps->per_peer.erase(key);
@@ -393,6 +433,7 @@ ListenerStats Listener::stats() const {
   s.accepted = m.accepted.load(std::memory_order_relaxed);
   s.refused_total_cap = m.refused_total.load(std::memory_order_relaxed);
   s.refused_peer_cap = m.refused_peer.load(std::memory_order_relaxed);
+  s.evicted = m.evicted.load(std::memory_order_relaxed);
   s.accept_errors = m.errors.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(m.caps->mu);
   s.live = m.caps->live;

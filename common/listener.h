@@ -9,9 +9,12 @@
 //     poll(stop eventfd, tcp fd, unix fd)
 //       stop readable                -> leave the loop
 //       listen fd readable -> accept4:
-//         ok: over max_connections, or over max_per_peer for the peer's
-//             address (TCP: the IP; Unix: the peer's uid) -> closed at once,
-//             counted in refused_*; else the handler gets it
+//         ok: over max_per_peer for the peer's address (TCP: the IP;
+//             Unix: the peer's uid) -> closed at once, counted in
+//             refused_peer_cap; over max_connections -> make_room() (when
+//             set) may close an older connection to admit this one, else
+//             closed at once, counted in refused_total_cap; else the
+//             handler gets it
 //         EMFILE/ENFILE/ENOBUFS/ENOMEM -> counted (accept_errors), then
 //             poll(stop only) for the back-off (doubling from
 //             backoff_min to backoff_max, reset by the next success); the
@@ -64,6 +67,7 @@ class Registry;
 struct ListenerStats {
   uint64_t accepted = 0;           // handed to the handler
   uint64_t refused_total_cap = 0;  // closed at once: max_connections reached
+  uint64_t evicted = 0;            // admitted over the cap after make_room() closed another
   uint64_t refused_peer_cap = 0;   // closed at once: max_per_peer reached for that peer
   uint64_t accept_errors = 0;      // EMFILE/ENFILE/ENOBUFS/ENOMEM (each followed by a back-off)
   uint64_t live = 0;               // connections holding a Slot now
@@ -82,12 +86,23 @@ class Listener {
     // Unix-domain socket path ("" = none). An existing socket file there is
     // replaced; any other existing file is an error (kAlreadyExists).
     std::string unix_path;
+    // Permissions of the Unix socket file, applied between bind and listen
+    // (so no client connects before): mode (0 = as the umask leaves it) and
+    // group name ("" = the daemon's). An unknown group fails Start().
+    uint32_t unix_mode = 0;
+    std::string unix_group;
     size_t max_connections = 256;  // live connections in all, at most
     size_t max_per_peer = 0;       // live connections per peer address; 0 = no limit
     std::chrono::milliseconds backoff_min{10};
     std::chrono::milliseconds backoff_max{1000};
     Mode mode = Mode::kHandOff;
     metrics::Registry* registry = nullptr;  // counters when set; must outlive the Listener
+    // kHandOff only: called on the accept thread when max_connections is
+    // reached. Returns true when it has asked one connection to close (that
+    // one releases its Slot soon); the new connection is then admitted, so
+    // live connections exceed the cap by the evictions still in progress.
+    // Must not block and must not destroy a Slot synchronously.
+    std::function<bool()> make_room;
   };
 
   // A connection's place under the caps: move-only; destroying it (or Release())

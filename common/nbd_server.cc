@@ -1,10 +1,12 @@
 #include "common/nbd_server.h"
 
+#include <openssl/ssl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -19,6 +21,8 @@
 #include "common/listener.h"
 #include "common/log.h"
 #include "common/nbd_proto.h"
+#include "common/pki.h"
+#include "common/tls_stream.h"
 
 namespace cdp {
 
@@ -48,6 +52,7 @@ namespace nbd_detail {
 struct ExportEntry {
   std::string name;
   std::string description;
+  std::string owner;  // tenant; "" = every client
   std::shared_ptr<BlockDevice> device;
   uint16_t tflags = 0;
   std::atomic<bool> removed{false};
@@ -61,8 +66,12 @@ class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
  public:
   virtual ~ConnectionBase() = default;
   // Closes the connection from any thread (posted to its strand).
-  virtual void Close() = 0;
+  virtual void Close(std::string reason) = 0;
+  // Closes it, from any thread, unless it has reached transmission by then.
+  virtual void Evict() = 0;
   std::atomic<const ExportEntry*> attached{nullptr};
+  std::atomic<bool> handshaking{true};  // false from transmission on
+  std::atomic<bool> evicting{false};    // chosen by MakeRoom once
   Listener::Slot slot;  // the connection's place under the listener's caps
 };
 
@@ -85,6 +94,14 @@ uint16_t ComputeTransmissionFlags(const BlockDevice& dev) {
   if (f.multi_conn) t |= nbd::kFlagCanMultiConn;
   return t;
 }
+
+// Which exports a connection may see: all (no TLS, or a certificate without
+// tenant), or those without owner and those of `tenant`.
+struct Scope {
+  bool all = true;
+  std::string tenant;
+  bool Sees(const ExportEntry& e) const { return all || e.owner.empty() || e.owner == tenant; }
+};
 
 bool ValidExportName(const std::string& name) {
   if (name.empty() || name.size() > 256) return false;
@@ -115,18 +132,53 @@ struct NbdServer::Impl {
   bool started = false;
   bool stopping = false;
 
-  // The export a client asked for; "" is the only export when there is one.
-  std::shared_ptr<ExportEntry> Find(const std::string& name) const {
+  std::atomic<uint64_t> evicted{0}, idle_closed{0};
+
+  // The export a client asked for, among those it may see; "" is the only
+  // one when there is exactly one. An export it may not see is not found.
+  std::shared_ptr<ExportEntry> Find(const std::string& name, const Scope& scope) const {
     std::lock_guard<std::mutex> lock(mu);
-    if (name.empty()) return exports.size() == 1 ? exports.begin()->second : nullptr;
+    if (name.empty()) {
+      std::shared_ptr<ExportEntry> only;
+      for (auto& [n, e] : exports) {
+        if (!scope.Sees(*e)) continue;
+        if (only) return nullptr;
+        only = e;
+      }
+      return only;
+    }
     auto it = exports.find(name);
-    return it == exports.end() ? nullptr : it->second;
+    return it == exports.end() || !scope.Sees(*it->second) ? nullptr : it->second;
   }
-  std::vector<std::shared_ptr<ExportEntry>> Snapshot() const {
+  std::vector<std::shared_ptr<ExportEntry>> Snapshot(const Scope& scope) const {
     std::lock_guard<std::mutex> lock(mu);
     std::vector<std::shared_ptr<ExportEntry>> v;
-    for (auto& [n, e] : exports) v.push_back(e);
+    for (auto& [n, e] : exports) {
+      if (scope.Sees(*e)) v.push_back(e);
+    }
     return v;
+  }
+  // Listener::Options::make_room: asks the oldest connection still in the
+  // handshake to close. Connection ids grow, so `conns` is in age order.
+  bool MakeRoom() {
+    std::vector<std::shared_ptr<ConnectionBase>> seen;  // released after the lock
+    std::shared_ptr<ConnectionBase> victim;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [id, w] : conns) {
+        auto c = w.lock();
+        if (!c) continue;
+        seen.push_back(c);
+        if (c->handshaking.load() && !c->evicting.exchange(true)) {
+          victim = c;
+          break;
+        }
+      }
+    }
+    if (!victim) return false;
+    evicted++;
+    victim->Evict();
+    return true;
   }
   void Unregister(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu);
@@ -159,8 +211,15 @@ class Connection final : public ConnectionBase {
   void Start() {
     asio::dispatch(socket_.get_executor(), [self = Self()] { self->DoStart(); });
   }
-  void Close() override {
-    asio::post(socket_.get_executor(), [self = Self()] { self->DoClose("closed by the server"); });
+  void Close(std::string reason) override {
+    asio::post(socket_.get_executor(), [self = Self(), reason = std::move(reason)] { self->DoClose(reason); });
+  }
+  void Evict() override {
+    asio::post(socket_.get_executor(), [self = Self()] {
+      if (self->phase_ < Phase::kTransmission) {
+        self->DoClose("closed to admit a new connection (connection cap reached while in the handshake)");
+      }
+    });
   }
 
  private:
@@ -169,6 +228,7 @@ class Connection final : public ConnectionBase {
     kOptionHeader,
     kOptionData,
     kOptionSkip,
+    kTlsHandshake,  // STARTTLS acknowledged: reply drained, then the TLS handshake
     kTransmission,  // from here on the handshake timer no longer applies
     kPayload,
     kPayloadSkip,
@@ -179,7 +239,23 @@ class Connection final : public ConnectionBase {
     uint64_t charge;
   };
 
+  using TlsLayer = asio::ssl::stream<Socket&>;
+  static constexpr bool kTcp = std::is_same_v<Socket, TcpSocket>;
+
   std::shared_ptr<Connection> Self() { return std::static_pointer_cast<Connection>(shared_from_this()); }
+
+  // Runs fn on the stream that carries NBD: the socket, or TLS over it.
+  template <typename Fn>
+  void WithStream(Fn&& fn) {
+    if (tls_) {
+      fn(*tls_);
+    } else {
+      fn(socket_);
+    }
+  }
+  bool TlsRequired() const {
+    return kTcp && impl_->opts.tls_mode == NbdServerOptions::TlsMode::kRequire && !tls_;
+  }
 
   void DoStart() {
     if constexpr (std::is_same_v<Socket, TcpSocket>) {
@@ -218,6 +294,9 @@ class Connection final : public ConnectionBase {
           if (r == nbd::ParseResult::kBad) return DoClose("bad option magic");
           if (r == nbd::ParseResult::kNeedMore) return ReadMore();
           Consume(nbd::kOptionHeaderSize);
+          if (++options_ > impl_->opts.max_options) {
+            return DoClose("more than " + std::to_string(impl_->opts.max_options) + " options");
+          }
           if (opt_.length <= impl_->opts.max_option_bytes) {
             phase_ = Phase::kOptionData;
           } else if (opt_.option == nbd::kOptExportName || opt_.length > kMaxOptionSkip) {
@@ -249,6 +328,12 @@ class Connection final : public ConnectionBase {
           }
           break;
         }
+        case Phase::kTlsHandshake:
+          // The client starts TLS only after our reply: nothing may follow
+          // STARTTLS in the clear.
+          if (!avail.empty()) return DoClose("data after NBD_OPT_STARTTLS before the TLS handshake");
+          if (!tls_ && !writing_ && out_.empty()) StartTls();
+          return;  // the write completion, then the handshake completion, come back here
         case Phase::kTransmission:
           if (disc_ || Paused()) return;
           if (!NextRequest(avail)) return;
@@ -272,6 +357,7 @@ class Connection final : public ConnectionBase {
       ReadMore();
       return false;
     }
+    last_activity_ = std::chrono::steady_clock::now();
     Consume(nbd::kRequestHeaderSize);
     if (r.type == nbd::kCmdDisc) {
       disc_ = true;
@@ -309,15 +395,15 @@ class Connection final : public ConnectionBase {
     payload_ = std::move(payload);
     reading_ = true;
     uint8_t* dst = payload_.data() + have;
-    asio::async_read(socket_, asio::buffer(dst, r.length - have),
-                     [self = Self()](const boost::system::error_code& ec, size_t) {
-                       self->reading_ = false;
-                       if (self->closed_) return;
-                       if (ec) return self->OnReadError(ec);
-                       self->phase_ = Phase::kTransmission;
-                       self->PostTask(self->pending_, std::move(self->payload_), 0);
-                       self->Drive();
-                     });
+    auto done = [self = Self()](const boost::system::error_code& ec, size_t) {
+      self->reading_ = false;
+      if (self->closed_) return;
+      if (ec) return self->OnReadError(ec);
+      self->phase_ = Phase::kTransmission;
+      self->PostTask(self->pending_, std::move(self->payload_), 0);
+      self->Drive();
+    };
+    WithStream([&](auto& stream) { asio::async_read(stream, asio::buffer(dst, r.length - have), done); });
     return false;
   }
 
@@ -330,18 +416,20 @@ class Connection final : public ConnectionBase {
     }
     if (in_end_ == in_.size()) return DoClose("input buffer overflow");
     reading_ = true;
-    socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
-                            [self = Self()](const boost::system::error_code& ec, size_t n) {
-                              self->reading_ = false;
-                              if (self->closed_) return;
-                              if (ec) return self->OnReadError(ec);
-                              self->in_end_ += n;
-                              self->Drive();
-                            });
+    auto done = [self = Self()](const boost::system::error_code& ec, size_t n) {
+      self->reading_ = false;
+      if (self->closed_) return;
+      if (ec) return self->OnReadError(ec);
+      self->in_end_ += n;
+      self->Drive();
+    };
+    WithStream([&](auto& stream) {
+      stream.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_), done);
+    });
   }
 
   void OnReadError(const boost::system::error_code& ec) {
-    if (ec == asio::error::eof) {
+    if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated) {
       DoClose(phase_ < Phase::kTransmission ? "client closed during the handshake"
                                             : "client closed the connection");
     } else {
@@ -360,10 +448,23 @@ class Connection final : public ConnectionBase {
 
   void HandleOption(ByteSpan data) {
     phase_ = Phase::kOptionHeader;  // unless the option ends the handshake
+    if (TlsRequired() && opt_.option != nbd::kOptStartTls && opt_.option != nbd::kOptAbort) {
+      if (opt_.option == nbd::kOptExportName) {
+        return DoClose("NBD_OPT_EXPORT_NAME without TLS (TLS is required: NBD_OPT_STARTTLS first)");
+      }
+      return OptionReply(nbd::kRepErrTlsReqd, "TLS is required: send NBD_OPT_STARTTLS first");
+    }
     switch (opt_.option) {
+      case nbd::kOptStartTls:
+        if (impl_->opts.tls == nullptr) return OptionReply(nbd::kRepErrUnsup, "TLS is not configured");
+        if (tls_) return OptionReply(nbd::kRepErrInvalid, "TLS is already on");
+        if (!data.empty()) return OptionReply(nbd::kRepErrInvalid, "NBD_OPT_STARTTLS takes no data");
+        OptionReply(nbd::kRepAck);
+        phase_ = Phase::kTlsHandshake;
+        return;
       case nbd::kOptExportName: {
         std::string name(reinterpret_cast<const char*>(data.data()), data.size());
-        auto e = nbd::ValidWireName(name) ? impl_->Find(name) : nullptr;
+        auto e = nbd::ValidWireName(name) ? impl_->Find(name, scope_) : nullptr;
         // This option cannot be answered with an error: the spec says close.
         if (!e) return DoClose("NBD_OPT_EXPORT_NAME: no export '" + name + "'");
         const bool no_zeroes = (client_flags_ & nbd::kClientFlagNoZeroes) != 0;
@@ -378,7 +479,7 @@ class Connection final : public ConnectionBase {
         return;
       case nbd::kOptList: {
         if (!data.empty()) return OptionReply(nbd::kRepErrInvalid, "NBD_OPT_LIST takes no data");
-        for (const auto& e : impl_->Snapshot()) {
+        for (const auto& e : impl_->Snapshot(scope_)) {
           OptionReply(nbd::kRepServer, nbd::EncodeServerReplyData(e->name, e->description));
         }
         return OptionReply(nbd::kRepAck);
@@ -387,8 +488,8 @@ class Connection final : public ConnectionBase {
       case nbd::kOptGo:
         return HandleInfo(data, opt_.option == nbd::kOptGo);
       default:
-        // STRUCTURED_REPLY, STARTTLS, META_CONTEXT and anything unknown:
-        // we reply with simple replies only and speak no TLS.
+        // STRUCTURED_REPLY, META_CONTEXT and anything unknown: we reply
+        // with simple replies only.
         return OptionReply(nbd::kRepErrUnsup, "option " + std::to_string(opt_.option) + " not supported");
     }
   }
@@ -397,7 +498,7 @@ class Connection final : public ConnectionBase {
     nbd::InfoRequest req;
     Status s = nbd::ParseInfoRequest(data, &req);
     if (!s.ok()) return OptionReply(nbd::kRepErrInvalid, s.message());
-    auto e = impl_->Find(req.name);
+    auto e = impl_->Find(req.name, scope_);
     if (!e) {
       return OptionReply(nbd::kRepErrUnknown, req.name.empty() ? "no default export (the server has "
                                                                      "zero or several exports)"
@@ -422,7 +523,35 @@ class Connection final : public ConnectionBase {
     if (go) Attach(e);
   }
 
+  // The TLS handshake over the socket, on the connection's strand; the
+  // handshake timer still runs. SSL_new takes a reference on the context, so
+  // a reload of the credentials meanwhile does not matter.
+  void StartTls() {
+    SSL* ssl = SSL_new(impl_->opts.tls->Current()->native());
+    if (ssl == nullptr) return DoClose("SSL_new: " + pki::OpenSslErrors());
+    tls_ = std::make_unique<TlsLayer>(socket_, ssl);
+    tls_->async_handshake(asio::ssl::stream_base::server, [self = Self()](const boost::system::error_code& ec) {
+      if (self->closed_) return;
+      if (ec) return self->DoClose("TLS handshake failed: " + ec.message());
+      self->OnTlsUp();
+    });
+  }
+
+  void OnTlsUp() {
+    X509* cert = SSL_get0_peer_certificate(tls_->native_handle());
+    if (cert == nullptr) return DoClose("TLS: no client certificate");
+    Result<pki::Identity> id = pki::IdentityOf(cert);
+    if (!id.ok()) return DoClose("TLS: " + id.status().ToString());
+    scope_.all = id->tenant.empty();
+    scope_.tenant = id->tenant;
+    impl_->log->debug("{} NBD TLS up: certificate '{}' (role {}, tenant '{}')", log::Where{"", peer_, 0}, id->name,
+                      pki::RoleName(id->role), id->tenant);
+    phase_ = Phase::kOptionHeader;
+    Drive();
+  }
+
   void Attach(const std::shared_ptr<ExportEntry>& e) {
+    if (closed_) return;
     export_ = e;
     dev_ = e->device;
     limits_.size = dev_->size();
@@ -431,14 +560,33 @@ class Connection final : public ConnectionBase {
     e->connections++;
     e->connections_total++;
     attached.store(e.get());
+    handshaking.store(false);
     phase_ = Phase::kTransmission;
     timer_.cancel();
+    last_activity_ = std::chrono::steady_clock::now();
+    ArmIdleTimer();
     impl_->log->info("{} NBD client attached (flags 0x{:x})", log::Where{e->name, peer_, 0}, e->tflags);
     // Pairs with RemoveExport: it sets `removed` then looks at `attached`.
     if (e->removed.load()) DoClose("export removed");
   }
 
   // ---- Transmission --------------------------------------------------------
+
+  // Idle: no request received for idle_timeout_ms and nothing in progress.
+  void ArmIdleTimer() {
+    if (impl_->opts.idle_timeout_ms == 0 || closed_) return;
+    timer_.expires_at(last_activity_ + std::chrono::milliseconds(impl_->opts.idle_timeout_ms));
+    timer_.async_wait([self = Self()](const boost::system::error_code& ec) {
+      if (ec || self->closed_) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (self->inflight_ > 0) self->last_activity_ = now;  // requests or replies in progress
+      if (now < self->last_activity_ + std::chrono::milliseconds(self->impl_->opts.idle_timeout_ms)) {
+        return self->ArmIdleTimer();
+      }
+      self->impl_->idle_closed++;
+      self->DoClose("idle for " + std::to_string(self->impl_->opts.idle_timeout_ms) + " ms");
+    });
+  }
 
   void PostTask(const nbd::Request& r, Bytes payload, uint32_t err) {
     uint64_t charge = kRequestOverhead;
@@ -520,6 +668,12 @@ class Connection final : public ConnectionBase {
 
   void Enqueue(Bytes data, uint64_t charge) {
     if (closed_) return;
+    if (phase_ < Phase::kTransmission) {
+      reply_bytes_ += data.size();
+      if (reply_bytes_ > impl_->opts.max_option_reply_bytes) {
+        return DoClose("option replies passed " + std::to_string(impl_->opts.max_option_reply_bytes) + " bytes");
+      }
+    }
     out_.push_back(Out{std::move(data), charge});
     StartWrite();
   }
@@ -531,7 +685,7 @@ class Connection final : public ConnectionBase {
     std::vector<asio::const_buffer> bufs;
     bufs.reserve(n);
     for (size_t i = 0; i < n; ++i) bufs.emplace_back(asio::buffer(out_[i].data));
-    asio::async_write(socket_, bufs, [self = Self(), n](const boost::system::error_code& ec, size_t) {
+    auto done = [self = Self(), n](const boost::system::error_code& ec, size_t) {
       self->writing_ = false;
       if (self->closed_) return;
       if (ec) return self->DoClose(FromAsioError(ec, "write").ToString());
@@ -542,8 +696,9 @@ class Connection final : public ConnectionBase {
       }
       if (self->MaybeFinish()) return;
       self->StartWrite();
-      if (was_paused && !self->Paused()) self->Drive();
-    });
+      if ((was_paused && !self->Paused()) || (self->phase_ == Phase::kTlsHandshake && !self->tls_)) self->Drive();
+    };
+    WithStream([&](auto& stream) { asio::async_write(stream, bufs, done); });
   }
 
   // Closes once everything queued is written, if a close was requested.
@@ -576,7 +731,9 @@ class Connection final : public ConnectionBase {
 
   NbdServer::Impl* impl_;
   Socket socket_;
-  asio::steady_timer timer_;
+  std::unique_ptr<TlsLayer> tls_;  // after STARTTLS; over socket_
+  Scope scope_;                    // narrowed by the client certificate
+  asio::steady_timer timer_;       // handshake deadline, then idle timeout
   asio::strand<asio::thread_pool::executor_type> wstrand_;
   const uint64_t id_;
   const std::string peer_;
@@ -587,7 +744,10 @@ class Connection final : public ConnectionBase {
   Phase phase_ = Phase::kClientFlags;
   uint32_t client_flags_ = 0;
   nbd::OptionHeader opt_;
+  uint32_t options_ = 0;      // options received
+  uint64_t reply_bytes_ = 0;  // bytes queued during the handshake
   uint64_t skip_left_ = 0;
+  std::chrono::steady_clock::time_point last_activity_;
   nbd::Request pending_;
   Bytes payload_;
 
@@ -647,7 +807,7 @@ NbdServer::NbdServer(NbdServerOptions opts) : opts_(std::move(opts)), impl_(std:
 NbdServer::~NbdServer() { Stop(); }
 
 Status NbdServer::AddExport(const std::string& name, std::shared_ptr<BlockDevice> device,
-                            std::string description) {
+                            std::string description, std::string owner_tenant) {
   if (!ValidExportName(name)) {
     return Status::InvalidArgument("NBD export name must be 1..256 bytes without control characters");
   }
@@ -662,6 +822,7 @@ Status NbdServer::AddExport(const std::string& name, std::shared_ptr<BlockDevice
   auto e = std::make_shared<ExportEntry>();
   e->name = name;
   e->description = std::move(description);
+  e->owner = std::move(owner_tenant);
   e->tflags = ComputeTransmissionFlags(*device);
   e->device = std::move(device);
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -685,7 +846,7 @@ Status NbdServer::RemoveExport(const std::string& name) {
       if (auto c = w.lock(); c && c->attached.load() == e.get()) attached.push_back(c);
     }
   }
-  for (auto& c : attached) c->Close();
+  for (auto& c : attached) c->Close("export removed");
   return Status::OK();
 }
 
@@ -725,6 +886,9 @@ size_t NbdServer::connection_count() const {
   return impl_->conns.size();
 }
 
+uint64_t NbdServer::evicted_count() const { return impl_->evicted.load(); }
+uint64_t NbdServer::idle_closed_count() const { return impl_->idle_closed.load(); }
+
 Status NbdServer::Start() {
   Impl& m = *impl_;
   {
@@ -742,12 +906,19 @@ Status NbdServer::Start() {
     return Status::InvalidArgument("NBD server: max_skip_bytes must be >= max_request_bytes > 0");
   }
   if (opts_.max_connections < 1) return Status::InvalidArgument("NBD server: max_connections must be >= 1");
+  if (opts_.tls_mode == NbdServerOptions::TlsMode::kRequire && opts_.tls == nullptr) {
+    return Status::InvalidArgument("NBD server: TLS required but no TLS credentials");
+  }
+  if (opts_.max_options < 1) return Status::InvalidArgument("NBD server: max_options must be >= 1");
   Listener::Options lo;
   lo.name = "nbd";
   lo.tcp_host = opts_.tcp_host;
   lo.tcp_port = opts_.tcp_port;
   lo.unix_path = opts_.unix_path;
   lo.max_connections = size_t(opts_.max_connections);
+  lo.unix_mode = opts_.unix_mode;
+  lo.unix_group = opts_.unix_group;
+  lo.make_room = [&m] { return m.MakeRoom(); };
   m.listener = std::make_unique<Listener>(lo, [&m](Listener::Connection c) { m.OnConnection(std::move(c)); });
   if (Status s = m.listener->Start(); !s.ok()) return s.WithContext("NBD server");
   port_ = m.listener->tcp_port();
@@ -758,10 +929,13 @@ Status NbdServer::Start() {
     m.started = true;
   }
   for (int i = 0; i < opts_.io_threads; ++i) m.threads.emplace_back([&m] { m.io.run(); });
-  m.log->info("NBD server listening on {}{}{}",
+  m.log->info("NBD server listening on {}{}{}{}",
               opts_.tcp_port >= 0 ? opts_.tcp_host + ":" + std::to_string(port_.load()) : std::string(),
               opts_.tcp_port >= 0 && !opts_.unix_path.empty() ? " and " : "",
-              opts_.unix_path.empty() ? std::string() : "unix:" + opts_.unix_path);
+              opts_.unix_path.empty() ? std::string() : "unix:" + opts_.unix_path,
+              opts_.tls_mode == NbdServerOptions::TlsMode::kRequire ? " (TLS required on TCP)"
+              : opts_.tls != nullptr                                 ? " (TLS offered)"
+                                                                     : "");
   return Status::OK();
 }
 
@@ -778,7 +952,7 @@ void NbdServer::Stop() {
     }
   }
   m.listener->Stop();  // no new connection from here on; the Unix socket file is removed
-  for (auto& c : conns) c->Close();
+  for (auto& c : conns) c->Close("server stopping");
   conns.clear();
   // Device calls already queued finish; their replies go nowhere.
   m.workers->join();

@@ -15,6 +15,30 @@
 //   - commands READ, WRITE (+FUA), FLUSH, TRIM (+FUA), WRITE_ZEROES
 //     (+FUA, +NO_HOLE), DISC; transmission flags derived from the device.
 //   - the empty export name "" selects the only export when exactly one exists.
+//   - NBD_OPT_STARTTLS (x509, TLS 1.3, our site PKI: common/tls_stream.h).
+//
+// Security at the port (docs/formats/nbd.md, "TLS and tenants"):
+//   - tls_mode kRequire: on TCP connections only STARTTLS and ABORT are
+//     honoured before TLS is up; other options get NBD_REP_ERR_TLS_REQD and
+//     EXPORT_NAME closes. Unix-socket connections are trusted by the socket
+//     file's mode and group and never need TLS.
+//   - tenants: a client that did STARTTLS is who its certificate says. An
+//     export with an owner tenant is visible (LIST, INFO, GO, EXPORT_NAME) only
+//     to certificates of that tenant and to tenant-less ones (role mt, the
+//     provider); to anyone else it looks exactly like a missing export.
+//     Exports without owner, and connections without TLS, see everything.
+//   - bounded handshake: handshake_timeout_ms, max_option_bytes, max_options
+//     and max_option_reply_bytes per connection; idle_timeout_ms in
+//     transmission. At max_connections the oldest connection still in the
+//     handshake is closed to admit a new one (Listener::Options::make_room).
+//
+// Connection phases:
+//
+//   greeting -> client flags -> options --GO/EXPORT_NAME--> transmission
+//                  |             |   ^                        (idle timer)
+//                  |       STARTTLS  | TLS handshake on the same strand,
+//                  |             v   | then options again over TLS
+//                  +-- handshake timer (whole option phase, TLS included)
 //
 // Request pipeline of one connection:
 //
@@ -30,7 +54,9 @@
 //
 // Thread safety: every public method of NbdServer is thread-safe. The server
 // runs its own io_context threads and worker threads between Start() and
-// Stop(); the destructor calls Stop().
+// Stop(); the destructor calls Stop(). Every socket operation of one
+// connection (plain or TLS) runs on that connection's strand, so an
+// asio::ssl::stream never has more than one read and one write outstanding.
 #pragma once
 
 #include <atomic>
@@ -47,6 +73,8 @@
 #include "common/status.h"
 
 namespace cdp {
+
+class TlsCredentials;
 
 // Counters of one export, cumulative since AddExport. Only successful
 // requests count in ops and bytes; failed requests count in `errors`.
@@ -87,9 +115,31 @@ struct NbdServerOptions {
   // Per connection: stop reading new requests while this many payload bytes
   // (write data + pending read replies) are queued.
   uint64_t max_inflight_bytes = 64u << 20;
-  int max_connections = 256;  // further connections are closed at once
-  // Handshake must complete within this time or the connection is closed.
+  // Live connections at most (the Listener's cap). At the cap, the oldest
+  // connection still in the handshake is closed to admit a new one; when
+  // every connection is in transmission, new ones are closed at once.
+  int max_connections = 256;
+  // Handshake (every option, the TLS handshake included) must complete within
+  // this time or the connection is closed.
   uint32_t handshake_timeout_ms = 30000;
+  // Per connection, during the handshake: options at most, and bytes of
+  // option replies at most; the option that passes either closes the
+  // connection (a client cannot make the server work or buffer without end
+  // before it is attached).
+  uint32_t max_options = 1024;
+  uint64_t max_option_reply_bytes = 4u << 20;
+  // A connection in transmission without any request for this long, and no
+  // request in progress, is closed. 0 = never.
+  uint32_t idle_timeout_ms = 10 * 60 * 1000;
+  // Unix socket file permissions (Listener::Options::unix_mode/unix_group).
+  uint32_t unix_mode = 0660;
+  std::string unix_group;
+  // TLS (NBD_OPT_STARTTLS). kRequire needs `tls`; kOff answers STARTTLS with
+  // NBD_REP_ERR_UNSUP. `tls` must outlive the server; each STARTTLS uses
+  // tls->Current(), so a Reload() applies to later handshakes.
+  enum class TlsMode { kOff, kRequire };
+  TlsMode tls_mode = TlsMode::kOff;
+  const TlsCredentials* tls = nullptr;
 };
 
 class NbdServer {
@@ -101,10 +151,11 @@ class NbdServer {
   NbdServer& operator=(const NbdServer&) = delete;
 
   // Adds export `name` (1..256 bytes, no control characters; "" is reserved
-  // for the default export). Fails with kAlreadyExists or kInvalidArgument.
+  // for the default export). `owner_tenant` ("" = none) limits who sees it
+  // over TLS (see above). Fails with kAlreadyExists or kInvalidArgument.
   // Allowed before and after Start().
   Status AddExport(const std::string& name, std::shared_ptr<BlockDevice> device,
-                   std::string description = "");
+                   std::string description = "", std::string owner_tenant = "");
   // Removes the export: new connections no longer see it, connections
   // attached to it are closed (requests being executed finish first; the
   // device is released when the last one does). kNotFound if absent.
@@ -127,6 +178,10 @@ class NbdServer {
   const std::string& unix_path() const { return opts_.unix_path; }
   // Connections currently open (handshake or transmission).
   size_t connection_count() const;
+  // Connections closed to admit a new one at max_connections, and closed
+  // for idleness in transmission, since Start().
+  uint64_t evicted_count() const;
+  uint64_t idle_closed_count() const;
 
   struct Impl;  // opaque; defined in nbd_server.cc
 

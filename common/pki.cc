@@ -1,9 +1,11 @@
 #include "common/pki.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <functional>
 #include <memory>
@@ -238,6 +240,25 @@ Status InitCa(const std::string& dir, const CaOptions& options) {
   return WriteKeyAndCert(key_path, &key_pem, dir + "/ca.crt", cert_pem);
 }
 
+namespace {
+
+bool IsIpAddress(const std::string& h) {
+  in6_addr a6;
+  in_addr a4;
+  return ::inet_pton(AF_INET, h.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, h.c_str(), &a6) == 1;
+}
+
+bool ValidHostName(const std::string& h) {
+  if (h.empty() || h.size() > 253) return false;
+  if (IsIpAddress(h)) return true;
+  for (char c : h) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.')) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::string& key_path,
              const std::string& cert_path) {
   const Identity& id = options.identity;
@@ -250,6 +271,9 @@ Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::
   }
   if (options.not_after_s <= options.not_before_s) return Status::InvalidArgument("certificate validity is empty");
   if (key_path == cert_path) return Status::InvalidArgument("key and certificate would both be " + key_path);
+  for (const std::string& h : options.hosts) {
+    if (!ValidHostName(h)) return Status::InvalidArgument("bad host name '" + h + "' for subjectAltName");
+  }
   ERR_clear_error();
   CDP_ASSIGN_OR_RETURN(KeyPtr ca_key, ReadKey(ca_dir + "/ca.key"));
   CDP_ASSIGN_OR_RETURN(CertPtr ca_cert, ReadCert(ca_dir + "/ca.crt"));
@@ -264,6 +288,21 @@ Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::
   CDP_RETURN_IF_ERROR(AddExt(cert.get(), ca_cert.get(), NID_key_usage, "critical,digitalSignature"));
   CDP_RETURN_IF_ERROR(AddExt(cert.get(), ca_cert.get(), NID_ext_key_usage, "serverAuth,clientAuth"));
   CDP_RETURN_IF_ERROR(AddExt(cert.get(), ca_cert.get(), NID_authority_key_identifier, "keyid:always"));
+  std::vector<std::string> hosts = options.hosts;
+  if (hosts.empty() && id.role == CertRole::kMasterTarget) {
+    // NBD clients (GnuTLS) check the host they dial: the MT's exports listen
+    // on loopback by default, and its name may be its DNS name.
+    hosts = {"localhost", "127.0.0.1", "::1"};
+    if (ValidHostName(id.name) && !IsIpAddress(id.name) && id.name != "localhost") hosts.push_back(id.name);
+  }
+  if (!hosts.empty()) {
+    std::string san;
+    for (const std::string& h : hosts) {
+      if (!san.empty()) san += ",";
+      san += (IsIpAddress(h) ? "IP:" : "DNS:") + h;
+    }
+    CDP_RETURN_IF_ERROR(AddExt(cert.get(), ca_cert.get(), NID_subject_alt_name, san.c_str()));
+  }
   if (X509_sign(cert.get(), ca_key.get(), EVP_sha256()) == 0) return SslFailure("signing the certificate");
   CDP_ASSIGN_OR_RETURN(std::string key_pem, Pem([&](BIO* b) {
                          return PEM_write_bio_PrivateKey(b, key.get(), nullptr, nullptr, 0, nullptr, nullptr);

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/result.h"
 #include "common/status.h"
@@ -53,6 +54,13 @@ struct IssueOptions {
   // Validity relative to now, in seconds (tests make expired ones with < 0).
   int64_t not_before_s = -300;
   int64_t not_after_s = 825LL * 86400;
+  // Host names and IP addresses the certificate is valid for as a server
+  // (subjectAltName DNS:/IP:). Our own peers check the identity fields only;
+  // GnuTLS clients such as libnbd (nbds://HOST) check HOST against these.
+  // Empty for role mt: localhost, 127.0.0.1, ::1 and the name (when it is a
+  // valid DNS name), so NBD clients reach the MT's exports as they are
+  // configured by default. Empty for other roles: no subjectAltName.
+  std::vector<std::string> hosts;
 };
 // Signs a new key and certificate with the CA of `ca_dir` (ca.key, ca.crt):
 // `key_path` is created 0600 and never overwritten, `cert_path` (0644 less the

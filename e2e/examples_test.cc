@@ -49,7 +49,7 @@ TEST_CASE("docs/examples configs start the three daemons, which then replicate",
   REQUIRE(!dir.path().empty());
   auto hp = [](uint16_t p) { return "127.0.0.1:" + std::to_string(p); };
   const uint16_t mt_data = FreePort(), mt_ctl = FreePort(), mt_nbd = FreePort(), ps_data = FreePort(),
-                 ps_ctl = FreePort(), ag_nbd = FreePort(), ag_ctl = FreePort();
+                 ps_ctl = FreePort(), ag_ctl = FreePort();
   const std::string secret = "change-me-to-a-long-random-secret";
   // The site PKI the examples point at, made as `cdpctl pki` makes it.
   const std::string tls = dir.Join("tls");
@@ -89,7 +89,6 @@ TEST_CASE("docs/examples configs start the three daemons, which then replicate",
   Sub(&ag, "/etc/opencdp/agent.secret", dir.Join("agent.secret"));
   Sub(&ag, "/var/lib/opencdp/agent", dir.Join("bitmaps"));
   Sub(&ag, "/etc/opencdp/tls", tls);
-  Sub(&ag, "127.0.0.1:10809", hp(ag_nbd));
   Sub(&ag, "127.0.0.1:9100", hp(ag_ctl));
   Sub(&ag, "fsfreeze -f /srv/db", "true");
   Sub(&ag, "fsfreeze -u /srv/db", "true");

@@ -35,7 +35,7 @@ std::string MissingPrerequisite() {
   if (::geteuid() != 0) return "not root (mount, losetup need it)";
   if (::access("/dev/fuse", R_OK | W_OK) != 0) return "/dev/fuse missing (no FUSE in this kernel/container)";
   if (::access("/dev/loop-control", R_OK | W_OK) != 0) return "/dev/loop-control missing (no loop devices)";
-  for (const char* p : {"nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "mount", "umount", "nbdcopy"}) {
+  for (const char* p : {"nbdfuse", "nbdkit", "losetup", "mkfs.ext4", "e2fsck", "mount", "umount", "nbdcopy"}) {
     if (!HaveProgram(p)) return std::string(p) + " not installed";
   }
   return "";
@@ -61,16 +61,17 @@ class Attachments {
   std::vector<std::function<void()>> undo_;
 };
 
-// nbdfuse `uri` at `mnt`/disk, then a loop device over it. Returns the loop
-// device path ("" + `why` on failure). Three undo steps are pushed.
-std::string Attach(const std::string& uri, const std::string& mnt, bool read_only, uint64_t size,
+// nbdfuse at `mnt`/disk of `source` (a URI, or nbdfuse's other modes such as
+// --command ...), then a loop device over it. Returns the loop device path
+// ("" + `why` on failure). Three undo steps are pushed.
+std::string Attach(const std::vector<std::string>& source, const std::string& mnt, bool read_only, uint64_t size,
                    const std::string& log, Attachments* at, std::string* why) {
   RunCommand({"mkdir", "-p", mnt});
   auto fuse = std::make_shared<Daemon>();
   std::vector<std::string> argv = {"nbdfuse"};
   if (read_only) argv.push_back("-r");
   argv.push_back(mnt + "/disk");
-  argv.push_back(uri);
+  argv.insert(argv.end(), source.begin(), source.end());
   std::string nbdfuse = RunCommand({"sh", "-c", "command -v nbdfuse"}).output;
   while (!nbdfuse.empty() && nbdfuse.back() == '\n') nbdfuse.pop_back();
   argv[0] = nbdfuse;
@@ -182,7 +183,7 @@ TEST_CASE("ext4 through nbdfuse and a loop device: the tag's export passes e2fsc
   const auto tree = MakeTree(7);
   {
     Attachments at;
-    std::string dev = Attach(c.nbd_uri(), c.Path("fuse-src"), false, co.volume_size, c.Path("nbdfuse-src.log"), &at, &why);
+    std::string dev = Attach({c.nbd_uri()}, c.Path("fuse-src"), false, co.volume_size, c.Path("nbdfuse-src.log"), &at, &why);
     INFO(why);
     REQUIRE(!dev.empty());
     CommandResult mk = RunCommand({"mkfs.ext4", "-q", "-F", "-E", "nodiscard", dev}, 120000);
@@ -213,12 +214,22 @@ TEST_CASE("ext4 through nbdfuse and a loop device: the tag's export passes e2fsc
   INFO(c.why());
   REQUIRE(e.has_value());
   const std::string name(e->at("export").as_string());
-  const std::string uri =
-      "nbd://127.0.0.1:" + std::to_string(boost::json::value_to<uint64_t>(e->at("port"))) + "/" + name;
+  // The export needs NBD TLS with the tenant's certificate; nbdfuse 1.14 reads
+  // no local files from a URI, so nbdkit's nbd plugin does the TLS side.
+  const std::vector<std::string> source = {"--command",
+                                           "nbdkit",
+                                           "-s",
+                                           "--exit-with-parent",
+                                           "nbd",
+                                           "hostname=127.0.0.1",
+                                           "port=" + std::to_string(c.mt_nbd_port()),
+                                           "export=" + name,
+                                           "tls=require",
+                                           "tls-certificates=" + c.nbd_client_dir()};
   {
     Attachments at;
     at.Push([&] { c.Cdpctl({"unexport", name}); });
-    std::string dev = Attach(uri, c.Path("fuse-exp"), true, co.volume_size, c.Path("nbdfuse-exp.log"), &at, &why);
+    std::string dev = Attach(source, c.Path("fuse-exp"), true, co.volume_size, c.Path("nbdfuse-exp.log"), &at, &why);
     INFO(why);
     REQUIRE(!dev.empty());
     CommandResult fsck = RunCommand({"e2fsck", "-n", "-f", dev}, 120000);

@@ -217,8 +217,7 @@ bool Cluster::CopyExport(const std::string& point, const std::string& dest) {
   auto e = CdpctlJson({"export", o_.volume + "@" + point});
   if (!e) return false;
   std::string name(e->at("export").as_string());
-  uint64_t port = json::value_to<uint64_t>(e->at("port"));
-  std::string uri = "nbd://127.0.0.1:" + std::to_string(port) + "/" + name;
+  std::string uri = c_.mt_export_uri(name);
   auto c = RunCommand({"nbdcopy", uri, dest}, 120000);
   auto u = Cdpctl({"unexport", name});
   if (c.exit_code != 0) {

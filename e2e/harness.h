@@ -6,7 +6,7 @@
 //
 //   Cluster c(opts)  -> Start()  ->  MT, PS, agent running, each /status answering
 //                                    (config files written under <dir>/etc/)
-//      writes through nbd://127.0.0.1:<c.nbd_port()>/<volume>
+//      writes through c.nbd_uri() (the agent's tap: nbd+unix:///<volume>?socket=...)
 //      c.WaitDrained()          agent queue empty, every captured record acked by
 //                               the PS and applied by the MT
 //      c.Cdpctl({...})          runs the cdpctl binary against the three daemons
@@ -132,8 +132,13 @@ class Cluster {
   std::string Path(const std::string& name) const { return scratch_.Join(name); }
   std::string source_path() const { return c_.source_path(); }
   std::string replica_path() const { return c_.replica_path(); }
-  std::string nbd_uri() const { return c_.nbd_uri(); }  // nbd://127.0.0.1:port/volume (the agent's export)
-  uint16_t nbd_port() const { return c_.agent_nbd_port(); }
+  std::string nbd_uri() const { return c_.nbd_uri(); }  // the agent's tap (Unix socket)
+  std::string agent_nbd_socket() const { return c_.agent_nbd_socket(); }
+  // A point-in-time export as the cluster's tenant opens it (nbds:// with its
+  // certificate when TLS is on).
+  std::string mt_export_uri(const std::string& name) const { return c_.mt_export_uri(name); }
+  std::string nbd_client_dir() const { return c_.nbd_client_dir(); }
+  uint16_t mt_nbd_port() const { return c_.mt_nbd_port(); }
   uint16_t agent_control() const { return c_.control_port(Which::kAgent); }
   uint16_t ps_control() const { return c_.control_port(Which::kProcessServer); }
   uint16_t mt_control() const { return c_.control_port(Which::kMasterTarget); }

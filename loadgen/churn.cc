@@ -57,7 +57,7 @@ Result<std::unique_ptr<ChurnTarget>> OpenFileTarget(Env* env, const std::string&
 }
 
 Result<std::unique_ptr<ChurnTarget>> OpenTarget(Env* env, const std::string& spec, uint64_t file_size) {
-  if (spec.rfind("nbd://", 0) == 0) {
+  if (spec.rfind("nbd://", 0) == 0 || spec.rfind("nbd+unix://", 0) == 0) {
     CDP_ASSIGN_OR_RETURN(NbdUri uri, ParseNbdUri(spec));
     CDP_ASSIGN_OR_RETURN(auto c, NbdClient::Connect(uri));
     return std::unique_ptr<ChurnTarget>(new NbdTarget(std::move(c), spec));

@@ -1,6 +1,6 @@
 // Churn: drive a target change rate (bytes per second) against a volume.
 //
-//   cdp-loadgen churn --target nbd://HOST:PORT/EXPORT|FILE --rate MB/s --duration S
+//   cdp-loadgen churn --target nbd://HOST:PORT/EXPORT|nbd+unix:///EXPORT?socket=PATH|FILE --rate MB/s --duration S
 //                     --pattern seq|random|zipf:THETA --io-size B --compressibility R --seed S
 //
 // Each I/O is `io_size` bytes at an offset chosen by the pattern (aligned to
@@ -46,7 +46,7 @@ class ChurnTarget {
 // when missing; `size` 0 = use the existing file's size (must be > 0), else
 // the file is extended to `size` if shorter.
 Result<std::unique_ptr<ChurnTarget>> OpenFileTarget(Env* env, const std::string& path, uint64_t size);
-// "nbd://..." through NbdClient, else a file through `env`.
+// "nbd://..." or "nbd+unix://..." through NbdClient, else a file through `env`.
 Result<std::unique_ptr<ChurnTarget>> OpenTarget(Env* env, const std::string& spec, uint64_t file_size);
 
 enum class Pattern { kSequential, kRandom, kZipf };

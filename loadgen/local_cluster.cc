@@ -96,7 +96,24 @@ std::string LocalCluster::replica_path() const {
   return Path("mt/tenants/" + o_.tenant + "/volumes/" + o_.volume + "/replica.img");
 }
 
-std::string LocalCluster::nbd_uri() const { return "nbd://" + Loopback(agent_nbd_) + "/" + o_.volume; }
+std::string LocalCluster::nbd_uri() const { return "nbd+unix:///" + o_.volume + "?socket=" + agent_nbd_socket(); }
+
+std::string LocalCluster::mt_export_uri(const std::string& export_name) const {
+  if (!o_.tls) return "nbd://" + Loopback(mt_nbd_) + "/" + export_name;
+  return "nbds://" + Loopback(mt_nbd_) + "/" + export_name + "?tls-certificates=" + nbd_client_dir();
+}
+
+Status MakeNbdClientCertificates(const std::string& ca_dir, const pki::Identity& id, const std::string& dir) {
+  Env* env = DefaultEnv();
+  CDP_RETURN_IF_ERROR(env->CreateDirs(dir));
+  if (::chmod(dir.c_str(), 0700) != 0) return Status::FromErrno(errno, "chmod " + dir);
+  CDP_ASSIGN_OR_RETURN(Bytes ca, ReadWholeFile(env, ca_dir + "/ca.crt"));
+  CDP_RETURN_IF_ERROR(WriteText(dir + "/ca-cert.pem", std::string(ca.begin(), ca.end())));
+  if (env->Exists(dir + "/client-key.pem")) return Status::OK();
+  pki::IssueOptions io;
+  io.identity = id;
+  return pki::Issue(ca_dir, io, dir + "/client-key.pem", dir + "/client-cert.pem");
+}
 
 Status LocalCluster::MakeCertificates() {
   const std::string dir = pki_dir();
@@ -117,7 +134,11 @@ Status LocalCluster::MakeCertificates() {
     if (c.role != pki::CertRole::kMasterTarget) io.identity.tenant = o_.tenant;
     CDP_RETURN_IF_ERROR(pki::Issue(dir, io, key, dir + "/" + c.file + ".crt"));
   }
-  return Status::OK();
+  pki::Identity nbd_client;
+  nbd_client.role = pki::CertRole::kAgent;
+  nbd_client.tenant = o_.tenant;
+  nbd_client.name = o_.tenant + "-nbd-client";
+  return MakeNbdClientCertificates(dir, nbd_client, nbd_client_dir());
 }
 
 std::string LocalCluster::TlsKeys(const std::string& who) const {
@@ -129,7 +150,8 @@ std::string LocalCluster::TlsKeys(const std::string& who) const {
 Status LocalCluster::WriteConfigs() {
   std::string mt = "# written by the local cluster (loadgen/local_cluster.h)\nlisten = " + Loopback(mt_data_) +
                    "\ncontrol = " + Loopback(mt_ctl_) + "\nnbd = " + Loopback(mt_nbd_) + "\ndata_dir = " + Path("mt") +
-                   "\ntenant = " + o_.tenant + ":" + o_.secret + "\n" + TlsKeys("mt") + (o_.control_auth ? "" : "control_auth = off\n");
+                   "\ntenant = " + o_.tenant + ":" + o_.secret + "\n" + TlsKeys("mt") +
+                   (o_.tls ? "" : "nbd_tls = off\n") + (o_.control_auth ? "" : "control_auth = off\n");
   if (!o_.point_interval.empty()) mt += "point_interval = " + o_.point_interval + "\n";
   mt += o_.mt_extra_config + "[log]\nlevel = " + o_.log_level + "\n";
   std::string ps = "# written by the local cluster (loadgen/local_cluster.h)\nlisten = " + Loopback(ps_data_) +
@@ -139,7 +161,7 @@ Status LocalCluster::WriteConfigs() {
   if (o_.compress_threads > 0) ps += "compress_threads = " + std::to_string(o_.compress_threads) + "\n";
   ps += o_.ps_extra_config + "[log]\nlevel = " + o_.log_level + "\n";
   std::string ag = "# written by the local cluster (loadgen/local_cluster.h)\nvolume = " + o_.volume + "=" +
-                   source_path() + "\nnbd_listen = " + Loopback(agent_nbd_) + "\nps = " + Loopback(ps_data_) +
+                   source_path() + "\nnbd_listen = none\nnbd_unix = " + agent_nbd_socket() + "\nps = " + Loopback(ps_data_) +
                    "\ntenant = " + o_.tenant + "\nsecret_file = " + Path("etc/agent.secret") +
                    "\nclient_id = " + o_.client_id + "\nbitmap_dir = " + Path("agent") +
                    "\ncontrol = " + Loopback(agent_ctl_) + "\n" + TlsKeys("agent") + (o_.control_auth ? "" : "control_auth = off\n");
@@ -168,7 +190,7 @@ Status LocalCluster::Start() {
   // A port found free can be taken (by another test's outgoing connection)
   // before the daemon binds it: then start again on other ports.
   for (int attempt = 0;; ++attempt) {
-    for (uint16_t* p : {&mt_data_, &mt_ctl_, &mt_nbd_, &ps_data_, &ps_ctl_, &agent_nbd_, &agent_ctl_}) {
+    for (uint16_t* p : {&mt_data_, &mt_ctl_, &mt_nbd_, &ps_data_, &ps_ctl_, &agent_ctl_}) {
       CDP_ASSIGN_OR_RETURN(*p, FreeLoopbackPort());
     }
     CDP_RETURN_IF_ERROR(WriteConfigs());

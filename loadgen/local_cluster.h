@@ -7,6 +7,9 @@
 //   <dir>/etc/{master-target,process-server,agent}.conf, etc/agent.secret
 //   <dir>/pki/ca.{crt,key}, {mt,ps,agent}.{crt,key}   the site CA and the daemons'
 //                                     certificates (TLS on; made if missing)
+//   <dir>/pki/nbd-<tenant>/           the tenant's NBD client certificate, as
+//                                     libnbd's tls-certificates= wants it
+//   <dir>/agent/nbd.sock              the agent's tap (Unix socket, mode 0660)
 //   <dir>/source.img                  the protected volume (sparse)
 //   <dir>/mt/  <dir>/ps/spool/  <dir>/agent/     the daemons' data (and each
 //                                     one's control.token, made at its first start)
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/pki.h"
 #include "common/result.h"
 #include "common/status.h"
 #include "common/subprocess.h"
@@ -59,6 +63,12 @@ struct LocalClusterOptions {
   std::string mt_extra_config, ps_extra_config, agent_extra_config;
 };
 
+// Makes `dir` (0700) with the NBD client files libnbd's nbds:// URIs read
+// (tls-certificates=DIR): ca-cert.pem (a copy of ca_dir/ca.crt),
+// client-cert.pem and client-key.pem (0600) issued by the CA of `ca_dir` for
+// `id`. Files already there are kept. Failure: the pki:: errors.
+Status MakeNbdClientCertificates(const std::string& ca_dir, const pki::Identity& id, const std::string& dir);
+
 // Options for the daemons of a build tree (BUILD/agent/cdp-agent, ...) in `dir`.
 LocalClusterOptions LocalClusterOptionsFor(const std::string& build_dir, const std::string& dir);
 
@@ -90,7 +100,13 @@ class LocalCluster {
   std::string source_path() const { return Path("source.img"); }
   std::string replica_path() const;
   std::string log_path(Role r) const { return Path(std::string(Name(r)) + ".log"); }
-  std::string nbd_uri() const;  // nbd://127.0.0.1:port/volume (the agent's export)
+  // The agent's tap: nbd+unix:///volume?socket=<dir>/agent/nbd.sock
+  std::string nbd_uri() const;
+  std::string agent_nbd_socket() const { return Path("agent/nbd.sock"); }
+  // A point-in-time export of the MT as the tenant reaches it: with TLS
+  // nbds://127.0.0.1:port/NAME?tls-certificates=<nbd_client_dir()>, else nbd://.
+  std::string mt_export_uri(const std::string& export_name) const;
+  std::string nbd_client_dir() const { return pki_dir() + "/nbd-" + o_.tenant; }
   std::string pki_dir() const { return o_.pki_dir.empty() ? Path("pki") : o_.pki_dir; }
   uint16_t control_port(Role r) const;
   // The daemon's admin token file: <dir>/mt/control.token,
@@ -101,7 +117,6 @@ class LocalCluster {
   uint16_t mt_data_port() const { return mt_data_; }
   uint16_t mt_nbd_port() const { return mt_nbd_; }
   uint16_t ps_data_port() const { return ps_data_; }
-  uint16_t agent_nbd_port() const { return agent_nbd_; }
   // The tail of every daemon log, for failure messages.
   std::string Logs(size_t tail_bytes = 3000) const;
 
@@ -114,7 +129,7 @@ class LocalCluster {
   LocalClusterOptions o_;
   uint16_t mt_data_ = 0, mt_ctl_ = 0, mt_nbd_ = 0;
   uint16_t ps_data_ = 0, ps_ctl_ = 0;
-  uint16_t agent_nbd_ = 0, agent_ctl_ = 0;
+  uint16_t agent_ctl_ = 0;
   Subprocess mt_, ps_, agent_;
 };
 

@@ -134,7 +134,7 @@ int CmdTree(int argc, char** argv) {
 
 int CmdChurn(int argc, char** argv) {
   po::options_description d("churn options");
-  d.add_options()("target", po::value<std::string>()->required(), "nbd://HOST:PORT/EXPORT or a file path")(
+  d.add_options()("target", po::value<std::string>()->required(), "nbd://HOST:PORT/EXPORT, nbd+unix:///EXPORT?socket=PATH or a file path")(
       "rate", po::value<double>()->required(), "change rate, MB/s (10^6 bytes)")(
       "duration", po::value<std::string>()->default_value("10"), "seconds, or a duration (\"2m\")")(
       "pattern", po::value<std::string>()->default_value("seq"), "seq | random | zipf:THETA")(
@@ -582,7 +582,9 @@ int CmdCluster(int argc, char** argv) {
                     "\nCDP_MT_CONTROL=" + hp(c.control_port(Role::kMasterTarget)) +
                     "\nCDP_AGENT_TOKEN_FILE=" + ShellQuote(c.token_path(Role::kAgent)) +
                     "\nCDP_PS_TOKEN_FILE=" + ShellQuote(c.token_path(Role::kProcessServer)) +
-                    "\nCDP_MT_TOKEN_FILE=" + ShellQuote(c.token_path(Role::kMasterTarget)) + "\n";
+                    "\nCDP_MT_TOKEN_FILE=" + ShellQuote(c.token_path(Role::kMasterTarget)) +
+                    // The tenant's NBD client certificates (libnbd tls-certificates=), "" with TLS off.
+                    "\nCDP_MT_NBD_TLS_DIR=" + ShellQuote(o.tls ? c.nbd_client_dir() : std::string()) + "\n";
   std::cout << env << std::flush;
   const std::string env_file = vm["env-file"].as<std::string>();
   if (!env_file.empty()) {

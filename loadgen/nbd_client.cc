@@ -5,6 +5,7 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,8 +18,26 @@
 namespace cdp::loadgen {
 
 Result<NbdUri> ParseNbdUri(std::string_view uri) {
+  constexpr std::string_view kUnix = "nbd+unix:///";
+  if (uri.substr(0, kUnix.size()) == kUnix) {
+    std::string_view rest = uri.substr(kUnix.size());
+    const size_t q = rest.find('?');
+    constexpr std::string_view kSocket = "socket=";
+    NbdUri u;
+    u.export_name = std::string(rest.substr(0, q));
+    std::string_view query = q == std::string_view::npos ? std::string_view() : rest.substr(q + 1);
+    if (query.substr(0, kSocket.size()) != kSocket || query.size() == kSocket.size() ||
+        query.find('&') != std::string_view::npos) {
+      return Status::InvalidArgument("nbd+unix URI needs exactly ?socket=PATH: " + std::string(uri));
+    }
+    u.socket_path = std::string(query.substr(kSocket.size()));
+    if (!nbd::ValidWireName(u.export_name)) return Status::InvalidArgument("bad export name in " + std::string(uri));
+    return u;
+  }
   constexpr std::string_view kScheme = "nbd://";
-  if (uri.substr(0, kScheme.size()) != kScheme) return Status::InvalidArgument("not an nbd:// URI: " + std::string(uri));
+  if (uri.substr(0, kScheme.size()) != kScheme) {
+    return Status::InvalidArgument("not an nbd:// or nbd+unix:// URI (no TLS in this client): " + std::string(uri));
+  }
   std::string_view rest = uri.substr(kScheme.size());
   size_t slash = rest.find('/');
   std::string_view hostport = rest.substr(0, slash);
@@ -32,7 +51,44 @@ Result<NbdUri> ParseNbdUri(std::string_view uri) {
   return u;
 }
 
+namespace {
+
+void SetTimeouts(int fd, uint32_t timeout_ms) {
+  timeval tv{};
+  tv.tv_sec = timeout_ms / 1000;
+  tv.tv_usec = (timeout_ms % 1000) * 1000;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+Result<int> ConnectUnix(const std::string& path, uint32_t timeout_ms) {
+  sockaddr_un sa{};
+  if (path.size() >= sizeof sa.sun_path) return Status::InvalidArgument("socket path too long: " + path);
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, path.data(), path.size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::FromErrno(errno, "socket");
+  SetTimeouts(fd, timeout_ms);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    Status s = Status::FromErrno(errno, "connect unix:" + path);
+    ::close(fd);
+    return Status::Unavailable(s.message());
+  }
+  return fd;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<NbdClient>> NbdClient::Connect(const NbdUri& uri, const NbdClientOptions& opts) {
+  if (!uri.socket_path.empty()) {
+    CDP_ASSIGN_OR_RETURN(int ufd, ConnectUnix(uri.socket_path, opts.timeout_ms));
+    NbdClientOptions o = opts;
+    if (o.max_inflight == 0) o.max_inflight = 1;
+    std::unique_ptr<NbdClient> c(new NbdClient(ufd, o));
+    CDP_RETURN_IF_ERROR(
+        c->Negotiate(uri.export_name).WithContext("nbd+unix:///" + uri.export_name + "?socket=" + uri.socket_path));
+    return c;
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

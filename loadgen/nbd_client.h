@@ -37,10 +37,13 @@
 
 namespace cdp::loadgen {
 
-// nbd://HOST[:PORT]/EXPORT (PORT defaults to 10809; EXPORT may be empty).
+// nbd://HOST[:PORT]/EXPORT (PORT defaults to 10809; EXPORT may be empty), or
+// nbd+unix:///EXPORT?socket=PATH (a Unix socket, as libnbd writes it; the
+// agent's tap listens there by default). No TLS: nbds:// is refused.
 struct NbdUri {
   std::string host;
   uint16_t port = 10809;
+  std::string socket_path;  // set for nbd+unix
   std::string export_name;
 };
 // Failure: kInvalidArgument naming the text.

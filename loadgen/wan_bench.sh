@@ -13,7 +13,7 @@ BUILD=$1 RATE=$2 DELAY=$3 CONNS=$4 SECS=${5:-20}
 # shellcheck source=loadgen/wan_deploy.sh
 source "$(dirname "$0")/wan_deploy.sh"
 wan_up "$BUILD" "$RATE" "$DELAY" none "$CONNS"
-$A "$LG" churn --target nbd://127.0.0.1:10809/v --rate $((RATE / 8 * 2)) --duration $((SECS + 15)) \
+$A "$LG" churn --target "nbd+unix:///v?socket=$WAN_DIR/agent/nbd.sock" --rate $((RATE / 8 * 2)) --duration $((SECS + 15)) \
   --pattern seq --io-size 1MiB --compressibility 0 --json >"$WAN_DIR/churn.json" 2>/dev/null &
 WAN_PIDS+=($!)
 sleep 8  # warm-up: TCP slow start and a spool backlog (a benchmark, not a test)

@@ -32,14 +32,14 @@ wan_up() {
   truncate -s 4G "$WAN_DIR/source.img"
   echo secret0123456789 >"$WAN_DIR/secret"
   $Bn "$build/master-target/cdp-master-target" --listen 10.77.0.2:7500 --control 127.0.0.1:9102 \
-    --nbd 127.0.0.1:10810 --data_dir "$WAN_DIR/mt" --tenant t:secret0123456789 \
+    --nbd none --data_dir "$WAN_DIR/mt" --tenant t:secret0123456789 \
     --log.file "$WAN_DIR/mt.log" >/dev/null 2>&1 &
   WAN_PIDS+=($!)
   $A "$build/process-server/cdp-process-server" --listen 127.0.0.1:7400 --control 127.0.0.1:9101 \
     --mt 10.77.0.2:7500 --tenant t:secret0123456789 --spool_dir "$WAN_DIR/spool" --codec "$codec" \
     --connections "$conns" --log.file "$WAN_DIR/ps.log" >/dev/null 2>&1 &
   WAN_PIDS+=($!)
-  $A "$build/agent/cdp-agent" --volume v="$WAN_DIR/source.img" --nbd_listen 127.0.0.1:10809 \
+  $A "$build/agent/cdp-agent" --volume v="$WAN_DIR/source.img" --nbd_unix "$WAN_DIR/agent/nbd.sock" \
     --ps 127.0.0.1:7400 --tenant t --secret_file "$WAN_DIR/secret" --bitmap_dir "$WAN_DIR/agent" \
     --control 127.0.0.1:9100 --log.file "$WAN_DIR/agent.log" >/dev/null 2>&1 &
   WAN_PIDS+=($!)

@@ -265,10 +265,25 @@ Status MasterTarget::Start() {
   // Crash recovery of every volume comes before anything else.
   CDP_RETURN_IF_ERROR(m.LoadVolumes());
 
+  if (o_.tls.enabled) {
+    auto creds = TlsCredentials::Load(TlsFiles{o_.tls.ca, o_.tls.cert, o_.tls.key});
+    if (!creds.ok()) return creds.status().WithContext("TLS");
+    m.tls = std::move(*creds);
+  }
   if (!o_.nbd.off()) {
     NbdServerOptions no;
     no.tcp_host = o_.nbd.host;
     no.tcp_port = o_.nbd.port;
+    no.idle_timeout_ms = o_.nbd_idle_timeout_ms;
+    no.max_connections = o_.nbd_max_connections;
+    if (o_.nbd_tls) {
+      if (!m.tls) return Status::InvalidArgument("nbd exports: nbd_tls needs TLS credentials (tls = on)");
+      no.tls = m.tls.get();
+      no.tls_mode = NbdServerOptions::TlsMode::kRequire;
+    } else {
+      m.log->warn("nbd_tls = off: every tenant's point-in-time exports are open to anyone who reaches {}:{}",
+                  o_.nbd.host, o_.nbd.port);
+    }
     m.nbd = std::make_unique<NbdServer>(no);
     Status s = m.nbd->Start();
     if (!s.ok()) {
@@ -306,13 +321,7 @@ Status MasterTarget::Start() {
   lo.mode = Listener::Mode::kThreadPerConnection;
   lo.registry = &registry_;
   StreamWrapper secure;
-  if (o_.tls.enabled) {
-    auto creds = TlsCredentials::Load(TlsFiles{o_.tls.ca, o_.tls.cert, o_.tls.key});
-    if (!creds.ok()) {
-      Stop();
-      return creds.status().WithContext("TLS");
-    }
-    m.tls = std::move(*creds);
+  if (m.tls) {
     secure = TlsWrapper(m.tls.get(), TlsSide::kServer, std::chrono::milliseconds(o_.handshake_timeout_ms));
     m.log->info("TLS on: certificate '{}' (role {})", m.tls->Current()->self().name, m.tls->Current()->self().role);
   } else {
@@ -373,7 +382,7 @@ Result<std::string> MasterTarget::StartExport(const std::string& tenant, const s
     if (o_.env->Exists(overlay)) CDP_RETURN_IF_ERROR(o_.env->Remove(overlay));
   }
   CDP_ASSIGN_OR_RETURN(auto dev, PointInTimeDevice::Open(v, point_seq, o_.env, overlay));
-  CDP_RETURN_IF_ERROR(m.nbd->AddExport(name, dev, volume + " at sequence " + std::to_string(point_seq)));
+  CDP_RETURN_IF_ERROR(m.nbd->AddExport(name, dev, volume + " at sequence " + std::to_string(point_seq), tenant));
   m.exports[name] = ExportEntry{tenant, volume, point_seq, writable, dev};
   m.log->info("{} export {} started{}", log::Where{volume, tenant, point_seq}, name, writable ? " (writable overlay)" : "");
   return name;

@@ -85,6 +85,13 @@ struct MasterTargetOptions {
   // <data_dir>/tenant_tokens. The config's default is on; options built by
   // hand are open unless they set it.
   ControlAuthSettings control_auth = ControlAuthSettings::Off();
+  // NBD exports: TLS required (NBD_OPT_STARTTLS with the credentials above;
+  // a client sees only its certificate's tenant's exports, a tenant-less mt
+  // certificate sees all). Needs tls.enabled. The config's default is on;
+  // options built by hand are clear unless they set it.
+  bool nbd_tls = false;
+  uint32_t nbd_idle_timeout_ms = 10 * 60 * 1000;  // attached client without requests
+  int nbd_max_connections = 256;
   // Tenants whose agents may connect straight to the MT (role "agent" over
   // TLS, or the agent role in clear text). Everyone else must be a process server.
   std::set<std::string> direct_agent_tenants;

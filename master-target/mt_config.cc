@@ -15,6 +15,11 @@ po::options_description MasterTargetConfigDescription() {
       ("listen", po::value<std::string>()->default_value("0.0.0.0:7500"), "data listener for process servers (host:port)")
       ("control", po::value<std::string>()->default_value("127.0.0.1:9102"), "control API, /metrics, /status (host:port)")
       ("nbd", po::value<std::string>()->default_value("127.0.0.1:10810"), "point-in-time NBD exports (host:port)")
+      ("nbd_tls", po::value<std::string>()->default_value("require"),
+       "require | off: NBD clients must STARTTLS with a certificate of the export's tenant (needs tls = on)")
+      ("nbd_idle_timeout", po::value<Duration>()->default_value(Duration{600'000'000}),
+       "close an attached NBD client idle this long (0 = never)")
+      ("nbd_max_connections", po::value<int>()->default_value(256), "NBD connections at most (1..65536)")
       ("data_dir", po::value<std::string>()->default_value("/var/lib/opencdp/master-target"), "replicas, journals, indexes")
       ("tenant", po::value<std::vector<std::string>>()->composing(), "a tenant as NAME:SECRET (repeatable)")
       ("tenants_file", po::value<std::string>(), "file of tenants, one 'NAME = SECRET' per line")
@@ -54,6 +59,21 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   CDP_ASSIGN_OR_RETURN(o.connection_caps, GetConnectionCaps(vm));
   CDP_ASSIGN_OR_RETURN(o.tls, GetTlsSettings(vm));
   CDP_ASSIGN_OR_RETURN(o.control_auth, GetControlAuthSettings(vm));
+  const std::string nbd_tls = vm["nbd_tls"].as<std::string>();
+  if (nbd_tls != "require" && nbd_tls != "off") {
+    return Status::InvalidArgument("'nbd_tls' must be require or off, not '" + nbd_tls + "'");
+  }
+  o.nbd_tls = nbd_tls == "require";
+  if (o.nbd_tls && !o.nbd.off() && !o.tls.enabled) {
+    return Status::InvalidArgument("'nbd_tls' = require needs tls = on (tls_ca, tls_cert, tls_key); "
+                                   "nbd_tls = off serves every tenant's exports to anyone who can connect");
+  }
+  const uint64_t idle_ms = vm["nbd_idle_timeout"].as<Duration>().millis();
+  if (idle_ms > UINT32_MAX) return Status::InvalidArgument("'nbd_idle_timeout' is too long");
+  o.nbd_idle_timeout_ms = uint32_t(idle_ms);
+  o.nbd_max_connections = vm["nbd_max_connections"].as<int>();
+  if (o.nbd_max_connections < 1 || o.nbd_max_connections > 65536)
+    return Status::InvalidArgument("'nbd_max_connections' must be 1..65536");
   if (vm.count("direct_agents")) {
     for (const auto& t : vm["direct_agents"].as<std::vector<std::string>>()) {
       if (!proto::ValidName(t)) return Status::InvalidArgument("'direct_agents': bad tenant name '" + t + "'");

@@ -11,8 +11,12 @@
 # cdpctl, copying the source at each; shows `cdpctl status`; waits for catch-up;
 # then checks
 #   1. replica == source (cmp, byte for byte),
-#   2. the export of each tag (cdpctl export VOL@POINT, copied with nbdcopy)
-#      == the copy of the source taken at that tag.
+#   2. the export of each tag (cdpctl export VOL@POINT, copied with nbdcopy
+#      over NBD TLS with the tenant's certificate) == the copy of the source
+#      taken at that tag,
+#   3. every daemon on TLS; every control call with the daemon's admin token
+#      (made at its first start), a call without one refused (401), a tenant
+#      token (cdpctl token issue) seeing its own volume.
 # Prints a summary and exits non-zero if a check fails. Everything it starts
 # is killed and the temp dir removed on exit.
 set -euo pipefail
@@ -72,7 +76,10 @@ tag() {
   done
   echo "$out" | sed 's/^/  /'
 }
-ctl() { "$CTL" --agent "$CDP_AGENT_CONTROL" --ps "$CDP_PS_CONTROL" --mt "$CDP_MT_CONTROL" --tenant $TENANT "$@"; }
+ctl() {
+  "$CTL" --agent "$CDP_AGENT_CONTROL" --ps "$CDP_PS_CONTROL" --mt "$CDP_MT_CONTROL" --tenant $TENANT \
+    --agent-token-file "$CDP_AGENT_TOKEN_FILE" --ps-token-file "$CDP_PS_TOKEN_FILE" --mt-token-file "$CDP_MT_TOKEN_FILE" "$@"
+}
 
 say "site PKI: a CA and one certificate per daemon, made by cdpctl pki"
 PKI=$DIR/pki
@@ -102,13 +109,17 @@ MT_CTL=${CDP_MT_CONTROL##*:}
 echo "  master target :${CDP_MT_CONTROL##*:}, process server :${CDP_PS_CONTROL##*:}, agent :$AG_CTL (control ports)"
 echo "  protected volume exported at $URI"
 
+# GET on a control port with the daemon's admin token (made at its first start, mode 0600).
+get() { curl -fsS -H "Authorization: Bearer $(cat "$2")" "http://127.0.0.1:$1$3"; }
+echo "  control tokens: $CDP_AGENT_TOKEN_FILE, $CDP_PS_TOKEN_FILE, $CDP_MT_TOKEN_FILE (mode $(stat -c %a "$CDP_MT_TOKEN_FILE"))"
+
 # Waits until every write the agent captured is applied at the master target.
 json_num() { grep -o "\"$1\":[0-9]*" | head -n1 | cut -d: -f2; }
 wait_caught_up() {
   local deadline=$(( $(date +%s) + ${1:-90} )) a m next acked applied q
   while :; do
-    a=$(curl -fsS "http://127.0.0.1:$AG_CTL/status" || true)
-    m=$(curl -fsS "http://127.0.0.1:$MT_CTL/status" || true)
+    a=$(get "$AG_CTL" "$CDP_AGENT_TOKEN_FILE" /status || true)
+    m=$(get "$MT_CTL" "$CDP_MT_TOKEN_FILE" /status || true)
     next=$(echo "$a" | json_num next_seq); acked=$(echo "$a" | json_num acked_seq)
     q=$(echo "$a" | json_num queue_records); applied=$(echo "$m" | json_num applied_seq)
     if [ -n "$next" ] && [ -n "$applied" ] && [ "$q" = 0 ] && [ "$acked" = $((next - 1)) ] && [ "$applied" = $((next - 1)) ]; then
@@ -200,6 +211,8 @@ for tag in before-upgrade after-upgrade; do
   ej=$(ctl --json export "$VOL@$id")
   name=$(echo "$ej" | grep -o '"export":"[^"]*"' | cut -d'"' -f4)
   url="nbd://127.0.0.1:$(echo "$ej" | json_num port)/$name"
+  # The MT's exports need NBD TLS with the tenant's certificate (docs/operations.md).
+  [ -n "${CDP_MT_NBD_TLS_DIR:-}" ] && url="nbds${url#nbd}?tls-certificates=$CDP_MT_NBD_TLS_DIR"
   echo "  cdpctl export $VOL@$id -> $url (sequence $(echo "$ej" | json_num seq), read-only)"
   # The export streamed through nbdcopy straight into cmp (no 1 GiB temp file).
   if nbdcopy "$url" - | cmp -s - "$DIR/copies/$tag.img"; then r=same; else r=differ; fi
@@ -214,12 +227,22 @@ grep -q "TLS on: certificate 'demo-ps'" "$DIR/process-server.log" && tls_links=$
 grep -q "TLS on: certificate 'demo-host'" "$DIR/agent.log" && tls_links=$((tls_links + 1))
 echo "  daemons on TLS with the demo certificates: $tls_links of 3"
 check "agent, PS and MT on TLS 1.3 with certificates from cdpctl pki" 3 "$tls_links"
+say "check: the control ports answer only their tokens"
+code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
+  -d "{\"volume\":\"$VOL\",\"seq\":1}" "http://127.0.0.1:$MT_CTL/v1/export")
+echo "  POST /v1/export without a token: HTTP $code"
+other=$(ctl --tenant other-tenant token issue 2>&1 || true)
+echo "  cdpctl token issue for a tenant the MT does not serve: $other"
+tt=$(ctl token issue 2>/dev/null)
+seen=$(curl -fsS -H "Authorization: Bearer $tt" "http://127.0.0.1:$MT_CTL/v1/volumes" | grep -o "\"volume\":\"[^\"]*\"" | tr '\n' ' ')
+echo "  tenant $TENANT's own token (cdpctl token issue) sees: $seen"
+check "control API: 401 without a token, a tenant token sees its volume" "401 \"volume\":\"$VOL\" " "$code $seen"
 if [ "$(same "$DIR/copies/before-upgrade.img" "$DIR/copies/after-upgrade.img")" = same ]; then
   CHECKS+=("FAIL  the two tags name different images"); FAILED=1
 fi
 
 say "summary ($(( $(date +%s) - T0 )) s)"
-a=$(curl -fsS "http://127.0.0.1:$AG_CTL/status")
+a=$(get "$AG_CTL" "$CDP_AGENT_TOKEN_FILE" /status)
 echo "  captured: $(( $(echo "$a" | json_num captured_bytes) / 1048576 )) MiB in $(echo "$a" | json_num captured_ops) writes, $(( $(echo "$a" | json_num next_seq) - 1 )) sequence numbers"
 for c in "${CHECKS[@]}"; do echo "  $c"; done
 if [ $FAILED -ne 0 ]; then echo "demo: FAILED" >&2; exit 1; fi

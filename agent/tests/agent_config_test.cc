@@ -73,6 +73,29 @@ TEST_CASE("agent config: every bad value names its key", "[config]") {
   CHECK(Load(env.get(), base + "secret_file = /missing\n").status().code() == cdp::Code::kNotFound);
 }
 
+TEST_CASE("agent config: the NBD tap is a 0660 Unix socket by default, TCP needs TLS", "[config][nbd]") {
+  auto env = cdp::NewMemEnv();
+  const std::string base = "volume = db=/dev/vdb\ntenant = acme\nsecret = s\nbitmap_dir = /var/lib/a\n";
+  auto o = Load(env.get(), base);
+  REQUIRE(o.ok());
+  CHECK(o->nbd.tcp_port == -1);
+  CHECK(o->nbd.unix_path == "/var/lib/a/nbd.sock");
+  CHECK(o->nbd.unix_mode == 0660);
+  CHECK(o->nbd.unix_group.empty());
+  CHECK(o->nbd.idle_timeout_ms == 600000);
+  CHECK(o->nbd.max_connections == 256);
+  o = Load(env.get(), base + "nbd_unix = none\nnbd_unix_mode = 0600\nnbd_unix_group = disk\nnbd_idle_timeout = 30s\n");
+  REQUIRE(o.ok());
+  CHECK(o->nbd.unix_path.empty());
+  CHECK(o->nbd.unix_mode == 0600);
+  CHECK(o->nbd.unix_group == "disk");
+  CHECK(o->nbd.idle_timeout_ms == 30000);
+  CHECK(Error(env.get(), base + "nbd_listen = 127.0.0.1:10809\n").find("requires NBD TLS") != std::string::npos);
+  CHECK(Error(env.get(), base + "nbd_unix_mode = 0999\n") ==
+        "'nbd_unix_mode' must be an octal mode such as 0660, not '0999'");
+  CHECK(Error(env.get(), base + "nbd_max_connections = 0\n") == "'nbd_max_connections' must be 1..65536");
+}
+
 }  // namespace
 
 TEST_CASE("agent config: TLS is on by default and needs its three files", "[config][tls]") {

@@ -8,6 +8,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <openssl/ssl.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -19,7 +21,9 @@
 #include "common/env.h"
 #include "common/nbd_proto.h"
 #include "common/nbd_server.h"
+#include "common/pki.h"
 #include "common/tests/test_util.h"
+#include "common/tls_stream.h"
 
 namespace cdp {
 namespace {
@@ -205,7 +209,15 @@ TEST_CASE("nbd maps Status codes to NBD errors", "[nbd]") {
 class RawClient {
  public:
   ~RawClient() {
+    if (ssl_ != nullptr) SSL_free(ssl_);
     if (fd_ >= 0) ::close(fd_);
+  }
+  // The TLS handshake as a client over the connection (after STARTTLS was
+  // acknowledged); from then on Send/Recv go through TLS.
+  bool StartTls(SSL_CTX* ctx) {
+    ssl_ = SSL_new(ctx);
+    if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1) return false;
+    return SSL_connect(ssl_) == 1;
   }
   bool ConnectTcp(uint16_t port) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -227,7 +239,8 @@ class RawClient {
   bool Send(ByteSpan b) {
     size_t done = 0;
     while (done < b.size()) {
-      ssize_t n = ::send(fd_, b.data() + done, b.size() - done, MSG_NOSIGNAL);
+      ssize_t n = ssl_ != nullptr ? SSL_write(ssl_, b.data() + done, int(b.size() - done))
+                                  : ::send(fd_, b.data() + done, b.size() - done, MSG_NOSIGNAL);
       if (n <= 0) return false;
       done += size_t(n);
     }
@@ -237,7 +250,8 @@ class RawClient {
     out->resize(n);
     size_t done = 0;
     while (done < n) {
-      ssize_t r = ::recv(fd_, out->data() + done, n - done, 0);
+      ssize_t r = ssl_ != nullptr ? SSL_read(ssl_, out->data() + done, int(n - done))
+                                  : ::recv(fd_, out->data() + done, n - done, 0);
       if (r <= 0) return false;
       done += size_t(r);
     }
@@ -246,6 +260,12 @@ class RawClient {
   // True when the server closed the connection (EOF or reset) before the timeout.
   bool ClosedByPeer() {
     uint8_t b;
+    while (ssl_ != nullptr) {
+      if (SSL_read(ssl_, &b, 1) > 0) continue;
+      const int e = SSL_get_error(ssl_, 0);
+      if (e == SSL_ERROR_SYSCALL) return errno != EAGAIN && errno != EWOULDBLOCK;
+      return e == SSL_ERROR_ZERO_RETURN || e == SSL_ERROR_SSL;
+    }
     for (;;) {
       ssize_t r = ::recv(fd_, &b, 1, 0);
       if (r == 0) return true;
@@ -358,6 +378,7 @@ class RawClient {
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
   int fd_ = -1;
+  SSL* ssl_ = nullptr;
   uint64_t handle_ = 0;
 };
 
@@ -761,6 +782,287 @@ TEST_CASE("nbd server: export names and start-up errors", "[nbd]") {
   CHECK(s.Start().code() == Code::kInvalidArgument);  // no listener configured
   CHECK(FileBlockDevice::Open(env.get(), "/missing.img", FileBlockDevice::Options{}).status().code() ==
         Code::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Security at the port: STARTTLS, tenants, caps, eviction, idle timeout
+// ---------------------------------------------------------------------------
+
+// A site PKI in a scratch directory: the server's certificate (role mt) and
+// client certificates of tenants acme and umbrella and of the provider.
+struct Pki {
+  Pki() {
+    REQUIRE(!dir.path().empty());
+    ca = dir.Join("ca");
+    REQUIRE(pki::InitCa(ca, pki::CaOptions{}).ok());
+    server = Issue(pki::CertRole::kMasterTarget, "", "nbd-server");
+    Load(Issue(pki::CertRole::kAgent, "acme", "acme-client"), &acme);
+    Load(Issue(pki::CertRole::kAgent, "umbrella", "umbrella-client"), &umbrella);
+    Load(Issue(pki::CertRole::kMasterTarget, "", "provider"), &provider);
+  }
+  TlsFiles Issue(pki::CertRole role, const std::string& tenant, const std::string& name) {
+    pki::IssueOptions io;
+    io.identity = pki::Identity{role, tenant, name};
+    TlsFiles f{ca + "/ca.crt", dir.Join(name + ".crt"), dir.Join(name + ".key")};
+    REQUIRE(pki::Issue(ca, io, f.key, f.cert).ok());
+    return f;
+  }
+  static void Load(const TlsFiles& f, std::shared_ptr<const TlsContext>* out) {
+    auto c = TlsContext::Load(f);
+    REQUIRE(c.ok());
+    *out = *c;
+  }
+  ScratchDir dir;
+  std::string ca;
+  TlsFiles server;
+  std::shared_ptr<const TlsContext> acme, umbrella, provider;
+};
+
+// A server with TLS required on TCP, exports of two tenants and one without
+// owner, and a Unix socket.
+struct TlsFixture {
+  explicit TlsFixture(NbdServerOptions o = {}) : env(NewMemEnv()) {
+    auto creds = TlsCredentials::Load(pk.server);
+    REQUIRE(creds.ok());
+    tls = std::move(*creds);
+    o.tcp_port = 0;
+    o.unix_path = pk.dir.Join("nbd.sock");
+    o.tls = tls.get();
+    o.tls_mode = NbdServerOptions::TlsMode::kRequire;
+    server = std::make_unique<NbdServer>(o);
+    for (auto [name, owner] : {std::pair{"acme/db@1", "acme"}, {"acme/logs@2", "acme"}, {"umbrella/db@1", "umbrella"}}) {
+      FileBlockDevice::Options fo;
+      fo.create_size = 1 << 20;
+      auto d = FileBlockDevice::Open(env.get(), std::string("/") + std::to_string(std::hash<std::string>()(name)), fo);
+      REQUIRE(d.ok());
+      REQUIRE(server->AddExport(name, *d, "", owner).ok());
+    }
+    REQUIRE(server->Start().ok());
+  }
+  // Connects over TCP, STARTTLS, TLS handshake with `ctx`.
+  bool Secure(RawClient* c, const TlsContext& ctx) {
+    if (!c->ConnectTcp(server->port()) || !c->Handshake() || !c->SendOption(nbd::kOptStartTls, {})) return false;
+    RawClient::OptReply r;
+    if (!c->ReadOptReply(&r) || r.type != nbd::kRepAck) return false;
+    return c->StartTls(ctx.native());
+  }
+  Pki pk;
+  std::unique_ptr<Env> env;
+  std::unique_ptr<TlsCredentials> tls;
+  std::unique_ptr<NbdServer> server;
+};
+
+std::vector<std::string> List(RawClient* c) {
+  std::vector<std::string> names;
+  if (!c->SendOption(nbd::kOptList, {})) return {"<send failed>"};
+  for (;;) {
+    RawClient::OptReply r;
+    if (!c->ReadOptReply(&r)) return {"<closed>"};
+    if (r.type == nbd::kRepAck) return names;
+    if (r.type != nbd::kRepServer) return {"<error " + std::to_string(r.type) + ">"};
+    const uint32_t n = nbd::DecodeBE32(r.data.data());
+    names.emplace_back(reinterpret_cast<const char*>(r.data.data() + 4), n);
+  }
+}
+
+// The error reply (type and text) of INFO for `name`.
+std::pair<uint32_t, std::string> InfoError(RawClient* c, const std::string& name) {
+  if (!c->SendOption(nbd::kOptInfo, RawClient::InfoData(name, {}))) return {0, ""};
+  for (;;) {
+    RawClient::OptReply r;
+    if (!c->ReadOptReply(&r)) return {0, ""};
+    if (r.type == nbd::kRepInfo) continue;
+    return {r.type, std::string(r.data.begin(), r.data.end())};
+  }
+}
+
+TEST_CASE("nbd server TLS required: before STARTTLS only STARTTLS and ABORT, others TLS_REQD", "[nbd][tls]") {
+  TlsFixture fx;
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Handshake());
+  for (uint32_t opt : {nbd::kOptList, nbd::kOptStructuredReply, 4242u}) {
+    REQUIRE(c.SendOption(opt, {}));
+    RawClient::OptReply r;
+    REQUIRE(c.ReadOptReply(&r));
+    CHECK(r.option == opt);
+    CHECK(r.type == nbd::kRepErrTlsReqd);
+  }
+  std::map<uint16_t, Bytes> got;
+  CHECK(c.InfoOrGo(nbd::kOptGo, "acme/db@1", {}, &got) == nbd::kRepErrTlsReqd);
+  CHECK(c.InfoOrGo(nbd::kOptInfo, "missing", {}, &got) == nbd::kRepErrTlsReqd);
+  CHECK(got.empty());
+  // STARTTLS with data is invalid; the connection stays in the clear.
+  Bytes junk(2, 0);
+  REQUIRE(c.SendOption(nbd::kOptStartTls, junk));
+  RawClient::OptReply r;
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrInvalid);
+  REQUIRE(c.SendOption(nbd::kOptAbort, {}));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepAck);
+  CHECK(c.ClosedByPeer());
+
+  // EXPORT_NAME cannot carry an error: the connection closes.
+  RawClient e;
+  REQUIRE(e.ConnectTcp(fx.server->port()));
+  REQUIRE(e.Handshake());
+  std::string n = "acme/db@1";
+  REQUIRE(e.SendOption(nbd::kOptExportName, ByteSpan(reinterpret_cast<const uint8_t*>(n.data()), n.size())));
+  CHECK(e.ClosedByPeer());
+
+  // A client without a certificate fails the TLS handshake.
+  RawClient anon;
+  REQUIRE(anon.ConnectTcp(fx.server->port()));
+  REQUIRE(anon.Handshake());
+  REQUIRE(anon.SendOption(nbd::kOptStartTls, {}));
+  REQUIRE(anon.ReadOptReply(&r));
+  REQUIRE(r.type == nbd::kRepAck);
+  SSL_CTX* bare = SSL_CTX_new(TLS_client_method());
+  SSL_CTX_set_verify(bare, SSL_VERIFY_NONE, nullptr);
+  bool up = anon.StartTls(bare);
+  if (up) {
+    const auto l = List(&anon);  // TLS 1.3: the server judges the client's certificate after SSL_connect
+    up = !l.empty() && l[0][0] != '<';
+  }
+  CHECK_FALSE(up);
+  SSL_CTX_free(bare);
+  CHECK(WaitUntil([&] { return fx.server->connection_count() == 0; }));
+}
+
+TEST_CASE("nbd server TLS: STARTTLS, then the certificate's tenant scopes LIST, INFO and GO", "[nbd][tls]") {
+  TlsFixture fx;
+  RawClient a;
+  REQUIRE(fx.Secure(&a, *fx.pk.acme));
+  CHECK(List(&a) == std::vector<std::string>{"acme/db@1", "acme/logs@2"});
+  // STARTTLS again is invalid.
+  REQUIRE(a.SendOption(nbd::kOptStartTls, {}));
+  RawClient::OptReply r;
+  REQUIRE(a.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrInvalid);
+  // Another tenant's export looks exactly like a missing one.
+  auto other = InfoError(&a, "umbrella/db@1");
+  auto missing = InfoError(&a, "umbrella/nothing@9");
+  CHECK(other.first == nbd::kRepErrUnknown);
+  CHECK(missing.first == nbd::kRepErrUnknown);
+  CHECK(other.second.substr(0, 10) == missing.second.substr(0, 10));
+  CHECK(other.second == "no export 'umbrella/db@1'");
+  CHECK(missing.second == "no export 'umbrella/nothing@9'");
+  std::map<uint16_t, Bytes> got;
+  CHECK(a.InfoOrGo(nbd::kOptGo, "umbrella/db@1", {}, &got) == nbd::kRepErrUnknown);
+  // Its own export: GO, then I/O over TLS.
+  CHECK(a.InfoOrGo(nbd::kOptGo, "acme/db@1", {}, &got) == nbd::kRepAck);
+  Bytes d = Pattern(8192, 5), back;
+  CHECK(a.Do(nbd::kCmdWrite, 4096, 8192, 0, d) == 0);
+  CHECK(a.Do(nbd::kCmdRead, 4096, 8192, 0, {}, &back) == 0);
+  CHECK(back == d);
+
+  RawClient b;
+  REQUIRE(fx.Secure(&b, *fx.pk.umbrella));
+  CHECK(List(&b) == std::vector<std::string>{"umbrella/db@1"});
+  CHECK(InfoError(&b, "acme/db@1").second == "no export 'acme/db@1'");
+  // EXPORT_NAME of another tenant's export closes, as for a missing one.
+  std::string n = "acme/db@1";
+  REQUIRE(b.SendOption(nbd::kOptExportName, ByteSpan(reinterpret_cast<const uint8_t*>(n.data()), n.size())));
+  CHECK(b.ClosedByPeer());
+
+  // A tenant-less certificate (the provider) sees every export.
+  RawClient p;
+  REQUIRE(fx.Secure(&p, *fx.pk.provider));
+  CHECK(List(&p) == std::vector<std::string>{"acme/db@1", "acme/logs@2", "umbrella/db@1"});
+
+  // The Unix socket needs no TLS (its mode and group guard it).
+  RawClient u;
+  REQUIRE(u.ConnectUnix(fx.pk.dir.Join("nbd.sock")));
+  REQUIRE(u.Handshake());
+  CHECK(List(&u).size() == 3);
+  struct stat st {};
+  REQUIRE(::stat(fx.pk.dir.Join("nbd.sock").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0660);
+}
+
+TEST_CASE("nbd server: options per connection and option reply bytes are capped", "[nbd][tls]") {
+  NbdServerOptions o;
+  o.max_options = 5;
+  MemFixture fx(o);
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Handshake());
+  for (int i = 0; i < 5; ++i) {
+    REQUIRE(c.SendOption(4242, {}));
+    RawClient::OptReply r;
+    REQUIRE(c.ReadOptReply(&r));
+  }
+  REQUIRE(c.SendOption(4242, {}));
+  CHECK(c.ClosedByPeer());
+
+  NbdServerOptions small;
+  small.max_option_reply_bytes = 400;
+  MemFixture fy(small);
+  RawClient d;
+  REQUIRE(d.ConnectTcp(fy.server->port()));
+  REQUIRE(d.Handshake());
+  bool closed = false;
+  for (int i = 0; i < 50 && !closed; ++i) closed = List(&d) == std::vector<std::string>{"<closed>"};
+  CHECK(closed);
+}
+
+TEST_CASE("nbd server: at the connection cap the oldest handshaking connection makes room", "[nbd][tls]") {
+  NbdServerOptions o;
+  o.max_connections = 4;
+  MemFixture fx(o);
+  // Two attached clients, then two silent ones fill the cap.
+  RawClient att1, att2, idle1, idle2;
+  REQUIRE(att1.ConnectTcp(fx.server->port()));
+  REQUIRE(att1.Open("vol1") >= 0);
+  REQUIRE(att2.ConnectTcp(fx.server->port()));
+  REQUIRE(att2.Open("vol1") >= 0);
+  REQUIRE(idle1.ConnectTcp(fx.server->port()));
+  REQUIRE(WaitUntil([&] { return fx.server->connection_count() == 3; }));
+  REQUIRE(idle2.ConnectTcp(fx.server->port()));
+  REQUIRE(WaitUntil([&] { return fx.server->connection_count() == 4; }));
+  // A fresh client gets in: the oldest silent one is closed for it.
+  RawClient fresh;
+  REQUIRE(fresh.ConnectTcp(fx.server->port()));
+  REQUIRE(fresh.Open("vol1") >= 0);
+  CHECK(fresh.Do(nbd::kCmdRead, 0, 512) == 0);
+  CHECK(idle1.ClosedByPeer());
+  CHECK(fx.server->evicted_count() == 1);
+  // The attached clients were not touched.
+  CHECK(att1.Do(nbd::kCmdRead, 0, 512) == 0);
+  CHECK(att2.Do(nbd::kCmdRead, 0, 512) == 0);
+  // Again: idle2 makes room; then everyone is attached and a new one is refused.
+  RawClient fresh2;
+  REQUIRE(fresh2.ConnectTcp(fx.server->port()));
+  REQUIRE(fresh2.Open("vol1") >= 0);
+  CHECK(idle2.ClosedByPeer());
+  REQUIRE(WaitUntil([&] { return fx.server->connection_count() == 4; }));
+  RawClient refused;
+  REQUIRE(refused.ConnectTcp(fx.server->port()));
+  CHECK(refused.ClosedByPeer());
+  CHECK(fx.server->evicted_count() == 2);
+}
+
+TEST_CASE("nbd server: attached clients idle past idle_timeout_ms are closed, busy ones stay", "[nbd][tls]") {
+  NbdServerOptions o;
+  o.idle_timeout_ms = 300;
+  MemFixture fx(o);
+  RawClient idle, busy;
+  REQUIRE(idle.ConnectTcp(fx.server->port()));
+  REQUIRE(idle.Open("vol1") >= 0);
+  REQUIRE(busy.ConnectTcp(fx.server->port()));
+  REQUIRE(busy.Open("vol1") >= 0);
+  // busy sends a request every 50 ms for well over the timeout.
+  std::atomic<bool> ok{true};
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1200);
+  while (std::chrono::steady_clock::now() < until) {
+    if (busy.Do(nbd::kCmdRead, 0, 512) != 0) ok = false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the client's request pacing, not a sync
+  }
+  CHECK(ok);
+  CHECK(idle.ClosedByPeer());
+  CHECK(fx.server->idle_closed_count() == 1);
+  CHECK(busy.Do(nbd::kCmdRead, 0, 512) == 0);
 }
 
 // ---------------------------------------------------------------------------

@@ -440,3 +440,34 @@ TEST_CASE("pki: IdentityOfFile names the file it cannot read", "[pki]") {
   REQUIRE(cdp::pki::InitCa(dir.Join("ca"), {}).ok());
   CHECK(cdp::pki::IdentityOfFile(dir.Join("ca") + "/ca.crt").status().code() == cdp::Code::kPermissionDenied);
 }
+
+TEST_CASE("pki: an mt certificate names loopback and its name as subjectAltName, others none, hosts override",
+          "[pki][nbd]") {
+  cdp::testing::ScratchDir dir;
+  const std::string ca = dir.Join("ca");
+  REQUIRE(cdp::pki::InitCa(ca, {}).ok());
+  Issued mt = MustIssue(ca, {CertRole::kMasterTarget, "", "mt.provider.example"}, "mt");
+  CertPtr cert = ReadCert(mt.cert);
+  // What a GnuTLS or OpenSSL client checks when it dials the MT's NBD port.
+  CHECK(X509_check_ip_asc(cert.get(), "127.0.0.1", 0) == 1);
+  CHECK(X509_check_ip_asc(cert.get(), "::1", 0) == 1);
+  CHECK(X509_check_host(cert.get(), "localhost", 0, 0, nullptr) == 1);
+  CHECK(X509_check_host(cert.get(), "mt.provider.example", 0, 0, nullptr) == 1);
+  CHECK(X509_check_host(cert.get(), "other.example", 0, 0, nullptr) == 0);
+  CHECK(X509_check_ip_asc(cert.get(), "10.0.0.1", 0) == 0);
+
+  Issued agent = MustIssue(ca, {CertRole::kAgent, "acme", "db-host-1"}, "agent");
+  CertPtr ac = ReadCert(agent.cert);
+  CHECK(X509_get_ext_by_NID(ac.get(), NID_subject_alt_name, -1) < 0);
+
+  cdp::pki::IssueOptions io;
+  io.identity = {CertRole::kMasterTarget, "", "mt-2"};
+  io.hosts = {"10.0.0.7", "mt2.example"};
+  REQUIRE(cdp::pki::Issue(ca, io, dir.Join("mt2.key"), dir.Join("mt2.crt")).ok());
+  CertPtr m2 = ReadCert(dir.Join("mt2.crt"));
+  CHECK(X509_check_ip_asc(m2.get(), "10.0.0.7", 0) == 1);
+  CHECK(X509_check_host(m2.get(), "mt2.example", 0, 0, nullptr) == 1);
+  CHECK(X509_check_ip_asc(m2.get(), "127.0.0.1", 0) == 0);
+  io.hosts = {"bad host,DNS:evil"};
+  CHECK(cdp::pki::Issue(ca, io, dir.Join("mt3.key"), dir.Join("mt3.crt")).code() == cdp::Code::kInvalidArgument);
+}

@@ -5,11 +5,12 @@
 
 namespace {
 
-// The key tests below are about other keys: they run with tls = off unless
-// their text sets tls itself (the TLS keys have their own test case).
+// The key tests below are about other keys: they run with tls = off (and so
+// nbd_tls = off) unless their text sets tls itself (the TLS keys have their own
+// test case).
 std::string ClearUnlessTls(std::string_view text) {
   std::string t(text);
-  if (t.find("tls") == std::string::npos) t = "tls = off\n" + t;
+  if (t.find("tls") == std::string::npos) t = "tls = off\nnbd_tls = off\n" + t;
   return t;
 }
 
@@ -90,8 +91,20 @@ TEST_CASE("master target config: TLS is on by default and needs its three files,
   CHECK(o->tls.cert == "/mt.crt");
   CHECK(o->tls.key == "/mt.key");
   CHECK(o->direct_agent_tenants == std::set<std::string>{"acme"});
-  auto off = Load(env.get(), "tls = off\n");
+  CHECK(o->nbd_tls);  // NBD exports require TLS by default
+  CHECK(o->nbd_idle_timeout_ms == 600000);
+  CHECK(o->nbd_max_connections == 256);
+  // tls = off leaves nothing to secure the exports with: say so, or switch them off.
+  CHECK(Error(env.get(), "tls = off\n").find("'nbd_tls' = require needs tls = on") == 0);
+  auto off = Load(env.get(), "tls = off\nnbd_tls = off\n");
   REQUIRE(off.ok());
   CHECK_FALSE(off->tls.enabled);
+  CHECK_FALSE(off->nbd_tls);
   CHECK(off->direct_agent_tenants.empty());
+  CHECK(Load(env.get(), "tls = off\nnbd = none\n").ok());
+  CHECK(Error(env.get(), "tls = off\nnbd_tls = maybe\n") == "'nbd_tls' must be require or off, not 'maybe'");
+  auto idle = Load(env.get(), "tls = off\nnbd_tls = off\nnbd_idle_timeout = 0s\nnbd_max_connections = 9\n");
+  REQUIRE(idle.ok());
+  CHECK(idle->nbd_idle_timeout_ms == 0);
+  CHECK(idle->nbd_max_connections == 9);
 }
