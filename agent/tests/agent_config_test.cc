@@ -108,3 +108,20 @@ TEST_CASE("agent config: TLS is on by default and needs its three files", "[conf
   CHECK(o->tls.enabled);
   CHECK(o->tls.cert == "/a.crt");
 }
+
+TEST_CASE("agent config: control tokens are on by default, off or a file by choice", "[config][control]") {
+  auto env = cdp::NewMemEnv();
+  auto o = Load(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\n");
+  REQUIRE(o.ok());
+  CHECK(o->control_auth.enabled);
+  CHECK(o->control_auth.token_file.empty());  // <bitmap_dir>/control.token
+  CHECK_FALSE(o->control_auth.metrics_public);
+  auto off = Load(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\ncontrol_auth = off\n"
+                             "control_token_file = /etc/t\nmetrics_public = true\n");
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->control_auth.enabled);
+  CHECK(off->control_auth.token_file == "/etc/t");
+  CHECK(off->control_auth.metrics_public);
+  CHECK(Error(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\ncontrol_auth = maybe\n") ==
+        "bad value 'maybe' for 'control_auth' (token | off)");
+}

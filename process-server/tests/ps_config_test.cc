@@ -88,6 +88,13 @@ TEST_CASE("process server config: bad values name the key", "[config]") {
   CHECK(msg("tenant = a:b\nmax_connections = 0\n") == "'max_connections' must be 1..65536");
   CHECK(msg("tenant = a:b\nmax_connections_per_peer = 70000\n") == "'max_connections_per_peer' must be 1..65536");
   CHECK(msg("tenant = a:b\ncontrol = none\nmt = h:0\n").find("mt") != std::string::npos);
+  // A throttle under the floor would stall shipping: refused at start as at the control API.
+  CHECK(msg("tenant = a:b\nthrottle_mbps = 0.000001\n") ==
+        "'throttle_mbps'/'throttle_schedule': throttle rate: 1e-06 Mbit/s is outside 0 (unlimited) or 0.5..1e+06");
+  CHECK(msg("tenant = a:b\nthrottle_schedule = 0.1@08:00-18:00\n") ==
+        "'throttle_mbps'/'throttle_schedule': schedule window 08:00-18:00: 0.1 Mbit/s is outside 0 (unlimited) or "
+        "0.5..1e+06");
+  CHECK(msg("tenant = a:b\ncontrol_auth = none\n") == "bad value 'none' for 'control_auth' (token | off)");
 }
 
 TEST_CASE("process server config: TLS is on by default and needs its three files", "[config][tls]") {
