@@ -129,56 +129,45 @@ Result<std::optional<std::string>> Params::String(std::string_view key) const {
   return std::optional<std::string>(std::string(v->as_string()));
 }
 
-Result<std::optional<int64_t>> Params::Int(std::string_view key) const {
-  if (from_query_) {
-    auto it = query_.find(std::string(key));
-    if (it == query_.end()) return std::optional<int64_t>();
+namespace {
+
+// One number parameter as T: decimal text in a query, a JSON number the value
+// fits exactly (boost::json's to_number refuses 1.5 as an integer, -1 as unsigned).
+template <typename T>
+Result<std::optional<T>> NumberParam(bool from_query, const std::map<std::string, std::string>& query,
+                                     const boost::json::object& body, std::string_view key, const char* want) {
+  T x{};
+  if (from_query) {
+    auto it = query.find(std::string(key));
+    if (it == query.end()) return std::optional<T>();
     const std::string& t = it->second;
-    int64_t x = 0;
     auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), x);
-    if (t.empty() || ec != std::errc() || end != t.data() + t.size()) return BadValue(key, "an integer");
-    return std::optional<int64_t>(x);
+    if (t.empty() || ec != std::errc() || end != t.data() + t.size()) return BadValue(key, want);
+  } else {
+    const boost::json::value* v = body.if_contains(key);
+    if (v == nullptr) return std::optional<T>();
+    boost::system::error_code ec;
+    x = v->is_number() ? v->to_number<T>(ec) : T{};
+    if (!v->is_number() || ec) return BadValue(key, want);
   }
-  const boost::json::value* v = body_.if_contains(key);
-  if (v == nullptr) return std::optional<int64_t>();
-  if (v->is_int64()) return std::optional<int64_t>(v->as_int64());
-  if (v->is_uint64() && v->as_uint64() <= uint64_t(INT64_MAX)) return std::optional<int64_t>(int64_t(v->as_uint64()));
-  return BadValue(key, "an integer");
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(x)) return BadValue(key, "a finite number");
+  }
+  return std::optional<T>(x);
+}
+
+}  // namespace
+
+Result<std::optional<int64_t>> Params::Int(std::string_view key) const {
+  return NumberParam<int64_t>(from_query_, query_, body_, key, "an integer");
 }
 
 Result<std::optional<uint64_t>> Params::Uint(std::string_view key) const {
-  if (from_query_) {
-    auto it = query_.find(std::string(key));
-    if (it == query_.end()) return std::optional<uint64_t>();
-    const std::string& t = it->second;
-    uint64_t x = 0;
-    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), x);
-    if (t.empty() || ec != std::errc() || end != t.data() + t.size()) return BadValue(key, "a non-negative integer");
-    return std::optional<uint64_t>(x);
-  }
-  const boost::json::value* v = body_.if_contains(key);
-  if (v == nullptr) return std::optional<uint64_t>();
-  if (v->is_uint64()) return std::optional<uint64_t>(v->as_uint64());
-  if (v->is_int64() && v->as_int64() >= 0) return std::optional<uint64_t>(uint64_t(v->as_int64()));
-  return BadValue(key, "a non-negative integer");
+  return NumberParam<uint64_t>(from_query_, query_, body_, key, "a non-negative integer");
 }
 
 Result<std::optional<double>> Params::Number(std::string_view key) const {
-  double x = 0;
-  if (from_query_) {
-    auto it = query_.find(std::string(key));
-    if (it == query_.end()) return std::optional<double>();
-    const std::string& t = it->second;
-    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), x);
-    if (t.empty() || ec != std::errc() || end != t.data() + t.size()) return BadValue(key, "a number");
-  } else {
-    const boost::json::value* v = body_.if_contains(key);
-    if (v == nullptr) return std::optional<double>();
-    if (!v->is_number()) return BadValue(key, "a number");
-    x = v->to_number<double>();
-  }
-  if (!std::isfinite(x)) return BadValue(key, "a finite number");
-  return std::optional<double>(x);
+  return NumberParam<double>(from_query_, query_, body_, key, "a number");
 }
 
 Result<std::optional<bool>> Params::Bool(std::string_view key) const {
