@@ -297,9 +297,13 @@ int Export(const Options& o, const std::string& spec, bool writable, std::ostrea
     return 0;
   }
   const json::object& r = c.body.as_object();
-  out << "nbd://" << o.mt.host << ":" << uint64_t(Num(r, "port")) << "/" << Str(r, "export") << "  (sequence "
+  const json::value* tls = r.if_contains("tls");
+  const bool nbds = tls != nullptr && tls->is_bool() && tls->as_bool();
+  out << (nbds ? "nbds://" : "nbd://") << o.mt.host << ":" << uint64_t(Num(r, "port")) << "/" << Str(r, "export")
+      << "  (sequence "
       << uint64_t(Num(r, "seq")) << (writable ? ", writable overlay discarded at unexport" : ", read-only")
       << ")\n";
+  if (nbds) out << "  NBD TLS: append ?tls-certificates=DIR, a directory with the tenant's ca-cert.pem, client-cert.pem, client-key.pem\n";
   return 0;
 }
 

@@ -127,6 +127,7 @@ void MasterTarget::Impl::AddRoutes() {
       CDP_ASSIGN_OR_RETURN(std::string name, mt->StartExport(e->tenant, e->name, seq, writable.value_or(false)));
       return http::Response::Json(200, json::object{{"export", name},
                                                     {"port", nbd ? nbd->port() : 0},
+                                                    {"tls", o.nbd_tls},  // NBD STARTTLS required
                                                     {"seq", seq},
                                                     {"writable", writable.value_or(false)}});
     });
