@@ -146,7 +146,8 @@ qemu_writes() {  # SEED COUNT: random pattern writes of 4 KiB..1 MiB, then a flu
 churn() {  # SECONDS PATTERN SEED
   if [ -x "$LOADGEN" ]; then
     "$LOADGEN" churn --target "$URI" --rate 20 --duration "$1" --pattern "$2" --io-size 64KiB \
-      --compressibility 0.6 --seed "$3" --flush-every 16MiB 2>/dev/null | sed 's/^/  /'
+      --compressibility 0.6 --seed "$3" --flush-every 16MiB 2>"$DIR/churn.err" | sed 's/^/  /' ||
+      die "cdp-loadgen churn failed: $(tail -n 20 "$DIR/churn.err")"
   else
     echo "  (cdp-loadgen not built: qemu-io writes instead)"
     qemu_writes "$3" 200
