@@ -46,6 +46,9 @@ ExternalProject_Add(cdp_fuzz_clang
   BINARY_DIR ${CDP_FUZZ_BUILD_DIR}
   CMAKE_ARGS -DCMAKE_C_COMPILER=${CDP_FUZZ_CLANG} -DCMAKE_CXX_COMPILER=${CDP_FUZZ_CLANGXX}
              -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCDP_FUZZ=ON -DCDP_WERROR=${CDP_WERROR} -DBUILD_TESTING=OFF
+             # Short runs need coverage, not speed: a quicker compile, and assertions on.
+             "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only"
+             "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only"
   INSTALL_COMMAND ""
   BUILD_ALWAYS ON)  # its own make decides what is out of date
 
