@@ -1,8 +1,6 @@
 #include "common/http_server.h"
 
 #include <algorithm>
-#include <boost/asio/ip/address.hpp>
-#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <boost/json.hpp>
@@ -12,6 +10,7 @@
 
 #include "common/asio_status.h"
 #include "common/http_detail.h"
+#include "common/http_router.h"
 #include "common/listener.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -27,46 +26,6 @@ namespace {
 // before the client has read the answer.
 constexpr size_t kDrainLimit = 64 << 20;
 constexpr auto kDrainTime = std::chrono::seconds(2);
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-// Percent-decoding; `plus_is_space` for query strings. Bad escapes are kept literally.
-std::string Decode(std::string_view s, bool plus_is_space) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size()) {
-      int hi = HexValue(s[i + 1]), lo = HexValue(s[i + 2]);
-      if (hi >= 0 && lo >= 0) {
-        out += char(hi * 16 + lo);
-        i += 2;
-        continue;
-      }
-    }
-    out += (plus_is_space && s[i] == '+') ? ' ' : s[i];
-  }
-  return out;
-}
-
-std::map<std::string, std::string> ParseQuery(std::string_view q) {
-  std::map<std::string, std::string> out;
-  while (!q.empty()) {
-    size_t amp = q.find('&');
-    std::string_view part = q.substr(0, amp);
-    q.remove_prefix(amp == std::string_view::npos ? q.size() : amp + 1);
-    if (part.empty()) continue;
-    size_t eq = part.find('=');
-    std::string key = Decode(part.substr(0, eq), true);
-    std::string value = eq == std::string_view::npos ? std::string() : Decode(part.substr(eq + 1), true);
-    out[std::move(key)] = std::move(value);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -200,19 +159,12 @@ Response ErrorResponse(const Status& s) {
 
 // ---------------------------------------------------------------- Server::Impl
 
-struct RouteEntry {
-  std::string method;
-  std::string path;  // exact path, or the prefix including its trailing '/'
-  bool prefix = false;
-  Handler handler;
-};
-
 // The server's state; Session sees it through this type (Server::Impl is private).
 struct ServerState {
-  explicit ServerState(ServerOptions o) : opts(std::move(o)) {}
+  explicit ServerState(ServerOptions o) : opts(std::move(o)), router(opts) {}
 
   ServerOptions opts;
-  std::vector<RouteEntry> routes;
+  Router router;  // refers to opts
   std::unique_ptr<net::io_context> ioc;
   std::unique_ptr<Listener> listener;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;  // keeps run() going
@@ -222,7 +174,6 @@ struct ServerState {
   std::shared_ptr<spdlog::logger> log = cdp::log::Get("http");
 
   void OnConnection(Listener::Connection c);
-  Response Dispatch(Request& req);
 };
 
 struct Server::Impl : ServerState {
@@ -242,8 +193,7 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void DoReadHeader() {
     parser_.emplace();
-    parser_->header_limit(kHeaderLimit);
-    parser_->body_limit(srv_->opts.max_body_bytes);
+    LimitRequestParser(*parser_, srv_->opts.max_body_bytes);
     stream_.expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
     bhttp::async_read_header(stream_, buf_, *parser_,
                              [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
@@ -254,7 +204,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == bhttp::error::body_limit) return TooLarge();
     if (ec) return Close();  // end of stream, timeout, garbage: nothing to answer
     auto& req = parser_->get();
-    if (auto len = parser_->content_length(); len && *len > srv_->opts.max_body_bytes) return TooLarge();
+    if (BodyTooLarge(*parser_, srv_->opts.max_body_bytes)) return TooLarge();
     if (req[bhttp::field::expect] == "100-continue") {
       cont_.emplace(bhttp::status::continue_, req.version());
       bhttp::async_write(stream_, *cont_, [self = shared_from_this()](beast::error_code ec2, size_t) {
@@ -275,21 +225,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == bhttp::error::body_limit) return TooLarge();
     if (ec) return Close();
     auto& preq = parser_->get();
-    Request req;
-    req.method = std::string(preq.method_string());
-    req.target = std::string(preq.target());
-    std::string_view target(req.target);
-    size_t q = target.find('?');
-    req.path = Decode(target.substr(0, q), false);
-    if (q != std::string_view::npos) {
-      req.query = std::string(target.substr(q + 1));
-      req.params = ParseQuery(req.query);
-    }
-    req.body = std::move(preq.body());
-    req.content_type = std::string(preq[bhttp::field::content_type]);
-    req.host = std::string(preq[bhttp::field::host]);
-    req.authorization = std::string(preq[bhttp::field::authorization]);
-    Response r = srv_->Dispatch(req);
+    Request req = ToRequest(preq);
+    Response r = srv_->router.Dispatch(req);
     Send(r, preq.version(), preq.keep_alive());
   }
 
@@ -348,7 +285,7 @@ class Session : public std::enable_shared_from_this<Session> {
   ServerState* srv_;
   Listener::Slot slot_;
   beast::flat_buffer buf_;
-  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::optional<RequestParser> parser_;
   std::optional<bhttp::response<bhttp::empty_body>> cont_;
   std::optional<bhttp::response<bhttp::string_body>> res_;
   std::vector<char> drain_buf_;
@@ -366,114 +303,6 @@ void ServerState::OnConnection(Listener::Connection c) {
   std::make_shared<Session>(std::move(socket), this, std::move(c.slot))->Start();
 }
 
-namespace {
-
-// The host part of a Host header ("127.0.0.1:9100" -> "127.0.0.1",
-// "[::1]:9100" -> "::1", "localhost" -> "localhost").
-std::string HostPart(std::string_view h) {
-  if (!h.empty() && h.front() == '[') {
-    size_t close = h.find(']');
-    return close == std::string_view::npos ? std::string() : std::string(h.substr(1, close - 1));
-  }
-  size_t colon = h.find(':');
-  return std::string(h.substr(0, colon));
-}
-
-bool HostAllowed(const std::string& header, const std::vector<std::string>& allowed) {
-  const std::string host = HostPart(header);
-  if (host.empty()) return false;
-  boost::system::error_code ec;
-  (void)boost::asio::ip::make_address(host, ec);
-  if (!ec) return true;  // an IP literal: no name to rebind
-  std::string lower;
-  for (char c : host) lower += char(std::tolower(static_cast<unsigned char>(c)));
-  if (lower == "localhost") return true;
-  for (const std::string& a : allowed) {
-    if (lower == a) return true;
-  }
-  return false;
-}
-
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
-  }
-  return true;
-}
-
-bool IsJson(std::string_view content_type) {
-  std::string_view t = content_type.substr(0, content_type.find(';'));
-  while (!t.empty() && t.back() == ' ') t.remove_suffix(1);
-  std::string lower;
-  for (char c : t) lower += char(std::tolower(static_cast<unsigned char>(c)));
-  return lower == "application/json";
-}
-
-}  // namespace
-
-Response ServerState::Dispatch(Request& req) {
-  if (!HostAllowed(req.host, opts.allowed_hosts)) {
-    return Response::Error(403, "Host header '" + req.host + "' is not allowed (IP literals, localhost, allowed_hosts)");
-  }
-  if ((!req.body.empty() || !req.content_type.empty()) && !IsJson(req.content_type)) {
-    return Response::Error(415, "request bodies must be application/json, not '" + req.content_type + "'");
-  }
-  if (opts.authenticate && !(opts.metrics_public && req.path == "/metrics")) {
-    std::string_view auth(req.authorization);
-    constexpr std::string_view kBearer = "Bearer ";
-    if (auth.size() <= kBearer.size() || !EqualsIgnoreCase(auth.substr(0, kBearer.size()), kBearer)) {
-      return Response::Error(401, "a control token is required (Authorization: Bearer TOKEN; cdpctl --token-file)");
-    }
-    auto caller = opts.authenticate(auth.substr(kBearer.size()));
-    if (!caller) return Response::Error(401, "the control token is not valid here");
-    req.caller = std::move(*caller);
-  } else {
-    req.caller.admin = true;  // no authentication configured: the only caller is the operator
-  }
-  try {
-    const bool daemon_wide = (req.path == "/metrics" && !opts.metrics_public) || req.path == "/status";
-    if (daemon_wide && opts.authenticate && !req.caller.admin) {
-      return Response::Error(403, req.path + " covers every tenant: it needs an admin token");
-    }
-    if (req.path == "/metrics" && opts.registry != nullptr) {
-      if (req.method != "GET") return Response::Error(405, "method " + req.method + " not allowed on /metrics");
-      auto f = req.params.find("format");
-      if (f != req.params.end() && f->second == "json") return Response::Json(200, opts.registry->RenderJson());
-      Response r;
-      r.body = opts.registry->RenderPrometheus();
-      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-      return r;
-    }
-    if (req.path == "/status" && opts.status) {
-      if (req.method != "GET") return Response::Error(405, "method " + req.method + " not allowed on /status");
-      return Response::Json(200, opts.status());
-    }
-    const RouteEntry* best = nullptr;
-    bool path_known = false;
-    for (const RouteEntry& r : routes) {
-      bool match = r.prefix ? (req.path.size() > r.path.size() && req.path.compare(0, r.path.size(), r.path) == 0)
-                            : req.path == r.path;
-      if (!match) continue;
-      path_known = true;
-      if (r.method != req.method) continue;
-      if (best == nullptr || (best->prefix && !r.prefix) ||
-          (best->prefix && r.prefix && r.path.size() > best->path.size())) {
-        best = &r;
-      }
-    }
-    if (best == nullptr) {
-      if (path_known) return Response::Error(405, "method " + req.method + " not allowed on " + req.path);
-      return Response::Error(404, "no such path: " + req.path);
-    }
-    if (best->prefix) req.rest = req.path.substr(best->path.size());
-    return best->handler(req);
-  } catch (const std::exception& e) {
-    log->error("{} {}: handler failed: {}", req.method, req.path, e.what());
-    return Response::Error(500, e.what());
-  }
-}
-
 // ---------------------------------------------------------------- Server
 
 Server::Server(ServerOptions opts) : impl_(std::make_unique<Impl>(std::move(opts))) {}
@@ -481,21 +310,7 @@ Server::Server(ServerOptions opts) : impl_(std::make_unique<Impl>(std::move(opts
 Server::~Server() { Stop(); }
 
 void Server::Route(std::string method, std::string path, Handler handler) {
-  RouteEntry e;
-  e.method = std::move(method);
-  if (path.size() >= 2 && path.compare(path.size() - 2, 2, "/*") == 0) {
-    e.prefix = true;
-    path.pop_back();  // keep the trailing '/'
-  }
-  e.path = std::move(path);
-  e.handler = std::move(handler);
-  for (RouteEntry& r : impl_->routes) {
-    if (r.method == e.method && r.path == e.path && r.prefix == e.prefix) {
-      r = std::move(e);
-      return;
-    }
-  }
-  impl_->routes.push_back(std::move(e));
+  impl_->router.Add(std::move(method), std::move(path), std::move(handler));
 }
 
 Status Server::Start() {

@@ -1,0 +1,97 @@
+// common/http_router.h without a socket: parsing with the server's limits,
+// decoding, the Host and content-type checks and route precedence.
+#include "common/http_router.h"
+
+#include <boost/json.hpp>
+#include <catch2/catch.hpp>
+#include <stdexcept>
+#include <string>
+
+using namespace cdp::http;
+using namespace cdp::http::detail;
+
+namespace {
+
+// Parses `raw` as the server does; false if it is not one complete request.
+bool Parse(const std::string& raw, size_t max_body, Request* out, bool* too_large = nullptr) {
+  RequestParser p;
+  LimitRequestParser(p, max_body);
+  p.eager(true);
+  beast::error_code ec;
+  p.put(net::buffer(raw), ec);
+  if (too_large != nullptr) *too_large = ec == bhttp::error::body_limit || (p.is_header_done() && BodyTooLarge(p, max_body));
+  if (ec || !p.is_done()) return false;
+  *out = ToRequest(p.get());
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("ToRequest decodes the path and the query", "[http]") {
+  Request r;
+  REQUIRE(Parse("GET /v1/a%20b/c?x=1+2&y=%2F&x=3&&z HTTP/1.1\r\nHost: localhost:9\r\n\r\n", 1024, &r));
+  CHECK(r.method == "GET");
+  CHECK(r.path == "/v1/a b/c");
+  CHECK(r.query == "x=1+2&y=%2F&x=3&&z");
+  CHECK(r.params.at("x") == "3");
+  CHECK(r.params.at("y") == "/");
+  CHECK(r.params.at("z").empty());
+  CHECK(r.host == "localhost:9");
+  CHECK(PercentDecode("%4", false) == "%4");
+  CHECK(PercentDecode("%zz+", true) == "%zz ");
+}
+
+TEST_CASE("the server's body limit applies while parsing", "[http]") {
+  Request r;
+  bool too_large = false;
+  CHECK_FALSE(Parse("POST /x HTTP/1.1\r\nHost: 1.2.3.4\r\nContent-Length: 11\r\n\r\n01234567890", 10, &r, &too_large));
+  CHECK(too_large);
+  CHECK(Parse("POST /x HTTP/1.1\r\nHost: 1.2.3.4\r\nContent-Length: 10\r\n\r\n0123456789", 10, &r, &too_large));
+  CHECK_FALSE(too_large);
+}
+
+TEST_CASE("HostAllowed and IsJson", "[http]") {
+  CHECK(HostAllowed("127.0.0.1:9100", {}));
+  CHECK(HostAllowed("[::1]:9100", {}));
+  CHECK(HostAllowed("LocalHost", {}));
+  CHECK(HostAllowed("cdp.example:1", {"cdp.example"}));
+  CHECK_FALSE(HostAllowed("evil.example", {"cdp.example"}));
+  CHECK_FALSE(HostAllowed("[::1", {}));
+  CHECK_FALSE(HostAllowed("", {}));
+  CHECK(IsJson("Application/JSON ; charset=utf-8"));
+  CHECK_FALSE(IsJson("text/plain"));
+}
+
+TEST_CASE("Router: checks, precedence, 404, 405, 500", "[http]") {
+  ServerOptions o;
+  o.allowed_hosts = {"cdp.example"};
+  Router router(o);
+  auto named = [](std::string n) {
+    return [n](const Request& r) { return Response::Json(200, {{"h", n}, {"rest", r.rest}}); };
+  };
+  router.Add("GET", "/v1/*", named("short"));
+  router.Add("GET", "/v1/volumes/*", named("long"));
+  router.Add("GET", "/v1/volumes/db1", named("exact"));
+  router.Add("POST", "/v1/throw", [](const Request&) -> Response { throw std::runtime_error("boom"); });
+  auto call = [&](std::string method, std::string path, std::string host = "localhost",
+                  std::string ctype = "") {
+    Request r;
+    r.method = std::move(method);
+    r.path = std::move(path);
+    r.host = std::move(host);
+    r.content_type = std::move(ctype);
+    Response resp = router.Dispatch(r);
+    return std::make_pair(resp.status, resp.status == 200 ? boost::json::parse(resp.body).as_object() : boost::json::object{});
+  };
+  CHECK(call("GET", "/v1/volumes/db1").second.at("h") == "exact");
+  auto [s1, b1] = call("GET", "/v1/volumes/db2/tag");
+  CHECK(b1.at("h") == "long");
+  CHECK(b1.at("rest") == "db2/tag");
+  CHECK(call("GET", "/v1/x").second.at("h") == "short");
+  CHECK(call("GET", "/v1/").first == 404);  // a prefix needs something after it
+  CHECK(call("DELETE", "/v1/volumes/db1").first == 405);
+  CHECK(call("GET", "/nope").first == 404);
+  CHECK(call("POST", "/v1/throw", "localhost", "application/json").first == 500);
+  CHECK(call("GET", "/v1/x", "evil.example").first == 403);
+  CHECK(call("POST", "/v1/throw", "localhost", "text/plain").first == 415);
+}
