@@ -8,9 +8,13 @@
 // shaped like the daemons' control API, a metrics registry, a status callback
 // and a handler that throws.
 //
+// The Router authenticates bearer tokens (an admin and a tenant token) and a
+// route reads its parameters with http::Params, as the daemons' routes do.
+//
 // Properties: no crash, leak or sanitizer report; every response has a status
 // the server may send; a prefix route's rest is the tail of the path.
 #include <boost/json.hpp>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -36,6 +40,12 @@ struct Fixture {
     opts.registry = &registry;
     opts.status = [] { return boost::json::value{{"ok", true}}; };
     opts.allowed_hosts = {"cdp.example"};
+    // Bearer tokens as a daemon's ControlTokens answers them: an admin and one tenant.
+    opts.authenticate = [](std::string_view token) -> std::optional<Caller> {
+      if (token == "admin-token") return Caller{true, ""};
+      if (token == "acme-token") return Caller{false, "acme"};
+      return std::nullopt;
+    };
     auto echo = [](const Request& r) {
       if (!r.body.empty()) (void)boost::json::parse(r.body);  // handlers parse JSON; may throw
       return Response::Json(200, {{"rest", r.rest}, {"n", r.params.size()}});
@@ -44,6 +54,24 @@ struct Fixture {
     router.Add("POST", "/v1/volumes/*", echo);
     router.Add("DELETE", "/v1/volumes/*", echo);
     router.Add("GET", "/v1/volumes/db1/points/*", echo);
+    // The control API's parameter reader (http::Params), every accessor.
+    auto params = [](const Request& r) {
+      auto p = Params::Of(r, {"volume", "seq", "writable", "mbps"});
+      if (!p.ok()) return ErrorResponse(p.status());
+      auto v = p->String("volume");
+      auto s = p->Uint("seq");
+      auto i = p->Int("seq");
+      auto w = p->Bool("writable");
+      auto m = p->Number("mbps");
+      for (const Status& st : {v.status(), s.status(), w.status(), m.status()}) {
+        if (!st.ok()) return ErrorResponse(st);
+      }
+      Check(!m->has_value() || std::isfinite(**m));
+      Check(!i.ok() || !s->has_value() || !i->has_value() || uint64_t(**i) == **s);
+      return Response::Json(200, {{"tenant", r.caller.tenant}, {"admin", r.caller.admin}});
+    };
+    router.Add("GET", "/v1/params", params);
+    router.Add("POST", "/v1/params", params);
     router.Add("PUT", "/v1/throw", [](const Request&) -> Response { throw std::runtime_error("boom"); });
   }
 };
@@ -54,7 +82,7 @@ Fixture& F() {
 }
 
 bool KnownStatus(int s) {
-  return s == 200 || s == 403 || s == 404 || s == 405 || s == 415 || s == 500;
+  return s == 200 || s == 400 || s == 401 || s == 403 || s == 404 || s == 405 || s == 415 || s == 500;
 }
 
 }  // namespace

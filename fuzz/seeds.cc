@@ -85,20 +85,24 @@ void NbdRequest(const std::string& dir) {
 }
 
 void Http(const std::string& dir) {
-  Write(dir, "metrics", B("GET /metrics?format=json HTTP/1.1\r\nHost: 127.0.0.1:9100\r\n\r\n"));
+  Write(dir, "metrics", B("GET /metrics?format=json HTTP/1.1\r\nHost: 127.0.0.1:9100\r\nAuthorization: Bearer admin-token\r\n\r\n"));
   Write(dir, "status-keepalive",
-        B("GET /status HTTP/1.1\r\nHost: localhost\r\n\r\nGET /metrics HTTP/1.1\r\nHost: [::1]:9100\r\n\r\n"));
+        B("GET /status HTTP/1.1\r\nHost: localhost\r\nauthorization: bearer acme-token\r\n\r\nGET /metrics HTTP/1.1\r\nHost: [::1]:9100\r\nAuthorization: Bearer admin-token\r\n\r\n"));
   Write(dir, "post-json",
         B("POST /v1/volumes/db%31/tag?name=a+b&x=%2F HTTP/1.1\r\nHost: cdp.example\r\n"
-          "Content-Type: application/json; charset=utf-8\r\nContent-Length: 13\r\n\r\n{\"tag\":\"t1\"}\n"));
+          "Authorization: Bearer admin-token\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: 13\r\n\r\n{\"tag\":\"t1\"}\n"));
   Write(dir, "chunked",
-        B("DELETE /v1/volumes/db1 HTTP/1.1\r\nHost: 10.0.0.1\r\nContent-Type: application/json\r\n"
+        B("DELETE /v1/volumes/db1 HTTP/1.1\r\nHost: 10.0.0.1\r\nauthorization: bearer acme-token\r\nContent-Type: application/json\r\n"
           "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"));
   Write(dir, "form-post", B("POST /v1/volumes/x HTTP/1.0\r\nHost: evil.example\r\n"
                             "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 3\r\n\r\na=b"));
-  Write(dir, "expect", B("PUT /v1/throw HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
+  Write(dir, "expect", B("PUT /v1/throw HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer admin-token\r\nExpect: 100-continue\r\n"
                          "Content-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"));
-  Write(dir, "points", B("GET /v1/volumes/db1/points/2026?from=1&from=2 HTTP/1.1\r\nHost: LOCALHOST\r\n\r\n"));
+  Write(dir, "points", B("GET /v1/volumes/db1/points/2026?from=1&from=2 HTTP/1.1\r\nHost: LOCALHOST\r\nAuthorization: Bearer admin-token\r\n\r\n"));
+  Write(dir, "params", B("POST /v1/params HTTP/1.1\r\nHost: 127.0.0.1\r\nauthorization: bearer acme-token\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 51\r\n\r\n{\"volume\":\"db1\",\"seq\":7,\"writable\":true,\"mbps\":2.5}"));
+  Write(dir, "params-get", B("GET /v1/params?volume=db1&seq=18446744073709551615&writable=0&mbps=1e3 HTTP/1.1\r\n"
+                             "Host: 127.0.0.1\r\nAuthorization: Bearer admin-token\r\n\r\n"));
 }
 
 void Config(const std::string& dir) {
