@@ -160,7 +160,7 @@ TEST_CASE("pki: role names round-trip and an unknown role is named in the refusa
   }
 }
 
-TEST_CASE("pki: init writes a 0600 key and a CA certificate; a second init touches neither", "[pki]") {
+TEST_CASE("pki: init writes a 0600 key and a CA certificate, and a second init touches neither", "[pki]") {
   cdp::testing::ScratchDir dir;
   const std::string ca = dir.Join("ca");
   cdp::pki::CaOptions co;
