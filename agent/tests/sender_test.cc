@@ -153,7 +153,9 @@ TEST_CASE("resync ships only the regions that differ", "[sender][resync]") {
   REQUIRE(dev->bitmap().ResyncCount() == 16);
   Sender sender(dev.get(), Opts(peer));
   sender.Start();
-  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  // The resync thread counts a shipped region after ShipRegion returns, which
+  // can be after the peer already acknowledged it: wait for the count too.
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer) && sender.Stats().resync_shipped >= 4; }));
   auto ss = sender.Stats();
   REQUIRE(ss.resync_compared == 16);
   REQUIRE(ss.resync_equal == 12);
