@@ -47,8 +47,14 @@ std::array<uint8_t, 32> DigestOf(std::string_view token) {
   return d;
 }
 
-bool TokenChar(char c) {
-  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '-';
+// A token is [0-9A-Za-z_-]+; `where` names its source in the error.
+Status CheckToken(std::string_view token, const std::string& where) {
+  for (char c : token) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '-')) {
+      return Status::InvalidArgument(where + " has characters other than [0-9A-Za-z_-]");
+    }
+  }
+  return Status::OK();
 }
 
 std::string_view Trim(std::string_view s) {
@@ -87,9 +93,7 @@ Result<std::string> ReadTokenFile(Env* env, const std::string& path) {
   std::string_view text(reinterpret_cast<const char*>(data.data()), data.size());
   std::string_view line = Trim(text.substr(0, text.find('\n')));
   if (line.empty()) return Status::InvalidArgument(path + ": no token in the file");
-  for (char c : line) {
-    if (!TokenChar(c)) return Status::InvalidArgument(path + ": the token has characters other than [0-9A-Za-z_-]");
-  }
+  CDP_RETURN_IF_ERROR(CheckToken(line, path + ": the token"));
   return std::string(line);
 }
 
@@ -97,9 +101,7 @@ Result<std::string> ClientToken(const std::string& token_file) {
   if (!token_file.empty()) return ReadTokenFile(DefaultEnv(), token_file);
   if (const char* t = std::getenv("CDP_TOKEN"); t != nullptr && *t != '\0') {
     std::string_view v = Trim(t);
-    for (char c : v) {
-      if (!TokenChar(c)) return Status::InvalidArgument("CDP_TOKEN has characters other than [0-9A-Za-z_-]");
-    }
+    CDP_RETURN_IF_ERROR(CheckToken(v, "CDP_TOKEN"));
     return std::string(v);
   }
   if (const char* f = std::getenv("CDP_TOKEN_FILE"); f != nullptr && *f != '\0') {
