@@ -164,18 +164,10 @@ Status Agent::Start() {
       count = std::min(count, regions - first);
       uint64_t seq = dev->queue().Stats().next_seq - 1;
       json::array hs;
-      Bytes buf(std::min<uint64_t>(region, 4u << 20));
       for (uint64_t i = first; i < first + count; ++i) {
-        Xxh3_128Stream h;
-        uint64_t begin = i * region, end = std::min(begin + region, dev->size());
-        for (uint64_t off = begin; off < end;) {
-          size_t n = size_t(std::min<uint64_t>(buf.size(), end - off));
-          Status s = dev->ReadBacking(off, n, buf.data());
-          if (!s.ok()) return http::Response::Error(500, s.ToString());
-          h.Update(buf.data(), n);
-          off += n;
-        }
-        hs.push_back(json::value(HashToHex(h.Digest())));
+        auto leaves = dev->LeafDigests(i * region, region, nullptr);
+        if (!leaves.ok()) return http::Response::Error(500, leaves.status().ToString());
+        hs.push_back(json::value(HashToHex(UnitDigest(*leaves))));
       }
       return http::Response::Json(200, json::object{{"volume", dev->volume()},
                                                     {"region_size", region},
@@ -296,9 +288,14 @@ boost::json::value Agent::StatusJson() const {
       v["connected"] = ss.connected;
       v["rpo_lag_seconds"] = double(ss.rpo_lag_us) / 1e6;
       v["bytes_sent"] = ss.bytes_sent;
-      v["resync_total"] = ss.resync_total;
       v["resync_remaining"] = ss.resync_remaining;
-      v["resync_eta_seconds"] = ss.resync_eta_seconds;
+      v["resync_total_bytes"] = ss.resync.total_bytes;
+      v["resync_done_bytes"] = ss.resync.done_bytes;
+      v["resync_remaining_bytes"] = ss.resync.remaining_bytes;
+      v["resync_eta_seconds"] = ss.resync.eta_seconds;
+      v["resync_shipped_bytes"] = ss.resync.shipped_bytes;
+      v["resync_shipped_blocks"] = ss.resync.shipped_blocks;
+      v["resync_read_bytes"] = ss.resync.read_bytes;
       v["last_error"] = ss.last_error;
     } else {
       v["connected"] = false;
@@ -358,12 +355,20 @@ void Agent::RegisterMetrics(size_t i) {
                         [s] { return double(s().acked_seq); }, l);
   registry_.AddComputed("cdp_agent_rpo_lag_seconds", "Age of the oldest unacknowledged record", Type::kGauge,
                         [s] { return double(s().rpo_lag_us) / 1e6; }, l);
-  registry_.AddComputed("cdp_agent_resync_total_regions", "Regions in the current resync pass", Type::kGauge,
-                        [s] { return double(s().resync_total); }, l);
-  registry_.AddComputed("cdp_agent_resync_shipped_regions_total", "Regions shipped by resync", Type::kCounter,
-                        [s] { return double(s().resync_shipped); }, l);
+  registry_.AddComputed("cdp_agent_resync_total_bytes", "Bytes flagged when the current resync pass started",
+                        Type::kGauge, [s] { return double(s().resync.total_bytes); }, l);
+  registry_.AddComputed("cdp_agent_resync_done_bytes", "Bytes of the current resync pass finished", Type::kGauge,
+                        [s] { return double(s().resync.done_bytes); }, l);
+  registry_.AddComputed("cdp_agent_resync_shipped_bytes_total", "Bytes shipped by resync (differing blocks)",
+                        Type::kCounter, [s] { return double(s().resync.shipped_bytes); }, l);
+  registry_.AddComputed("cdp_agent_resync_shipped_blocks_total", "4 KiB blocks shipped by resync", Type::kCounter,
+                        [s] { return double(s().resync.shipped_blocks); }, l);
+  registry_.AddComputed("cdp_agent_resync_read_bytes_total", "Bytes read from the volume to compare it",
+                        Type::kCounter, [s] { return double(s().resync.read_bytes); }, l);
+  registry_.AddComputed("cdp_agent_resync_hash_requests_total", "Hash requests sent by resync", Type::kCounter,
+                        [s] { return double(s().resync.hash_requests); }, l);
   registry_.AddComputed("cdp_agent_resync_eta_seconds", "Estimated time to finish the resync", Type::kGauge,
-                        [s] { return s().resync_eta_seconds; }, l);
+                        [s] { return s().resync.eta_seconds; }, l);
   registry_.AddComputed("cdp_agent_reconnects_total", "Sessions with the process server opened", Type::kCounter,
                         [s] { return double(s().connects); }, l);
 }

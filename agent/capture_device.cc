@@ -143,23 +143,32 @@ uint32_t CaptureDevice::RegionLength(uint64_t region) const {
   return uint32_t(std::min<uint64_t>(bitmap_->region_size(), size_ - start));
 }
 
-Result<proto::Hash128> CaptureDevice::HashRegion(uint64_t region) const {
-  uint32_t len = RegionLength(region);
-  if (len == 0) return Status::OutOfRange("region past the end of the volume");
-  Bytes buf(len);
-  CDP_RETURN_IF_ERROR(file_->Read(region * bitmap_->region_size(), len, buf.data()));
-  return Xxh3_128(buf.data(), buf.size());
+Result<std::vector<proto::Hash128>> CaptureDevice::LeafDigests(uint64_t offset, uint64_t len,
+                                                               DigestStats* stats) const {
+  DigestSource src;
+  src.size = size_;
+  src.read = [this](uint64_t off, size_t n, uint8_t* buf) { return file_->Read(off, n, buf); };
+  src.next_data = [this](uint64_t off) { return file_->NextData(off); };
+  DigestReader reader(std::move(src));
+  auto leaves = reader.Leaves(offset, len);
+  if (stats != nullptr) {
+    stats->bytes_read += reader.stats().bytes_read;
+    stats->bytes_skipped += reader.stats().bytes_skipped;
+  }
+  return leaves;
 }
 
-Result<uint64_t> CaptureDevice::ShipRegion(uint64_t region) {
-  uint32_t len = RegionLength(region);
-  if (len == 0) return Status::OutOfRange("region past the end of the volume");
+Result<uint64_t> CaptureDevice::ShipRange(uint64_t offset, uint32_t len) {
+  if (len == 0 || len > proto::kMaxRecordLength || offset > size_ || len > size_ - offset) {
+    return Status::OutOfRange("resync range outside the volume");
+  }
   Bytes buf(len);
   auto lk = queue_->Lock();
   if (!queue_->HasRoomLocked(len)) return uint64_t(0);
-  CDP_RETURN_IF_ERROR(file_->Read(region * bitmap_->region_size(), len, buf.data()));
-  uint64_t seq = queue_->AppendResyncLocked(region * bitmap_->region_size(), buf);
-  if (seq != 0) bitmap_->ResyncDone(region, seq);
+  CDP_RETURN_IF_ERROR(file_->Read(offset, len, buf.data()));
+  const bool zero = IsAllZero(buf.data(), buf.size());
+  uint64_t seq = queue_->AppendResyncLocked(offset, len, zero ? ByteSpan() : ByteSpan(buf));
+  if (seq != 0) bitmap_->NoteShipped(offset, len, seq);
   return seq;
 }
 

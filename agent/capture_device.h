@@ -25,6 +25,7 @@
 
 #include "agent/capture_queue.h"
 #include "agent/dirty_bitmap.h"
+#include "common/block_digest.h"
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/nbd_server.h"
@@ -68,12 +69,16 @@ class CaptureDevice final : public BlockDevice {
   Status ReadBacking(uint64_t offset, size_t len, uint8_t* buf) const;
   // Bytes of region `region` (the last one may be short).
   uint32_t RegionLength(uint64_t region) const;
-  // XXH3-128 of region `region` as it is now.
-  Result<proto::Hash128> HashRegion(uint64_t region) const;
-  // Under the capture lock: reads region `region` and queues it as one data
-  // record, clearing its resync flag. Returns the sequence, or 0 when the
-  // queue has no room now (retry after acknowledgements).
-  Result<uint64_t> ShipRegion(uint64_t region);
+  // Leaf digests (common/block_digest.h) of [offset, offset+len) as it is
+  // now; holes of the backing file (SEEK_DATA) are not read. `stats`, when
+  // given, accumulates the bytes read and skipped.
+  Result<std::vector<proto::Hash128>> LeafDigests(uint64_t offset, uint64_t len, DigestStats* stats) const;
+  // Under the capture lock: reads [offset, offset+len) (len <= the record
+  // cap) and queues it as one resync record: kZero when it reads as zeros,
+  // else data. Returns the sequence, or 0 when the queue has no room now
+  // (retry after acknowledgements). The bitmap keeps the regions dirty until
+  // the record is acknowledged; their resync state is the caller's.
+  Result<uint64_t> ShipRange(uint64_t offset, uint32_t len);
   // True when a kFlush or tag would mark a state the replica can reproduce:
   // data mode and no region waiting for a resync. Call with the capture lock held.
   bool ConsistentLocked() const;

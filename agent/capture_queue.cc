@@ -103,14 +103,18 @@ uint64_t CaptureQueue::AppendTagLocked(std::string_view name) {
   return PushLocked(std::move(r));
 }
 
-uint64_t CaptureQueue::AppendResyncLocked(uint64_t offset, ByteSpan data) {
+uint64_t CaptureQueue::AppendResyncLocked(uint64_t offset, uint32_t length, ByteSpan data) {
   if (!HasRoomLocked(data.size())) return 0;
   QueuedRecord r;
-  r.kind = proto::RecordKind::kData;
   r.offset = offset;
-  r.length = uint32_t(data.size());
-  r.has_data = true;
-  r.data = std::make_shared<const Bytes>(data.begin(), data.end());
+  r.length = length;
+  if (data.empty()) {
+    r.kind = proto::RecordKind::kZero;
+  } else {
+    r.kind = proto::RecordKind::kData;
+    r.has_data = true;
+    r.data = std::make_shared<const Bytes>(data.begin(), data.end());
+  }
   return PushLocked(std::move(r));
 }
 

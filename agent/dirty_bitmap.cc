@@ -30,6 +30,7 @@ DirtyBitmap::DirtyBitmap(const Options& opts)
   pins_.assign(region_count_, 0);
   resync_.assign(region_count_, uint8_t(Resync::kNone));
   hot_.assign(region_count_, 0);
+  epoch_.assign(region_count_, 0);
 }
 
 Result<std::unique_ptr<DirtyBitmap>> DirtyBitmap::Open(const Options& opts) {
@@ -223,6 +224,7 @@ void DirtyBitmap::AssignResync(uint64_t offset, uint64_t len) {
   for (uint64_t r = first; r <= last; ++r) {
     if (resync_[r] == uint8_t(Resync::kNone)) ++resync_count_;
     resync_[r] = uint8_t(Resync::kShip);
+    ++epoch_[r];
     if (pins_[r] > 0) --pins_[r];
   }
 }
@@ -256,6 +258,7 @@ void DirtyBitmap::MarkAllCompare() {
       resync_[r] = uint8_t(Resync::kCompare);
       ++resync_count_;
     }
+    ++epoch_[r];
   }
   cursor_ = 0;
 }
@@ -308,6 +311,30 @@ void DirtyBitmap::ResyncDone(uint64_t region, uint64_t seq) {
   if (resync_[region] != uint8_t(Resync::kNone)) --resync_count_;
   resync_[region] = uint8_t(Resync::kNone);
   last_seq_[region] = std::max(last_seq_[region], seq);
+}
+
+uint32_t DirtyBitmap::ResyncEpoch(uint64_t region) const {
+  std::lock_guard lk(mu_);
+  return region < region_count_ ? epoch_[region] : 0;
+}
+
+bool DirtyBitmap::ResyncDoneAt(uint64_t region, uint32_t epoch) {
+  std::lock_guard lk(mu_);
+  if (region >= region_count_ || epoch_[region] != epoch) return false;
+  if (resync_[region] != uint8_t(Resync::kNone)) --resync_count_;
+  resync_[region] = uint8_t(Resync::kNone);
+  return true;
+}
+
+void DirtyBitmap::NoteShipped(uint64_t offset, uint64_t len, uint64_t seq) {
+  const uint64_t first = FirstRegion(offset), last = LastRegion(offset, len);
+  std::lock_guard lk(mu_);
+  for (uint64_t r = first; r <= last && r < region_count_; ++r) last_seq_[r] = std::max(last_seq_[r], seq);
+}
+
+uint64_t DirtyBitmap::LastSeq(uint64_t region) const {
+  std::lock_guard lk(mu_);
+  return region < region_count_ ? last_seq_[region] : 0;
 }
 
 void DirtyBitmap::SetCursor(uint64_t region) {

@@ -100,6 +100,18 @@ class DirtyBitmap {
   // Region `region` was compared equal to the replica, or its data was queued
   // with sequence `seq` (0 = compared equal): it no longer needs a resync.
   void ResyncDone(uint64_t region, uint64_t seq);
+  // Bumped whenever the region is flagged for a resync (AssignResync,
+  // MarkAllCompare): a compare that began at epoch E may finish the region
+  // only while it is still E (ResyncDoneAt), else a write it did not see
+  // would be forgotten.
+  uint32_t ResyncEpoch(uint64_t region) const;
+  // ResyncDone(region, 0) if the epoch is still `epoch`; false otherwise.
+  bool ResyncDoneAt(uint64_t region, uint32_t epoch);
+  // A resync record with sequence `seq` covers [offset, offset+len): the
+  // regions stay dirty until it is acknowledged (their resync state is kept).
+  void NoteShipped(uint64_t offset, uint64_t len, uint64_t seq);
+  // Highest sequence captured or shipped into the region in this process (0: none).
+  uint64_t LastSeq(uint64_t region) const;
   // Persisted resync cursor (the next region to compare), saved by Checkpoint.
   void SetCursor(uint64_t region);
   uint64_t cursor() const;
@@ -153,6 +165,7 @@ class DirtyBitmap {
   std::vector<uint32_t> pins_;
   std::vector<uint8_t> resync_;
   std::vector<uint8_t> hot_;
+  std::vector<uint32_t> epoch_;  // see ResyncEpoch
 };
 
 }  // namespace cdp::agent

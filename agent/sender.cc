@@ -49,6 +49,10 @@ const SenderOptions& WithClock(SenderOptions& o) {
 Sender::Sender(CaptureDevice* device, SenderOptions opts)
     : dev_(device), opts_(std::move(opts)), link_(LinkOptions(WithClock(opts_))) {
   stream_ = link_.AddStream(this);
+  opts_.resync.clock = opts_.clock;
+  resync_engine_ = std::make_unique<Resync>(
+      dev_, opts_.resync,
+      [this](const proto::HashRequest& r, Resync::HashCallback done) { link_.HashAsync(stream_, r, std::move(done)); });
 }
 
 // A stopped sender no longer touches the device (Stop() removed the queue's
@@ -70,8 +74,9 @@ void Sender::Stop() {
     stop_ = true;
   }
   stop_cv_.notify_all();
-  link_.Stop();  // fails a pending hash request
+  link_.Stop();  // fails the pending hash requests
   resync_.join();
+  resync_engine_->Abort();
   dev_->queue().SetOnAppend({});
   Checkpoint(true);
 }
@@ -96,12 +101,8 @@ SenderStats Sender::Stats() const {
     s.rpo_lag_us = now > oldest[0].timestamp_us ? now - oldest[0].timestamp_us : 0;
   }
   s.resync_remaining = dev_->bitmap().ResyncCount();
-  if (s.resync_remaining > 0 && resync_pass_done_ > 0) {
-    double elapsed = double(opts_.clock->NowMicros() - resync_pass_start_us_) / 1e6;
-    s.resync_eta_seconds = elapsed / double(resync_pass_done_) * double(s.resync_remaining);
-  } else {
-    s.resync_eta_seconds = 0;
-  }
+  s.resync = resync_engine_->Stats();
+  if (!s.resync.last_error.empty() && s.last_error.empty()) s.last_error = s.resync.last_error;
   return s;
 }
 
@@ -141,6 +142,10 @@ Result<uint64_t> Sender::Resume(uint64_t durable, repl::ResumeCause cause) {
     ++st_.history_lost;
   }
   dev_->bitmap().SetAcked(q.acked_seq());
+  // Records up to here are at the process server, maybe still in its spool:
+  // every later compare asks the replica for at least this sequence.
+  std::lock_guard lk(mu_);
+  floor_ = q.acked_seq();
   return q.acked_seq() + 1;
 }
 
@@ -205,97 +210,25 @@ void Sender::Checkpoint(bool force) {
 void Sender::ResyncLoop() {
   while (!stop_) {
     Checkpoint(false);
-    Result<bool> progressed = ResyncStep();
-    if (!progressed.ok() && !stop_) {
-      log::Get("agent")->warn("{} resync paused {} ms: {}", log::Where{dev_->volume(), opts_.ps.host, 0},
-                              opts_.hash_retry_ms, progressed.status().ToString());
+    {
       std::lock_guard lk(mu_);
-      st_.last_error = progressed.status().ToString();
-      resync_pause_until_us_ = opts_.clock->NowMicros() + opts_.hash_retry_ms * 1000;
+      resync_engine_->SetFloor(floor_);
     }
-    if (!progressed.ok() || !*progressed) {
+    // Hash requests need the volume open on the current connection.
+    const bool open = link_.WaitOpened(stream_, 0ms).ok();
+    Result<bool> progressed = open ? resync_engine_->Step() : Result<bool>(false);
+    if (!progressed.ok() && !stop_) {
+      log::Get("agent")->warn("{} resync: {}", log::Where{dev_->volume(), opts_.ps.host, 0},
+                              resync_engine_->Stats().last_error);
+    }
+    if (progressed.ok() && *progressed) continue;
+    if (resync_engine_->Idle()) {
       std::unique_lock lk(stop_mu_);
       stop_cv_.wait_for(lk, 50ms, [&] { return stop_.load(); });
-    }
-  }
-}
-
-Result<bool> Sender::ResyncStep() {
-  DirtyBitmap& bm = dev_->bitmap();
-  bool progressed = false;
-  // 1. Regions known to differ wait for room in the queue.
-  while (!to_ship_.empty()) {
-    uint64_t r = to_ship_.front();
-    CDP_ASSIGN_OR_RETURN(uint64_t seq, dev_->ShipRegion(r));
-    if (seq == 0) return progressed;  // no room: after acknowledgements
-    to_ship_.pop_front();
-    progressed = true;
-    std::lock_guard lk(mu_);
-    ++st_.resync_shipped;
-    ++resync_pass_done_;
-  }
-  // 2. Start the next comparison (only in data mode: records must fit).
-  if (bm.ResyncCount() == 0) {
-    std::lock_guard lk(mu_);
-    st_.resync_total = 0;
-    resync_pass_done_ = 0;
-    return progressed;
-  }
-  if (dev_->queue().mode() != CaptureMode::kData) return progressed;
-  if (opts_.clock->NowMicros() < resync_pause_until_us_) return progressed;
-  {
-    std::lock_guard lk(mu_);
-    if (st_.resync_total == 0) {
-      st_.resync_total = bm.ResyncCount();
-      resync_pass_start_us_ = opts_.clock->NowMicros();
-      resync_pass_done_ = 0;
-    }
-  }
-  auto next = bm.NextResync(bm.cursor());
-  if (!next) next = bm.NextResync(0);
-  if (!next) return progressed;
-  const uint64_t first = *next;
-  if (bm.ResyncState(first) == DirtyBitmap::Resync::kShip) {
-    to_ship_.push_back(first);
-    bm.SetCursor(first + 1);
-    return true;
-  }
-  const uint32_t count = uint32_t(std::min<uint64_t>(opts_.hash_batch, bm.region_count() - first));
-  proto::HashRequest hr;
-  hr.request_id = next_request_id_++;
-  hr.region_size = bm.region_size();
-  hr.first_region = first;
-  hr.count = count;
-  // 3. Compare with the replica as the master target has it.
-  auto resp = link_.Hash(stream_, hr, std::chrono::milliseconds(opts_.hash_timeout_ms));
-  if (!resp.ok()) {
-    // The process server could not answer (master target unreachable) or the
-    // connection is down: pause the resync; shipping goes on.
-    if (stop_) return false;
-    return resp.status().WithContext("hash request");
-  }
-  if (resp->first_region != first || resp->hashes.size() != count || resp->region_size != bm.region_size()) {
-    return Status::Corruption("hash response does not match the request");
-  }
-  uint64_t compared = 0, equal = 0;
-  for (uint32_t i = 0; i < count; ++i) {
-    uint64_t r = first + i;
-    if (bm.ResyncState(r) != DirtyBitmap::Resync::kCompare) continue;
-    CDP_ASSIGN_OR_RETURN(proto::Hash128 local, dev_->HashRegion(r));
-    ++compared;
-    if (local == resp->hashes[i]) {
-      bm.ResyncDone(r, 0);
-      ++equal;
     } else {
-      to_ship_.push_back(r);
+      resync_engine_->Wait(10ms);
     }
   }
-  bm.SetCursor(first + count);
-  std::lock_guard lk(mu_);
-  st_.resync_compared += compared;
-  st_.resync_equal += equal;
-  resync_pass_done_ += equal;
-  return true;
 }
 
 }  // namespace cdp::agent

@@ -14,20 +14,10 @@
 //                 the backing store
 //     Acked(d)    CaptureQueue::Ack(d) (memory freed), DirtyBitmap::SetAcked
 //
-//   resync thread (when regions need it and the queue is in data mode):
-//     HashRequest for up to hash_batch regions from the cursor (through the
-//     sender: PS -> MT) -> equal regions are done, differing ones are queued
-//     as data records (CaptureDevice::ShipRegion) as the budget allows;
-//     kShip regions (bitmap mode) are queued without comparing. A request the
-//     process server cannot answer (master target unreachable) pauses the
-//     resync for hash_retry_ms; shipping goes on.
-//     every checkpoint_interval: DirtyBitmap::Checkpoint (clears acked
-//     regions, saves the resync cursor).
-//
-// The resync compares the replica as the master target has applied it. A
-// region whose records are still in the process server's spool may compare
-// unequal (shipped again: harmless); see docs/agent.md for the one case where a
-// stale equal hash could hide a difference.
+//   resync thread: agent/resync.h (block-level compare through the sender:
+//     PS -> MT, many requests in flight, rate-controlled shipping); every
+//     checkpoint_interval: DirtyBitmap::Checkpoint (clears acked regions,
+//     saves the resync cursor).
 //
 // Thread safety: Start/Stop from the owner; Stats() from any thread.
 #pragma once
@@ -43,6 +33,7 @@
 #include <vector>
 
 #include "agent/capture_device.h"
+#include "agent/resync.h"
 #include "common/tls_stream.h"
 #include "common/clock.h"
 #include "common/host_port.h"
@@ -60,14 +51,12 @@ struct SenderOptions {
   size_t batch_records = 16384;
   uint32_t linger_ms = 2;            // wait this long for a small batch to grow
   int max_inflight = 4;              // batches sent, not yet acknowledged
-  uint32_t hash_batch = 256;         // regions per HashRequest
   uint64_t backoff_min_ms = 100;
   uint64_t backoff_max_ms = 10'000;
   uint64_t busy_backoff_ms = 200;    // hold after a busy nack (process server over quota)
   uint64_t checkpoint_interval_ms = 1000;
   uint64_t connect_timeout_ms = 5000;
-  uint64_t hash_timeout_ms = 60'000;
-  uint64_t hash_retry_ms = 5'000;     // after the server could not answer a HashRequest
+  ResyncOptions resync;              // its clock is this one
   uint64_t heartbeat_ms = 5'000;      // a Heartbeat when nothing was sent for this long
   uint64_t dead_peer_ms = 30'000;     // nothing received for this long: reconnect
   uint64_t generation = 1;
@@ -87,13 +76,8 @@ struct SenderStats {
   uint64_t busy_nacks = 0;
   uint64_t gap_nacks = 0;
   uint64_t history_lost = 0;        // resume points outside our window
-  // Resync
-  uint64_t resync_total = 0;        // regions needing a resync when the pass started
-  uint64_t resync_remaining = 0;
-  uint64_t resync_compared = 0;     // regions hashed and compared (cumulative)
-  uint64_t resync_equal = 0;
-  uint64_t resync_shipped = 0;      // regions queued as data (cumulative)
-  double resync_eta_seconds = 0;
+  uint64_t resync_remaining = 0;    // regions flagged for a resync
+  ResyncStats resync;
   uint64_t rpo_lag_us = 0;          // age of the oldest unacknowledged record
   std::string last_error;
 };
@@ -120,8 +104,6 @@ class Sender final : private repl::RecordSource {
   void Shipped(const proto::WriteBatch& batch, uint64_t wire_bytes) override;
 
   void ResyncLoop();
-  // One step of the resync; true if it did something (else the loop idles).
-  Result<bool> ResyncStep();
   void Checkpoint(bool force);
 
   CaptureDevice* dev_;
@@ -137,13 +119,9 @@ class Sender final : private repl::RecordSource {
   SenderStats st_;          // the counters the link does not keep
   bool contacted_ = false;  // a VolumeOpenReply was seen by this process
   uint64_t last_checkpoint_us_ = 0;
-  uint64_t resync_pass_start_us_ = 0;
-  uint64_t resync_pass_done_ = 0;
+  uint64_t floor_ = 0;      // resume point of the latest contact (Resync::SetFloor)
 
-  // Resync thread only.
-  std::deque<uint64_t> to_ship_;       // regions found different, waiting for room
-  uint64_t resync_pause_until_us_ = 0;
-  uint64_t next_request_id_ = 1;
+  std::unique_ptr<Resync> resync_engine_;  // driven by the resync thread
 };
 
 }  // namespace cdp::agent

@@ -133,12 +133,12 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
     out << line;
     for (const auto& v : *vols) {
       const json::object& x = v.as_object();
-      double total = Num(x, "resync_total"), left = Num(x, "resync_remaining");
+      double total = Num(x, "resync_total_bytes"), left = Num(x, "resync_remaining_bytes");
       std::string resync = "-";
       if (total > 0 && left > 0) {
         resync = ProgressBar(1.0 - left / total) + " ETA " + Secs(Num(x, "resync_eta_seconds", -1));
       } else if (left > 0) {
-        resync = std::to_string(int64_t(left)) + " regions pending";
+        resync = Bytes(left) + " pending";
       }
       std::snprintf(line, sizeof line, "  %-16s %-9s %-5s %10s %10s %12s %12s  %s\n", Str(x, "name").c_str(),
                     Str(x, "mode").c_str(), Str(x, "connected", "-").c_str(),

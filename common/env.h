@@ -62,6 +62,15 @@ class File {
   virtual Status PunchHole(uint64_t offset, uint64_t len) = 0;
   virtual Status Truncate(uint64_t size) = 0;
   virtual Result<uint64_t> Size() const = 0;
+  // Allocation (SEEK_DATA / SEEK_HOLE): the first offset >= `offset` that may
+  // hold data, so [offset, result) reads as zeros; the size when none follows.
+  // A file that cannot tell answers `offset` (everything may be data).
+  virtual Result<uint64_t> NextData(uint64_t offset) const { return offset; }
+  // The first offset >= `offset` in a hole, or the size. Default: the size.
+  virtual Result<uint64_t> NextHole(uint64_t offset) const {
+    (void)offset;
+    return Size();
+  }
   virtual const std::string& path() const = 0;
 };
 

@@ -97,6 +97,9 @@ class PosixFile final : public File {
     return Status::OK();
   }
 
+  Result<uint64_t> NextData(uint64_t offset) const override { return Seek(offset, SEEK_DATA); }
+  Result<uint64_t> NextHole(uint64_t offset) const override { return Seek(offset, SEEK_HOLE); }
+
   Status PunchHole(uint64_t offset, uint64_t len) override {
     if (len == 0) return Status::OK();
 #if defined(CDP_HAVE_FALLOCATE) && defined(FALLOC_FL_PUNCH_HOLE) && defined(FALLOC_FL_KEEP_SIZE)
@@ -138,6 +141,20 @@ class PosixFile final : public File {
   const std::string& path() const override { return path_; }
 
  private:
+  // lseek(SEEK_DATA / SEEK_HOLE). ENXIO (nothing of the kind at or after
+  // `offset`) answers the size; a file system without support (EINVAL) is
+  // treated as all data.
+  Result<uint64_t> Seek(uint64_t offset, int whence) const {
+    const off_t r = ::lseek(fd_, off_t(offset), whence);
+    if (r >= 0) return uint64_t(r);
+    if (errno == ENXIO) return Size();
+    if (errno == EINVAL || errno == EOPNOTSUPP) {
+      if (whence == SEEK_DATA) return offset;
+      return Size();
+    }
+    return Err(errno, whence == SEEK_DATA ? "lseek(SEEK_DATA)" : "lseek(SEEK_HOLE)", path_);
+  }
+
   Status WriteAt(uint64_t offset, ByteSpan data) {
     size_t done = 0;
     while (done < data.size()) {

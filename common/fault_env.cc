@@ -242,6 +242,15 @@ class FaultEnv::FaultFile final : public File {
     return Refresh();
   }
 
+  Result<uint64_t> NextData(uint64_t offset) const override {
+    std::lock_guard<std::mutex> l(st_->mu);
+    return base_->NextData(offset);
+  }
+  Result<uint64_t> NextHole(uint64_t offset) const override {
+    std::lock_guard<std::mutex> l(st_->mu);
+    return base_->NextHole(offset);
+  }
+
   Status PunchHole(uint64_t offset, uint64_t len) override {
     std::lock_guard<std::mutex> l(st_->mu);
     CDP_RETURN_IF_ERROR(Live());

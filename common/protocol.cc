@@ -18,7 +18,7 @@ constexpr size_t kBatchHeaderSize = 4 + 1 + 4 + 4;
 constexpr uint16_t kKnownFlags = 0;
 constexpr uint32_t kMinBlockSize = 512;
 constexpr uint32_t kMaxBlockSize = 1u << 20;
-constexpr uint32_t kMinRegionSize = 512;
+constexpr uint32_t kMinRegionSize = 4096;  // the digest leaf (common/block_digest.h)
 constexpr uint32_t kMaxRegionSize = 1u << 30;
 
 bool KnownType(uint8_t t) {
@@ -272,9 +272,10 @@ struct PayloadEncoder {
   }
   Status operator()(const HashRequest& m) {
     if (!IsPowerOfTwo(m.region_size) || m.region_size < kMinRegionSize || m.region_size > kMaxRegionSize) {
-      return Invalid("region_size must be a power of two in 512..1 GiB");
+      return Invalid("region_size must be a power of two in 4 KiB..1 GiB");
     }
     if (m.count == 0 || m.count > kMaxHashes) return Invalid("hash count out of range");
+    if (m.at_seq != 0 && m.at_seq < m.min_seq) return Invalid("hash request: at_seq below min_seq");
     if (m.first_region > (std::numeric_limits<uint64_t>::max() / m.region_size) - m.count) {
       return Invalid("hash range overflows");
     }
@@ -283,13 +284,18 @@ struct PayloadEncoder {
     PutFixed32(b, m.region_size);
     PutFixed64(b, m.first_region);
     PutFixed32(b, m.count);
+    PutFixed64(b, m.min_seq);
+    PutFixed64(b, m.at_seq);
     return Status::OK();
   }
   Status operator()(const HashResponse& m) {
     if (!IsPowerOfTwo(m.region_size) || m.region_size < kMinRegionSize || m.region_size > kMaxRegionSize) {
-      return Invalid("region_size must be a power of two in 512..1 GiB");
+      return Invalid("region_size must be a power of two in 4 KiB..1 GiB");
     }
-    if (m.hashes.empty() || m.hashes.size() > kMaxHashes) return Invalid("hash count out of range");
+    if (m.status > HashStatus::kFailed) return Invalid("unknown hash status");
+    if (m.status == HashStatus::kOk ? (m.hashes.empty() || m.hashes.size() > kMaxHashes) : !m.hashes.empty()) {
+      return Invalid("hash count out of range");
+    }
     if (m.first_region > (std::numeric_limits<uint64_t>::max() / m.region_size) - m.hashes.size()) {
       return Invalid("hash range overflows");
     }
@@ -297,8 +303,16 @@ struct PayloadEncoder {
     PutFixed64(b, m.request_id);
     PutFixed32(b, m.region_size);
     PutFixed64(b, m.first_region);
+    PutFixed64(b, m.seq);
+    b.push_back(uint8_t(m.status));
     PutFixed32(b, uint32_t(m.hashes.size()));
     for (const Hash128& h : m.hashes) {
+      // A zero digest is one flag byte; any other is flag 0 and 16 bytes.
+      if (h == Hash128{}) {
+        b.push_back(1);
+        continue;
+      }
+      b.push_back(0);
       PutFixed64(b, h.low);
       PutFixed64(b, h.high);
     }
@@ -394,9 +408,11 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
     case MsgType::kHashRequest: {
       HashRequest m;
       if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id) || !r.GetFixed32(&m.region_size) ||
-          !r.GetFixed64(&m.first_region) || !r.GetFixed32(&m.count)) {
+          !r.GetFixed64(&m.first_region) || !r.GetFixed32(&m.count) || !r.GetFixed64(&m.min_seq) ||
+          !r.GetFixed64(&m.at_seq)) {
         return Bad("truncated hash request");
       }
+      if (m.at_seq != 0 && m.at_seq < m.min_seq) return Bad("hash request: at_seq below min_seq");
       if (!IsPowerOfTwo(m.region_size) || m.region_size < kMinRegionSize || m.region_size > kMaxRegionSize) {
         return Bad("hash request: bad region_size");
       }
@@ -409,23 +425,34 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
     case MsgType::kHashResponse: {
       HashResponse m;
       uint32_t count = 0;
+      uint8_t status = 0;
       if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id) || !r.GetFixed32(&m.region_size) ||
-          !r.GetFixed64(&m.first_region) || !r.GetFixed32(&count)) {
+          !r.GetFixed64(&m.first_region) || !r.GetFixed64(&m.seq) || !r.GetU8(&status) || !r.GetFixed32(&count)) {
         return Bad("truncated hash response");
       }
       if (!IsPowerOfTwo(m.region_size) || m.region_size < kMinRegionSize || m.region_size > kMaxRegionSize) {
         return Bad("hash response: bad region_size");
       }
-      if (count == 0 || count > kMaxHashes) return Bad("hash response: count out of range");
+      if (status > uint8_t(HashStatus::kFailed)) return Bad("hash response: unknown status");
+      m.status = HashStatus(status);
+      if (m.status == HashStatus::kOk ? (count == 0 || count > kMaxHashes) : count != 0) {
+        return Bad("hash response: count out of range");
+      }
       if (m.first_region > (std::numeric_limits<uint64_t>::max() / m.region_size) - count) {
         return Bad("hash response: range overflows");
       }
-      if (r.remaining() != size_t(count) * 16) return Bad("hash response: size differs from count");
+      // Every digest takes at least its flag byte: check before allocating.
+      if (r.remaining() < count) return Bad("hash response: shorter than its count");
       m.hashes.resize(count);
       for (Hash128& h : m.hashes) {
-        r.GetFixed64(&h.low);
-        r.GetFixed64(&h.high);
+        uint8_t flag = 0;
+        if (!r.GetU8(&flag)) return Bad("truncated hash response");
+        if (flag == 1) continue;
+        if (flag != 0) return Bad("hash response: bad digest flag");
+        if (!r.GetFixed64(&h.low) || !r.GetFixed64(&h.high)) return Bad("truncated hash response");
+        if (h == Hash128{}) return Bad("hash response: a zero digest must travel as its flag");
       }
+      if (r.remaining() != 0) return Bad("hash response: bytes after the digests");
       return Message(std::move(m));
     }
     case MsgType::kHeartbeat: {

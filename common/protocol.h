@@ -155,12 +155,20 @@ struct Nack {
   std::string message;
 };
 
+// Digests of units [first_region, first_region + count) of `region_size`
+// bytes each (common/block_digest.h), as of a sequence the server chooses:
+// the replica's newest applied one, which must be >= min_seq (else the answer
+// is kBehind), or exactly at_seq when at_seq != 0 (online verify; kPointGone
+// when that sequence is outside the retained history). Sequences are the
+// stream's wire sequences.
 struct HashRequest {
   uint32_t volume_id = 0;
   uint64_t request_id = 0;
-  uint32_t region_size = 1u << 20;  // bytes, power of two
+  uint32_t region_size = 1u << 20;  // bytes per unit: power of two, 4 KiB .. 1 GiB
   uint64_t first_region = 0;
   uint32_t count = 0;               // <= kMaxHashes
+  uint64_t min_seq = 0;
+  uint64_t at_seq = 0;
 };
 
 struct Hash128 {
@@ -168,12 +176,22 @@ struct Hash128 {
   bool operator==(const Hash128&) const = default;
 };
 
+enum class HashStatus : uint8_t {
+  kOk = 0,         // `hashes` holds one digest per unit (units past the end are left out)
+  kBehind = 1,     // the replica has not applied min_seq yet; `seq` = what it has; no hashes
+  kPointGone = 2,  // at_seq is outside the retained history; no hashes
+  kFailed = 3,     // could not be answered (master target unreachable, bad range, I/O
+                   // error: the answering side logs why); no hashes
+};
+
 struct HashResponse {
   uint32_t volume_id = 0;
   uint64_t request_id = 0;
   uint32_t region_size = 0;
   uint64_t first_region = 0;
-  std::vector<Hash128> hashes;  // one per region, XXH3-128 of its bytes
+  std::vector<Hash128> hashes;  // block digests; kZeroDigest {0,0} travels as a flag
+  uint64_t seq = 0;             // the sequence the digests describe (kBehind: applied)
+  HashStatus status = HashStatus::kOk;
 };
 
 struct Heartbeat {

@@ -164,6 +164,7 @@ Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
   std::vector<std::thread> pool;
   for (int w = 1; w < opt_.workers; ++w) pool.emplace_back([this, &s, w] { (void)SendLoop(s, w); });
   Status result = SendLoop(s, 0);
+  std::vector<std::function<void()>> lost;  // callbacks of hash requests lost with the connection
   ch->Close();
   cv_.notify_all();
   for (auto& t : pool) t.join();
@@ -174,15 +175,14 @@ Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
     connected_ = false;
     ++stats_.disconnects;
     channel_.reset();
-    for (auto& [id, h] : hashes_) {
-      if (!h->done) {
-        h->done = true;
-        h->status = Status::Unavailable(opt_.peer_name + " connection lost");
-      }
+    for (auto it = hashes_.begin(); it != hashes_.end();) {
+      if (!it->second->done) FailHash(*it->second, Status::Unavailable(opt_.peer_name + " connection lost"), &lost);
+      it = it->second->async ? hashes_.erase(it) : std::next(it);
     }
     ++notifies_;
   }
   cv_.notify_all();
+  for (auto& f : lost) f();
   if (stop_.load() && result.ok()) result = Status::Aborted("stopping");
   return result;
 }
@@ -455,16 +455,16 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
           break;
         }
         case proto::NackReason::kInternal: {
-          PendingHash* oldest = nullptr;
-          for (auto& [id, h] : hashes_) {
-            if (h->stream == st->id && !h->done) {
-              oldest = h;
+          auto oldest = hashes_.end();
+          for (auto it = hashes_.begin(); it != hashes_.end(); ++it) {
+            if (it->second->stream == st->id && !it->second->done) {
+              oldest = it;
               break;
             }
           }
-          if (oldest != nullptr) {  // the hash request could not be answered
-            oldest->done = true;
-            oldest->status = Status::Unavailable(opt_.peer_name + " could not answer: " + n->message);
+          if (oldest != hashes_.end()) {  // a hash request could not be answered (an older peer)
+            FailHash(*oldest->second, Status::Unavailable(opt_.peer_name + " could not answer: " + n->message), &after);
+            if (oldest->second->async) hashes_.erase(oldest);
             break;
           }
           // An I/O failure at the peer; the batch was undone: resend after a pause.
@@ -490,8 +490,13 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
   } else if (auto* h = std::get_if<proto::HashResponse>(&m)) {
     auto it = hashes_.find(h->request_id);
     if (it != hashes_.end() && !it->second->done) {
-      it->second->done = true;
-      it->second->response = std::move(*h);
+      PendingHash& p = *it->second;
+      p.done = true;
+      p.response = std::move(*h);
+      if (p.async) {
+        after.push_back([cb = std::move(p.callback), r = std::move(p.response)]() mutable { cb(std::move(r)); });
+        hashes_.erase(it);
+      }
     }
   } else if (std::holds_alternative<proto::Heartbeat>(m) || std::holds_alternative<proto::Stats>(m)) {
     // Liveness only. Not answered from this thread: a reader blocked behind
@@ -525,11 +530,17 @@ Result<uint64_t> ReplicationSender::WaitOpened(StreamId id, std::chrono::millise
   return st.open_durable;
 }
 
+void ReplicationSender::FailHash(PendingHash& h, const Status& why, std::vector<std::function<void()>>* after) {
+  h.done = true;
+  h.status = why;
+  if (h.callback) after->push_back([cb = std::move(h.callback), why] { cb(why); });
+}
+
 Result<proto::HashResponse> ReplicationSender::Hash(StreamId id, const proto::HashRequest& request,
                                                     std::chrono::milliseconds timeout) {
   std::shared_ptr<FrameChannel> ch;
-  PendingHash pending;
-  pending.stream = id;
+  auto pending = std::make_shared<PendingHash>();
+  pending->stream = id;
   uint64_t request_id = 0;
   proto::HashRequest fwd = request;
   {
@@ -546,16 +557,58 @@ Result<proto::HashResponse> ReplicationSender::Hash(StreamId id, const proto::Ha
     request_id = next_request_id_++;
     fwd.volume_id = st.handle;
     fwd.request_id = request_id;
-    hashes_[request_id] = &pending;
+    hashes_[request_id] = pending;
   }
   Status s = ch->Send(fwd);
   std::unique_lock<std::mutex> l(mu_);
-  if (s.ok()) cv_.wait_for(l, timeout, [&] { return pending.done || stop_.load(); });
+  if (s.ok()) cv_.wait_for(l, timeout, [&] { return pending->done || stop_.load(); });
   hashes_.erase(request_id);
   if (!s.ok()) return s;
-  if (!pending.done) return Status::Unavailable(opt_.peer_name + " did not answer the hash request in time");
-  if (!pending.status.ok()) return pending.status;
-  return std::move(pending.response);
+  if (!pending->done) return Status::Unavailable(opt_.peer_name + " did not answer the hash request in time");
+  if (!pending->status.ok()) return pending->status;
+  return std::move(pending->response);
+}
+
+void ReplicationSender::HashAsync(StreamId id, const proto::HashRequest& request, HashCallback done) {
+  std::shared_ptr<FrameChannel> ch;
+  proto::HashRequest fwd = request;
+  Status why;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (id >= streams_.size()) {
+      why = Status::NotFound("no such stream");
+    } else if (stop_.load() || !channel_ || !streams_[id]->opened) {
+      why = Status::Unavailable(opt_.peer_name + " unavailable" +
+                                (stats_.last_error.empty() ? std::string() : ": " + stats_.last_error));
+    } else if (!streams_[id]->stalled.ok()) {
+      why = Status::Unavailable("volume stalled: " + streams_[id]->stalled.message());
+    } else {
+      ch = channel_;
+      fwd.volume_id = streams_[id]->handle;
+      fwd.request_id = next_request_id_++;
+      auto p = std::make_shared<PendingHash>();
+      p->stream = id;
+      p->async = true;
+      p->callback = std::move(done);
+      hashes_[fwd.request_id] = std::move(p);
+    }
+  }
+  if (!why.ok()) {
+    done(why);
+    return;
+  }
+  Status s = ch->Send(fwd);
+  if (s.ok()) return;
+  // Not sent: unless the reader already failed it with the connection, fail it here.
+  HashCallback cb;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = hashes_.find(fwd.request_id);
+    if (it == hashes_.end()) return;
+    cb = std::move(it->second->callback);
+    hashes_.erase(it);
+  }
+  if (cb) cb(s);
 }
 
 }  // namespace cdp::repl

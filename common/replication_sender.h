@@ -52,6 +52,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -136,6 +137,13 @@ class ReplicationSender {
   // peer's. kUnavailable if not connected, the connection drops, the peer
   // answers with Nack{kInternal} or the time runs out.
   Result<proto::HashResponse> Hash(StreamId id, const proto::HashRequest& request, std::chrono::milliseconds timeout);
+  // The same without waiting: `done` is called exactly once, with the answer
+  // or the error (kUnavailable at once when the stream is not open on a
+  // connection now; later when the connection drops, the peer nacks or the
+  // sender stops). It runs on the caller's or the reader's thread without
+  // the sender's lock held, and must not block. Many may be outstanding.
+  using HashCallback = std::function<void(Result<proto::HashResponse>)>;
+  void HashAsync(StreamId id, const proto::HashRequest& request, HashCallback done);
 
   bool connected() const { return connected_.load(); }
   // "connected", "connecting" or "disconnected: <why>".
@@ -150,7 +158,11 @@ class ReplicationSender {
     bool done = false;
     Status status;
     proto::HashResponse response;
+    bool async = false;     // HashAsync: the completer removes it from hashes_
+    HashCallback callback;  // HashAsync; called once done is set, outside mu_
   };
+  // Marks `h` done with `why` (mu_ held); its callback goes to `after`.
+  static void FailHash(PendingHash& h, const Status& why, std::vector<std::function<void()>>* after);
 
   void Run();
   Status RunSession(const std::shared_ptr<FrameChannel>& ch);
@@ -178,7 +190,7 @@ class ReplicationSender {
   Status session_error_;           // set by the reader/handler: the session must end
   uint64_t notifies_ = 0;
   uint64_t next_request_id_ = 1;
-  std::map<uint64_t, PendingHash*> hashes_;
+  std::map<uint64_t, std::shared_ptr<PendingHash>> hashes_;
   LinkStats stats_;
   std::vector<std::pair<RecordSource*, Status>> stall_notes_;  // told outside mu_
 };

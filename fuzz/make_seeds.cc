@@ -48,8 +48,9 @@ std::vector<Message> Samples() {
   }
   v.push_back(Ack{1, 5});
   v.push_back(Nack{1, NackReason::kGap, 6, "gap"});
-  v.push_back(HashRequest{1, 2, 1u << 20, 0, 4});
-  v.push_back(HashResponse{1, 2, 1u << 20, 0, {{1, 2}, {3, 4}}});
+  v.push_back(HashRequest{1, 2, 1u << 20, 0, 4, 3, 0});
+  v.push_back(HashResponse{1, 2, 1u << 20, 0, {{1, 2}, {0, 0}, {3, 4}}, 5, HashStatus::kOk});
+  v.push_back(HashResponse{1, 3, 65536, 0, {}, 2, HashStatus::kBehind});
   v.push_back(Heartbeat{1, 2});
   v.push_back(Stats{{{"bytes_in", 12.5}}});
   return v;

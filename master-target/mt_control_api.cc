@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "common/block_digest.h"
 #include "common/hash.h"
 
 namespace cdp::mt {
@@ -161,32 +162,45 @@ void MasterTarget::Impl::AddRoutes() {
       return http::Response::Json(200, json::object{{"exports", out}, {"port", nbd ? nbd->port() : 0}});
     });
   });
+  // Block digests of the replica (common/block_digest.h) for `cdpctl verify`:
+  // the current image, or the image at wire sequence `at_seq` through the
+  // undo journal. 409 while the replica has not applied at_seq yet, 410 when
+  // it is outside the retained history.
   http->Route("GET", "/v1/hashes", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "region_size", "first", "count"},
+    return WithParams(r, {"tenant", "volume", "region_size", "first", "count", "at_seq"},
                       [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       CDP_ASSIGN_OR_RETURN(auto region_p, p.Uint("region_size"));
       CDP_ASSIGN_OR_RETURN(auto first_p, p.Uint("first"));
       CDP_ASSIGN_OR_RETURN(auto count_p, p.Uint("count"));
+      CDP_ASSIGN_OR_RETURN(auto at_p, p.Uint("at_seq"));
       const uint64_t region = region_p.value_or(1u << 20);
-      if (region < 4096 || region > (1ull << 30) || (region & (region - 1)) != 0) {
-        return Status::InvalidArgument("region_size must be a power of two in 4096..1GiB");
-      }
+      if (!ValidUnitSize(region)) return Status::InvalidArgument("region_size must be a power of two in 4096..1GiB");
       const uint64_t regions = (e->volume->size() + region - 1) / region;
       const uint64_t first = first_p.value_or(0);
-      if (first > regions) return Status::InvalidArgument("first is past the end of the volume");
+      if (first >= regions) return Status::InvalidArgument("first is past the end of the volume");
       const uint64_t count = count_p.value_or(std::min<uint64_t>(regions - first, proto::kMaxHashes));
       if (count == 0 || count > proto::kMaxHashes || count > regions - first) {
         return Status::InvalidArgument("count must be 1.." + std::to_string(std::min<uint64_t>(regions - first, proto::kMaxHashes)));
       }
-      CDP_ASSIGN_OR_RETURN(auto h, e->volume->RegionHashes(uint32_t(region), first, uint32_t(count)));
+      const uint64_t base = e->volume->seq_base();
+      const uint64_t at = at_p.value_or(0);
+      CDP_ASSIGN_OR_RETURN(auto h, e->volume->Digests({uint32_t(region), first, uint32_t(count), 0, at == 0 ? 0 : at + base}));
+      const uint64_t seq = h.seq > base ? h.seq - base : 0;
+      if (h.status == proto::HashStatus::kBehind) {
+        return http::Response::Error(409, "replica has applied up to " + std::to_string(seq) + ", not yet " + std::to_string(at));
+      }
+      if (h.status == proto::HashStatus::kPointGone) {
+        return http::Response::Error(410, "sequence " + std::to_string(at) + " is outside the retained history");
+      }
       json::array hs;
-      for (const auto& x : h) hs.push_back(json::value(HashToHex(x)));
+      for (const auto& x : h.digests) hs.push_back(json::value(HashToHex(x)));
       return http::Response::Json(200, json::object{{"tenant", e->tenant},
                                                     {"volume", e->name},
                                                     {"region_size", region},
                                                     {"first", first},
-                                                    {"applied_seq", e->volume->applied_seq()},
+                                                    {"seq", seq},
+                                                    {"applied_seq", e->volume->applied_seq() - base},
                                                     {"hashes", hs}});
     });
   });

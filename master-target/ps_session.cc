@@ -109,7 +109,11 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
       if (it == handles.end()) {
         s = nack(hr->volume_id, proto::NackReason::kUnknownVolume, "unknown volume id");
       } else {
-        auto r = it->second->volume->RegionHashes(hr->region_size, hr->first_region, hr->count);
+        // The wire speaks the generation's sequences (see ApplyBatch above).
+        ReplicaVolume& vol = *it->second->volume;
+        const uint64_t base = vol.seq_base();
+        auto r = vol.Digests({hr->region_size, hr->first_region, hr->count, hr->min_seq + base,
+                              hr->at_seq == 0 ? 0 : hr->at_seq + base});
         if (!r.ok()) {
           s = nack(hr->volume_id, proto::NackReason::kBadRecord, r.status().ToString());
         } else {
@@ -118,7 +122,9 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
           resp.request_id = hr->request_id;
           resp.region_size = hr->region_size;
           resp.first_region = hr->first_region;
-          resp.hashes = std::move(*r);
+          resp.status = r->status;
+          resp.seq = r->seq > base ? r->seq - base : 0;
+          resp.hashes = std::move(r->digests);
           s = ch.Send(resp);
         }
       }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "common/block_digest.h"
 #include "common/hash.h"
 #include "common/metrics.h"
 #include "common/sqlite.h"
@@ -121,33 +122,45 @@ void ReplicaVolume::Unpin(uint64_t seq) {
   if (it != pins_.end()) pins_.erase(it);
 }
 
-Result<std::vector<proto::Hash128>> ReplicaVolume::RegionHashes(uint32_t region_size, uint64_t first, uint32_t count) {
-  if (!std::has_single_bit(region_size) || region_size < 512) return Status::InvalidArgument("bad region size");
-  if (count == 0 || count > proto::kMaxHashes) return Status::InvalidArgument("bad region count");
-  if (first >= (id_.size + region_size - 1) / region_size)
-    return Status::OutOfRange(id_.name + ": region past the end of the volume");
-  // A consistent image without stopping apply: read through the current point.
+Result<ReplicaVolume::DigestAnswer> ReplicaVolume::Digests(const DigestQuery& q) {
+  if (!ValidUnitSize(q.unit)) return Status::InvalidArgument("unit size must be a power of two in 4 KiB..1 GiB");
+  if (q.count == 0 || q.count > proto::kMaxHashes) return Status::InvalidArgument("bad unit count");
+  if (q.first >= (id_.size + q.unit - 1) / q.unit)
+    return Status::OutOfRange(id_.name + ": unit past the end of the volume");
+  DigestAnswer a;
+  std::unique_lock<std::mutex> apply(apply_mu_);
+  const uint64_t applied = applied_.load();
+  if (applied < std::max(q.min_seq, q.at_seq)) {
+    a.status = proto::HashStatus::kBehind;
+    a.seq = applied;
+    return a;
+  }
+  DigestSource src;
+  src.size = id_.size;
   std::unique_ptr<PointPin> pin;
-  {
-    std::lock_guard<std::mutex> lk(apply_mu_);
-    CDP_ASSIGN_OR_RETURN(pin, Pin(applied_.load()));
-  }
-  std::vector<proto::Hash128> out;
-  Bytes buf(std::min<uint64_t>(region_size, 1u << 20));
-  for (uint64_t r = first; r < first + count; ++r) {
-    uint64_t start = r * region_size;
-    if (start >= id_.size) break;
-    uint64_t end = std::min<uint64_t>(start + region_size, id_.size);
-    Xxh3_128Stream h;
-    for (uint64_t off = start; off < end;) {
-      uint64_t n = std::min<uint64_t>(buf.size(), end - off);
-      CDP_RETURN_IF_ERROR(ReadAt(pin->seq(), off, n, buf.data()));
-      h.Update(buf.data(), n);
-      off += n;
+  if (q.at_seq == 0 || q.at_seq == applied) {
+    // The current image: apply waits meanwhile, so the file is the image.
+    a.seq = applied;
+    src.read = [this](uint64_t off, size_t n, uint8_t* buf) { return replica_->Read(off, n, buf); };
+    src.next_data = [this](uint64_t off) { return replica_->NextData(off); };
+  } else {
+    // A past image through the undo journal; apply goes on meanwhile.
+    auto p = Pin(q.at_seq);
+    if (!p.ok()) {
+      a.status = proto::HashStatus::kPointGone;
+      a.seq = q.at_seq;
+      return a;
     }
-    out.push_back(h.Digest());
+    pin = std::move(*p);
+    apply.unlock();
+    a.seq = q.at_seq;
+    src.read = [this, seq = q.at_seq](uint64_t off, size_t n, uint8_t* buf) { return ReadAt(seq, off, n, buf); };
   }
-  return out;
+  DigestReader reader(std::move(src));
+  CDP_ASSIGN_OR_RETURN(a.digests, reader.Units(q.unit, q.first, q.count));
+  a.bytes_read = reader.stats().bytes_read;
+  a.bytes_skipped = reader.stats().bytes_skipped;
+  return a;
 }
 
 std::vector<RecoveryPoint> ReplicaVolume::ListPoints() const {

@@ -55,7 +55,7 @@
 // volume_retention.cc.
 //
 // Thread safety: all public methods are thread-safe. Apply, Rollback,
-// Retention and RegionHashes are serialised by one mutex; ReadAt (exports)
+// Retention and current-image Digests are serialised by one mutex; ReadAt (exports)
 // runs concurrently with them and sees the image of its point throughout.
 #pragma once
 
@@ -262,10 +262,30 @@ class ReplicaVolume {
   // Replaces the retention policy (takes effect at the next ApplyRetention).
   void SetRetention(const RetentionPolicy& policy);
 
-  // XXH3-128 of regions [first, first+count) of `region_size` bytes of the
-  // current replica (the last region may be short). kOutOfRange if a region
-  // starts past the end, kInvalidArgument for a bad size or count.
-  Result<std::vector<proto::Hash128>> RegionHashes(uint32_t region_size, uint64_t first, uint32_t count);
+  // Block digests (common/block_digest.h) of units [first, first+count) of
+  // `unit` bytes, for resync and online verify. Sequences are history
+  // sequences. at_seq == 0: the current image, taken under the apply lock
+  // (so the replica file is that image and its holes are skipped unread);
+  // kBehind when applied < min_seq. at_seq != 0: the image at exactly that
+  // sequence through the undo journal; kBehind when not yet applied,
+  // kPointGone below the horizon. kInvalidArgument for a bad unit or count,
+  // kOutOfRange when `first` starts past the end (units past the end are
+  // left out).
+  struct DigestQuery {
+    uint32_t unit = 1u << 20;
+    uint64_t first = 0;
+    uint32_t count = 0;
+    uint64_t min_seq = 0;
+    uint64_t at_seq = 0;
+  };
+  struct DigestAnswer {
+    proto::HashStatus status = proto::HashStatus::kOk;
+    uint64_t seq = 0;  // the sequence the digests describe (kBehind: applied)
+    std::vector<proto::Hash128> digests;
+    uint64_t bytes_read = 0;     // replica or journal bytes read
+    uint64_t bytes_skipped = 0;  // holes not read
+  };
+  Result<DigestAnswer> Digests(const DigestQuery& q);
 
   std::vector<RecoveryPoint> ListPoints() const;
   std::optional<RecoveryPoint> FindPoint(int64_t id) const;

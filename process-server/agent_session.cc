@@ -62,6 +62,15 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
             peer.tls ? " (certificate '" + peer.cert_name + "')" : std::string(" (clear text)"));
   std::map<uint32_t, SpooledVolume*> handles;
   uint32_t next_id = 1;
+  auto hash_replies = std::make_shared<HashReplies>();
+  hash_replies->ch = &ch;
+  struct Disarm {  // answers arriving after the connection ended go nowhere
+    std::shared_ptr<HashReplies> r;
+    ~Disarm() {
+      std::lock_guard<std::mutex> l(r->mu);
+      r->ch = nullptr;
+    }
+  } disarm{hash_replies};
   std::optional<proto::Message> carry;  // received while coalescing, handled next
   Status pending;                       // a receive error met while coalescing
   while (!stopping.load()) {
@@ -112,7 +121,7 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
         replies++;
       }
     }
-    Status s = Handle(ch, tenant, handles, next_id, msg, replies);
+    Status s = Handle(ch, tenant, handles, next_id, hash_replies, msg, replies);
     if (!s.ok()) {
       log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, s.ToString());
       return;
@@ -121,7 +130,8 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
 }
 
 Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, SpooledVolume*>& handles,
-                                   uint32_t& next_id, proto::Message& m, int replies) {
+                                   uint32_t& next_id, const std::shared_ptr<HashReplies>& hash_replies,
+                                   proto::Message& m, int replies) {
   if (auto* o = std::get_if<proto::VolumeOpen>(&m)) {
     if (!proto::ValidName(o->name)) return ch.Send(MakeNack(0, proto::NackReason::kBadRecord, 0, "invalid volume name"));
     auto v = GetVolume(tenant, o, o->name);
@@ -209,16 +219,42 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
     auto it = handles.find(h->volume_id);
     if (it == handles.end())
       return ch.Send(MakeNack(h->volume_id, proto::NackReason::kUnknownVolume, 0, "volume not open on this connection"));
+    proto::HashResponse failed;
+    failed.volume_id = h->volume_id;
+    failed.request_id = h->request_id;
+    failed.region_size = h->region_size;
+    failed.first_region = h->first_region;
+    failed.status = proto::HashStatus::kFailed;
     MtLink* link = LinkFor(tenant, it->second->name());
-    if (link == nullptr)
-      return ch.Send(MakeNack(h->volume_id, proto::NackReason::kInternal, 0, "master target unavailable"));
-    auto r = link->Hash(it->second, *h, Millis(opt->hash_timeout_ms));
-    if (!r.ok())
-      return ch.Send(MakeNack(h->volume_id, proto::NackReason::kInternal, 0,
-                              "master target unavailable: " + r.status().message()));
-    r->volume_id = h->volume_id;
-    r->request_id = h->request_id;
-    return ch.Send(*r);
+    if (link == nullptr) return ch.Send(failed);
+    // Forwarded without waiting: the agent's batches keep flowing while the
+    // master target hashes, and many requests may be outstanding (capped).
+    {
+      std::lock_guard<std::mutex> l(hash_replies->mu);
+      if (hash_replies->outstanding >= kMaxHashesInFlight) {
+        log->warn("{} more than {} hash requests outstanding: refused", log::Where{it->second->key(), ch.peer(), 0},
+                  kMaxHashesInFlight);
+        return ch.Send(failed);
+      }
+      ++hash_replies->outstanding;
+    }
+    link->HashAsync(it->second, *h, [hash_replies, failed, self = this, key = it->second->key()](
+                                        Result<proto::HashResponse> r) mutable {
+      proto::HashResponse out;
+      if (r.ok()) {
+        out = std::move(*r);
+        out.volume_id = failed.volume_id;
+        out.request_id = failed.request_id;
+      } else {
+        self->log->info("{} hash request {} not answered: {}", log::Where{key, "", 0}, failed.request_id,
+                        r.status().ToString());
+        out = failed;
+      }
+      std::lock_guard<std::mutex> l(hash_replies->mu);
+      --hash_replies->outstanding;
+      if (hash_replies->ch != nullptr) (void)hash_replies->ch->Send(out);
+    });
+    return Status::OK();
   }
   if (auto* hb = std::get_if<proto::Heartbeat>(&m)) {
     if (hb->echo_us != 0) return Status::OK();

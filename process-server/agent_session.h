@@ -32,10 +32,11 @@
 //     agent pipelined (sent without waiting) that are already received and
 //     contiguous are appended together (one fdatasync) and each still gets
 //     its own reply, in order.
-//  4. HashRequest{volume_id, request_id, ...}: forwarded to the MT; its
-//     HashResponse is relayed back with the agent's volume_id and request_id
-//     (resync). MT unreachable or not answering within `hash_timeout` ->
-//     Nack{kInternal, message "master target unavailable"}.
+//  4. HashRequest{volume_id, request_id, ...}: forwarded to the MT without
+//     waiting (batches keep flowing; at most kMaxHashesInFlight outstanding
+//     per connection); its HashResponse is relayed back with the agent's
+//     volume_id and request_id (resync, verify). MT unreachable, the MT
+//     connection lost, or too many outstanding -> HashResponse{kFailed}.
 //  5. Heartbeat{sent_us}: answered with Heartbeat{now, echo_us = sent_us}.
 //  A malformed frame (bad CRC, bad payload, wrong frame sequence) or an
 //  unexpected message type closes that connection with a logged reason;

@@ -142,9 +142,10 @@ Result<uint64_t> MtLink::WaitOpened(SpooledVolume* v, std::chrono::milliseconds 
   return sender_.WaitOpened(id, timeout);
 }
 
-Result<proto::HashResponse> MtLink::Hash(SpooledVolume* v, const proto::HashRequest& req, std::chrono::milliseconds timeout) {
-  CDP_ASSIGN_OR_RETURN(auto id, StreamOf(v));
-  return sender_.Hash(id, req, timeout);
+void MtLink::HashAsync(SpooledVolume* v, const proto::HashRequest& req, repl::ReplicationSender::HashCallback done) {
+  auto id = StreamOf(v);
+  if (!id.ok()) return done(id.status());
+  sender_.HashAsync(*id, req, std::move(done));
 }
 
 }  // namespace cdp::ps

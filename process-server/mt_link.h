@@ -82,7 +82,9 @@ class MtLink {
 
   // Forwards a hash request for `v` and waits for the answer (request_id and
   // volume_id of the answer are the MT's; the caller substitutes its own).
-  Result<proto::HashResponse> Hash(SpooledVolume* v, const proto::HashRequest& req, std::chrono::milliseconds timeout);
+  // Forwards an agent's hash request; `done` gets the answer
+  // (repl::ReplicationSender::HashAsync).
+  void HashAsync(SpooledVolume* v, const proto::HashRequest& req, repl::ReplicationSender::HashCallback done);
 
   // New durable data may be waiting.
   void Notify() { sender_.Notify(); }

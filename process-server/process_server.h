@@ -78,7 +78,6 @@ struct ProcessServerOptions {
   uint64_t backoff_min_ms = 100;
   uint64_t backoff_max_ms = 30'000;
   uint64_t mt_open_wait_ms = 5'000;
-  uint64_t hash_timeout_ms = 60'000;
   uint64_t ack_timeout_ms = 120'000;  // no MT progress with frames in flight: reconnect
   metrics::Registry* registry = nullptr;  // optional; must outlive the server
 };

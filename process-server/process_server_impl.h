@@ -65,13 +65,23 @@ struct ProcessServer::Impl {
     return Status::OK();
   }
 
+  // Answers to hash requests forwarded without waiting (agent_session.cc):
+  // sent on `ch` until the connection's Serve() ends and clears it.
+  struct HashReplies {
+    std::mutex mu;
+    FrameChannel* ch = nullptr;
+    int outstanding = 0;
+  };
+  static constexpr int kMaxHashesInFlight = 64;  // per agent connection
+
   // One agent connection, start to end.
   void Serve(FrameChannel& ch);
 
   // Handles one message; a WriteBatch that holds `replies` coalesced agent
   // batches is answered `replies` times (each reply is cumulative).
   Status Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, SpooledVolume*>& handles,
-                uint32_t& next_id, proto::Message& m, int replies = 1);
+                uint32_t& next_id, const std::shared_ptr<HashReplies>& hash_replies, proto::Message& m,
+                int replies = 1);
 };
 
 }  // namespace cdp::ps

@@ -55,7 +55,6 @@ TEST_CASE("every captured record becomes durable in the real process server's sp
   po.tenants = {{"t1", "s3cret"}};
   po.spool_dir = "/ps/spool";
   po.mt_open_wait_ms = 50;
-  po.hash_timeout_ms = 200;
   po.backoff_min_ms = 50;
   cdp::ps::ProcessServer ps(po);
   REQUIRE(ps.Start().ok());
@@ -76,7 +75,7 @@ TEST_CASE("every captured record becomes durable in the real process server's sp
   so.batch_bytes = 256 * 1024;
   so.backoff_min_ms = 10;
   so.busy_backoff_ms = 20;
-  so.hash_retry_ms = 100;
+  so.resync.retry_min_ms = 100;
   so.checkpoint_interval_ms = 20;
   Sender sender(dev.get(), so);
   sender.Start();

@@ -97,8 +97,9 @@ TEST_CASE("a slow peer degrades the modes within budget, after drain the replica
   sender.Start();
   // Initial sync: every region compared, all equal (both zero).
   REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
-  REQUIRE(sender.Stats().resync_equal == 32);
-  REQUIRE(sender.Stats().resync_shipped == 0);
+  REQUIRE(sender.Stats().resync.regions_equal == 32);
+  REQUIRE(sender.Stats().resync.shipped_blocks == 0);
+  REQUIRE(sender.Stats().resync.read_bytes == size);  // each region read once (MemEnv knows no holes)
 
   peer.Pause();
   std::mt19937 rng(7);
@@ -128,7 +129,7 @@ TEST_CASE("a slow peer degrades the modes within budget, after drain the replica
   peer.Resume();
   REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
   REQUIRE(dev->queue().Stats().to_data >= 1);
-  REQUIRE(sender.Stats().resync_shipped > 0);
+  REQUIRE(sender.Stats().resync.shipped_blocks > 0);
   REQUIRE(sender.Stats().reread_bytes > 0);
   REQUIRE(peer.Image() == ReadAll(env.get(), "/d/vol.img"));
   // Back in data mode: a flush is a recovery point again.
@@ -140,7 +141,7 @@ TEST_CASE("a slow peer degrades the modes within budget, after drain the replica
   sender.Stop();
 }
 
-TEST_CASE("resync ships only the regions that differ", "[sender][resync]") {
+TEST_CASE("resync ships only the blocks that differ", "[sender][resync]") {
   auto env = cdp::NewMemEnv();
   const uint64_t size = 16 * kMiB;
   cdp::Bytes src = Random(size, 3);
@@ -153,13 +154,14 @@ TEST_CASE("resync ships only the regions that differ", "[sender][resync]") {
   REQUIRE(dev->bitmap().ResyncCount() == 16);
   Sender sender(dev.get(), Opts(peer));
   sender.Start();
-  // The resync thread counts a shipped region after ShipRegion returns, which
-  // can be after the peer already acknowledged it: wait for the count too.
-  REQUIRE(WaitUntil([&] { return Drained(*dev, peer) && sender.Stats().resync_shipped >= 4; }));
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
   auto ss = sender.Stats();
-  REQUIRE(ss.resync_compared == 16);
-  REQUIRE(ss.resync_equal == 12);
-  REQUIRE(ss.resync_shipped == 4);
+  REQUIRE(ss.resync.regions_compared == 16);
+  REQUIRE(ss.resync.regions_equal == 12);
+  REQUIRE(ss.resync.shipped_blocks == 4);  // one 4 KiB block in each differing region
+  REQUIRE(ss.resync.shipped_bytes == 4 * 4096);
+  // Region, then its 16 units of 64 KiB, then the 16 leaves of the one that differs.
+  REQUIRE(ss.resync.hash_requests == 1 + 4 + 4);
   REQUIRE(peer.count(cdp::proto::RecordKind::kData) == 4);
   REQUIRE(peer.Image() == src);
   sender.Stop();
@@ -197,8 +199,12 @@ TEST_CASE("after a crash exactly the dirty regions are resynced", "[sender][resy
   sender.Start();
   REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
   auto ss = sender.Stats();
-  REQUIRE(ss.resync_compared == 3);
-  REQUIRE(ss.resync_shipped == 3);
+  REQUIRE(ss.resync.regions_compared == 3);
+  // The peer reads zeros there: exactly the written blocks are shipped,
+  // without descending (2 in regions 2 and 9, 4 in region 5).
+  REQUIRE(ss.resync.shipped_blocks == 8);
+  REQUIRE(ss.resync.shipped_records == 4);
+  REQUIRE(ss.resync.hash_requests == 3);  // one per run of flagged regions: 2, 5 and 9
   REQUIRE(peer.Image() == ReadAll(&fault, "/d/vol.img"));
   sender.Stop();
 }
@@ -212,16 +218,19 @@ TEST_CASE("an unanswerable hash request pauses the resync, not the session", "[s
   peer.RefuseHashes(2);
   auto dev = OpenDevice(env.get());
   SenderOptions so = Opts(peer);
-  so.hash_retry_ms = 20;
+  so.resync.retry_min_ms = 20;
   Sender sender(dev.get(), so);
   sender.Start();
   // Writes flow while the resync waits for the master target.
   cdp::Bytes data(4096, 0x77);
   REQUIRE(dev->Write(8192, data, false).ok());
   REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
-  REQUIRE(peer.hash_requests() == 3);
+  // Two refused, then the regions; region 0 holds the captured write at the
+  // peer, so it descends into its first 64 KiB unit (whose leaf 2 is equal).
+  REQUIRE(peer.hash_requests() == 2 + 1 + 1 + 1);
   REQUIRE(sender.Stats().connects == 1);
-  REQUIRE(sender.Stats().resync_shipped == 4);
+  REQUIRE(sender.Stats().resync.shipped_blocks == 1023);
+  REQUIRE(sender.Stats().resync.shipped_records == 3 + 3);
   std::copy(data.begin(), data.end(), src.begin() + 8192);
   REQUIRE(peer.Image() == src);
   sender.Stop();

@@ -3,7 +3,7 @@
 // agent connections on 127.0.0.1 (ephemeral port), answers VolumeOpen with its
 // durable sequence, applies every WriteBatch to an in-memory replica image (so
 // a test can compare it with the source), acknowledges it, and answers
-// HashRequest with XXH3-128 hashes of that image. Each volume name gets its
+// HashRequest with the block digests of that image. Each volume name gets its
 // own image (of the size given to the constructor). It is *not* the process
 // server (no spool, no durability): it stands in for one only where the tests
 // need to control the pace — Pause() stops it from reading, so the agent's
@@ -17,12 +17,14 @@
 #include <boost/asio.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/channel.h"
+#include "common/block_digest.h"
 #include "common/hash.h"
 #include "common/listener.h"
 #include "common/protocol.h"
@@ -202,11 +204,20 @@ class TestPeer {
       std::lock_guard lk(mu_);
       ++hash_requests_;
       const Bytes& img = Vol(*vol).image;
-      for (uint32_t i = 0; i < hr->count; ++i) {
-        uint64_t off = (hr->first_region + i) * hr->region_size;
-        if (off >= img.size()) break;
-        uint64_t len = std::min<uint64_t>(hr->region_size, img.size() - off);
-        resp.hashes.push_back(Xxh3_128(img.data() + off, len));
+      // Every record it has is applied: the digests describe `durable`.
+      resp.seq = Vol(*vol).durable;
+      DigestSource src;
+      src.size = img.size();
+      src.read = [&img](uint64_t off, size_t n, uint8_t* buf) {
+        std::memcpy(buf, img.data() + off, n);
+        return Status::OK();
+      };
+      DigestReader reader(std::move(src));
+      auto units = reader.Units(hr->region_size, hr->first_region, hr->count);
+      if (!units.ok()) {
+        resp.status = proto::HashStatus::kFailed;
+      } else {
+        resp.hashes = std::move(*units);
       }
       return ch.Send(resp);
     }

@@ -78,13 +78,22 @@ std::vector<Message> EveryMessage() {
   v.push_back(EveryKindBatch(Codec::kNone));
   v.push_back(Ack{9, 0xFFFFFFFFFFFFull});
   v.push_back(Nack{9, NackReason::kGap, 1001, "expected 1001, got 1005"});
-  v.push_back(HashRequest{9, 77, 1u << 20, 10, 512});
+  v.push_back(HashRequest{9, 77, 1u << 20, 10, 512, 40, 0});
+  v.push_back(HashRequest{9, 78, 4096, 10, 16, 40, 41});
+  HashResponse behind;
+  behind.volume_id = 9;
+  behind.region_size = 65536;
+  behind.seq = 39;
+  behind.status = HashStatus::kBehind;
+  v.push_back(behind);
   HashResponse hr;
   hr.volume_id = 9;
   hr.request_id = 77;
   hr.region_size = 1u << 20;
   hr.first_region = 10;
   for (uint64_t i = 0; i < 5; ++i) hr.hashes.push_back({i * 0x1111, ~i});
+  hr.hashes.push_back({});  // a zero digest (its flag on the wire)
+  hr.seq = 41;
   v.push_back(hr);
   v.push_back(Heartbeat{1'700'000'000'123'456, 1'700'000'000'000'001});
   Stats st;
@@ -447,6 +456,8 @@ TEST_CASE("absurd lengths are rejected without allocating them", "[protocol]") {
     PutFixed64(p, 1);
     PutFixed32(p, 4096);
     PutFixed64(p, 0);
+    PutFixed64(p, 0);
+    p.push_back(0);
     PutFixed32(p, 1u << 31);
     RequireRejectedInSmallMemory(FrameOf(MsgType::kHashResponse, p));
     Bytes s;
@@ -555,6 +566,8 @@ TEST_CASE("the encoder refuses what the parser would refuse", "[protocol]") {
   CHECK(!EncodeMessage(vo, 1).ok());
   CHECK(!EncodeMessage(Nack{1, NackReason::kGap, 0, std::string(kMaxTextLength + 1, 'x')}, 1).ok());
   CHECK(!EncodeMessage(HashRequest{1, 1, 1000, 0, 1}, 1).ok());
+  CHECK(!EncodeMessage(HashRequest{1, 1, 2048, 0, 1}, 1).ok());
+  CHECK(!EncodeMessage(HashRequest{1, 1, 4096, 0, 1, 10, 9}, 1).ok());
   CHECK(!EncodeMessage(HashRequest{1, 1, 4096, 0, kMaxHashes + 1}, 1).ok());
   CHECK(!EncodeMessage(HashRequest{1, 1, 4096, ~0ull, 1}, 1).ok());
 }

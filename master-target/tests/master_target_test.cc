@@ -11,6 +11,7 @@
 #include <random>
 
 #include "common/channel.h"
+#include "common/block_digest.h"
 #include "common/hash.h"
 #include "common/http_client.h"
 #include "common/tests/test_util.h"
@@ -173,7 +174,7 @@ TEST_CASE("process-server protocol: open, apply, ack, nack, hashes, heartbeat, r
   REQUIRE(hs != nullptr);
   REQUIRE(hs->request_id == 99);
   REQUIRE(hs->hashes.size() == 4);
-  for (int i = 0; i < 4; ++i) REQUIRE(hs->hashes[i] == Xxh3_128(ref.image().data() + i * 256 * 1024, 256 * 1024));
+  for (int i = 0; i < 4; ++i) REQUIRE(hs->hashes[i] == DigestOf(ref.image().data() + i * 256 * 1024, 256 * 1024));
 
   m = Call(*ch, proto::Heartbeat{12345, 0});
   auto* hb = std::get_if<proto::Heartbeat>(&m);
@@ -214,8 +215,7 @@ TEST_CASE("tenants are isolated: secrets, directories, volumes", "[server][tenan
   auto m = Call(*g, hr);
   auto* hs = std::get_if<proto::HashResponse>(&m);
   REQUIRE(hs != nullptr);
-  Bytes zeros(4096, 0);
-  REQUIRE(hs->hashes[0] == Xxh3_128(zeros.data(), zeros.size()));
+  REQUIRE(hs->hashes[0] == kZeroDigest);  // reads as zeros: the flag
   // A volume id of one connection means nothing on another.
   m = Call(*g, Batch(va + 5, {DataRecord(1, 0, Bytes(512, 1))}));
   REQUIRE(std::holds_alternative<proto::Nack>(m));

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/fault_env.h"
+#include "common/block_digest.h"
 #include "common/hash.h"
 #include "master-target/journal.h"
 #include "master-target/tests/mt_test_util.h"
@@ -607,14 +608,33 @@ TEST_CASE("zero and trim over several undo chunks, and region hashes", "[volume]
   for (uint64_t s : {0, 2, 4, 5, 7}) REQUIRE(ReadImage(**v, s) == ref.ImageAt(s));
   for (const auto& r : JournalRecords(env.get(), "/t/vol1")) REQUIRE(r.length <= kMaxUndoChunk);
 
-  auto h = (*v)->RegionHashes(1u << 20, 1, 8);
+  auto leaves = [](const Bytes& img, uint64_t off, uint64_t len) {
+    std::vector<proto::Hash128> l;
+    for (uint64_t o = off; o < off + len; o += kLeafSize) l.push_back(LeafDigest(img.data() + o, kLeafSize));
+    return UnitDigest(l);
+  };
+  auto h = (*v)->Digests({1u << 20, 1, 8});
   REQUIRE(h.ok());
-  REQUIRE(h->size() == 3);  // regions 1..3 exist
-  for (size_t i = 0; i < h->size(); ++i) {
-    REQUIRE((*h)[i] == Xxh3_128(ref.image().data() + (1 + i) * (1u << 20), 1u << 20));
+  REQUIRE(h->status == proto::HashStatus::kOk);
+  REQUIRE(h->seq == 7);
+  REQUIRE(h->digests.size() == 3);  // regions 1..3 exist
+  for (size_t i = 0; i < h->digests.size(); ++i) {
+    REQUIRE(h->digests[i] == leaves(ref.image(), (1 + i) * (1u << 20), 1u << 20));
   }
-  REQUIRE((*v)->RegionHashes(1u << 20, 4, 1).status().code() == Code::kOutOfRange);
-  REQUIRE((*v)->RegionHashes(1000, 0, 1).status().code() == Code::kInvalidArgument);
+  // At a past sequence, through the undo journal.
+  auto past = (*v)->Digests({65536, 0, 64, 0, 4});
+  REQUIRE(past.ok());
+  REQUIRE(past->seq == 4);
+  REQUIRE(past->digests.size() == 64);
+  for (size_t i = 0; i < 64; ++i) REQUIRE(past->digests[i] == leaves(ref.ImageAt(4), i * 65536, 65536));
+  // Not yet applied: behind, with what is applied.
+  auto behind = (*v)->Digests({4096, 0, 1, 8});
+  REQUIRE(behind.ok());
+  REQUIRE(behind->status == proto::HashStatus::kBehind);
+  REQUIRE(behind->seq == 7);
+  REQUIRE((*v)->Digests({1u << 20, 4, 1}).status().code() == Code::kOutOfRange);
+  REQUIRE((*v)->Digests({1000, 0, 1}).status().code() == Code::kInvalidArgument);
+  REQUIRE((*v)->Digests({2048, 0, 1}).status().code() == Code::kInvalidArgument);
   REQUIRE((*v)->Rollback(2).ok());
   REQUIRE(ReplicaFile(env.get(), "/t/vol1", size) == ref.ImageAt(2));
 }

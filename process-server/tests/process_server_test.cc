@@ -50,7 +50,6 @@ cdp::ps::ProcessServerOptions Options(cdp::Env* env) {
   o.spool_dir = "/ps/spool";
   o.segment_bytes = 1 << 20;
   o.mt_open_wait_ms = 100;
-  o.hash_timeout_ms = 2000;
   o.backoff_min_ms = 50;
   o.backoff_max_ms = 200;
   return o;
@@ -144,9 +143,10 @@ TEST_CASE("agent contract: open, ack, duplicates, gap, unknown volume, reopen", 
     hr.request_id = 9;
     hr.count = 4;
     REQUIRE(ch->Send(hr).ok());
-    auto hn = Expect<cdp::proto::Nack>(*ch);
-    CHECK(hn.reason == cdp::proto::NackReason::kInternal);
+    auto hn = Expect<cdp::proto::HashResponse>(*ch);
+    CHECK(hn.status == cdp::proto::HashStatus::kFailed);
     CHECK(hn.volume_id == id);
+    CHECK(hn.request_id == 9);
 
     REQUIRE(ch->Send(Vol("db1", 2)).ok());
     CHECK(Expect<cdp::proto::Nack>(*ch).reason == cdp::proto::NackReason::kWrongGeneration);
