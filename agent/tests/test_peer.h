@@ -86,6 +86,24 @@ class TestPeer {
     std::lock_guard lk(mu_);
     return Vol(vol).tags;
   }
+  // Held: batches are acknowledged (durable) but not applied to the image,
+  // and hash requests see the image as applied (kBehind below min_seq), as a
+  // process server whose spool the master target has not applied yet.
+  // Releasing applies what was held.
+  void HoldApply(bool hold, const std::string& vol = "vol") {
+    std::lock_guard lk(mu_);
+    hold_apply_ = hold;
+    if (hold) return;
+    VolState& v = Vol(vol);
+    for (const auto& r : v.held) Apply(v, r);
+    v.held.clear();
+    v.applied = v.durable;
+    cv_.notify_all();
+  }
+  uint64_t behind_answers() const {
+    std::lock_guard lk(mu_);
+    return behind_answers_;
+  }
   // The next `n` hash requests are answered Nack{kInternal} (master target down).
   void RefuseHashes(int n) {
     std::lock_guard lk(mu_);
@@ -106,9 +124,28 @@ class TestPeer {
   struct VolState {
     Bytes image;
     uint64_t durable = 0;
+    uint64_t applied = 0;            // < durable while records are held
+    std::vector<proto::Record> held;
     std::map<proto::RecordKind, uint64_t> kinds;
     std::vector<std::pair<std::string, uint64_t>> tags;
   };
+  static void Apply(VolState& v, const proto::Record& r) {  // mu_ held
+    Bytes& img = v.image;
+    switch (r.kind) {
+      case proto::RecordKind::kData:
+        std::copy(r.data.begin(), r.data.end(), img.begin() + long(r.offset));
+        break;
+      case proto::RecordKind::kZero:
+      case proto::RecordKind::kTrim:
+        std::fill(img.begin() + long(r.offset), img.begin() + long(r.offset + r.length), 0);
+        break;
+      case proto::RecordKind::kTag:
+        v.tags.emplace_back(std::string(r.data.begin(), r.data.end()), r.seq);
+        break;
+      case proto::RecordKind::kFlush:
+        break;
+    }
+  }
   VolState& Vol(const std::string& name) {  // mu_ held
     auto it = vols_.find(name);
     if (it == vols_.end()) {
@@ -166,19 +203,11 @@ class TestPeer {
           return Status::InvalidArgument("record out of range");
         }
         ++v.kinds[r.kind];
-        switch (r.kind) {
-          case proto::RecordKind::kData:
-            std::copy(r.data.begin(), r.data.end(), img.begin() + long(r.offset));
-            break;
-          case proto::RecordKind::kZero:
-          case proto::RecordKind::kTrim:
-            std::fill(img.begin() + long(r.offset), img.begin() + long(r.offset + r.length), 0);
-            break;
-          case proto::RecordKind::kTag:
-            v.tags.emplace_back(std::string(r.data.begin(), r.data.end()), r.seq);
-            break;
-          case proto::RecordKind::kFlush:
-            break;
+        if (hold_apply_) {
+          v.held.push_back(r);  // durable (acknowledged), not yet applied: a spool
+        } else {
+          Apply(v, r);
+          v.applied = r.seq;
         }
         dur = r.seq;
       }
@@ -204,8 +233,12 @@ class TestPeer {
       std::lock_guard lk(mu_);
       ++hash_requests_;
       const Bytes& img = Vol(*vol).image;
-      // Every record it has is applied: the digests describe `durable`.
-      resp.seq = Vol(*vol).durable;
+      resp.seq = Vol(*vol).applied;
+      if (hr->min_seq > resp.seq) {
+        ++behind_answers_;
+        resp.status = proto::HashStatus::kBehind;
+        return ch.Send(resp);
+      }
       DigestSource src;
       src.size = img.size();
       src.read = [&img](uint64_t off, size_t n, uint8_t* buf) {
@@ -237,6 +270,8 @@ class TestPeer {
   std::map<std::string, VolState> vols_;
   uint64_t hash_requests_ = 0;
   int refuse_hashes_ = 0;
+  bool hold_apply_ = false;
+  uint64_t behind_answers_ = 0;
 };
 
 }  // namespace cdp::agent::testing
