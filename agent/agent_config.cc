@@ -38,6 +38,10 @@ po::options_description AgentConfigDescription() {
       ("bitmap_dir", value<std::string>()->default_value("/var/lib/opencdp/agent"), "directory of the dirty bitmaps")
       ("batch_bytes", value<ByteSize>()->default_value(ByteSize{4u << 20}), "data bytes per write batch")
       ("max_inflight", value<int>()->default_value(4), "write batches in flight")
+      ("resync_fill_target", value<ByteSize>()->default_value(ByteSize{8u << 20}),
+       "resync data queued, not yet acknowledged (at most budget/2: the rest is for live writes)")
+      ("resync_max_rate", value<ByteSize>()->default_value(ByteSize{0}), "resync bytes per second (0 = no cap)")
+      ("resync_requests", value<int>()->default_value(8), "resync hash requests in flight")
       ("control", value<std::string>()->default_value("127.0.0.1:9100"), "control/metrics HTTP host:port ('none' = off)")
       ("freeze_command", value<std::string>()->default_value(""), "run before a tag (e.g. 'fsfreeze -f /data')")
       ("thaw_command", value<std::string>()->default_value(""), "run after a tag, always (e.g. 'fsfreeze -u /data')")
@@ -133,6 +137,16 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   }
   ao.sender.batch_bytes = std::max<uint64_t>(4096, vm["batch_bytes"].as<ByteSize>().bytes);
   ao.sender.max_inflight = std::max(1, vm["max_inflight"].as<int>());
+  ao.sender.resync.fill_target = vm["resync_fill_target"].as<ByteSize>().bytes;
+  if (ao.sender.resync.fill_target < 65536 || ao.sender.resync.fill_target > ao.budget / 2) {
+    return Status::InvalidArgument("resync_fill_target must be 64KiB..budget/2 (" + std::to_string(ao.budget / 2) +
+                                   " bytes)");
+  }
+  ao.sender.resync.max_rate = vm["resync_max_rate"].as<ByteSize>().bytes;
+  ao.sender.resync.max_requests = vm["resync_requests"].as<int>();
+  if (ao.sender.resync.max_requests < 1 || ao.sender.resync.max_requests > 64) {
+    return Status::InvalidArgument("resync_requests must be 1..64");
+  }
   CDP_ASSIGN_OR_RETURN(ao.control, GetHostPort(vm, "control", listener));
   ao.freeze_command = vm["freeze_command"].as<std::string>();
   ao.thaw_command = vm["thaw_command"].as<std::string>();

@@ -37,6 +37,7 @@ TEST_CASE("agent config: keys, addresses, secret file, log", "[config]") {
                 "volume = db=/dev/vdb\nvolume = logs=/srv/logs.img\nexport_name = db=prod-db\n"
                 "nbd_listen = none\nnbd_unix = /run/cdp.sock\nps = [fd00::7]:7401\ntenant = acme\n"
                 "secret_file = /secret\nclient_id = host1\ncontrol = 127.0.0.1:0\nregion_size = 64KiB\n"
+                "resync_fill_target = 4MiB\nresync_max_rate = 50MiB\nresync_requests = 4\n"
                 "[log]\nlevel = debug\nfile = /var/log/a.log\n",
                 &lo);
   REQUIRE(o.ok());
@@ -54,6 +55,9 @@ TEST_CASE("agent config: keys, addresses, secret file, log", "[config]") {
   CHECK(o->control.host == "127.0.0.1");
   CHECK(o->control.port == 0);
   CHECK(o->region_size == 65536);
+  CHECK(o->sender.resync.fill_target == 4u << 20);
+  CHECK(o->sender.resync.max_rate == 50u << 20);
+  CHECK(o->sender.resync.max_requests == 4);
   CHECK(lo.level == "debug");
   CHECK(lo.file == "/var/log/a.log");
 }
@@ -68,6 +72,9 @@ TEST_CASE("agent config: every bad value names its key", "[config]") {
         "'nbd_listen': bad address '::1:10809': write an IPv6 address as [address]:port");
   CHECK(Error(env.get(), base + "control = h:70000\n") == "'control': bad port in 'h:70000'");
   CHECK(Error(env.get(), base + "region_size = 3000\n") == "region_size must be a power of two in 4KiB..1GiB");
+  CHECK(Error(env.get(), base + "budget = 16MiB\nresync_fill_target = 9MiB\n") ==
+        "resync_fill_target must be 64KiB..budget/2 (8388608 bytes)");
+  CHECK(Error(env.get(), base + "resync_requests = 0\n") == "resync_requests must be 1..64");
   CHECK(Error(env.get(), "volume = db=/dev/vdb\n") ==
         "tenant and secret (or secret_file) are required unless capture_only = true");
   CHECK(Load(env.get(), base + "secret_file = /missing\n").status().code() == cdp::Code::kNotFound);
