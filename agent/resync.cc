@@ -168,7 +168,7 @@ void Resync::Compare(uint64_t region, uint32_t unit, uint64_t first_unit, const 
     r.min_seq = min_seq;
     r.regions = {region};
     ++g.pending;
-    Send(std::move(r));
+    later_.push_back(std::move(r));  // sent as the in-flight cap allows
   }
   // Differing leaves, merged into runs of adjacent ones.
   for (size_t i = 0; i < leaves_differ.size();) {

@@ -65,7 +65,7 @@ namespace cdp::agent {
 
 struct ResyncOptions {
   uint32_t batch_regions = 64;      // regions per first-level HashRequest
-  int max_requests = 8;             // HashRequests in flight
+  int max_requests = 16;            // HashRequests in flight (the PS takes 64 per connection)
   uint64_t fill_target = 8u << 20;  // resync bytes queued, not yet acknowledged
   uint64_t max_rate = 0;            // resync bytes per second (0 = no cap)
   uint64_t retry_min_ms = 100;      // pause after a request that was not answered...
@@ -167,7 +167,7 @@ class Resync {
   uint64_t floor_ = 0;
   std::map<uint64_t, Region> regions_;       // being compared
   std::map<uint64_t, Request> out_;          // ticket -> request in flight
-  std::deque<Request> later_;                // kBehind, asked again later
+  std::deque<Request> later_;                // to send: descents, kBehind, waiting for an ack
   std::deque<Run> runs_;
   std::deque<std::pair<uint64_t, uint64_t>> queued_;  // (seq, bytes) of resync records not yet acknowledged
   uint64_t next_ticket_ = 1;

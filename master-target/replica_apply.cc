@@ -84,6 +84,7 @@ ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected =
 }  // namespace
 
 Status ReplicaVolume::ZeroReplica(uint64_t offset, uint64_t len) {
+  digest_cache_.Drop(offset, len);
   Status s = replica_->PunchHole(offset, len);
   if (s.ok()) return s;
   static const std::vector<uint8_t> zeros(kZeroChunk, 0);
@@ -300,6 +301,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   for (size_t i = first; i < recs.size(); ++i) {
     const proto::Record& r = recs[i];
     if (r.kind == proto::RecordKind::kData) {
+      digest_cache_.Drop(r.offset, r.data.size());
       CDP_RETURN_IF_ERROR(replica_->Write(r.offset, r.data));
       write_bytes += r.length;
       replica_dirty = true;

@@ -157,10 +157,49 @@ Result<ReplicaVolume::DigestAnswer> ReplicaVolume::Digests(const DigestQuery& q)
     src.read = [this, seq = q.at_seq](uint64_t off, size_t n, uint8_t* buf) { return ReadAt(seq, off, n, buf); };
   }
   DigestReader reader(std::move(src));
-  CDP_ASSIGN_OR_RETURN(a.digests, reader.Units(q.unit, q.first, q.count));
+  if (pin) {
+    CDP_ASSIGN_OR_RETURN(a.digests, reader.Units(q.unit, q.first, q.count));
+  } else {
+    CDP_ASSIGN_OR_RETURN(a.digests, CurrentDigests(reader, q, &a.bytes_skipped));
+  }
   a.bytes_read = reader.stats().bytes_read;
-  a.bytes_skipped = reader.stats().bytes_skipped;
+  a.bytes_skipped += reader.stats().bytes_skipped;
   return a;
+}
+
+Result<std::vector<proto::Hash128>> ReplicaVolume::CurrentDigests(DigestReader& reader, const DigestQuery& q,
+                                                                  uint64_t* skipped) {
+  constexpr uint64_t kBlock = DigestCache::kBlock;
+  const uint64_t units = (id_.size + q.unit - 1) / q.unit;
+  const uint64_t last = std::min<uint64_t>(units, q.first + q.count);
+  std::vector<proto::Hash128> out;
+  out.reserve(size_t(last - q.first));
+  std::vector<proto::Hash128> leaves;
+  for (uint64_t u = q.first; u < last; ++u) {
+    const uint64_t begin = u * q.unit, end = std::min<uint64_t>(begin + q.unit, id_.size);
+    // A unit wholly in a hole costs one seek (and stays out of the cache).
+    CDP_ASSIGN_OR_RETURN(uint64_t data, replica_->NextData(begin));
+    if (data >= end) {
+      out.push_back(kZeroDigest);
+      *skipped += end - begin;
+      continue;
+    }
+    leaves.clear();
+    for (uint64_t b = begin / kBlock; b <= (end - 1) / kBlock; ++b) {
+      std::vector<proto::Hash128> block;
+      if (auto cached = digest_cache_.Get(b)) {
+        block = std::move(*cached);
+      } else {
+        CDP_ASSIGN_OR_RETURN(block, reader.Leaves(b * kBlock, kBlock));
+        digest_cache_.Put(b, block);
+      }
+      const uint64_t from = std::max(begin, b * kBlock), to = std::min(end, (b + 1) * kBlock);
+      const size_t i = size_t((from - b * kBlock) / kLeafSize), j = size_t((to - b * kBlock + kLeafSize - 1) / kLeafSize);
+      leaves.insert(leaves.end(), block.begin() + long(i), block.begin() + long(std::min(j, block.size())));
+    }
+    out.push_back(UnitDigest(leaves));
+  }
+  return out;
 }
 
 std::vector<RecoveryPoint> ReplicaVolume::ListPoints() const {

@@ -73,11 +73,13 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/block_digest.h"
 #include "common/env.h"
 #include "common/protocol.h"
 #include "common/result.h"
 #include "common/sqlite.h"
 #include "common/status.h"
+#include "master-target/digest_cache.h"
 #include "master-target/journal.h"
 #include "master-target/undo_index.h"
 
@@ -286,6 +288,8 @@ class ReplicaVolume {
     uint64_t bytes_skipped = 0;  // holes not read
   };
   Result<DigestAnswer> Digests(const DigestQuery& q);
+  // Hits of the current image's digest cache (master-target/digest_cache.h).
+  uint64_t digest_cache_hits() const { return digest_cache_.hits(); }
 
   std::vector<RecoveryPoint> ListPoints() const;
   std::optional<RecoveryPoint> FindPoint(int64_t id) const;
@@ -310,6 +314,8 @@ class ReplicaVolume {
   // Moves to generation `gen` keeping everything (apply_mu_ held).
   Status Reprotect(uint64_t gen);
   Status UndoEntries(const std::vector<UndoEntry>& entries);
+  // Digests of the current image through digest_cache_ (apply_mu_ held).
+  Result<std::vector<proto::Hash128>> CurrentDigests(DigestReader& reader, const DigestQuery& q, uint64_t* skipped);
   Status ZeroReplica(uint64_t offset, uint64_t len);
   Status ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out);
   // The commit point of a batch (master-target/replica_index.cc): the applied
@@ -329,6 +335,7 @@ class ReplicaVolume {
 
   mutable std::mutex apply_mu_;  // serialises apply, rollback, retention, hashes
   std::unique_ptr<File> replica_;
+  DigestCache digest_cache_;  // every write to replica_ drops what it touches
   std::unique_ptr<SegmentWriter> writer_;
   VolumeState state_ = VolumeState::kReplicating;  // apply_mu_ (+ meta_mu_ for readers)
   uint64_t rollback_to_ = 0;

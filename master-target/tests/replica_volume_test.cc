@@ -639,6 +639,59 @@ TEST_CASE("zero and trim over several undo chunks, and region hashes", "[volume]
   REQUIRE(ReplicaFile(env.get(), "/t/vol1", size) == ref.ImageAt(2));
 }
 
+TEST_CASE("digests of the current image come from the cache until a write touches them", "[volume][digest]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  const uint64_t size = 4u << 20;
+  auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db", 1 << 20);
+  opts.dir = "/t/vol1";
+  VolumeIdentity id = Ident(size);
+  auto v = ReplicaVolume::Open(opts, &id);
+  REQUIRE(v.ok());
+  Reference ref(size);
+  std::mt19937_64 rng(5);
+  Bytes d(size);
+  for (auto& x : d) x = uint8_t(rng());
+  std::vector<proto::Record> b1{DataRecord(1, 0, d)};
+  ref.Apply(b1);
+  REQUIRE((*v)->ApplyBatch(b1)->ack);
+  uint64_t read = 0;  // replica bytes the last Digests call read
+  auto digests = [&](uint32_t unit, uint64_t first, uint32_t count) {
+    auto h = (*v)->Digests({unit, first, count});
+    REQUIRE(h.ok());
+    read = h->bytes_read;
+    return h->digests;
+  };
+  auto expect = [&](uint32_t unit, uint64_t first, uint32_t count) {
+    std::vector<proto::Hash128> e;
+    for (uint64_t u = first; u < first + count; ++u) e.push_back(DigestOf(ref.image().data() + u * unit, unit));
+    return e;
+  };
+  REQUIRE(digests(1u << 20, 0, 4) == expect(1u << 20, 0, 4));
+  REQUIRE(read == size);
+  // The same blocks at 64 KiB and 4 KiB: from the cache, nothing read.
+  REQUIRE(digests(65536, 16, 16) == expect(65536, 16, 16));
+  REQUIRE(read == 0);
+  REQUIRE(digests(4096, 300, 16) == expect(4096, 300, 16));
+  REQUIRE(read == 0);
+  REQUIRE((*v)->digest_cache_hits() == 16 + 16);
+  // A write and a zero record drop what they touch.
+  std::vector<proto::Record> b2{DataRecord(2, (1u << 20) + 8192, Bytes(4096, 7)), ZeroRecord(3, 3u << 20, 65536)};
+  ref.Apply(b2);
+  REQUIRE((*v)->ApplyBatch(b2)->ack);
+  REQUIRE(digests(4096, 256, 16) == expect(4096, 256, 16));
+  REQUIRE(read == 1u << 20);  // block 1 read again
+  REQUIRE(digests(65536, 48, 16) == expect(65536, 48, 16));
+  REQUIRE(digests(1u << 20, 0, 4) == expect(1u << 20, 0, 4));
+  // Rollback rewrites the replica: its digests follow.
+  REQUIRE((*v)->Rollback(1).ok());
+  REQUIRE(digests(1u << 20, 0, 4) == std::vector<proto::Hash128>{DigestOf(d.data(), 1u << 20),
+                                                                  DigestOf(d.data() + (1u << 20), 1u << 20),
+                                                                  DigestOf(d.data() + (2u << 20), 1u << 20),
+                                                                  DigestOf(d.data() + (3u << 20), 1u << 20)});
+}
+
 TEST_CASE("a corrupt undo record is detected by reads and never applied by rollback", "[volume][corruption]") {
   TempDir tmp;
   auto env = NewMemEnv();
