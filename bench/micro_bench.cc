@@ -16,6 +16,7 @@
 
 #include "common/codec.h"
 #include "common/crc32c.h"
+#include "common/block_digest.h"
 #include "common/hash.h"
 #include "common/protocol.h"
 #include "loadgen/data.h"
@@ -96,6 +97,18 @@ void BM_Xxh3_128(benchmark::State& state) {
   Finish(state, in.size());
 }
 
+// Block digests of 1 MiB (256 leaves and their unit digest): what a resync
+// and the master target spend per byte compared. data 2 = all zeros (the
+// zero check alone).
+void BM_BlockDigest(benchmark::State& state) {
+  static const Bytes zeros(1u << 20, 0);
+  const Bytes& in = state.range(0) == 2 ? zeros : Sample(state.range(0));
+  const size_t n = std::min<size_t>(in.size(), 1u << 20) / kLeafSize * kLeafSize;
+  for (auto _ : state) benchmark::DoNotOptimize(DigestOf(in.data(), n));
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(n));
+  state.SetLabel(state.range(0) == 2 ? "zeros" : state.range(0) == 0 ? "mixed" : "random");
+}
+
 // Args: data, codec, level. MB/s counts uncompressed bytes.
 void BM_Compress(benchmark::State& state) {
   const Bytes& in = Sample(state.range(0));
@@ -150,6 +163,7 @@ BENCHMARK(BM_Crc32cHw)->ArgName("data")->Arg(0)->Arg(1);
 BENCHMARK(BM_Crc32cPortable)->ArgName("data")->Arg(0)->Arg(1);
 BENCHMARK(BM_Xxh3_64)->ArgName("data")->Arg(0)->Arg(1);
 BENCHMARK(BM_Xxh3_128)->ArgName("data")->Arg(0)->Arg(1);
+BENCHMARK(BM_BlockDigest)->ArgName("data")->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_Compress)->Apply(CodecArgs);
 BENCHMARK(BM_Decompress)->Apply(CodecArgs);
 
