@@ -114,19 +114,21 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
         const uint64_t base = vol.seq_base();
         auto r = vol.Digests({hr->region_size, hr->first_region, hr->count, hr->min_seq + base,
                               hr->at_seq == 0 ? 0 : hr->at_seq + base});
+        proto::HashResponse resp;
+        resp.volume_id = hr->volume_id;
+        resp.request_id = hr->request_id;
+        resp.region_size = hr->region_size;
+        resp.first_region = hr->first_region;
         if (!r.ok()) {
-          s = nack(hr->volume_id, proto::NackReason::kBadRecord, r.status().ToString());
+          // Answered, not nacked: a nack would stop the volume's stream at the PS.
+          log->warn("{} hash request refused: {}", log::Where{it->second->name, peer_addr, 0}, r.status().ToString());
+          resp.status = proto::HashStatus::kFailed;
         } else {
-          proto::HashResponse resp;
-          resp.volume_id = hr->volume_id;
-          resp.request_id = hr->request_id;
-          resp.region_size = hr->region_size;
-          resp.first_region = hr->first_region;
           resp.status = r->status;
           resp.seq = r->seq > base ? r->seq - base : 0;
           resp.hashes = std::move(r->digests);
-          s = ch.Send(resp);
         }
+        s = ch.Send(resp);
       }
     } else if (auto* hb = std::get_if<proto::Heartbeat>(&*m)) {
       if (hb->echo_us == 0) s = ch.Send(proto::Heartbeat{o.clock->WallMicros(), hb->sent_us});

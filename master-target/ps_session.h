@@ -53,11 +53,12 @@
 //     kFlush records make crash-consistent recovery points (at most one per
 //     `point_interval`, default 5 s); kTag records always make a named point.
 //
-//   HashRequest{volume_id, request_id, region_size, first_region, count}
-//     -> HashResponse{... hashes}: XXH3-128 of each region of the replica as of
-//        the durable sequence (the last region of the volume may be short;
-//        regions past the end are left out) or Nack{kBadRecord} for a bad
-//        size/count or a first region past the end.
+//   HashRequest{volume_id, request_id, region_size, first_region, count, min_seq, at_seq}
+//     -> HashResponse{... seq, status, hashes}: block digests (common/block_digest.h)
+//        of each unit of the replica at the applied sequence (>= min_seq, else
+//        kBehind) or at exactly at_seq (kBehind / kPointGone); units past the
+//        end are left out. A bad unit size, count or a first unit past the end
+//        -> kFailed (never a Nack, which would stop the stream at the PS).
 //   Heartbeat{sent_us} -> Heartbeat{sent_us = MT wall clock, echo_us = the peer's sent_us}
 //   Stats -> ignored.  Anything else -> the connection is closed.
 // ======================================================================================

@@ -175,6 +175,26 @@ TEST_CASE("process-server protocol: open, apply, ack, nack, hashes, heartbeat, r
   REQUIRE(hs->request_id == 99);
   REQUIRE(hs->hashes.size() == 4);
   for (int i = 0; i < 4; ++i) REQUIRE(hs->hashes[i] == DigestOf(ref.image().data() + i * 256 * 1024, 256 * 1024));
+  REQUIRE(hs->seq == 7);
+  // A range past the end is answered kFailed, not nacked (a nack would stop
+  // the volume's stream at the process server).
+  hr.request_id = 100;
+  hr.first_region = 1000;
+  m = Call(*ch, hr);
+  hs = std::get_if<proto::HashResponse>(&m);
+  REQUIRE(hs != nullptr);
+  REQUIRE(hs->request_id == 100);
+  REQUIRE(hs->status == proto::HashStatus::kFailed);
+  // Not applied yet: behind, with what is.
+  hr.request_id = 101;
+  hr.first_region = 0;
+  hr.min_seq = 8;
+  m = Call(*ch, hr);
+  hs = std::get_if<proto::HashResponse>(&m);
+  REQUIRE(hs != nullptr);
+  REQUIRE(hs->status == proto::HashStatus::kBehind);
+  REQUIRE(hs->seq == 7);
+  REQUIRE(hs->hashes.empty());
 
   m = Call(*ch, proto::Heartbeat{12345, 0});
   auto* hb = std::get_if<proto::Heartbeat>(&m);
