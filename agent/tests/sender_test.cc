@@ -339,3 +339,36 @@ TEST_CASE("regression: records still in the spool are never hidden by an equal c
   REQUIRE(peer.Image() == cdp::Bytes(size, 0));
   sender.Stop();
 }
+
+TEST_CASE("the resync keeps at most its fill target queued: live writes keep their room", "[sender][resync]") {
+  auto env = cdp::NewMemEnv();
+  const uint64_t size = 32 * kMiB, budget = 16 * kMiB, fill = 2 * kMiB;
+  const cdp::Bytes src = Random(size, 31);
+  MakeBacking(env.get(), "/d/vol.img", src);
+  TestPeer peer("t1", "s3cret", size);  // reads zeros: all 32 MiB differ
+  auto dev = OpenDevice(env.get(), budget);
+  SenderOptions so = Opts(peer);
+  so.resync.fill_target = fill;
+  Sender sender(dev.get(), so);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return sender.Stats().resync.shipped_bytes > 0; }));
+  // The process server stops taking anything: the resync stops at its fill target.
+  peer.Pause();
+  REQUIRE(WaitUntil([&] { return sender.Stats().resync.inflight_bytes >= fill - kMiB; }));
+  // Live writes still find room in data mode.
+  cdp::Bytes data = Random(64 * 1024, 32);
+  cdp::Bytes expect = src;
+  for (uint64_t i = 0; i < 128; ++i) {  // 8 MiB
+    const uint64_t off = (i * 37 % 512) * 65536;
+    REQUIRE(dev->Write(off, data, false).ok());
+    std::copy(data.begin(), data.end(), expect.begin() + long(off));
+    REQUIRE(sender.Stats().resync.inflight_bytes <= fill);
+  }
+  REQUIRE(dev->queue().Stats().to_metadata == 0);
+  REQUIRE(dev->queue().Stats().mode == CaptureMode::kData);
+  peer.Resume();
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  REQUIRE(dev->queue().Stats().to_metadata == 0);
+  REQUIRE(peer.Image() == expect);
+  sender.Stop();
+}
