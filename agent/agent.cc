@@ -8,6 +8,7 @@
 #include <charconv>
 #include <chrono>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "common/hash.h"
@@ -27,7 +28,14 @@ Status RunHook(const std::string& command, uint64_t timeout_ms) {
                          (r.output.empty() ? "" : ": " + r.output));
 }
 
-Agent::Agent(AgentOptions opts) : opts_(std::move(opts)) {
+namespace {
+uint64_t RandomInstance() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32 | rd()) & ((1ull << 53) - 1);  // exact in a JSON double too
+}
+}  // namespace
+
+Agent::Agent(AgentOptions opts) : opts_(std::move(opts)), instance_(RandomInstance()) {
   if (opts_.clock == nullptr) opts_.clock = SystemClock::Get();
   if (opts_.env == nullptr) opts_.env = DefaultEnv();
   opts_.sender.clock = opts_.clock;
@@ -283,6 +291,7 @@ http::Response Agent::HashesRoute(const http::Request& r) {
                                                 {"region_size", region},
                                                 {"first", first},
                                                 {"seq", dev->queue().next_seq() - 1},
+                                                {"instance", instance_},
                                                 {"numbering", dev->queue().numbering()},
                                                 {"busy", busy},
                                                 {"regions", std::move(out)}});

@@ -142,6 +142,9 @@ class Agent {
   std::unique_ptr<http::Server> http_;
   std::mutex tag_mu_;
   bool started_ = false;
+  // Random per process: a sequence from /v1/hashes is only meaningful with
+  // the instance (and numbering) it came from; a restarted agent may reuse it.
+  const uint64_t instance_;
 };
 
 // Runs `command` through /bin/sh -c, waiting at most `timeout_ms`; on timeout

@@ -362,8 +362,9 @@ class Verifier {
   // appended to *out (merged with a last extent they touch). *busy set when a
   // part could not be compared.
   bool Blocks(uint64_t offset, uint64_t len, std::vector<Extent>* out, bool* busy);
-  // The agent's numbering now; false on error. Differences found under
-  // another numbering are not reported (the sequences changed meaning).
+  // Whether the agent is still the process, with the same numbering, that
+  // every difference found rests on; false on error. Differences found under
+  // another one are not reported (their sequences changed meaning).
   bool NumberingStill(bool* same);
   // Waits until the replica has applied `seq`.
   bool WaitApplied(uint64_t seq);
@@ -374,6 +375,7 @@ class Verifier {
   struct AgentUnit {
     bool busy = true;
     uint64_t seq = 0;
+    uint64_t instance = 0;  // the agent process that answered
     uint64_t numbering = 0;
     std::string hash;
   };
@@ -388,7 +390,7 @@ class Verifier {
   std::chrono::steady_clock::time_point start_;
   uint64_t paced_bytes_ = 0;
   uint64_t size_ = 0;
-  std::set<uint64_t> numberings_;  // of the answers differences rest on
+  std::set<std::pair<uint64_t, uint64_t>> numberings_;  // (instance, numbering) differences rest on
 };
 
 void Verifier::Pace(uint64_t bytes) {
@@ -414,12 +416,14 @@ bool Verifier::AgentUnits(uint64_t unit, uint64_t first, uint64_t count, std::ve
     return false;
   }
   size_ = uint64_t(Num(*b, "size"));
+  const uint64_t instance = uint64_t(Num(*b, "instance"));
   for (const auto& v : rs->as_array()) {
     AgentUnit u;
     const json::object* r = v.if_object();
     if (r && !r->contains("busy") && r->contains("hash")) {
       u.busy = false;
       u.seq = uint64_t(Num(*r, "seq"));
+      u.instance = instance;
       u.numbering = uint64_t(Num(*r, "numbering"));
       u.hash = Str(*r, "hash");
     }
@@ -483,7 +487,10 @@ bool Verifier::Compare(uint64_t unit, uint64_t first, uint64_t count, std::vecto
       }
       // A run of units described at one sequence: one replica request.
       uint64_t j = i + 1;
-      while (j < n && !src[j].busy && src[j].seq == src[i].seq && src[j].numbering == src[i].numbering) ++j;
+      while (j < n && !src[j].busy && src[j].seq == src[i].seq && src[j].numbering == src[i].numbering &&
+             src[j].instance == src[i].instance) {
+        ++j;
+      }
       std::vector<std::string> rep;
       int got = MtUnitsAt(unit, p + i, j - i, src[i].seq, &rep);
       if (got < 0) return false;
@@ -494,7 +501,7 @@ bool Verifier::Compare(uint64_t unit, uint64_t first, uint64_t count, std::vecto
           out->push_back(Cmp::kEqual);
         } else {
           out->push_back(Cmp::kDiffer);
-          numberings_.insert(src[k].numbering);
+          numberings_.insert({src[k].instance, src[k].numbering});
         }
       }
       i = j;
@@ -527,7 +534,12 @@ bool Verifier::NumberingStill(bool* same) {
     Fail(err_, "source hashes of " + a_.volume, c);
     return false;
   }
-  const uint64_t now = uint64_t(Num(c.body.as_object(), "numbering"));
+  const json::object* b = c.body.if_object();
+  if (!b) {
+    err_ << "cdpctl: the agent at " << Where(o_.agent) << " sent no JSON\n";
+    return false;
+  }
+  const std::pair<uint64_t, uint64_t> now{uint64_t(Num(*b, "instance")), uint64_t(Num(*b, "numbering"))};
   *same = numberings_.empty() || (numberings_.size() == 1 && *numberings_.begin() == now);
   return true;
 }
@@ -570,8 +582,8 @@ int Verify(const Options& o, const VerifyArgs& a, std::ostream& out, std::ostrea
   bool same_numbering = true;
   if (!diffs.empty() && !v.NumberingStill(&same_numbering)) return 1;
   if (!same_numbering) {
-    err << "cdpctl: the agent renumbered its sequences during the verify (it reconnected to a process server "
-           "with another history): nothing is reported; verify again\n";
+    err << "cdpctl: the agent restarted or renumbered its sequences during the verify (a reconnect to a process "
+           "server with another history): nothing is reported; verify again\n";
     return 1;
   }
   std::vector<Extent> repaired, unrepaired;
