@@ -201,7 +201,7 @@ TEST_CASE("online verify under churn reports no false difference and repairs a r
   REQUIRE(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
 }
 
-TEST_CASE("the agent refuses a repair range that is unaligned or outside the volume", "[e2e][verify]") {
+TEST_CASE("verify --repair: the agent refuses a repair range that is unaligned or outside the volume", "[e2e][verify]") {
   Cluster c;
   INFO(c.why());
   REQUIRE(c.Start());
