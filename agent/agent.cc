@@ -8,6 +8,7 @@
 #include <charconv>
 #include <chrono>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "common/hash.h"
@@ -27,7 +28,14 @@ Status RunHook(const std::string& command, uint64_t timeout_ms) {
                          (r.output.empty() ? "" : ": " + r.output));
 }
 
-Agent::Agent(AgentOptions opts) : opts_(std::move(opts)) {
+namespace {
+uint64_t RandomInstance() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32 | rd()) & ((1ull << 53) - 1);  // exact in a JSON double too
+}
+}  // namespace
+
+Agent::Agent(AgentOptions opts) : opts_(std::move(opts)), instance_(RandomInstance()) {
   if (opts_.clock == nullptr) opts_.clock = SystemClock::Get();
   if (opts_.env == nullptr) opts_.env = DefaultEnv();
   opts_.sender.clock = opts_.clock;
@@ -135,46 +143,8 @@ Status Agent::Start() {
       out["seqs"] = std::move(seqs);
       return http::Response::Json(200, out);
     });
-    // Region hashes of the source, in the master target's /v1/hashes shape, so
-    // that `cdpctl verify` can compare source and replica. Reads the backing
-    // store as it is now: compare when the writers are quiet (seq says where).
-    http_->Route("GET", "/v1/hashes", [this](const http::Request& r) {
-      auto p = http::Params::Of(r, {"volume", "region_size", "first", "count"});
-      if (!p.ok()) return http::ErrorResponse(p.status());
-      auto vol = p->String("volume");
-      auto region_p = p->Uint("region_size");
-      auto first_p = p->Uint("first");
-      auto count_p = p->Uint("count");
-      for (const Status& s : {vol.status(), region_p.status(), first_p.status(), count_p.status()}) {
-        if (!s.ok()) return http::ErrorResponse(s);
-      }
-      CaptureDevice* dev = nullptr;
-      for (auto& d : devices_) {
-        if (*vol && d->volume() == **vol) dev = d.get();
-      }
-      if (!dev) return http::Response::Error(404, "no volume " + vol->value_or(""));
-      uint64_t region = region_p->value_or(1u << 20);
-      if (region < 4096 || region > (1ull << 30) || (region & (region - 1))) {
-        return http::Response::Error(400, "region_size must be a power of two in 4096..1GiB");
-      }
-      uint64_t regions = (dev->size() + region - 1) / region;
-      uint64_t first = first_p->value_or(0);
-      if (first > regions) return http::Response::Error(400, "first is past the end of the volume");
-      uint64_t count = std::min<uint64_t>(count_p->value_or(regions - first), proto::kMaxHashes);
-      count = std::min(count, regions - first);
-      uint64_t seq = dev->queue().Stats().next_seq - 1;
-      json::array hs;
-      for (uint64_t i = first; i < first + count; ++i) {
-        auto leaves = dev->LeafDigests(i * region, region, nullptr);
-        if (!leaves.ok()) return http::Response::Error(500, leaves.status().ToString());
-        hs.push_back(json::value(HashToHex(UnitDigest(*leaves))));
-      }
-      return http::Response::Json(200, json::object{{"volume", dev->volume()},
-                                                    {"region_size", region},
-                                                    {"first", first},
-                                                    {"seq", seq},
-                                                    {"hashes", std::move(hs)}});
-    });
+    http_->Route("GET", "/v1/hashes", [this](const http::Request& r) { return HashesRoute(r); });
+    http_->Route("POST", "/v1/repair", [this](const http::Request& r) { return RepairRoute(r); });
     http_->Route("GET", "/v1/volumes", [this](const http::Request&) {
       return http::Response::Json(200, StatusJson().at("volumes"));
     });
@@ -261,6 +231,125 @@ Result<TagResult> Agent::Tag(const std::string& name) {
     for (auto& [vol, seq] : result->seqs) lg->info("{} tag '{}' inserted", log::Where{vol, "", seq}, name);
   }
   return result;
+}
+
+CaptureDevice* Agent::FindDevice(const std::string& volume) const {
+  for (auto& d : devices_) {
+    if (d->volume() == volume) return d.get();
+  }
+  return nullptr;
+}
+
+// Online verify: the source's region digests, each with the sequence it
+// describes, so that `cdpctl verify` compares them with the replica's image at
+// that sequence. Regions are hashed in windows of at least one dirty-bitmap
+// region (the granularity at which writes are tracked), so 4 KiB leaves of one
+// region share one window and one sequence.
+http::Response Agent::HashesRoute(const http::Request& r) {
+  auto p = http::Params::Of(r, {"volume", "region_size", "first", "count", "max_retries"});
+  if (!p.ok()) return http::ErrorResponse(p.status());
+  auto vol = p->String("volume");
+  auto region_p = p->Uint("region_size");
+  auto first_p = p->Uint("first");
+  auto count_p = p->Uint("count");
+  auto retries_p = p->Uint("max_retries");
+  for (const Status& s : {vol.status(), region_p.status(), first_p.status(), count_p.status(), retries_p.status()}) {
+    if (!s.ok()) return http::ErrorResponse(s);
+  }
+  CaptureDevice* dev = *vol ? FindDevice(**vol) : nullptr;
+  if (!dev) return http::Response::Error(404, "no volume " + vol->value_or(""));
+  const uint64_t region = region_p->value_or(1u << 20);
+  if (!ValidUnitSize(region)) return http::Response::Error(400, "region_size must be a power of two in 4096..1GiB");
+  const uint64_t regions = (dev->size() + region - 1) / region;
+  const uint64_t first = first_p->value_or(0);
+  if (first >= regions) return http::Response::Error(400, "first is past the end of the volume");
+  uint64_t count = std::min<uint64_t>(count_p->value_or(regions - first), proto::kMaxHashes);
+  count = std::min(count, regions - first);
+  if (count == 0) return http::Response::Error(400, "count must be at least 1");
+  const uint64_t retries = retries_p->value_or(20);
+  if (retries > 1000) return http::Response::Error(400, "max_retries must be 0..1000");
+  const uint64_t window = std::max<uint64_t>(region, dev->bitmap().region_size());
+  const uint64_t per_window = window / region;
+  json::array out;
+  uint64_t busy = 0;
+  for (uint64_t i = first; i < first + count;) {
+    const uint64_t n = std::min(first + count - i, per_window - i % per_window);
+    auto d = dev->DigestAtQuietPoint(i * region, n * region, uint32_t(region), uint32_t(retries + 1), nullptr);
+    if (!d.ok()) return http::Response::Error(500, d.status().ToString());
+    for (uint64_t k = 0; k < n; ++k) {
+      if (d->busy) {
+        out.push_back(json::object{{"busy", true}, {"why", d->why}});
+        ++busy;
+      } else {
+        out.push_back(json::object{{"seq", d->seq}, {"numbering", d->numbering}, {"hash", HashToHex(d->digests.at(k))}});
+      }
+    }
+    i += n;
+  }
+  return http::Response::Json(200, json::object{{"volume", dev->volume()},
+                                                {"size", dev->size()},
+                                                {"region_size", region},
+                                                {"first", first},
+                                                {"seq", dev->queue().next_seq() - 1},
+                                                {"instance", instance_},
+                                                {"numbering", dev->queue().numbering()},
+                                                {"busy", busy},
+                                                {"regions", std::move(out)}});
+}
+
+http::Response Agent::RepairRoute(const http::Request& r) {
+  auto p = http::Params::Of(r, {"volume", "offset", "length"});
+  if (!p.ok()) return http::ErrorResponse(p.status());
+  auto vol = p->String("volume");
+  auto off = p->Uint("offset");
+  auto len = p->Uint("length");
+  for (const Status& s : {vol.status(), off.status(), len.status()}) {
+    if (!s.ok()) return http::ErrorResponse(s);
+  }
+  if (!*vol || !*off || !*len) {
+    return http::Response::Error(400, "body must be {\"volume\": V, \"offset\": BYTES, \"length\": BYTES}");
+  }
+  auto res = Repair(**vol, **off, **len);
+  if (!res.ok()) return http::ErrorResponse(res.status());
+  json::array seqs;
+  for (uint64_t s : res->seqs) seqs.push_back(s);
+  return http::Response::Json(200, json::object{{"volume", **vol}, {"seqs", std::move(seqs)}, {"bytes", res->bytes}});
+}
+
+Result<RepairResult> Agent::Repair(const std::string& volume, uint64_t offset, uint64_t length, uint64_t timeout_ms) {
+  CaptureDevice* dev = FindDevice(volume);
+  if (!dev) return Status::NotFound("no volume " + volume);
+  if (length == 0) return Status::InvalidArgument("length must be > 0");
+  if (offset >= dev->size() || length > dev->size() - offset) {
+    return Status::InvalidArgument("range " + std::to_string(offset) + "+" + std::to_string(length) +
+                                   " is outside the volume (" + std::to_string(dev->size()) + " bytes)");
+  }
+  if (offset % kLeafSize != 0 || (length % kLeafSize != 0 && offset + length != dev->size())) {
+    return Status::InvalidArgument("offset and length must be multiples of 4096 (the length may end at the end of the volume)");
+  }
+  // Real time: the handler really waits (opts_.clock may be a test's manual clock).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  RepairResult out;
+  for (uint64_t done = 0; done < length;) {
+    const uint32_t n = uint32_t(std::min<uint64_t>(proto::kMaxRecordLength, length - done));
+    CDP_ASSIGN_OR_RETURN(uint64_t seq, dev->ShipRange(offset + done, n));
+    if (seq == 0) {
+      // No room in the queue (or not data mode): acknowledgements make room.
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return Status::Busy("capture queue of " + volume + " had no room for " + std::to_string(n) + " bytes within " +
+                            std::to_string(timeout_ms) + " ms (" + std::to_string(out.seqs.size()) +
+                            " piece(s) queued)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    out.seqs.push_back(seq);
+    out.bytes += n;
+    done += n;
+  }
+  log::Get("agent")->info("{} repair of {}+{} queued ({} record(s))", log::Where{volume, "", out.seqs.back()}, offset,
+                          length, out.seqs.size());
+  return out;
 }
 
 boost::json::value Agent::StatusJson() const {

@@ -10,7 +10,15 @@
 //                                 point of the write order (consistency group),
 //                                 around the optional freeze hook
 //   GET  /v1/volumes              the same per-volume JSON as /status
-//   GET  /v1/hashes?volume=V&region_size=&first=&count=   region hashes of the source
+//   GET  /v1/hashes?volume=V&region_size=&first=&count=&max_retries=
+//                                 region digests of the source, each at the
+//                                 sequence it describes (online verify; see
+//                                 CaptureDevice::DigestAtQuietPoint)
+//   POST /v1/repair {"volume", "offset", "length"}   queues the current
+//                                 content of a range as resync records
+//                                 (online verify's --repair)
+//
+// docs/agent.md ("Verify") gives the JSON of both.
 //
 // Tags: the freeze command (if any) runs first, bounded by freeze_timeout; then
 // every volume's capture lock is taken (in configuration order), each volume
@@ -71,6 +79,11 @@ struct AgentOptions {
   ControlAuthSettings control_auth = ControlAuthSettings::Off();
 };
 
+struct RepairResult {
+  std::vector<uint64_t> seqs;  // one resync record per piece, in order
+  uint64_t bytes = 0;
+};
+
 struct TagResult {
   std::vector<std::pair<std::string, uint64_t>> seqs;  // volume -> tag sequence
 };
@@ -96,6 +109,16 @@ class Agent {
   // failed or timed out.
   Result<TagResult> Tag(const std::string& name);
 
+  // Queues the current content of [offset, offset+length) of `volume` as
+  // resync records (CaptureDevice::ShipRange, pieces of at most
+  // proto::kMaxRecordLength), retrying a piece while the queue has no room,
+  // for at most `timeout_ms` in all. kNotFound (no such volume),
+  // kInvalidArgument (offset or length not 4 KiB aligned, except a length
+  // ending at the end of the volume; empty; past the end), kBusy (no room in
+  // time: the pieces queued so far stay queued), or the read error.
+  Result<RepairResult> Repair(const std::string& volume, uint64_t offset, uint64_t length,
+                              uint64_t timeout_ms = 20'000);
+
   boost::json::value StatusJson() const;
   uint16_t nbd_port() const { return nbd_ ? nbd_->port() : 0; }
   uint16_t control_port() const { return http_ ? http_->port() : 0; }
@@ -105,6 +128,9 @@ class Agent {
 
  private:
   void RegisterMetrics(size_t i);
+  CaptureDevice* FindDevice(const std::string& volume) const;
+  http::Response HashesRoute(const http::Request& r);
+  http::Response RepairRoute(const http::Request& r);
 
   AgentOptions opts_;
   metrics::Registry registry_;
@@ -116,6 +142,9 @@ class Agent {
   std::unique_ptr<http::Server> http_;
   std::mutex tag_mu_;
   bool started_ = false;
+  // Random per process: a sequence from /v1/hashes is only meaningful with
+  // the instance (and numbering) it came from; a restarted agent may reuse it.
+  const uint64_t instance_;
 };
 
 // Runs `command` through /bin/sh -c, waiting at most `timeout_ms`; on timeout

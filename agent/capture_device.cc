@@ -158,6 +158,56 @@ Result<std::vector<proto::Hash128>> CaptureDevice::LeafDigests(uint64_t offset, 
   return leaves;
 }
 
+Result<QuietDigests> CaptureDevice::DigestAtQuietPoint(uint64_t offset, uint64_t len, uint32_t unit,
+                                                       uint32_t max_tries, DigestStats* stats) {
+  if (!ValidUnitSize(unit)) return Status::InvalidArgument("unit must be a power of two in 4 KiB .. 1 GiB");
+  if (offset % unit != 0) return Status::InvalidArgument("range must start on a unit boundary");
+  if (offset >= size_) return Status::OutOfRange("range starts past the end of the volume");
+  len = std::min(len, size_ - offset);
+  if (len == 0) return Status::InvalidArgument("empty range");
+  const uint64_t first = offset / bitmap_->region_size();
+  const uint64_t last = (offset + len - 1) / bitmap_->region_size();
+  QuietDigests out;
+  auto busy = [&out](std::string why) {
+    out.busy = true;
+    out.why = std::move(why);
+    out.digests.clear();
+    return out;
+  };
+  std::vector<uint32_t> epochs(size_t(last - first + 1));
+  while (out.tries < std::max<uint32_t>(max_tries, 1)) {
+    ++out.tries;
+    {
+      auto lk = queue_->Lock();
+      out.numbering = queue_->NumberingLocked();
+      if (out.numbering == 0) {
+        return busy("sequence numbers are provisional until the process server tells the resume point");
+      }
+      if (queue_->ModeLocked() != CaptureMode::kData) {
+        return busy("capture queue in " + std::string(ModeName(queue_->ModeLocked())) + " mode");
+      }
+      out.seq = queue_->LastSeqLocked();
+      for (uint64_t r = first; r <= last; ++r) {
+        if (bitmap_->ResyncState(r) != DirtyBitmap::Resync::kNone) {
+          return busy("region " + std::to_string(r) + " waits for a resync");
+        }
+        epochs[r - first] = bitmap_->ResyncEpoch(r);
+      }
+    }
+    CDP_ASSIGN_OR_RETURN(std::vector<proto::Hash128> leaves, LeafDigests(offset, len, stats));
+    auto lk = queue_->Lock();
+    bool quiet = queue_->NumberingLocked() == out.numbering;
+    for (uint64_t r = first; quiet && r <= last; ++r) {
+      quiet = bitmap_->LastSeq(r) <= out.seq && bitmap_->ResyncEpoch(r) == epochs[r - first];
+    }
+    if (quiet) {
+      out.digests = unit == kLeafSize ? std::move(leaves) : UnitsFromLeaves(leaves, unit);
+      return out;
+    }
+  }
+  return busy("written during each of " + std::to_string(out.tries) + " tries");
+}
+
 Result<uint64_t> CaptureDevice::ShipRange(uint64_t offset, uint32_t len) {
   if (len == 0 || len > proto::kMaxRecordLength || offset > size_ || len > size_ - offset) {
     return Status::OutOfRange("resync range outside the volume");

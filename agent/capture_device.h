@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "agent/capture_queue.h"
 #include "agent/dirty_bitmap.h"
@@ -32,6 +33,19 @@
 #include "common/protocol.h"
 
 namespace cdp::agent {
+
+// The answer of CaptureDevice::DigestAtQuietPoint.
+struct QuietDigests {
+  // True when the range could not be hashed at a known sequence now; `why`
+  // says why. A busy range says nothing about the replica: it is neither
+  // equal nor different.
+  bool busy = false;
+  std::string why;
+  uint64_t seq = 0;        // not busy: the digests describe the image at this sequence
+  uint64_t numbering = 0;  // CaptureQueue::NumberingLocked() that `seq` belongs to
+  uint32_t tries = 0;      // windows tried (each one read of the range)
+  std::vector<proto::Hash128> digests;  // not busy: one per unit, in order
+};
 
 class CaptureDevice final : public BlockDevice {
  public:
@@ -79,6 +93,33 @@ class CaptureDevice final : public BlockDevice {
   // (retry after acknowledgements). The bitmap keeps the regions dirty until
   // the record is acknowledged; their resync state is the caller's.
   Result<uint64_t> ShipRange(uint64_t offset, uint32_t len);
+  // Online verify (docs/agent.md, "Verify"): the digests of the `unit`-byte
+  // units (common/block_digest.h) covering [offset, offset+len) (clipped to
+  // the volume; `offset` a multiple of `unit`) as they were at one sequence
+  // S, so that the replica's image at S (the master target's /v1/hashes with
+  // at_seq=S) must have the same digests. One try is a window:
+  //
+  //   lock: S = last sequence; for every bitmap region R the range touches:
+  //         R needs no resync, remember LastSeq(R) and ResyncEpoch(R);
+  //         the queue is in data mode and the numbering is not provisional
+  //   unlock; read and hash the range
+  //   lock: every LastSeq(R) <= S, every epoch and the numbering unchanged?
+  //         yes: the digests are the image at S.  no: try again.
+  //
+  // Why it holds: a write reaches the backing store and gets its sequence
+  // (and LastSeq) under the capture lock, and a bitmap-mode write bumps the
+  // epoch under it; so when neither moved, no write touched the range while
+  // it was read, and what was read is the result of every write <= S.
+  // Data mode at S means no metadata-mode record <= S is still unsent (those
+  // re-read the range later, so the stream would not be the image at S).
+  //
+  // Busy (not an error) when the range cannot be compared now: provisional
+  // numbering, metadata or bitmap mode, a region waiting for a resync, or a
+  // write into the range during each of `max_tries` windows. Errors:
+  // kInvalidArgument (bad unit or alignment), kOutOfRange (offset past the
+  // end), or the backing store's read error. `stats` as LeafDigests.
+  Result<QuietDigests> DigestAtQuietPoint(uint64_t offset, uint64_t len, uint32_t unit, uint32_t max_tries,
+                                          DigestStats* stats);
   // True when a kFlush or tag would mark a state the replica can reproduce:
   // data mode and no region waiting for a resync. Call with the capture lock held.
   bool ConsistentLocked() const;

@@ -162,7 +162,9 @@ bool CaptureQueue::Resume(uint64_t durable,
                           const std::function<void(uint64_t old_acked, uint64_t new_acked)>& renumbered) {
   {
     std::lock_guard lk(mu_);
+    resumed_ = true;
     if (durable < acked_ || durable >= next_seq_) {
+      ++renumbers_;
       // Renumber: the first queued record becomes durable+1.
       uint64_t s = durable + 1;
       for (auto& r : q_) r.seq = s++;
@@ -180,6 +182,10 @@ bool CaptureQueue::Resume(uint64_t durable,
 uint64_t CaptureQueue::next_seq() const {
   std::lock_guard lk(mu_);
   return next_seq_;
+}
+uint64_t CaptureQueue::numbering() const {
+  std::lock_guard lk(mu_);
+  return NumberingLocked();
 }
 uint64_t CaptureQueue::acked_seq() const {
   std::lock_guard lk(mu_);

@@ -28,7 +28,8 @@
 // Thread safety: every method is thread-safe. Methods named *Locked must be
 // called with the lock returned by Lock() held (or, for tags across volumes,
 // all volumes' locks held); nothing else must be called while holding it
-// except DirtyBitmap::Assign/AssignResync/Unpin.
+// except DirtyBitmap::Assign/AssignResync/Unpin/NoteShipped and the
+// DirtyBitmap's read-only accessors (LastSeq, ResyncState, ResyncEpoch, ...).
 #pragma once
 
 #include <atomic>
@@ -118,6 +119,13 @@ class CaptureQueue {
   uint64_t AppendResyncLocked(uint64_t offset, uint32_t length, ByteSpan data);
   CaptureMode ModeLocked() const { return st_.mode; }
   bool HasRoomLocked(uint64_t len) const;
+  // The last sequence assigned (0: none yet).
+  uint64_t LastSeqLocked() const { return next_seq_ - 1; }
+  // Which numbering the sequences are in: 0 while they are provisional (no
+  // Resume yet: the process server has not told the resume point), then 1,
+  // plus one for every renumbering Resume. A sequence handed out under
+  // numbering N means the same history position only while it is still N.
+  uint64_t NumberingLocked() const { return resumed_ ? 1 + renumbers_ : 0; }
 
   // --- Sender side ---
   // Copies records with seq >= from_seq, at most `max_bytes` of data (at least
@@ -141,6 +149,7 @@ class CaptureQueue {
 
   uint64_t next_seq() const;
   uint64_t acked_seq() const;
+  uint64_t numbering() const;  // NumberingLocked(), taking the lock
   CaptureMode mode() const;  // lock-free (a recent value)
   CaptureQueueStats Stats() const;
 
@@ -155,6 +164,8 @@ class CaptureQueue {
   std::deque<QueuedRecord> q_;  // seqs acked_+1 .. next_seq_-1, in order
   uint64_t next_seq_ = 1;
   uint64_t acked_ = 0;
+  bool resumed_ = false;    // Resume() has run at least once
+  uint64_t renumbers_ = 0;  // Resume() calls that renumbered
   CaptureQueueStats st_;
   std::atomic<int> mode_relaxed_{0};  // st_.mode, readable without the lock
 };

@@ -4,8 +4,12 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "common/control_token.h"
 #include "common/host_port.h"
@@ -315,65 +319,327 @@ int Unexport(const Options& o, const std::string& name, std::ostream& out, std::
   return 0;
 }
 
-// Region hashes of `volume` from one daemon, all regions, as hex strings.
-bool FetchHashes(const Options& o, const Endpoint& ep, const std::string& volume, uint64_t region_size,
-                 std::vector<std::string>* hashes, uint64_t* seq, std::ostream& err) {
-  uint64_t first = 0;
+// ---- verify ----
+//
+// Online verify (docs/operations.md, "Verify"): the agent hashes each region in
+// a window with no write to it and says which sequence S the hash describes;
+// the master target hashes its replica as it was at S (through the undo
+// journal). Equal sequences make every difference real. Regions that differ
+// are descended into at 4 KiB, the same way, so the output names blocks.
+//
+//   page of regions --agent /v1/hashes--> (seq, hash) | busy
+//        --group runs of one seq--> MT /v1/hashes?at_seq=seq (409: wait)
+//        --differ--> 4 KiB leaves of the region (same scheme) --> extents
+//        --repair--> agent /v1/repair, wait for the replica, verify the extents again
+
+constexpr uint64_t kBlock = 4096;
+constexpr auto kReplicaWait = std::chrono::seconds(60);
+constexpr auto kReplicaPoll = std::chrono::milliseconds(100);
+
+struct VerifyArgs {
+  std::string volume;
+  uint64_t region_size = 1 << 20;
+  bool repair = false;
+  double max_rate_mb = 200;  // MB/s (10^6 bytes) of source reads
+};
+
+struct Extent {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+enum class Cmp { kEqual, kDiffer, kBusy };
+
+class Verifier {
+ public:
+  Verifier(const Options& o, const VerifyArgs& a, std::ostream& err)
+      : o_(o), a_(a), err_(err), start_(std::chrono::steady_clock::now()) {}
+
+  // Compares units [first, first+count) of `unit` bytes; appends one Cmp per
+  // unit to *out. False on an error (already reported).
+  bool Compare(uint64_t unit, uint64_t first, uint64_t count, std::vector<Cmp>* out);
+  // The exact 4 KiB blocks of [offset, offset+len) that differ, as extents
+  // appended to *out (merged with a last extent they touch). *busy set when a
+  // part could not be compared.
+  bool Blocks(uint64_t offset, uint64_t len, std::vector<Extent>* out, bool* busy);
+  // Whether the agent is still the process, with the same numbering, that
+  // every difference found rests on; false on error. Differences found under
+  // another one are not reported (their sequences changed meaning).
+  bool NumberingStill(bool* same);
+  // Waits until the replica has applied `seq`.
+  bool WaitApplied(uint64_t seq);
+
+  uint64_t size() const { return size_; }
+
+ private:
+  struct AgentUnit {
+    bool busy = true;
+    uint64_t seq = 0;
+    uint64_t instance = 0;  // the agent process that answered
+    uint64_t numbering = 0;
+    std::string hash;
+  };
+  bool AgentUnits(uint64_t unit, uint64_t first, uint64_t count, std::vector<AgentUnit>* out);
+  // 1: hashes, 0: the sequence is outside the replica's history (410), -1: error.
+  int MtUnitsAt(uint64_t unit, uint64_t first, uint64_t count, uint64_t seq, std::vector<std::string>* out);
+  void Pace(uint64_t bytes);
+
+  const Options& o_;
+  const VerifyArgs& a_;
+  std::ostream& err_;
+  std::chrono::steady_clock::time_point start_;
+  uint64_t paced_bytes_ = 0;
+  uint64_t size_ = 0;
+  std::set<std::pair<uint64_t, uint64_t>> numberings_;  // (instance, numbering) differences rest on
+};
+
+void Verifier::Pace(uint64_t bytes) {
+  if (!(a_.max_rate_mb > 0)) return;
+  paced_bytes_ += bytes;
+  auto due = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(double(paced_bytes_) / (a_.max_rate_mb * 1e6)));
+  std::this_thread::sleep_until(due);
+}
+
+bool Verifier::AgentUnits(uint64_t unit, uint64_t first, uint64_t count, std::vector<AgentUnit>* out) {
+  std::string target = "/v1/hashes?volume=" + Q(a_.volume) + "&region_size=" + std::to_string(unit) +
+                       "&first=" + std::to_string(first) + "&count=" + std::to_string(count);
+  Call c = Http(o_, o_.agent, "GET", target);
+  if (!c.reached || c.status != 200) {
+    Fail(err_, "source hashes of " + a_.volume, c);
+    return false;
+  }
+  const json::object* b = c.body.if_object();
+  const json::value* rs = b ? b->if_contains("regions") : nullptr;
+  if (!rs || !rs->is_array() || rs->as_array().size() != count) {
+    err_ << "cdpctl: the agent at " << Where(o_.agent) << " sent no region digests (an agent without online verify?)\n";
+    return false;
+  }
+  size_ = uint64_t(Num(*b, "size"));
+  const uint64_t instance = uint64_t(Num(*b, "instance"));
+  for (const auto& v : rs->as_array()) {
+    AgentUnit u;
+    const json::object* r = v.if_object();
+    if (r && !r->contains("busy") && r->contains("hash")) {
+      u.busy = false;
+      u.seq = uint64_t(Num(*r, "seq"));
+      u.instance = instance;
+      u.numbering = uint64_t(Num(*r, "numbering"));
+      u.hash = Str(*r, "hash");
+    }
+    out->push_back(std::move(u));
+  }
+  Pace(count * unit);
+  return true;
+}
+
+int Verifier::MtUnitsAt(uint64_t unit, uint64_t first, uint64_t count, uint64_t seq, std::vector<std::string>* out) {
+  std::string target = "/v1/hashes?volume=" + Q(a_.volume) + TenantParam(o_) + "&region_size=" +
+                       std::to_string(unit) + "&first=" + std::to_string(first) + "&count=" + std::to_string(count) +
+                       "&at_seq=" + std::to_string(seq);
+  const auto deadline = std::chrono::steady_clock::now() + kReplicaWait;
   for (;;) {
-    std::string target = "/v1/hashes?volume=" + Q(volume) + "&region_size=" + std::to_string(region_size) +
-                         "&first=" + std::to_string(first) + (&ep == &o.mt ? TenantParam(o) : "");
-    Call c = Http(o, ep, "GET", target);
+    Call c = Http(o_, o_.mt, "GET", target);
+    if (c.reached && c.status == 409 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(kReplicaPoll);  // the replica has not applied `seq` yet
+      continue;
+    }
+    if (c.reached && c.status == 410) {
+      err_ << "cdpctl: the replica no longer holds sequence " << seq
+           << " (outside its retained history): those regions were not compared\n";
+      return 0;
+    }
     if (!c.reached || c.status != 200) {
-      Fail(err, "hashes of " + volume + " from " + Where(ep), c);
-      return false;
+      Fail(err_, "replica hashes of " + a_.volume + " at sequence " + std::to_string(seq), c);
+      return -1;
     }
-    const json::object& b = c.body.as_object();
-    if (first == 0) *seq = uint64_t(Num(b, "applied_seq", Num(b, "seq")));
-    const json::value* hs = b.if_contains("hashes");
-    if (!hs || !hs->is_array()) {
-      err << "cdpctl: " << Where(ep) << " sent no hashes\n";
-      return false;
+    const json::object* b = c.body.if_object();
+    const json::value* hs = b ? b->if_contains("hashes") : nullptr;
+    if (b && seq == 0 && uint64_t(Num(*b, "seq")) != 0) {
+      // at_seq 0 asks for the current image: the source has no write in its
+      // numbering yet, the replica has applied some: not comparable.
+      err_ << "cdpctl: the source has captured nothing yet but the replica has applied sequence "
+           << uint64_t(Num(*b, "seq")) << ": not compared\n";
+      return 0;
     }
-    for (const auto& h : hs->as_array()) hashes->push_back(std::string(h.as_string()));
-    // A daemon answers at most proto::kMaxHashes regions per request; a short page is the last.
-    if (hs->as_array().size() < proto::kMaxHashes) return true;
-    first += hs->as_array().size();
+    if (!b || uint64_t(Num(*b, "seq")) != seq || !hs || !hs->is_array() || hs->as_array().size() != count) {
+      err_ << "cdpctl: the master target at " << Where(o_.mt) << " did not answer for sequence " << seq << "\n";
+      return -1;
+    }
+    for (const auto& h : hs->as_array()) out->push_back(h.is_string() ? std::string(h.as_string()) : "");
+    return 1;
   }
 }
 
-int Verify(const Options& o, const std::string& volume, uint64_t region_size, std::ostream& out, std::ostream& err) {
-  std::vector<std::string> src, rep;
-  uint64_t src_seq = 0, rep_seq = 0;
-  if (!FetchHashes(o, o.agent, volume, region_size, &src, &src_seq, err)) return 1;
-  if (!FetchHashes(o, o.mt, volume, region_size, &rep, &rep_seq, err)) return 1;
-  std::vector<uint64_t> differ;
-  for (size_t i = 0; i < std::max(src.size(), rep.size()); ++i) {
-    if (i >= src.size() || i >= rep.size() || src[i] != rep[i]) differ.push_back(i);
-  }
-  if (o.json) {
-    json::array d;
-    for (auto r : differ) d.push_back(r);
-    out << json::serialize(json::object{{"volume", volume},
-                                        {"region_size", region_size},
-                                        {"regions", src.size()},
-                                        {"source_seq", src_seq},
-                                        {"replica_seq", rep_seq},
-                                        {"differing", d}})
-        << "\n";
-  } else {
-    out << "verify " << volume << ": " << src.size() << " regions of " << Bytes(double(region_size))
-        << ", source at sequence " << src_seq << ", replica at " << rep_seq << "\n";
-    if (differ.empty()) {
-      out << "  identical\n";
-    } else {
-      out << "  " << differ.size() << " region(s) differ:";
-      for (size_t i = 0; i < differ.size() && i < 64; ++i) out << " " << differ[i];
-      if (differ.size() > 64) out << " ...";
-      out << "\n";
-      if (src_seq != rep_seq) out << "  (replica is behind the source: wait for catch-up and verify again)\n";
+bool Verifier::Compare(uint64_t unit, uint64_t first, uint64_t count, std::vector<Cmp>* out) {
+  // One agent request reads at most 64 MiB (the control server answers one
+  // request at a time).
+  const uint64_t page = std::clamp<uint64_t>((64ull << 20) / unit, 1, proto::kMaxHashes);
+  for (uint64_t p = first; p < first + count; p += page) {
+    const uint64_t n = std::min(page, first + count - p);
+    std::vector<AgentUnit> src;
+    if (!AgentUnits(unit, p, n, &src)) return false;
+    for (uint64_t i = 0; i < n;) {
+      if (src[i].busy) {
+        out->push_back(Cmp::kBusy);
+        ++i;
+        continue;
+      }
+      // A run of units described at one sequence: one replica request.
+      uint64_t j = i + 1;
+      while (j < n && !src[j].busy && src[j].seq == src[i].seq && src[j].numbering == src[i].numbering &&
+             src[j].instance == src[i].instance) {
+        ++j;
+      }
+      std::vector<std::string> rep;
+      int got = MtUnitsAt(unit, p + i, j - i, src[i].seq, &rep);
+      if (got < 0) return false;
+      for (uint64_t k = i; k < j; ++k) {
+        if (got == 0) {
+          out->push_back(Cmp::kBusy);
+        } else if (rep[k - i] == src[k].hash) {
+          out->push_back(Cmp::kEqual);
+        } else {
+          out->push_back(Cmp::kDiffer);
+          numberings_.insert({src[k].instance, src[k].numbering});
+        }
+      }
+      i = j;
     }
   }
-  return differ.empty() ? 0 : 1;
+  return true;
+}
+
+bool Verifier::Blocks(uint64_t offset, uint64_t len, std::vector<Extent>* out, bool* busy) {
+  std::vector<Cmp> leaves;
+  if (!Compare(kBlock, offset / kBlock, (len + kBlock - 1) / kBlock, &leaves)) return false;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (leaves[i] == Cmp::kBusy) *busy = true;
+    if (leaves[i] != Cmp::kDiffer) continue;
+    const uint64_t off = offset + i * kBlock;
+    const uint64_t n = std::min(kBlock, size_ - off);
+    if (!out->empty() && out->back().offset + out->back().length == off) {
+      out->back().length += n;
+    } else {
+      out->push_back({off, n});
+    }
+  }
+  return true;
+}
+
+bool Verifier::NumberingStill(bool* same) {
+  Call c = Http(o_, o_.agent, "GET",
+                "/v1/hashes?volume=" + Q(a_.volume) + "&region_size=4096&first=0&count=1&max_retries=0");
+  if (!c.reached || c.status != 200) {
+    Fail(err_, "source hashes of " + a_.volume, c);
+    return false;
+  }
+  const json::object* b = c.body.if_object();
+  if (!b) {
+    err_ << "cdpctl: the agent at " << Where(o_.agent) << " sent no JSON\n";
+    return false;
+  }
+  const std::pair<uint64_t, uint64_t> now{uint64_t(Num(*b, "instance")), uint64_t(Num(*b, "numbering"))};
+  *same = numberings_.empty() || (numberings_.size() == 1 && *numberings_.begin() == now);
+  return true;
+}
+
+bool Verifier::WaitApplied(uint64_t seq) {
+  std::vector<std::string> ignored;
+  return MtUnitsAt(kBlock, 0, 1, seq, &ignored) > 0;
+}
+
+json::array ExtentsJson(const std::vector<Extent>& xs) {
+  json::array a;
+  for (const Extent& x : xs) a.push_back(json::object{{"offset", x.offset}, {"length", x.length}});
+  return a;
+}
+
+int Verify(const Options& o, const VerifyArgs& a, std::ostream& out, std::ostream& err) {
+  Verifier v(o, a, err);
+  // The first page tells the volume's size.
+  std::vector<Cmp> regions;
+  if (!v.Compare(a.region_size, 0, 1, &regions)) return 1;
+  const uint64_t count = (v.size() + a.region_size - 1) / a.region_size;
+  if (count > 1 && !v.Compare(a.region_size, 1, count - 1, &regions)) return 1;
+  uint64_t busy = 0, compared = 0, descended = 0;
+  std::vector<Extent> diffs;
+  for (uint64_t r = 0; r < regions.size(); ++r) {
+    if (regions[r] == Cmp::kBusy) ++busy;
+    if (regions[r] != Cmp::kDiffer) {
+      compared += regions[r] == Cmp::kEqual;
+      continue;
+    }
+    // Different at one sequence: which blocks? (Compared afresh: the region
+    // may have been written since, then only what still differs counts.)
+    ++descended;
+    bool part_busy = false;
+    const uint64_t off = r * a.region_size;
+    if (!v.Blocks(off, std::min(a.region_size, v.size() - off), &diffs, &part_busy)) return 1;
+    if (part_busy) ++busy;
+    else ++compared;
+  }
+  bool same_numbering = true;
+  if (!diffs.empty() && !v.NumberingStill(&same_numbering)) return 1;
+  if (!same_numbering) {
+    err << "cdpctl: the agent restarted or renumbered its sequences during the verify (a reconnect to a process "
+           "server with another history): nothing is reported; verify again\n";
+    return 1;
+  }
+  std::vector<Extent> repaired, unrepaired;
+  if (a.repair && !diffs.empty()) {
+    uint64_t last = 0;
+    for (const Extent& x : diffs) {
+      Options ro = o;
+      ro.timeout_ms = std::max(o.timeout_ms, 30000);
+      Call c = Http(ro, o.agent, "POST", "/v1/repair",
+                    json::object{{"volume", a.volume}, {"offset", x.offset}, {"length", x.length}});
+      if (!c.reached || c.status != 200) return Fail(err, "repair of " + a.volume, c);
+      const json::object* b = c.body.if_object();
+      const json::value* seqs = b ? b->if_contains("seqs") : nullptr;
+      if (!seqs || !seqs->is_array()) {
+        err << "cdpctl: the agent's repair answer has no seqs\n";
+        return 1;
+      }
+      for (const auto& s : seqs->as_array()) {
+        if (s.is_uint64() || s.is_int64()) last = std::max(last, json::value_to<uint64_t>(s));
+      }
+    }
+    if (!v.WaitApplied(last)) return 1;
+    for (const Extent& x : diffs) {
+      std::vector<Extent> still;
+      bool part_busy = false;
+      if (!v.Blocks(x.offset, x.length, &still, &part_busy)) return 1;
+      if (still.empty() && !part_busy) {
+        repaired.push_back(x);
+      } else {
+        unrepaired.push_back(x);
+      }
+    }
+  }
+  uint64_t diff_bytes = 0;
+  for (const Extent& x : diffs) diff_bytes += x.length;
+  if (o.json) {
+    json::object j{{"volume", a.volume},        {"region_size", a.region_size}, {"regions", count},
+                   {"compared", compared},      {"busy", busy},                 {"descended", descended},
+                   {"differences", ExtentsJson(diffs)}};
+    if (a.repair) {
+      j["repaired"] = ExtentsJson(repaired);
+      j["unrepaired"] = ExtentsJson(unrepaired);
+    }
+    out << json::serialize(j) << "\n";
+  } else {
+    for (const Extent& x : diffs) out << a.volume << " " << x.offset << " " << x.length << "\n";
+    for (const Extent& x : repaired) out << a.volume << " " << x.offset << " " << x.length << " repaired\n";
+    for (const Extent& x : unrepaired) out << a.volume << " " << x.offset << " " << x.length << " NOT repaired\n";
+    out << "verify " << a.volume << ": " << count << " regions of " << Bytes(double(a.region_size)) << ", "
+        << compared << " compared, " << busy << " busy: ";
+    if (diffs.empty()) out << "identical\n";
+    else out << diffs.size() << " difference(s), " << Bytes(double(diff_bytes)) << "\n";
+    if (busy > 0) out << "  " << busy << " region(s) could not be compared now (written throughout, or resync pending): verify again\n";
+  }
+  if (diffs.empty()) return 0;
+  return a.repair && unrepaired.empty() ? 0 : 1;
 }
 
 // pki init --dir DIR [--name NAME] [--days N]
@@ -479,7 +745,8 @@ int Token(const Options& o, const std::vector<std::string>& args, std::ostream& 
 constexpr const char* kUsage =
     "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
     "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
-    "  export VOLUME@POINT [--writable] | unexport EXPORT | verify VOLUME [--region-size BYTES] |\n"
+    "  export VOLUME@POINT [--writable] | unexport EXPORT |\n"
+    "  verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s] |\n"
     "  reprotect VOLUME | token issue|revoke (with --tenant T) | token list\n"
     "  control tokens: --token-file F, --agent-token-file F, --ps-token-file F, --mt-token-file F,\n"
     "                  or CDP_TOKEN / CDP_TOKEN_FILE in the environment\n"
@@ -491,13 +758,46 @@ constexpr const char* kUsage =
 // Bad usage: names the first option no command takes, then the usage; exit 2.
 int Usage(const std::vector<std::string>& args, std::ostream& err) {
   for (const std::string& a : args) {
-    if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size") {
+    if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size" && a != "--repair" &&
+        a != "--max-rate") {
       err << "cdpctl: unknown option '" << a << "'\n";
       break;
     }
   }
   err << kUsage;
   return 2;
+}
+
+// verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s], options in any order.
+int VerifyCommand(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  VerifyArgs a;
+  a.volume = args[1];
+  for (size_t i = 2; i < args.size(); ++i) {
+    const std::string& k = args[i];
+    const bool has_value = i + 1 < args.size();
+    if (k == "--repair") {
+      a.repair = true;
+    } else if (k == "--region-size" && has_value) {
+      const std::string& t = args[++i];
+      auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), a.region_size);
+      if (ec != std::errc() || p != t.data() + t.size() || a.region_size < 4096 || a.region_size > (1ull << 30) ||
+          (a.region_size & (a.region_size - 1))) {
+        err << "cdpctl: --region-size must be a power of two in 4096..1073741824\n";
+        return 2;
+      }
+    } else if (k == "--max-rate" && has_value) {
+      const std::string& t = args[++i];
+      char* end = nullptr;
+      a.max_rate_mb = std::strtod(t.c_str(), &end);
+      if (t.empty() || end != t.c_str() + t.size() || !(a.max_rate_mb > 0) || !std::isfinite(a.max_rate_mb)) {
+        err << "cdpctl: --max-rate must be a positive number of MB/s\n";
+        return 2;
+      }
+    } else {
+      return Usage(args, err);
+    }
+  }
+  return Verify(o, a, out, err);
 }
 
 }  // namespace
@@ -548,17 +848,7 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   if (cmd == "pki" && args.size() >= 2) return Pki(o, args, out, err);
   if (cmd == "reprotect" && args.size() == 2) return Reprotect(o, args[1], out, err);
   if (cmd == "token" && args.size() >= 2) return Token(o, args, out, err);
-  if (cmd == "verify" && (args.size() == 2 || (args.size() == 4 && args[2] == "--region-size"))) {
-    uint64_t rs = 1 << 20;
-    if (args.size() == 4) {
-      auto [p, ec] = std::from_chars(args[3].data(), args[3].data() + args[3].size(), rs);
-      if (ec != std::errc() || p != args[3].data() + args[3].size() || rs < 4096 || (rs & (rs - 1))) {
-        err << "cdpctl: --region-size must be a power of two >= 4096\n";
-        return 2;
-      }
-    }
-    return Verify(o, args[1], rs, out, err);
-  }
+  if (cmd == "verify" && args.size() >= 2 && args[1][0] != '-') return VerifyCommand(o, args, out, err);
   return Usage(args, err);
 }
 

@@ -9,7 +9,9 @@
 //     rollback VOLUME --to POINT    fail over: rewind the replica to a point
 //     export VOLUME@POINT [--writable]   serve the point over NBD (test failover)
 //     unexport EXPORT               stop an export
-//     verify VOLUME [--region-size B]    compare source and replica region hashes
+//     verify VOLUME [--region-size B] [--repair] [--max-rate MB/s]
+//                                   online verify: source vs replica at the same
+//                                   sequence, differing 4 KiB extents (and repair)
 //     reprotect VOLUME              accept the volume's next generation (history kept)
 //     token issue|revoke --tenant T tenant control tokens at the master target (admin)
 //     token list                    tenants holding tokens

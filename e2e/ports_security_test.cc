@@ -80,6 +80,8 @@ TEST_CASE("Control ports: tokens, Host, content type, tenant scope, freeze hook"
       INFO("token '" << token << "'");
       CHECK(Call(c.agent_control(), "POST", "/v1/tag", token, R"({"name":"t1"})").status == 401);
       CHECK(Call(c.agent_control(), "GET", "/v1/hashes?volume=" + vol, token).status == 401);
+      CHECK(Call(c.agent_control(), "POST", "/v1/repair", token,
+                 R"({"volume":")" + vol + R"(","offset":0,"length":4096})").status == 401);
       CHECK(Call(c.ps_control(), "POST", "/v1/throttle", token, R"({"mbps":10})").status == 401);
       CHECK(Call(c.mt_control(), "POST", "/v1/export", token, R"({"volume":")" + vol + R"(","seq":1})").status == 401);
       CHECK(Call(c.mt_control(), "POST", "/v1/rollback", token, R"({"volume":")" + vol + R"(","seq":1})").status == 401);

@@ -1,0 +1,239 @@
+// CaptureDevice::DigestAtQuietPoint (online verify): a range is hashed in a
+// window with no write into it, and the digests it returns are the image at
+// the sequence it names; what cannot be compared now is busy, never a digest.
+#include "agent/capture_device.h"
+
+#include <catch2/catch.hpp>
+#include <functional>
+#include <map>
+
+#include "common/block_digest.h"
+
+using cdp::agent::CaptureDevice;
+using cdp::agent::DirtyBitmap;
+
+namespace {
+
+constexpr uint64_t kMiB = 1u << 20;
+constexpr uint64_t kSize = 4 * kMiB;
+const std::string kBacking = "/vol/backing.img";
+
+// An Env over MemEnv that calls `on_read` before every read of the backing
+// file: a test writes through the device there, i.e. inside a verify window.
+class ReadHookEnv : public cdp::Env {
+ public:
+  explicit ReadHookEnv(cdp::Env* base) : base_(base) {}
+  std::function<void()> on_read;
+
+  class HookFile : public cdp::File {
+   public:
+    HookFile(ReadHookEnv* env, std::unique_ptr<cdp::File> f) : env_(env), f_(std::move(f)) {}
+    cdp::Status Read(uint64_t o, size_t n, uint8_t* b) const override {
+      env_->Hook(f_->path());
+      return f_->Read(o, n, b);
+    }
+    cdp::Result<size_t> ReadUpTo(uint64_t o, size_t n, uint8_t* b) const override { return f_->ReadUpTo(o, n, b); }
+    cdp::Status Write(uint64_t o, cdp::ByteSpan d) override { return f_->Write(o, d); }
+    cdp::Status Append(cdp::ByteSpan d) override { return f_->Append(d); }
+    cdp::Status Sync() override { return f_->Sync(); }
+    cdp::Status Allocate(uint64_t o, uint64_t l) override { return f_->Allocate(o, l); }
+    cdp::Status PunchHole(uint64_t o, uint64_t l) override { return f_->PunchHole(o, l); }
+    cdp::Status Truncate(uint64_t s) override { return f_->Truncate(s); }
+    cdp::Result<uint64_t> Size() const override { return f_->Size(); }
+    cdp::Result<uint64_t> NextData(uint64_t o) const override { return f_->NextData(o); }
+    cdp::Result<uint64_t> NextHole(uint64_t o) const override { return f_->NextHole(o); }
+    const std::string& path() const override { return f_->path(); }
+
+   private:
+    ReadHookEnv* env_;
+    std::unique_ptr<cdp::File> f_;
+  };
+
+  cdp::Result<std::unique_ptr<cdp::File>> Open(const std::string& p, const cdp::OpenOptions& o) override {
+    auto f = base_->Open(p, o);
+    if (!f.ok()) return f.status();
+    return std::unique_ptr<cdp::File>(new HookFile(this, std::move(*f)));
+  }
+  cdp::Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
+  cdp::Status Remove(const std::string& p) override { return base_->Remove(p); }
+  cdp::Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
+  cdp::Status CreateDirs(const std::string& d) override { return base_->CreateDirs(d); }
+  cdp::Status RemoveDir(const std::string& d) override { return base_->RemoveDir(d); }
+  bool Exists(const std::string& p) override { return base_->Exists(p); }
+  cdp::Result<std::vector<std::string>> ListDir(const std::string& d) override { return base_->ListDir(d); }
+  cdp::Result<uint64_t> FileSize(const std::string& p) override { return base_->FileSize(p); }
+
+ private:
+  void Hook(const std::string& path) {
+    if (path != kBacking || !on_read || in_hook_) return;
+    in_hook_ = true;  // the hook may read the backing file itself (Fixture::DigestNow)
+    on_read();
+    in_hook_ = false;
+  }
+  cdp::Env* base_;
+  bool in_hook_ = false;
+};
+
+struct Fixture {
+  std::unique_ptr<cdp::Env> mem = cdp::NewMemEnv();
+  ReadHookEnv env{mem.get()};
+  cdp::ManualClock clock;
+  std::shared_ptr<CaptureDevice> dev;
+
+  Fixture() {
+    REQUIRE(env.CreateDirs("/vol").ok());
+    cdp::OpenOptions oo;
+    oo.create = true;
+    auto f = env.Open(kBacking, oo);
+    REQUIRE(f.ok());
+    REQUIRE((*f)->Truncate(kSize).ok());
+    CaptureDevice::Options o;
+    o.volume = "vol";
+    o.env = &env;
+    o.clock = &clock;
+    o.backing_path = kBacking;
+    o.bitmap_path = "/vol/bitmap";
+    o.budget = 16 * kMiB;
+    o.region_size = 1u << 20;
+    auto d = CaptureDevice::Open(o);
+    REQUIRE(d.ok());
+    dev = *d;
+    // The process server told the resume point (numbers are no longer
+    // provisional) and the initial sync found every region equal.
+    dev->queue().Resume(0);
+    for (uint64_t r = 0; r < dev->bitmap().region_count(); ++r) dev->bitmap().ResyncDone(r, 0);
+  }
+
+  uint64_t Write(uint64_t off, size_t len, uint8_t fill) {
+    cdp::Bytes b(len, fill);
+    REQUIRE(dev->Write(off, cdp::ByteSpan(b.data(), b.size()), false).ok());
+    return dev->queue().Stats().next_seq - 1;
+  }
+  cdp::proto::Hash128 DigestNow(uint64_t off, size_t len) {
+    cdp::Bytes b(len);
+    REQUIRE(dev->ReadBacking(off, len, b.data()).ok());
+    return cdp::DigestOf(b.data(), b.size());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("verify: a quiet region is hashed in one window at the last sequence", "[agent][verify]") {
+  Fixture f;
+  f.Write(0, 8192, 0x11);
+  const uint64_t s = f.Write(kMiB + 4096, 4096, 0x22);
+  auto d = f.dev->DigestAtQuietPoint(kMiB, kMiB, 1u << 20, 20, nullptr);
+  REQUIRE(d.ok());
+  CHECK_FALSE(d->busy);
+  CHECK(d->tries == 1);
+  CHECK(d->seq == s);
+  REQUIRE(d->digests.size() == 1);
+  CHECK(d->digests[0] == f.DigestNow(kMiB, kMiB));
+  // 4 KiB units of the same window: one sequence for all of them.
+  auto leaves = f.dev->DigestAtQuietPoint(kMiB, kMiB, cdp::kLeafSize, 20, nullptr);
+  REQUIRE(leaves.ok());
+  REQUIRE(leaves->digests.size() == 256);
+  CHECK(leaves->digests[0] == cdp::kZeroDigest);
+  CHECK(leaves->digests[1] == f.DigestNow(kMiB + 4096, 4096));
+  CHECK(cdp::UnitDigest(leaves->digests) == d->digests[0]);
+}
+
+TEST_CASE("verify: a region written during its window is hashed again, at the later sequence", "[agent][verify]") {
+  Fixture f;
+  const uint64_t s1 = f.Write(2 * kMiB, 4096, 0x33);
+  // The image of region 2 at every sequence, as the test writes it.
+  std::map<uint64_t, cdp::proto::Hash128> image;
+  image[s1] = f.DigestNow(2 * kMiB, kMiB);
+  int writes = 0;
+  f.env.on_read = [&] {
+    if (writes >= 2) return;  // the first two windows are disturbed
+    ++writes;
+    uint64_t s = f.Write(2 * kMiB + 8192 * writes, 4096, uint8_t(0x40 + writes));
+    image[s] = f.DigestNow(2 * kMiB, kMiB);
+  };
+  auto d = f.dev->DigestAtQuietPoint(2 * kMiB, kMiB, 1u << 20, 20, nullptr);
+  f.env.on_read = nullptr;
+  REQUIRE(d.ok());
+  CHECK_FALSE(d->busy);
+  CHECK(d->tries == 3);
+  CHECK(d->seq == s1 + 2);
+  REQUIRE(image.count(d->seq) == 1);
+  CHECK(d->digests.at(0) == image[d->seq]);
+  CHECK(d->digests.at(0) != image[s1]);
+
+  // A write into another region during the window does not disturb it: the
+  // answer is the image at the sequence before that write.
+  const uint64_t before = f.dev->queue().Stats().next_seq - 1;
+  bool once = false;
+  f.env.on_read = [&] {
+    if (once) return;
+    once = true;
+    f.Write(0, 4096, 0x77);
+  };
+  auto other = f.dev->DigestAtQuietPoint(2 * kMiB, kMiB, 1u << 20, 20, nullptr);
+  f.env.on_read = nullptr;
+  REQUIRE(other.ok());
+  CHECK(other->tries == 1);
+  CHECK(other->seq == before);
+  CHECK(other->digests.at(0) == image[s1 + 2]);
+}
+
+TEST_CASE("verify: a region written in every window is busy, never a digest", "[agent][verify]") {
+  Fixture f;
+  f.Write(3 * kMiB, 4096, 0x54);  // data to read (a hole may be skipped unread)
+  f.env.on_read = [&] { f.Write(3 * kMiB, 4096, 0x55); };
+  auto d = f.dev->DigestAtQuietPoint(3 * kMiB, kMiB, 1u << 20, 5, nullptr);
+  f.env.on_read = nullptr;
+  REQUIRE(d.ok());
+  CHECK(d->busy);
+  CHECK(d->tries == 5);
+  CHECK(d->digests.empty());
+  CHECK(d->why.find("written") != std::string::npos);
+}
+
+TEST_CASE("verify: a region flagged for resync, or unsent metadata, is busy", "[agent][verify]") {
+  Fixture f;
+  SECTION("flagged for a resync (a write not captured: bitmap mode)") {
+    REQUIRE(f.dev->bitmap().MarkAndPin(kMiB, 4096).ok());
+    f.dev->bitmap().AssignResync(kMiB, 4096);
+    auto d = f.dev->DigestAtQuietPoint(kMiB, kMiB, 1u << 20, 20, nullptr);
+    REQUIRE(d.ok());
+    CHECK(d->busy);
+    CHECK(d->why.find("resync") != std::string::npos);
+    // Its neighbour is still comparable.
+    auto n = f.dev->DigestAtQuietPoint(0, kMiB, 1u << 20, 20, nullptr);
+    REQUIRE(n.ok());
+    CHECK_FALSE(n->busy);
+  }
+  SECTION("flagged during the window: the epoch moved") {
+    f.Write(kMiB, 4096, 0x66);
+    bool once = false;
+    f.env.on_read = [&] {
+      if (once) return;
+      once = true;
+      f.dev->bitmap().MarkAllCompare();
+    };
+    auto d = f.dev->DigestAtQuietPoint(kMiB, kMiB, 1u << 20, 20, nullptr);
+    f.env.on_read = nullptr;
+    REQUIRE(d.ok());
+    CHECK(d->busy);
+    CHECK(d->tries == 2);  // the second window saw the flag
+  }
+  SECTION("provisional sequence numbers (before the first resume)") {
+    Fixture g;
+    auto fresh = CaptureDevice::Open({"vol2", &g.env, &g.clock, kBacking, "/vol/bitmap2", 16 * kMiB, 1u << 20, 4096});
+    REQUIRE(fresh.ok());
+    for (uint64_t r = 0; r < (*fresh)->bitmap().region_count(); ++r) (*fresh)->bitmap().ResyncDone(r, 0);
+    auto d = (*fresh)->DigestAtQuietPoint(0, kMiB, 1u << 20, 20, nullptr);
+    REQUIRE(d.ok());
+    CHECK(d->busy);
+    CHECK(d->why.find("provisional") != std::string::npos);
+  }
+}
+
+TEST_CASE("verify: bad ranges are refused", "[agent][verify]") {
+  Fixture f;
+  CHECK(f.dev->DigestAtQuietPoint(4096, kMiB, 1u << 20, 1, nullptr).status().code() == cdp::Code::kInvalidArgument);
+  CHECK(f.dev->DigestAtQuietPoint(0, kMiB, 3000, 1, nullptr).status().code() == cdp::Code::kInvalidArgument);
+  CHECK(f.dev->DigestAtQuietPoint(kSize, kMiB, 1u << 20, 1, nullptr).status().code() == cdp::Code::kOutOfRange);
+}
