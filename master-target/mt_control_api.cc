@@ -185,7 +185,7 @@ void MasterTarget::Impl::AddRoutes() {
       }
       const uint64_t base = e->volume->seq_base();
       const uint64_t at = at_p.value_or(0);
-      CDP_ASSIGN_OR_RETURN(auto h, e->volume->Digests({uint32_t(region), first, uint32_t(count), 0, at == 0 ? 0 : at + base}));
+      CDP_ASSIGN_OR_RETURN(auto h, e->volume->Digests({uint32_t(region), first, uint32_t(count), 0, at == 0 ? 0 : at + base, false}));
       const uint64_t seq = h.seq > base ? h.seq - base : 0;
       if (h.status == proto::HashStatus::kBehind) {
         return http::Response::Error(409, "replica has applied up to " + std::to_string(seq) + ", not yet " + std::to_string(at));

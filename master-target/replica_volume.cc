@@ -157,7 +157,7 @@ Result<ReplicaVolume::DigestAnswer> ReplicaVolume::Digests(const DigestQuery& q)
     src.read = [this, seq = q.at_seq](uint64_t off, size_t n, uint8_t* buf) { return ReadAt(seq, off, n, buf); };
   }
   DigestReader reader(std::move(src));
-  if (pin) {
+  if (pin || !q.cached) {
     CDP_ASSIGN_OR_RETURN(a.digests, reader.Units(q.unit, q.first, q.count));
   } else {
     CDP_ASSIGN_OR_RETURN(a.digests, CurrentDigests(reader, q, &a.bytes_skipped));

@@ -279,6 +279,10 @@ class ReplicaVolume {
     uint32_t count = 0;
     uint64_t min_seq = 0;
     uint64_t at_seq = 0;
+    // The current image may come from the digest cache (a resync's descents).
+    // Verify reads the replica afresh: it is there to find what went bad on
+    // the disk behind our back.
+    bool cached = true;
   };
   struct DigestAnswer {
     proto::HashStatus status = proto::HashStatus::kOk;

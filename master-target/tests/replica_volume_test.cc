@@ -676,6 +676,11 @@ TEST_CASE("digests of the current image come from the cache until a write touche
   REQUIRE(digests(4096, 300, 16) == expect(4096, 300, 16));
   REQUIRE(read == 0);
   REQUIRE((*v)->digest_cache_hits() == 16 + 16);
+  // Verify reads afresh.
+  auto fresh = (*v)->Digests({65536, 16, 16, 0, 0, false});
+  REQUIRE(fresh.ok());
+  REQUIRE(fresh->digests == expect(65536, 16, 16));
+  REQUIRE(fresh->bytes_read == 1u << 20);
   // A write and a zero record drop what they touch.
   std::vector<proto::Record> b2{DataRecord(2, (1u << 20) + 8192, Bytes(4096, 7)), ZeroRecord(3, 3u << 20, 65536)};
   ref.Apply(b2);
