@@ -362,8 +362,9 @@ Result<bool> Resync::Step() {
   std::lock_guard lk(mu_);
   const uint64_t remaining = bm.ResyncCount() * uint64_t(bm.region_size());
   st_.remaining_bytes = remaining;
-  if (remaining == 0 && regions_.empty()) {
+  if (remaining == 0 && regions_.empty()) {  // the pass is over
     st_.total_bytes = 0;
+    st_.done_bytes = 0;
     st_.eta_seconds = 0;
   } else if (st_.done_bytes > 0) {
     const double elapsed = double(now - pass_start_us_) / 1e6;

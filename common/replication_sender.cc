@@ -202,14 +202,18 @@ Status ReplicationSender::SendLoop(Session& s, int worker) {
     std::vector<Stream*> to_open, ship;
     uint64_t seen = 0;
     {
+      // The reader may stamp last_rx_us after `now` was read: no wrap-around.
+      const uint64_t now = opt_.clock->NowMicros(), rx = s.last_rx_us.load();
+      if (worker == 0 && now > rx && now - rx > opt_.dead_peer_ms * 1000) {
+        // fail() takes mu_: not called with it held.
+        return fail(Status::Unavailable("nothing received from the " + opt_.peer_name + " for " +
+                                        std::to_string(opt_.dead_peer_ms) + " ms"));
+      }
+    }
+    {
       std::lock_guard<std::mutex> l(mu_);
       if (!session_error_.ok()) return session_error_;
       const uint64_t now = opt_.clock->NowMicros();
-      if (worker == 0 && now - s.last_rx_us.load() > opt_.dead_peer_ms * 1000) {
-        session_error_ = Status::Unavailable("nothing received from the " + opt_.peer_name + " for " +
-                                             std::to_string(opt_.dead_peer_ms) + " ms");
-        return fail(session_error_);
-      }
       for (auto& st : streams_) {
         if (!st->open_sent) {
           if (worker == 0) {  // every open goes out from worker 0, in fifo order
@@ -240,8 +244,8 @@ Status ReplicationSender::SendLoop(Session& s, int worker) {
       if (!r.ok()) return fail(r);
       did = did || sent;
     }
-    const uint64_t now = opt_.clock->NowMicros();
-    if (worker == 0 && now - s.last_tx_us.load() > opt_.heartbeat_ms * 1000) {
+    const uint64_t now = opt_.clock->NowMicros(), tx = s.last_tx_us.load();
+    if (worker == 0 && now > tx && now - tx > opt_.heartbeat_ms * 1000) {
       Status r = s.ch->Send(proto::Heartbeat{opt_.clock->WallMicros(), 0});
       if (!r.ok()) return fail(r);
       s.last_tx_us = now;

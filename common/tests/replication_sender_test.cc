@@ -130,6 +130,8 @@ class ScriptedPeer {
   // Volumes whose VolumeOpenReply is followed at once by an Ack of the
   // durable sequence it claimed (preset `durable`: a forged resume point).
   std::set<std::string> ack_after_open;
+  // The first connection answers the opens, then nothing more (a hung peer).
+  bool mute_first = false;
 
   ScriptedPeer() {
     cdp::Listener::Options lo;
@@ -170,9 +172,11 @@ class ScriptedPeer {
         },
         5s);
     if (!who.ok()) return;
+    bool mute = false;
     {
       std::lock_guard l(mu_);
-      ++connections_;
+      mute = mute_first && ++connections_ == 1;
+      if (!mute_first) ++connections_;
     }
     std::map<uint32_t, std::string> handles;
     uint32_t next_handle = 1;
@@ -183,6 +187,7 @@ class ScriptedPeer {
         return;
       }
       Status s;
+      if (mute && !std::holds_alternative<proto::VolumeOpen>(*m)) continue;
       if (auto* vo = std::get_if<proto::VolumeOpen>(&*m)) {
         std::lock_guard l(mu_);
         if (refuse_open.count(vo->name)) {
@@ -468,4 +473,25 @@ TEST_CASE("replication sender: a VolumeOpenReply beyond what the source holds re
   CHECK(w.acked == 0);
   CHECK(w.max_told == 0);
   CHECK(!w.stalls.front().ok());
+}
+
+// Regression: the dead-peer check ran with the sender's lock held and its
+// failure path took that lock again: the sending thread hung for good (and
+// with it Stop(), /status of the daemons). A peer that stops answering is now
+// dropped after dead_peer_ms and the stream goes on over a new connection.
+TEST_CASE("replication sender: a peer that stops answering is dropped after dead_peer_ms, and Stop returns",
+          "[replication][fault]") {
+  ScriptedPeer peer;
+  peer.mute_first = true;
+  auto o = Options(peer.port());
+  o.dead_peer_ms = 300;
+  o.heartbeat_ms = 50;
+  ReplicationSender sender(o);
+  VectorSource src("vol", 200);
+  sender.AddStream(&src);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return src.Acked() == 200; }, 20s));
+  CHECK(peer.connections() == 2);
+  CHECK(sender.Stats().disconnects == 1);
+  sender.Stop();
 }
