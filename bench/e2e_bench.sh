@@ -18,74 +18,32 @@
 # Prints a Markdown table row set; docs/benchmarks.md "End to end" records runs.
 set -euo pipefail
 
-BUILD=$(cd "${1:?usage: e2e_bench.sh BUILD_DIR [SECONDS] [COMPRESSIBILITY] [CODEC]}" && pwd)
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
+bench_init e2e_bench "${1:?usage: e2e_bench.sh BUILD_DIR [SECONDS] [COMPRESSIBILITY] [CODEC] [TLS]}"
 SECS=${2:-20}
 COMP=${3:-0.75}
 CODEC=${4:-zstd}
 TLS=${5:-on}
-CTL=$BUILD/cdpctl/cdpctl
-AGENT=$BUILD/agent/cdp-agent
-PS=$BUILD/process-server/cdp-process-server
-MT=$BUILD/master-target/cdp-master-target
-LOADGEN=$BUILD/loadgen/cdp-loadgen
-for b in "$AGENT" "$PS" "$MT" "$LOADGEN" "$CTL"; do [ -x "$b" ] || { echo "e2e_bench: $b not built" >&2; exit 2; }; done
-for p in zstd lz4 curl; do command -v $p >/dev/null || { echo "e2e_bench: $p missing" >&2; exit 2; }; done
+bench_need zstd lz4
+DIR=$BENCH_DIR
+die() { bench_die "$@"; }
 
-DIR=$(mktemp -d "${TMPDIR:-/var/tmp}/opencdp-bench.XXXXXX")
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$DIR"
-}
-trap cleanup EXIT
-die() { echo "e2e_bench: $*" >&2; for l in "$DIR"/*.log; do tail -n 5 "$l" >&2; done; exit 1; }
-
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# Below the kernel's ephemeral range, so no outgoing connection holds one.
-lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-next_port=$((10000 + RANDOM % (lo - 10100)))
-pick_port() { while ! port_free $next_port; do next_port=$((next_port + 1)); done; printf -v "$1" '%s' $next_port; next_port=$((next_port + 1)); }
-for v in MT_DATA MT_CTL PS_DATA PS_CTL AG_CTL; do pick_port $v; done
-
-json_num() { grep -o "\"$1\":[0-9.e+-]*" | head -n1 | cut -d: -f2; }
 SIZE=$((4 << 30))
-SECRET=bench-secret-$RANDOM$RANDOM
-mkdir -p "$DIR/mt" "$DIR/spool" "$DIR/agent"
 truncate -s $SIZE "$DIR/source.img"
-tls_args() { echo --tls off; }
-if [ "$TLS" = on ]; then
-  "$CTL" pki init --dir "$DIR/pki" >/dev/null
-  "$CTL" pki issue --dir "$DIR/pki" --role mt --name bench-mt --out "$DIR/pki/mt" >/dev/null
-  "$CTL" --tenant bench pki issue --dir "$DIR/pki" --role ps --name bench-ps --out "$DIR/pki/ps" >/dev/null
-  "$CTL" --tenant bench pki issue --dir "$DIR/pki" --role agent --name bench-agent --out "$DIR/pki/agent" >/dev/null
-  tls_args() { echo --tls_ca "$DIR/pki/ca.crt" --tls_cert "$DIR/pki/$1.crt" --tls_key "$DIR/pki/$1.key"; }
-elif [ "$TLS" != off ]; then
-  echo "e2e_bench: TLS must be on or off" >&2; exit 2
-fi
-"$MT" --listen 127.0.0.1:$MT_DATA --control 127.0.0.1:$MT_CTL --nbd none --data_dir "$DIR/mt" \
-  --tenant bench:$SECRET --log.file "$DIR/mt.log" $(tls_args mt) &
-PIDS+=($!)
-"$PS" --listen 127.0.0.1:$PS_DATA --control 127.0.0.1:$PS_CTL --mt 127.0.0.1:$MT_DATA --tenant bench:$SECRET \
-  --spool_dir "$DIR/spool" --codec "$CODEC" --level 1 --log.file "$DIR/ps.log" $(tls_args ps) &
-PIDS+=($!)
-"$AGENT" --volume vol=$DIR/source.img --nbd_unix "$DIR/agent/nbd.sock" --ps 127.0.0.1:$PS_DATA --tenant bench \
-  --secret $SECRET --bitmap_dir "$DIR/agent" --control 127.0.0.1:$AG_CTL --log.file "$DIR/agent.log" $(tls_args agent) >/dev/null &
-PIDS+=($!)
-for port in $MT_CTL $PS_CTL $AG_CTL; do
-  for _ in $(seq 300); do curl -fsS "http://127.0.0.1:$port/status" >/dev/null 2>&1 && break; sleep 0.1; done
-  curl -fsS "http://127.0.0.1:$port/status" >/dev/null || die "a daemon did not start"
-done
+bench_pki "$TLS"
+cluster_up "$DIR" --codec "$CODEC" --level 1
+agent_up vol="$DIR/source.img"
 
-cpu() { curl -fsS "http://127.0.0.1:$1/metrics" | awk '$1 == "process_cpu_seconds_total" {print $2}'; }
+cpu() { bench_get "$1" "$2" /metrics | awk '$1 == "process_cpu_seconds_total" {print $2}'; }
 now() { date +%s.%N; }
 
 # The initial sync of the (empty) volume finishes first: it is not change.
 for _ in $(seq 600); do
-  [ "$(curl -fsS "http://127.0.0.1:$AG_CTL/status" | json_num resync_remaining)" = 0 ] && break
+  [ "$(agent_get /status | json_num resync_remaining)" = 0 ] && break
   sleep 0.1
 done
-A0=$(cpu $AG_CTL); P0=$(cpu $PS_CTL); M0=$(cpu $MT_CTL)
+A0=$(cpu $AG_CTL "$AG_TOKEN"); P0=$(cpu $PS_CTL "$PS_TOKEN"); M0=$(cpu $MT_CTL "$MT_TOKEN")
 T0=$(now)
 # 1 MiB sequential writes, rate far above what the pipeline can take: the
 # agent's capture queue fills and the NBD client is paced by the pipeline.
@@ -95,16 +53,16 @@ T1=$(now)
 # Catch-up: every captured record applied at the master target.
 deadline=$(( $(date +%s) + 600 ))
 while :; do
-  a=$(curl -fsS "http://127.0.0.1:$AG_CTL/status"); m=$(curl -fsS "http://127.0.0.1:$MT_CTL/status")
+  a=$(agent_get /status); m=$(mt_get /status)
   next=$(echo "$a" | json_num next_seq); applied=$(echo "$m" | json_num applied_seq)
   [ -n "$next" ] && [ -n "$applied" ] && [ "$applied" = $((next - 1)) ] && [ "$(echo "$a" | json_num queue_records)" = 0 ] && break
   [ "$(date +%s)" -lt $deadline ] || die "no catch-up within 600 s"
   sleep 0.05
 done
 T2=$(now)
-A1=$(cpu $AG_CTL); P1=$(cpu $PS_CTL); M1=$(cpu $MT_CTL)
+A1=$(cpu $AG_CTL "$AG_TOKEN"); P1=$(cpu $PS_CTL "$PS_TOKEN"); M1=$(cpu $MT_CTL "$MT_TOKEN")
 BYTES=$(json_num bytes < "$DIR/churn.json")
-a=$(curl -fsS "http://127.0.0.1:$AG_CTL/status"); p=$(curl -fsS "http://127.0.0.1:$PS_CTL/status")
+a=$(agent_get /status); p=$(ps_get /status)
 MODE_CHANGES=$(( $(echo "$a" | json_num to_metadata) + $(echo "$a" | json_num to_bitmap) ))
 PS_IN=$(echo "$p" | json_num bytes_in); PS_OUT=$(echo "$p" | json_num bytes_out)
 
