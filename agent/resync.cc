@@ -129,11 +129,12 @@ Status Resync::ReadLeaves(const std::vector<uint64_t>& regions, DigestStats* sta
   return Status::OK();
 }
 
-void Resync::Compare(uint64_t region, uint32_t unit, uint64_t first_unit, const std::vector<proto::Hash128>& remote,
-                     uint64_t min_seq) {
+std::vector<uint64_t> Resync::Compare(uint64_t region, uint32_t unit, uint64_t first_unit,
+                                      std::span<const proto::Hash128> remote) {
   Region& g = regions_.at(region);
   const uint64_t region_off = region * dev_->bitmap().region_size();
   const size_t per = unit / kLeafSize;
+  std::vector<uint64_t> descend;
   std::vector<size_t> leaves_differ;
   for (size_t j = 0; j < remote.size(); ++j) {
     const uint64_t u = first_unit + j;
@@ -144,31 +145,17 @@ void Resync::Compare(uint64_t region, uint32_t unit, uint64_t first_unit, const 
     if (local == remote[j]) continue;
     if (unit <= kLeafSize) {
       leaves_differ.push_back(lb);
-      continue;
-    }
-    if (remote[j] == kZeroDigest) {
+    } else if (remote[j] == kZeroDigest) {
       // The replica reads zeros there: exactly our non-zero leaves differ.
       for (size_t k = lb; k < lb + n; ++k) {
         if (g.leaves[k] != kZeroDigest) leaves_differ.push_back(k);
       }
-      continue;
-    }
-    if (local == kZeroDigest) {
+    } else if (local == kZeroDigest) {
       // We read zeros there: one kZero record makes the replica equal.
       for (size_t k = lb; k < lb + n; ++k) leaves_differ.push_back(k);
-      continue;
+    } else {
+      descend.push_back(u);
     }
-    // Descend: the units of unit/16 bytes inside this one.
-    const uint32_t child = std::max<uint32_t>(kLeafSize, unit / 16);
-    Request r;
-    r.unit = child;
-    r.first = u * unit / child;
-    const uint64_t units_total = (dev_->size() + child - 1) / child;
-    r.count = uint32_t(std::min<uint64_t>(unit / child, units_total - r.first));
-    r.min_seq = min_seq;
-    r.regions = {region};
-    ++g.pending;
-    later_.push_back(std::move(r));  // sent as the in-flight cap allows
   }
   // Differing leaves, merged into runs of adjacent ones.
   for (size_t i = 0; i < leaves_differ.size();) {
@@ -183,6 +170,37 @@ void Resync::Compare(uint64_t region, uint32_t unit, uint64_t first_unit, const 
     ++g.pending;
     i = j;
   }
+  return descend;
+}
+
+void Resync::Descend(uint32_t unit, const std::vector<std::pair<uint64_t, uint64_t>>& units, uint64_t min_seq) {
+  // Differing units (sorted, with their regions) become requests for the
+  // units of unit/16 bytes inside them; neighbours up to kMergeGap units apart
+  // share one request (a few wasted digests cost less than a round trip).
+  constexpr uint64_t kMergeGap = 4;
+  const uint32_t child = std::max<uint32_t>(kLeafSize, unit / 16);
+  const uint64_t ratio = unit / child;
+  const uint64_t child_total = (dev_->size() + child - 1) / child;
+  for (size_t i = 0; i < units.size();) {
+    size_t j = i + 1;
+    while (j < units.size() && units[j].first - units[j - 1].first <= kMergeGap &&
+           (units[j].first - units[i].first + 1) * ratio <= proto::kMaxHashes) {
+      ++j;
+    }
+    Request r;
+    r.unit = child;
+    r.first = units[i].first * ratio;
+    r.count = uint32_t(std::min<uint64_t>((units[j - 1].first - units[i].first + 1) * ratio, child_total - r.first));
+    r.min_seq = min_seq;
+    for (size_t k = i; k < j; ++k) {
+      if (r.regions.empty() || r.regions.back() != units[k].second) {
+        r.regions.push_back(units[k].second);
+        ++regions_.at(units[k].second).pending;
+      }
+    }
+    later_.push_back(std::move(r));  // sent as the in-flight cap allows
+    i = j;
+  }
 }
 
 Status Resync::Handle(const Request& r, const proto::HashResponse& resp) {
@@ -191,27 +209,35 @@ Status Resync::Handle(const Request& r, const proto::HashResponse& resp) {
   if (resp.region_size != r.unit || resp.first_region != r.first || resp.hashes.size() != expect) {
     return Status::Corruption("hash response does not match the request");
   }
-  if (r.unit == dev_->bitmap().region_size() && r.regions.size() == r.count) {
-    // First level: one digest per region of the run.
-    uint64_t equal = 0;
-    for (size_t i = 0; i < r.regions.size(); ++i) {
-      const uint64_t region = r.regions[i];
-      Compare(region, r.unit, region, {resp.hashes[i]}, r.min_seq);
-      Region& g = regions_.at(region);
-      if (g.pending == 1) ++equal;  // nothing to descend into or ship
-      --g.pending;
-      if (g.pending == 0) Finish(region);
+  const uint64_t rs = dev_->bitmap().region_size();
+  const bool first_level = r.unit == rs;
+  std::vector<std::pair<uint64_t, uint64_t>> descend;  // (unit, region)
+  uint64_t equal = 0;
+  for (uint64_t region : r.regions) {
+    // The units of the response inside this region.
+    const uint64_t lo = std::max<uint64_t>(r.first, region * rs / r.unit);
+    const uint64_t hi = std::min<uint64_t>(r.first + expect, (region + 1) * rs / r.unit);
+    Region& g = regions_.at(region);
+    const int pending_before = g.pending;
+    const size_t descend_before = descend.size();
+    if (hi > lo) {
+      for (uint64_t u : Compare(region, r.unit, lo, std::span(resp.hashes).subspan(lo - r.first, hi - lo))) {
+        descend.emplace_back(u, region);
+      }
     }
+    if (g.pending == pending_before && descend.size() == descend_before) ++equal;  // nothing differs
+  }
+  Descend(r.unit, descend, r.min_seq);
+  for (uint64_t region : r.regions) {
+    auto it = regions_.find(region);
+    if (it != regions_.end() && --it->second.pending == 0) Finish(region);
+  }
+  if (first_level) {
     std::lock_guard lk(mu_);
     st_.regions_compared += r.regions.size();
     st_.regions_equal += equal;
     st_.regions_differ += r.regions.size() - equal;
-    return Status::OK();
   }
-  const uint64_t region = r.regions.at(0);
-  Compare(region, r.unit, r.first, resp.hashes, r.min_seq);
-  Region& g = regions_.at(region);
-  if (--g.pending == 0) Finish(region);
   return Status::OK();
 }
 

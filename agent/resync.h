@@ -54,6 +54,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "agent/capture_device.h"
@@ -152,8 +153,13 @@ class Resync {
   Status ReadLeaves(const std::vector<uint64_t>& regions, DigestStats* stats);
   void Send(Request r);
   Status Handle(const Request& r, const proto::HashResponse& resp);
-  void Compare(uint64_t region, uint32_t unit, uint64_t first_unit, const std::vector<proto::Hash128>& remote,
-               uint64_t min_seq);
+  // Compares the region's units [first_unit, +remote.size()) of `unit` bytes:
+  // differing leaves become runs to ship; returns the differing units to
+  // descend into.
+  std::vector<uint64_t> Compare(uint64_t region, uint32_t unit, uint64_t first_unit,
+                                std::span<const proto::Hash128> remote);
+  // Queues the requests for the units inside `units` ((unit, region), sorted).
+  void Descend(uint32_t unit, const std::vector<std::pair<uint64_t, uint64_t>>& units, uint64_t min_seq);
   bool ShipSome(Status* error);
   void Finish(uint64_t region);              // a region's pending count reached 0
   void DropAll(const Status& why);           // a failure: regions stay flagged

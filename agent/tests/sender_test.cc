@@ -161,8 +161,10 @@ TEST_CASE("resync ships only the blocks that differ", "[sender][resync]") {
   REQUIRE(ss.resync.regions_equal == 12);
   REQUIRE(ss.resync.shipped_blocks == 4);  // one 4 KiB block in each differing region
   REQUIRE(ss.resync.shipped_bytes == 4 * 4096);
-  // Region, then its 16 units of 64 KiB, then the 16 leaves of the one that differs.
-  REQUIRE(ss.resync.hash_requests == 1 + 4 + 4);
+  // The regions; the 64 KiB units of the four differing ones (4 regions apart:
+  // one request); the 16 leaves of each differing 64 KiB unit (far apart: one
+  // request each).
+  REQUIRE(ss.resync.hash_requests == 1 + 1 + 4);
   REQUIRE(peer.count(cdp::proto::RecordKind::kData) == 4);
   REQUIRE(peer.Image() == src);
   sender.Stop();
