@@ -181,6 +181,15 @@ bool Cluster::WaitDrained(std::chrono::milliseconds timeout) {
   return ok;
 }
 
+uint64_t Cluster::AgentU64(const char* key) const {
+  auto s = StatusOf(Which::kAgent);
+  if (!s) return 0;
+  for (const auto& v : s->at("volumes").as_array()) {
+    if (v.as_object().at("name").as_string() == o_.volume) return json::value_to<uint64_t>(v.at(key));
+  }
+  return 0;
+}
+
 std::optional<json::value> Cluster::StatusOf(Which w) const {
   return GetJson(c_.control_port(w), "/status", c_.token(w));
 }

@@ -147,6 +147,8 @@ class Cluster {
   std::string token_path(Which w) const { return c_.token_path(w); }
   // GET /status of a daemon with its admin token; nullopt as GetJson.
   std::optional<boost::json::value> StatusOf(Which w) const;
+  // A number of the test volume in the agent's /status (0 when not answered).
+  uint64_t AgentU64(const char* key) const;
   uint16_t ps_data_port() const { return c_.ps_data_port(); }
   uint16_t mt_data_port() const { return c_.mt_data_port(); }
   // The site PKI of the cluster: ca.{crt,key}, {mt,ps,agent}.{crt,key}.

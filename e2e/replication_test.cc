@@ -31,15 +31,6 @@ void RequireClients() {
   }
 }
 
-uint64_t AgentU64(Cluster& c, const char* key) {
-  auto s = c.StatusOf(Which::kAgent);
-  if (!s) return 0;
-  for (const auto& v : s->at("volumes").as_array()) {
-    if (v.as_object().at("name").as_string() == c.options().volume) return json::value_to<uint64_t>(v.at(key));
-  }
-  return 0;
-}
-
 uint64_t MtApplied(Cluster& c) {
   auto s = c.StatusOf(Which::kMasterTarget);
   if (!s) return 0;
@@ -178,7 +169,7 @@ TEST_CASE("kill -9 of each daemon mid-stream, restart: replica still equals sour
   uint32_t seed = 300;
   for (Which w : {Which::kMasterTarget, Which::kProcessServer}) {
     INFO("killing " << cdp::e2e::Name(w));
-    const uint64_t before = AgentU64(c, "captured_ops");
+    const uint64_t before = c.AgentU64("captured_ops");
     std::string err;
     std::atomic<bool> done{false};
     std::thread writer([&] {
@@ -188,10 +179,10 @@ TEST_CASE("kill -9 of each daemon mid-stream, restart: replica still equals sour
     // Mid-stream: the agent has captured new writes (and, for the MT, the MT
     // has applied something) before the kill.
     bool started = WaitFor(
-        [&] { return AgentU64(c, "captured_ops") > before + 20 && (w != Which::kMasterTarget || MtApplied(c) > 0); },
+        [&] { return c.AgentU64("captured_ops") > before + 20 && (w != Which::kMasterTarget || MtApplied(c) > 0); },
         std::chrono::seconds(60));
     const bool writer_running = !done;
-    const uint64_t lag = AgentU64(c, "next_seq") - 1 - MtApplied(c);
+    const uint64_t lag = c.AgentU64("next_seq") - 1 - MtApplied(c);
     bool killed = started && c.Kill9(w);
     bool restarted = killed && c.Restart(w);
     writer.join();
@@ -209,9 +200,9 @@ TEST_CASE("kill -9 of each daemon mid-stream, restart: replica still equals sour
   // The agent dies under its writer: the writer's connection breaks (its
   // failure is expected); the restarted agent resyncs the dirty regions.
   {
-    const uint64_t before = AgentU64(c, "captured_ops");
+    const uint64_t before = c.AgentU64("captured_ops");
     std::thread writer([&] { (void)RandomWrites(c.nbd_uri(), size, 400, 6, 30, 2 << 20, c.dir()); });
-    bool started = WaitFor([&] { return AgentU64(c, "captured_ops") > before + 20; }, std::chrono::seconds(60));
+    bool started = WaitFor([&] { return c.AgentU64("captured_ops") > before + 20; }, std::chrono::seconds(60));
     bool killed = started && c.Kill9(Which::kAgent);
     writer.join();
     bool restarted = killed && c.Restart(Which::kAgent);

@@ -16,16 +16,6 @@ using cdp::e2e::ClusterOptions;
 using cdp::e2e::Sha256File;
 using cdp::e2e::WaitFor;
 using cdp::e2e::Which;
-namespace json = boost::json;
-
-uint64_t AgentU64(Cluster& c, const char* key) {
-  auto s = c.StatusOf(Which::kAgent);
-  if (!s) return 0;
-  for (const auto& v : s->at("volumes").as_array()) {
-    if (v.as_object().at("name").as_string() == c.options().volume) return json::value_to<uint64_t>(v.at(key));
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -54,14 +44,14 @@ TEST_CASE("kill -9 of the agent during a resync: it resumes from its cursor and 
   }
   REQUIRE(std::filesystem::remove(c.Path("agent/" + o.volume + ".bitmap")));
   REQUIRE(c.Restart(Which::kAgent));
-  REQUIRE(WaitFor([&] { return AgentU64(c, "resync_total_bytes") == size; }, std::chrono::seconds(30)));
+  REQUIRE(WaitFor([&] { return c.AgentU64("resync_total_bytes") == size; }, std::chrono::seconds(30)));
   // A third done, then kill -9.
-  REQUIRE(WaitFor([&] { return AgentU64(c, "resync_done_bytes") >= size / 3; }, std::chrono::seconds(60)));
+  REQUIRE(WaitFor([&] { return c.AgentU64("resync_done_bytes") >= size / 3; }, std::chrono::seconds(60)));
   REQUIRE(c.Kill9(Which::kAgent));
   REQUIRE(c.Restart(Which::kAgent));
   // The restarted agent compares only what was not finished and cleared before the kill.
   uint64_t total = 0;
-  REQUIRE(WaitFor([&] { return (total = AgentU64(c, "resync_total_bytes")) > 0 || AgentU64(c, "resync_remaining") == 0; },
+  REQUIRE(WaitFor([&] { return (total = c.AgentU64("resync_total_bytes")) > 0 || c.AgentU64("resync_remaining") == 0; },
                   std::chrono::seconds(30)));
   INFO("bytes compared after the restart: " << total << " of " << size);
   CHECK(total < size);
