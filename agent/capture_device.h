@@ -15,7 +15,7 @@
 // recovery point can be promised (metadata or bitmap mode, or a resync pending).
 //
 // Thread safety: as BlockDevice — methods are called concurrently by the
-// NbdServer's workers; the sender and resync call the *Backing/ShipRegion
+// NbdServer's workers; the sender and resync call the *Backing/ShipRange
 // helpers from their own threads.
 #pragma once
 
