@@ -87,6 +87,19 @@ TEST_CASE("flags override the file", "[config]") {
   CHECK(r->vars["name"].as<std::string>() == "a");  // from the file
 }
 
+// Regression (fuzz.config): Boost's error message substitution looped forever
+// on a value holding its own placeholder.
+TEST_CASE("a bad value holding a Boost message placeholder is refused at once", "[config]") {
+  for (const char* v : {"%value%", "1%value%x", "%canonical_option%", "%original_token%", "%prefix_option%"}) {
+    INFO(v);
+    auto r = LoadText({}, std::string("port = ") + v + "\n");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().rfind(std::string("bad value '") + v + "' for 'port' in /etc/cdp/agent.conf:1: ", 0) == 0);
+    auto f = LoadText({"--port", v}, "");
+    REQUIRE_FALSE(f.ok());
+  }
+}
+
 TEST_CASE("bad values are named with key and file", "[config]") {
   auto r = LoadText({}, "name = x\nport = abc\n");
   REQUIRE_FALSE(r.ok());
