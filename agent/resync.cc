@@ -100,7 +100,6 @@ bool Resync::PickRegions() {
   for (size_t i = 0; i < r.regions.size(); ++i) {
     Region& g = regions_[r.regions[i]];
     g.epoch = epochs[i];
-    g.min_seq = r.min_seq;
     g.pending = 1;  // the first-level answer
   }
   // Records still in our queue are compared once they are applied: the

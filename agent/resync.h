@@ -125,7 +125,6 @@ class Resync {
  private:
   struct Region {             // a flagged region being compared
     uint32_t epoch = 0;       // DirtyBitmap::ResyncEpoch when picked
-    uint64_t min_seq = 0;
     std::vector<proto::Hash128> leaves;  // local leaf digests
     int pending = 0;          // requests out + runs waiting to be queued
     bool ready = false;       // local digests computed
