@@ -84,9 +84,12 @@ ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected =
 }  // namespace
 
 Status ReplicaVolume::ZeroReplica(uint64_t offset, uint64_t len) {
-  digest_cache_.Drop(offset, len);
+  digests_->Forget(offset, len);
   Status s = replica_->PunchHole(offset, len);
-  if (s.ok()) return s;
+  if (s.ok()) {
+    digests_->Zeroed(offset, len);
+    return s;
+  }
   static const std::vector<uint8_t> zeros(kZeroChunk, 0);
   while (len > 0) {
     uint64_t n = std::min(len, kZeroChunk);
@@ -301,8 +304,11 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   for (size_t i = first; i < recs.size(); ++i) {
     const proto::Record& r = recs[i];
     if (r.kind == proto::RecordKind::kData) {
-      digest_cache_.Drop(r.offset, r.data.size());
-      CDP_RETURN_IF_ERROR(replica_->Write(r.offset, r.data));
+      if (Status ws = replica_->Write(r.offset, r.data); !ws.ok()) {
+        digests_->Forget(r.offset, r.data.size());  // the write may have landed in part
+        return ws;
+      }
+      digests_->Wrote(r.offset, r.data);
       write_bytes += r.length;
       replica_dirty = true;
     } else if (r.kind == proto::RecordKind::kZero || r.kind == proto::RecordKind::kTrim) {

@@ -73,6 +73,8 @@ Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
     CDP_RETURN_IF_ERROR(f->Truncate(id.size));
     CDP_RETURN_IF_ERROR(f->Sync());
   }
+  // The digests of an earlier volume of this name do not describe the new replica.
+  if (env->Exists(DigestStorePath())) CDP_RETURN_IF_ERROR(env->Remove(DigestStorePath()));
   CDP_RETURN_IF_ERROR(env->SyncDir(o_.dir));
   {
     CDP_ASSIGN_OR_RETURN(auto w, SegmentWriter::Open(env, JournalDir(), 1, true, 1, 0, o_.segment_bytes));

@@ -25,8 +25,9 @@ Status ReplicaVolume::UndoEntries(const std::vector<UndoEntry>& entries) {
     }
     buf.resize(e.length);
     CDP_RETURN_IF_ERROR(ReadUndoData(*f, e.header(), e.location(), buf.data()));
-    digest_cache_.Drop(e.offset, buf.size());
+    digests_->Forget(e.offset, buf.size());
     CDP_RETURN_IF_ERROR(replica_->Write(e.offset, buf));
+    digests_->Wrote(e.offset, buf);
     if (o_.metrics.disk_read_bytes) o_.metrics.disk_read_bytes->Inc(e.kind == UndoKind::kData ? e.length : 0);
     if (o_.metrics.disk_write_bytes) o_.metrics.disk_write_bytes->Inc(e.length);
   }

@@ -24,10 +24,21 @@ const char* PointKindName(PointKind k) { return k == PointKind::kTag ? "tag" : "
 
 PointPin::~PointPin() { v_->Unpin(seq_); }
 
-ReplicaVolume::~ReplicaVolume() = default;
+ReplicaVolume::~ReplicaVolume() {
+  // A broken volume's replica may hold what the store does not know: its
+  // store stays open, and the next Open starts it empty.
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (digests_ && !broken_) (void)digests_->Close();
+}
+
+uint64_t ReplicaVolume::digest_store_hits() const {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  return digests_ ? digests_->hits() : 0;
+}
 
 std::string ReplicaVolume::JournalDir() const { return JoinPath(o_.dir, "journal"); }
 std::string ReplicaVolume::ReplicaPath() const { return JoinPath(o_.dir, "replica.img"); }
+std::string ReplicaVolume::DigestStorePath() const { return JoinPath(o_.dir, "digests"); }
 
 Result<std::unique_ptr<ReplicaVolume>> ReplicaVolume::Open(VolumeOptions opts, const VolumeIdentity* create) {
   if (!opts.env || !opts.clock) return Status::InvalidArgument("volume: env and clock are required");
@@ -56,6 +67,7 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
   CDP_ASSIGN_OR_RETURN(replica_, o_.env->Open(ReplicaPath(), ro));
   CDP_ASSIGN_OR_RETURN(uint64_t rsize, replica_->Size());
   if (rsize < id_.size) return Status::Corruption(ReplicaPath() + ": replica shorter than the volume");
+  CDP_ASSIGN_OR_RETURN(digests_, DigestStore::Open(o_.env, DigestStorePath(), id_.uuid, id_.size));
   CDP_RETURN_IF_ERROR(RecoverUncommitted());
   CDP_RETURN_IF_ERROR(RebuildUndoIndex());
   if (state_ == VolumeState::kRollingBack) CDP_RETURN_IF_ERROR(FinishRollback());
@@ -169,35 +181,44 @@ Result<ReplicaVolume::DigestAnswer> ReplicaVolume::Digests(const DigestQuery& q)
 
 Result<std::vector<proto::Hash128>> ReplicaVolume::CurrentDigests(DigestReader& reader, const DigestQuery& q,
                                                                   uint64_t* skipped) {
-  constexpr uint64_t kBlock = DigestCache::kBlock;
   const uint64_t units = (id_.size + q.unit - 1) / q.unit;
   const uint64_t last = std::min<uint64_t>(units, q.first + q.count);
   std::vector<proto::Hash128> out;
   out.reserve(size_t(last - q.first));
+  // The store's leaves of the whole request, in one look-up.
+  const uint64_t per_unit = q.unit / kLeafSize;
+  const uint64_t first_leaf = q.first * per_unit;
+  const uint64_t end_leaf = std::min<uint64_t>(last * per_unit, (id_.size + kLeafSize - 1) / kLeafSize);
   std::vector<proto::Hash128> leaves;
+  std::vector<bool> known;
+  digests_->Get(first_leaf, size_t(end_leaf - first_leaf), &leaves, &known);
   for (uint64_t u = q.first; u < last; ++u) {
     const uint64_t begin = u * q.unit, end = std::min<uint64_t>(begin + q.unit, id_.size);
-    // A unit wholly in a hole costs one seek (and stays out of the cache).
-    CDP_ASSIGN_OR_RETURN(uint64_t data, replica_->NextData(begin));
-    if (data >= end) {
-      out.push_back(kZeroDigest);
-      *skipped += end - begin;
-      continue;
-    }
-    leaves.clear();
-    for (uint64_t b = begin / kBlock; b <= (end - 1) / kBlock; ++b) {
-      std::vector<proto::Hash128> block;
-      if (auto cached = digest_cache_.Get(b)) {
-        block = std::move(*cached);
-      } else {
-        CDP_ASSIGN_OR_RETURN(block, reader.Leaves(b * kBlock, kBlock));
-        digest_cache_.Put(b, block);
+    const size_t i = size_t(u * per_unit - first_leaf), j = size_t(std::min(end_leaf, (u + 1) * per_unit) - first_leaf);
+    if (std::find(known.begin() + long(i), known.begin() + long(j), false) != known.begin() + long(j)) {
+      // A unit wholly in a hole costs one seek (and stays out of the store).
+      CDP_ASSIGN_OR_RETURN(uint64_t data, replica_->NextData(begin));
+      if (data >= end) {
+        out.push_back(kZeroDigest);
+        *skipped += end - begin;
+        continue;
       }
-      const uint64_t from = std::max(begin, b * kBlock), to = std::min(end, (b + 1) * kBlock);
-      const size_t i = size_t((from - b * kBlock) / kLeafSize), j = size_t((to - b * kBlock + kLeafSize - 1) / kLeafSize);
-      leaves.insert(leaves.end(), block.begin() + long(i), block.begin() + long(std::min(j, block.size())));
+      // Read each run of unknown leaves, and remember them.
+      for (size_t k = i; k < j;) {
+        if (known[k]) {
+          ++k;
+          continue;
+        }
+        size_t e = k;
+        while (e < j && !known[e]) ++e;
+        const uint64_t off = (first_leaf + k) * kLeafSize;
+        CDP_ASSIGN_OR_RETURN(auto got, reader.Leaves(off, uint64_t(e - k) * kLeafSize));
+        digests_->Put(first_leaf + k, got);
+        std::copy(got.begin(), got.end(), leaves.begin() + long(k));
+        k = e;
+      }
     }
-    out.push_back(UnitDigest(leaves));
+    out.push_back(UnitDigest(std::span(leaves.data() + i, j - i)));
   }
   return out;
 }

@@ -46,7 +46,8 @@
 // (seq_base()); points, exports and applied_seq() are history sequences.
 // A failed-over volume refuses writes (Nack kWrongGeneration) until re-protected.
 //
-// Files of a volume `dir`:  replica.img, journal/<16 hex>.jnl; the sqlite
+// Files of a volume `dir`:  replica.img, digests (master-target/digest_store.h),
+// journal/<16 hex>.jnl; the sqlite
 // index lives at VolumeOptions::index_path (dir/index.db in the daemon).
 //
 // Code: the façade, reads, pins and hashes in volume.cc; the sqlite index in
@@ -79,7 +80,7 @@
 #include "common/result.h"
 #include "common/sqlite.h"
 #include "common/status.h"
-#include "master-target/digest_cache.h"
+#include "master-target/digest_store.h"
 #include "master-target/journal.h"
 #include "master-target/undo_index.h"
 
@@ -279,7 +280,7 @@ class ReplicaVolume {
     uint32_t count = 0;
     uint64_t min_seq = 0;
     uint64_t at_seq = 0;
-    // The current image may come from the digest cache (a resync's descents).
+    // The current image may come from the digest store (a resync).
     // Verify reads the replica afresh: it is there to find what went bad on
     // the disk behind our back.
     bool cached = true;
@@ -292,8 +293,9 @@ class ReplicaVolume {
     uint64_t bytes_skipped = 0;  // holes not read
   };
   Result<DigestAnswer> Digests(const DigestQuery& q);
-  // Hits of the current image's digest cache (master-target/digest_cache.h).
-  uint64_t digest_cache_hits() const { return digest_cache_.hits(); }
+  // Leaf digests of the current image the digest store knew
+  // (master-target/digest_store.h), since Open.
+  uint64_t digest_store_hits() const;
 
   std::vector<RecoveryPoint> ListPoints() const;
   std::optional<RecoveryPoint> FindPoint(int64_t id) const;
@@ -318,7 +320,7 @@ class ReplicaVolume {
   // Moves to generation `gen` keeping everything (apply_mu_ held).
   Status Reprotect(uint64_t gen);
   Status UndoEntries(const std::vector<UndoEntry>& entries);
-  // Digests of the current image through digest_cache_ (apply_mu_ held).
+  // Digests of the current image through digests_ (apply_mu_ held).
   Result<std::vector<proto::Hash128>> CurrentDigests(DigestReader& reader, const DigestQuery& q, uint64_t* skipped);
   Status ZeroReplica(uint64_t offset, uint64_t len);
   Status ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out);
@@ -332,6 +334,7 @@ class ReplicaVolume {
   void UpdateGauges();
   std::string JournalDir() const;
   std::string ReplicaPath() const;
+  std::string DigestStorePath() const;
 
   VolumeOptions o_;
   VolumeIdentity id_;
@@ -339,7 +342,7 @@ class ReplicaVolume {
 
   mutable std::mutex apply_mu_;  // serialises apply, rollback, retention, hashes
   std::unique_ptr<File> replica_;
-  DigestCache digest_cache_;  // every write to replica_ drops what it touches
+  std::unique_ptr<DigestStore> digests_;  // every write to replica_ goes through it
   std::unique_ptr<SegmentWriter> writer_;
   VolumeState state_ = VolumeState::kReplicating;  // apply_mu_ (+ meta_mu_ for readers)
   uint64_t rollback_to_ = 0;
