@@ -71,6 +71,24 @@ bench_cleanup() {
 # bench_rm DIR: removes a scenario's directory unless KEEP=1.
 bench_rm() { [ "${KEEP:-0}" = 1 ] || rm -rf "$1"; }
 
+# bench_perf_start NAME / bench_perf_stop: with PERF=DIR set, a system-wide
+# `perf record -g` of the measured part of a scenario goes to DIR/NAME.data
+# (read it with `perf report -i DIR/NAME.data`); without PERF, nothing.
+BENCH_PERF_PID=""
+bench_perf_start() {
+  [ -n "${PERF:-}" ] || return 0
+  mkdir -p "$PERF"
+  perf record -q -a -g -o "$PERF/$1.data" >/dev/null 2>&1 &
+  BENCH_PERF_PID=$!
+  BENCH_EXTRA_PIDS+=("$BENCH_PERF_PID")
+}
+bench_perf_stop() {
+  [ -n "$BENCH_PERF_PID" ] || return 0
+  kill -INT "$BENCH_PERF_PID" 2>/dev/null || true
+  wait "$BENCH_PERF_PID" 2>/dev/null || true
+  BENCH_PERF_PID=""
+}
+
 bench_need() {
   local t
   for t in "$@"; do
