@@ -41,7 +41,7 @@ po::options_description AgentConfigDescription() {
       ("resync_fill_target", value<ByteSize>()->default_value(ByteSize{8u << 20}),
        "resync data queued, not yet acknowledged (at most budget/2: the rest is for live writes)")
       ("resync_max_rate", value<ByteSize>()->default_value(ByteSize{0}), "resync bytes per second (0 = no cap)")
-      ("resync_requests", value<int>()->default_value(16), "resync hash requests in flight")
+      ("resync_requests", value<int>()->default_value(64), "resync hash requests in flight")
       ("control", value<std::string>()->default_value("127.0.0.1:9100"), "control/metrics HTTP host:port ('none' = off)")
       ("freeze_command", value<std::string>()->default_value(""), "run before a tag (e.g. 'fsfreeze -f /data')")
       ("thaw_command", value<std::string>()->default_value(""), "run after a tag, always (e.g. 'fsfreeze -u /data')")
@@ -144,8 +144,8 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   }
   ao.sender.resync.max_rate = vm["resync_max_rate"].as<ByteSize>().bytes;
   ao.sender.resync.max_requests = vm["resync_requests"].as<int>();
-  if (ao.sender.resync.max_requests < 1 || ao.sender.resync.max_requests > 32) {
-    return Status::InvalidArgument("resync_requests must be 1..32");
+  if (ao.sender.resync.max_requests < 1 || ao.sender.resync.max_requests > 128) {
+    return Status::InvalidArgument("resync_requests must be 1..128");
   }
   CDP_ASSIGN_OR_RETURN(ao.control, GetHostPort(vm, "control", listener));
   ao.freeze_command = vm["freeze_command"].as<std::string>();

@@ -66,7 +66,7 @@ namespace cdp::agent {
 
 struct ResyncOptions {
   uint32_t batch_regions = 64;      // regions per first-level HashRequest
-  int max_requests = 16;            // HashRequests in flight (the PS takes 64 per connection)
+  int max_requests = 64;            // HashRequests in flight (the PS takes 256 per connection)
   uint64_t fill_target = 8u << 20;  // resync bytes queued, not yet acknowledged
   uint64_t max_rate = 0;            // resync bytes per second (0 = no cap)
   uint64_t retry_min_ms = 100;      // pause after a request that was not answered...

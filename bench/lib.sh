@@ -10,7 +10,8 @@
 #                               `cdpctl pki` (tenant bench), or clear text
 #   cluster_up DIR [PS_ARGS...] ports, then the master target (DIR/mt) and the
 #                               process server (DIR/spool); returns once both answer
-#   agent_up VOLUME=PATH [AGENT_ARGS...]   the agent (DIR/agent: bitmaps, nbd.sock)
+#   agent_up VOLUME=PATH [AGENT_ARGS...]   the agent (DIR/agent: bitmaps, nbd.sock); the
+#                               environment's AGENT_ARGS (e.g. "--resync_requests 32") come first
 #   agent_down / cluster_down   SIGTERM and wait (the agent saves its bitmap)
 #   agent_get PATH / ps_get PATH / mt_get PATH   GET with the daemon's admin token
 #   bench_rm DIR                removes DIR unless KEEP=1 (then the scratch directory
@@ -173,7 +174,7 @@ agent_up() {
   # shellcheck disable=SC2046
   "$AGENT" --volume "$vol" --nbd_unix "$CLUSTER_DIR/agent/nbd.sock" --ps 127.0.0.1:$PS_DATA --tenant bench \
     --secret $BENCH_SECRET --bitmap_dir "$CLUSTER_DIR/agent" --control 127.0.0.1:$AG_CTL \
-    --log.file "$CLUSTER_DIR/agent.log" $(tls_args agent) "$@" >/dev/null &
+    --log.file "$CLUSTER_DIR/agent.log" $(tls_args agent) ${AGENT_ARGS:-} "$@" >/dev/null &
   AG_PID=$!
   bench_wait_up $AG_CTL "$AG_TOKEN" $AG_PID
 }

@@ -88,6 +88,7 @@ Result<std::vector<proto::Hash128>> DigestReader::Leaves(uint64_t offset, uint64
         continue;
       }
     }
+    if (buf_.empty()) buf_.resize(std::max<size_t>(chunk_, kLeafSize));
     const size_t n = size_t(std::min<uint64_t>(buf_.size(), end - pos));
     CDP_RETURN_IF_ERROR(src_.read(pos, n, buf_.data()));
     stats_.bytes_read += n;

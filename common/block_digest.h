@@ -63,7 +63,9 @@ struct DigestStats {
 
 class DigestReader {
  public:
-  explicit DigestReader(DigestSource src, size_t chunk = 1u << 20) : src_(std::move(src)), buf_(chunk) {}
+  // Reads `chunk` bytes at a time (the buffer is allocated at the first read:
+  // a reader that finds everything elsewhere costs no allocation).
+  explicit DigestReader(DigestSource src, size_t chunk = 1u << 20) : src_(std::move(src)), chunk_(chunk) {}
 
   // Leaf digests of [offset, offset + len), clipped to the volume. `offset`
   // must be leaf-aligned. kOutOfRange when offset is past the end.
@@ -77,6 +79,7 @@ class DigestReader {
 
  private:
   DigestSource src_;
+  size_t chunk_;
   Bytes buf_;
   DigestStats stats_;
 };

@@ -72,7 +72,7 @@ struct ProcessServer::Impl {
     FrameChannel* ch = nullptr;
     int outstanding = 0;
   };
-  static constexpr int kMaxHashesInFlight = 64;  // per agent connection
+  static constexpr int kMaxHashesInFlight = 256;  // per agent connection
 
   // One agent connection, start to end.
   void Serve(FrameChannel& ch);
