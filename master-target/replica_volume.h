@@ -9,7 +9,8 @@
 //   validate every record (duplicates skipped, gap / bad record -> nack, nothing applied)
 //     |
 //   for each write record, in order: read the old bytes (replica + the batch's
-//   earlier records), encode undo records (<= 1 MiB each, all-zero -> no data)
+//   earlier records; a hole of the replica is not read), encode undo records
+//   (<= 1 MiB each, all-zero -> no data)
 //     |
 //   journal Append ... journal Sync (+ dir sync for a new segment)   -- sync point 1
 //     |

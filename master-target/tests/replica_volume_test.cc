@@ -11,6 +11,7 @@
 #include "common/fault_env.h"
 #include "common/block_digest.h"
 #include "common/hash.h"
+#include "common/metrics.h"
 #include "master-target/journal.h"
 #include "master-target/tests/mt_test_util.h"
 #include "master-target/replica_volume.h"
@@ -783,4 +784,37 @@ TEST_CASE("a corrupt undo record is detected by reads and never applied by rollb
   REQUIRE((*v)->Rollback(2).IsCorruption());
   Bytes img = ReplicaFile(env.get(), "/t/vol1", kVolSize);
   REQUIRE(img[100] == 2);  // the corrupt bytes were not written to the replica
+}
+
+TEST_CASE("apply does not read the holes of the replica, and journals them as zeros", "[volume][sparse]") {
+  TempDir tmp;
+  auto env = NewPosixEnv();
+  ManualClock clock;
+  const uint64_t size = 8u << 20;
+  auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db", 4 << 20);
+  opts.dir = tmp.path() + "/vol1";
+  auto reads = std::make_shared<metrics::Counter>();
+  opts.metrics.disk_read_bytes = reads;
+  VolumeIdentity id = Ident(size);
+  auto v = ReplicaVolume::Open(opts, &id);
+  REQUIRE(v.ok());
+  Reference ref(size);
+  std::mt19937_64 rng(8);
+  Bytes d(2u << 20);
+  for (auto& x : d) x = uint8_t(rng());
+  // Onto the fresh (sparse) replica: nothing read.
+  std::vector<proto::Record> b1{DataRecord(1, 1u << 20, d), FlushRecord(2)};
+  ref.Apply(b1);
+  REQUIRE((*v)->ApplyBatch(b1)->ack);
+  REQUIRE(reads->Value() == 0);
+  // Over data written before: read (the old bytes go into the journal).
+  Bytes e(8192, 5);
+  std::vector<proto::Record> b2{DataRecord(3, (1u << 20) + 4096, e), FlushRecord(4)};
+  ref.Apply(b2);
+  REQUIRE((*v)->ApplyBatch(b2)->ack);
+  REQUIRE(reads->Value() == 8192);
+  REQUIRE(ReplicaFile(env.get(), opts.dir, size) == ref.image());
+  // Every point reads back exactly, the one before the first write included.
+  REQUIRE(ReadImage(**v, 0) == Bytes(size, 0));
+  REQUIRE(ReadImage(**v, 2) == ref.ImageAt(2));
 }
