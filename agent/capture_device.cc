@@ -66,7 +66,10 @@ Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
     auto lk = queue_->Lock();
     Status s = file_->Write(offset, data);
     if (!s.ok()) {
-      bitmap_->Unpin(offset, len);
+      // Part of it may have landed: the client gets the error, and the
+      // regions are compared with the replica (and what differs shipped),
+      // so source and replica still converge.
+      bitmap_->AssignResync(offset, len);
       return s;
     }
     uint64_t seq = queue_->AppendLocked(proto::RecordKind::kData, offset, uint32_t(len), data, std::move(copy));
@@ -95,7 +98,7 @@ Status CaptureDevice::ApplyRange(proto::RecordKind kind, uint64_t offset, uint64
     }
   }
   if (!s.ok()) {
-    bitmap_->Unpin(offset, len);
+    bitmap_->AssignResync(offset, len);  // as in Write: part may have landed
     return s;
   }
   for (uint64_t done = 0; done < len;) {

@@ -28,7 +28,7 @@
 // Thread safety: every method is thread-safe. Methods named *Locked must be
 // called with the lock returned by Lock() held (or, for tags across volumes,
 // all volumes' locks held); nothing else must be called while holding it
-// except DirtyBitmap::Assign/AssignResync/Unpin/NoteShipped and the
+// except DirtyBitmap::Assign/AssignResync/NoteShipped and the
 // DirtyBitmap's read-only accessors (LastSeq, ResyncState, ResyncEpoch, ...).
 #pragma once
 

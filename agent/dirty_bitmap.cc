@@ -229,14 +229,6 @@ void DirtyBitmap::AssignResync(uint64_t offset, uint64_t len) {
   }
 }
 
-void DirtyBitmap::Unpin(uint64_t offset, uint64_t len) {
-  const uint64_t first = FirstRegion(offset), last = LastRegion(offset, len);
-  std::lock_guard lk(mu_);
-  for (uint64_t r = first; r <= last; ++r) {
-    if (pins_[r] > 0) --pins_[r];
-  }
-}
-
 void DirtyBitmap::SetAcked(uint64_t seq) {
   std::lock_guard lk(mu_);
   acked_ = std::max(acked_, seq);

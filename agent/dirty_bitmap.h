@@ -27,7 +27,7 @@
 // valid slot with the highest counter, so a torn write leaves the previous image.
 //
 // Lock order: callers may hold the volume's capture lock when calling Assign,
-// MarkResyncLocked or Unpin; DirtyBitmap never calls out while holding its own mutex
+// AssignResync or MarkResyncLocked; DirtyBitmap never calls out while holding its own mutex
 // except the file write in the group commit (which runs with the mutex released).
 //
 // Thread safety: every method is thread-safe.
@@ -74,10 +74,9 @@ class DirtyBitmap {
   // The write pinned by MarkAndPin got sequence `seq`; releases the pins.
   void Assign(uint64_t offset, uint64_t len, uint64_t seq);
   // The write pinned by MarkAndPin was not captured in the stream (bitmap
-  // mode): its regions need their data shipped again (Resync::kShip). Releases the pins.
+  // mode), or failed and may have changed part of the range: its regions
+  // need their data shipped again (Resync::kShip). Releases the pins.
   void AssignResync(uint64_t offset, uint64_t len);
-  // The write pinned by MarkAndPin failed: releases the pins (regions stay dirty).
-  void Unpin(uint64_t offset, uint64_t len);
 
   // The process server has durably acknowledged every sequence <= seq.
   void SetAcked(uint64_t seq);

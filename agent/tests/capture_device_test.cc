@@ -20,10 +20,13 @@ const std::string kBacking = "/vol/backing.img";
 
 // An Env over MemEnv that calls `on_read` before every read of the backing
 // file: a test writes through the device there, i.e. inside a verify window.
+// With `fail_writes`, a write of the backing file writes its first half and
+// fails (EIO after a partial write).
 class ReadHookEnv : public cdp::Env {
  public:
   explicit ReadHookEnv(cdp::Env* base) : base_(base) {}
   std::function<void()> on_read;
+  bool fail_writes = false;
 
   class HookFile : public cdp::File {
    public:
@@ -33,7 +36,11 @@ class ReadHookEnv : public cdp::Env {
       return f_->Read(o, n, b);
     }
     cdp::Result<size_t> ReadUpTo(uint64_t o, size_t n, uint8_t* b) const override { return f_->ReadUpTo(o, n, b); }
-    cdp::Status Write(uint64_t o, cdp::ByteSpan d) override { return f_->Write(o, d); }
+    cdp::Status Write(uint64_t o, cdp::ByteSpan d) override {
+      if (!env_->fail_writes || f_->path() != kBacking) return f_->Write(o, d);
+      CDP_RETURN_IF_ERROR(f_->Write(o, d.subspan(0, d.size() / 2)));
+      return cdp::Status::IOError("injected: write failed half way");
+    }
     cdp::Status Append(cdp::ByteSpan d) override { return f_->Append(d); }
     cdp::Status Sync() override { return f_->Sync(); }
     cdp::Status Allocate(uint64_t o, uint64_t l) override { return f_->Allocate(o, l); }
@@ -236,4 +243,30 @@ TEST_CASE("verify: bad ranges are refused", "[agent][verify]") {
   CHECK(f.dev->DigestAtQuietPoint(4096, kMiB, 1u << 20, 1, nullptr).status().code() == cdp::Code::kInvalidArgument);
   CHECK(f.dev->DigestAtQuietPoint(0, kMiB, 3000, 1, nullptr).status().code() == cdp::Code::kInvalidArgument);
   CHECK(f.dev->DigestAtQuietPoint(kSize, kMiB, 1u << 20, 1, nullptr).status().code() == cdp::Code::kOutOfRange);
+}
+
+TEST_CASE("a write that fails half way flags its region for resync, so what landed is shipped", "[agent][capture]") {
+  Fixture f;
+  const uint64_t before = f.dev->queue().Stats().next_seq;
+  REQUIRE(f.dev->bitmap().ResyncCount() == 0);
+  const uint32_t epoch = f.dev->bitmap().ResyncEpoch(1);
+  f.env.fail_writes = true;
+  cdp::Bytes b(8192, 0x5a);
+  auto s = f.dev->Write(kMiB + 4096, cdp::ByteSpan(b.data(), b.size()), false);
+  REQUIRE(s.code() == cdp::Code::kIOError);
+  f.env.fail_writes = false;
+  // Nothing was captured, but half of it is on the source now.
+  CHECK(f.dev->queue().Stats().next_seq == before);
+  cdp::Bytes now(4096);
+  REQUIRE(f.dev->ReadBacking(kMiB + 4096, 4096, now.data()).ok());
+  CHECK(now == cdp::Bytes(4096, 0x5a));
+  // So the region is compared with the replica again; the others are not.
+  CHECK(f.dev->bitmap().ResyncCount() == 1);
+  CHECK(f.dev->bitmap().ResyncEpoch(1) == epoch + 1);
+  CHECK(f.dev->bitmap().ResyncEpoch(0) == 0);
+  // A zero-range write that fails does the same.
+  f.env.fail_writes = true;
+  REQUIRE(!f.dev->WriteZeroes(3 * kMiB, 8192, false, false).ok());
+  f.env.fail_writes = false;
+  CHECK(f.dev->bitmap().ResyncCount() == 2);
 }
