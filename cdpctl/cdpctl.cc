@@ -638,8 +638,10 @@ int Verify(const Options& o, const VerifyArgs& a, std::ostream& out, std::ostrea
     else out << diffs.size() << " difference(s), " << Bytes(double(diff_bytes)) << "\n";
     if (busy > 0) out << "  " << busy << " region(s) could not be compared now (written throughout, or resync pending): verify again\n";
   }
-  if (diffs.empty()) return 0;
-  return a.repair && unrepaired.empty() ? 0 : 1;
+  // 1: something differs (and was not repaired); 3: nothing differs, but not
+  // everything could be compared (busy regions): not a clean bill of health.
+  if (!diffs.empty() && !(a.repair && unrepaired.empty())) return 1;
+  return busy > 0 ? 3 : 0;
 }
 
 // pki init --dir DIR [--name NAME] [--days N]

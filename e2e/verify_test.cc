@@ -134,7 +134,8 @@ TEST_CASE("online verify under churn reports no false difference and repairs a r
     const uint64_t before = churn.writes();
     VerifyRun v = Verify(c);
     INFO("run " << run << ": " << v.output << "\n" << churn.error() << "\n" << c.Logs());
-    REQUIRE(v.exit_code == 0);
+    // 3: nothing differs, but busy regions went uncompared.
+    REQUIRE(v.exit_code == (U64(v.result, "busy") > 0 ? 3 : 0));
     REQUIRE(v.result.contains("differences"));
     REQUIRE(v.result.at("differences").as_array().size() == 0);
     REQUIRE(U64(v.result, "regions") == 64);
