@@ -5,7 +5,7 @@ BUILD      ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS       ?= $(shell nproc)
 
-.PHONY: all deps configure build test demo asan bench clean
+.PHONY: all deps configure build test demo asan bench package clean
 
 all: build
 
@@ -27,6 +27,11 @@ demo: build
 # The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 asan:
 	@$(MAKE) test BUILD=build-asan BUILD_TYPE=Sanitize
+
+# Debian packages (cmake/packaging.cmake) into $(BUILD)/packages; installed
+# under /usr, configuration in /etc.
+package: build
+	@cd $(BUILD) && cpack -G DEB
 
 bench: build
 	@cmake --build $(BUILD) -j $(JOBS) --target benchmarks

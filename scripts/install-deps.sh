@@ -7,7 +7,8 @@ set -euo pipefail
 # Build: compiler, CMake and the libraries of DESIGN.md.
 # Test: real NBD clients (qemu-utils; libnbd-bin, which ships nbdinfo, nbdcopy and
 # nbdfuse; nbdkit), fio, e2fsprogs, rsync; systemd for systemd-analyze (the units' test);
-# clang and its libFuzzer runtime for the fuzz.* tests (cmake/fuzz_tests.cmake). Every entry is a real package name, so a
+# clang and its libFuzzer runtime for the fuzz.* tests (cmake/fuzz_tests.cmake); help2man
+# (man pages), lintian and adduser for the Debian packages and their test (cmake/packaging.cmake). Every entry is a real package name, so a
 # machine that has them all never reaches apt (bookworm has no package "nbdfuse").
 PACKAGES=(
   build-essential cmake pkg-config
@@ -17,6 +18,7 @@ PACKAGES=(
   zstd lz4 qemu-utils libnbd-bin nbdkit fio e2fsprogs rsync iproute2 util-linux curl
   systemd
   clang libclang-rt-14-dev
+  help2man lintian adduser
 )
 
 missing=()
