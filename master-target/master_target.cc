@@ -70,6 +70,11 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
       "cdp_mt_apply_lag_seconds", "Wall time between capture and apply of the last applied record", l);
   vo.metrics.retention_span_seconds =
       r.GetDoubleGauge("cdp_mt_retention_span_seconds", "Age of the oldest recovery point kept", l);
+  // The retention budget, for alerts on the journal's use of it (packaging/prometheus).
+  r.GetGauge("cdp_mt_retention_max_bytes", "Retention policy: undo journal bytes kept at most (0: no limit)", l)
+      ->Set(int64_t(o.retention.max_bytes));
+  r.GetGauge("cdp_mt_retention_max_age_seconds", "Retention policy: oldest recovery point kept (0: no limit)", l)
+      ->Set(int64_t(o.retention.max_age_us / 1'000'000));
   return vo;
 }
 

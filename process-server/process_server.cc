@@ -85,6 +85,8 @@ void ProcessServer::Impl::RegisterMetrics(SpooledVolume* v) {
       });
   add("cdp_ps_spool_busy", "1 while the spool refuses batches for quota", metrics::Type::kGauge,
       [sp] { return sp->stats().busy ? 1.0 : 0.0; });
+  add("cdp_ps_spool_quota_bytes", "The spool's backlog quota (0: unlimited)", metrics::Type::kGauge,
+      [q = double(opt->quota_bytes)] { return q; });
 }
 
 Result<SpooledVolume*> ProcessServer::Impl::GetVolume(const std::string& tenant, const proto::VolumeOpen* open, const std::string& name) {
@@ -153,6 +155,21 @@ Status ProcessServer::Start() {
       lo.backoff_max_ms = opt_.backoff_max_ms;
       lo.ack_timeout_ms = opt_.ack_timeout_ms;
       v.push_back(std::make_unique<MtLink>(lo));
+    }
+    if (opt_.registry) {
+      std::vector<const MtLink*> ls;
+      for (const auto& l : v) ls.push_back(l.get());
+      opt_.registry->AddComputed("cdp_ps_mt_connections_up", "Connections to the master target that are up",
+                                 metrics::Type::kGauge, [ls] {
+                                   double n = 0;
+                                   for (const MtLink* l : ls) n += l->connected() ? 1 : 0;
+                                   return n;
+                                 }, metrics::Labels{{"tenant", tenant}});
+      opt_.registry->AddComputed("cdp_ps_mt_connections", "Connections to the master target configured",
+                                 metrics::Type::kGauge, [n = double(ls.size())] { return n; },
+                                 metrics::Labels{{"tenant", tenant}});
+      im.series.emplace_back("cdp_ps_mt_connections_up", metrics::Labels{{"tenant", tenant}});
+      im.series.emplace_back("cdp_ps_mt_connections", metrics::Labels{{"tenant", tenant}});
     }
   }
   // Existing spools: ship their backlog.
