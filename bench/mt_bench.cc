@@ -33,6 +33,7 @@
 
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/env_wrapper.h"
 #include "master-target/replica_volume.h"
 
 using namespace cdp;
@@ -44,57 +45,40 @@ struct Counts {
   std::atomic<uint64_t> read{0}, written{0};
 };
 
-class CountingFile final : public File {
+class CountingFile final : public FileWrapper {
  public:
-  CountingFile(std::unique_ptr<File> f, Counts* c) : f_(std::move(f)), c_(c) {}
+  CountingFile(std::unique_ptr<File> f, Counts* c) : FileWrapper(std::move(f)), c_(c) {}
   Status Read(uint64_t o, size_t n, uint8_t* b) const override {
     c_->read += n;
-    return f_->Read(o, n, b);
+    return FileWrapper::Read(o, n, b);
   }
   Result<size_t> ReadUpTo(uint64_t o, size_t n, uint8_t* b) const override {
-    auto r = f_->ReadUpTo(o, n, b);
+    auto r = FileWrapper::ReadUpTo(o, n, b);
     if (r.ok()) c_->read += *r;
     return r;
   }
   Status Write(uint64_t o, ByteSpan d) override {
     c_->written += d.size();
-    return f_->Write(o, d);
+    return FileWrapper::Write(o, d);
   }
   Status Append(ByteSpan d) override {
     c_->written += d.size();
-    return f_->Append(d);
+    return FileWrapper::Append(d);
   }
-  Status Sync() override { return f_->Sync(); }
-  Status Allocate(uint64_t o, uint64_t l) override { return f_->Allocate(o, l); }
-  Status PunchHole(uint64_t o, uint64_t l) override { return f_->PunchHole(o, l); }
-  Status Truncate(uint64_t s) override { return f_->Truncate(s); }
-  Result<uint64_t> Size() const override { return f_->Size(); }
-  const std::string& path() const override { return f_->path(); }
 
  private:
-  std::unique_ptr<File> f_;
   Counts* c_;
 };
 
-class CountingEnv final : public Env {
+class CountingEnv final : public EnvWrapper {
  public:
-  CountingEnv(Env* base, Counts* c) : b_(base), c_(c) {}
+  CountingEnv(Env* base, Counts* c) : EnvWrapper(base), c_(c) {}
   Result<std::unique_ptr<File>> Open(const std::string& p, const OpenOptions& o) override {
-    auto f = b_->Open(p, o);
-    if (!f.ok()) return f.status();
-    return std::unique_ptr<File>(new CountingFile(std::move(*f), c_));
+    CDP_ASSIGN_OR_RETURN(auto f, EnvWrapper::Open(p, o));
+    return std::unique_ptr<File>(new CountingFile(std::move(f), c_));
   }
-  Status Rename(const std::string& a, const std::string& b) override { return b_->Rename(a, b); }
-  Status Remove(const std::string& p) override { return b_->Remove(p); }
-  Status SyncDir(const std::string& d) override { return b_->SyncDir(d); }
-  Status CreateDirs(const std::string& d) override { return b_->CreateDirs(d); }
-  Status RemoveDir(const std::string& d) override { return b_->RemoveDir(d); }
-  bool Exists(const std::string& p) override { return b_->Exists(p); }
-  Result<std::vector<std::string>> ListDir(const std::string& d) override { return b_->ListDir(d); }
-  Result<uint64_t> FileSize(const std::string& p) override { return b_->FileSize(p); }
 
  private:
-  Env* b_;
   Counts* c_;
 };
 

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "common/block_digest.h"
+#include "common/env_wrapper.h"
 
 using cdp::agent::CaptureDevice;
 using cdp::agent::DirtyBitmap;
@@ -22,53 +23,33 @@ const std::string kBacking = "/vol/backing.img";
 // file: a test writes through the device there, i.e. inside a verify window.
 // With `fail_writes`, a write of the backing file writes its first half and
 // fails (EIO after a partial write).
-class ReadHookEnv : public cdp::Env {
+class ReadHookEnv : public cdp::EnvWrapper {
  public:
-  explicit ReadHookEnv(cdp::Env* base) : base_(base) {}
+  explicit ReadHookEnv(cdp::Env* base) : EnvWrapper(base) {}
   std::function<void()> on_read;
   bool fail_writes = false;
 
-  class HookFile : public cdp::File {
+  class HookFile : public cdp::FileWrapper {
    public:
-    HookFile(ReadHookEnv* env, std::unique_ptr<cdp::File> f) : env_(env), f_(std::move(f)) {}
+    HookFile(ReadHookEnv* env, std::unique_ptr<cdp::File> f) : FileWrapper(std::move(f)), env_(env) {}
     cdp::Status Read(uint64_t o, size_t n, uint8_t* b) const override {
-      env_->Hook(f_->path());
-      return f_->Read(o, n, b);
+      env_->Hook(path());
+      return FileWrapper::Read(o, n, b);
     }
-    cdp::Result<size_t> ReadUpTo(uint64_t o, size_t n, uint8_t* b) const override { return f_->ReadUpTo(o, n, b); }
     cdp::Status Write(uint64_t o, cdp::ByteSpan d) override {
-      if (!env_->fail_writes || f_->path() != kBacking) return f_->Write(o, d);
-      CDP_RETURN_IF_ERROR(f_->Write(o, d.subspan(0, d.size() / 2)));
+      if (!env_->fail_writes || path() != kBacking) return FileWrapper::Write(o, d);
+      CDP_RETURN_IF_ERROR(FileWrapper::Write(o, d.subspan(0, d.size() / 2)));
       return cdp::Status::IOError("injected: write failed half way");
     }
-    cdp::Status Append(cdp::ByteSpan d) override { return f_->Append(d); }
-    cdp::Status Sync() override { return f_->Sync(); }
-    cdp::Status Allocate(uint64_t o, uint64_t l) override { return f_->Allocate(o, l); }
-    cdp::Status PunchHole(uint64_t o, uint64_t l) override { return f_->PunchHole(o, l); }
-    cdp::Status Truncate(uint64_t s) override { return f_->Truncate(s); }
-    cdp::Result<uint64_t> Size() const override { return f_->Size(); }
-    cdp::Result<uint64_t> NextData(uint64_t o) const override { return f_->NextData(o); }
-    cdp::Result<uint64_t> NextHole(uint64_t o) const override { return f_->NextHole(o); }
-    const std::string& path() const override { return f_->path(); }
 
    private:
     ReadHookEnv* env_;
-    std::unique_ptr<cdp::File> f_;
   };
 
   cdp::Result<std::unique_ptr<cdp::File>> Open(const std::string& p, const cdp::OpenOptions& o) override {
-    auto f = base_->Open(p, o);
-    if (!f.ok()) return f.status();
-    return std::unique_ptr<cdp::File>(new HookFile(this, std::move(*f)));
+    CDP_ASSIGN_OR_RETURN(auto f, EnvWrapper::Open(p, o));
+    return std::unique_ptr<cdp::File>(new HookFile(this, std::move(f)));
   }
-  cdp::Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
-  cdp::Status Remove(const std::string& p) override { return base_->Remove(p); }
-  cdp::Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
-  cdp::Status CreateDirs(const std::string& d) override { return base_->CreateDirs(d); }
-  cdp::Status RemoveDir(const std::string& d) override { return base_->RemoveDir(d); }
-  bool Exists(const std::string& p) override { return base_->Exists(p); }
-  cdp::Result<std::vector<std::string>> ListDir(const std::string& d) override { return base_->ListDir(d); }
-  cdp::Result<uint64_t> FileSize(const std::string& p) override { return base_->FileSize(p); }
 
  private:
   void Hook(const std::string& path) {
@@ -77,7 +58,6 @@ class ReadHookEnv : public cdp::Env {
     on_read();
     in_hook_ = false;
   }
-  cdp::Env* base_;
   bool in_hook_ = false;
 };
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/env_wrapper.h"
 #include "common/fault_env.h"
 
 using cdp::Bytes;
@@ -317,43 +318,24 @@ TEST_CASE("spool leaves no garbage after a failed write and keeps accepting", "[
 namespace {
 
 // An Env over MemEnv whose File::Sync can be held at a gate, to observe group commit.
-class GatedEnv : public cdp::Env {
+class GatedEnv : public cdp::EnvWrapper {
  public:
-  explicit GatedEnv(cdp::Env* base) : base_(base) {}
-  class GatedFile : public cdp::File {
+  explicit GatedEnv(cdp::Env* base) : EnvWrapper(base) {}
+  class GatedFile : public cdp::FileWrapper {
    public:
-    GatedFile(GatedEnv* env, std::unique_ptr<cdp::File> f) : env_(env), f_(std::move(f)) {}
-    cdp::Status Read(uint64_t o, size_t n, uint8_t* b) const override { return f_->Read(o, n, b); }
-    cdp::Result<size_t> ReadUpTo(uint64_t o, size_t n, uint8_t* b) const override { return f_->ReadUpTo(o, n, b); }
-    cdp::Status Write(uint64_t o, ByteSpan d) override { return f_->Write(o, d); }
-    cdp::Status Append(ByteSpan d) override { return f_->Append(d); }
+    GatedFile(GatedEnv* env, std::unique_ptr<cdp::File> f) : FileWrapper(std::move(f)), env_(env) {}
     cdp::Status Sync() override {
       env_->WaitGate();
-      return f_->Sync();
+      return FileWrapper::Sync();
     }
-    cdp::Status Allocate(uint64_t o, uint64_t l) override { return f_->Allocate(o, l); }
-    cdp::Status PunchHole(uint64_t o, uint64_t l) override { return f_->PunchHole(o, l); }
-    cdp::Status Truncate(uint64_t s) override { return f_->Truncate(s); }
-    cdp::Result<uint64_t> Size() const override { return f_->Size(); }
-    const std::string& path() const override { return f_->path(); }
 
    private:
     GatedEnv* env_;
-    std::unique_ptr<cdp::File> f_;
   };
   cdp::Result<std::unique_ptr<cdp::File>> Open(const std::string& p, const cdp::OpenOptions& o) override {
-    auto f = base_->Open(p, o);
-    if (!f.ok()) return f.status();
-    return std::unique_ptr<cdp::File>(new GatedFile(this, std::move(*f)));
+    CDP_ASSIGN_OR_RETURN(auto f, EnvWrapper::Open(p, o));
+    return std::unique_ptr<cdp::File>(new GatedFile(this, std::move(f)));
   }
-  cdp::Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
-  cdp::Status Remove(const std::string& p) override { return base_->Remove(p); }
-  cdp::Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
-  cdp::Status CreateDirs(const std::string& d) override { return base_->CreateDirs(d); }
-  cdp::Status RemoveDir(const std::string& d) override { return base_->RemoveDir(d); }
-  bool Exists(const std::string& p) override { return base_->Exists(p); }
-  cdp::Result<std::vector<std::string>> ListDir(const std::string& d) override { return base_->ListDir(d); }
-  cdp::Result<uint64_t> FileSize(const std::string& p) override { return base_->FileSize(p); }
 
   void Close() {
     std::lock_guard<std::mutex> l(mu_);
@@ -378,7 +360,6 @@ class GatedEnv : public cdp::Env {
   }
 
  private:
-  cdp::Env* base_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool closed_ = false;
