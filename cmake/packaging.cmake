@@ -13,8 +13,10 @@
 # scripts (packaging/debian/): a system user `opencdp` and /var/lib/opencdp at
 # configure; configuration and data kept on remove, removed on purge.
 #
-# `cmake --install` (any prefix) installs the same files; the units' ExecStart
-# then names the binaries under that prefix.
+# `cmake --install` (any prefix, /usr/local by default) installs the same
+# files; the units' ExecStart then names the binaries under that prefix. The
+# configuration always goes to /etc/opencdp, where the units look for it, and
+# only where no file of that name is there yet (an operator's edits stay).
 
 include(GNUInstallDirs)
 
@@ -58,8 +60,15 @@ foreach(d IN LISTS CDP_DAEMONS)
     file(WRITE \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/lib/systemd/system/${daemon}.service\" \"\${unit}\")
   " COMPONENT ${comp})
   foreach(c IN LISTS confs)
-    install(FILES ${CMAKE_SOURCE_DIR}/docs/examples/${c} DESTINATION ${CMAKE_INSTALL_FULL_SYSCONFDIR}/opencdp
-            PERMISSIONS OWNER_READ OWNER_WRITE COMPONENT ${comp})  # root-only: systemd hands it over (LoadCredential)
+    # Root-only: systemd hands it to the daemon (LoadCredential).
+    install(CODE "
+      if(EXISTS \"\$ENV{DESTDIR}/etc/opencdp/${c}\")
+        message(STATUS \"Kept: /etc/opencdp/${c}\")
+      else()
+        file(INSTALL DESTINATION /etc/opencdp TYPE FILE PERMISSIONS OWNER_READ OWNER_WRITE
+             FILES \"${CMAKE_SOURCE_DIR}/docs/examples/${c}\")
+      endif()
+    " COMPONENT ${comp})
   endforeach()
   install(FILES ${CMAKE_SOURCE_DIR}/docs/operations.md ${CMAKE_SOURCE_DIR}/docs/architecture.md
           DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/${pkg} COMPONENT ${comp})
@@ -129,12 +138,11 @@ set(CPACK_PACKAGE_NAME opencdp)
 set(CPACK_PACKAGE_VENDOR "OpenCDP")
 set(CPACK_PACKAGE_CONTACT "${CDP_DEB_MAINTAINER}")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
-# Packages install under /usr with the configuration in /etc (the default
-# CMAKE_INSTALL_PREFIX, CMakeLists.txt; GNUInstallDirs then puts the
-# configuration in /etc), and CPack installs with DESTDIR so that the units'
+# Packages install under /usr whatever the build's CMAKE_INSTALL_PREFIX, the
+# configuration in /etc; CPack installs with DESTDIR so that the units'
 # ExecStart is written with the real prefix.
 set(CPACK_SET_DESTDIR ON)
-set(CPACK_INSTALL_PREFIX ${CMAKE_INSTALL_PREFIX})
+set(CPACK_INSTALL_PREFIX /usr)
 set(CPACK_STRIP_FILES ON)
 set(CPACK_PACKAGE_DIRECTORY ${CMAKE_BINARY_DIR}/packages)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
