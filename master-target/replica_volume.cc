@@ -183,42 +183,50 @@ Result<std::vector<proto::Hash128>> ReplicaVolume::CurrentDigests(DigestReader& 
                                                                   uint64_t* skipped) {
   const uint64_t units = (id_.size + q.unit - 1) / q.unit;
   const uint64_t last = std::min<uint64_t>(units, q.first + q.count);
+  const uint64_t per_unit = q.unit / kLeafSize;
+  const uint64_t volume_leaves = (id_.size + kLeafSize - 1) / kLeafSize;
+  // The store is looked up a window of units at a time: 64 Ki leaves (1 MiB
+  // of digests), or one unit when a unit is larger. Memory stays bounded
+  // whatever the request asks (up to kMaxHashes units of 1 GiB).
+  const uint64_t window_units = std::max<uint64_t>(1, (uint64_t{1} << 16) / per_unit);
   std::vector<proto::Hash128> out;
   out.reserve(size_t(last - q.first));
-  // The store's leaves of the whole request, in one look-up.
-  const uint64_t per_unit = q.unit / kLeafSize;
-  const uint64_t first_leaf = q.first * per_unit;
-  const uint64_t end_leaf = std::min<uint64_t>(last * per_unit, (id_.size + kLeafSize - 1) / kLeafSize);
   std::vector<proto::Hash128> leaves;
   std::vector<bool> known;
-  digests_->Get(first_leaf, size_t(end_leaf - first_leaf), &leaves, &known);
-  for (uint64_t u = q.first; u < last; ++u) {
-    const uint64_t begin = u * q.unit, end = std::min<uint64_t>(begin + q.unit, id_.size);
-    const size_t i = size_t(u * per_unit - first_leaf), j = size_t(std::min(end_leaf, (u + 1) * per_unit) - first_leaf);
-    if (std::find(known.begin() + long(i), known.begin() + long(j), false) != known.begin() + long(j)) {
-      // A unit wholly in a hole costs one seek (and stays out of the store).
-      CDP_ASSIGN_OR_RETURN(uint64_t data, replica_->NextData(begin));
-      if (data >= end) {
-        out.push_back(kZeroDigest);
-        *skipped += end - begin;
-        continue;
-      }
-      // Read each run of unknown leaves, and remember them.
-      for (size_t k = i; k < j;) {
-        if (known[k]) {
-          ++k;
+  for (uint64_t w = q.first; w < last; w += window_units) {
+    const uint64_t wend = std::min(last, w + window_units);
+    const uint64_t first_leaf = w * per_unit;
+    const uint64_t end_leaf = std::min(wend * per_unit, volume_leaves);
+    digests_->Get(first_leaf, size_t(end_leaf - first_leaf), &leaves, &known);
+    for (uint64_t u = w; u < wend; ++u) {
+      const uint64_t begin = u * q.unit, end = std::min<uint64_t>(begin + q.unit, id_.size);
+      const size_t i = size_t(u * per_unit - first_leaf);
+      const size_t j = size_t(std::min(end_leaf, (u + 1) * per_unit) - first_leaf);
+      if (std::find(known.begin() + long(i), known.begin() + long(j), false) != known.begin() + long(j)) {
+        // A unit wholly in a hole costs one seek (and stays out of the store).
+        CDP_ASSIGN_OR_RETURN(uint64_t data, replica_->NextData(begin));
+        if (data >= end) {
+          out.push_back(kZeroDigest);
+          *skipped += end - begin;
           continue;
         }
-        size_t e = k;
-        while (e < j && !known[e]) ++e;
-        const uint64_t off = (first_leaf + k) * kLeafSize;
-        CDP_ASSIGN_OR_RETURN(auto got, reader.Leaves(off, uint64_t(e - k) * kLeafSize));
-        digests_->Put(first_leaf + k, got);
-        std::copy(got.begin(), got.end(), leaves.begin() + long(k));
-        k = e;
+        // Read each run of unknown leaves, and remember them.
+        for (size_t k = i; k < j;) {
+          if (known[k]) {
+            ++k;
+            continue;
+          }
+          size_t e = k;
+          while (e < j && !known[e]) ++e;
+          const uint64_t off = (first_leaf + k) * kLeafSize;
+          CDP_ASSIGN_OR_RETURN(auto got, reader.Leaves(off, uint64_t(e - k) * kLeafSize));
+          digests_->Put(first_leaf + k, got);
+          std::copy(got.begin(), got.end(), leaves.begin() + long(k));
+          k = e;
+        }
       }
+      out.push_back(UnitDigest(std::span(leaves.data() + i, j - i)));
     }
-    out.push_back(UnitDigest(std::span(leaves.data() + i, j - i)));
   }
   return out;
 }

@@ -818,3 +818,38 @@ TEST_CASE("apply does not read the holes of the replica, and journals them as ze
   REQUIRE(ReadImage(**v, 0) == Bytes(size, 0));
   REQUIRE(ReadImage(**v, 2) == ref.ImageAt(2));
 }
+
+TEST_CASE("digests of a request spanning many store windows equal the image's", "[volume][digest]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  const uint64_t size = (600u << 20) + 4096;  // more than two windows of 64 Ki leaves, and a short tail
+  auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db", 4 << 20);
+  opts.dir = "/t/vol1";
+  VolumeIdentity id = Ident(size);
+  auto v = ReplicaVolume::Open(opts, &id);
+  REQUIRE(v.ok());
+  // A few scattered blocks (the rest reads as zeros).
+  std::vector<proto::Record> b;
+  Bytes image(size, 0);
+  std::mt19937_64 rng(9);
+  uint64_t seq = 0;
+  for (uint64_t off : {uint64_t{0}, uint64_t{300} << 20, (uint64_t{512} << 20) + 8192, size - 4096}) {
+    Bytes d(4096);
+    for (auto& x : d) x = uint8_t(rng() | 1);
+    std::copy(d.begin(), d.end(), image.begin() + long(off));
+    b.push_back(DataRecord(++seq, off, d));
+  }
+  REQUIRE((*v)->ApplyBatch(b)->ack);
+  for (uint32_t unit : {1u << 20, 64u << 20, 1u << 30}) {
+    const uint32_t count = uint32_t((size + unit - 1) / unit);
+    auto h = (*v)->Digests({unit, 0, count});
+    REQUIRE(h.ok());
+    REQUIRE(h->digests.size() == count);
+    for (uint32_t u = 0; u < count; ++u) {
+      INFO("unit " << unit << " #" << u);
+      const uint64_t off = uint64_t(u) * unit;
+      REQUIRE(h->digests[u] == DigestOf(image.data() + off, size_t(std::min<uint64_t>(unit, size - off))));
+    }
+  }
+}
