@@ -490,6 +490,10 @@ MsgType TypeOf(const Message& m) {
   return MsgType(uint8_t(m.index() + 1));
 }
 
+bool IsFailedOverNack(const Nack& n) {
+  return n.reason == NackReason::kWrongGeneration && n.message.rfind(kFailedOverText, 0) == 0;
+}
+
 std::string_view NackReasonName(NackReason r) {
   switch (r) {
     case NackReason::kGap: return "gap";

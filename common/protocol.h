@@ -155,6 +155,16 @@ struct Nack {
   std::string message;
 };
 
+// Fencing after a failover (master-target/replica_volume.h): the master target
+// refuses the old primary's VolumeOpen and WriteBatch of a failed-over volume
+// with Nack{kWrongGeneration} whose message begins with kFailedOverText, and
+// applies nothing; the process server refuses the agent's the same way. No new
+// reason value (a version-1 receiver rejects unknown reasons): the text is
+// the contract (docs/formats/protocol.md, "Failover and fencing").
+inline constexpr std::string_view kFailedOverText = "failed over";
+// True for such a refusal.
+bool IsFailedOverNack(const Nack& n);
+
 // Digests of units [first_region, first_region + count) of `region_size`
 // bytes each (common/block_digest.h), as of a sequence the server chooses:
 // the replica's newest applied one, which must be >= min_seq (else the answer

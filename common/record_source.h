@@ -57,6 +57,12 @@ class RecordSource {
   // resumed after a successful open (`why` ok). Default: nothing.
   virtual void Stalled(const Status& why) { (void)why; }
 
+  // The peer refused the stream because the volume failed over at the master
+  // target (proto::IsFailedOverNack; `message` is the peer's text, beginning
+  // "failed over"): the stream is fenced. Stalled(why) follows; the fence
+  // holds until the next Stalled(ok). Default: nothing.
+  virtual void Fenced(const std::string& message) { (void)message; }
+
   // `batch` went out as a frame of `wire_bytes` bytes (header included).
   virtual void Shipped(const proto::WriteBatch& batch, uint64_t wire_bytes) {
     (void)batch;

@@ -428,6 +428,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
       o.open_error = Status::PermissionDenied(opt_.peer_name + " refused the volume: " + what);
       o.opened = false;
       log_->error("{} {} {}", opt_.label, log::Where{o.name, peer, 0}, o.open_error.message());
+      if (proto::IsFailedOverNack(*n)) after.push_back([src = o.src, msg = n->message] { src->Fenced(msg); });
       Stall(o, o.open_error);
     } else if (st == nullptr) {
       log_->warn("{} nack for unknown volume id {} from the {} ignored: {}", opt_.label, n->volume_id,
@@ -489,6 +490,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
                      opt_.peer_name, what);
           Rewind(*st, st->acked + 1);
           Stall(*st, Status::Unavailable(opt_.peer_name + " refused a batch: " + what));
+          if (proto::IsFailedOverNack(*n)) after.push_back([src = st->src, msg = n->message] { src->Fenced(msg); });
       }
     }
   } else if (auto* h = std::get_if<proto::HashResponse>(&m)) {

@@ -30,7 +30,9 @@
 //     Nack{kInternal}   answers the oldest pending Hash of the stream if there is
 //                       one (it fails, the stream goes on); else the batch failed
 //                       at the peer: next = acked + 1, hold internal_hold_ms
-//     any other Nack    the stream stalls (source.Stalled) until the next connection
+//     any other Nack    the stream stalls (source.Stalled) until the next connection;
+//                       a "failed over" one (proto::IsFailedOverNack, for an
+//                       open too) first tells source.Fenced
 //   a Nack for handle 0 (or an unknown one) while opens are pending refuses the
 //   oldest open: that stream stalls.
 //   Heartbeat after heartbeat_ms without sending; the peer echoes it.
