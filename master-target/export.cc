@@ -3,7 +3,100 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/coding.h"
+#include "common/crc32c.h"
+
 namespace cdp::mt {
+
+namespace {
+
+// docs/formats/failover-overlay.md
+constexpr char kBitmapMagic[8] = {'C', 'D', 'P', 'F', 'O', 'V', 'L', '1'};
+constexpr uint32_t kBitmapVersion = 1;
+constexpr uint64_t kBitmapHeaderSize = 56;  // crc over the first 52 bytes, at 52
+constexpr uint64_t kBitsOffset = 64;
+
+Bytes BitmapHeader(const VolumeIdentity& id, uint64_t blocks, uint64_t point_seq) {
+  Bytes h(kBitmapHeaderSize, 0);
+  std::memcpy(h.data(), kBitmapMagic, 8);
+  EncodeFixed32(h.data() + 8, kBitmapVersion);
+  EncodeFixed32(h.data() + 12, id.block_size);
+  EncodeFixed64(h.data() + 16, blocks);
+  EncodeFixed64(h.data() + 24, point_seq);
+  std::memcpy(h.data() + 32, id.uuid.data(), 16);
+  EncodeFixed32(h.data() + 48, 0);
+  EncodeFixed32(h.data() + 52, crc32c::Value(h.data(), 52));
+  return h;
+}
+
+}  // namespace
+
+Status PointInTimeDevice::RemoveOverlay(Env* env, const std::string& data_path, const std::string& bitmap_path) {
+  for (const std::string& p : {bitmap_path, data_path}) {
+    if (!env->Exists(p)) continue;
+    Status s = env->Remove(p);
+    if (!s.ok() && !s.IsNotFound()) return s;
+  }
+  return env->SyncDir(DirName(data_path));
+}
+
+Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::OpenPersistent(std::shared_ptr<ReplicaVolume> volume,
+                                                                             uint64_t point_seq, Env* env,
+                                                                             const std::string& data_path,
+                                                                             const std::string& bitmap_path,
+                                                                             bool create) {
+  CDP_ASSIGN_OR_RETURN(auto pin, volume->Pin(point_seq));
+  ReplicaVolume* v = volume.get();
+  std::shared_ptr<PointInTimeDevice> d(new PointInTimeDevice(std::move(volume), std::move(pin)));
+  d->size_ = v->size();
+  d->block_ = v->identity().block_size;
+  d->env_ = env;
+  const uint64_t blocks = (d->size_ + d->block_ - 1) / d->block_;
+  d->in_overlay_.assign(blocks, false);
+  d->bits_.assign((blocks + 7) / 8, 0);
+  if (create) {
+    CDP_RETURN_IF_ERROR(RemoveOverlay(env, data_path, bitmap_path));
+    OpenOptions o;
+    o.create = true;
+    o.exclusive = true;
+    CDP_ASSIGN_OR_RETURN(d->overlay_, env->Open(data_path, o));
+    CDP_RETURN_IF_ERROR(d->overlay_->Truncate(d->size_));
+    CDP_RETURN_IF_ERROR(d->overlay_->Sync());
+    CDP_ASSIGN_OR_RETURN(d->bitmap_, env->Open(bitmap_path, o));
+    CDP_RETURN_IF_ERROR(d->bitmap_->Write(0, BitmapHeader(v->identity(), blocks, point_seq)));
+    CDP_RETURN_IF_ERROR(d->bitmap_->Truncate(kBitsOffset + d->bits_.size()));
+    CDP_RETURN_IF_ERROR(d->bitmap_->Sync());
+    CDP_RETURN_IF_ERROR(env->SyncDir(DirName(data_path)));
+    if (DirName(bitmap_path) != DirName(data_path)) CDP_RETURN_IF_ERROR(env->SyncDir(DirName(bitmap_path)));
+  } else {
+    OpenOptions o;
+    CDP_ASSIGN_OR_RETURN(d->overlay_, env->Open(data_path, o));
+    CDP_ASSIGN_OR_RETURN(uint64_t dsize, d->overlay_->Size());
+    if (dsize < d->size_) return Status::Corruption(data_path + ": overlay shorter than the volume");
+    CDP_ASSIGN_OR_RETURN(d->bitmap_, env->Open(bitmap_path, o));
+    CDP_RETURN_IF_ERROR(d->LoadBitmap(point_seq));
+  }
+  return d;
+}
+
+Status PointInTimeDevice::LoadBitmap(uint64_t point_seq) {
+  const std::string& path = bitmap_->path();
+  Bytes h(kBitmapHeaderSize);
+  if (!bitmap_->Read(0, h.size(), h.data()).ok()) return Status::Corruption(path + ": short overlay bitmap header");
+  const VolumeIdentity& id = volume_->identity();
+  if (h != BitmapHeader(id, in_overlay_.size(), point_seq)) {
+    if (std::memcmp(h.data(), kBitmapMagic, 8) != 0) return Status::Corruption(path + ": not an overlay bitmap");
+    if (DecodeFixed32(h.data() + 52) != crc32c::Value(h.data(), 52))
+      return Status::Corruption(path + ": overlay bitmap header checksum mismatch");
+    return Status::Corruption(path + ": overlay bitmap of another volume, block size or point (its sequence " +
+                              std::to_string(DecodeFixed64(h.data() + 24)) + ", expected " +
+                              std::to_string(point_seq) + ")");
+  }
+  Status s = bitmap_->Read(kBitsOffset, bits_.size(), bits_.data());
+  if (!s.ok()) return Status::Corruption(path + ": overlay bitmap shorter than the volume: " + s.ToString());
+  for (uint64_t b = 0; b < in_overlay_.size(); ++b) in_overlay_[b] = (bits_[b / 8] >> (b % 8)) & 1;
+  return Status::OK();
+}
 
 Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::Open(std::shared_ptr<ReplicaVolume> volume, uint64_t point_seq,
                                                                    Env* env, const std::string& overlay_path) {
@@ -26,7 +119,7 @@ Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::Open(std::shared_p
 }
 
 PointInTimeDevice::~PointInTimeDevice() {
-  if (overlay_) {
+  if (overlay_ && !bitmap_) {
     overlay_.reset();
     (void)env_->Remove(overlay_path_);
   }
@@ -88,6 +181,7 @@ Status PointInTimeDevice::WriteLocked(uint64_t offset, const uint8_t* data, uint
     }
     const uint8_t* src = data ? data + (s - offset) : zeros.data();
     CDP_RETURN_IF_ERROR(overlay_->Write(s, ByteSpan(src, t - s)));
+    if (!in_overlay_[blk] && bitmap_) unflushed_.push_back(blk);
     in_overlay_[blk] = true;
     pos = t;
   }
@@ -97,13 +191,13 @@ Status PointInTimeDevice::WriteLocked(uint64_t offset, const uint8_t* data, uint
 Status PointInTimeDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
   std::lock_guard<std::mutex> lk(mu_);
   CDP_RETURN_IF_ERROR(WriteLocked(offset, data.data(), data.size()));
-  return fua ? overlay_->Sync() : Status::OK();
+  return fua ? FlushLocked() : Status::OK();
 }
 
 Status PointInTimeDevice::WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool) {
   std::lock_guard<std::mutex> lk(mu_);
   CDP_RETURN_IF_ERROR(WriteLocked(offset, nullptr, len));
-  return fua ? overlay_->Sync() : Status::OK();
+  return fua ? FlushLocked() : Status::OK();
 }
 
 Status PointInTimeDevice::Trim(uint64_t offset, uint64_t len, bool fua) { return WriteZeroes(offset, len, fua, true); }
@@ -111,7 +205,27 @@ Status PointInTimeDevice::Trim(uint64_t offset, uint64_t len, bool fua) { return
 Status PointInTimeDevice::Flush() {
   if (!overlay_) return Status::OK();
   std::lock_guard<std::mutex> lk(mu_);
-  return overlay_->Sync();
+  return FlushLocked();
+}
+
+Status PointInTimeDevice::FlushLocked() {
+  // The order is the contract in export.h: data durable, then its bits.
+  CDP_RETURN_IF_ERROR(overlay_->Sync());
+  if (!bitmap_ || unflushed_.empty()) return Status::OK();
+  Bytes next = bits_;
+  uint64_t lo = next.size(), hi = 0;
+  for (uint64_t b : unflushed_) {
+    next[b / 8] = uint8_t(next[b / 8] | (1u << (b % 8)));
+    lo = std::min(lo, b / 8);
+    hi = std::max(hi, b / 8 + 1);
+  }
+  // Bytes between lo and hi that did not change are written with their
+  // current value: a torn write cannot clear a bit.
+  CDP_RETURN_IF_ERROR(bitmap_->Write(kBitsOffset + lo, ByteSpan(next.data() + lo, hi - lo)));
+  CDP_RETURN_IF_ERROR(bitmap_->Sync());
+  bits_ = std::move(next);
+  unflushed_.clear();
+  return Status::OK();
 }
 
 }  // namespace cdp::mt

@@ -296,6 +296,8 @@ Status MasterTarget::Start() {
       return s.WithContext("nbd exports");
     }
   }
+  // A failover's export is served again before anything else can reach the volumes.
+  m.RestorePromoted();
   if (!o_.control.off()) {
     http::ServerOptions ho;
     ho.host = o_.control.host;
@@ -388,7 +390,7 @@ Result<std::string> MasterTarget::StartExport(const std::string& tenant, const s
   }
   CDP_ASSIGN_OR_RETURN(auto dev, PointInTimeDevice::Open(v, point_seq, o_.env, overlay));
   CDP_RETURN_IF_ERROR(m.nbd->AddExport(name, dev, volume + " at sequence " + std::to_string(point_seq), tenant));
-  m.exports[name] = ExportEntry{tenant, volume, point_seq, writable, dev};
+  m.exports[name] = ExportEntry{tenant, volume, point_seq, writable, false, dev};
   m.log->info("{} export {} started{}", log::Where{volume, tenant, point_seq}, name, writable ? " (writable overlay)" : "");
   return name;
 }
@@ -398,6 +400,9 @@ Status MasterTarget::StopExport(const std::string& name) {
   std::lock_guard<std::mutex> lk(m.export_mu);
   auto it = m.exports.find(name);
   if (it == m.exports.end()) return Status::NotFound("no export " + name);
+  if (it->second.promoted)
+    return Status::InvalidArgument(name + " is the export of a failover; cdpctl failover " + it->second.volume +
+                                   " --undo removes it (before a commit)");
   if (m.nbd) {
     Status s = m.nbd->RemoveExport(name);
     if (!s.ok() && !s.IsNotFound()) return s;
@@ -405,6 +410,130 @@ Status MasterTarget::StopExport(const std::string& name) {
   m.exports.erase(it);
   m.log->info("export {} removed", name);
   return Status::OK();
+}
+
+std::string MasterTarget::PromotedExportName(const std::string& tenant, const std::string& volume) {
+  return tenant + "/" + volume + "@failover";
+}
+
+std::string MasterTarget::Impl::OverlayData(const std::string& tenant, const std::string& volume) const {
+  return JoinPath(VolumeDir(o.data_dir, tenant, volume), "failover.cow");
+}
+
+std::string MasterTarget::Impl::OverlayBitmap(const std::string& tenant, const std::string& volume) const {
+  return JoinPath(VolumeDir(o.data_dir, tenant, volume), "failover.bitmap");
+}
+
+Result<std::shared_ptr<PointInTimeDevice>> MasterTarget::Impl::ServePromoted(const std::string& tenant,
+                                                                             const std::string& volume,
+                                                                             const std::shared_ptr<ReplicaVolume>& v,
+                                                                             uint64_t seq, bool create) {
+  if (!nbd) return Status::NotSupported("NBD exports are disabled (nbd port < 0): a failover needs them");
+  const std::string name = PromotedExportName(tenant, volume);
+  std::lock_guard<std::mutex> lk(export_mu);
+  if (auto it = exports.find(name); it != exports.end()) return it->second.device;
+  CDP_ASSIGN_OR_RETURN(auto dev, PointInTimeDevice::OpenPersistent(v, seq, o.env, OverlayData(tenant, volume),
+                                                                   OverlayBitmap(tenant, volume), create));
+  CDP_RETURN_IF_ERROR(nbd->AddExport(name, dev,
+                                     volume + " failed over at sequence " + std::to_string(seq - v->seq_base()) +
+                                         " (read-write, persistent)",
+                                     tenant));
+  exports[name] = ExportEntry{tenant, volume, seq, true, true, dev};
+  log->warn("{} failover export {} served (read-write, persistent overlay, {} blocks written at the provider)",
+            log::Where{volume, tenant, seq}, name, dev->overlay_blocks());
+  return dev;
+}
+
+void MasterTarget::Impl::RestorePromoted() {
+  std::vector<std::shared_ptr<VolEntry>> vs;
+  {
+    std::lock_guard<std::mutex> lk(vol_mu);
+    for (auto& [k, e] : volumes) vs.push_back(e);
+  }
+  std::lock_guard<std::mutex> fl(failover_mu);
+  for (auto& e : vs) {
+    if (auto f = e->volume->failover()) {
+      auto d = ServePromoted(e->tenant, e->name, e->volume, f->point_seq, false);
+      if (!d.ok()) {
+        log->error("{} failed over, but its export cannot be served: {}", log::Where{e->name, e->tenant, f->point_seq},
+                   d.status().ToString());
+      }
+    } else if (o.env->Exists(OverlayData(e->tenant, e->name)) || o.env->Exists(OverlayBitmap(e->tenant, e->name))) {
+      // Left by an undo or a failover that did not commit: nothing refers to it.
+      Status s = PointInTimeDevice::RemoveOverlay(o.env, OverlayData(e->tenant, e->name),
+                                                  OverlayBitmap(e->tenant, e->name));
+      if (!s.ok()) log->warn("{} stale failover overlay: {}", log::Where{e->name, e->tenant, 0}, s.ToString());
+    }
+  }
+}
+
+Result<MasterTarget::FailoverOutcome> MasterTarget::Failover(const std::string& tenant, const std::string& volume,
+                                                             uint64_t point_seq, int64_t point_id) {
+  Impl& m = *impl_;
+  std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
+  if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
+  if (!m.nbd) return Status::NotSupported("NBD exports are disabled (nbd port < 0): a failover needs them");
+  std::lock_guard<std::mutex> fl(m.failover_mu);
+  FailoverOutcome out;
+  out.export_name = PromotedExportName(tenant, volume);
+  if (auto f = v->failover()) {
+    // Already failed over: the same point is a no-op (the export is served
+    // again if it was not), another one the volume's error.
+    CDP_ASSIGN_OR_RETURN(bool changed, v->Failover(point_seq, point_id));
+    (void)changed;
+    CDP_RETURN_IF_ERROR(m.ServePromoted(tenant, volume, v, f->point_seq, false).status());
+    return out;
+  }
+  // Overlay first (created and synced), then the state, then the export.
+  const std::string data = m.OverlayData(tenant, volume), bitmap = m.OverlayBitmap(tenant, volume);
+  CDP_ASSIGN_OR_RETURN(auto dev, PointInTimeDevice::OpenPersistent(v, point_seq, o_.env, data, bitmap, true));
+  auto changed = v->Failover(point_seq, point_id);
+  if (!changed.ok()) {
+    dev.reset();
+    (void)PointInTimeDevice::RemoveOverlay(o_.env, data, bitmap);
+    return changed.status();
+  }
+  dev.reset();
+  CDP_RETURN_IF_ERROR(m.ServePromoted(tenant, volume, v, point_seq, false).status());
+  out.changed = true;
+  return out;
+}
+
+Result<bool> MasterTarget::UndoFailover(const std::string& tenant, const std::string& volume) {
+  Impl& m = *impl_;
+  std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
+  if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
+  std::lock_guard<std::mutex> fl(m.failover_mu);
+  auto f = v->failover();
+  if (!f || f->committed) return v->UndoFailover();  // false, or the volume's error
+  const std::string name = PromotedExportName(tenant, volume);
+  {
+    std::lock_guard<std::mutex> lk(m.export_mu);
+    if (m.nbd) {
+      Status s = m.nbd->RemoveExport(name);
+      if (!s.ok() && !s.IsNotFound()) return s;
+    }
+    m.exports.erase(name);
+  }
+  auto changed = v->UndoFailover();
+  if (!changed.ok()) {
+    // Still failed over: serve its export again.
+    auto d = m.ServePromoted(tenant, volume, v, f->point_seq, false);
+    if (!d.ok()) m.log->error("{} export after a failed undo: {}", log::Where{volume, tenant, 0}, d.status().ToString());
+    return changed.status();
+  }
+  Status s = PointInTimeDevice::RemoveOverlay(o_.env, m.OverlayData(tenant, volume), m.OverlayBitmap(tenant, volume));
+  if (!s.ok()) m.log->warn("{} failover overlay not removed (removed at the next start): {}",
+                           log::Where{volume, tenant, 0}, s.ToString());
+  return *changed;
+}
+
+Result<bool> MasterTarget::CommitFailover(const std::string& tenant, const std::string& volume) {
+  Impl& m = *impl_;
+  std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
+  if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
+  std::lock_guard<std::mutex> fl(m.failover_mu);
+  return v->CommitFailover();
 }
 
 }  // namespace cdp::mt

@@ -6,12 +6,16 @@
 // API in master-target/mt_control_api.h.
 //
 // Files: <data_dir>/tenants/<tenant>/volumes/<volume>/{replica.img, index.db, journal/}
-//        <data_dir>/tenants/<tenant>/exports/<n>.cow  (writable export overlays)
+//        <data_dir>/tenants/<tenant>/volumes/<volume>/failover.{cow,bitmap}
+//             (the promoted failover's persistent overlay, master-target/export.h)
+//        <data_dir>/tenants/<tenant>/exports/<n>.cow  (test export overlays,
+//             removed at start)
 // Every path is built from validated names (proto::ValidName) under the
 // tenant's directory; one tenant's volumes are never reachable by another.
 //
 // Lifecycle: construct -> Start() (opens every volume: crash recovery first,
-// then listeners) -> Stop() (idempotent; the destructor calls it).
+// then the promoted failover exports are served again, then listeners) ->
+// Stop() (idempotent; the destructor calls it).
 //
 // Thread safety: Start/Stop from the owning thread; everything else is
 // internal (one thread per connection, the HTTP and NBD servers' threads, one
@@ -127,6 +131,27 @@ class MasterTarget {
   Result<std::string> StartExport(const std::string& tenant, const std::string& volume, uint64_t point_seq,
                                   bool writable);
   Status StopExport(const std::string& name);
+
+  // Failover (`cdpctl failover`; states in master-target/replica_volume.h).
+  // Promotes the volume's image at `point_seq` as the persistent read-write
+  // NBD export PromotedExportName(): its overlay is created and synced, then
+  // the volume's failed-over state is committed, then the export is served.
+  // Idempotent: failed over at that point already -> ok, changed = false (and
+  // the export served again if it was not). kAlreadyExists for another point;
+  // kNotFound, kOutOfRange, kNotSupported (no NBD) as StartExport.
+  struct FailoverOutcome {
+    std::string export_name;
+    bool changed = false;
+  };
+  Result<FailoverOutcome> Failover(const std::string& tenant, const std::string& volume, uint64_t point_seq,
+                                   int64_t point_id);
+  // Stops the promoted export, returns the volume to protecting and removes the
+  // overlay. True: changed; false: it was protecting. kAlreadyExists once committed.
+  Result<bool> UndoFailover(const std::string& tenant, const std::string& volume);
+  // True: changed; false: committed already. kInvalidArgument if not failed over.
+  Result<bool> CommitFailover(const std::string& tenant, const std::string& volume);
+  // "<tenant>/<volume>@failover".
+  static std::string PromotedExportName(const std::string& tenant, const std::string& volume);
 
   struct Impl;
 

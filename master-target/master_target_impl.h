@@ -44,6 +44,7 @@ struct ExportEntry {
   std::string tenant, volume;
   uint64_t seq = 0;
   bool writable = false;
+  bool promoted = false;  // a failover's export: only `failover --undo` removes it
   std::shared_ptr<PointInTimeDevice> device;
 };
 
@@ -67,6 +68,19 @@ struct MasterTarget::Impl {
   std::mutex export_mu;
   std::map<std::string, ExportEntry> exports;
   uint64_t export_counter = 0;
+  std::mutex failover_mu;  // serialises failover, undo and commit (taken before export_mu)
+
+  // The promoted failover's overlay files of a volume.
+  std::string OverlayData(const std::string& tenant, const std::string& volume) const;
+  std::string OverlayBitmap(const std::string& tenant, const std::string& volume) const;
+  // Serves the promoted export of a failed-over volume unless it is served
+  // (create: new overlay files). failover_mu held.
+  Result<std::shared_ptr<PointInTimeDevice>> ServePromoted(const std::string& tenant, const std::string& volume,
+                                                           const std::shared_ptr<ReplicaVolume>& v, uint64_t seq,
+                                                           bool create);
+  // At Start: serves every failed-over volume's export again; removes the
+  // overlay files a volume that is not failed over left behind.
+  void RestorePromoted();
 
   std::mutex ret_mu;
   std::condition_variable ret_cv;
@@ -107,13 +121,16 @@ struct MasterTarget::Impl {
                                             const std::string& volume);
 
   json::object VolumeJson(const VolEntry& e);
+  // The "failover" member of VolumeJson: null unless failed over by Failover().
+  json::value FailoverJson(const VolEntry& e, const VolumeStatus& st);
 
   json::value StatusJson();
 
   // The volume named by a request's "tenant" and "volume" parameters.
   Result<std::shared_ptr<VolEntry>> ResolveParams(const http::Request& r, const http::Params& p);
-  // The sequence named by "point" (an id) or "seq".
-  Result<uint64_t> PointSeq(const VolEntry& e, const http::Params& p);
+  // The sequence named by "point" (an id), "tag" (a tag point's name) or
+  // "seq"; *id gets the point's id (0 for "seq") when not null.
+  Result<uint64_t> PointSeq(const VolEntry& e, const http::Params& p, int64_t* id = nullptr);
 
   void AddRoutes();
 };

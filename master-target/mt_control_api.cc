@@ -40,7 +40,27 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"undo_records", st.undo_records},
                       {"points", st.points},
                       {"exports", st.active_exports},
-                      {"rollback_to", st.rollback_to}};
+                      {"rollback_to", st.rollback_to},
+                      {"failover", FailoverJson(e, st)}};
+}
+
+json::value MasterTarget::Impl::FailoverJson(const VolEntry& e, const VolumeStatus& st) {
+  if (!st.failover) return nullptr;
+  const FailoverInfo& f = *st.failover;
+  json::object j{{"point", f.point_id},
+                 {"seq", f.point_seq - st.seq_base},  // as the source counted it
+                 {"history_seq", f.point_seq},
+                 {"committed", f.committed},
+                 {"time_us", f.time_us},
+                 {"export", MasterTarget::PromotedExportName(e.tenant, e.name)},
+                 {"served", false},
+                 {"provider_written_blocks", 0}};
+  std::lock_guard<std::mutex> lk(export_mu);
+  if (auto it = exports.find(MasterTarget::PromotedExportName(e.tenant, e.name)); it != exports.end()) {
+    j["served"] = true;
+    j["provider_written_blocks"] = it->second.device->overlay_blocks();
+  }
+  return j;
 }
 
 json::value MasterTarget::Impl::StatusJson() {
@@ -56,17 +76,36 @@ Result<std::shared_ptr<VolEntry>> MasterTarget::Impl::ResolveParams(const http::
   return Resolve(r.caller, tenant.value_or(""), volume.value_or(""));
 }
 
-Result<uint64_t> MasterTarget::Impl::PointSeq(const VolEntry& e, const http::Params& p) {
+Result<uint64_t> MasterTarget::Impl::PointSeq(const VolEntry& e, const http::Params& p, int64_t* id_out) {
   CDP_ASSIGN_OR_RETURN(auto id, p.Int("point"));
   CDP_ASSIGN_OR_RETURN(auto seq, p.Uint("seq"));
-  if (id && seq) return Status::InvalidArgument("give 'point' or 'seq', not both");
+  CDP_ASSIGN_OR_RETURN(auto tag, p.String("tag"));
+  if (int(bool(id)) + int(bool(seq)) + int(bool(tag)) > 1)
+    return Status::InvalidArgument("give one of 'point', 'tag' or 'seq'");
+  if (id_out) *id_out = 0;
+  if (tag) {
+    std::optional<RecoveryPoint> found;
+    int n = 0;
+    for (const auto& pt : e.volume->ListPoints()) {
+      if (pt.kind == PointKind::kTag && pt.name == *tag) {
+        found = pt;
+        ++n;
+      }
+    }
+    if (!found) return Status::NotFound("no tag point named '" + *tag + "' on " + e.name);
+    if (n > 1)
+      return Status::InvalidArgument("tag '" + *tag + "' names " + std::to_string(n) + " points of " + e.name +
+                                     "; give the point's id");
+    id = found->id;
+  }
   if (id) {
     auto pt = e.volume->FindPoint(*id);
     if (!pt) return Status::NotFound("no recovery point " + std::to_string(*id) + " on " + e.name);
+    if (id_out) *id_out = pt->id;
     return pt->seq;
   }
   if (seq) return *seq;
-  return Status::InvalidArgument("give 'point' (an id from /v1/points) or 'seq'");
+  return Status::InvalidArgument("give 'point' (an id from /v1/points), 'tag' or 'seq'");
 }
 
 namespace {
@@ -111,7 +150,7 @@ void MasterTarget::Impl::AddRoutes() {
     });
   });
   http->Route("POST", "/v1/rollback", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "point", "seq"}, [&](const http::Params& p) -> Result<http::Response> {
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq"}, [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p));
       CDP_RETURN_IF_ERROR(e->volume->Rollback(seq));
@@ -120,7 +159,7 @@ void MasterTarget::Impl::AddRoutes() {
     });
   });
   http->Route("POST", "/v1/export", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "point", "seq", "writable"},
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "writable"},
                       [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p));
@@ -202,6 +241,41 @@ void MasterTarget::Impl::AddRoutes() {
                                                     {"seq", seq},
                                                     {"applied_seq", e->volume->applied_seq() - base},
                                                     {"hashes", hs}});
+    });
+  });
+  // Failover (`cdpctl failover`): promote, undo, commit. Idempotent; see
+  // MasterTarget::Failover.
+  http->Route("POST", "/v1/failover", [this](const http::Request& r) {
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      int64_t id = 0;
+      CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p, &id));
+      CDP_ASSIGN_OR_RETURN(auto out, mt->Failover(e->tenant, e->name, seq, id));
+      if (out.changed) log->warn("{} failed over to sequence {} by the operator", log::Where{e->name, "control", seq}, seq);
+      json::object j = VolumeJson(*e);
+      j["changed"] = out.changed;
+      j["export"] = out.export_name;
+      j["port"] = nbd ? nbd->port() : 0;
+      j["tls"] = o.nbd_tls;
+      return http::Response::Json(200, j);
+    });
+  });
+  http->Route("POST", "/v1/failover/undo", [this](const http::Request& r) {
+    return WithParams(r, {"tenant", "volume"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      CDP_ASSIGN_OR_RETURN(bool changed, mt->UndoFailover(e->tenant, e->name));
+      json::object j = VolumeJson(*e);
+      j["changed"] = changed;
+      return http::Response::Json(200, j);
+    });
+  });
+  http->Route("POST", "/v1/failover/commit", [this](const http::Request& r) {
+    return WithParams(r, {"tenant", "volume"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      CDP_ASSIGN_OR_RETURN(bool changed, mt->CommitFailover(e->tenant, e->name));
+      json::object j = VolumeJson(*e);
+      j["changed"] = changed;
+      return http::Response::Json(200, j);
     });
   });
   // Re-protect (an operator's command, never a peer's): the next VolumeOpen

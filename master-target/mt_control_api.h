@@ -14,12 +14,19 @@
 // wrong type is a 400 naming it.
 //   GET  /v1/volumes                          the caller's volumes and their state
 //   GET  /v1/points?volume=V[&tenant=T]       recovery points
-//   POST /v1/rollback {"volume","tenant","point": id | "seq": n}
-//   POST /v1/export   {"volume","tenant","point": id | "seq": n, "writable": bool}
+//   POST /v1/rollback {"volume","tenant","point": id | "tag": name | "seq": n}
+//   POST /v1/export   {"volume","tenant","point": id | "tag": name | "seq": n, "writable": bool}
 //                     -> {"export": name, "port": nbd port}
 //   POST /v1/unexport {"export": NAME}
 //   GET  /v1/exports                          the caller's open exports
 //   GET  /v1/hashes?volume=V[&tenant=T]&region_size=&first=&count=
+//   POST /v1/failover {"volume","tenant","point": id | "tag": name | "seq": n}
+//                     promote the point as the persistent read-write export
+//                     -> {"export", "port", "tls", "seq", "point", "changed", "state", ...}
+//                     (409 when failed over at another point)
+//   POST /v1/failover/undo   {"volume","tenant"}  back to protecting (409 once committed)
+//   POST /v1/failover/commit {"volume","tenant"}  the failover is final
+//                     (both -> {"changed", "state", ...}; "changed": false when nothing was to do)
 //   POST /v1/reprotect {"volume","tenant"}    accept the next generation
 //   POST /v1/retention {}                     run retention now (the caller's volumes)
 //   GET  /v1/tokens                           admin: tenant -> number of tokens

@@ -38,6 +38,12 @@ CREATE TABLE IF NOT EXISTS segments(
 CREATE TABLE IF NOT EXISTS history(
   id INTEGER PRIMARY KEY CHECK (id = 1),
   seq_base INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS failover(
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  point_seq INTEGER NOT NULL,
+  point_id INTEGER NOT NULL,
+  committed INTEGER NOT NULL,
+  time_us INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS points(
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   seq INTEGER NOT NULL,
@@ -133,7 +139,23 @@ Status ReplicaVolume::LoadIndex() {
     CDP_ASSIGN_OR_RETURN(bool row, st.Step());
     seq_base_.store(row ? uint64_t(st.ColumnInt64(0)) : 0);
   }
+  std::optional<FailoverInfo> failover;
+  {
+    // CreateIndexSchema made the table for indexes older than failover.
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT point_seq, point_id, committed, time_us FROM failover WHERE id = 1"));
+    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (row) {
+      FailoverInfo f;
+      f.point_seq = uint64_t(st.ColumnInt64(0));
+      f.point_id = st.ColumnInt64(1);
+      f.committed = st.ColumnInt64(2) != 0;
+      f.time_us = uint64_t(st.ColumnInt64(3));
+      if (state_ != VolumeState::kFailedOver) return Status::Corruption(o_.index_path + ": a failover row on a volume not failed over");
+      failover = f;
+    }
+  }
   std::lock_guard<std::mutex> lk(meta_mu_);
+  failover_ = failover;
   segments_.clear();
   {
     CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(

@@ -37,6 +37,7 @@ Result<RetentionResult> ReplicaVolume::ApplyRetention() {
     if (time_ok && bytes_ok) promised_min = std::min(promised_min, p.seq);
   }
   for (uint64_t pin : pins) promised_min = std::min(promised_min, pin);
+  if (failover_) promised_min = std::min(promised_min, failover_->point_seq);
   uint64_t last_dropped = 0, new_horizon = horizon_;
   for (const auto& [seg, si] : segs) {
     if (seg == cur || si.max_seq > promised_min) break;

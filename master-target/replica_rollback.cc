@@ -10,6 +10,9 @@ namespace cdp::mt {
 Status ReplicaVolume::Rollback(uint64_t point_seq) {
   std::lock_guard<std::mutex> lk(apply_mu_);
   if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  if (failover_)
+    return Status::InvalidArgument(id_.name + " is failed over at sequence " + std::to_string(failover_->point_seq) +
+                                   " (cdpctl failover); a rollback would rewrite the kept branch");
   {
     std::lock_guard<std::mutex> mk(meta_mu_);
     if (!pins_.empty()) return Status::Busy(id_.name + ": exports are open; remove them before a rollback");

@@ -13,7 +13,7 @@ namespace cdp::mt {
 
 const char* StateName(VolumeState s) {
   switch (s) {
-    case VolumeState::kReplicating: return "replicating";
+    case VolumeState::kReplicating: return "protecting";
     case VolumeState::kRollingBack: return "rolling-back";
     case VolumeState::kFailedOver: return "failed-over";
   }
@@ -269,6 +269,7 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   s.active_exports = pins_.size();
   s.rollback_to = state_ == VolumeState::kFailedOver ? rollback_to_ : 0;
   s.reprotect_armed = reprotect_armed_.load();
+  s.failover = failover_;
   return s;
 }
 

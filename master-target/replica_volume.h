@@ -29,12 +29,31 @@
 // holds exactly the image at the committed sequence, and resent records are
 // applied again. A volume interrupted in a rollback finishes the rollback.
 //
-// ReplicaVolume states:
+// ReplicaVolume states (VolumeState; persisted in the index's volume row, and
+// for a failover in its `failover` row, so a restart or a kill -9 keeps them):
 //
-//   replicating --Rollback(P)--> rolling-back --done--> failed-over
-//     ^    ^                                                 |
-//     |    +-- Open with generation G+1 after ArmReprotect() -+
-//     +------- (the same, from replicating)
+//                      Failover(P)  [cdpctl failover V --to P]
+//   protecting -------------------------------------------> failed-over (promoted P)
+//   (kReplicating) <-------------------------------------   |  the replica and the
+//    ^   ^   |         UndoFailover() [--undo]; refused     |  journal after P are
+//    |   |   |         once committed                       |  kept untouched (the
+//    |   |   |                                              |  branch); P is pinned;
+//    |   |   |                                              |  CommitFailover() [--commit]
+//    |   |   |                                              v  marks it final
+//    |   |   |                                        (failing-back: next slice)
+//    |   |   |
+//    |   |   +--Rollback(P)--> rolling-back --done--> failed-over (rolled back to P)
+//    |   +------ Open with generation G+1 after ArmReprotect() ------+
+//    +---------- (the same, from protecting)
+//
+// Failed over by Failover(P) (a "promoted" failover): the MT serves the image
+// at P as a persistent read-write NBD export (a copy-on-write overlay over
+// ReadAt(P), master-target/export.h), and every stream of the old primary is
+// fenced: CheckOpen and ApplyBatch answer Nack{kWrongGeneration} with a message
+// beginning "failed over" (proto::IsFailedOverNack) and apply nothing. Every
+// step is idempotent: Failover(P) again is a no-op, Failover(Q != P) is
+// kAlreadyExists; UndoFailover() of a protecting volume is a no-op.
+// Re-protect and rollback are refused while a promoted failover stands.
 //
 // No message from a peer drops history. A VolumeOpen with a higher
 // generation is refused (Nack kPermissionDenied) unless an operator armed a
@@ -45,7 +64,8 @@
 // restart and every old point stays exportable until retention expires it.
 // The wire speaks the generation's own numbers: wire seq = history seq - H
 // (seq_base()); points, exports and applied_seq() are history sequences.
-// A failed-over volume refuses writes (Nack kWrongGeneration) until re-protected.
+// A volume failed over by a rollback refuses writes (Nack kWrongGeneration)
+// until re-protected.
 //
 // Files of a volume `dir`:  replica.img, digests (master-target/digest_store.h),
 // journal/<16 hex>.jnl; the sqlite
@@ -102,8 +122,18 @@ struct VolumeIdentity {
   uint64_t generation = 0;
 };
 
+// kReplicating is shown as "protecting" (the operator's word for it).
 enum class VolumeState { kReplicating = 0, kRollingBack = 1, kFailedOver = 2 };
 const char* StateName(VolumeState s);
+
+// A promoted failover (`cdpctl failover VOLUME --to POINT`), persisted in the
+// index's `failover` row (docs/formats/mt-index.md).
+struct FailoverInfo {
+  uint64_t point_seq = 0;   // history sequence of the promoted image
+  int64_t point_id = 0;     // the recovery point's id; 0 when named by sequence
+  bool committed = false;   // `--commit`: undo is refused from then on
+  uint64_t time_us = 0;     // wall clock of the failover
+};
 
 enum class PointKind { kCrash = 1, kTag = 2 };
 const char* PointKindName(PointKind k);
@@ -176,6 +206,7 @@ struct VolumeStatus {
   uint64_t rollback_to = 0;        // failed-over: the point rolled back to
   uint64_t seq_base = 0;           // see ReplicaVolume::seq_base()
   uint64_t reprotect_armed = 0;    // the generation an operator allowed, 0: none
+  std::optional<FailoverInfo> failover;  // a promoted failover
 };
 
 struct RetentionResult {
@@ -257,11 +288,31 @@ class ReplicaVolume {
   // kBusy while exports are pinned; kOutOfRange for an unreachable seq.
   Status Rollback(uint64_t point_seq);
 
+  // Failover (see the states above). Failover: the volume becomes failed-over
+  // at `point_seq` (the caller has created and synced the promoted export's
+  // overlay before; it pins the point). True: changed; false: already failed
+  // over at that point (nothing done). kAlreadyExists when failed over at
+  // another point, kInvalidArgument for a volume rolled back or rolling back,
+  // kOutOfRange for an unreachable sequence, sqlite's Status on failure (then
+  // nothing changed).
+  Result<bool> Failover(uint64_t point_seq, int64_t point_id);
+  // Marks the failover final. True: changed; false: already committed.
+  // kInvalidArgument when the volume is not failed over by Failover().
+  Result<bool> CommitFailover();
+  // Back to protecting as before the failover: replication resumes at the
+  // applied sequence (the replica and the journal were never touched). True:
+  // changed; false: the volume was protecting already. kAlreadyExists once
+  // committed, kInvalidArgument for a volume rolled back. The caller removes
+  // the overlay afterwards (a leftover is harmless: the next failover
+  // recreates it).
+  Result<bool> UndoFailover();
+  std::optional<FailoverInfo> failover() const;
+
   // Drops whole oldest journal segments that no promised point needs. A point
   // is promised when it is younger than max_age (or max_age is 0) and the
   // journal bytes it needs (every segment holding a record newer than it,
   // the current one included) fit in max_bytes (or max_bytes is 0); a pinned
-  // point is always promised. Points broken by a drop are deleted.
+  // point, and the point of a standing failover, is always promised. Points broken by a drop are deleted.
   Result<RetentionResult> ApplyRetention();
   // Replaces the retention policy (takes effect at the next ApplyRetention).
   void SetRetention(const RetentionPolicy& policy);
@@ -318,6 +369,8 @@ class ReplicaVolume {
   Status RecoverUncommitted(bool undo = true);
   Status RebuildUndoIndex();
   Status FinishRollback();
+  // The Nack text of a fenced stream (failover_ set, apply_mu_ held).
+  std::string FencedMessage() const;
   // Moves to generation `gen` keeping everything (apply_mu_ held).
   Status Reprotect(uint64_t gen);
   Status UndoEntries(const std::vector<UndoEntry>& entries);
@@ -347,6 +400,7 @@ class ReplicaVolume {
   std::unique_ptr<SegmentWriter> writer_;
   VolumeState state_ = VolumeState::kReplicating;  // apply_mu_ (+ meta_mu_ for readers)
   uint64_t rollback_to_ = 0;
+  std::optional<FailoverInfo> failover_;  // apply_mu_ (+ meta_mu_ for readers)
   uint64_t committed_segment_ = 0;   // committed journal position
   uint64_t committed_offset_ = 0;
   uint64_t last_crash_point_us_ = 0; // monotonic micros of the last crash point (0: none)

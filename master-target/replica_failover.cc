@@ -1,0 +1,110 @@
+#include "master-target/replica_volume.h"
+
+#include "common/log.h"
+#include "common/sqlite.h"
+
+namespace cdp::mt {
+
+std::string ReplicaVolume::FencedMessage() const {
+  std::string point = failover_->point_id != 0 ? "point " + std::to_string(failover_->point_id) + ", " : "";
+  return std::string(proto::kFailedOverText) + ": volume " + id_.name + " failed over at the master target (" + point +
+         "sequence " + std::to_string(failover_->point_seq - seq_base_.load()) +
+         "); this stream is fenced and nothing of it is applied" +
+         (failover_->committed ? " (the failover is committed)"
+                               : " (an operator may undo: cdpctl failover " + id_.name + " --undo)");
+}
+
+std::optional<FailoverInfo> ReplicaVolume::failover() const {
+  std::lock_guard<std::mutex> lk(meta_mu_);
+  return failover_;
+}
+
+Result<bool> ReplicaVolume::Failover(uint64_t point_seq, int64_t point_id) {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  if (failover_) {
+    if (failover_->point_seq == point_seq) return false;
+    return Status::AlreadyExists(id_.name + " is already failed over at sequence " +
+                                 std::to_string(failover_->point_seq) + "; undo it first (cdpctl failover " +
+                                 id_.name + " --undo)");
+  }
+  if (state_ != VolumeState::kReplicating)
+    return Status::InvalidArgument(id_.name + " is " + StateName(state_) +
+                                   " (rolled back); a failover promotes a point of a protected volume");
+  if (point_seq < horizon_ || point_seq > applied_.load())
+    return Status::OutOfRange(id_.name + ": sequence " + std::to_string(point_seq) + " is not reachable");
+  FailoverInfo f;
+  f.point_seq = point_seq;
+  f.point_id = point_id;
+  f.time_us = o_.clock->WallMicros();
+  {
+    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+        "INSERT OR REPLACE INTO failover(id, point_seq, point_id, committed, time_us) VALUES(1, ?1, ?2, 0, ?3)"));
+    CDP_RETURN_IF_ERROR(st.BindAll(f.point_seq, f.point_id, f.time_us));
+    CDP_RETURN_IF_ERROR(st.Run());
+    CDP_ASSIGN_OR_RETURN(auto up, db_->Prepare("UPDATE volume SET state = ?1 WHERE id = 1"));
+    CDP_RETURN_IF_ERROR(up.BindAll(int64_t(VolumeState::kFailedOver)));
+    CDP_RETURN_IF_ERROR(up.Run());
+    CDP_RETURN_IF_ERROR(tx.Commit());
+  }
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    state_ = VolumeState::kFailedOver;
+    failover_ = f;
+  }
+  log::Get("mt.volume")->warn("{} failed over: sequence {} promoted; the journal after it is kept as a branch, "
+                              "the old primary is fenced",
+                              log::Where{id_.name, "", point_seq}, point_seq);
+  return true;
+}
+
+Result<bool> ReplicaVolume::CommitFailover() {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (!failover_) return Status::InvalidArgument(id_.name + " is not failed over (cdpctl failover VOLUME --to POINT)");
+  if (failover_->committed) return false;
+  {
+    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    CDP_RETURN_IF_ERROR(db_->Exec("UPDATE failover SET committed = 1 WHERE id = 1"));
+    CDP_RETURN_IF_ERROR(tx.Commit());
+  }
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    failover_->committed = true;
+  }
+  log::Get("mt.volume")->warn("{} failover at sequence {} committed: undo is refused from now on",
+                              log::Where{id_.name, "", failover_->point_seq}, failover_->point_seq);
+  return true;
+}
+
+Result<bool> ReplicaVolume::UndoFailover() {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  if (!failover_) {
+    if (state_ == VolumeState::kReplicating) return false;
+    return Status::InvalidArgument(id_.name + " is " + StateName(state_) +
+                                   " by a rollback, not by cdpctl failover: nothing to undo");
+  }
+  if (failover_->committed)
+    return Status::AlreadyExists(id_.name + ": the failover at sequence " + std::to_string(failover_->point_seq) +
+                                 " is committed; undo is refused (failback brings the volume home)");
+  {
+    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    CDP_RETURN_IF_ERROR(db_->Exec("DELETE FROM failover"));
+    CDP_ASSIGN_OR_RETURN(auto up, db_->Prepare("UPDATE volume SET state = ?1 WHERE id = 1"));
+    CDP_RETURN_IF_ERROR(up.BindAll(int64_t(VolumeState::kReplicating)));
+    CDP_RETURN_IF_ERROR(up.Run());
+    CDP_RETURN_IF_ERROR(tx.Commit());
+  }
+  const uint64_t p = failover_->point_seq;
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    state_ = VolumeState::kReplicating;
+    failover_.reset();
+  }
+  log::Get("mt.volume")->warn("{} failover at sequence {} undone: protecting again from applied sequence {}",
+                              log::Where{id_.name, "", p}, p, applied_.load());
+  return true;
+}
+
+}  // namespace cdp::mt
