@@ -386,6 +386,7 @@ boost::json::value Agent::StatusJson() const {
       v["resync_shipped_blocks"] = ss.resync.shipped_blocks;
       v["resync_read_bytes"] = ss.resync.read_bytes;
       v["last_error"] = ss.last_error;
+      v["fenced"] = ss.fenced;
     } else {
       v["connected"] = false;
       v["resync_remaining"] = d->bitmap().ResyncCount();

@@ -191,6 +191,18 @@ void Sender::Shipped(const proto::WriteBatch& batch, uint64_t wire_bytes) {
   st_.bytes_sent += data_bytes;
 }
 
+void Sender::Stalled(const Status& why) {
+  if (!why.ok()) return;
+  std::lock_guard lk(mu_);
+  st_.fenced.clear();
+}
+
+void Sender::Fenced(const std::string& message) {
+  log::Get("agent")->error("{} fenced: {}", log::Where{dev_->volume(), opts_.ps.host, 0}, message);
+  std::lock_guard lk(mu_);
+  st_.fenced = message;
+}
+
 // ---- Resync and checkpoints ----
 
 void Sender::Checkpoint(bool force) {

@@ -13,6 +13,8 @@
 //     Read(from)  CaptureQueue::Peek; metadata-mode records are re-read from
 //                 the backing store
 //     Acked(d)    CaptureQueue::Ack(d) (memory freed), DirtyBitmap::SetAcked
+//     Fenced(m)   the volume failed over at the master target: `fenced` in
+//                 Stats() and /status until an open succeeds again (Stalled(ok))
 //
 //   resync thread: agent/resync.h (block-level compare through the sender:
 //     PS -> MT, many requests in flight, rate-controlled shipping); every
@@ -80,6 +82,10 @@ struct SenderStats {
   ResyncStats resync;
   uint64_t rpo_lag_us = 0;          // age of the oldest unacknowledged record
   std::string last_error;
+  // The "failed over" refusal while the volume is fenced (the master target
+  // failed it over: cdpctl failover), "" otherwise. Nothing is shipped then;
+  // captured writes stay queued and dirty.
+  std::string fenced;
 };
 
 class Sender final : private repl::RecordSource {
@@ -102,6 +108,8 @@ class Sender final : private repl::RecordSource {
   Status Read(uint64_t from, uint64_t max_bytes, size_t max_records, std::vector<proto::Record>* out) override;
   void Acked(uint64_t durable) override;
   void Shipped(const proto::WriteBatch& batch, uint64_t wire_bytes) override;
+  void Stalled(const Status& why) override;
+  void Fenced(const std::string& message) override;
 
   void ResyncLoop();
   void Checkpoint(bool force);

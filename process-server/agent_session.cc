@@ -160,6 +160,11 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
                   log::Where{vol->key(), ch.peer(), durable}, mt.status().ToString());
       }
     }
+    if (std::string fence = vol->fenced(); !fence.empty()) {
+      // The MT failed the volume over: the old primary is fenced here too.
+      log->warn("{} open refused: {}", log::Where{vol->key(), ch.peer(), durable}, fence);
+      return ch.Send(MakeNack(0, proto::NackReason::kWrongGeneration, 0, fence));
+    }
     uint32_t id = next_id++;
     handles[id] = vol;
     proto::VolumeOpenReply r;
@@ -173,6 +178,8 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
     if (it == handles.end())
       return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kUnknownVolume, 0, "volume not open on this connection"));
     SpooledVolume* v = it->second;
+    if (std::string fence = v->fenced(); !fence.empty())
+      return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kWrongGeneration, 0, fence));
     for (const auto& r : b->records) {
       if (!RecordInVolume(r, v->open_message()))
         return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBadRecord, 0,

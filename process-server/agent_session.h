@@ -32,6 +32,11 @@
 //     agent pipelined (sent without waiting) that are already received and
 //     contiguous are appended together (one fdatasync) and each still gets
 //     its own reply, in order.
+//  Fencing: while the master target refuses the volume as failed over
+//     (SpooledVolume::fenced(), set by the MT link), the VolumeOpen and every
+//     WriteBatch get Nack{kWrongGeneration} with the MT's text, which begins
+//     "failed over" (proto::IsFailedOverNack): nothing is spooled, the agent
+//     keeps its records (and dirty regions) as the original site's branch.
 //  4. HashRequest{volume_id, request_id, ...}: forwarded to the MT without
 //     waiting (batches keep flowing; at most kMaxHashesInFlight outstanding
 //     per connection); its HashResponse is relayed back with the agent's

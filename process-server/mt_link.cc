@@ -55,7 +55,15 @@ class MtLink::SpoolSource final : public repl::RecordSource {
     Release(durable);
   }
 
-  void Stalled(const Status& why) override { v_->SetStalled(why.ok() ? "" : why.message()); }
+  void Stalled(const Status& why) override {
+    v_->SetStalled(why.ok() ? "" : why.message());
+    if (why.ok()) v_->SetFenced("");
+  }
+
+  void Fenced(const std::string& message) override {
+    log::Get("ps.link")->error("{} fenced by the master target: {}", log::Where{v_->key(), "", 0}, message);
+    v_->SetFenced(message);
+  }
 
   void Shipped(const proto::WriteBatch& batch, uint64_t wire_bytes) override {
     uint64_t raw = 0;

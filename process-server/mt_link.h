@@ -14,6 +14,9 @@
 //   Acked(d)      segments <= d released
 //   Stalled       shown in /v1/volumes ("" while it ships); the records stay
 //                 in the spool
+//   Fenced        the MT refused the volume as failed over: shown as `fenced`
+//                 in /v1/volumes, and the agent's stream is refused with the
+//                 same text until a later open at the MT succeeds
 //
 // The shared throttle is a ThrottleFilter under each link's channel, so every
 // byte the links put on the wire is paced by it.

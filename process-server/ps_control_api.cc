@@ -89,6 +89,7 @@ json::value ProcessServer::VolumesJson() {
         {"corruptions", c.corruptions.load()},
         {"link", link ? link->state() : std::string("none")},
         {"stalled", v->stalled()},
+        {"fenced", v->fenced()},
     };
     arr.push_back(std::move(o));
   }

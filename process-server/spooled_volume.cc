@@ -83,6 +83,16 @@ void SpooledVolume::SetStalled(std::string reason) {
   stalled_ = std::move(reason);
 }
 
+void SpooledVolume::SetFenced(std::string message) {
+  std::lock_guard<std::mutex> l(mu_);
+  fenced_ = std::move(message);
+}
+
+std::string SpooledVolume::fenced() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return fenced_;
+}
+
 std::string SpooledVolume::stalled() const {
   std::lock_guard<std::mutex> l(mu_);
   return stalled_;

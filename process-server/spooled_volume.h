@@ -62,6 +62,12 @@ class SpooledVolume {
   // Why shipping of this volume stopped ("" while it ships); set by the link.
   void SetStalled(std::string reason);
   std::string stalled() const;
+  // The master target's "failed over" refusal (proto::IsFailedOverNack) while
+  // the volume is fenced, "" otherwise; set by the link. While fenced the
+  // agent's VolumeOpen and WriteBatch get the same refusal and nothing is
+  // spooled (process-server/agent_session.h).
+  void SetFenced(std::string message);
+  std::string fenced() const;
 
  private:
   SpooledVolume() = default;
@@ -73,6 +79,7 @@ class SpooledVolume {
   VolumeCounters counters_;
   mutable std::mutex mu_;
   std::string stalled_;
+  std::string fenced_;
 };
 
 }  // namespace cdp::ps
