@@ -149,6 +149,7 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
                     Secs(Num(x, "rpo_lag_seconds", -1)).c_str(), Bytes(Num(x, "queue_bytes")).c_str(),
                     Bytes(Num(x, "captured_bytes")).c_str(), Bytes(Num(x, "bytes_sent")).c_str(), resync.c_str());
       out << line;
+      if (std::string fenced = Str(x, "fenced"); !fenced.empty()) out << "    FENCED: " << fenced << "\n";
     }
   }
   out << "process server " << Where(o.ps) << (p.reached ? "" : "  unreachable: " + p.error) << "\n";
@@ -177,6 +178,13 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
                     Str(x, "tenant").c_str(), Str(x, "state").c_str(), Num(x, "applied_seq"),
                     Bytes(Num(x, "journal_bytes")).c_str(), Num(x, "points"));
       out << line;
+      if (const json::value* fv = x.if_contains("failover"); fv && fv->is_object()) {
+        const json::object& f = fv->as_object();
+        out << "    failed over to point " << uint64_t(Num(f, "point")) << " (sequence " << uint64_t(Num(f, "seq"))
+            << ")" << (Str(f, "committed") == "yes" ? ", committed" : ", not committed (undo possible)")
+            << "; export " << Str(f, "export") << (Str(f, "served") == "yes" ? "" : " NOT SERVED") << ", "
+            << uint64_t(Num(f, "provider_written_blocks")) << " blocks written at the provider\n";
+      }
     }
   }
   if (!a.reached && !p.reached && !m.reached) {
@@ -239,7 +247,7 @@ int Points(const Options& o, const std::string& volume, std::ostream& out, std::
   return 0;
 }
 
-// POINT is an id from `points`, or "seq:N" for an exact sequence.
+// POINT is an id from `points`, "seq:N" for an exact sequence, or a tag's name.
 json::object PointArg(const std::string& volume, const std::string& point, const Options& o) {
   json::object b{{"volume", volume}};
   if (!o.tenant.empty()) b["tenant"] = o.tenant;
@@ -250,8 +258,13 @@ json::object PointArg(const std::string& volume, const std::string& point, const
     if (!t.empty() && ec == std::errc() && p == t.data() + t.size()) return v;
     return json::string(t);
   };
-  if (point.rfind("seq:", 0) == 0) b["seq"] = number(std::string_view(point).substr(4));
-  else b["point"] = number(point);
+  if (point.rfind("seq:", 0) == 0) {
+    b["seq"] = number(std::string_view(point).substr(4));
+  } else if (json::value n = number(point); n.is_int64()) {
+    b["point"] = n;
+  } else {
+    b["tag"] = point;
+  }
   return b;
 }
 
@@ -308,6 +321,53 @@ int Export(const Options& o, const std::string& spec, bool writable, std::ostrea
       << uint64_t(Num(r, "seq")) << (writable ? ", writable overlay discarded at unexport" : ", read-only")
       << ")\n";
   if (nbds) out << "  NBD TLS: append ?tls-certificates=DIR, a directory with the tenant's ca-cert.pem, client-cert.pem, client-key.pem\n";
+  return 0;
+}
+
+// failover VOLUME --to POINT | --undo | --commit (docs/recovery.md, "Failover").
+int Failover(const Options& o, const std::string& volume, const std::string& action, const std::string& point,
+             std::ostream& out, std::ostream& err) {
+  json::object b{{"volume", volume}};
+  if (!o.tenant.empty()) b["tenant"] = o.tenant;
+  std::string route = "/v1/failover";
+  if (action == "--to") b = PointArg(volume, point, o);
+  else route += action == "--undo" ? "/undo" : "/commit";
+  Call c = Http(o, o.mt, "POST", route, b);
+  if (!c.reached || c.status != 200) return Fail(err, "failover " + volume, c);
+  if (o.json) {
+    out << json::serialize(c.body) << "\n";
+    return 0;
+  }
+  const json::object& r = c.body.as_object();
+  const bool changed = Str(r, "changed") == "yes";
+  const json::value* fv = r.if_contains("failover");
+  const json::object* f = fv ? fv->if_object() : nullptr;
+  if (action == "--to" && f) {
+    const json::value* tls = r.if_contains("tls");
+    const bool nbds = tls != nullptr && tls->is_bool() && tls->as_bool();
+    out << "volume " << volume << (changed ? " failed over" : " is already failed over") << " to point "
+        << uint64_t(Num(*f, "point")) << " (sequence " << uint64_t(Num(*f, "seq")) << ")"
+        << (changed ? "" : "; nothing changed") << "\n"
+        << "  read-write export: " << (nbds ? "nbds://" : "nbd://") << o.mt.host << ":" << uint64_t(Num(r, "port"))
+        << "/" << Str(r, "export") << " (persistent; survives a restart of the master target)\n"
+        << "  the replica and the journal after the point are kept; the old primary is fenced\n"
+        << "  undo (before a commit): cdpctl failover " << volume << " --undo; make it final: cdpctl failover "
+        << volume << " --commit\n";
+    if (nbds) out << "  NBD TLS: append ?tls-certificates=DIR, a directory with the tenant's ca-cert.pem, client-cert.pem, client-key.pem\n";
+  } else if (action == "--undo") {
+    if (changed) {
+      out << "volume " << volume << ": failover undone; protecting again from sequence "
+          << uint64_t(Num(r, "applied_seq")) << " (the promoted export and what was written to it are discarded)\n";
+    } else {
+      out << "volume " << volume << " is " << Str(r, "state") << "; nothing to undo\n";
+    }
+  } else if (action == "--commit" && f) {
+    out << "volume " << volume << ": failover to point " << uint64_t(Num(*f, "point")) << " (sequence "
+        << uint64_t(Num(*f, "seq")) << ") " << (changed ? "committed" : "was committed already")
+        << "; undo is refused from now on\n";
+  } else {
+    out << "volume " << volume << ": state " << Str(r, "state") << "\n";
+  }
   return 0;
 }
 
@@ -749,6 +809,7 @@ constexpr const char* kUsage =
     "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
     "  export VOLUME@POINT [--writable] | unexport EXPORT |\n"
     "  verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s] |\n"
+    "  failover VOLUME --to POINT [--test] | failover VOLUME --undo | failover VOLUME --commit |\n"
     "  reprotect VOLUME | token issue|revoke (with --tenant T) | token list\n"
     "  control tokens: --token-file F, --agent-token-file F, --ps-token-file F, --mt-token-file F,\n"
     "                  or CDP_TOKEN / CDP_TOKEN_FILE in the environment\n"
@@ -761,7 +822,7 @@ constexpr const char* kUsage =
 int Usage(const std::vector<std::string>& args, std::ostream& err) {
   for (const std::string& a : args) {
     if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size" && a != "--repair" &&
-        a != "--max-rate") {
+        a != "--max-rate" && a != "--test" && a != "--undo" && a != "--commit") {
       err << "cdpctl: unknown option '" << a << "'\n";
       break;
     }
@@ -847,6 +908,13 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
     return Export(o, args[1], args.size() == 3, out, err);
   }
   if (cmd == "unexport" && args.size() == 2) return Unexport(o, args[1], out, err);
+  if (cmd == "failover" && args.size() == 5 && args[2] == "--to" && args[4] == "--test") {
+    return Export(o, args[1] + "@" + args[3], true, out, err);  // today's test failover
+  }
+  if (cmd == "failover" && args.size() == 4 && args[2] == "--to") return Failover(o, args[1], "--to", args[3], out, err);
+  if (cmd == "failover" && args.size() == 3 && (args[2] == "--undo" || args[2] == "--commit")) {
+    return Failover(o, args[1], args[2], "", out, err);
+  }
   if (cmd == "pki" && args.size() >= 2) return Pki(o, args, out, err);
   if (cmd == "reprotect" && args.size() == 2) return Reprotect(o, args[1], out, err);
   if (cmd == "token" && args.size() >= 2) return Token(o, args, out, err);

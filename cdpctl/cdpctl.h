@@ -8,6 +8,11 @@
 //     points VOLUME                 recovery points held by the master target
 //     rollback VOLUME --to POINT    fail over: rewind the replica to a point
 //     export VOLUME@POINT [--writable]   serve the point over NBD (test failover)
+//     failover VOLUME --to POINT [--test]   promote the point as a persistent
+//                                   read-write export, fence the old primary
+//                                   (--test: a writable export, as export --writable)
+//     failover VOLUME --undo | --commit     back to protecting (before a commit)
+//                                   | make the failover final
 //     unexport EXPORT               stop an export
 //     verify VOLUME [--region-size B] [--repair] [--max-rate MB/s]
 //                                   online verify: source vs replica at the same
