@@ -40,7 +40,10 @@
 //       the batch applied; the connection and other volumes are unaffected
 //       unknown volume_id       -> Nack{kUnknownVolume}
 //       failed-over volume, or re-protected since this session opened it
-//                               -> Nack{kWrongGeneration}
+//                               -> Nack{kWrongGeneration}; for a volume failed
+//       over by `cdpctl failover` (whatever generation), at VolumeOpen too, its
+//       message begins "failed over" (proto::IsFailedOverNack): the old
+//       primary is fenced, nothing is applied
 //       a zero/trim longer than 32 MiB, or a batch asking more than
 //       `max_batch_work` (default proto::kMaxBatchWork, 256 MiB) of ranged
 //       work                    -> Nack{kBadRecord}

@@ -73,8 +73,8 @@
 //
 // Code: the façade, reads, pins and hashes in volume.cc; the sqlite index in
 // replica_index.cc; apply and re-protect in volume_apply.cc; crash recovery in
-// volume_recovery.cc; rollback in volume_rollback.cc; retention in
-// volume_retention.cc.
+// volume_recovery.cc; rollback in volume_rollback.cc; failover in
+// replica_failover.cc; retention in volume_retention.cc.
 //
 // Thread safety: all public methods are thread-safe. Apply, Rollback,
 // Retention and current-image Digests are serialised by one mutex; ReadAt (exports)
