@@ -1,5 +1,6 @@
 #include "master-target/ps_session.h"
 
+#include <algorithm>
 #include <variant>
 
 namespace cdp::mt {
@@ -33,6 +34,10 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
   std::map<uint32_t, std::shared_ptr<VolEntry>> handles;
   std::map<uint32_t, uint64_t> opened_generation;  // volume id -> the generation this session opened
   uint32_t next_id = 1;
+  // Volumes this session refused as failed over. The peer stalls such a
+  // stream until its next connection; when an undo lifts the fence, the
+  // session is closed so that the peer reopens it at once.
+  std::vector<std::shared_ptr<VolEntry>> fenced_here;
   auto nack = [&](uint32_t vid, proto::NackReason r, std::string msg, uint64_t expected = 0) {
     nacks->Inc();
     proto::Nack n;
@@ -43,6 +48,13 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
     return ch.Send(n);
   };
   while (!stopping.load()) {
+    auto lifted = std::find_if(fenced_here.begin(), fenced_here.end(),
+                               [](const std::shared_ptr<VolEntry>& e) { return !e->volume->failover(); });
+    if (lifted != fenced_here.end()) {
+      log->info("{} no longer failed over: closing the connection so that the peer reopens it",
+                log::Where{(*lifted)->name, peer_addr, 0});
+      break;
+    }
     auto m = ch.Receive(std::chrono::milliseconds(500));
     if (!m.ok()) {
       if (m.status().IsBusy()) continue;
@@ -59,6 +71,8 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
       } else if (!r->second.ack) {
         log->warn("{} volume open refused: {}", log::Where{vo->name, peer_addr, 0}, r->second.message);
         s = nack(0, r->second.reason, r->second.message);
+        if (r->first && proto::IsFailedOverNack(proto::Nack{0, r->second.reason, 0, r->second.message}))
+          fenced_here.push_back(r->first);
       } else {
         uint32_t vid = next_id++;
         handles[vid] = r->first;
@@ -99,6 +113,7 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
           } else if (!r->ack) {
             log->warn("{} batch refused: {}", log::Where{it->second->name, peer_addr, first}, r->message);
             s = nack(wb->volume_id, r->reason, r->message, r->expected_seq > base ? r->expected_seq - base : 0);
+            if (proto::IsFailedOverNack(proto::Nack{0, r->reason, 0, r->message})) fenced_here.push_back(it->second);
           } else {
             s = ch.Send(proto::Ack{wb->volume_id, r->durable_seq - base});
           }

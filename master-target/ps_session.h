@@ -43,7 +43,9 @@
 //                               -> Nack{kWrongGeneration}; for a volume failed
 //       over by `cdpctl failover` (whatever generation), at VolumeOpen too, its
 //       message begins "failed over" (proto::IsFailedOverNack): the old
-//       primary is fenced, nothing is applied
+//       primary is fenced, nothing is applied. When an undo lifts the
+//       fence, the MT closes (within a second) every session that refused the
+//       volume, so that the PS reconnects and reopens it at once
 //       a zero/trim longer than 32 MiB, or a batch asking more than
 //       `max_batch_work` (default proto::kMaxBatchWork, 256 MiB) of ranged
 //       work                    -> Nack{kBadRecord}

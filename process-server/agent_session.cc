@@ -61,6 +61,7 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
   log->info("peer={} tenant={} agent {} connected{}", ch.peer(), tenant, peer.client_id,
             peer.tls ? " (certificate '" + peer.cert_name + "')" : std::string(" (clear text)"));
   std::map<uint32_t, SpooledVolume*> handles;
+  std::set<SpooledVolume*> fenced_here;  // volumes this session refused as fenced
   uint32_t next_id = 1;
   auto hash_replies = std::make_shared<HashReplies>();
   hash_replies->ch = &ch;
@@ -74,6 +75,15 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
   std::optional<proto::Message> carry;  // received while coalescing, handled next
   Status pending;                       // a receive error met while coalescing
   while (!stopping.load()) {
+    // A fence lifted (the MT's failover undone): close, so that the agent
+    // reopens the volume at once instead of at its next connection.
+    for (SpooledVolume* v : fenced_here) {
+      if (v->fenced().empty()) {
+        log->info("{} no longer fenced: closing the connection so that the agent reopens it",
+                  log::Where{v->key(), ch.peer(), 0});
+        return;
+      }
+    }
     proto::Message msg;
     if (carry) {
       msg = std::move(*carry);
@@ -121,7 +131,7 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
         replies++;
       }
     }
-    Status s = Handle(ch, tenant, handles, next_id, hash_replies, msg, replies);
+    Status s = Handle(ch, tenant, handles, next_id, hash_replies, msg, replies, &fenced_here);
     if (!s.ok()) {
       log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, s.ToString());
       return;
@@ -131,7 +141,7 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
 
 Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, SpooledVolume*>& handles,
                                    uint32_t& next_id, const std::shared_ptr<HashReplies>& hash_replies,
-                                   proto::Message& m, int replies) {
+                                   proto::Message& m, int replies, std::set<SpooledVolume*>* fenced_here) {
   if (auto* o = std::get_if<proto::VolumeOpen>(&m)) {
     if (!proto::ValidName(o->name)) return ch.Send(MakeNack(0, proto::NackReason::kBadRecord, 0, "invalid volume name"));
     auto v = GetVolume(tenant, o, o->name);
@@ -163,6 +173,7 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
     if (std::string fence = vol->fenced(); !fence.empty()) {
       // The MT failed the volume over: the old primary is fenced here too.
       log->warn("{} open refused: {}", log::Where{vol->key(), ch.peer(), durable}, fence);
+      fenced_here->insert(vol);
       return ch.Send(MakeNack(0, proto::NackReason::kWrongGeneration, 0, fence));
     }
     uint32_t id = next_id++;
@@ -178,8 +189,10 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
     if (it == handles.end())
       return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kUnknownVolume, 0, "volume not open on this connection"));
     SpooledVolume* v = it->second;
-    if (std::string fence = v->fenced(); !fence.empty())
+    if (std::string fence = v->fenced(); !fence.empty()) {
+      fenced_here->insert(v);
       return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kWrongGeneration, 0, fence));
+    }
     for (const auto& r : b->records) {
       if (!RecordInVolume(r, v->open_message()))
         return Reply(ch, replies, MakeNack(b->volume_id, proto::NackReason::kBadRecord, 0,

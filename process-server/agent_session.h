@@ -37,6 +37,8 @@
 //     WriteBatch get Nack{kWrongGeneration} with the MT's text, which begins
 //     "failed over" (proto::IsFailedOverNack): nothing is spooled, the agent
 //     keeps its records (and dirty regions) as the original site's branch.
+//     When the fence lifts (the MT's failover undone), a session that met it
+//     is closed within a second, so that the agent reopens the volume at once.
 //  4. HashRequest{volume_id, request_id, ...}: forwarded to the MT without
 //     waiting (batches keep flowing; at most kMaxHashesInFlight outstanding
 //     per connection); its HashResponse is relayed back with the agent's

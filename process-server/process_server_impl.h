@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,10 +79,11 @@ struct ProcessServer::Impl {
   void Serve(FrameChannel& ch);
 
   // Handles one message; a WriteBatch that holds `replies` coalesced agent
-  // batches is answered `replies` times (each reply is cumulative).
+  // batches is answered `replies` times (each reply is cumulative). A volume
+  // whose open or batch is refused as fenced goes into *fenced_here.
   Status Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, SpooledVolume*>& handles,
                 uint32_t& next_id, const std::shared_ptr<HashReplies>& hash_replies, proto::Message& m,
-                int replies = 1);
+                int replies, std::set<SpooledVolume*>* fenced_here);
 };
 
 }  // namespace cdp::ps

@@ -656,3 +656,53 @@ TEST_CASE("tenant journal cap: a tenant whose undo journal reached max_journal_b
   m = Call(*other, Batch(gvid, {DataRecord(1, 0, Bytes(4096, 0x55))}));
   REQUIRE(std::holds_alternative<proto::Ack>(m));
 }
+
+TEST_CASE("failover fences a process server's stream of that volume only; undo closes the session, which reopens it",
+          "[server][failover]") {
+  TempDir tmp;
+  Daemon d(tmp.path());
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  const uint32_t a = OpenVolume(*ch, OpenMsg("a", 1 << 20), 0);
+  const uint32_t b = OpenVolume(*ch, OpenMsg("b", 1 << 20), 0);
+  auto m = Call(*ch, Batch(a, {DataRecord(1, 0, Bytes(4096, 1)), TagRecord(2, "t")}));
+  REQUIRE(std::get_if<proto::Ack>(&m) != nullptr);
+  auto f = d.mt->Failover("acme", "a", 2, 0);
+  REQUIRE(f.ok());
+  CHECK(f->changed);
+  CHECK(f->export_name == "acme/a@failover");
+
+  // The old primary's batch: refused as failed over, nothing applied.
+  m = Call(*ch, Batch(a, {DataRecord(3, 0, Bytes(4096, 3))}));
+  auto* n = std::get_if<proto::Nack>(&m);
+  REQUIRE(n != nullptr);
+  CHECK(proto::IsFailedOverNack(*n));
+  CHECK(d.mt->FindVolume("acme", "a")->applied_seq() == 2);
+  // Another volume of the same session goes on.
+  m = Call(*ch, Batch(b, {DataRecord(1, 0, Bytes(4096, 9))}));
+  REQUIRE(std::get_if<proto::Ack>(&m) != nullptr);
+  // A new session's open is refused the same way.
+  auto ch2 = Client(d.mt->port(), "acme", "s3cret-acme");
+  m = Call(*ch2, OpenMsg("a", 1 << 20));
+  n = std::get_if<proto::Nack>(&m);
+  REQUIRE(n != nullptr);
+  CHECK(n->reason == proto::NackReason::kWrongGeneration);
+  CHECK(proto::IsFailedOverNack(*n));
+
+  // Undo: both sessions that met the fence are closed by the master target
+  // (the peer then reopens at once), and the volume is taken again.
+  auto u = d.mt->UndoFailover("acme", "a");
+  REQUIRE(u.ok());
+  CHECK(*u);
+  for (FrameChannel* c : {ch.get(), ch2.get()}) {
+    auto r = c->Receive(kTimeout);
+    REQUIRE_FALSE(r.ok());
+    CHECK_FALSE(r.status().IsBusy());  // closed, not a timeout
+  }
+  auto ch3 = Client(d.mt->port(), "acme", "s3cret-acme");
+  const uint32_t a3 = OpenVolume(*ch3, OpenMsg("a", 1 << 20), 2);
+  m = Call(*ch3, Batch(a3, {DataRecord(3, 0, Bytes(4096, 3))}));
+  auto* ack = std::get_if<proto::Ack>(&m);
+  REQUIRE(ack != nullptr);
+  CHECK(ack->durable_seq == 3);
+  CHECK(d.mt->UndoFailover("acme", "a").value() == false);
+}

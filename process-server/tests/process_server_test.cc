@@ -549,3 +549,75 @@ TEST_CASE("a compromised host's higher generation, refused by the master target,
   REQUIRE(vol->ReadAt(points[0].seq, 0, now.size(), now.data()).ok());
   CHECK(now == image);
 }
+
+TEST_CASE("a volume failed over at the master target fences its agent at the PS, nothing more is spooled or applied; "
+          "the undo lets it in again",
+          "[server][failover]") {
+  cdp::testing::ScratchDir dir;
+  auto mt_env = cdp::NewPosixEnv();
+  cdp::mt::MasterTargetOptions mo;
+  mo.env = mt_env.get();
+  mo.clock = cdp::SystemClock::Get();
+  mo.data_dir = dir.path();
+  mo.tenants = {{"acme", kSecret}};
+  mo.listen = {"127.0.0.1", 0};
+  mo.control = cdp::HostPort{};  // off
+  mo.nbd = {"127.0.0.1", 0};     // a failover serves its export there
+  mo.point_interval_us = 0;
+  cdp::mt::MasterTarget mt(mo);
+  REQUIRE(mt.Start().ok());
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.mt.port = mt.port();
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+  auto db1 = [&] {
+    auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+    REQUIRE(r.ok());
+    return boost::json::parse(r->body).at("volumes").as_array().at(0).as_object();
+  };
+
+  auto agent = AgentConnect(ps.agent_port());
+  REQUIRE(agent->Send(Vol("db1")).ok());
+  const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+  REQUIRE(agent->Send(Batch(id, 1, 3)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
+  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt.FindVolume("acme", "db1")) && vol->applied_seq() == 3; },
+                                  30s, 20ms));
+  REQUIRE(mt.Failover("acme", "db1", 3, 0).ok());
+
+  // Spooled before the PS learns of the fence; the MT refuses to apply it.
+  REQUIRE(agent->Send(Batch(id, 4, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
+  REQUIRE(cdp::testing::WaitUntil([&] { return !db1().at("fenced").as_string().empty(); }, 30s, 20ms));
+  CHECK(std::string(db1().at("fenced").as_string()).rfind("failed over: volume db1 failed over", 0) == 0);
+  // From then on the agent's batches and opens are refused with the MT's text.
+  REQUIRE(agent->Send(Batch(id, 6, 1)).ok());
+  auto n = Expect<cdp::proto::Nack>(*agent);
+  CHECK(cdp::proto::IsFailedOverNack(n));
+  auto agent2 = AgentConnect(ps.agent_port());
+  REQUIRE(agent2->Send(Vol("db1")).ok());
+  n = Expect<cdp::proto::Nack>(*agent2);
+  CHECK(cdp::proto::IsFailedOverNack(n));
+  CHECK(db1().at("backlog_records").to_number<uint64_t>() == 2);  // 4 and 5, not 6
+  CHECK(vol->applied_seq() == 3);
+
+  // Undo: the MT closes the link's session, the PS reopens and ships 4..5,
+  // the fence lifts, and the PS closes the agents' sessions that met it.
+  REQUIRE(mt.UndoFailover("acme", "db1").ok());
+  REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 5; }, 30s, 20ms));
+  REQUIRE(cdp::testing::WaitUntil([&] { return db1().at("fenced").as_string().empty(); }, 30s, 20ms));
+  for (cdp::FrameChannel* c : {agent.get(), agent2.get()}) {
+    auto r = c->Receive(10s);
+    REQUIRE_FALSE(r.ok());
+    CHECK_FALSE(r.status().IsBusy());  // closed, not a timeout
+  }
+  auto agent3 = AgentConnect(ps.agent_port());
+  REQUIRE(agent3->Send(Vol("db1")).ok());
+  auto reply = Expect<cdp::proto::VolumeOpenReply>(*agent3);
+  CHECK(reply.durable_seq == 5);
+  REQUIRE(agent3->Send(Batch(reply.volume_id, 6, 1)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent3).durable_seq == 6);
+  REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 6; }, 30s, 20ms));
+}
