@@ -92,6 +92,25 @@ TEST_CASE("failover: the promoted point is a read-write export that survives kil
   const int64_t point = c.TagPointId("t1");
   REQUIRE(point > 0);
 
+  // --test: today's throw-away copy-on-write export; nothing changes for replication.
+  auto t = c.Cdpctl({"failover", vol, "--to", "t1", "--test"});
+  INFO(t.output);
+  REQUIRE(t.exit_code == 0);
+  const std::string test_name = "acme/" + vol + "@";
+  CHECK(t.output.find("nbds://") == 0);
+  CHECK(t.output.find("writable overlay discarded at unexport") != std::string::npos);
+  auto tv = VolumeStatus(c, Which::kMasterTarget);
+  REQUIRE(tv);
+  CHECK(Text(*tv, "state") == "protecting");
+  const size_t at = t.output.find(test_name);
+  REQUIRE(at != std::string::npos);
+  const std::string test_export = t.output.substr(at, t.output.find(' ', at) - at);
+  REQUIRE(test_export.size() > 3);
+  CHECK(test_export.compare(test_export.size() - 3, 3, "-rw") == 0);
+  auto ux = c.Cdpctl({"unexport", test_export});
+  INFO(ux.output);
+  REQUIRE(ux.exit_code == 0);
+
   // Fail over to the tag, by name.
   auto f = c.Cdpctl({"failover", vol, "--to", "t1"});
   INFO(f.output);
