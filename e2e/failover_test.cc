@@ -196,7 +196,7 @@ TEST_CASE("failover: the promoted point is a read-write export that survives kil
   CHECK(undo.output.find("is committed; undo is refused") != std::string::npos);
 }
 
-TEST_CASE("failover fences the old primary; undo before a commit resumes replication to a byte-identical replica",
+TEST_CASE("failover fences the old primary, and undo before a commit resumes replication to a byte-identical replica",
           "[e2e][failover]") {
   RequireClients();
   Cluster c;

@@ -657,7 +657,7 @@ TEST_CASE("tenant journal cap: a tenant whose undo journal reached max_journal_b
   REQUIRE(std::holds_alternative<proto::Ack>(m));
 }
 
-TEST_CASE("failover fences a process server's stream of that volume only; undo closes the session, which reopens it",
+TEST_CASE("failover fences a process server's stream of that volume only, and its undo closes the session, which reopens it",
           "[server][failover]") {
   TempDir tmp;
   Daemon d(tmp.path());

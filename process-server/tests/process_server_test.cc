@@ -550,7 +550,7 @@ TEST_CASE("a compromised host's higher generation, refused by the master target,
   CHECK(now == image);
 }
 
-TEST_CASE("a volume failed over at the master target fences its agent at the PS, nothing more is spooled or applied; "
+TEST_CASE("a volume failed over at the master target fences its agent at the PS, nothing more is spooled or applied, "
           "the undo lets it in again",
           "[server][failover]") {
   cdp::testing::ScratchDir dir;
