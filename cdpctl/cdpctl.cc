@@ -180,7 +180,7 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
       out << line;
       if (const json::value* fv = x.if_contains("failover"); fv && fv->is_object()) {
         const json::object& f = fv->as_object();
-        out << "    failed over to point " << uint64_t(Num(f, "point")) << " (sequence " << uint64_t(Num(f, "seq"))
+        out << "    failed over to point " << uint64_t(Num(f, "point")) << " (sequence " << uint64_t(Num(f, "history_seq"))
             << ")" << (Str(f, "committed") == "yes" ? ", committed" : ", not committed (undo possible)")
             << "; export " << Str(f, "export") << (Str(f, "served") == "yes" ? "" : " NOT SERVED") << ", "
             << uint64_t(Num(f, "provider_written_blocks")) << " blocks written at the provider\n";
@@ -346,7 +346,7 @@ int Failover(const Options& o, const std::string& volume, const std::string& act
     const json::value* tls = r.if_contains("tls");
     const bool nbds = tls != nullptr && tls->is_bool() && tls->as_bool();
     out << "volume " << volume << (changed ? " failed over" : " is already failed over") << " to point "
-        << uint64_t(Num(*f, "point")) << " (sequence " << uint64_t(Num(*f, "seq")) << ")"
+        << uint64_t(Num(*f, "point")) << " (sequence " << uint64_t(Num(*f, "history_seq")) << ")"
         << (changed ? "" : "; nothing changed") << "\n"
         << "  read-write export: " << (nbds ? "nbds://" : "nbd://") << o.mt.host << ":" << uint64_t(Num(r, "port"))
         << "/" << Str(r, "export") << " (persistent; survives a restart of the master target)\n"
@@ -363,7 +363,7 @@ int Failover(const Options& o, const std::string& volume, const std::string& act
     }
   } else if (action == "--commit" && f) {
     out << "volume " << volume << ": failover to point " << uint64_t(Num(*f, "point")) << " (sequence "
-        << uint64_t(Num(*f, "seq")) << ") " << (changed ? "committed" : "was committed already")
+        << uint64_t(Num(*f, "history_seq")) << ") " << (changed ? "committed" : "was committed already")
         << "; undo is refused from now on\n";
   } else {
     out << "volume " << volume << ": state " << Str(r, "state") << "\n";

@@ -48,8 +48,8 @@ json::value MasterTarget::Impl::FailoverJson(const VolEntry& e, const VolumeStat
   if (!st.failover) return nullptr;
   const FailoverInfo& f = *st.failover;
   json::object j{{"point", f.point_id},
-                 {"seq", f.point_seq - st.seq_base},  // as the source counted it
-                 {"history_seq", f.point_seq},
+                 {"seq", f.point_seq - st.seq_base},  // as the current generation's source counts it
+                 {"history_seq", f.point_seq},        // as points, exports and seq:N name it
                  {"committed", f.committed},
                  {"time_us", f.time_us},
                  {"export", MasterTarget::PromotedExportName(e.tenant, e.name)},
