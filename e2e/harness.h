@@ -103,7 +103,7 @@ class Cluster {
   // the volume's initial sync (tags are accepted). False (why()) on failure.
   bool Start();
   bool StartOne(Which w);
-  // kill -9 of one daemon (waits for its death), and a start of it again.
+  // kill -9 of one daemon; returns once it is dead (Restart starts it again).
   bool Kill9(Which w);
   bool Restart(Which w) { return StartOne(w); }
   // Graceful stop (SIGTERM) of every daemon, agent first.
