@@ -25,8 +25,10 @@ Status ReplicaVolume::UndoEntries(const std::vector<UndoEntry>& entries) {
     }
     buf.resize(e.length);
     CDP_RETURN_IF_ERROR(ReadUndoData(*f, e.header(), e.location(), buf.data()));
-    digests_->Forget(e.offset, buf.size());
-    CDP_RETURN_IF_ERROR(replica_->Write(e.offset, buf));
+    if (Status ws = replica_->Write(e.offset, buf); !ws.ok()) {
+      digests_->Forget(e.offset, buf.size());  // as in apply: the write may have landed in part
+      return ws;
+    }
     digests_->Wrote(e.offset, buf);
     if (o_.metrics.disk_read_bytes) o_.metrics.disk_read_bytes->Inc(e.kind == UndoKind::kData ? e.length : 0);
     if (o_.metrics.disk_write_bytes) o_.metrics.disk_write_bytes->Inc(e.length);
