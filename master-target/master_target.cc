@@ -265,6 +265,10 @@ Status MasterTarget::Start() {
   }
   m.connections = registry_.GetGauge("cdp_mt_connections", "Process server connections open");
   m.nacks = registry_.GetCounter("cdp_mt_nacks_total", "Requests refused with a Nack");
+  m.received_queued = registry_.GetGauge("cdp_mt_received_queued_bytes",
+                                         "Bytes received from process servers and not yet applied (all sessions)");
+  m.batches_grouped = registry_.GetCounter("cdp_mt_batches_grouped_total",
+                                           "WriteBatches applied in one group commit with the batch before them");
   metrics::RegisterProcessMetrics(registry_, o_.env, o_.clock);
   CDP_RETURN_IF_ERROR(o_.env->CreateDirs(o_.data_dir));
   // Crash recovery of every volume comes before anything else.

@@ -88,6 +88,8 @@ struct MasterTarget::Impl {
 
   std::shared_ptr<metrics::Gauge> connections;
   std::shared_ptr<metrics::Counter> nacks;
+  std::shared_ptr<metrics::Gauge> received_queued;    // bytes received from PSs, not yet applied
+  std::shared_ptr<metrics::Counter> batches_grouped;  // applied in one group commit with an earlier batch
 
   static std::string Key(const std::string& t, const std::string& n) { return t + "/" + n; }
 

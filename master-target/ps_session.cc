@@ -3,7 +3,18 @@
 #include <algorithm>
 #include <variant>
 
+#include "common/frame_inbox.h"
+
 namespace cdp::mt {
+
+namespace {
+
+// Messages received ahead of the one being worked on (bounds the session's memory).
+constexpr uint64_t kInboxBytes = 32u << 20;
+// Work (proto::BatchWork) of the WriteBatches applied as one group commit.
+constexpr uint64_t kMaxGroupWork = 32u << 20;
+
+}  // namespace
 
 void MasterTarget::Impl::Serve(FrameChannel& ch) {
   const std::string peer_addr = ch.peer();
@@ -47,6 +58,7 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
     n.message = std::move(msg);
     return ch.Send(n);
   };
+  FrameInbox inbox(ch, kInboxBytes, received_queued.get());
   while (!stopping.load()) {
     auto lifted = std::find_if(fenced_here.begin(), fenced_here.end(),
                                [](const std::shared_ptr<VolEntry>& e) { return !e->volume->failover(); });
@@ -55,7 +67,7 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
                 log::Where{(*lifted)->name, peer_addr, 0});
       break;
     }
-    auto m = ch.Receive(std::chrono::milliseconds(500));
+    auto m = inbox.Pop(std::chrono::milliseconds(500));
     if (!m.ok()) {
       if (m.status().IsBusy()) continue;
       if (!stopping.load())
@@ -87,6 +99,24 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
         s = nack(wb->volume_id, proto::NackReason::kWrongGeneration,
                  "volume re-protected under generation " + std::to_string(it->second->volume->generation()));
       } else {
+        // Group commit: the volume's batches that follow this one and are
+        // already here are applied with it; each batch still gets its reply
+        // (the group's outcome).
+        int replies = 1;
+        const uint64_t group_cap = std::min(kMaxGroupWork, o.max_batch_work);
+        for (uint64_t work = proto::BatchWork(wb->records); !wb->records.empty() && work < group_cap; ++replies) {
+          auto more = inbox.PopBatchFor(wb->volume_id, wb->records.back().seq + 1, group_cap - work);
+          if (!more) break;
+          work += proto::BatchWork(more->records);
+          batches_grouped->Inc();
+          wb->records.insert(wb->records.end(), std::make_move_iterator(more->records.begin()),
+                             std::make_move_iterator(more->records.end()));
+        }
+        auto reply = [&](const auto& send) {
+          Status st;
+          for (int i = 0; i < replies && st.ok(); ++i) st = send();
+          return st;
+        };
         // The wire numbers the generation's records from 1; the volume its whole history.
         ReplicaVolume& vol = *it->second->volume;
         const uint64_t base = vol.seq_base();
@@ -94,28 +124,34 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
         const bool news = !wb->records.empty() && wb->records.back().seq > vol.applied_seq();
         uint64_t journal = 0;
         if (news && OverQuota(*tenant)) {
-          s = nack(wb->volume_id, proto::NackReason::kBusy, "tenant quota exceeded; retry after retention",
-                   vol.applied_seq() + 1 - base);
+          s = reply([&] {
+            return nack(wb->volume_id, proto::NackReason::kBusy, "tenant quota exceeded; retry after retention",
+                        vol.applied_seq() + 1 - base);
+          });
         } else if (news && o.max_journal_bytes_per_tenant != 0 &&
                    (journal = JournalBytes(*tenant)) >= o.max_journal_bytes_per_tenant) {
           log->warn("{} batch held: tenant {} journal cap reached ({} bytes)",
                     log::Where{it->second->name, peer_addr, vol.applied_seq() + 1 - base}, *tenant, journal);
-          s = nack(wb->volume_id, proto::NackReason::kBusy,
-                   "tenant journal cap reached: " + std::to_string(journal) + " bytes of undo journal >= " +
-                       std::to_string(o.max_journal_bytes_per_tenant) +
-                       " (max_journal_bytes_per_tenant); retry after retention",
-                   vol.applied_seq() + 1 - base);
+          s = reply([&] {
+            return nack(wb->volume_id, proto::NackReason::kBusy,
+                        "tenant journal cap reached: " + std::to_string(journal) + " bytes of undo journal >= " +
+                            std::to_string(o.max_journal_bytes_per_tenant) +
+                            " (max_journal_bytes_per_tenant); retry after retention",
+                        vol.applied_seq() + 1 - base);
+          });
         } else {
           auto r = vol.ApplyBatch(wb->records);
           uint64_t first = wb->records.empty() ? 0 : wb->records.front().seq;
           if (!r.ok()) {
-            s = nack(wb->volume_id, proto::NackReason::kInternal, r.status().ToString());
+            s = reply([&] { return nack(wb->volume_id, proto::NackReason::kInternal, r.status().ToString()); });
           } else if (!r->ack) {
             log->warn("{} batch refused: {}", log::Where{it->second->name, peer_addr, first}, r->message);
-            s = nack(wb->volume_id, r->reason, r->message, r->expected_seq > base ? r->expected_seq - base : 0);
+            s = reply([&] {
+              return nack(wb->volume_id, r->reason, r->message, r->expected_seq > base ? r->expected_seq - base : 0);
+            });
             if (proto::IsFailedOverNack(proto::Nack{0, r->reason, 0, r->message})) fenced_here.push_back(it->second);
           } else {
-            s = ch.Send(proto::Ack{wb->volume_id, r->durable_seq - base});
+            s = reply([&] { return ch.Send(proto::Ack{wb->volume_id, r->durable_seq - base}); });
           }
         }
       }

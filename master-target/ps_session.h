@@ -55,6 +55,13 @@
 //     once the whole batch is durable (journal synced, replica synced, sqlite
 //     committed) -> Ack{volume_id, durable_seq = last seq of the batch}.
 //     Acks come in the order of the batches (one reply per WriteBatch).
+//     Group commit: a session receives ahead (common/frame_inbox.h, at most
+//     32 MiB queued), and the volume's batches that continue the sequence and
+//     are already received are applied as one (at most 32 MiB of work): one
+//     journal sync, one replica sync, one commit. Each batch of the group is
+//     still answered, in order, with the group's outcome: every Ack carries
+//     the group's last seq (acks are cumulative), and a Nack (gap, bad record,
+//     busy, internal) refuses the whole group, nothing of it applied.
 //     kFlush records make crash-consistent recovery points (at most one per
 //     `point_interval`, default 5 s); kTag records always make a named point.
 //

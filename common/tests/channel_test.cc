@@ -20,6 +20,7 @@
 #include "common/asio_status.h"
 #include "common/auth.h"
 #include "common/channel.h"
+#include "common/frame_inbox.h"
 
 namespace cdp {
 namespace {
@@ -428,6 +429,115 @@ TEST_CASE("Asio errors map to the documented Status codes", "[channel]") {
   Status other = FromAsioError(make_error_code(e::message_size), "x");
   CHECK(other.code() == Code::kIOError);
   CHECK(other.errno_value() == EMSGSIZE);
+}
+
+// ---- FrameInbox ----
+
+proto::WriteBatch InboxBatch(uint32_t vid, uint64_t first_seq, size_t records, size_t bytes = 512) {
+  proto::WriteBatch wb;
+  wb.volume_id = vid;
+  for (size_t i = 0; i < records; ++i)
+    wb.records.push_back({first_seq + i, 0, uint32_t(bytes), proto::RecordKind::kData, 1, Bytes(bytes, uint8_t(i))});
+  return wb;
+}
+
+// Waits (deadline 10 s) until the gauge reaches at least `bytes`.
+bool WaitGauge(const metrics::Gauge& g, int64_t bytes) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (g.Value() < bytes) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  return true;
+}
+
+TEST_CASE("inbox: messages come out in order, and PopBatchFor takes only the batch that continues the volume's "
+          "sequence within the work given",
+          "[channel][inbox]") {
+  auto [client, server] = Pair();
+  metrics::Gauge queued;
+  FrameInbox inbox(*server, 64u << 20, &queued);
+  REQUIRE(client->Send(InboxBatch(1, 1, 2)).ok());
+  REQUIRE(client->Send(InboxBatch(1, 3, 1)).ok());
+  REQUIRE(client->Send(InboxBatch(1, 7, 1)).ok());
+  REQUIRE(client->Send(InboxBatch(2, 8, 1)).ok());
+  REQUIRE(client->Send(proto::Heartbeat{5, 0}).ok());
+  auto first = inbox.Pop(milliseconds(5000));
+  REQUIRE(first.ok());
+  CHECK(std::get<proto::WriteBatch>(*first).records.front().seq == 1);
+  // Four more messages, each charged at least its record data.
+  REQUIRE(WaitGauge(queued, 3 * 512));
+
+  CHECK_FALSE(inbox.PopBatchFor(2, 3, 1u << 20));  // another volume's
+  CHECK_FALSE(inbox.PopBatchFor(1, 4, 1u << 20));  // not the sequence that follows
+  CHECK_FALSE(inbox.PopBatchFor(1, 3, 100));       // over the work given
+  auto next = inbox.PopBatchFor(1, 3, 512);
+  REQUIRE(next);
+  CHECK(next->records.front().seq == 3);
+  CHECK_FALSE(inbox.PopBatchFor(1, 4, 1u << 20));  // seq 7 is next: a gap
+  auto gap = inbox.Pop(milliseconds(5000));
+  REQUIRE(gap.ok());
+  CHECK(std::get<proto::WriteBatch>(*gap).records.front().seq == 7);
+  CHECK_FALSE(inbox.PopBatchFor(1, 8, 1u << 20));  // volume 2's batch is next
+  auto other = inbox.Pop(milliseconds(5000));
+  REQUIRE(other.ok());
+  CHECK(std::get<proto::WriteBatch>(*other).volume_id == 2);
+  CHECK_FALSE(inbox.PopBatchFor(2, 9, 1u << 20));  // a heartbeat is next
+  auto hb = inbox.Pop(milliseconds(5000));
+  REQUIRE(hb.ok());
+  CHECK(std::get<proto::Heartbeat>(*hb).sent_us == 5);
+  CHECK(queued.Value() == 0);
+  auto none = inbox.Pop(milliseconds(20));
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().IsBusy());
+}
+
+TEST_CASE("inbox: the channel's end comes after the messages before it, then again on every Pop", "[channel][inbox]") {
+  auto [client, server] = Pair();
+  FrameInbox inbox(*server, 1u << 20);
+  REQUIRE(client->Send(proto::Heartbeat{1, 0}).ok());
+  REQUIRE(client->Send(proto::Heartbeat{2, 0}).ok());
+  client.reset();  // the peer closes
+  for (uint64_t i = 1; i <= 2; ++i) {
+    auto m = inbox.Pop(milliseconds(5000));
+    REQUIRE(m.ok());
+    CHECK(std::get<proto::Heartbeat>(*m).sent_us == i);
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto end = inbox.Pop(milliseconds(5000));
+    REQUIRE_FALSE(end.ok());
+    CHECK(end.status().code() == Code::kUnavailable);
+  }
+}
+
+TEST_CASE("inbox: the reader stops receiving at max_bytes and goes on as messages are taken", "[channel][inbox]") {
+  auto [client, server] = Pair();
+  metrics::Gauge queued;
+  const uint64_t max = 1u << 20;
+  FrameInbox inbox(*server, max, &queued);
+  constexpr int kBatches = 10;
+  constexpr size_t kBytes = 512u << 10;
+  auto sender = std::async(std::launch::async, [&c = client] {
+    for (int i = 0; i < kBatches; ++i) {
+      Status s = c->Send(InboxBatch(1, uint64_t(i) + 1, 1, kBytes));
+      if (!s.ok()) return s;
+    }
+    return Status::OK();
+  });
+  // Two batches reach max_bytes: the reader waits, the rest stays in the socket.
+  REQUIRE(WaitGauge(queued, int64_t(max)));
+  const int64_t held = queued.Value();
+  CHECK(held < int64_t(max + kBytes + 4096));  // max_bytes plus at most one frame
+  for (int i = 0; i < kBatches; ++i) {
+    auto m = inbox.Pop(milliseconds(10000));
+    REQUIRE(m.ok());
+    const auto& wb = std::get<proto::WriteBatch>(*m);
+    CHECK(wb.records.front().seq == uint64_t(i) + 1);
+    CHECK(wb.records.front().data == Bytes(kBytes, 0));
+    CHECK(queued.Value() < int64_t(max + kBytes + 4096));
+  }
+  REQUIRE(sender.get().ok());
+  CHECK(queued.Value() == 0);
 }
 
 }  // namespace

@@ -9,11 +9,13 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <thread>
 
 #include "common/channel.h"
 #include "common/block_digest.h"
 #include "common/hash.h"
 #include "common/http_client.h"
+#include "common/tests/gated_env.h"
 #include "common/tests/test_util.h"
 #include "master-target/export.h"
 #include "master-target/master_target.h"
@@ -210,6 +212,94 @@ TEST_CASE("process-server protocol: open, apply, ack, nack, hashes, heartbeat, r
 
   // The replica file holds the reference image.
   REQUIRE(ReadFile(VolumeDir(dir.path(), "acme", "db1") + "/replica.img") == ref.image());
+}
+
+TEST_CASE("group commit: batches received while one applies are applied together, each answered in order",
+          "[server][group]") {
+  TempDir dir;
+  auto posix = NewPosixEnv();
+  cdp::testing::GatedEnv gate(posix.get());
+  Daemon d(dir.path(), 0, 256, [&](MasterTargetOptions& o) { o.env = &gate; });
+  auto queued = d.mt->registry().GetGauge("cdp_mt_received_queued_bytes", "");
+  auto grouped = d.mt->registry().GetCounter("cdp_mt_batches_grouped_total", "");
+  const uint64_t size = 1 << 20;
+  Reference ref(size);
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  uint32_t vid = OpenVolume(*ch, OpenMsg("db1", size), 0);
+  std::mt19937_64 rng(11);
+  auto data = [&](size_t n) {
+    Bytes b(n);
+    for (auto& x : b) x = uint8_t(rng());
+    return b;
+  };
+  // Batch 1 holds its first sync at the gate; 2 and 3 arrive meanwhile.
+  auto send = [&](const std::vector<proto::Record>& recs) { REQUIRE(ch->Send(Batch(vid, recs)).ok()); };
+  auto held = [&] {
+    REQUIRE(gate.WaitUntilSyncBlocked(kTimeout));
+  };
+  auto wait_queued = [&](int64_t bytes) {
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    while (queued->Value() < bytes) {
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  auto reply = [&] {
+    auto r = ch->Receive(kTimeout);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    return std::move(*r);
+  };
+  auto acked = [&](uint64_t seq) {
+    auto m = reply();
+    auto* ack = std::get_if<proto::Ack>(&m);
+    REQUIRE(ack != nullptr);
+    CHECK(ack->durable_seq == seq);
+  };
+
+  std::vector<proto::Record> b1{DataRecord(1, 0, data(4096)), DataRecord(2, 8192, data(4096))};
+  std::vector<proto::Record> b2{DataRecord(3, 4096, data(8192))};
+  std::vector<proto::Record> b3{DataRecord(4, 65536, data(4096)), FlushRecord(5)};
+  gate.Close();
+  send(b1);
+  held();
+  send(b2);
+  send(b3);
+  wait_queued(8192 + 4096);
+  gate.Open();
+  for (const auto* b : {&b1, &b2, &b3}) ref.Apply(*b);
+  acked(2);
+  acked(5);  // the group: 2 and 3 under one journal sync, one replica sync, one commit
+  acked(5);
+  CHECK(grouped->Value() == 1);
+  CHECK(queued->Value() == 0);
+  CHECK(ReadFile(VolumeDir(dir.path(), "acme", "db1") + "/replica.img") == ref.image());
+
+  // A bad record in a later batch refuses the whole group: nothing of it is applied.
+  std::vector<proto::Record> b4{DataRecord(6, 0, data(4096))};
+  gate.Close();
+  send(b4);
+  held();
+  send({DataRecord(7, 4096, data(4096))});
+  send({DataRecord(8, size - 512, data(1024))});  // past the end
+  wait_queued(4096 + 1024);
+  gate.Open();
+  ref.Apply(b4);
+  acked(6);
+  for (int i = 0; i < 2; ++i) {
+    auto m = reply();
+    auto* nack = std::get_if<proto::Nack>(&m);
+    REQUIRE(nack != nullptr);
+    CHECK(nack->reason == proto::NackReason::kBadRecord);
+  }
+  CHECK(grouped->Value() == 2);
+  CHECK(ReadFile(VolumeDir(dir.path(), "acme", "db1") + "/replica.img") == ref.image());
+  // The stream goes on from the first refused sequence.
+  std::vector<proto::Record> b5{DataRecord(7, 4096, data(4096))};
+  ref.Apply(b5);
+  send(b5);
+  acked(7);
+  CHECK(ReadFile(VolumeDir(dir.path(), "acme", "db1") + "/replica.img") == ref.image());
 }
 
 TEST_CASE("tenants are isolated: secrets, directories, volumes", "[server][tenant]") {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/env_wrapper.h"
+#include "common/tests/gated_env.h"
 #include "common/fault_env.h"
 
 using cdp::Bytes;
@@ -315,62 +316,10 @@ TEST_CASE("spool leaves no garbage after a failed write and keeps accepting", "[
   CHECK(ReadAll(**sp2).size() == 4);
 }
 
-namespace {
-
-// An Env over MemEnv whose File::Sync can be held at a gate, to observe group commit.
-class GatedEnv : public cdp::EnvWrapper {
- public:
-  explicit GatedEnv(cdp::Env* base) : EnvWrapper(base) {}
-  class GatedFile : public cdp::FileWrapper {
-   public:
-    GatedFile(GatedEnv* env, std::unique_ptr<cdp::File> f) : FileWrapper(std::move(f)), env_(env) {}
-    cdp::Status Sync() override {
-      env_->WaitGate();
-      return FileWrapper::Sync();
-    }
-
-   private:
-    GatedEnv* env_;
-  };
-  cdp::Result<std::unique_ptr<cdp::File>> Open(const std::string& p, const cdp::OpenOptions& o) override {
-    CDP_ASSIGN_OR_RETURN(auto f, EnvWrapper::Open(p, o));
-    return std::unique_ptr<cdp::File>(new GatedFile(this, std::move(f)));
-  }
-
-  void Close() {
-    std::lock_guard<std::mutex> l(mu_);
-    closed_ = true;
-    waiting_ = 0;
-  }
-  void Open() {
-    std::lock_guard<std::mutex> l(mu_);
-    closed_ = false;
-    cv_.notify_all();
-  }
-  bool WaitUntilSyncBlocked(std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> l(mu_);
-    return cv_.wait_for(l, timeout, [&] { return waiting_ > 0; });
-  }
-  void WaitGate() {
-    std::unique_lock<std::mutex> l(mu_);
-    if (!closed_) return;
-    waiting_++;
-    cv_.notify_all();
-    cv_.wait(l, [&] { return !closed_; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool closed_ = false;
-  int waiting_ = 0;
-};
-
-}  // namespace
 
 TEST_CASE("spool group commit: one sync covers every batch waiting for it", "[spool]") {
   auto mem = cdp::NewMemEnv();
-  GatedEnv env(mem.get());
+  cdp::testing::GatedEnv env(mem.get());
   cdp::ManualClock clock;
   auto opts = Opts(&env, &clock);
   opts.segment_bytes = 1 << 20;
