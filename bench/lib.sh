@@ -17,6 +17,8 @@
 #   bench_rm DIR                removes DIR unless KEEP=1 (then the scratch directory
 #                               stays too, logs and all)
 #   json_num KEY                the first number KEY in the JSON on stdin
+#   daemon_cpu                  "agent A s, PS P s, MT M s": CPU time (user + system)
+#                               each running daemon used so far
 #   ctl ARGS...                 cdpctl with the three control ports and tokens
 #
 # Ports: MT_DATA MT_CTL PS_DATA PS_CTL AG_CTL; token files: MT_TOKEN PS_TOKEN
@@ -183,6 +185,19 @@ agent_down() {
   # shellcheck disable=SC2086
   bench_stop $AG_PID
   AG_PID=""
+}
+
+daemon_cpu() {
+  local tck name pid out=()
+  tck=$(getconf CLK_TCK)
+  for name in agent:$AG_PID PS:$PS_PID MT:$MT_PID; do
+    pid=${name#*:}
+    [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] || continue
+    # Fields 14 and 15 (utime, stime) counted after the ")" that ends the command name.
+    out+=("${name%%:*} $(sed 's/.*) //' "/proc/$pid/stat" | awk -v t="$tck" '{printf "%.2f", ($12 + $13) / t}') s")
+  done
+  local IFS=,
+  echo "${out[*]}"
 }
 
 cluster_down() {
