@@ -313,7 +313,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   // 3. Exports see the undo records before the replica changes.
   if (!added.empty()) {
     auto lk = LockIndexExclusive();
-    for (const UndoEntry& e : added) undo_.Add(e);
+    for (const UndoEntry& e : added) undo_->Stage(e);
   }
   // 4. The replica (sync point 2).
   bool replica_dirty = false;
@@ -390,7 +390,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
 
   if (o_.before_commit) CDP_RETURN_IF_ERROR(o_.before_commit());
   // 7. Commit point.
-  CDP_RETURN_IF_ERROR(CommitBatch(last_seq, new_seg, new_off, touched, &new_points));
+  CDP_RETURN_IF_ERROR(CommitBatch(last_seq, new_seg, new_off, touched, added, &new_points));
   // 8. Publish.
   {
     std::lock_guard<std::mutex> lk(meta_mu_);

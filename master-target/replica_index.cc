@@ -194,9 +194,10 @@ Status ReplicaVolume::LoadIndex() {
 }
 
 Status ReplicaVolume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
-                           const std::map<uint64_t, SegmentInfo>& touched,
+                           const std::map<uint64_t, SegmentInfo>& touched, const std::vector<UndoEntry>& undo,
                            std::vector<RecoveryPoint>* new_points) {
   CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+  CDP_RETURN_IF_ERROR(undo_->Insert(undo));
   CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
       "UPDATE volume SET applied_seq = ?1, journal_segment = ?2, journal_offset = ?3 WHERE id = 1"));
   CDP_RETURN_IF_ERROR(st.BindAll(last_seq, journal_segment, journal_offset));
@@ -218,7 +219,10 @@ Status ReplicaVolume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, u
       p.id = db_->LastInsertRowId();
     }
   }
-  return tx.Commit();
+  CDP_RETURN_IF_ERROR(tx.Commit());
+  auto lk = LockIndexExclusive();
+  undo_->Committed();
+  return Status::OK();
 }
 
 }  // namespace cdp::mt

@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/sqlite.h"
 
 namespace cdp::mt {
 
@@ -106,8 +107,19 @@ Status ReplicaVolume::RecoverUncommitted(bool undo_records) {
     seg_files_[seg] = std::move(f);
   };
   {
+    // Undo records past the applied sequence: staged by an apply that failed
+    // (never in the database), or committed before a rollback cut them off.
     auto lk = LockIndexExclusive();
-    undo_.RemoveAbove(applied);
+    undo_->Discarded();
+  }
+  {
+    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    CDP_RETURN_IF_ERROR(undo_->RemoveAbove(applied));
+    CDP_RETURN_IF_ERROR(tx.Commit());
+  }
+  {
+    auto lk = LockIndexExclusive();
+    undo_->Committed();
     for (auto it = seg_files_.begin(); it != seg_files_.end();) {
       it = it->first >= committed_segment_ ? seg_files_.erase(it) : std::next(it);
     }
@@ -122,33 +134,52 @@ Status ReplicaVolume::RebuildUndoIndex() {
     std::lock_guard<std::mutex> lk(meta_mu_);
     segs = segments_;
   }
-  UndoIndex idx;
   std::map<uint64_t, std::shared_ptr<File>> files;
   for (const auto& [seg, info] : segs) {
-    std::shared_ptr<File> f;
     if (seg == committed_segment_) {
-      f = writer_->shared_file();
-    } else {
-      OpenOptions ro;
-      ro.read_only = true;
-      CDP_ASSIGN_OR_RETURN(auto nf, o_.env->Open(JoinPath(JournalDir(), SegmentFileName(seg)), ro));
-      f = std::shared_ptr<File>(std::move(nf));
+      files[seg] = writer_->shared_file();
+      continue;
     }
-    uint64_t limit = seg == committed_segment_ ? committed_offset_ : info.bytes;
-    CDP_ASSIGN_OR_RETURN(auto scan, ScanSegment(*f, seg, 0, false, limit,
-                                                [&](const UndoHeader& h, const UndoLocation& loc) {
-                                                  idx.Add(UndoEntry{h.seq, h.offset, h.length, h.kind, loc.segment,
-                                                                    loc.file_offset, h.data_crc, h.time_us});
-                                                  return Status::OK();
-                                                }));
-    if (scan.valid_end < limit) {
-      return Status::Corruption(f->path() + ": committed journal records are damaged at " +
-                                std::to_string(scan.valid_end));
+    OpenOptions ro;
+    ro.read_only = true;
+    CDP_ASSIGN_OR_RETURN(auto nf, o_.env->Open(JoinPath(JournalDir(), SegmentFileName(seg)), ro));
+    files[seg] = std::shared_ptr<File>(std::move(nf));
+  }
+  if (!undo_->built()) {
+    // An index made before the undo tables (or a new one): fill them from the
+    // committed journal, in one transaction.
+    constexpr size_t kChunk = 1 << 16;
+    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    std::vector<UndoEntry> chunk;
+    for (const auto& [seg, info] : segs) {
+      File& f = *files[seg];
+      uint64_t limit = seg == committed_segment_ ? committed_offset_ : info.bytes;
+      CDP_ASSIGN_OR_RETURN(auto scan, ScanSegment(f, seg, 0, false, limit,
+                                                  [&](const UndoHeader& h, const UndoLocation& loc) {
+                                                    chunk.push_back(UndoEntry{h.seq, h.offset, h.length, h.kind,
+                                                                              loc.segment, loc.file_offset,
+                                                                              h.data_crc, h.time_us});
+                                                    if (chunk.size() < kChunk) return Status::OK();
+                                                    Status s = undo_->Insert(chunk);
+                                                    chunk.clear();
+                                                    return s;
+                                                  }));
+      if (scan.valid_end < limit) {
+        return Status::Corruption(f.path() + ": committed journal records are damaged at " +
+                                  std::to_string(scan.valid_end));
+      }
     }
-    files[seg] = f;
+    CDP_RETURN_IF_ERROR(undo_->Insert(chunk));
+    CDP_RETURN_IF_ERROR(undo_->MarkBuilt());
+    Status s = tx.Commit();
+    auto lk = LockIndexExclusive();
+    if (!s.ok()) {
+      undo_->Discarded();
+      return s;
+    }
+    undo_->Committed();
   }
   auto lk = LockIndexExclusive();
-  undo_ = std::move(idx);
   seg_files_ = std::move(files);
   return Status::OK();
 }

@@ -50,23 +50,39 @@ Result<RetentionResult> ReplicaVolume::ApplyRetention() {
     if (p.seq < new_horizon) res.dropped_points.push_back(p.id);
   }
   {
-    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
-    CDP_ASSIGN_OR_RETURN(auto d1, db_->Prepare("DELETE FROM segments WHERE segment <= ?1"));
-    CDP_RETURN_IF_ERROR(d1.BindAll(last_dropped));
-    CDP_RETURN_IF_ERROR(d1.Run());
-    CDP_ASSIGN_OR_RETURN(auto d2, db_->Prepare("DELETE FROM points WHERE seq < ?1"));
-    CDP_RETURN_IF_ERROR(d2.BindAll(new_horizon));
-    CDP_RETURN_IF_ERROR(d2.Run());
-    CDP_ASSIGN_OR_RETURN(auto up, db_->Prepare("UPDATE volume SET horizon_seq = ?1 WHERE id = 1"));
-    CDP_RETURN_IF_ERROR(up.BindAll(new_horizon));
-    CDP_RETURN_IF_ERROR(up.Run());
-    CDP_RETURN_IF_ERROR(tx.Commit());
+    // Readers of points below the new horizon are refused from now on, before
+    // the undo records they would need leave the index. (The points promised
+    // or pinned are all at or above it.)
+    auto ik = LockIndexExclusive();
+    horizon_ = new_horizon;
+  }
+  {
+    Status s = [&]() -> Status {
+      CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+      // Records at or below the horizon are never read again (a record's undo
+      // chunks may also lie in the first segment kept).
+      CDP_RETURN_IF_ERROR(undo_->RemoveUpTo(new_horizon));
+      CDP_ASSIGN_OR_RETURN(auto d1, db_->Prepare("DELETE FROM segments WHERE segment <= ?1"));
+      CDP_RETURN_IF_ERROR(d1.BindAll(last_dropped));
+      CDP_RETURN_IF_ERROR(d1.Run());
+      CDP_ASSIGN_OR_RETURN(auto d2, db_->Prepare("DELETE FROM points WHERE seq < ?1"));
+      CDP_RETURN_IF_ERROR(d2.BindAll(new_horizon));
+      CDP_RETURN_IF_ERROR(d2.Run());
+      CDP_ASSIGN_OR_RETURN(auto up, db_->Prepare("UPDATE volume SET horizon_seq = ?1 WHERE id = 1"));
+      CDP_RETURN_IF_ERROR(up.BindAll(new_horizon));
+      CDP_RETURN_IF_ERROR(up.Run());
+      return tx.Commit();
+    }();
+    if (!s.ok()) {
+      auto ik = LockIndexExclusive();
+      undo_->Discarded();
+      return s;
+    }
   }
   {
     auto ik = LockIndexExclusive();
-    undo_.RemoveSegmentsUpTo(last_dropped);
+    undo_->Committed();
     for (uint64_t seg : res.dropped_segments) seg_files_.erase(seg);
-    horizon_ = new_horizon;
   }
   {
     std::lock_guard<std::mutex> mk(meta_mu_);

@@ -41,7 +41,7 @@ Status ReplicaVolume::FinishRollback() {
   std::vector<UndoEntry> entries;
   {
     std::shared_lock<std::shared_mutex> lk(index_mu_);
-    entries = undo_.EntriesAbove(p);
+    CDP_ASSIGN_OR_RETURN(entries, undo_->EntriesAbove(p));
   }
   log::Get("mt.volume")->warn("{} rolling back {} undo records to sequence {}", log::Where{id_.name, "", p},
                               entries.size(), p);

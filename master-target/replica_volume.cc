@@ -63,6 +63,7 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
     CDP_RETURN_IF_ERROR(CreateFiles(*create));
   }
   CDP_RETURN_IF_ERROR(LoadIndex());
+  CDP_ASSIGN_OR_RETURN(undo_, UndoIndex::Open(db_.get(), o_.index_path, id_.size));
   OpenOptions ro;
   CDP_ASSIGN_OR_RETURN(replica_, o_.env->Open(ReplicaPath(), ro));
   CDP_ASSIGN_OR_RETURN(uint64_t rsize, replica_->Size());
@@ -100,7 +101,8 @@ Status ReplicaVolume::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, 
   std::shared_lock<std::shared_mutex> lk = LockIndexShared();
   if (point_seq < horizon_)
     return Status::OutOfRange(id_.name + ": point " + std::to_string(point_seq) + " is below the retention horizon");
-  for (const ReadPiece& p : undo_.Lookup(point_seq, offset, len)) {
+  CDP_ASSIGN_OR_RETURN(std::vector<ReadPiece> pieces, undo_->Lookup(point_seq, offset, len));
+  for (const ReadPiece& p : pieces) {
     uint8_t* dst = buf + (p.offset - offset);
     if (p.from_undo) {
       std::shared_ptr<File> f = SegmentFile(p.entry.segment);
@@ -259,7 +261,7 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   {
     std::shared_lock<std::shared_mutex> ik(index_mu_);
     s.horizon_seq = horizon_;
-    s.undo_records = undo_.size();
+    s.undo_records = undo_->size();
   }
   std::lock_guard<std::mutex> lk(meta_mu_);
   s.state = state_;

@@ -379,10 +379,12 @@ class ReplicaVolume {
   Status ZeroReplica(uint64_t offset, uint64_t len);
   Status ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out);
   // The commit point of a batch (master-target/replica_index.cc): the applied
-  // sequence, the journal position, the touched segments and the new points
-  // (whose ids it fills in), in one sqlite transaction.
+  // sequence, the journal position, the touched segments, the batch's undo
+  // records (staged in undo_) and the new points (whose ids it fills in), in
+  // one sqlite transaction. Then undo_ reads those records from the database.
   Status CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
-                     const std::map<uint64_t, SegmentInfo>& touched, std::vector<RecoveryPoint>* new_points);
+                     const std::map<uint64_t, SegmentInfo>& touched, const std::vector<UndoEntry>& undo,
+                     std::vector<RecoveryPoint>* new_points);
   std::shared_ptr<File> SegmentFile(uint64_t segment) const;  // index_mu_ held
   void Unpin(uint64_t seq);
   void UpdateGauges();
@@ -420,7 +422,7 @@ class ReplicaVolume {
   mutable std::mutex turnstile_;
   std::unique_lock<std::shared_mutex> LockIndexExclusive() const;
   std::shared_lock<std::shared_mutex> LockIndexShared() const;
-  UndoIndex undo_;
+  std::unique_ptr<UndoIndex> undo_;  // on disk (index.db); memory bounded
   std::map<uint64_t, std::shared_ptr<File>> seg_files_;
   uint64_t horizon_ = 0;
 

@@ -1,44 +1,66 @@
 #include "master-target/undo_index.h"
 
 #include <algorithm>
+#include <bit>
 
 namespace cdp::mt {
 
-void UndoIndex::Add(const UndoEntry& e) {
-  Slot& slot = by_offset_[e.offset];
-  slot.v.push_back(e);
-  slot.max_len = std::max(slot.max_len, e.length);
-  SegmentRefs& refs = by_segment_[e.segment];
-  refs.offsets.push_back(e.offset);
-  refs.max_seq = std::max(refs.max_seq, e.seq);
-  ++count_;
+namespace {
+
+const char* kUndoSchema = R"sql(
+CREATE TABLE IF NOT EXISTS undo(
+  offset INTEGER NOT NULL,
+  seq INTEGER NOT NULL,
+  length INTEGER NOT NULL,
+  kind INTEGER NOT NULL,
+  segment INTEGER NOT NULL,
+  file_offset INTEGER NOT NULL,
+  crc INTEGER NOT NULL,
+  time_us INTEGER NOT NULL,
+  PRIMARY KEY (offset, seq)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS undo_by_seq ON undo(seq);
+CREATE TABLE IF NOT EXISTS undo_regions(
+  region INTEGER PRIMARY KEY,
+  max_seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS undo_meta(
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  region_shift INTEGER NOT NULL,
+  records INTEGER NOT NULL,
+  max_length INTEGER NOT NULL,
+  built INTEGER NOT NULL);
+)sql";
+
+constexpr const char* kColumns = "offset, seq, length, kind, segment, file_offset, crc, time_us";
+
+UndoEntry RowEntry(const sqlite::Statement& st) {
+  UndoEntry e;
+  e.offset = uint64_t(st.ColumnInt64(0));
+  e.seq = uint64_t(st.ColumnInt64(1));
+  e.length = uint32_t(st.ColumnInt64(2));
+  e.kind = UndoKind(st.ColumnInt64(3));
+  e.segment = uint64_t(st.ColumnInt64(4));
+  e.file_offset = uint64_t(st.ColumnInt64(5));
+  e.crc = uint32_t(st.ColumnInt64(6));
+  e.time_us = uint64_t(st.ColumnInt64(7));
+  return e;
 }
 
-std::vector<ReadPiece> UndoIndex::Lookup(uint64_t point, uint64_t offset, uint64_t len) const {
+// The smallest power-of-two region of at least kMinRegionBytes that covers
+// the volume in at most kMaxRegions regions.
+int RegionShift(uint64_t volume_size) {
+  uint64_t region = UndoIndex::kMinRegionBytes;
+  while (region * UndoIndex::kMaxRegions < volume_size) region <<= 1;
+  return std::countr_zero(region);
+}
+
+}  // namespace
+
+std::vector<ReadPiece> PaintPieces(uint64_t offset, uint64_t len, std::vector<UndoEntry> cand) {
   const uint64_t end = offset + len;
-  std::vector<UndoEntry> cand;
-  uint64_t lo = offset >= kMaxUndoChunk - 1 ? offset - (kMaxUndoChunk - 1) : 0;
-  for (auto it = by_offset_.lower_bound(lo); it != by_offset_.end() && it->first < end; ++it) {
-    const Slot& slot = it->second;
-    const uint64_t start = it->first;
-    if (start + slot.max_len <= offset) continue;
-    auto j = std::upper_bound(slot.v.begin(), slot.v.end(), point,
-                              [](uint64_t p, const UndoEntry& e) { return p < e.seq; });
-    uint64_t reach = start;
-    for (; j != slot.v.end(); ++j) {
-      uint64_t e_end = j->offset + j->length;
-      if (e_end > reach) {
-        if (e_end > offset) cand.push_back(*j);
-        reach = e_end;
-        if (reach >= end || reach >= start + slot.max_len) break;
-      }
-    }
-  }
   std::sort(cand.begin(), cand.end(), [](const UndoEntry& a, const UndoEntry& b) {
     return a.seq != b.seq ? a.seq < b.seq : a.offset < b.offset;
   });
-
-  // Paint: each candidate, oldest first, takes the bytes no older one took.
+  // Each candidate, oldest first, takes the bytes no older one took.
   std::vector<std::pair<uint64_t, uint64_t>> gaps{{offset, end}};
   std::vector<ReadPiece> pieces;
   for (const UndoEntry& e : cand) {
@@ -78,67 +100,225 @@ std::vector<ReadPiece> UndoIndex::Lookup(uint64_t point, uint64_t offset, uint64
   return pieces;
 }
 
-void UndoIndex::RemoveSegmentsUpTo(uint64_t segment) {
-  while (!by_segment_.empty() && by_segment_.begin()->first <= segment) {
-    for (uint64_t off : by_segment_.begin()->second.offsets) {
-      auto it = by_offset_.find(off);
-      if (it == by_offset_.end()) continue;
-      auto& v = it->second.v;
-      auto keep = std::find_if(v.begin(), v.end(), [&](const UndoEntry& e) { return e.segment > segment; });
-      count_ -= size_t(keep - v.begin());
-      v.erase(v.begin(), keep);
-      if (v.empty()) by_offset_.erase(it);
-    }
-    by_segment_.erase(by_segment_.begin());
-  }
+UndoIndex::UndoIndex(sqlite::Db* db, std::unique_ptr<sqlite::Db> reader, uint64_t volume_size)
+    : db_(db), region_shift_(RegionShift(volume_size)), reader_(std::move(reader)) {
+  region_max_.assign(size_t((volume_size + (uint64_t(1) << region_shift_) - 1) >> region_shift_), 0);
 }
 
-void UndoIndex::RemoveAbove(uint64_t seq) {
-  while (!by_segment_.empty()) {
-    auto last = std::prev(by_segment_.end());
-    if (last->second.max_seq <= seq) break;
-    bool all_gone = true;
-    for (uint64_t off : last->second.offsets) {
-      auto it = by_offset_.find(off);
-      if (it == by_offset_.end()) continue;
-      auto& v = it->second.v;
-      while (!v.empty() && v.back().seq > seq) {
-        v.pop_back();
-        --count_;
-      }
-      for (const UndoEntry& e : v) {
-        if (e.segment == last->first) all_gone = false;
-      }
-      if (v.empty()) by_offset_.erase(it);
-    }
-    if (all_gone) {
-      by_segment_.erase(last);
-    } else {
-      last->second.max_seq = seq;
-      break;
-    }
-  }
+Result<std::unique_ptr<UndoIndex>> UndoIndex::Open(sqlite::Db* db, const std::string& db_path,
+                                                   uint64_t volume_size) {
+  CDP_RETURN_IF_ERROR(db->Exec(kUndoSchema));
+  sqlite::Db::Options ro;
+  ro.read_only = true;
+  CDP_ASSIGN_OR_RETURN(auto reader, sqlite::Db::Open(db_path, ro));
+  std::unique_ptr<UndoIndex> idx(new UndoIndex(db, std::move(reader), volume_size));
+  CDP_RETURN_IF_ERROR(idx->LoadMeta());
+  CDP_RETURN_IF_ERROR(idx->Prepare());
+  return idx;
 }
 
-std::vector<UndoEntry> UndoIndex::EntriesAbove(uint64_t seq) const {
+Status UndoIndex::LoadMeta() {
+  {
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT region_shift, records, max_length, built FROM undo_meta WHERE id = 1"));
+    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) {
+      // A new index, or one made before the undo tables: empty, not built.
+      CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare("INSERT INTO undo_meta VALUES(1, ?1, 0, 0, 0)"));
+      CDP_RETURN_IF_ERROR(ins.BindAll(int64_t(region_shift_)));
+      return ins.Run();
+    }
+    if (st.ColumnInt64(0) != region_shift_) {
+      return Status::Corruption(db_->path() + ": undo summary regions of 2^" + std::to_string(st.ColumnInt64(0)) +
+                                " bytes where this volume's size gives 2^" + std::to_string(region_shift_));
+    }
+    count_ = uint64_t(st.ColumnInt64(1));
+    max_len_ = uint32_t(st.ColumnInt64(2));
+    built_ = st.ColumnInt64(3) != 0;
+  }
+  CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT region, max_seq FROM undo_regions"));
+  for (;;) {
+    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) break;
+    uint64_t r = uint64_t(st.ColumnInt64(0));
+    if (r >= region_max_.size()) return Status::Corruption(db_->path() + ": undo summary region past the volume");
+    region_max_[r] = uint64_t(st.ColumnInt64(1));
+  }
+  return Status::OK();
+}
+
+Status UndoIndex::Prepare() {
+  CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare(std::string("INSERT INTO undo(") + kColumns +
+                                              ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"));
+  insert_.emplace(std::move(ins));
+  CDP_ASSIGN_OR_RETURN(auto reg, db_->Prepare("INSERT INTO undo_regions VALUES(?1, ?2) ON CONFLICT(region) DO "
+                                              "UPDATE SET max_seq = MAX(max_seq, excluded.max_seq)"));
+  upsert_region_.emplace(std::move(reg));
+  CDP_ASSIGN_OR_RETURN(auto up_to, db_->Prepare("DELETE FROM undo WHERE seq <= ?1"));
+  remove_up_to_.emplace(std::move(up_to));
+  CDP_ASSIGN_OR_RETURN(auto above, db_->Prepare("DELETE FROM undo WHERE seq > ?1"));
+  remove_above_.emplace(std::move(above));
+  CDP_ASSIGN_OR_RETURN(auto meta, db_->Prepare(
+      "UPDATE undo_meta SET records = records + ?1, max_length = MAX(max_length, ?2) WHERE id = 1"));
+  update_meta_.emplace(std::move(meta));
+  CDP_ASSIGN_OR_RETURN(auto seek, reader_->Prepare(std::string("SELECT ") + kColumns +
+                                                   " FROM undo WHERE (offset, seq) >= (?1, ?2)"
+                                                   " ORDER BY offset, seq LIMIT 1"));
+  seek_.emplace(std::move(seek));
+  return Status::OK();
+}
+
+void UndoIndex::Stage(const UndoEntry& e) { staged_.push_back(e); }
+
+Status UndoIndex::Insert(std::span<const UndoEntry> entries) {
+  if (entries.empty()) return Status::OK();
+  uint32_t max_len = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> regions;  // (region, max seq), sorted by region after the loop
+  for (const UndoEntry& e : entries) {
+    CDP_RETURN_IF_ERROR(insert_->Reset());
+    CDP_RETURN_IF_ERROR(insert_->BindAll(e.offset, e.seq, int64_t(e.length), int64_t(e.kind), e.segment,
+                                         e.file_offset, int64_t(e.crc), e.time_us));
+    CDP_RETURN_IF_ERROR(insert_->Run());
+    max_len = std::max(max_len, e.length);
+    regions.emplace_back(e.offset >> region_shift_, e.seq);
+  }
+  std::sort(regions.begin(), regions.end());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    // The last of each region's run has its highest seq.
+    if (i + 1 < regions.size() && regions[i + 1].first == regions[i].first) continue;
+    CDP_RETURN_IF_ERROR(upsert_region_->Reset());
+    CDP_RETURN_IF_ERROR(upsert_region_->BindAll(regions[i].first, regions[i].second));
+    CDP_RETURN_IF_ERROR(upsert_region_->Run());
+    pending_regions_.push_back(regions[i]);
+  }
+  CDP_RETURN_IF_ERROR(update_meta_->Reset());
+  CDP_RETURN_IF_ERROR(update_meta_->BindAll(int64_t(entries.size()), int64_t(max_len)));
+  CDP_RETURN_IF_ERROR(update_meta_->Run());
+  pending_count_ += int64_t(entries.size());
+  pending_max_len_ = std::max(pending_max_len_, max_len);
+  return Status::OK();
+}
+
+Status UndoIndex::RemoveUpTo(uint64_t seq) {
+  CDP_RETURN_IF_ERROR(remove_up_to_->Reset());
+  CDP_RETURN_IF_ERROR(remove_up_to_->BindAll(seq));
+  CDP_RETURN_IF_ERROR(remove_up_to_->Run());
+  const int64_t gone = db_->Changes();
+  CDP_RETURN_IF_ERROR(update_meta_->Reset());
+  CDP_RETURN_IF_ERROR(update_meta_->BindAll(-gone, int64_t(0)));
+  CDP_RETURN_IF_ERROR(update_meta_->Run());
+  pending_count_ -= gone;
+  return Status::OK();
+}
+
+Status UndoIndex::RemoveAbove(uint64_t seq) {
+  CDP_RETURN_IF_ERROR(remove_above_->Reset());
+  CDP_RETURN_IF_ERROR(remove_above_->BindAll(seq));
+  CDP_RETURN_IF_ERROR(remove_above_->Run());
+  const int64_t gone = db_->Changes();
+  CDP_RETURN_IF_ERROR(update_meta_->Reset());
+  CDP_RETURN_IF_ERROR(update_meta_->BindAll(-gone, int64_t(0)));
+  CDP_RETURN_IF_ERROR(update_meta_->Run());
+  pending_count_ -= gone;
+  return Status::OK();
+}
+
+Status UndoIndex::MarkBuilt() {
+  CDP_RETURN_IF_ERROR(db_->Exec("UPDATE undo_meta SET built = 1 WHERE id = 1"));
+  pending_built_ = true;
+  return Status::OK();
+}
+
+void UndoIndex::Committed() {
+  count_ = uint64_t(int64_t(count_) + pending_count_);
+  max_len_ = std::max(max_len_, pending_max_len_);
+  for (auto [r, seq] : pending_regions_) region_max_[r] = std::max(region_max_[r], seq);
+  built_ = built_ || pending_built_;
+  staged_.clear();
+  Discarded();
+}
+
+void UndoIndex::Discarded() {
+  staged_.clear();
+  pending_count_ = 0;
+  pending_max_len_ = 0;
+  pending_regions_.clear();
+  pending_built_ = false;
+}
+
+Result<bool> UndoIndex::Seek(uint64_t offset, uint64_t seq, UndoEntry* out) const {
+  CDP_RETURN_IF_ERROR(seek_->Reset());
+  CDP_RETURN_IF_ERROR(seek_->BindAll(offset, seq));
+  CDP_ASSIGN_OR_RETURN(bool row, seek_->Step());
+  if (row) *out = RowEntry(*seek_);
+  CDP_RETURN_IF_ERROR(seek_->Reset());  // ends the read transaction
+  return row;
+}
+
+Result<std::vector<ReadPiece>> UndoIndex::Lookup(uint64_t point, uint64_t offset, uint64_t len) const {
+  const uint64_t end = offset + len;
+  std::vector<UndoEntry> cand;
+  // Records of the batch being applied (all newer than any readable point).
+  for (const UndoEntry& e : staged_) {
+    if (e.seq > point && e.offset < end && e.offset + e.length > offset) cand.push_back(e);
+  }
+  if (max_len_ > 0) {
+    std::lock_guard<std::mutex> lk(read_mu_);
+    uint64_t cur = offset >= max_len_ - 1 ? offset - (max_len_ - 1) : 0;
+    while (cur < end) {
+      const uint64_t region = cur >> region_shift_;
+      if (region >= region_max_.size()) break;
+      if (region_max_[region] <= point) {  // nothing newer than the point starts here
+        cur = (region + 1) << region_shift_;
+        continue;
+      }
+      UndoEntry e;
+      CDP_ASSIGN_OR_RETURN(bool found, Seek(cur, point + 1, &e));
+      if (!found || e.offset >= end) break;
+      if (e.seq <= point) {  // a later offset's older record: seek its first newer one
+        cur = e.offset;
+        CDP_ASSIGN_OR_RETURN(found, Seek(cur, point + 1, &e));
+        if (!found || e.offset >= end) break;
+        if (e.offset != cur) {
+          cur = e.offset;
+          continue;  // its region may hold nothing newer than the point
+        }
+      }
+      // e: the oldest record newer than the point starting at e.offset. Later
+      // ones there matter only where they reach further.
+      const uint64_t start = e.offset;
+      uint64_t reach = start;
+      for (;;) {
+        const uint64_t e_end = e.offset + e.length;
+        if (e_end > reach) {
+          if (e_end > offset) cand.push_back(e);
+          reach = e_end;
+        }
+        if (reach >= end || reach >= start + max_len_) break;
+        CDP_ASSIGN_OR_RETURN(found, Seek(start, e.seq + 1, &e));
+        if (!found || e.offset != start) break;
+      }
+      cur = start + 1;
+    }
+  }
+  return PaintPieces(offset, len, std::move(cand));
+}
+
+Result<std::vector<UndoEntry>> UndoIndex::EntriesAbove(uint64_t seq) const {
+  std::lock_guard<std::mutex> lk(read_mu_);
+  CDP_ASSIGN_OR_RETURN(auto st, reader_->Prepare(std::string("SELECT ") + kColumns +
+                                                 " FROM undo WHERE seq > ?1"
+                                                 " ORDER BY seq DESC, segment DESC, file_offset DESC"));
+  CDP_RETURN_IF_ERROR(st.BindAll(seq));
   std::vector<UndoEntry> out;
-  for (const auto& [off, slot] : by_offset_) {
-    for (auto it = slot.v.rbegin(); it != slot.v.rend() && it->seq > seq; ++it) out.push_back(*it);
+  for (;;) {
+    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) break;
+    out.push_back(RowEntry(st));
   }
-  std::sort(out.begin(), out.end(), [](const UndoEntry& a, const UndoEntry& b) {
-    if (a.seq != b.seq) return a.seq > b.seq;
-    if (a.segment != b.segment) return a.segment > b.segment;
-    return a.file_offset > b.file_offset;
-  });
+  for (auto it = staged_.rbegin(); it != staged_.rend(); ++it) {
+    if (it->seq > seq) out.insert(out.begin(), *it);
+  }
   return out;
-}
-
-uint64_t UndoIndex::min_seq() const {
-  uint64_t m = 0;
-  for (const auto& [off, slot] : by_offset_) {
-    if (!slot.v.empty() && (m == 0 || slot.v.front().seq < m)) m = slot.v.front().seq;
-  }
-  return m;
 }
 
 }  // namespace cdp::mt

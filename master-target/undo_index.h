@@ -1,29 +1,51 @@
-// UndoIndex: the in-memory index of a volume's undo journal that answers
+// UndoIndex: the on-disk index of a volume's undo journal that answers
 // point-in-time reads: "for each byte of [offset, offset+len), which undo record
 // holds its content as of recovery point P?" — the oldest undo record with
 // seq > P that covers the byte; a byte covered by none reads from the replica.
-// Format of what it indexes: docs/formats/mt-index.md.
+// Tables and their meaning: docs/formats/mt-index.md ("Undo index").
 //
-// It is rebuilt from the journal when a volume opens and kept up to date by the
-// apply engine (records are added in sequence order, oldest segments are
-// removed by retention, records past a sequence are removed by rollback and
-// crash recovery).
+// Memory does not grow with the journal: the records live in the volume's
+// index database (tables `undo`, `undo_regions`, `undo_meta`); memory holds
+// a summary of at most kMaxRegions regions (8 bytes each) and the records of
+// the batch being applied.
 //
-// Layout: a map from a record's start offset to the records starting there, in
-// sequence order. Records are at most kMaxUndoChunk long, so the records that
-// can overlap [a, b) start in [a - kMaxUndoChunk + 1, b). For each start offset
-// a lookup binary-searches the first record with seq > P and walks on only
-// while later records there reach further (same-offset records of equal
-// length, the common case of a hot block, cost one step).
+//   apply:    Stage(records)  --  visible to lookups at once, before the
+//                                 replica changes (exclusive lock)
+//             Insert(records) --  inside the batch's commit transaction
+//             Committed()     --  after that commit: staged records dropped,
+//                                 counters and summary updated
+//   failure:  Discarded()     --  staged records and pending changes dropped
+//   retention RemoveUpTo(seq), rollback / recovery RemoveAbove(seq): inside
+//             the caller's transaction, then Committed().
 //
-// Thread safety: none inside; the owner (ReplicaVolume) guards it with a
-// shared_mutex — lookups under the shared lock, changes under the exclusive one.
+// Layout: `undo` is keyed by (offset, seq), so the records starting at one
+// offset lie together in sequence order. Records are at most max_length()
+// long, so the records that can overlap [a, b) start in
+// [a - max_length() + 1, b). For each start offset a lookup seeks the first
+// record with seq > P and walks on only while later records there reach
+// further (records of equal length at one offset, the common case of a hot
+// block, cost one seek). The summary keeps, per region of the volume, the
+// highest seq of any record starting in it; a region whose highest seq is
+// <= P is skipped without a seek (an over-estimate after retention or a
+// rollback costs seeks, never a wrong answer).
+//
+// Thread safety: the owner (ReplicaVolume) guards it with a shared_mutex —
+// Lookup/EntriesAbove/size under the shared lock; Stage/Committed/Discarded
+// under the exclusive one; Insert/Remove*/MarkBuilt from the apply thread
+// (apply_mu_) inside its transaction, under neither. Lookups may run at once:
+// they share one read-only connection behind a mutex of their own.
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "common/result.h"
+#include "common/sqlite.h"
 #include "master-target/journal.h"
 
 namespace cdp::mt {
@@ -51,41 +73,77 @@ struct ReadPiece {
                            // offset - entry.offset inside its old data
 };
 
+// Splits [offset, offset+len) into pieces, in offset order, that together
+// cover it exactly: each byte from the first of `candidates` (ordered by
+// seq) that covers it, or from the replica.
+std::vector<ReadPiece> PaintPieces(uint64_t offset, uint64_t len, std::vector<UndoEntry> candidates);
+
 class UndoIndex {
  public:
-  // Adds a record. Records must be added in non-decreasing sequence order.
-  void Add(const UndoEntry& e);
+  static constexpr uint64_t kMaxRegions = 128 * 1024;  // summary entries per volume (1 MiB)
+  static constexpr uint64_t kMinRegionBytes = 1u << 20;
 
-  // Splits [offset, offset+len) into pieces, in offset order, that together
-  // cover it exactly: each byte from the oldest record with seq > point that
-  // covers it, or from the replica.
-  std::vector<ReadPiece> Lookup(uint64_t point, uint64_t offset, uint64_t len) const;
+  // Creates the tables in `db` (the volume's index database, the writer's
+  // connection) if missing, loads the summary, and opens `db_path` again
+  // read-only for lookups.
+  static Result<std::unique_ptr<UndoIndex>> Open(sqlite::Db* db, const std::string& db_path, uint64_t volume_size);
+  UndoIndex(const UndoIndex&) = delete;
+  UndoIndex& operator=(const UndoIndex&) = delete;
 
-  // Removes every record of segments <= `segment` (retention).
-  void RemoveSegmentsUpTo(uint64_t segment);
-  // Removes every record with seq > `seq` (rollback, crash recovery).
-  void RemoveAbove(uint64_t seq);
+  // False for an index made before the undo tables existed: the owner fills
+  // it from the journal (Insert), then MarkBuilt, in one transaction.
+  bool built() const { return built_; }
+
+  // Records being applied, not yet committed (ascending seq).
+  void Stage(const UndoEntry& e);
+
+  // Inside the caller's transaction on `db`:
+  Status Insert(std::span<const UndoEntry> entries);
+  Status RemoveUpTo(uint64_t seq);   // retention: every record with seq <= seq
+  Status RemoveAbove(uint64_t seq);  // rollback, crash recovery
+  Status MarkBuilt();
+  // The caller's transaction committed / failed (or was never begun).
+  void Committed();
+  void Discarded();
+
+  // Pieces of [offset, offset+len) as of `point` (see PaintPieces).
+  Result<std::vector<ReadPiece>> Lookup(uint64_t point, uint64_t offset, uint64_t len) const;
 
   // Every record with seq > `seq`, newest first (descending seq, and within one
-  // seq descending offset in the journal): the order to undo them in.
-  std::vector<UndoEntry> EntriesAbove(uint64_t seq) const;
+  // seq descending position in the journal): the order to undo them in.
+  Result<std::vector<UndoEntry>> EntriesAbove(uint64_t seq) const;
 
-  size_t size() const { return count_; }
-  // The lowest seq indexed (0 if empty).
-  uint64_t min_seq() const;
+  uint64_t size() const { return count_; }
+  uint32_t max_length() const { return max_len_; }
 
  private:
-  struct Slot {
-    uint32_t max_len = 0;            // an upper bound of the lengths in `v`
-    std::vector<UndoEntry> v;        // ascending seq
-  };
-  struct SegmentRefs {
-    std::vector<uint64_t> offsets;   // start offsets of its records (may repeat)
-    uint64_t max_seq = 0;
-  };
-  std::map<uint64_t, Slot> by_offset_;
-  std::map<uint64_t, SegmentRefs> by_segment_;
-  size_t count_ = 0;
+  UndoIndex(sqlite::Db* db, std::unique_ptr<sqlite::Db> reader, uint64_t volume_size);
+  Status Prepare();
+  Status LoadMeta();
+  // The first record at (offset, seq) or after it in key order.
+  Result<bool> Seek(uint64_t offset, uint64_t seq, UndoEntry* out) const;
+
+  sqlite::Db* db_;
+  int region_shift_ = 20;
+  std::vector<uint64_t> region_max_;  // highest seq of a record starting in each region
+  uint64_t count_ = 0;
+  uint32_t max_len_ = 0;
+  bool built_ = false;
+  std::vector<UndoEntry> staged_;
+
+  // Changes written in the open transaction, applied by Committed().
+  int64_t pending_count_ = 0;
+  uint32_t pending_max_len_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> pending_regions_;  // (region, max seq)
+  bool pending_built_ = false;
+
+  // Writer statements (db_).
+  std::optional<sqlite::Statement> insert_, upsert_region_, remove_up_to_, remove_above_, update_meta_;
+
+  // Lookups.
+  mutable std::mutex read_mu_;
+  std::unique_ptr<sqlite::Db> reader_;
+  mutable std::optional<sqlite::Statement> seek_;
 };
 
 }  // namespace cdp::mt
