@@ -10,7 +10,11 @@ namespace cdp::mt {
 
 namespace {
 
-constexpr int kIndexFormatVersion = 1;
+// 2: the undo index is in the tables `undo*` (undo_index.h). An index of
+// version 1 is opened and filled to version 2 at open (RebuildUndoIndex); a
+// binary that knows only version 1 refuses it then, rather than apply batches
+// without indexing their undo records.
+constexpr int kIndexFormatVersion = 2;
 
 const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS volume(
@@ -112,8 +116,9 @@ Status ReplicaVolume::LoadIndex() {
         " journal_offset, horizon_seq, state, rollback_to FROM volume WHERE id = 1"));
     CDP_ASSIGN_OR_RETURN(bool row, st.Step());
     if (!row) return Status::Corruption(o_.index_path + ": no volume row");
-    if (st.ColumnInt64(0) != kIndexFormatVersion)
+    if (st.ColumnInt64(0) != kIndexFormatVersion && st.ColumnInt64(0) != 1)
       return Status::Corruption(o_.index_path + ": unsupported index format " + std::to_string(st.ColumnInt64(0)));
+    index_version_ = int(st.ColumnInt64(0));
     id_.name = st.ColumnText(1);
     id_.size = uint64_t(st.ColumnInt64(2));
     id_.block_size = uint32_t(st.ColumnInt64(3));

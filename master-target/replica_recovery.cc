@@ -145,11 +145,12 @@ Status ReplicaVolume::RebuildUndoIndex() {
     CDP_ASSIGN_OR_RETURN(auto nf, o_.env->Open(JoinPath(JournalDir(), SegmentFileName(seg)), ro));
     files[seg] = std::shared_ptr<File>(std::move(nf));
   }
-  if (!undo_->built()) {
-    // An index made before the undo tables (or a new one): fill them from the
-    // committed journal, in one transaction.
+  if (!undo_->built() || index_version_ < 2) {
+    // An index of version 1 (made before the undo tables), or a new one: fill
+    // them from the committed journal, in one transaction.
     constexpr size_t kChunk = 1 << 16;
     CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    CDP_RETURN_IF_ERROR(undo_->Clear());
     std::vector<UndoEntry> chunk;
     for (const auto& [seg, info] : segs) {
       File& f = *files[seg];
@@ -171,6 +172,7 @@ Status ReplicaVolume::RebuildUndoIndex() {
     }
     CDP_RETURN_IF_ERROR(undo_->Insert(chunk));
     CDP_RETURN_IF_ERROR(undo_->MarkBuilt());
+    CDP_RETURN_IF_ERROR(db_->Exec("UPDATE volume SET format_version = 2 WHERE id = 1"));
     Status s = tx.Commit();
     auto lk = LockIndexExclusive();
     if (!s.ok()) {
@@ -178,6 +180,7 @@ Status ReplicaVolume::RebuildUndoIndex() {
       return s;
     }
     undo_->Committed();
+    index_version_ = 2;
   }
   auto lk = LockIndexExclusive();
   seg_files_ = std::move(files);

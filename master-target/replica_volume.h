@@ -423,6 +423,7 @@ class ReplicaVolume {
   std::unique_lock<std::shared_mutex> LockIndexExclusive() const;
   std::shared_lock<std::shared_mutex> LockIndexShared() const;
   std::unique_ptr<UndoIndex> undo_;  // on disk (index.db); memory bounded
+  int index_version_ = 0;            // volume.format_version as loaded (1: undo tables to be filled)
   std::map<uint64_t, std::shared_ptr<File>> seg_files_;
   uint64_t horizon_ = 0;
 

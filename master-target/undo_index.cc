@@ -228,7 +228,23 @@ Status UndoIndex::MarkBuilt() {
   return Status::OK();
 }
 
+Status UndoIndex::Clear() {
+  CDP_RETURN_IF_ERROR(db_->Exec("DELETE FROM undo; DELETE FROM undo_regions; "
+                                "UPDATE undo_meta SET records = 0, max_length = 0, built = 0 WHERE id = 1"));
+  pending_clear_ = true;
+  pending_count_ = 0;
+  pending_max_len_ = 0;
+  pending_regions_.clear();
+  return Status::OK();
+}
+
 void UndoIndex::Committed() {
+  if (pending_clear_) {
+    count_ = 0;
+    max_len_ = 0;
+    built_ = false;
+    std::fill(region_max_.begin(), region_max_.end(), 0);
+  }
   count_ = uint64_t(int64_t(count_) + pending_count_);
   max_len_ = std::max(max_len_, pending_max_len_);
   for (auto [r, seq] : pending_regions_) region_max_[r] = std::max(region_max_[r], seq);
@@ -243,6 +259,7 @@ void UndoIndex::Discarded() {
   pending_max_len_ = 0;
   pending_regions_.clear();
   pending_built_ = false;
+  pending_clear_ = false;
 }
 
 Result<bool> UndoIndex::Seek(uint64_t offset, uint64_t seq, UndoEntry* out) const {

@@ -102,6 +102,7 @@ class UndoIndex {
   Status RemoveUpTo(uint64_t seq);   // retention: every record with seq <= seq
   Status RemoveAbove(uint64_t seq);  // rollback, crash recovery
   Status MarkBuilt();
+  Status Clear();                    // every record gone, not built (before a fill)
   // The caller's transaction committed / failed (or was never begun).
   void Committed();
   void Discarded();
@@ -136,6 +137,7 @@ class UndoIndex {
   uint32_t pending_max_len_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> pending_regions_;  // (region, max seq)
   bool pending_built_ = false;
+  bool pending_clear_ = false;
 
   // Writer statements (db_).
   std::optional<sqlite::Statement> insert_, upsert_region_, remove_up_to_, remove_above_, update_meta_;
