@@ -49,8 +49,15 @@ Result<std::unique_ptr<ReplicaVolume>> ReplicaVolume::Open(VolumeOptions opts, c
   return v;
 }
 
+namespace {
+constexpr int kIndexCacheKiB = 512;  // the index database's page cache (the writer's connection)
+}  // namespace
+
 Status ReplicaVolume::Init(const VolumeIdentity* create) {
   CDP_ASSIGN_OR_RETURN(db_, sqlite::Db::Open(o_.index_path));
+  // Memory per volume stays bounded (sqlite's default cache is 2 MB): the
+  // operating system's page cache holds the rest of the index.
+  CDP_RETURN_IF_ERROR(db_->Exec("PRAGMA cache_size = -" + std::to_string(kIndexCacheKiB)));
   CDP_RETURN_IF_ERROR(CreateIndexSchema(*db_));
   bool exists = false;
   {

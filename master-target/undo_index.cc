@@ -111,6 +111,7 @@ Result<std::unique_ptr<UndoIndex>> UndoIndex::Open(sqlite::Db* db, const std::st
   sqlite::Db::Options ro;
   ro.read_only = true;
   CDP_ASSIGN_OR_RETURN(auto reader, sqlite::Db::Open(db_path, ro));
+  CDP_RETURN_IF_ERROR(reader->Exec("PRAGMA cache_size = -" + std::to_string(kReaderCacheKiB)));
   std::unique_ptr<UndoIndex> idx(new UndoIndex(db, std::move(reader), volume_size));
   CDP_RETURN_IF_ERROR(idx->LoadMeta());
   CDP_RETURN_IF_ERROR(idx->Prepare());

@@ -6,8 +6,9 @@
 //
 // Memory does not grow with the journal: the records live in the volume's
 // index database (tables `undo`, `undo_regions`, `undo_meta`); memory holds
-// a summary of at most kMaxRegions regions (8 bytes each) and the records of
-// the batch being applied.
+// a summary of at most kMaxRegions regions (8 bytes each), the lookup
+// connection's page cache (kReaderCacheKiB) and the records of the batch
+// being applied.
 //
 //   apply:    Stage(records)  --  visible to lookups at once, before the
 //                                 replica changes (exclusive lock)
@@ -80,7 +81,8 @@ std::vector<ReadPiece> PaintPieces(uint64_t offset, uint64_t len, std::vector<Un
 
 class UndoIndex {
  public:
-  static constexpr uint64_t kMaxRegions = 128 * 1024;  // summary entries per volume (1 MiB)
+  static constexpr uint64_t kMaxRegions = 32 * 1024;  // summary entries per volume (256 KiB)
+  static constexpr int kReaderCacheKiB = 256;         // the lookup connection's page cache
   static constexpr uint64_t kMinRegionBytes = 1u << 20;
 
   // Creates the tables in `db` (the volume's index database, the writer's
