@@ -38,22 +38,31 @@ Status ReplicaVolume::Rollback(uint64_t point_seq) {
 
 Status ReplicaVolume::FinishRollback() {
   const uint64_t p = rollback_to_;
-  std::vector<UndoEntry> entries;
-  {
-    std::shared_lock<std::shared_mutex> lk(index_mu_);
-    CDP_ASSIGN_OR_RETURN(entries, undo_->EntriesAbove(p));
-  }
-  log::Get("mt.volume")->warn("{} rolling back {} undo records to sequence {}", log::Where{id_.name, "", p},
-                              entries.size(), p);
-  CDP_RETURN_IF_ERROR(UndoEntries(entries));
-  // The journal ends where the first record past the point begins.
-  uint64_t cut_seg = committed_segment_, cut_off = committed_offset_;
-  for (const UndoEntry& e : entries) {
-    if (e.segment < cut_seg || (e.segment == cut_seg && e.file_offset < cut_off)) {
-      cut_seg = e.segment;
-      cut_off = e.file_offset;
+  log::Get("mt.volume")->warn("{} rolling back {} sequences to sequence {}", log::Where{id_.name, "", p},
+                              applied_.load() - std::min(p, applied_.load()), p);
+  // Newest first, a window of sequences at a time (memory stays bounded
+  // however long the journal past the point). The journal ends where the
+  // first record past the point begins.
+  const uint64_t window = std::max<uint64_t>(1, o_.rollback_window);
+  uint64_t cut_seg = committed_segment_, cut_off = committed_offset_, undone = 0;
+  for (uint64_t hi = applied_.load(); hi > p;) {
+    const uint64_t lo = hi - std::min(hi - p, window);
+    std::vector<UndoEntry> entries;
+    {
+      std::shared_lock<std::shared_mutex> lk(index_mu_);
+      CDP_ASSIGN_OR_RETURN(entries, undo_->EntriesBetween(lo, hi));
     }
+    CDP_RETURN_IF_ERROR(UndoEntries(entries));
+    for (const UndoEntry& e : entries) {
+      if (e.segment < cut_seg || (e.segment == cut_seg && e.file_offset < cut_off)) {
+        cut_seg = e.segment;
+        cut_off = e.file_offset;
+      }
+    }
+    undone += entries.size();
+    hi = lo;
   }
+  log::Get("mt.volume")->info("{} undid {} undo records", log::Where{id_.name, "", p}, undone);
   SegmentInfo cut_info;
   {
     std::lock_guard<std::mutex> mk(meta_mu_);

@@ -176,6 +176,9 @@ struct VolumeOptions {
   // read into the undo journal) is refused with kBadRecord, nothing applied.
   uint64_t max_batch_work = proto::kMaxBatchWork;
   RetentionPolicy retention;
+  // A rollback undoes this many sequences at a time, newest first (its
+  // memory: the undo index entries of one window).
+  uint64_t rollback_window = 16384;
   // Fault injection for tests: called just before the sqlite commit of a
   // batch; a non-ok Status aborts the batch there (as a crash before commit).
   std::function<Status()> before_commit;

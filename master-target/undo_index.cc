@@ -321,20 +321,21 @@ Result<std::vector<ReadPiece>> UndoIndex::Lookup(uint64_t point, uint64_t offset
   return PaintPieces(offset, len, std::move(cand));
 }
 
-Result<std::vector<UndoEntry>> UndoIndex::EntriesAbove(uint64_t seq) const {
+Result<std::vector<UndoEntry>> UndoIndex::EntriesBetween(uint64_t after, uint64_t up_to) const {
   std::lock_guard<std::mutex> lk(read_mu_);
   CDP_ASSIGN_OR_RETURN(auto st, reader_->Prepare(std::string("SELECT ") + kColumns +
-                                                 " FROM undo WHERE seq > ?1"
+                                                 " FROM undo WHERE seq > ?1 AND seq <= ?2"
                                                  " ORDER BY seq DESC, segment DESC, file_offset DESC"));
-  CDP_RETURN_IF_ERROR(st.BindAll(seq));
+  CDP_RETURN_IF_ERROR(st.BindAll(after, up_to));
   std::vector<UndoEntry> out;
+  // The batch being applied is newer than anything committed.
+  for (auto it = staged_.rbegin(); it != staged_.rend(); ++it) {
+    if (it->seq > after && it->seq <= up_to) out.push_back(*it);
+  }
   for (;;) {
     CDP_ASSIGN_OR_RETURN(bool row, st.Step());
     if (!row) break;
     out.push_back(RowEntry(st));
-  }
-  for (auto it = staged_.rbegin(); it != staged_.rend(); ++it) {
-    if (it->seq > seq) out.insert(out.begin(), *it);
   }
   return out;
 }

@@ -31,7 +31,7 @@
 // rollback costs seeks, never a wrong answer).
 //
 // Thread safety: the owner (ReplicaVolume) guards it with a shared_mutex —
-// Lookup/EntriesAbove/size under the shared lock; Stage/Committed/Discarded
+// Lookup/EntriesBetween/size under the shared lock; Stage/Committed/Discarded
 // under the exclusive one; Insert/Remove*/MarkBuilt from the apply thread
 // (apply_mu_) inside its transaction, under neither. Lookups may run at once:
 // they share one read-only connection behind a mutex of their own.
@@ -112,9 +112,10 @@ class UndoIndex {
   // Pieces of [offset, offset+len) as of `point` (see PaintPieces).
   Result<std::vector<ReadPiece>> Lookup(uint64_t point, uint64_t offset, uint64_t len) const;
 
-  // Every record with seq > `seq`, newest first (descending seq, and within one
-  // seq descending position in the journal): the order to undo them in.
-  Result<std::vector<UndoEntry>> EntriesAbove(uint64_t seq) const;
+  // Every record with after < seq <= up_to, newest first (descending seq, and
+  // within one seq descending position in the journal): the order to undo
+  // them in. A rollback asks window by window, so memory stays bounded.
+  Result<std::vector<UndoEntry>> EntriesBetween(uint64_t after, uint64_t up_to) const;
 
   uint64_t size() const { return count_; }
   uint32_t max_length() const { return max_len_; }

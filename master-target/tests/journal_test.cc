@@ -229,11 +229,15 @@ TEST_CASE("UndoIndex answers the oldest record newer than the point", "[journal]
   CHECK(f.idx->size() == 4);
   CHECK(f.idx->max_length() == 8192);
 
-  auto above = f.idx->EntriesAbove(2);
+  auto above = f.idx->EntriesBetween(2, 6);
   REQUIRE(above.ok());
   REQUIRE(above->size() == 3);
   REQUIRE((*above)[0].seq == 6);
   REQUIRE((*above)[2].seq == 3);
+  auto window = f.idx->EntriesBetween(2, 5);
+  REQUIRE(window.ok());
+  REQUIRE(window->size() == 2);
+  CHECK(((*window)[0].seq == 5 && (*window)[1].seq == 3));
   {
     auto tx = sqlite::Transaction::Begin(*f.db);
     REQUIRE(tx.ok());
