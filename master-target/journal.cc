@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "common/codec.h"
 
 namespace cdp::mt {
 
@@ -22,7 +23,7 @@ Result<SegmentHeader> DecodeSegmentHeader(ByteSpan bytes) {
 }
 
 void EncodeUndoRecord(UndoKind kind, uint64_t seq, uint64_t offset, uint32_t length, uint64_t time_us,
-                      ByteSpan old_data, Bytes* out) {
+                      ByteSpan stored, Bytes* out) {
   uint8_t head[kUndoHeadSize];
   head[0] = uint8_t(kind);
   head[1] = 0;
@@ -31,7 +32,46 @@ void EncodeUndoRecord(UndoKind kind, uint64_t seq, uint64_t offset, uint32_t len
   EncodeFixed64(head + 8, seq);
   EncodeFixed64(head + 16, offset);
   EncodeFixed64(head + 24, time_us);
-  seglog::AppendRecord(ByteSpan(head, kUndoHeadSize), kind == UndoKind::kData ? old_data : ByteSpan(), out);
+  seglog::AppendRecord(ByteSpan(head, kUndoHeadSize), kind == UndoKind::kZeroes ? ByteSpan() : stored, out);
+}
+
+namespace {
+
+// zstd codecs of this thread (contexts are reused, never shared): one that
+// compresses at the level last asked, one that decompresses.
+Codec& ThreadCompressor(int level) {
+  thread_local int codec_level = -1;
+  thread_local std::unique_ptr<Codec> codec;
+  if (!codec || codec_level != level) {
+    codec = NewCodec(proto::Codec::kZstd, level);
+    codec_level = level;
+  }
+  return *codec;
+}
+
+Codec& ThreadDecompressor() {
+  thread_local std::unique_ptr<Codec> codec = NewCodec(proto::Codec::kZstd);
+  return *codec;
+}
+
+}  // namespace
+
+UndoKind EncodeOldData(uint64_t seq, uint64_t offset, uint64_t time_us, ByteSpan old, int zstd_level, Bytes* out) {
+  const uint32_t n = uint32_t(old.size());
+  if (AllZero(old)) {
+    EncodeUndoRecord(UndoKind::kZeroes, seq, offset, n, time_us, ByteSpan(), out);
+    return UndoKind::kZeroes;
+  }
+  if (zstd_level > 0) {
+    thread_local Bytes frame;
+    frame.clear();
+    if (ThreadCompressor(zstd_level).Compress(old, &frame).ok() && !frame.empty() && frame.size() <= n - n / 8) {
+      EncodeUndoRecord(UndoKind::kZstd, seq, offset, n, time_us, frame, out);
+      return UndoKind::kZstd;
+    }
+  }
+  EncodeUndoRecord(UndoKind::kData, seq, offset, n, time_us, old, out);
+  return UndoKind::kData;
 }
 
 namespace {
@@ -51,6 +91,11 @@ bool ParseRecordHeader(const uint8_t* p, UndoHeader* h) {
   h->time_us = DecodeFixed64(q + 24);
   if (h->length == 0 || h->length > kMaxUndoChunk) return false;
   if (h->offset + h->length < h->offset) return false;
+  h->data_len = data_len;
+  if (kind == uint8_t(UndoKind::kZstd)) {
+    h->kind = UndoKind::kZstd;
+    return data_len > 0 && data_len < h->length;
+  }
   if (kind == uint8_t(UndoKind::kData)) {
     h->kind = UndoKind::kData;
     return data_len == h->length;
@@ -112,14 +157,29 @@ Status ReadUndoData(const File& file, const UndoHeader& h, const UndoLocation& l
     return Status::Corruption(file.path() + ": undo record header changed at " + std::to_string(loc.file_offset));
   }
   ByteSpan data;
+  thread_local Bytes frame;
   if (got.kind == UndoKind::kZeroes) {
     std::memset(buf, 0, h.length);
+  } else if (got.kind == UndoKind::kZstd) {
+    frame.resize(got.data_len);
+    CDP_RETURN_IF_ERROR(file.Read(loc.file_offset + kRecordHeaderSize, got.data_len, frame.data()));
+    data = ByteSpan(frame.data(), frame.size());
   } else {
     CDP_RETURN_IF_ERROR(file.Read(loc.file_offset + kRecordHeaderSize, h.length, buf));
     data = ByteSpan(buf, h.length);
   }
   if (!seglog::CheckRecord(ByteSpan(rh, kRecordHeaderSize), data)) {
     return Status::Corruption(file.path() + ": undo record CRC mismatch at " + std::to_string(loc.file_offset));
+  }
+  if (got.kind == UndoKind::kZstd) {
+    thread_local Bytes plain;
+    plain.clear();
+    Status s = ThreadDecompressor().Decompress(data, h.length, &plain);
+    if (!s.ok() || plain.size() != h.length) {
+      return Status::Corruption(file.path() + ": undo record at " + std::to_string(loc.file_offset) +
+                                " does not decompress to its " + std::to_string(h.length) + " bytes");
+    }
+    std::memcpy(buf, plain.data(), h.length);
   }
   return Status::OK();
 }
@@ -129,6 +189,13 @@ Status ReadUndoSlice(const File& file, const UndoHeader& h, const UndoLocation& 
   if (uint64_t(skip) + n > h.length) return Status::OutOfRange("undo slice outside its record");
   if (h.kind == UndoKind::kZeroes) {
     std::memset(buf, 0, n);
+    return Status::OK();
+  }
+  if (h.kind == UndoKind::kZstd) {
+    thread_local Bytes whole;
+    whole.resize(h.length);
+    CDP_RETURN_IF_ERROR(ReadUndoData(file, h, loc, whole.data()));
+    std::memcpy(buf, whole.data() + skip, n);
     return Status::OK();
   }
   return file.Read(loc.file_offset + kRecordHeaderSize + skip, n, buf);

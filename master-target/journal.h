@@ -16,7 +16,9 @@
 // Undo records never hold more than kMaxUndoChunk bytes of old data; a longer
 // write is journalled as several records with the same sequence. A range whose
 // old bytes were all zero is stored without data (kind kZeroes), so a write to
-// a never-written (sparse) area costs only a header in the journal.
+// a never-written (sparse) area costs only a header in the journal; old bytes
+// that zstd shrinks are stored compressed (kind kZstd), the others as they
+// are (kind kData).
 //
 // Thread safety: the pure functions are thread-safe. A SegmentWriter is used by
 // one thread at a time (the volume's apply thread); reads of a segment file
@@ -51,6 +53,8 @@ inline constexpr uint32_t kMaxUndoChunk = 1u << 20;  // old-data bytes per recor
 enum class UndoKind : uint8_t {
   kData = 1,    // `data_len == length` bytes of old data follow
   kZeroes = 2,  // the old bytes were all zero; no data follows (data_len == 0)
+  kZstd = 3,    // a zstd frame follows (0 < data_len < length) that decompresses
+                // to exactly `length` bytes of old data
 };
 
 // One undo record, as decoded (without its data).
@@ -61,6 +65,7 @@ struct UndoHeader {
   uint32_t length = 0;     // bytes of the volume covered (1..kMaxUndoChunk)
   uint64_t time_us = 0;    // wall-clock micros when the write was applied
   uint32_t data_crc = 0;   // the record's CRC (header + data)
+  uint32_t data_len = 0;   // bytes stored after the head (see UndoKind); 0 when not read from disk
 };
 
 // Where a record lives: segment number and the file offset of its header.
@@ -83,10 +88,16 @@ Bytes EncodeSegmentHeader(const SegmentHeader& h);
 // Decodes it; kCorruption for a bad magic, version or CRC.
 Result<SegmentHeader> DecodeSegmentHeader(ByteSpan bytes);
 
-// Appends one encoded record to `out`. `old_data` is empty for kZeroes, else
-// exactly `length` bytes. The record's CRC is computed here.
+// Appends one encoded record to `out`. `stored` is empty for kZeroes, exactly
+// `length` bytes for kData, the zstd frame for kZstd. The record's CRC is
+// computed here.
 void EncodeUndoRecord(UndoKind kind, uint64_t seq, uint64_t offset, uint32_t length,
-                      uint64_t time_us, ByteSpan old_data, Bytes* out);
+                      uint64_t time_us, ByteSpan stored, Bytes* out);
+
+// Appends the record of old bytes `old` (one chunk, 1..kMaxUndoChunk bytes):
+// kZeroes when all zero; else, with `zstd_level` > 0, kZstd when the frame
+// saves at least an eighth; else kData. Returns the kind written.
+UndoKind EncodeOldData(uint64_t seq, uint64_t offset, uint64_t time_us, ByteSpan old, int zstd_level, Bytes* out);
 
 // True if every byte of `data` is zero (common/coding.h).
 using cdp::AllZero;
@@ -113,14 +124,16 @@ Result<ScanResult> ScanSegment(const File& file, uint64_t segment, uint64_t star
                                uint64_t limit, const ScanCallback& cb);
 
 // Reads the old data of the record at `loc` (whose header is `h`) into `buf`
-// (h.length bytes; zeros for kZeroes) and checks the CRC. kCorruption when it
-// does not match.
+// (h.length bytes; zeros for kZeroes; decompressed for kZstd) and checks the
+// CRC. kCorruption when it does not match, or a frame does not decompress to
+// exactly h.length bytes.
 Status ReadUndoData(const File& file, const UndoHeader& h, const UndoLocation& loc, uint8_t* buf);
 
 // Reads the old data of the record at `loc`, a sub-range [skip, skip+n) of it,
 // without checking the CRC of the whole record (used for point-in-time reads of
 // a small part of a large record; the whole record was checked when scanned or
-// written). kZeroes records yield zeros.
+// written). kZeroes records yield zeros; a kZstd record is read whole, checked
+// and decompressed (ReadUndoData), then the slice copied.
 Status ReadUndoSlice(const File& file, const UndoHeader& h, const UndoLocation& loc,
                      uint32_t skip, uint32_t n, uint8_t* buf);
 

@@ -52,6 +52,8 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
   vo.dir = VolumeDir(o.data_dir, tenant, name);
   vo.index_path = JoinPath(vo.dir, "index.db");
   vo.segment_bytes = o.segment_bytes;
+  auto level = o.tenant_journal_zstd_level.find(tenant);
+  vo.journal_zstd_level = level == o.tenant_journal_zstd_level.end() ? o.journal_zstd_level : level->second;
   vo.point_interval_us = o.point_interval_us;
   vo.max_batch_work = o.max_batch_work;
   vo.retention = o.retention;

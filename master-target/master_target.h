@@ -76,6 +76,10 @@ struct MasterTargetOptions {
   // journal passes the cap by at most one batch.
   uint64_t max_journal_bytes_per_tenant = 0;
   uint64_t segment_bytes = 64ull << 20;
+  // zstd level of the old data in undo journals (0: stored as it is), and
+  // per tenant where it differs.
+  int journal_zstd_level = 1;
+  std::map<std::string, int> tenant_journal_zstd_level;
   uint64_t point_interval_us = 5'000'000;
   RetentionPolicy retention;
   uint64_t retention_check_us = 10'000'000;

@@ -26,6 +26,10 @@ po::options_description MasterTargetConfigDescription() {
       ("tenant_quota", po::value<std::vector<std::string>>()->composing(),
        "NAME:SIZE, bytes of volumes + journals a tenant may use (repeatable)")
       ("segment_size", po::value<ByteSize>()->default_value(ByteSize{64ull << 20}), "undo journal segment size")
+      ("journal_compression", po::value<int>()->default_value(1),
+       "zstd level (1..19) of old data in undo journals, 0 = none")
+      ("tenant_journal_compression", po::value<std::vector<std::string>>()->composing(),
+       "NAME:LEVEL, a tenant's own journal_compression (repeatable)")
       ("point_interval", po::value<Duration>()->default_value(Duration{5'000'000}),
        "at most one crash-consistent point per interval")
       ("retention.max_age", po::value<Duration>(), "keep points younger than this (unset: no age limit)")
@@ -119,6 +123,24 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
     }
   }
   o.segment_bytes = vm["segment_size"].as<ByteSize>().bytes;
+  o.journal_zstd_level = vm["journal_compression"].as<int>();
+  if (o.journal_zstd_level < 0 || o.journal_zstd_level > 19)
+    return Status::InvalidArgument("journal_compression must be 0..19");
+  if (vm.count("tenant_journal_compression")) {
+    for (const auto& q : vm["tenant_journal_compression"].as<std::vector<std::string>>()) {
+      auto c = q.find(':');
+      int level = -1;
+      if (c != std::string::npos) {
+        const std::string v = q.substr(c + 1);
+        if (!v.empty() && v.size() <= 2 && v.find_first_not_of("0123456789") == std::string::npos) level = std::stoi(v);
+      }
+      if (level < 0 || level > 19 || !o.tenants.count(q.substr(0, c))) {
+        return Status::InvalidArgument("bad tenant_journal_compression '" + q +
+                                       "' (NAME:LEVEL of a configured tenant, level 0..19)");
+      }
+      o.tenant_journal_zstd_level[q.substr(0, c)] = level;
+    }
+  }
   o.point_interval_us = vm["point_interval"].as<Duration>().micros;
   if (vm.count("retention.max_age")) o.retention.max_age_us = vm["retention.max_age"].as<Duration>().micros;
   if (vm.count("retention.max_bytes")) o.retention.max_bytes = vm["retention.max_bytes"].as<ByteSize>().bytes;

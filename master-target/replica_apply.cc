@@ -298,9 +298,8 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
         read_bytes += n;
       }
       overlay.Patch(off, n, old.data());
-      UndoKind kind = AllZero(old) ? UndoKind::kZeroes : UndoKind::kData;
       size_t at = jbuf.size();
-      EncodeUndoRecord(kind, r.seq, off, n, wall, kind == UndoKind::kData ? ByteSpan(old) : ByteSpan(), &jbuf);
+      UndoKind kind = EncodeOldData(r.seq, off, wall, ByteSpan(old), o_.journal_zstd_level, &jbuf);
       pend.push_back(Pending{UndoEntry{r.seq, off, n, kind, 0, 0, DecodeFixed32(jbuf.data() + at), wall}, at});
       if (jbuf.size() >= kJournalFlushBytes) CDP_RETURN_IF_ERROR(flush_buf());
       done += n;

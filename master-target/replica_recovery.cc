@@ -31,7 +31,7 @@ Status ReplicaVolume::UndoEntries(const std::vector<UndoEntry>& entries) {
       return ws;
     }
     digests_->Wrote(e.offset, buf);
-    if (o_.metrics.disk_read_bytes) o_.metrics.disk_read_bytes->Inc(e.kind == UndoKind::kData ? e.length : 0);
+    if (o_.metrics.disk_read_bytes) o_.metrics.disk_read_bytes->Inc(e.kind == UndoKind::kZeroes ? 0 : e.length);
     if (o_.metrics.disk_write_bytes) o_.metrics.disk_write_bytes->Inc(e.length);
   }
   if (!entries.empty()) CDP_RETURN_IF_ERROR(replica_->Sync());

@@ -176,6 +176,9 @@ struct VolumeOptions {
   // read into the undo journal) is refused with kBadRecord, nothing applied.
   uint64_t max_batch_work = proto::kMaxBatchWork;
   RetentionPolicy retention;
+  // Old data goes into the undo journal zstd-compressed at this level when
+  // that saves an eighth or more (0: never compressed). Per tenant at the MT.
+  int journal_zstd_level = 1;
   // A rollback undoes this many sequences at a time, newest first (its
   // memory: the undo index entries of one window).
   uint64_t rollback_window = 16384;

@@ -4,6 +4,7 @@
 
 #include "master-target/journal.h"
 #include "master-target/undo_index.h"
+#include "common/codec.h"
 #include "common/sqlite.h"
 #include "common/tests/test_util.h"
 
@@ -160,6 +161,77 @@ TEST_CASE("SegmentWriter rolls over to a new segment past segment_bytes", "[jour
   auto names = env->ListDir("/j");
   REQUIRE(names.ok());
   REQUIRE(*names == std::vector<std::string>{SegmentFileName(3), SegmentFileName(4)});
+}
+
+TEST_CASE("old data is journalled as zeroes, zstd or as it is, and reads back the same", "[journal][zstd]") {
+  auto env = NewMemEnv();
+  REQUIRE(env->CreateDirs("/j").ok());
+  auto w = SegmentWriter::Open(env.get(), "/j", 1, true, 1, 0, 1 << 20);
+  REQUIRE(w.ok());
+  std::mt19937_64 rng(9);
+  Bytes text(64 << 10);  // compressible: words from a small alphabet
+  for (auto& c : text) c = uint8_t('a' + rng() % 6);
+  const Bytes random = RandomBytes(rng, 8192), zeros(4096, 0);
+  Bytes buf;
+  CHECK(EncodeOldData(1, 0, 10, zeros, 1, &buf) == UndoKind::kZeroes);
+  CHECK(EncodeOldData(2, 1 << 20, 11, text, 1, &buf) == UndoKind::kZstd);
+  CHECK(buf.size() < kRecordHeaderSize * 2 + text.size() / 2);  // stored compressed
+  CHECK(EncodeOldData(3, 0, 12, random, 1, &buf) == UndoKind::kData);
+  CHECK(EncodeOldData(4, 0, 13, text, 0, &buf) == UndoKind::kData);  // level 0: never compressed
+  CHECK(EncodeOldData(5, 0, 14, text, 19, &buf) == UndoKind::kZstd);
+  REQUIRE((*w)->Append(buf, 1).ok());
+  auto f = env->Open("/j/" + SegmentFileName(1), OpenOptions{});
+  REQUIRE(f.ok());
+  std::vector<std::pair<UndoHeader, UndoLocation>> got;
+  auto scan = ScanSegment(**f, 1, 0, true, UINT64_MAX, [&](const UndoHeader& h, const UndoLocation& l) {
+    got.emplace_back(h, l);
+    return Status::OK();
+  });
+  REQUIRE(scan.ok());
+  REQUIRE_FALSE(scan->torn_tail);
+  REQUIRE(got.size() == 5);
+  const std::vector<const Bytes*> want{&zeros, &text, &random, &text, &text};
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("record " << i);
+    Bytes data(got[i].first.length);
+    REQUIRE(ReadUndoData(**f, got[i].first, got[i].second, data.data()).ok());
+    CHECK(data == *want[i]);
+    Bytes slice(1000);
+    REQUIRE(ReadUndoSlice(**f, got[i].first, got[i].second, 3000, 1000, slice.data()).ok());
+    CHECK(std::equal(slice.begin(), slice.end(), want[i]->begin() + 3000));
+  }
+  CHECK(got[1].first.kind == UndoKind::kZstd);
+  CHECK(got[1].first.data_len < text.size() / 2);
+
+  SECTION("a damaged frame fails its CRC") {
+    const uint64_t at = got[1].second.file_offset + kRecordHeaderSize + 5;
+    uint8_t b = 0;
+    REQUIRE((*f)->Read(at, 1, &b).ok());
+    b ^= 0xff;
+    REQUIRE((*f)->Write(at, ByteSpan(&b, 1)).ok());
+    Bytes data(text.size());
+    CHECK(ReadUndoData(**f, got[1].first, got[1].second, data.data()).IsCorruption());
+    Bytes slice(10);
+    CHECK(ReadUndoSlice(**f, got[1].first, got[1].second, 0, 10, slice.data()).IsCorruption());
+  }
+  SECTION("a frame of another length is refused, though its CRC matches") {
+    // A record that claims 64 KiB but holds the frame of 32 KiB.
+    Bytes short_rec, half(text.begin(), text.begin() + (32 << 10));
+    auto codec = NewCodec(proto::Codec::kZstd, 1);
+    Bytes frame;
+    REQUIRE(codec->Compress(half, &frame).ok());
+    EncodeUndoRecord(UndoKind::kZstd, 6, 0, uint32_t(text.size()), 15, frame, &short_rec);
+    REQUIRE((*w)->Append(short_rec, 6).ok());
+    std::vector<std::pair<UndoHeader, UndoLocation>> all;
+    auto s = ScanSegment(**f, 1, 0, true, UINT64_MAX, [&](const UndoHeader& h, const UndoLocation& l) {
+      all.emplace_back(h, l);
+      return Status::OK();
+    });
+    REQUIRE(s.ok());
+    REQUIRE(all.size() == 6);
+    Bytes data(text.size());
+    CHECK(ReadUndoData(**f, all[5].first, all[5].second, data.data()).IsCorruption());
+  }
 }
 
 namespace {

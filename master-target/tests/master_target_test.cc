@@ -348,7 +348,7 @@ TEST_CASE("tenant quota: volume creation refused, writes pushed back when journa
   int acked = 0;
   proto::NackReason last = proto::NackReason::kInternal;
   for (int i = 0; i < 6; ++i) {
-    m = Call(*g, Batch(v, {DataRecord(seq + 1, 0, Bytes(512 << 10, uint8_t(i + 1)))}));
+    m = Call(*g, Batch(v, {DataRecord(seq + 1, 0, RandomBytes(512 << 10, uint64_t(i + 1)))}));
     if (std::holds_alternative<proto::Ack>(m)) {
       ++seq;
       ++acked;
@@ -715,10 +715,11 @@ TEST_CASE("tenant journal cap: a tenant whose undo journal reached max_journal_b
   const uint64_t size = 1 << 20;
   auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
   uint32_t vid = OpenVolume(*ch, OpenMsg("db1", size), 0);
-  // Each overwrite of 128 KiB journals the 128 KiB it replaces.
+  // Each overwrite of 128 KiB journals the 128 KiB it replaces (random
+  // bytes: the journal cannot compress them).
   uint64_t seq = 0;
   auto overwrite = [&](uint8_t fill) {
-    return Batch(vid, {DataRecord(seq + 1, 0, Bytes(128 << 10, fill)), FlushRecord(seq + 2)});
+    return Batch(vid, {DataRecord(seq + 1, 0, RandomBytes(128 << 10, fill)), FlushRecord(seq + 2)});
   };
   for (uint8_t fill : {0x11, 0x22, 0x33}) {
     auto m = Call(*ch, overwrite(fill));

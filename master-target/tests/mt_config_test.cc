@@ -58,6 +58,14 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
   REQUIRE(caps.ok());
   CHECK(caps->max_batch_work == (64ull << 20));
   CHECK(caps->max_journal_bytes_per_tenant == (10ull << 30));
+  CHECK(o->journal_zstd_level == 1);
+  CHECK(o->tenant_journal_zstd_level.empty());
+  auto z = Load(env.get(), "tenant = acme:a\ntenant = beta:b\njournal_compression = 3\n"
+                           "tenant_journal_compression = beta:0\n");
+  REQUIRE(z.ok());
+  CHECK(z->journal_zstd_level == 3);
+  CHECK(z->tenant_journal_zstd_level.at("beta") == 0);
+  CHECK(z->tenant_journal_zstd_level.count("acme") == 0);
 }
 
 TEST_CASE("master target config: every bad value names its key or line", "[config]") {
@@ -71,6 +79,11 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
   CHECK(Error(env.get(), "tenant = acme:a\ntenant_quota = other:1G\n") ==
         "bad tenant_quota 'other:1G' (NAME:SIZE of a configured tenant)");
   CHECK(Error(env.get(), "max_connections = 0\n") == "'max_connections' must be 1..65536");
+  CHECK(Error(env.get(), "journal_compression = 20\n") == "journal_compression must be 0..19");
+  CHECK(Error(env.get(), "tenant = acme:a\ntenant_journal_compression = acme:x\n") ==
+        "bad tenant_journal_compression 'acme:x' (NAME:LEVEL of a configured tenant, level 0..19)");
+  CHECK(Error(env.get(), "tenant = acme:a\ntenant_journal_compression = other:3\n") ==
+        "bad tenant_journal_compression 'other:3' (NAME:LEVEL of a configured tenant, level 0..19)");
   CHECK(Error(env.get(), "max_volumes_per_tenant = 0\n") == "'max_volumes_per_tenant' must be 1..100000");
   CHECK(Error(env.get(), "max_batch_work = 1MiB\n") == "'max_batch_work' must be 32MiB..64GiB");
   CHECK(Error(env.get(), "control = none\nnbd = none\nmax_connections_per_peer = 0\n") ==

@@ -21,6 +21,14 @@ namespace cdp::mt::testing {
 
 using TempDir = ::cdp::testing::ScratchDir;
 
+// `n` bytes no compressor shrinks (the same for the same seed).
+inline Bytes RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Bytes b(n);
+  for (auto& x : b) x = uint8_t(rng());
+  return b;
+}
+
 inline proto::Record DataRecord(uint64_t seq, uint64_t off, Bytes data) {
   proto::Record r;
   r.seq = seq;

@@ -796,9 +796,11 @@ TEST_CASE("a corrupt undo record is detected by reads and never applied by rollb
   ManualClock clock;
   auto v = ReplicaVolume::Open(Opts(env.get(), &clock, tmp.path() + "/i.db"), &kIdent);
   REQUIRE(v.ok());
-  REQUIRE((*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 1)), FlushRecord(2)})->ack);
-  REQUIRE((*v)->ApplyBatch({DataRecord(3, 0, Bytes(4096, 2)), FlushRecord(4)})->ack);
-  // The undo record of seq 3 holds 4096 bytes of 0x01; flip one of them.
+  const Bytes first = RandomBytes(4096, 1), second = RandomBytes(4096, 2);
+  REQUIRE((*v)->ApplyBatch({DataRecord(1, 0, first), FlushRecord(2)})->ack);
+  REQUIRE((*v)->ApplyBatch({DataRecord(3, 0, second), FlushRecord(4)})->ack);
+  // The undo record of seq 3 holds `first` (stored as it is: random bytes do
+  // not compress); change one of its bytes.
   auto names = env->ListDir("/t/vol1/journal");
   REQUIRE(names.ok());
   auto f = env->Open("/t/vol1/journal/" + names->back(), OpenOptions{});
@@ -810,13 +812,13 @@ TEST_CASE("a corrupt undo record is detected by reads and never applied by rollb
   });
   REQUIRE(scan.ok());
   REQUIRE(at != 0);
-  uint8_t b = 0x7f;
+  uint8_t b = uint8_t(first[100] ^ 0x5a);
   REQUIRE((*f)->Write(at, ByteSpan(&b, 1)).ok());
   Bytes buf(4096);
   REQUIRE((*v)->ReadAt(2, 0, 4096, buf.data()).IsCorruption());
   REQUIRE((*v)->Rollback(2).IsCorruption());
   Bytes img = ReplicaFile(env.get(), "/t/vol1", kVolSize);
-  REQUIRE(img[100] == 2);  // the corrupt bytes were not written to the replica
+  REQUIRE(img[100] == second[100]);  // the corrupt bytes were not written to the replica
 }
 
 TEST_CASE("apply does not read the holes of the replica, and journals them as zeros", "[volume][sparse]") {
