@@ -15,8 +15,12 @@
 // data (the steady state; a write to a never-written area would cost only a
 // 40-byte header in the journal).
 //
+// --text_pct P makes P% of every 4 KiB of data text that zstd shrinks (the
+// rest random), so the old data in the journal compresses; --zstd_level is
+// the journal's level (default 1, 0 = none).
+//
 // Usage: mt_bench [--dir DIR] [--volume_mb N] [--change_mb N] [--batch_kb N]
-//                 [--workload random4k|seq1m|all]
+//                 [--workload random4k|seq1m|all] [--text_pct 0..100] [--zstd_level 0..19]
 #include <sys/resource.h>
 
 #include <atomic>
@@ -115,6 +119,8 @@ struct Config {
   uint64_t change_mb = 512;
   uint64_t batch_kb = 1024;
   std::string workload = "all";
+  uint64_t text_pct = 0;  // of each 4 KiB of data: this share is text zstd shrinks, the rest random
+  int zstd_level = 1;     // the journal's compression of old data (0 = none)
 };
 
 void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
@@ -130,6 +136,7 @@ void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
   vo.clock = SystemClock::Get();
   vo.dir = vdir;
   vo.index_path = vdir + "/index.db";
+  vo.journal_zstd_level = cfg.zstd_level;
   mt::VolumeIdentity id;
   id.name = "bench";
   id.size = vol_size;
@@ -224,15 +231,18 @@ int main(int argc, char** argv) {
     else if (const char* v = val("change_mb")) cfg.change_mb = std::strtoull(v, nullptr, 10);
     else if (const char* v = val("batch_kb")) cfg.batch_kb = std::strtoull(v, nullptr, 10);
     else if (const char* v = val("workload")) cfg.workload = v;
+    else if (const char* v = val("text_pct")) cfg.text_pct = std::strtoull(v, nullptr, 10);
+    else if (const char* v = val("zstd_level")) cfg.zstd_level = std::atoi(v);
     else {
       std::fprintf(stderr,
                    "usage: mt_bench [--dir DIR] [--volume_mb N] [--change_mb N] [--batch_kb N] "
-                   "[--workload random4k|seq1m|all]\n");
+                   "[--workload random4k|seq1m|all] [--text_pct 0..100] [--zstd_level 0..19]\n");
       return 2;
     }
   }
-  if (cfg.volume_mb < 8 || cfg.change_mb < 1 || cfg.batch_kb < 4) {
-    std::fprintf(stderr, "mt_bench: volume_mb >= 8, change_mb >= 1, batch_kb >= 4\n");
+  if (cfg.volume_mb < 8 || cfg.change_mb < 1 || cfg.batch_kb < 4 || cfg.text_pct > 100 || cfg.zstd_level < 0 ||
+      cfg.zstd_level > 19) {
+    std::fprintf(stderr, "mt_bench: volume_mb >= 8, change_mb >= 1, batch_kb >= 4, text_pct <= 100, zstd_level 0..19\n");
     return 2;
   }
   bool own_dir = cfg.dir.empty();
@@ -246,6 +256,11 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i + 8 <= pool.size(); i += 8) {
     uint64_t x = rng();
     std::memcpy(pool.data() + i, &x, 8);
+  }
+  // Text: words of a 16-letter alphabet (4 bits of entropy per byte).
+  const size_t text = 4096 * cfg.text_pct / 100;
+  for (size_t b = 0; b + 4096 <= pool.size(); b += 4096) {
+    for (size_t i = 0; i < text; ++i) pool[b + i] = uint8_t('a' + (pool[b + i] & 15));
   }
   std::printf("| workload | batch | MB/s | CPU s/GB | read x | write x | proc read x | proc write x | seconds |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
