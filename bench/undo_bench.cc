@@ -26,13 +26,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/metrics.h"
 #include "master-target/replica_volume.h"
 
 using namespace cdp;
@@ -48,16 +48,6 @@ struct Config {
   uint64_t read_mb = 256;
   uint64_t max_rss_mb = 0;
 };
-
-// VmRSS of this process, in MiB.
-double RssMiB() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
-  }
-  return -1;
-}
 
 double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -139,7 +129,6 @@ int main(int argc, char** argv) {
   const std::string vdir = cfg.dir + "/vol";
   std::filesystem::remove_all(vdir);
   std::filesystem::create_directories(vdir);
-  auto env = NewPosixEnv();
   VolumeIdentity id;
   id.name = "bench";
   id.size = size;
@@ -147,7 +136,9 @@ int main(int argc, char** argv) {
   id.uuid[0] = 1;
   id.generation = 1;
 
-  const double rss0 = RssMiB();
+  auto env = NewPosixEnv();
+  auto rss_mib = [&] { return metrics::ResidentMemoryBytes(env.get()) / (1 << 20); };
+  const double rss0 = rss_mib();
   auto v = ReplicaVolume::Open(Opts(env.get(), vdir), &id);
   if (!v.ok()) Die("create", v.status());
   std::mt19937_64 rng(5);
@@ -175,7 +166,7 @@ int main(int argc, char** argv) {
     done += n;
   }
   const double apply_s = Seconds(t0);
-  const double rss_applied = RssMiB();
+  const double rss_applied = rss_mib();
   const uint64_t undo_records = (*v)->GetStatus().undo_records;
   const uint64_t index_bytes = std::filesystem::file_size(vdir + "/index.db") +
                                (std::filesystem::exists(vdir + "/index.db-wal")
@@ -188,7 +179,7 @@ int main(int argc, char** argv) {
   v = ReplicaVolume::Open(Opts(env.get(), vdir), nullptr);
   if (!v.ok()) Die("reopen", v.status());
   const double open_s = Seconds(t0);
-  const double rss_open = RssMiB();
+  const double rss_open = rss_mib();
 
   const uint64_t bytes = cfg.read_mb << 20;
   int fd = ::open((vdir + "/replica.img").c_str(), O_RDONLY);
@@ -205,7 +196,7 @@ int main(int argc, char** argv) {
   };
   const double newest_rate = point_rate(seq);
   const double oldest_rate = point_rate(0);
-  const double rss_end = RssMiB();
+  const double rss_end = rss_mib();
 
   std::printf("| undo records | apply (records/s) | index.db | journal | RSS start / applied / reopened / after reads "
               "(MiB) | reopen (s) | replica read (MB/s) | point behind all records (MB/s, ratio) | point 0 (MB/s, "

@@ -423,6 +423,8 @@ std::pair<double, double> ReadStatm(Env* env) {
 
 }  // namespace
 
+double ResidentMemoryBytes(Env* env) { return ReadStatm(env).second; }
+
 void RegisterProcessMetrics(Registry& registry, Env* env, const Clock* clock) {
   registry.AddComputed("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", Type::kCounter,
                        [] {
@@ -432,7 +434,7 @@ void RegisterProcessMetrics(Registry& registry, Env* env, const Clock* clock) {
                          return secs(ru.ru_utime) + secs(ru.ru_stime);
                        });
   registry.AddComputed("process_resident_memory_bytes", "Resident memory size in bytes.", Type::kGauge,
-                       [env] { return ReadStatm(env).second; });
+                       [env] { return ResidentMemoryBytes(env); });
   registry.AddComputed("process_virtual_memory_bytes", "Virtual memory size in bytes.", Type::kGauge,
                        [env] { return ReadStatm(env).first; });
   registry.AddComputed("process_open_fds", "Number of open file descriptors.", Type::kGauge, [env] {

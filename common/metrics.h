@@ -174,4 +174,8 @@ class Registry {
 // read renders as NaN. `env` and `clock` must outlive `registry`'s last render.
 void RegisterProcessMetrics(Registry& registry, Env* env, const Clock* clock);
 
+// This process's resident memory in bytes (/proc/self/statm through `env`);
+// NaN when unreadable.
+double ResidentMemoryBytes(Env* env);
+
 }  // namespace cdp::metrics

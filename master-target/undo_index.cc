@@ -199,10 +199,10 @@ Status UndoIndex::Insert(std::span<const UndoEntry> entries) {
   return Status::OK();
 }
 
-Status UndoIndex::RemoveUpTo(uint64_t seq) {
-  CDP_RETURN_IF_ERROR(remove_up_to_->Reset());
-  CDP_RETURN_IF_ERROR(remove_up_to_->BindAll(seq));
-  CDP_RETURN_IF_ERROR(remove_up_to_->Run());
+Status UndoIndex::RemoveWhere(sqlite::Statement& remove, uint64_t seq) {
+  CDP_RETURN_IF_ERROR(remove.Reset());
+  CDP_RETURN_IF_ERROR(remove.BindAll(seq));
+  CDP_RETURN_IF_ERROR(remove.Run());
   const int64_t gone = db_->Changes();
   CDP_RETURN_IF_ERROR(update_meta_->Reset());
   CDP_RETURN_IF_ERROR(update_meta_->BindAll(-gone, int64_t(0)));
@@ -211,17 +211,9 @@ Status UndoIndex::RemoveUpTo(uint64_t seq) {
   return Status::OK();
 }
 
-Status UndoIndex::RemoveAbove(uint64_t seq) {
-  CDP_RETURN_IF_ERROR(remove_above_->Reset());
-  CDP_RETURN_IF_ERROR(remove_above_->BindAll(seq));
-  CDP_RETURN_IF_ERROR(remove_above_->Run());
-  const int64_t gone = db_->Changes();
-  CDP_RETURN_IF_ERROR(update_meta_->Reset());
-  CDP_RETURN_IF_ERROR(update_meta_->BindAll(-gone, int64_t(0)));
-  CDP_RETURN_IF_ERROR(update_meta_->Run());
-  pending_count_ -= gone;
-  return Status::OK();
-}
+Status UndoIndex::RemoveUpTo(uint64_t seq) { return RemoveWhere(*remove_up_to_, seq); }
+
+Status UndoIndex::RemoveAbove(uint64_t seq) { return RemoveWhere(*remove_above_, seq); }
 
 Status UndoIndex::MarkBuilt() {
   CDP_RETURN_IF_ERROR(db_->Exec("UPDATE undo_meta SET built = 1 WHERE id = 1"));

@@ -124,6 +124,8 @@ class UndoIndex {
   UndoIndex(sqlite::Db* db, std::unique_ptr<sqlite::Db> reader, uint64_t volume_size);
   Status Prepare();
   Status LoadMeta();
+  // Runs `remove` (a DELETE by seq) and counts what it removed.
+  Status RemoveWhere(sqlite::Statement& remove, uint64_t seq);
   // The first record at (offset, seq) or after it in key order.
   Result<bool> Seek(uint64_t offset, uint64_t seq, UndoEntry* out) const;
 

@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <fstream>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -889,19 +888,6 @@ TEST_CASE("digests of a request spanning many store windows equal the image's", 
   }
 }
 
-namespace {
-
-// VmRSS of this process, in MiB.
-double RssMiB() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
-  }
-  return -1;
-}
-
-}  // namespace
 
 TEST_CASE("memory does not grow with the undo journal: 10^6 undo records cost less than 16 MiB of RSS, and every "
           "point still reads right",
@@ -917,7 +903,8 @@ TEST_CASE("memory does not grow with the undo journal: 10^6 undo records cost le
   o.segment_bytes = 16u << 20;
   o.point_interval_us = 0;
   const VolumeIdentity id = Ident(uint64_t(1) << 32);  // 4 GiB, sparse
-  const double rss0 = RssMiB();
+  auto rss_mib = [&] { return metrics::ResidentMemoryBytes(env.get()) / (1 << 20); };
+  const double rss0 = rss_mib();
   REQUIRE(rss0 > 0);
   auto v = ReplicaVolume::Open(o, &id);
   REQUIRE(v.ok());
@@ -947,7 +934,7 @@ TEST_CASE("memory does not grow with the undo journal: 10^6 undo records cost le
     REQUIRE((*v)->ReadAt(batch_end[b], 0, 4096, block.data()).ok());
     CHECK(block == Bytes(4096, uint8_t(b + 1)));
   }
-  const double grown = RssMiB() - rss0;
+  const double grown = rss_mib() - rss0;
   INFO("RSS grew " << grown << " MiB for " << records << " undo records");
   CHECK(grown < 16.0);  // the in-memory index took about 100 MiB for as many
   // A restart reads nothing of the journal to answer.
@@ -959,5 +946,5 @@ TEST_CASE("memory does not grow with the undo journal: 10^6 undo records cost le
   CHECK((*v)->GetStatus().undo_records == records);
   REQUIRE((*v)->ReadAt(batch_end[30], 0, 4096, block.data()).ok());
   CHECK(block == Bytes(4096, uint8_t(31)));
-  CHECK(RssMiB() - rss0 < 16.0);
+  CHECK(rss_mib() - rss0 < 16.0);
 }
