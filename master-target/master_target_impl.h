@@ -125,6 +125,9 @@ struct MasterTarget::Impl {
   json::object VolumeJson(const VolEntry& e);
   // The "failover" member of VolumeJson: null unless failed over by Failover().
   json::value FailoverJson(const VolEntry& e, const VolumeStatus& st);
+  // The "stall" member of VolumeJson: null unless apply is stalled
+  // ({"cause": "no space" | "I/O error", "message", "since_us", "failures"}).
+  static json::value StallJson(const VolumeStatus& st);
 
   json::value StatusJson();
 

@@ -27,7 +27,7 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"size", st.identity.size},
                       {"block_size", st.identity.block_size},
                       {"generation", st.identity.generation},
-                      {"state", StateName(st.state)},
+                      {"state", ShownState(st)},  // "stalled: no space" while apply fails
                       // the generation's own sequence, as its source counts it
                       {"applied_seq", st.applied_seq - st.seq_base},
                       // the volume's history sequence (points and exports use it)
@@ -41,7 +41,18 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"points", st.points},
                       {"exports", st.active_exports},
                       {"rollback_to", st.rollback_to},
-                      {"failover", FailoverJson(e, st)}};
+                      {"failover", FailoverJson(e, st)},
+                      {"stall", StallJson(st)},
+                      {"retention_max_bytes", o.retention.max_bytes},
+                      {"retention_max_age_seconds", o.retention.max_age_us / 1'000'000}};
+}
+
+json::value MasterTarget::Impl::StallJson(const VolumeStatus& st) {
+  if (!st.stall) return nullptr;
+  return json::object{{"cause", StallCauseName(st.stall->cause)},
+                      {"message", st.stall->message},
+                      {"since_us", st.stall->since_us},
+                      {"failures", st.stall->failures}};
 }
 
 json::value MasterTarget::Impl::FailoverJson(const VolEntry& e, const VolumeStatus& st) {

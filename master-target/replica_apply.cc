@@ -176,7 +176,11 @@ Status ReplicaVolume::Reprotect(uint64_t gen) {
 
 Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>& recs) {
   std::lock_guard<std::mutex> lk(apply_mu_);
-  if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  if (broken_) {
+    Status s = Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+    NoteApply(s);
+    return s;
+  }
   if (failover_) return Nack(proto::NackReason::kWrongGeneration, FencedMessage());
   if (state_ != VolumeState::kReplicating)
     return Nack(proto::NackReason::kWrongGeneration,
@@ -235,6 +239,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
     }
   }
   Status s = ApplyLocked(recs, first, &out);
+  NoteApply(s);
   if (!s.ok()) {
     log::Get("mt.volume")->error("{} apply failed: {}; undoing the partial batch", log::Where{id_.name, "", applied + 1},
                                  s.ToString());
@@ -248,6 +253,27 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
   }
   out.applied = recs.size() - first;
   return out;
+}
+
+void ReplicaVolume::NoteApply(const Status& s) {
+  StallCause cause = StallCause::kNone;
+  {
+    std::lock_guard<std::mutex> lk(meta_mu_);
+    if (s.ok()) {
+      if (!stall_) return;
+      log::Get("mt.volume")->info("{} apply resumed after {} failed attempt(s) ({})",
+                                  log::Where{id_.name, "", applied_.load()}, stall_->failures,
+                                  StallCauseName(stall_->cause));
+      stall_.reset();
+    } else {
+      cause = s.IsNoSpace() ? StallCause::kNoSpace : StallCause::kIOError;
+      if (!stall_ || stall_->cause != cause) stall_ = ApplyStall{cause, "", o_.clock->WallMicros(), 0};
+      stall_->message = s.ToString();
+      ++stall_->failures;
+    }
+  }
+  if (o_.metrics.stalled_no_space) o_.metrics.stalled_no_space->Set(cause == StallCause::kNoSpace ? 1 : 0);
+  if (o_.metrics.stalled_io_error) o_.metrics.stalled_io_error->Set(cause == StallCause::kIOError ? 1 : 0);
 }
 
 Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out) {

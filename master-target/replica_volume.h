@@ -126,6 +126,21 @@ struct VolumeIdentity {
 enum class VolumeState { kReplicating = 0, kRollingBack = 1, kFailedOver = 2 };
 const char* StateName(VolumeState s);
 
+// Why apply is stalled. A batch whose apply failed on an I/O error is undone
+// and its sender resends it after a pause (nack kInternal): until one applies,
+// the volume is stalled, and the cause is shown with its state. Not persisted
+// (a restart starts unstalled; the next failure stalls it again).
+enum class StallCause { kNone = 0, kNoSpace = 1, kIOError = 2 };
+// "no space" (ENOSPC, EDQUOT, a full sqlite: Status kNoSpace), "I/O error"
+// (anything else), "" for kNone.
+const char* StallCauseName(StallCause c);
+struct ApplyStall {
+  StallCause cause = StallCause::kNone;
+  std::string message;    // the failed apply's Status, as logged
+  uint64_t since_us = 0;  // wall clock of the first failure of the stall
+  uint64_t failures = 0;  // failed applies since then
+};
+
 // A promoted failover (`cdpctl failover VOLUME --to POINT`), persisted in the
 // index's `failover` row (docs/formats/mt-index.md).
 struct FailoverInfo {
@@ -163,6 +178,9 @@ struct VolumeMetrics {
   std::shared_ptr<metrics::Gauge> applied_seq;
   std::shared_ptr<metrics::DoubleGauge> apply_lag_seconds;  // now - capture time of the last applied record
   std::shared_ptr<metrics::DoubleGauge> retention_span_seconds;
+  // 1 while apply is stalled for that cause, else 0 (cdp_mt_apply_stalled{cause=...}).
+  std::shared_ptr<metrics::Gauge> stalled_no_space;
+  std::shared_ptr<metrics::Gauge> stalled_io_error;
 };
 
 struct VolumeOptions {
@@ -213,7 +231,13 @@ struct VolumeStatus {
   uint64_t seq_base = 0;           // see ReplicaVolume::seq_base()
   uint64_t reprotect_armed = 0;    // the generation an operator allowed, 0: none
   std::optional<FailoverInfo> failover;  // a promoted failover
+  std::optional<ApplyStall> stall;       // set while apply is stalled (see StallCause)
 };
+
+// The state as the operator reads it (/v1/volumes, /status, cdpctl status):
+// StateName(st.state), or "stalled: <cause>" while a protecting volume's apply
+// is stalled ("stalled: no space", "stalled: I/O error").
+std::string ShownState(const VolumeStatus& st);
 
 struct RetentionResult {
   std::vector<uint64_t> dropped_segments;
@@ -276,7 +300,8 @@ class ReplicaVolume {
   // Applies a batch (see the protocol above). Validation failures and gaps
   // are returned as a nack outcome with nothing applied; a non-ok Status is an
   // I/O failure (the volume has then undone the partial batch, or — when even
-  // that failed — refuses further work until reopened).
+  // that failed — refuses further work until reopened), and the volume is
+  // stalled (stall(), ShownState) until a batch applies again.
   Result<ApplyOutcome> ApplyBatch(const std::vector<proto::Record>& records);
 
   // Point-in-time read: the image after applying every record <= `point_seq`
@@ -363,6 +388,7 @@ class ReplicaVolume {
   uint64_t size() const { return id_.size; }
   const VolumeIdentity& identity() const { return id_; }
   VolumeState state() const;
+  std::optional<ApplyStall> stall() const;
 
  private:
   friend class PointPin;
@@ -413,6 +439,8 @@ class ReplicaVolume {
   uint64_t committed_offset_ = 0;
   uint64_t last_crash_point_us_ = 0; // monotonic micros of the last crash point (0: none)
   bool broken_ = false;              // an apply failed and could not be undone
+  // Sets (failure) or clears (ok) the stall and its gauges; apply_mu_ held.
+  void NoteApply(const Status& s);
   std::atomic<uint64_t> applied_{0};
   std::atomic<uint64_t> seq_base_{0};    // history seq of the generation's wire seq 0
   std::atomic<uint64_t> generation_{0};  // id_.generation, for readers without apply_mu_
@@ -437,6 +465,7 @@ class ReplicaVolume {
   std::map<uint64_t, SegmentInfo> segments_;
   std::vector<RecoveryPoint> points_;  // ascending id (== ascending seq)
   std::multiset<uint64_t> pins_;
+  std::optional<ApplyStall> stall_;
 };
 
 }  // namespace cdp::mt
