@@ -24,10 +24,14 @@
 //
 // Crash recovery (at Open, and in place after a failed apply): every undo
 // record past the committed journal position is undone newest first (each
-// writes the bytes it saved), the replica is synced, the journal is truncated
+// writes the bytes it saved; saved zeros punch a hole, so that the undo of a
+// batch that failed on a full disk needs no new block), the replica is
+// synced, the journal is truncated
 // at the committed position and later segments are removed. The replica then
 // holds exactly the image at the committed sequence, and resent records are
 // applied again. A volume interrupted in a rollback finishes the rollback.
+// When the in-place undo after a failed apply fails too, it is tried again at
+// the next batch (HealLocked): a full disk stalls apply, never for good.
 //
 // ReplicaVolume states (VolumeState; persisted in the index's volume row, and
 // for a failover in its `failover` row, so a restart or a kill -9 keeps them):
@@ -300,7 +304,8 @@ class ReplicaVolume {
   // Applies a batch (see the protocol above). Validation failures and gaps
   // are returned as a nack outcome with nothing applied; a non-ok Status is an
   // I/O failure (the volume has then undone the partial batch, or — when even
-  // that failed — refuses further work until reopened), and the volume is
+  // that failed — tries the undo again at the next ApplyBatch, CheckOpen or
+  // ApplyRetention and refuses work until it succeeds), and the volume is
   // stalled (stall(), ShownState) until a batch applies again.
   Result<ApplyOutcome> ApplyBatch(const std::vector<proto::Record>& records);
 
@@ -439,6 +444,11 @@ class ReplicaVolume {
   uint64_t committed_offset_ = 0;
   uint64_t last_crash_point_us_ = 0; // monotonic micros of the last crash point (0: none)
   bool broken_ = false;              // an apply failed and could not be undone
+  bool heal_by_recovery_ = false;    // broken_ by a failed undo of an apply: RecoverUncommitted() again heals it
+  // OK unless broken_. A volume broken by a failed undo of an apply (a full
+  // disk may refuse even the undo) tries the undo again, and works again
+  // once it succeeds; any other broken_ needs a reopen. apply_mu_ held.
+  Status HealLocked();
   // Sets (failure) or clears (ok) the stall and its gauges; apply_mu_ held.
   void NoteApply(const Status& s);
   std::atomic<uint64_t> applied_{0};

@@ -907,12 +907,52 @@ TEST_CASE("apply stalled by ENOSPC: the state names the cause, the metric says i
     CHECK(img == ref.ImageAt(p.seq));
   }
 
-  // Another failure (EIO on the replica's write) is named as such.
+  // Another failure (EIO on the replica's write) is named as such. The undo
+  // of the partial batch fails too (its writes get EIO): the volume tries it
+  // again at the next batch, and works again once it succeeds.
   fault.InjectError(FaultEnv::Op::kWrite, EIO, 0, /*sticky=*/true);
-  auto m = Call(*ch, Batch(vid, batch(21)));
-  REQUIRE(std::get_if<proto::Nack>(&m) != nullptr);
-  CHECK(std::string(volume().at("state").as_string()) == "stalled: I/O error");
-  CHECK(MetricValue(metrics(), io_series) == 1.0);
-  CHECK(MetricValue(metrics(), stalled_series) == 0.0);
+  auto failing = batch(21);
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    auto m = Call(*ch, Batch(vid, failing));
+    REQUIRE(std::get_if<proto::Nack>(&m) != nullptr);
+    CHECK(std::string(volume().at("state").as_string()) == "stalled: I/O error");
+    CHECK(MetricValue(metrics(), io_series) == 1.0);
+    CHECK(MetricValue(metrics(), stalled_series) == 0.0);
+  }
   fault.ClearErrors();
+  ref.Apply(failing);
+  expect_ack(failing);
+  CHECK(std::string(volume().at("state").as_string()) == "protecting");
+  CHECK(MetricValue(metrics(), io_series) == 0.0);
+  REQUIRE(ReadFile(VolumeDir(dir.path(), "acme", "vm1") + "/replica.img") == ref.image());
+}
+
+TEST_CASE("regression: the undo of a batch that failed on a full disk punches holes instead of writing zeros",
+          "[server][fault][stall]") {
+  // Zeros written back by the undo would need new blocks on the full disk and
+  // fail in turn (seen on a real full ext4: the volume stayed broken).
+  TempDir dir;
+  auto posix = NewPosixEnv();
+  FaultEnv fault(posix.get());
+  Daemon d(dir.path(), 0, 256, [&](MasterTargetOptions& o) { o.env = &fault; });
+  const uint64_t size = 1 << 20;
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  const uint32_t vid = OpenVolume(*ch, OpenMsg("vm1", size), 0);
+  // Onto holes: the journal saves zeros. The replica write fails with
+  // ENOSPC, as does every later write; punching holes still works.
+  fault.InjectError(FaultEnv::Op::kWrite, ENOSPC, 0, /*sticky=*/true);
+  std::vector<proto::Record> b{DataRecord(1, 65536, Bytes(8192, 7)), DataRecord(2, 262144, Bytes(4096, 9)),
+                               FlushRecord(3)};
+  auto m = Call(*ch, Batch(vid, b));
+  REQUIRE(std::get_if<proto::Nack>(&m) != nullptr);
+  // The undo succeeded in place: nothing to heal, the volume answers a VolumeOpen.
+  auto ch2 = Client(d.mt->port(), "acme", "s3cret-acme");
+  OpenVolume(*ch2, OpenMsg("vm1", size), 0);
+  fault.ClearErrors();
+  m = Call(*ch, Batch(vid, b));
+  auto* ack = std::get_if<proto::Ack>(&m);
+  REQUIRE((ack != nullptr && ack->durable_seq == 3));
+  Reference ref(size);
+  ref.Apply(b);
+  REQUIRE(ReadFile(VolumeDir(dir.path(), "acme", "vm1") + "/replica.img") == ref.image());
 }
