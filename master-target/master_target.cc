@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "master-target/dashboard.h"
 #include "master-target/mt_control_api.h"
 #include "master-target/master_target_impl.h"
 #include "master-target/ps_session.h"
@@ -326,6 +327,7 @@ Status MasterTarget::Start() {
     m.control_tokens = *tokens;
     m.http = std::make_unique<http::Server>(ho);
     m.AddRoutes();
+    AddDashboardRoutes(*m.http, ho.authenticate);
     Status s = m.http->Start();
     if (!s.ok()) {
       Stop();

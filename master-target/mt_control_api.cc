@@ -149,6 +149,35 @@ void MasterTarget::Impl::AddRoutes() {
       return http::Response::Json(200, json::object{{"volumes", vols}});
     });
   });
+  http->Route("GET", "/v1/whoami", [this](const http::Request& r) {
+    return WithParams(r, {}, [&](const http::Params&) -> Result<http::Response> {
+      json::array tenants;
+      for (const auto& [t, secret] : o.tenants) {
+        if (r.caller.admin || t == r.caller.tenant) tenants.push_back(json::value(t));
+      }
+      return http::Response::Json(200, json::object{{"admin", r.caller.admin},
+                                                    {"tenant", r.caller.tenant},
+                                                    {"tenants", tenants},
+                                                    {"nbd_port", nbd ? nbd->port() : 0},
+                                                    {"nbd_tls", o.nbd_tls}});
+    });
+  });
+  http->Route("GET", "/v1/lag", [this](const http::Request& r) {
+    return WithParams(r, {"tenant", "volume"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      const uint64_t now = o.clock->WallMicros();
+      json::array samples;
+      for (const auto& x : e->lag.Samples(now)) {
+        samples.push_back(json::object{{"time_us", x.time_us}, {"max_lag_seconds", x.max_lag_seconds}, {"batches", x.batches}});
+      }
+      return http::Response::Json(200, json::object{{"tenant", e->tenant},
+                                                    {"volume", e->name},
+                                                    {"now_us", now},
+                                                    {"bucket_seconds", e->lag.bucket_us() / 1'000'000},
+                                                    {"window_seconds", e->lag.window_us() / 1'000'000},
+                                                    {"samples", samples}});
+    });
+  });
   http->Route("GET", "/v1/points", [this](const http::Request& r) {
     return WithParams(r, {"tenant", "volume"}, [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
