@@ -157,8 +157,10 @@ void Click(Browser& b, const std::string& css) {
   REQUIRE(ok);
 }
 
+// Signs out (as the page's button does: the tab's token and the cookie go),
+// then in with `token` through a link carrying it in the fragment.
 void SignIn(Browser& b, const std::string& base, const std::string& token) {
-  b.Eval("sessionStorage.clear(); document.cookie = 'cdp_ui_token=; Path=/ui; Max-Age=0'; return true;").status().ok();
+  Eval(b, "sessionStorage.clear(); return fetch('/ui/logout', {method: 'POST'}).then(r => r.ok);");
   REQUIRE(b.Go(base + "/ui/login#token=" + token).ok());
   Wait(b, "return document.body.dataset.state === 'ready' && location.pathname === '/ui';");
 }
@@ -223,6 +225,16 @@ TEST_CASE("dashboard: two tenants in headless Chromium, token-gated, points as c
   CHECK(HttpStatus(port, "/ui/", acme) == 200);
   CHECK(HttpStatus(port, "/ui/app.js", beta) == 200);
   CHECK(HttpStatus(port, "/ui/login", "") == 200);
+  auto session = [&](const std::string& token) {
+    cdp::http::ClientOptions co;
+    co.bearer_token = token;
+    auto r = cdp::http::HttpRequest("127.0.0.1", port, "POST", "/ui/session", "", 10s, co);
+    REQUIRE(r.ok());
+    return r->status;
+  };
+  CHECK(session("") == 401);
+  CHECK(session("not-a-token") == 401);
+  CHECK(session(acme) == 200);
   CHECK(HttpStatus(port, "/ui/login.js", "") == 200);
   CHECK(HttpStatus(port, "/ui/app.css", "") == 200);
   CHECK(HttpStatus(port, "/ui/../status", "") != 200);
@@ -325,4 +337,10 @@ TEST_CASE("dashboard: two tenants in headless Chromium, token-gated, points as c
   Click(b, "button.export-btn[data-volume=\"beta/ledger\"]");
   Wait(b, "return document.querySelectorAll('article.volume[data-volume=\"beta/ledger\"] tr[data-export]').length === 1;");
   Screenshot(b, "dashboard-admin.png");
+
+  // Sign out: back to the sign-in page, and /ui is refused again.
+  Click(b, "#signout");
+  Wait(b, "return document.body.dataset.state === 'login';");
+  REQUIRE(b.Go(base + "/ui").ok());
+  Wait(b, "return document.body.dataset.state === 'unauthorized';");
 }

@@ -1,5 +1,6 @@
 #include "master-target/dashboard.h"
 
+#include <boost/json.hpp>
 #include <cctype>
 #include <utility>
 
@@ -16,8 +17,12 @@ const DashboardAsset* FindDashboardAsset(std::string_view name) {
   return nullptr;
 }
 
+namespace {
+constexpr std::string_view kCookieName = "cdp_ui_token";
+}  // namespace
+
 std::string DashboardCookieToken(std::string_view header) {
-  constexpr std::string_view kName = "cdp_ui_token";
+  constexpr std::string_view kName = kCookieName;
   while (!header.empty()) {
     size_t end = header.find(';');
     std::string_view item = header.substr(0, end);
@@ -81,6 +86,31 @@ void AddDashboardRoutes(http::Server& server,
       return Page(200, *a);
     };
   };
+  // The session cookie is set by the server (HttpOnly), so that it is stored
+  // before the page navigates to /ui (a cookie written by script may not be).
+  server.Route(
+      "POST", "/ui/session",
+      [authenticate](const http::Request& r) {
+        std::string_view token = BearerToken(r.authorization);
+        if (authenticate && (token.empty() || !authenticate(token))) {
+          return http::Response::Error(401, "the control token is not valid here");
+        }
+        http::Response resp = http::Response::Json(200, boost::json::object{{"signed_in", true}});
+        resp.headers = {{"Set-Cookie", std::string(kCookieName) + "=" + std::string(token) +
+                                           "; Path=/ui; HttpOnly; SameSite=Strict"},
+                        {"Cache-Control", "no-store"}};
+        return resp;
+      },
+      http::Access::kPublic);
+  server.Route(
+      "POST", "/ui/logout",
+      [](const http::Request&) {
+        http::Response resp = http::Response::Json(200, boost::json::object{{"signed_in", false}});
+        resp.headers = {{"Set-Cookie", std::string(kCookieName) + "=; Path=/ui; Max-Age=0; HttpOnly; SameSite=Strict"},
+                        {"Cache-Control", "no-store"}};
+        return resp;
+      },
+      http::Access::kPublic);
   server.Route("GET", "/ui", serve("index.html", true), http::Access::kPublic);
   server.Route("GET", "/ui/", serve("index.html", true), http::Access::kPublic);
   server.Route(

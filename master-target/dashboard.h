@@ -11,6 +11,8 @@
 //   GET /ui/app.js                          its script          (token needed)
 //   GET /ui/app.css, /ui/favicon.svg        style and icon      (public)
 //   GET /ui/login, /ui/login.js             the sign-in page    (public)
+//   POST /ui/session  (bearer token)        checks the token, sets the cookie below
+//   POST /ui/logout                         clears it
 // Any other /ui/ path: 404. The page's data all comes from the control API
 // (master-target/mt_control_api.h: /v1/whoami, /v1/volumes, /v1/points,
 // /v1/lag, /v1/exports, /v1/export, /v1/unexport).
@@ -23,10 +25,13 @@
 //    in the static files.
 //  - The sign-in page takes the token typed in, or from the URL fragment
 //    (/ui/login#token=TOKEN: a fragment is never sent to the server, so it
-//    reaches no log), checks it with GET /v1/whoami, and keeps it in the tab's
-//    sessionStorage (for the API calls) and in the session cookie
-//    `cdp_ui_token` (Path=/ui, SameSite=Strict, Secure over HTTPS), so that
-//    the browser's GET /ui is authenticated too.
+//    reaches no log), and sends it as a bearer header to POST /ui/session,
+//    which answers 401 for a token that is not valid, else sets the session
+//    cookie `cdp_ui_token` (Path=/ui, HttpOnly, SameSite=Strict; no Secure
+//    flag: the control port speaks plain HTTP, put TLS in front of it across
+//    networks) so that the browser's GET /ui is authenticated too. The page
+//    keeps the token in the tab's sessionStorage for its API calls. Sign-out
+//    clears both (POST /ui/logout).
 //  - GET /ui and /ui/app.js need a valid token, from that cookie or a bearer
 //    header; without one they answer 401 with a page that says so and links
 //    to the sign-in page. The page itself shows "unauthorized" when an API

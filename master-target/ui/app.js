@@ -413,9 +413,9 @@ document.addEventListener('DOMContentLoaded', () => {
     return;
   }
   document.getElementById('refresh').addEventListener('click', refresh);
-  document.getElementById('signout').addEventListener('click', () => {
+  document.getElementById('signout').addEventListener('click', async () => {
     sessionStorage.removeItem('cdp_token');
-    document.cookie = 'cdp_ui_token=; Path=/ui; Max-Age=0; SameSite=Strict';
+    try { await fetch('/ui/logout', {method: 'POST', cache: 'no-store'}); } catch (e) { /* signed out in this tab anyway */ }
     location.replace('/ui/login');
   });
   refresh();

@@ -1,19 +1,15 @@
 // Sign-in (master-target/dashboard.h): the token typed in, or from the URL
-// fragment (#token=...), is checked with GET /v1/whoami, then kept in this
-// tab's sessionStorage (API calls) and a session cookie for GET /ui.
+// fragment (#token=...), is checked by POST /ui/session, which sets the
+// session cookie for GET /ui; the page keeps it in this tab's sessionStorage
+// for its API calls.
 'use strict';
-
-function setCookie(token) {
-  const secure = location.protocol === 'https:' ? '; Secure' : '';
-  document.cookie = 'cdp_ui_token=' + encodeURIComponent(token) + '; Path=/ui; SameSite=Strict' + secure;
-}
 
 async function signIn(token) {
   const err = document.getElementById('error');
   err.classList.add('hidden');
   let r;
   try {
-    r = await fetch('/v1/whoami', {headers: {'Authorization': 'Bearer ' + token}, cache: 'no-store'});
+    r = await fetch('/ui/session', {method: 'POST', headers: {'Authorization': 'Bearer ' + token}, cache: 'no-store'});
   } catch (e) {
     err.textContent = 'The master target did not answer: ' + e.message;
     err.classList.remove('hidden');
@@ -31,7 +27,6 @@ async function signIn(token) {
     return;
   }
   sessionStorage.setItem('cdp_token', token);
-  setCookie(token);
   location.replace('/ui');
 }
 
