@@ -169,15 +169,20 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
   }
   out << "master target " << Where(o.mt) << (m.reached ? "" : "  unreachable: " + m.error) << "\n";
   if (auto* vols = Volumes(m.body)) {
-    std::snprintf(line, sizeof line, "  %-16s %-10s %-11s %12s %12s %7s\n", "VOLUME", "TENANT", "STATE", "APPLIED",
+    std::snprintf(line, sizeof line, "  %-16s %-10s %-17s %12s %12s %7s\n", "VOLUME", "TENANT", "STATE", "APPLIED",
                   "JOURNAL", "POINTS");
     out << line;
     for (const auto& v : *vols) {
       const json::object& x = v.as_object();
-      std::snprintf(line, sizeof line, "  %-16s %-10s %-11s %12.0f %12s %7.0f\n", Str(x, "volume").c_str(),
+      std::snprintf(line, sizeof line, "  %-16s %-10s %-17s %12.0f %12s %7.0f\n", Str(x, "volume").c_str(),
                     Str(x, "tenant").c_str(), Str(x, "state").c_str(), Num(x, "applied_seq"),
                     Bytes(Num(x, "journal_bytes")).c_str(), Num(x, "points"));
       out << line;
+      if (const json::value* sv = x.if_contains("stall"); sv && sv->is_object()) {
+        const json::object& st = sv->as_object();
+        out << "    APPLY STALLED (" << Str(st, "cause") << "), " << uint64_t(Num(st, "failures"))
+            << " failed attempt(s): " << Str(st, "message") << "\n";
+      }
       if (const json::value* fv = x.if_contains("failover"); fv && fv->is_object()) {
         const json::object& f = fv->as_object();
         out << "    failed over to point " << uint64_t(Num(f, "point")) << " (sequence " << uint64_t(Num(f, "history_seq"))

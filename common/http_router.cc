@@ -88,6 +88,7 @@ Request ToRequest(bhttp::request<bhttp::string_body>& parsed) {
   req.content_type = std::string(parsed[bhttp::field::content_type]);
   req.host = std::string(parsed[bhttp::field::host]);
   req.authorization = std::string(parsed[bhttp::field::authorization]);
+  req.cookie = std::string(parsed[bhttp::field::cookie]);
   return req;
 }
 
@@ -122,9 +123,10 @@ bool IsJson(std::string_view content_type) {
   return lower == "application/json";
 }
 
-void Router::Add(std::string method, std::string path, Handler handler) {
+void Router::Add(std::string method, std::string path, Handler handler, Access access) {
   Entry e;
   e.method = std::move(method);
+  e.access = access;
   if (path.size() >= 2 && path.compare(path.size() - 2, 2, "/*") == 0) {
     e.prefix = true;
     path.pop_back();  // keep the trailing '/'
@@ -147,7 +149,23 @@ Response Router::Dispatch(Request& req) const {
   if ((!req.body.empty() || !req.content_type.empty()) && !IsJson(req.content_type)) {
     return Response::Error(415, "request bodies must be application/json, not '" + req.content_type + "'");
   }
-  if (opts_.authenticate && !(opts_.metrics_public && req.path == "/metrics")) {
+  const Entry* best = nullptr;
+  bool path_known = false;
+  for (const Entry& r : routes_) {
+    bool match = r.prefix ? (req.path.size() > r.path.size() && req.path.compare(0, r.path.size(), r.path) == 0)
+                          : req.path == r.path;
+    if (!match) continue;
+    path_known = true;
+    if (r.method != req.method) continue;
+    if (best == nullptr || (best->prefix && !r.prefix) ||
+        (best->prefix && r.prefix && r.path.size() > best->path.size())) {
+      best = &r;
+    }
+  }
+  const bool public_route = best != nullptr && best->access == Access::kPublic;
+  if (opts_.authenticate && public_route) {
+    // The handler decides; it sees no caller.
+  } else if (opts_.authenticate && !(opts_.metrics_public && req.path == "/metrics")) {
     std::string_view auth(req.authorization);
     constexpr std::string_view kBearer = "Bearer ";
     if (auth.size() <= kBearer.size() || !EqualsIgnoreCase(auth.substr(0, kBearer.size()), kBearer)) {
@@ -176,19 +194,6 @@ Response Router::Dispatch(Request& req) const {
     if (req.path == "/status" && opts_.status) {
       if (req.method != "GET") return Response::Error(405, "method " + req.method + " not allowed on /status");
       return Response::Json(200, opts_.status());
-    }
-    const Entry* best = nullptr;
-    bool path_known = false;
-    for (const Entry& r : routes_) {
-      bool match = r.prefix ? (req.path.size() > r.path.size() && req.path.compare(0, r.path.size(), r.path) == 0)
-                            : req.path == r.path;
-      if (!match) continue;
-      path_known = true;
-      if (r.method != req.method) continue;
-      if (best == nullptr || (best->prefix && !r.prefix) ||
-          (best->prefix && r.prefix && r.path.size() > best->path.size())) {
-        best = &r;
-      }
     }
     if (best == nullptr) {
       if (path_known) return Response::Error(405, "method " + req.method + " not allowed on " + req.path);

@@ -34,7 +34,7 @@ bool BodyTooLarge(const RequestParser& parser, size_t max_body_bytes);
 
 // The Request a handler sees, from a complete parsed request: path and query
 // percent-decoded, params parsed (the last of a repeated key wins), Host,
-// Content-Type and Authorization copied. The body is moved out of `parsed`.
+// Content-Type, Authorization and Cookie copied. The body is moved out of `parsed`.
 Request ToRequest(bhttp::request<bhttp::string_body>& parsed);
 
 // Percent-decoding; with `plus_is_space` (query strings) '+' is a space. A bad
@@ -53,14 +53,14 @@ bool IsJson(std::string_view content_type);
 
 // The routes of one server and the checks before them (see http_server.h:
 // Host 403, content type 415, the bearer token 401 (ServerOptions::
-// authenticate; sets Request::caller), /status and /metrics 403 for a tenant
+// authenticate; sets Request::caller; not for Access::kPublic routes), /status and /metrics 403 for a tenant
 // caller, /metrics, /status, 404, 405, handler exceptions 500). `opts` must outlive the Router.
 class Router {
  public:
   explicit Router(const ServerOptions& opts) : opts_(opts) {}
 
   // Server::Route's contract: exact path, or a prefix ending in "/*".
-  void Add(std::string method, std::string path, Handler handler);
+  void Add(std::string method, std::string path, Handler handler, Access access = Access::kToken);
 
   // The response to `req`; sets req.rest for a prefix route. Never throws.
   Response Dispatch(Request& req) const;
@@ -70,6 +70,7 @@ class Router {
     std::string method;
     std::string path;  // exact path, or the prefix including its trailing '/'
     bool prefix = false;
+    Access access = Access::kToken;
     Handler handler;
   };
   const ServerOptions& opts_;

@@ -235,6 +235,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res_->set(bhttp::field::server, "opencdp");
     res_->set(bhttp::field::content_type, r.content_type);
     if (r.status == 401) res_->set(bhttp::field::www_authenticate, "Bearer");
+    for (const auto& [name, value] : r.headers) res_->set(name, value);
     res_->keep_alive(keep_alive);
     res_->body() = r.body;
     res_->prepare_payload();
@@ -309,8 +310,8 @@ Server::Server(ServerOptions opts) : impl_(std::make_unique<Impl>(std::move(opts
 
 Server::~Server() { Stop(); }
 
-void Server::Route(std::string method, std::string path, Handler handler) {
-  impl_->router.Add(std::move(method), std::move(path), std::move(handler));
+void Server::Route(std::string method, std::string path, Handler handler, Access access) {
+  impl_->router.Add(std::move(method), std::move(path), std::move(handler), access);
 }
 
 Status Server::Start() {

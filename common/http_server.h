@@ -13,7 +13,8 @@
 //
 // Authentication (ServerOptions::authenticate; common/control_token.h):
 // without a valid bearer token a request gets 401 and reaches no handler;
-// handlers see the Caller (admin, or one tenant) in Request::caller.
+// handlers see the Caller (admin, or one tenant) in Request::caller. Routes
+// added with Access::kPublic are the exception: their handler authenticates.
 //
 // Against DNS rebinding and cross-site requests from a browser on the host:
 //   - the Host header must name an IP literal, "localhost", or one of
@@ -50,8 +51,9 @@
 #include <optional>
 #include <memory>
 #include <string>
-#include <vector>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/result.h"
 #include "common/status.h"
@@ -79,6 +81,7 @@ struct Request {
   std::string content_type;
   std::string host;  // the Host header as sent
   std::string authorization;  // the Authorization header as sent
+  std::string cookie;         // the Cookie header as sent (only Access::kPublic routes may use it)
   Caller caller;     // set when ServerOptions::authenticate accepted the request
 };
 
@@ -86,6 +89,8 @@ struct Response {
   int status = 200;
   std::string body;
   std::string content_type = "application/json";
+  // More headers to send (name, value): Cache-Control, Content-Security-Policy, ...
+  std::vector<std::pair<std::string, std::string>> headers;
 
   // `body` serialized as JSON.
   static Response Json(int status, const boost::json::value& body);
@@ -130,6 +135,14 @@ Response ErrorResponse(const Status& s);
 // Handlers may throw; the exception becomes a 500 with its what() as the error.
 using Handler = std::function<Response(const Request&)>;
 
+// Who may reach a route's handler. kToken: only a request whose bearer token
+// ServerOptions::authenticate accepts (else 401 before the handler). kPublic:
+// every request (after the Host and Content-Type checks); Request::caller is
+// then left empty and the handler decides (the master target's dashboard
+// shell, master-target/dashboard.h). Without ServerOptions::authenticate every
+// caller is the admin on every route.
+enum class Access { kToken, kPublic };
+
 struct ServerOptions {
   std::string host = "127.0.0.1";  // address to bind (IPv4 or IPv6 literal, or "localhost")
   uint16_t port = 0;               // 0 = ephemeral; see Server::port()
@@ -161,7 +174,7 @@ class Server {
   // ("/v1/volumes/*" matches "/v1/volumes/db1/tag", Request::rest = "db1/tag").
   // Exact beats prefix; a longer prefix beats a shorter one. Adding the same
   // method+path again replaces the handler. Only before Start().
-  void Route(std::string method, std::string path, Handler handler);
+  void Route(std::string method, std::string path, Handler handler, Access access = Access::kToken);
 
   // Binds host:port, listens and starts the threads. Failure: kIOError /
   // kInvalidArgument naming host:port (port in use, bad address). Once only.

@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "master-target/dashboard.h"
 #include "master-target/mt_control_api.h"
 #include "master-target/master_target_impl.h"
 #include "master-target/ps_session.h"
@@ -72,6 +73,13 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
       "cdp_mt_apply_lag_seconds", "Wall time between capture and apply of the last applied record", l);
   vo.metrics.retention_span_seconds =
       r.GetDoubleGauge("cdp_mt_retention_span_seconds", "Age of the oldest recovery point kept", l);
+  // One series per cause, so that an alert names it (packaging/prometheus).
+  const char* kStalledHelp = "1 while apply is stalled for this cause (the last batch failed and was undone)";
+  metrics::Labels ns = l, io = l;
+  ns.push_back({"cause", "no_space"});
+  io.push_back({"cause", "io_error"});
+  vo.metrics.stalled_no_space = r.GetGauge("cdp_mt_apply_stalled", kStalledHelp, ns);
+  vo.metrics.stalled_io_error = r.GetGauge("cdp_mt_apply_stalled", kStalledHelp, io);
   // The retention budget, for alerts on the journal's use of it (packaging/prometheus).
   r.GetGauge("cdp_mt_retention_max_bytes", "Retention policy: undo journal bytes kept at most (0: no limit)", l)
       ->Set(int64_t(o.retention.max_bytes));
@@ -319,6 +327,7 @@ Status MasterTarget::Start() {
     m.control_tokens = *tokens;
     m.http = std::make_unique<http::Server>(ho);
     m.AddRoutes();
+    AddDashboardRoutes(*m.http, ho.authenticate);
     Status s = m.http->Start();
     if (!s.ok()) {
       Stop();

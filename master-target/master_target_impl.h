@@ -29,6 +29,7 @@
 #include "common/nbd_server.h"
 #include "common/tls_stream.h"
 #include "master-target/export.h"
+#include "master-target/lag_history.h"
 #include "master-target/master_target.h"
 
 namespace cdp::mt {
@@ -38,6 +39,7 @@ namespace json = boost::json;
 struct VolEntry {
   std::string tenant, name;
   std::shared_ptr<ReplicaVolume> volume;
+  LagHistory lag;  // the batches' apply lag over the last hour (ps_session.cc records it)
 };
 
 struct ExportEntry {
@@ -125,6 +127,9 @@ struct MasterTarget::Impl {
   json::object VolumeJson(const VolEntry& e);
   // The "failover" member of VolumeJson: null unless failed over by Failover().
   json::value FailoverJson(const VolEntry& e, const VolumeStatus& st);
+  // The "stall" member of VolumeJson: null unless apply is stalled
+  // ({"cause": "no space" | "I/O error", "message", "since_us", "failures"}).
+  static json::value StallJson(const VolumeStatus& st);
 
   json::value StatusJson();
 

@@ -27,7 +27,7 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"size", st.identity.size},
                       {"block_size", st.identity.block_size},
                       {"generation", st.identity.generation},
-                      {"state", StateName(st.state)},
+                      {"state", ShownState(st)},  // "stalled: no space" while apply fails
                       // the generation's own sequence, as its source counts it
                       {"applied_seq", st.applied_seq - st.seq_base},
                       // the volume's history sequence (points and exports use it)
@@ -41,7 +41,18 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"points", st.points},
                       {"exports", st.active_exports},
                       {"rollback_to", st.rollback_to},
-                      {"failover", FailoverJson(e, st)}};
+                      {"failover", FailoverJson(e, st)},
+                      {"stall", StallJson(st)},
+                      {"retention_max_bytes", o.retention.max_bytes},
+                      {"retention_max_age_seconds", o.retention.max_age_us / 1'000'000}};
+}
+
+json::value MasterTarget::Impl::StallJson(const VolumeStatus& st) {
+  if (!st.stall) return nullptr;
+  return json::object{{"cause", StallCauseName(st.stall->cause)},
+                      {"message", st.stall->message},
+                      {"since_us", st.stall->since_us},
+                      {"failures", st.stall->failures}};
 }
 
 json::value MasterTarget::Impl::FailoverJson(const VolEntry& e, const VolumeStatus& st) {
@@ -136,6 +147,35 @@ void MasterTarget::Impl::AddRoutes() {
         if (r.caller.admin || e->tenant == r.caller.tenant) vols.push_back(VolumeJson(*e));
       }
       return http::Response::Json(200, json::object{{"volumes", vols}});
+    });
+  });
+  http->Route("GET", "/v1/whoami", [this](const http::Request& r) {
+    return WithParams(r, {}, [&](const http::Params&) -> Result<http::Response> {
+      json::array tenants;
+      for (const auto& [t, secret] : o.tenants) {
+        if (r.caller.admin || t == r.caller.tenant) tenants.push_back(json::value(t));
+      }
+      return http::Response::Json(200, json::object{{"admin", r.caller.admin},
+                                                    {"tenant", r.caller.tenant},
+                                                    {"tenants", tenants},
+                                                    {"nbd_port", nbd ? nbd->port() : 0},
+                                                    {"nbd_tls", o.nbd_tls}});
+    });
+  });
+  http->Route("GET", "/v1/lag", [this](const http::Request& r) {
+    return WithParams(r, {"tenant", "volume"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      const uint64_t now = o.clock->WallMicros();
+      json::array samples;
+      for (const auto& x : e->lag.Samples(now)) {
+        samples.push_back(json::object{{"time_us", x.time_us}, {"max_lag_seconds", x.max_lag_seconds}, {"batches", x.batches}});
+      }
+      return http::Response::Json(200, json::object{{"tenant", e->tenant},
+                                                    {"volume", e->name},
+                                                    {"now_us", now},
+                                                    {"bucket_seconds", e->lag.bucket_us() / 1'000'000},
+                                                    {"window_seconds", e->lag.window_us() / 1'000'000},
+                                                    {"samples", samples}});
     });
   });
   http->Route("GET", "/v1/points", [this](const http::Request& r) {

@@ -12,7 +12,13 @@
 // sees. GETs take query parameters; state changes are POSTs whose parameters
 // come only from the JSON object body. An unknown parameter or a value of the
 // wrong type is a 400 naming it.
-//   GET  /v1/volumes                          the caller's volumes and their state
+//   GET  /v1/whoami                           the caller: {"admin", "tenant", "tenants" it sees, "nbd_port", "nbd_tls"}
+//   GET  /v1/volumes                          the caller's volumes and their state ("protecting",
+//                                             "stalled: no space", "failed-over", ...; "stall",
+//                                             "failover", retention_max_bytes / _age_seconds)
+//   GET  /v1/lag?volume=V[&tenant=T]          apply lag over the last hour (master-target/lag_history.h):
+//                                             {"bucket_seconds", "window_seconds", "now_us",
+//                                              "samples": [{"time_us", "max_lag_seconds", "batches"}]}
 //   GET  /v1/points?volume=V[&tenant=T]       recovery points
 //   POST /v1/rollback {"volume","tenant","point": id | "tag": name | "seq": n}
 //   POST /v1/export   {"volume","tenant","point": id | "tag": name | "seq": n, "writable": bool}
@@ -33,7 +39,8 @@
 //   POST /v1/tokens {"tenant": T}             admin: a new token for T, shown once
 //   POST /v1/tokens/revoke {"tenant": T}      admin: remove every token of T
 // /status and /metrics cover every tenant: admin token only (/metrics public
-// when the operator sets metrics_public).
+// when the operator sets metrics_public). The dashboard at /ui
+// (master-target/dashboard.h) is a page over these routes.
 //
 #pragma once
 

@@ -151,6 +151,10 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
             });
             if (proto::IsFailedOverNack(proto::Nack{0, r->reason, 0, r->message})) fenced_here.push_back(it->second);
           } else {
+            if (r->applied > 0 && wb->records.back().timestamp_us != 0) {
+              const uint64_t now = o.clock->WallMicros(), ts = wb->records.back().timestamp_us;
+              it->second->lag.Record(now, now > ts ? double(now - ts) / 1e6 : 0.0);
+            }
             s = reply([&] { return ch.Send(proto::Ack{wb->volume_id, r->durable_seq - base}); });
           }
         }

@@ -101,9 +101,21 @@ Status ReplicaVolume::ZeroReplica(uint64_t offset, uint64_t len) {
   return Status::OK();
 }
 
+Status ReplicaVolume::HealLocked() {
+  if (!broken_) return Status::OK();
+  if (!heal_by_recovery_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  Status r = RecoverUncommitted();
+  if (!r.ok()) return r.WithContext(id_.name + ": undo of a failed apply (retried at each batch)");
+  broken_ = false;
+  heal_by_recovery_ = false;
+  log::Get("mt.volume")->info("{} the failed apply is undone now: the volume works again",
+                              log::Where{id_.name, "", applied_.load()});
+  return Status::OK();
+}
+
 Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id) {
   std::lock_guard<std::mutex> lk(apply_mu_);
-  if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  CDP_RETURN_IF_ERROR(HealLocked());
   // Another disk under this name never replaces the replica or its history.
   const std::string keep = ": the replica and its recovery points are kept; another disk needs another volume name";
   if (id.uuid != id_.uuid) return Nack(proto::NackReason::kWrongGeneration, "volume uuid differs" + keep);
@@ -176,7 +188,10 @@ Status ReplicaVolume::Reprotect(uint64_t gen) {
 
 Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>& recs) {
   std::lock_guard<std::mutex> lk(apply_mu_);
-  if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  if (Status h = HealLocked(); !h.ok()) {
+    NoteApply(h);
+    return h;
+  }
   if (failover_) return Nack(proto::NackReason::kWrongGeneration, FencedMessage());
   if (state_ != VolumeState::kReplicating)
     return Nack(proto::NackReason::kWrongGeneration,
@@ -235,12 +250,14 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
     }
   }
   Status s = ApplyLocked(recs, first, &out);
+  NoteApply(s);
   if (!s.ok()) {
     log::Get("mt.volume")->error("{} apply failed: {}; undoing the partial batch", log::Where{id_.name, "", applied + 1},
                                  s.ToString());
     Status r = RecoverUncommitted();
     if (!r.ok()) {
       broken_ = true;
+      heal_by_recovery_ = true;  // HealLocked() tries again at the next batch
       log::Get("mt.volume")->error("{} undo after failed apply failed: {}", log::Where{id_.name, "", applied},
                                    r.ToString());
     }
@@ -248,6 +265,27 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
   }
   out.applied = recs.size() - first;
   return out;
+}
+
+void ReplicaVolume::NoteApply(const Status& s) {
+  StallCause cause = StallCause::kNone;
+  {
+    std::lock_guard<std::mutex> lk(meta_mu_);
+    if (s.ok()) {
+      if (!stall_) return;
+      log::Get("mt.volume")->info("{} apply resumed after {} failed attempt(s) ({})",
+                                  log::Where{id_.name, "", applied_.load()}, stall_->failures,
+                                  StallCauseName(stall_->cause));
+      stall_.reset();
+    } else {
+      cause = s.IsNoSpace() ? StallCause::kNoSpace : StallCause::kIOError;
+      if (!stall_ || stall_->cause != cause) stall_ = ApplyStall{cause, "", o_.clock->WallMicros(), 0};
+      stall_->message = s.ToString();
+      ++stall_->failures;
+    }
+  }
+  if (o_.metrics.stalled_no_space) o_.metrics.stalled_no_space->Set(cause == StallCause::kNoSpace ? 1 : 0);
+  if (o_.metrics.stalled_io_error) o_.metrics.stalled_io_error->Set(cause == StallCause::kIOError ? 1 : 0);
 }
 
 Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out) {

@@ -13,6 +13,12 @@ Status ReplicaVolume::UndoEntries(const std::vector<UndoEntry>& entries) {
   Bytes buf;
   std::map<uint64_t, std::shared_ptr<File>> files;
   for (const UndoEntry& e : entries) {
+    if (e.kind == UndoKind::kZeroes) {
+      // Zeros are restored by punching a hole (ZeroReplica): the undo of a
+      // batch that failed on a full disk must not need new blocks itself.
+      CDP_RETURN_IF_ERROR(ZeroReplica(e.offset, e.length));
+      continue;
+    }
     std::shared_ptr<File> f;
     auto it = files.find(e.segment);
     if (it != files.end()) {

@@ -13,7 +13,7 @@ Result<RetentionResult> ReplicaVolume::ApplyRetention() {
   RetentionResult res;
   res.horizon_seq = horizon_;
   const RetentionPolicy& pol = o_.retention;
-  if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  CDP_RETURN_IF_ERROR(HealLocked());
   if (pol.max_age_us == 0 && pol.max_bytes == 0) return res;
   const uint64_t wall = o_.clock->WallMicros();
   const uint64_t cur = writer_->segment();

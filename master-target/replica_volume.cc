@@ -20,6 +20,20 @@ const char* StateName(VolumeState s) {
   return "unknown";
 }
 
+const char* StallCauseName(StallCause c) {
+  switch (c) {
+    case StallCause::kNone: return "";
+    case StallCause::kNoSpace: return "no space";
+    case StallCause::kIOError: return "I/O error";
+  }
+  return "unknown";
+}
+
+std::string ShownState(const VolumeStatus& st) {
+  if (st.state == VolumeState::kReplicating && st.stall) return std::string("stalled: ") + StallCauseName(st.stall->cause);
+  return StateName(st.state);
+}
+
 const char* PointKindName(PointKind k) { return k == PointKind::kTag ? "tag" : "crash-consistent"; }
 
 PointPin::~PointPin() { v_->Unpin(seq_); }
@@ -101,6 +115,11 @@ std::shared_ptr<File> ReplicaVolume::SegmentFile(uint64_t segment) const {
 VolumeState ReplicaVolume::state() const {
   std::lock_guard<std::mutex> lk(meta_mu_);
   return state_;
+}
+
+std::optional<ApplyStall> ReplicaVolume::stall() const {
+  std::lock_guard<std::mutex> lk(meta_mu_);
+  return stall_;
 }
 
 Status ReplicaVolume::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
@@ -279,6 +298,7 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   s.rollback_to = state_ == VolumeState::kFailedOver ? rollback_to_ : 0;
   s.reprotect_armed = reprotect_armed_.load();
   s.failover = failover_;
+  s.stall = stall_;
   return s;
 }
 

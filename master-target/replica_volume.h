@@ -24,10 +24,14 @@
 //
 // Crash recovery (at Open, and in place after a failed apply): every undo
 // record past the committed journal position is undone newest first (each
-// writes the bytes it saved), the replica is synced, the journal is truncated
+// writes the bytes it saved; saved zeros punch a hole, so that the undo of a
+// batch that failed on a full disk needs no new block), the replica is
+// synced, the journal is truncated
 // at the committed position and later segments are removed. The replica then
 // holds exactly the image at the committed sequence, and resent records are
 // applied again. A volume interrupted in a rollback finishes the rollback.
+// When the in-place undo after a failed apply fails too, it is tried again at
+// the next batch (HealLocked): a full disk stalls apply, never for good.
 //
 // ReplicaVolume states (VolumeState; persisted in the index's volume row, and
 // for a failover in its `failover` row, so a restart or a kill -9 keeps them):
@@ -126,6 +130,21 @@ struct VolumeIdentity {
 enum class VolumeState { kReplicating = 0, kRollingBack = 1, kFailedOver = 2 };
 const char* StateName(VolumeState s);
 
+// Why apply is stalled. A batch whose apply failed on an I/O error is undone
+// and its sender resends it after a pause (nack kInternal): until one applies,
+// the volume is stalled, and the cause is shown with its state. Not persisted
+// (a restart starts unstalled; the next failure stalls it again).
+enum class StallCause { kNone = 0, kNoSpace = 1, kIOError = 2 };
+// "no space" (ENOSPC, EDQUOT, a full sqlite: Status kNoSpace), "I/O error"
+// (anything else), "" for kNone.
+const char* StallCauseName(StallCause c);
+struct ApplyStall {
+  StallCause cause = StallCause::kNone;
+  std::string message;    // the failed apply's Status, as logged
+  uint64_t since_us = 0;  // wall clock of the first failure of the stall
+  uint64_t failures = 0;  // failed applies since then
+};
+
 // A promoted failover (`cdpctl failover VOLUME --to POINT`), persisted in the
 // index's `failover` row (docs/formats/mt-index.md).
 struct FailoverInfo {
@@ -163,6 +182,9 @@ struct VolumeMetrics {
   std::shared_ptr<metrics::Gauge> applied_seq;
   std::shared_ptr<metrics::DoubleGauge> apply_lag_seconds;  // now - capture time of the last applied record
   std::shared_ptr<metrics::DoubleGauge> retention_span_seconds;
+  // 1 while apply is stalled for that cause, else 0 (cdp_mt_apply_stalled{cause=...}).
+  std::shared_ptr<metrics::Gauge> stalled_no_space;
+  std::shared_ptr<metrics::Gauge> stalled_io_error;
 };
 
 struct VolumeOptions {
@@ -213,7 +235,13 @@ struct VolumeStatus {
   uint64_t seq_base = 0;           // see ReplicaVolume::seq_base()
   uint64_t reprotect_armed = 0;    // the generation an operator allowed, 0: none
   std::optional<FailoverInfo> failover;  // a promoted failover
+  std::optional<ApplyStall> stall;       // set while apply is stalled (see StallCause)
 };
+
+// The state as the operator reads it (/v1/volumes, /status, cdpctl status):
+// StateName(st.state), or "stalled: <cause>" while a protecting volume's apply
+// is stalled ("stalled: no space", "stalled: I/O error").
+std::string ShownState(const VolumeStatus& st);
 
 struct RetentionResult {
   std::vector<uint64_t> dropped_segments;
@@ -276,7 +304,9 @@ class ReplicaVolume {
   // Applies a batch (see the protocol above). Validation failures and gaps
   // are returned as a nack outcome with nothing applied; a non-ok Status is an
   // I/O failure (the volume has then undone the partial batch, or — when even
-  // that failed — refuses further work until reopened).
+  // that failed — tries the undo again at the next ApplyBatch, CheckOpen or
+  // ApplyRetention and refuses work until it succeeds), and the volume is
+  // stalled (stall(), ShownState) until a batch applies again.
   Result<ApplyOutcome> ApplyBatch(const std::vector<proto::Record>& records);
 
   // Point-in-time read: the image after applying every record <= `point_seq`
@@ -363,6 +393,7 @@ class ReplicaVolume {
   uint64_t size() const { return id_.size; }
   const VolumeIdentity& identity() const { return id_; }
   VolumeState state() const;
+  std::optional<ApplyStall> stall() const;
 
  private:
   friend class PointPin;
@@ -413,6 +444,13 @@ class ReplicaVolume {
   uint64_t committed_offset_ = 0;
   uint64_t last_crash_point_us_ = 0; // monotonic micros of the last crash point (0: none)
   bool broken_ = false;              // an apply failed and could not be undone
+  bool heal_by_recovery_ = false;    // broken_ by a failed undo of an apply: RecoverUncommitted() again heals it
+  // OK unless broken_. A volume broken by a failed undo of an apply (a full
+  // disk may refuse even the undo) tries the undo again, and works again
+  // once it succeeds; any other broken_ needs a reopen. apply_mu_ held.
+  Status HealLocked();
+  // Sets (failure) or clears (ok) the stall and its gauges; apply_mu_ held.
+  void NoteApply(const Status& s);
   std::atomic<uint64_t> applied_{0};
   std::atomic<uint64_t> seq_base_{0};    // history seq of the generation's wire seq 0
   std::atomic<uint64_t> generation_{0};  // id_.generation, for readers without apply_mu_
@@ -437,6 +475,7 @@ class ReplicaVolume {
   std::map<uint64_t, SegmentInfo> segments_;
   std::vector<RecoveryPoint> points_;  // ascending id (== ascending seq)
   std::multiset<uint64_t> pins_;
+  std::optional<ApplyStall> stall_;
 };
 
 }  // namespace cdp::mt

@@ -9,7 +9,8 @@ set -euo pipefail
 # nbdfuse; nbdkit), fio, e2fsprogs, rsync; systemd for systemd-analyze (the units' test);
 # clang and its libFuzzer runtime for the fuzz.* tests (cmake/fuzz_tests.cmake); help2man
 # (man pages), lintian and adduser for the Debian packages and their test (cmake/packaging.cmake);
-# prometheus for promtool (the alert rules' test, e2e/monitoring_test.cc). Every entry is a real package name, so a
+# prometheus for promtool (the alert rules' test, e2e/monitoring_test.cc); chromium and
+# chromium-driver (the dashboard's test in headless Chromium, e2e/dashboard_test.cc). Every entry is a real package name, so a
 # machine that has them all never reaches apt (bookworm has no package "nbdfuse").
 PACKAGES=(
   build-essential cmake pkg-config
@@ -21,6 +22,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   help2man lintian adduser
   prometheus
+  chromium chromium-driver
 )
 
 missing=()

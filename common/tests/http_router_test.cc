@@ -4,6 +4,7 @@
 
 #include <boost/json.hpp>
 #include <catch2/catch.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -94,4 +95,40 @@ TEST_CASE("Router: checks, precedence, 404, 405, 500", "[http]") {
   CHECK(call("POST", "/v1/throw", "localhost", "application/json").first == 500);
   CHECK(call("GET", "/v1/x", "evil.example").first == 403);
   CHECK(call("POST", "/v1/throw", "localhost", "text/plain").first == 415);
+}
+
+TEST_CASE("Router: a public route reaches its handler without a token, every other route still needs one",
+          "[http]") {
+  ServerOptions o;
+  o.authenticate = [](std::string_view token) -> std::optional<Caller> {
+    if (token == "good") return Caller{false, "acme"};
+    return std::nullopt;
+  };
+  Router router(o);
+  router.Add("GET", "/v1/x", [](const Request& r) { return Response::Json(200, {{"tenant", r.caller.tenant}}); });
+  router.Add("GET", "/ui", [](const Request& r) {
+    Response resp = Response::Json(200, {{"tenant", r.caller.tenant}, {"cookie", r.cookie}});
+    resp.headers = {{"Cache-Control", "no-store"}};
+    return resp;
+  }, Access::kPublic);
+  auto call = [&](std::string path, std::string auth, std::string host = "localhost") {
+    Request r;
+    r.method = "GET";
+    r.path = std::move(path);
+    r.host = std::move(host);
+    r.authorization = std::move(auth);
+    r.cookie = "a=b";
+    return router.Dispatch(r);
+  };
+  CHECK(call("/v1/x", "").status == 401);
+  CHECK(call("/v1/x", "Bearer bad").status == 401);
+  CHECK(call("/v1/x", "Bearer good").status == 200);
+  CHECK(call("/nope", "").status == 401);  // nothing is told about paths without a token
+  Response pub = call("/ui", "");
+  REQUIRE(pub.status == 200);
+  auto body = boost::json::parse(pub.body).as_object();
+  CHECK(body.at("tenant") == "");  // the handler decides: it sees no caller
+  CHECK(body.at("cookie") == "a=b");
+  REQUIRE(pub.headers.size() == 1);
+  CHECK(call("/ui", "", "evil.example").status == 403);  // the Host check still applies
 }
