@@ -25,6 +25,12 @@
 # of the p1 image; before timing, each server's bytes are compared with the
 # source image at its point (export_bench --mode verify).
 #
+# Run time of a full run (estimated from the QUICK=1 smoke runs and the run
+# counts): ~13 min. Control operations ~8 min (at 25 ms RTT each cdpctl run is
+# 2 RTT per daemon it asks, 6 for status: ~0.39 s per round of the five
+# operations x 1000, plus 200 API rounds), export reads at 25 ms RTT ~3.5 min
+# (six server/transport pairs x ~35 s), loopback ~1 min, set-up ~20 s.
+#
 # Outputs in OUT_DIR: control.csv, chunks.csv, seq.csv, connect.csv, the SVG
 # charts of bench/seed_report.py; the Markdown tables go to stdout.
 set -euo pipefail
@@ -33,6 +39,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 bench_init seed "$1"
 OUT=${2:-docs/seed-bench}
+MT=${MT_BINARY:-$MT}  # another build of the master target (bench/export_profile.sh: before/after)
 WAN=${WAN:-1} QUICK=${QUICK:-0} RUNS=${RUNS:-1000} WAN_API_RUNS=${WAN_API_RUNS:-200}
 CONTROL_BENCH=$BUILD/bench/control_bench EXPORT_BENCH=$BUILD/bench/export_bench
 for b in "$CONTROL_BENCH" "$EXPORT_BENCH"; do
@@ -50,6 +57,7 @@ else
 fi
 mkdir -p "$OUT"
 T0=$(date +%s)
+[ "$QUICK" = 1 ] || echo "seed: a full run takes about 13 minutes (WAN=0: about 2)" >&2
 phase() { echo "seed: $(( $(date +%s) - T0 )) s: $*" >&2; }
 
 # ---- Network: wanem, or this namespace --------------------------------------
