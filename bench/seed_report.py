@@ -82,8 +82,12 @@ def line_chart(path, title, xlabel, ylabel, series, xlog2=True, ylog=True, xfmt=
     out.append('<text x="%d" y="%d" text-anchor="middle">%s</text>' % ((W - R + L) // 2, H - 12, esc(xlabel)))
     out.append('<text x="16" y="%d" transform="rotate(-90 16 %d)" text-anchor="middle">%s</text>' %
                ((H - B + T) // 2, (H - B + T) // 2, esc(ylabel)))
+    servers = []  # one colour per server; plain TCP dashed
+    for name, _ in series:
+        if name.rsplit(", ", 1)[0] not in servers:
+            servers.append(name.rsplit(", ", 1)[0])
     for i, (name, pts) in enumerate(series):
-        c = COLOURS[i % len(COLOURS)]
+        c = COLOURS[servers.index(name.rsplit(", ", 1)[0]) % len(COLOURS)]
         dash = ' stroke-dasharray="5,3"' if "plain" in name else ""
         pl = " ".join("%.1f,%.1f" % (px(x), py(y)) for x, y in sorted(pts) if y > 0)
         out.append('<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>' % (c, dash, pl))
