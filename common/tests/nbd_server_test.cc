@@ -822,7 +822,7 @@ class HoldingDevice final : public BlockDevice {
 // property: a device call that blocks holds its own connection (and one
 // worker) only; a second client completes its handshake and its reads
 // meanwhile.
-TEST_CASE("nbd server: READ replies are not zero-filled; a failed read sends the header alone; a blocked device call holds one connection", "[nbd]") {
+TEST_CASE("nbd server: READ replies are not zero-filled, a failed read sends the header alone, a blocked device call holds one connection", "[nbd]") {
   auto env = NewMemEnv();
   FileBlockDevice::Options fo;
   fo.create_size = 4 << 20;
