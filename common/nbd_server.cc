@@ -234,9 +234,15 @@ class Connection final : public ConnectionBase {
     kPayloadSkip,
     kDone,
   };
+  // A queued reply. A READ reply (header + data) lives in `block`, allocated
+  // without being zero-filled first: the device overwrites every data byte,
+  // and a failed read sends the header alone.
   struct Out {
     Bytes data;
-    uint64_t charge;
+    uint64_t charge = 0;
+    std::unique_ptr<uint8_t[]> block;
+    size_t block_size = 0;
+    asio::const_buffer Buffer() const { return block ? asio::buffer(block.get(), block_size) : asio::buffer(data); }
   };
 
   using TlsLayer = asio::ssl::stream<Socket&>;
@@ -599,7 +605,11 @@ class Connection final : public ConnectionBase {
 
   // Runs on the worker strand: one request of this connection at a time.
   void Execute(const nbd::Request& r, Bytes payload, uint32_t err, uint64_t charge) {
-    Bytes reply(nbd::kSimpleReplySize);
+    Out reply;
+    reply.charge = charge;
+    reply.block_size = nbd::kSimpleReplySize;
+    if (err == 0 && r.type == nbd::kCmdRead) reply.block_size += r.length;
+    reply.block.reset(new uint8_t[reply.block_size]);  // default-initialised: not zero-filled
     ExportEntry& st = *export_;
     if (err == 0) {
       const bool fua = (r.flags & nbd::kCmdFlagFua) != 0;
@@ -608,8 +618,7 @@ class Connection final : public ConnectionBase {
       // Zero-length requests succeed without reaching the device.
       switch (r.type) {
         case nbd::kCmdRead:
-          reply.resize(nbd::kSimpleReplySize + len);
-          if (len > 0) s = dev_->Read(r.offset, r.length, reply.data() + nbd::kSimpleReplySize);
+          if (len > 0) s = dev_->Read(r.offset, r.length, reply.block.get() + nbd::kSimpleReplySize);
           if (s.ok()) st.reads++, st.bytes_read += len;
           break;
         case nbd::kCmdWrite:
@@ -644,12 +653,12 @@ class Connection final : public ConnectionBase {
     }
     if (err != 0) {
       st.errors++;
-      reply.resize(nbd::kSimpleReplySize);  // a simple reply carries no data on error
+      reply.block_size = nbd::kSimpleReplySize;  // a simple reply carries no data on error
     }
-    nbd::EncodeSimpleReply(reply.data(), err, r.handle);
+    nbd::EncodeSimpleReply(reply.block.get(), err, r.handle);
     Bytes().swap(payload);
-    asio::post(socket_.get_executor(), [self = Self(), reply = std::move(reply), charge]() mutable {
-      self->Enqueue(std::move(reply), charge);
+    asio::post(socket_.get_executor(), [self = Self(), reply = std::move(reply)]() mutable {
+      self->Enqueue(std::move(reply));
     });
   }
 
@@ -667,14 +676,20 @@ class Connection final : public ConnectionBase {
   // ---- Output ----------------------------------------------------------------
 
   void Enqueue(Bytes data, uint64_t charge) {
+    Out o;
+    o.data = std::move(data);
+    o.charge = charge;
+    Enqueue(std::move(o));
+  }
+  void Enqueue(Out o) {
     if (closed_) return;
     if (phase_ < Phase::kTransmission) {
-      reply_bytes_ += data.size();
+      reply_bytes_ += o.Buffer().size();
       if (reply_bytes_ > impl_->opts.max_option_reply_bytes) {
         return DoClose("option replies passed " + std::to_string(impl_->opts.max_option_reply_bytes) + " bytes");
       }
     }
-    out_.push_back(Out{std::move(data), charge});
+    out_.push_back(std::move(o));
     StartWrite();
   }
 
@@ -684,7 +699,7 @@ class Connection final : public ConnectionBase {
     const size_t n = std::min(out_.size(), kMaxGather);
     std::vector<asio::const_buffer> bufs;
     bufs.reserve(n);
-    for (size_t i = 0; i < n; ++i) bufs.emplace_back(asio::buffer(out_[i].data));
+    for (size_t i = 0; i < n; ++i) bufs.emplace_back(out_[i].Buffer());
     auto done = [self = Self(), n](const boost::system::error_code& ec, size_t) {
       self->writing_ = false;
       if (self->closed_) return;

@@ -37,6 +37,7 @@
 // they share one read-only connection behind a mutex of their own.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -119,6 +120,10 @@ class UndoIndex {
 
   uint64_t size() const { return count_; }
   uint32_t max_length() const { return max_len_; }
+  // Read transactions begun by Lookup on the lookup connection, since Open: at
+  // most one per Lookup (all its seeks read one snapshot), none for a lookup
+  // the summary answers alone.
+  uint64_t lookup_transactions() const { return lookup_txns_.load(); }
 
  private:
   UndoIndex(sqlite::Db* db, std::unique_ptr<sqlite::Db> reader, uint64_t volume_size);
@@ -150,7 +155,8 @@ class UndoIndex {
   // Lookups.
   mutable std::mutex read_mu_;
   std::unique_ptr<sqlite::Db> reader_;
-  mutable std::optional<sqlite::Statement> seek_;
+  mutable std::optional<sqlite::Statement> seek_, begin_read_, end_read_;
+  mutable std::atomic<uint64_t> lookup_txns_{0};
 };
 
 }  // namespace cdp::mt
