@@ -147,6 +147,8 @@ Result<Statement> Db::Prepare(std::string_view sql) {
 int64_t Db::LastInsertRowId() const { return sqlite3_last_insert_rowid(db_); }
 int64_t Db::Changes() const { return sqlite3_changes64(db_); }
 
+bool Db::InTransaction() const { return sqlite3_get_autocommit(db_) == 0; }
+
 // ---------------------------------------------------------------- Statement
 
 Statement::Statement(Statement&& o) noexcept : db_(o.db_), stmt_(o.stmt_) {

@@ -73,6 +73,7 @@ class Db {
 
   int64_t LastInsertRowId() const;
   int64_t Changes() const;  // rows changed by the last INSERT/UPDATE/DELETE
+  bool InTransaction() const;  // a BEGIN not yet committed or rolled back
   const std::string& path() const { return path_; }
   sqlite3* handle() { return db_; }
 

@@ -1,7 +1,5 @@
 #include "master-target/undo_index.h"
 
-#include <sqlite3.h>
-
 #include <algorithm>
 #include <bit>
 
@@ -291,7 +289,7 @@ Result<std::vector<ReadPiece>> UndoIndex::Lookup(uint64_t point, uint64_t offset
         if (!*in_txn) return;
         Status s = self->end_read_->Step().status();
         (void)self->end_read_->Reset();
-        if (!s.ok() && sqlite3_get_autocommit(self->reader_->handle()) == 0) {
+        if (!s.ok() && self->reader_->InTransaction()) {
           (void)self->reader_->Exec("ROLLBACK");  // never leave a reader pinning the WAL
         }
       }
