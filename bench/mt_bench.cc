@@ -38,6 +38,7 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/env_wrapper.h"
+#include "bench/bench_flags.h"
 #include "master-target/replica_volume.h"
 
 using namespace cdp;
@@ -219,13 +220,7 @@ void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
 int main(int argc, char** argv) {
   Config cfg;
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto val = [&](const char* name) -> const char* {
-      std::string p = std::string("--") + name;
-      if (a == p && i + 1 < argc) return argv[++i];
-      if (a.rfind(p + "=", 0) == 0) return argv[i] + p.size() + 1;
-      return nullptr;
-    };
+    auto val = [&](const char* name) { return bench::FlagValue(argc, argv, &i, name); };
     if (const char* v = val("dir")) cfg.dir = v;
     else if (const char* v = val("volume_mb")) cfg.volume_mb = std::strtoull(v, nullptr, 10);
     else if (const char* v = val("change_mb")) cfg.change_mb = std::strtoull(v, nullptr, 10);

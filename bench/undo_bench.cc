@@ -33,6 +33,7 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/metrics.h"
+#include "bench/bench_flags.h"
 #include "master-target/replica_volume.h"
 
 using namespace cdp;
@@ -95,13 +96,7 @@ double ReadRate(uint64_t bytes, F read) {
 int main(int argc, char** argv) {
   Config cfg;
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto val = [&](const char* name) -> const char* {
-      std::string p = std::string("--") + name;
-      if (a == p && i + 1 < argc) return argv[++i];
-      if (a.rfind(p + "=", 0) == 0) return argv[i] + p.size() + 1;
-      return nullptr;
-    };
+    auto val = [&](const char* name) { return bench::FlagValue(argc, argv, &i, name); };
     if (const char* v = val("dir")) cfg.dir = v;
     else if (const char* v = val("records")) cfg.records = std::strtoull(v, nullptr, 10);
     else if (const char* v = val("batch")) cfg.batch = std::strtoull(v, nullptr, 10);
