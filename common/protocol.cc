@@ -22,7 +22,7 @@ constexpr uint32_t kMinRegionSize = 4096;  // the digest leaf (common/block_dige
 constexpr uint32_t kMaxRegionSize = 1u << 30;
 
 bool KnownType(uint8_t t) {
-  return t >= uint8_t(MsgType::kHello) && t <= uint8_t(MsgType::kStats);
+  return t >= uint8_t(MsgType::kHello) && t <= uint8_t(MsgType::kPullResponse);
 }
 bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
@@ -214,6 +214,51 @@ Result<Message> ParseBatch(ByteReader& r) {
   return Message(std::move(wb));
 }
 
+// ---- failback pieces ----
+
+bool KnownFailbackStatus(uint8_t s) { return s <= uint8_t(FailbackStatus::kFailed); }
+
+void PutExtents(Bytes& b, std::span<const BlockExtent> extents) {
+  PutFixed32(b, uint32_t(extents.size()));
+  for (const BlockExtent& e : extents) {
+    PutFixed64(b, e.first_block);
+    PutFixed32(b, e.count);
+  }
+}
+
+// Reads a count and that many extents (sorted, disjoint, non-empty);
+// checks the count against the bytes left before allocating.
+bool GetExtents(ByteReader& r, uint32_t max, std::vector<BlockExtent>* out) {
+  uint32_t n = 0;
+  if (!r.GetFixed32(&n) || n > max || uint64_t(n) * 12 > r.remaining()) return false;
+  out->resize(n);
+  for (BlockExtent& e : *out) {
+    if (!r.GetFixed64(&e.first_block) || !r.GetFixed32(&e.count)) return false;
+  }
+  return ExtentBlocks(*out).has_value();
+}
+
+void PutDigest(Bytes& b, const Hash128& h) {
+  // A zero digest is one flag byte; any other is flag 0 and 16 bytes.
+  if (h == Hash128{}) {
+    b.push_back(1);
+    return;
+  }
+  b.push_back(0);
+  PutFixed64(b, h.low);
+  PutFixed64(b, h.high);
+}
+
+bool GetDigest(ByteReader& r, Hash128* h) {
+  uint8_t flag = 0;
+  if (!r.GetU8(&flag) || flag > 1) return false;
+  if (flag == 1) {
+    *h = Hash128{};
+    return true;
+  }
+  return r.GetFixed64(&h->low) && r.GetFixed64(&h->high) && !(*h == Hash128{});
+}
+
 // ---- per-message encoders ----
 
 struct PayloadEncoder {
@@ -306,22 +351,60 @@ struct PayloadEncoder {
     PutFixed64(b, m.seq);
     b.push_back(uint8_t(m.status));
     PutFixed32(b, uint32_t(m.hashes.size()));
-    for (const Hash128& h : m.hashes) {
-      // A zero digest is one flag byte; any other is flag 0 and 16 bytes.
-      if (h == Hash128{}) {
-        b.push_back(1);
-        continue;
-      }
-      b.push_back(0);
-      PutFixed64(b, h.low);
-      PutFixed64(b, h.high);
-    }
+    for (const Hash128& h : m.hashes) PutDigest(b, h);
     return Status::OK();
   }
   Status operator()(const Heartbeat& m) {
     PutFixed64(b, m.sent_us);
     PutFixed64(b, m.echo_us);
     return Status::OK();
+  }
+  Status operator()(const FailbackPlanRequest& m) {
+    PutFixed32(b, m.volume_id);
+    PutFixed64(b, m.request_id);
+    PutFixed64(b, m.from_block);
+    return Status::OK();
+  }
+  Status operator()(const FailbackPlan& m) {
+    if (m.status > FailbackStatus::kFailed) return Invalid("unknown failback status");
+    if (m.status == FailbackStatus::kOk ? m.extents.size() > kMaxExtents : !m.extents.empty())
+      return Invalid("failback plan: extent count out of range");
+    if (!ExtentBlocks(m.extents)) return Invalid("failback plan: extents empty, unsorted or overlapping");
+    PutFixed32(b, m.volume_id);
+    PutFixed64(b, m.request_id);
+    b.push_back(uint8_t(m.status));
+    PutFixed64(b, m.next_block);
+    PutExtents(b, m.extents);
+    return Status::OK();
+  }
+  Status operator()(const PullRequest& m) {
+    std::optional<uint64_t> blocks = ExtentBlocks(m.extents);
+    if (!blocks || m.extents.empty() || *blocks > kMaxPullBlocks) return Invalid("pull request: bad extents");
+    if (m.digests.size() != *blocks) return Invalid("pull request: one digest per block");
+    PutFixed32(b, m.volume_id);
+    PutFixed64(b, m.request_id);
+    PutExtents(b, m.extents);
+    for (const Hash128& h : m.digests) PutDigest(b, h);
+    return Status::OK();
+  }
+  Status operator()(const PullResponse& m) {
+    if (m.status > FailbackStatus::kFailed) return Invalid("unknown failback status");
+    if (m.status != FailbackStatus::kOk && !m.records.empty()) return Invalid("pull response: records with an error");
+    for (size_t i = 0; i < m.records.size(); ++i) {
+      const Record& r = m.records[i];
+      if (r.seq != i + 1) return Invalid("pull response: record sequences must be 1, 2, ...");
+      if (r.kind != RecordKind::kData && r.kind != RecordKind::kZero) return Invalid("pull response: kind");
+    }
+    PutFixed32(b, m.volume_id);
+    PutFixed64(b, m.request_id);
+    b.push_back(uint8_t(m.status));
+    if (m.records.empty()) return Status::OK();
+    WriteBatch wb;
+    wb.volume_id = m.volume_id;
+    wb.codec = m.codec;
+    wb.level = m.level;
+    wb.records = m.records;  // a copy: EncodeBatch takes a batch
+    return EncodeBatch(wb, b);
   }
   Status operator()(const Stats& m) {
     if (m.values.size() > kMaxStats) return Invalid("more than kMaxStats values");
@@ -460,6 +543,61 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
       if (!r.GetFixed64(&m.sent_us) || !r.GetFixed64(&m.echo_us)) return Bad("truncated heartbeat");
       return Message(m);
     }
+    case MsgType::kFailbackPlanRequest: {
+      FailbackPlanRequest m;
+      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id) || !r.GetFixed64(&m.from_block))
+        return Bad("truncated failback plan request");
+      return Message(m);
+    }
+    case MsgType::kFailbackPlan: {
+      FailbackPlan m;
+      uint8_t status = 0;
+      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id) || !r.GetU8(&status) ||
+          !r.GetFixed64(&m.next_block))
+        return Bad("truncated failback plan");
+      if (!KnownFailbackStatus(status)) return Bad("failback plan: unknown status");
+      m.status = FailbackStatus(status);
+      if (!GetExtents(r, m.status == FailbackStatus::kOk ? kMaxExtents : 0, &m.extents))
+        return Bad("failback plan: bad extents");
+      if (!m.extents.empty() && m.next_block != 0 && m.next_block < m.extents.back().first_block + m.extents.back().count)
+        return Bad("failback plan: next_block inside the page");
+      if (r.remaining() != 0) return Bad("failback plan: bytes after the extents");
+      return Message(std::move(m));
+    }
+    case MsgType::kPullRequest: {
+      PullRequest m;
+      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id)) return Bad("truncated pull request");
+      if (!GetExtents(r, kMaxPullBlocks, &m.extents) || m.extents.empty()) return Bad("pull request: bad extents");
+      std::optional<uint64_t> blocks = ExtentBlocks(m.extents);
+      if (!blocks || *blocks > kMaxPullBlocks) return Bad("pull request: more than kMaxPullBlocks blocks");
+      if (r.remaining() < *blocks) return Bad("pull request: shorter than its digests");
+      m.digests.resize(size_t(*blocks));
+      for (Hash128& h : m.digests) {
+        if (!GetDigest(r, &h)) return Bad("pull request: bad digest");
+      }
+      if (r.remaining() != 0) return Bad("pull request: bytes after the digests");
+      return Message(std::move(m));
+    }
+    case MsgType::kPullResponse: {
+      PullResponse m;
+      uint8_t status = 0;
+      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id) || !r.GetU8(&status))
+        return Bad("truncated pull response");
+      if (!KnownFailbackStatus(status)) return Bad("pull response: unknown status");
+      m.status = FailbackStatus(status);
+      if (r.remaining() == 0) return Message(std::move(m));
+      if (m.status != FailbackStatus::kOk) return Bad("pull response: records with an error");
+      CDP_ASSIGN_OR_RETURN(Message inner, ParseBatch(r));
+      WriteBatch& wb = std::get<WriteBatch>(inner);
+      if (wb.volume_id != m.volume_id) return Bad("pull response: volume id differs inside");
+      if (wb.records.front().seq != 1) return Bad("pull response: record sequences must start at 1");
+      for (const Record& rec : wb.records) {
+        if (rec.kind != RecordKind::kData && rec.kind != RecordKind::kZero) return Bad("pull response: record kind");
+      }
+      m.codec = wb.codec;
+      m.records = std::move(wb.records);
+      return Message(std::move(m));
+    }
     case MsgType::kStats: {
       Stats m;
       uint32_t count = 0;
@@ -486,8 +624,21 @@ MsgType TypeOf(const Message& m) {
   // The variant's alternatives are declared in MsgType order, starting at 1.
   static_assert(std::is_same_v<std::variant_alternative_t<0, Message>, Hello>);
   static_assert(std::is_same_v<std::variant_alternative_t<12, Message>, Stats>);
-  static_assert(std::variant_size_v<Message> == size_t(MsgType::kStats));
+  static_assert(std::is_same_v<std::variant_alternative_t<16, Message>, PullResponse>);
+  static_assert(std::variant_size_v<Message> == size_t(MsgType::kPullResponse));
   return MsgType(uint8_t(m.index() + 1));
+}
+
+std::optional<uint64_t> ExtentBlocks(std::span<const BlockExtent> extents) {
+  uint64_t total = 0, end = 0;
+  for (size_t i = 0; i < extents.size(); ++i) {
+    const BlockExtent& e = extents[i];
+    if (e.count == 0 || e.first_block > std::numeric_limits<uint64_t>::max() - e.count) return std::nullopt;
+    if (i > 0 && e.first_block < end) return std::nullopt;
+    end = e.first_block + e.count;
+    total += e.count;  // <= 2^32 * extents.size(): no overflow for any vector that fits in memory
+  }
+  return total;
 }
 
 bool IsFailedOverNack(const Nack& n) {

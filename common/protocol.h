@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <variant>
@@ -47,6 +48,8 @@ inline constexpr uint32_t kMaxHashes = 1u << 16;        // regions in one hash m
 inline constexpr uint64_t kMaxBatchWork = 256ull << 20;
 inline constexpr size_t kMaxTextLength = 4096;          // AuthResult.reason, Nack.message
 inline constexpr uint32_t kMaxStats = 4096;             // values in one Stats message
+inline constexpr uint32_t kMaxExtents = 1u << 16;       // extents in one failback plan
+inline constexpr uint32_t kMaxPullBlocks = 4096;        // blocks in one pull request
 
 enum class MsgType : uint8_t {
   kHello = 1,          // client -> server: who I am, my nonce
@@ -62,6 +65,10 @@ enum class MsgType : uint8_t {
   kHashResponse = 11,  // region hashes (XXH3-128), one per region
   kHeartbeat = 12,     // either way: liveness and round-trip measurement
   kStats = 13,         // either way: named numeric counters
+  kFailbackPlanRequest = 14,  // agent -> PS -> MT: which blocks must failback compare?
+  kFailbackPlan = 15,         // MT -> PS -> agent: extents of those blocks (paged)
+  kPullRequest = 16,          // agent -> PS -> MT: these blocks, unless equal to my digests
+  kPullResponse = 17,         // MT -> PS -> agent: the blocks that differ, as records
 };
 
 enum class Role : uint8_t { kAgent = 1, kProcessServer = 2, kControl = 3 };
@@ -213,8 +220,73 @@ struct Stats {
   std::vector<std::pair<std::string, double>> values;  // names <= kMaxNameLength
 };
 
-using Message = std::variant<Hello, Challenge, Auth, AuthResult, VolumeOpen, VolumeOpenReply,
-                             WriteBatch, Ack, Nack, HashRequest, HashResponse, Heartbeat, Stats>;
+// ---- Failback (docs/formats/protocol.md "Failback") ----
+// Block numbers count the volume's block_size (the VolumeOpen's). The agent
+// asks the master target for the blocks the provider side changed after the
+// failover point (FailbackPlan), adds its own never-shipped blocks, and pulls
+// the union in pieces: each PullRequest carries the agent's digest of every
+// block it names (common/block_digest.h), and the answer holds only the
+// blocks whose digest at the provider differs — identical blocks never
+// travel. Both answer kNotFailingBack unless an operator started failback of
+// the volume at the master target (`cdpctl failback`).
+
+struct BlockExtent {
+  uint64_t first_block = 0;
+  uint32_t count = 0;  // > 0
+  bool operator==(const BlockExtent&) const = default;
+};
+
+enum class FailbackStatus : uint8_t {
+  kOk = 0,
+  kNotFailingBack = 1,  // the volume is not failing back at the master target
+  kFailed = 2,          // could not be answered (unreachable, I/O error: logged where it happened)
+};
+
+struct FailbackPlanRequest {
+  uint32_t volume_id = 0;
+  uint64_t request_id = 0;
+  uint64_t from_block = 0;  // the page starts here
+};
+
+// The blocks the master target's side changed after the failover point — in
+// the journal after it, or written to the promoted export — plus, added by
+// the process server, those of records it spooled and never delivered.
+struct FailbackPlan {
+  uint32_t volume_id = 0;
+  uint64_t request_id = 0;
+  FailbackStatus status = FailbackStatus::kOk;
+  std::vector<BlockExtent> extents;  // kOk: sorted, disjoint, >= from_block, <= kMaxExtents
+  uint64_t next_block = 0;           // 0: the plan is complete; else ask again from it
+};
+
+struct PullRequest {
+  uint32_t volume_id = 0;
+  uint64_t request_id = 0;
+  std::vector<BlockExtent> extents;  // sorted, disjoint; kMaxPullBlocks blocks in all at most
+  std::vector<Hash128> digests;      // the agent's, one per block of `extents` in order
+};
+
+// kOk: `records` (kData or kZero, block aligned, inside the request's
+// extents, in offset order) are exactly the requested blocks whose content
+// differs from the agent's digest. They travel as a record block like a
+// WriteBatch's (compressed with `codec`); their sequences are 1, 2, ... and
+// mean nothing else.
+struct PullResponse {
+  uint32_t volume_id = 0;
+  uint64_t request_id = 0;
+  FailbackStatus status = FailbackStatus::kOk;
+  Codec codec = Codec::kNone;
+  int level = 0;  // compression level used when encoding (not sent)
+  std::vector<Record> records;
+};
+
+// Total blocks of `extents`, or nullopt when one is empty, they are unsorted
+// or overlapping, or the sum overflows.
+std::optional<uint64_t> ExtentBlocks(std::span<const BlockExtent> extents);
+
+using Message = std::variant<Hello, Challenge, Auth, AuthResult, VolumeOpen, VolumeOpenReply, WriteBatch, Ack,
+                             Nack, HashRequest, HashResponse, Heartbeat, Stats, FailbackPlanRequest,
+                             FailbackPlan, PullRequest, PullResponse>;
 
 MsgType TypeOf(const Message& m);
 
