@@ -360,8 +360,8 @@ struct PayloadEncoder {
     return Status::OK();
   }
   Status operator()(const FailbackPlanRequest& m) {
-    PutFixed32(b, m.volume_id);
     PutFixed64(b, m.request_id);
+    CDP_RETURN_IF_ERROR(PutName(b, m.volume, "volume"));
     PutFixed64(b, m.from_block);
     return Status::OK();
   }
@@ -370,7 +370,6 @@ struct PayloadEncoder {
     if (m.status == FailbackStatus::kOk ? m.extents.size() > kMaxExtents : !m.extents.empty())
       return Invalid("failback plan: extent count out of range");
     if (!ExtentBlocks(m.extents)) return Invalid("failback plan: extents empty, unsorted or overlapping");
-    PutFixed32(b, m.volume_id);
     PutFixed64(b, m.request_id);
     b.push_back(uint8_t(m.status));
     PutFixed64(b, m.next_block);
@@ -381,8 +380,8 @@ struct PayloadEncoder {
     std::optional<uint64_t> blocks = ExtentBlocks(m.extents);
     if (!blocks || m.extents.empty() || *blocks > kMaxPullBlocks) return Invalid("pull request: bad extents");
     if (m.digests.size() != *blocks) return Invalid("pull request: one digest per block");
-    PutFixed32(b, m.volume_id);
     PutFixed64(b, m.request_id);
+    CDP_RETURN_IF_ERROR(PutName(b, m.volume, "volume"));
     PutExtents(b, m.extents);
     for (const Hash128& h : m.digests) PutDigest(b, h);
     return Status::OK();
@@ -395,12 +394,10 @@ struct PayloadEncoder {
       if (r.seq != i + 1) return Invalid("pull response: record sequences must be 1, 2, ...");
       if (r.kind != RecordKind::kData && r.kind != RecordKind::kZero) return Invalid("pull response: kind");
     }
-    PutFixed32(b, m.volume_id);
     PutFixed64(b, m.request_id);
     b.push_back(uint8_t(m.status));
     if (m.records.empty()) return Status::OK();
-    WriteBatch wb;
-    wb.volume_id = m.volume_id;
+    WriteBatch wb;  // volume_id 0: the request named the volume
     wb.codec = m.codec;
     wb.level = m.level;
     wb.records = m.records;  // a copy: EncodeBatch takes a batch
@@ -545,15 +542,16 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
     }
     case MsgType::kFailbackPlanRequest: {
       FailbackPlanRequest m;
-      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id) || !r.GetFixed64(&m.from_block))
-        return Bad("truncated failback plan request");
+      if (!r.GetFixed64(&m.request_id)) return Bad("truncated failback plan request");
+      if (!GetName(r, &m.volume)) return Bad("failback plan request: invalid volume name");
+      if (!r.GetFixed64(&m.from_block) || r.remaining() != 0) return Bad("failback plan request: bad length");
+      return Message(std::move(m));
       return Message(m);
     }
     case MsgType::kFailbackPlan: {
       FailbackPlan m;
       uint8_t status = 0;
-      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id) || !r.GetU8(&status) ||
-          !r.GetFixed64(&m.next_block))
+      if (!r.GetFixed64(&m.request_id) || !r.GetU8(&status) || !r.GetFixed64(&m.next_block))
         return Bad("truncated failback plan");
       if (!KnownFailbackStatus(status)) return Bad("failback plan: unknown status");
       m.status = FailbackStatus(status);
@@ -566,7 +564,8 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
     }
     case MsgType::kPullRequest: {
       PullRequest m;
-      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id)) return Bad("truncated pull request");
+      if (!r.GetFixed64(&m.request_id)) return Bad("truncated pull request");
+      if (!GetName(r, &m.volume)) return Bad("pull request: invalid volume name");
       if (!GetExtents(r, kMaxPullBlocks, &m.extents) || m.extents.empty()) return Bad("pull request: bad extents");
       std::optional<uint64_t> blocks = ExtentBlocks(m.extents);
       if (!blocks || *blocks > kMaxPullBlocks) return Bad("pull request: more than kMaxPullBlocks blocks");
@@ -581,15 +580,14 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
     case MsgType::kPullResponse: {
       PullResponse m;
       uint8_t status = 0;
-      if (!r.GetFixed32(&m.volume_id) || !r.GetFixed64(&m.request_id) || !r.GetU8(&status))
-        return Bad("truncated pull response");
+      if (!r.GetFixed64(&m.request_id) || !r.GetU8(&status)) return Bad("truncated pull response");
       if (!KnownFailbackStatus(status)) return Bad("pull response: unknown status");
       m.status = FailbackStatus(status);
       if (r.remaining() == 0) return Message(std::move(m));
       if (m.status != FailbackStatus::kOk) return Bad("pull response: records with an error");
       CDP_ASSIGN_OR_RETURN(Message inner, ParseBatch(r));
       WriteBatch& wb = std::get<WriteBatch>(inner);
-      if (wb.volume_id != m.volume_id) return Bad("pull response: volume id differs inside");
+      if (wb.volume_id != 0) return Bad("pull response: a volume id inside");
       if (wb.records.front().seq != 1) return Bad("pull response: record sequences must start at 1");
       for (const Record& rec : wb.records) {
         if (rec.kind != RecordKind::kData && rec.kind != RecordKind::kZero) return Bad("pull response: record kind");

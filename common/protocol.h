@@ -242,9 +242,11 @@ enum class FailbackStatus : uint8_t {
   kFailed = 2,          // could not be answered (unreachable, I/O error: logged where it happened)
 };
 
+// Failback requests name their volume (in the connection's tenant): the
+// agent's own stream of it is fenced while the volume is failed over.
 struct FailbackPlanRequest {
-  uint32_t volume_id = 0;
   uint64_t request_id = 0;
+  std::string volume;
   uint64_t from_block = 0;  // the page starts here
 };
 
@@ -252,7 +254,6 @@ struct FailbackPlanRequest {
 // the journal after it, or written to the promoted export — plus, added by
 // the process server, those of records it spooled and never delivered.
 struct FailbackPlan {
-  uint32_t volume_id = 0;
   uint64_t request_id = 0;
   FailbackStatus status = FailbackStatus::kOk;
   std::vector<BlockExtent> extents;  // kOk: sorted, disjoint, >= from_block, <= kMaxExtents
@@ -260,8 +261,8 @@ struct FailbackPlan {
 };
 
 struct PullRequest {
-  uint32_t volume_id = 0;
   uint64_t request_id = 0;
+  std::string volume;
   std::vector<BlockExtent> extents;  // sorted, disjoint; kMaxPullBlocks blocks in all at most
   std::vector<Hash128> digests;      // the agent's, one per block of `extents` in order
 };
@@ -272,7 +273,6 @@ struct PullRequest {
 // WriteBatch's (compressed with `codec`); their sequences are 1, 2, ... and
 // mean nothing else.
 struct PullResponse {
-  uint32_t volume_id = 0;
   uint64_t request_id = 0;
   FailbackStatus status = FailbackStatus::kOk;
   Codec codec = Codec::kNone;

@@ -53,17 +53,17 @@ std::vector<Message> Samples() {
   v.push_back(HashResponse{1, 3, 65536, 0, {}, 2, HashStatus::kBehind});
   v.push_back(Heartbeat{1, 2});
   v.push_back(Stats{{{"bytes_in", 12.5}}});
-  v.push_back(FailbackPlanRequest{1, 4, 0});
-  v.push_back(FailbackPlan{1, 4, FailbackStatus::kOk, {{0, 2}, {10, 1}}, 4096});
-  v.push_back(FailbackPlan{1, 5, FailbackStatus::kNotFailingBack, {}, 0});
-  v.push_back(PullRequest{1, 6, {{0, 2}, {10, 1}}, {{1, 2}, {0, 0}, {3, 4}}});
+  v.push_back(FailbackPlanRequest{4, "db1", 0});
+  v.push_back(FailbackPlan{4, FailbackStatus::kOk, {{0, 2}, {10, 1}}, 4096});
+  v.push_back(FailbackPlan{5, FailbackStatus::kNotFailingBack, {}, 0});
+  v.push_back(PullRequest{6, "db1", {{0, 2}, {10, 1}}, {{1, 2}, {0, 0}, {3, 4}}});
   {
-    PullResponse pr{1, 6, FailbackStatus::kOk, Codec::kLz4, 1, {}};
+    PullResponse pr{6, FailbackStatus::kOk, Codec::kLz4, 1, {}};
     pr.records.push_back({1, 0, 4096, RecordKind::kData, 0, Bytes(4096, 'x')});
     pr.records.push_back({2, 40960, 4096, RecordKind::kZero, 0, {}});
     v.push_back(pr);
   }
-  v.push_back(PullResponse{1, 7, FailbackStatus::kNotFailingBack, Codec::kNone, 0, {}});
+  v.push_back(PullResponse{7, FailbackStatus::kNotFailingBack, Codec::kNone, 0, {}});
   return v;
 }
 

@@ -99,16 +99,16 @@ std::vector<Message> EveryMessage() {
   Stats st;
   st.values = {{"ps.bytes_in", 1.5e9}, {"queue_depth", 3}, {"lag_s", -0.25}};
   v.push_back(st);
-  v.push_back(FailbackPlanRequest{9, 80, 1234});
-  v.push_back(FailbackPlan{9, 80, FailbackStatus::kOk, {{0, 1}, {7, 300}, {1ull << 40, 2}}, (1ull << 40) + 2});
-  v.push_back(FailbackPlan{9, 81, FailbackStatus::kNotFailingBack, {}, 0});
-  v.push_back(PullRequest{9, 82, {{3, 2}, {9, 1}}, {{1, 2}, {}, {5, 6}}});
-  PullResponse pr{9, 82, FailbackStatus::kOk, Codec::kZstd, 3, {}};
+  v.push_back(FailbackPlanRequest{80, "db_data-1", 1234});
+  v.push_back(FailbackPlan{80, FailbackStatus::kOk, {{0, 1}, {7, 300}, {1ull << 40, 2}}, (1ull << 40) + 2});
+  v.push_back(FailbackPlan{81, FailbackStatus::kNotFailingBack, {}, 0});
+  v.push_back(PullRequest{82, "db_data-1", {{3, 2}, {9, 1}}, {{1, 2}, {}, {5, 6}}});
+  PullResponse pr{82, FailbackStatus::kOk, Codec::kZstd, 3, {}};
   pr.records.push_back({1, 3 * 4096, 4096, RecordKind::kData, 0, Text(4096)});
   pr.records.push_back({2, 9 * 4096, 4096, RecordKind::kZero, 0, {}});
   v.push_back(pr);
-  v.push_back(PullResponse{9, 83, FailbackStatus::kOk, Codec::kNone, 0, {}});
-  v.push_back(PullResponse{9, 84, FailbackStatus::kFailed, Codec::kNone, 0, {}});
+  v.push_back(PullResponse{83, FailbackStatus::kOk, Codec::kNone, 0, {}});
+  v.push_back(PullResponse{84, FailbackStatus::kFailed, Codec::kNone, 0, {}});
   return v;
 }
 
@@ -586,24 +586,23 @@ TEST_CASE("the encoder refuses what the parser would refuse", "[protocol]") {
 TEST_CASE("failback messages: bad extents, counts and records are refused both ways", "[protocol]") {
   auto encodes = [](const Message& m) { return EncodePayload(m).ok(); };
   // Extents must be non-empty, sorted and disjoint.
-  CHECK_FALSE(encodes(FailbackPlan{1, 1, FailbackStatus::kOk, {{5, 0}}, 0}));
-  CHECK_FALSE(encodes(FailbackPlan{1, 1, FailbackStatus::kOk, {{5, 2}, {6, 1}}, 0}));
-  CHECK_FALSE(encodes(FailbackPlan{1, 1, FailbackStatus::kOk, {{9, 1}, {2, 1}}, 0}));
-  CHECK_FALSE(encodes(FailbackPlan{1, 1, FailbackStatus::kFailed, {{1, 1}}, 0}));
-  CHECK_FALSE(encodes(PullRequest{1, 1, {}, {}}));
-  CHECK_FALSE(encodes(PullRequest{1, 1, {{0, 2}}, {{1, 1}}}));  // one digest per block
-  CHECK_FALSE(encodes(PullRequest{1, 1, {{0, kMaxPullBlocks + 1}}, std::vector<Hash128>(kMaxPullBlocks + 1)}));
-  PullResponse bad_seq{1, 1, FailbackStatus::kOk, Codec::kNone, 0, {}};
+  CHECK_FALSE(encodes(FailbackPlan{1, FailbackStatus::kOk, {{5, 0}}, 0}));
+  CHECK_FALSE(encodes(FailbackPlan{1, FailbackStatus::kOk, {{5, 2}, {6, 1}}, 0}));
+  CHECK_FALSE(encodes(FailbackPlan{1, FailbackStatus::kOk, {{9, 1}, {2, 1}}, 0}));
+  CHECK_FALSE(encodes(FailbackPlan{1, FailbackStatus::kFailed, {{1, 1}}, 0}));
+  CHECK_FALSE(encodes(PullRequest{1, "v", {}, {}}));
+  CHECK_FALSE(encodes(PullRequest{1, "v", {{0, 2}}, {{1, 1}}}));  // one digest per block
+  CHECK_FALSE(encodes(PullRequest{1, "v", {{0, kMaxPullBlocks + 1}}, std::vector<Hash128>(kMaxPullBlocks + 1)}));
+  PullResponse bad_seq{1, FailbackStatus::kOk, Codec::kNone, 0, {}};
   bad_seq.records.push_back({2, 0, 4096, RecordKind::kZero, 0, {}});
   CHECK_FALSE(encodes(bad_seq));
-  PullResponse trim{1, 1, FailbackStatus::kOk, Codec::kNone, 0, {}};
+  PullResponse trim{1, FailbackStatus::kOk, Codec::kNone, 0, {}};
   trim.records.push_back({1, 0, 4096, RecordKind::kTrim, 0, {}});
   CHECK_FALSE(encodes(trim));
 
   // The parser refuses the same shapes when a peer sends them.
   auto parse = [](MsgType t, const Bytes& payload) { return DecodeAndParse(FrameOf(t, payload)); };
   Bytes overlap;
-  PutFixed32(overlap, 1);
   PutFixed64(overlap, 1);
   overlap.push_back(0);
   PutFixed64(overlap, 0);
@@ -615,15 +614,15 @@ TEST_CASE("failback messages: bad extents, counts and records are refused both w
   CHECK(r.status().message() == "bad message: failback plan: bad extents");
   // A count far beyond the bytes present is refused before allocating.
   Bytes huge;
-  PutFixed32(huge, 1);
   PutFixed64(huge, 1);
+  PutFixed16(huge, 1), huge.push_back('v');  // the volume name
   PutFixed32(huge, 1);
   PutFixed64(huge, 0), PutFixed32(huge, 0xFFFFFFFFu);
   r = parse(MsgType::kPullRequest, huge);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().message() == "bad message: pull request: more than kMaxPullBlocks blocks");
   // Fewer digests than blocks.
-  Result<Bytes> ok = EncodePayload(PullRequest{1, 1, {{0, 3}}, {{1, 1}, {2, 2}, {3, 3}}});
+  Result<Bytes> ok = EncodePayload(PullRequest{1, "v", {{0, 3}}, {{1, 1}, {2, 2}, {3, 3}}});
   REQUIRE(ok.ok());
   Bytes shortened(ok->begin(), ok->end() - 17);
   r = parse(MsgType::kPullRequest, shortened);
@@ -632,7 +631,7 @@ TEST_CASE("failback messages: bad extents, counts and records are refused both w
   // Records with an error status.
   Result<Bytes> with_records = EncodePayload(EveryMessage()[EveryMessage().size() - 3]);
   REQUIRE(with_records.ok());
-  (*with_records)[12] = uint8_t(FailbackStatus::kFailed);
+  (*with_records)[8] = uint8_t(FailbackStatus::kFailed);
   r = parse(MsgType::kPullResponse, *with_records);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().message() == "bad message: pull response: records with an error");
