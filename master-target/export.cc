@@ -142,6 +142,26 @@ uint64_t PointInTimeDevice::overlay_blocks() const {
   return uint64_t(std::count(in_overlay_.begin(), in_overlay_.end(), true));
 }
 
+Status PointInTimeDevice::Quiesce() {
+  std::lock_guard<std::mutex> lk(mu_);
+  quiesced_ = true;
+  return overlay_ ? FlushLocked() : Status::OK();
+}
+
+std::vector<proto::BlockExtent> PointInTimeDevice::WrittenExtents() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<proto::BlockExtent> out;
+  for (uint64_t b = 0; b < in_overlay_.size(); ++b) {
+    if (!in_overlay_[b]) continue;
+    if (!out.empty() && out.back().first_block + out.back().count == b && out.back().count < UINT32_MAX) {
+      ++out.back().count;
+    } else {
+      out.push_back(proto::BlockExtent{b, 1});
+    }
+  }
+  return out;
+}
+
 Status PointInTimeDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
   if (offset > size_ || len > size_ - offset) return Status::OutOfRange("read past the end of the export");
   if (!overlay_) return volume_->ReadAt(pin_->seq(), offset, len, buf);
@@ -165,6 +185,7 @@ Status PointInTimeDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
 
 Status PointInTimeDevice::WriteLocked(uint64_t offset, const uint8_t* data, uint64_t len) {
   if (!overlay_) return Status::PermissionDenied("read-only export");
+  if (quiesced_) return Status::PermissionDenied("export quiesced for failback: writes are refused");
   if (offset > size_ || len > size_ - offset) return Status::OutOfRange("write past the end of the export");
   static const std::vector<uint8_t> zeros(1u << 20, 0);
   uint64_t pos = offset, end = offset + len;

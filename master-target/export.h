@@ -88,6 +88,12 @@ class PointInTimeDevice final : public BlockDevice {
   // overlay, including writes not yet flushed.
   uint64_t overlay_blocks() const;
   bool persistent() const { return bitmap_ != nullptr; }
+  // Failback's final pass: unflushed writes are flushed, and every later
+  // write, zero or trim is refused (kPermissionDenied -> EPERM) for the
+  // device's lifetime. Reads go on.
+  Status Quiesce();
+  // The blocks in the overlay (written at the provider), merged, in order.
+  std::vector<proto::BlockExtent> WrittenExtents() const;
 
  private:
   PointInTimeDevice(std::shared_ptr<ReplicaVolume> v, std::unique_ptr<PointPin> pin) : volume_(std::move(v)), pin_(std::move(pin)) {}
@@ -104,6 +110,7 @@ class PointInTimeDevice final : public BlockDevice {
   std::unique_ptr<File> overlay_;
   mutable std::mutex mu_;
   std::vector<bool> in_overlay_;  // per block (in memory: what reads follow)
+  bool quiesced_ = false;         // Quiesce(): writes refused
   // Persistent overlay only:
   std::unique_ptr<File> bitmap_;
   Bytes bits_;                      // the bitmap's bytes as on disk after the last flush

@@ -469,6 +469,11 @@ void MasterTarget::Impl::RestorePromoted() {
   for (auto& e : vs) {
     if (auto f = e->volume->failover()) {
       auto d = ServePromoted(e->tenant, e->name, e->volume, f->point_seq, false);
+      // Failing back past the quiesce: writes stay refused (Quiesce sets that before its flush).
+      if (d.ok() && f->quiesced) {
+        if (Status q = (*d)->Quiesce(); !q.ok())
+          log->error("{} quiesced export: flush failed: {}", log::Where{e->name, e->tenant, 0}, q.ToString());
+      }
       if (!d.ok()) {
         log->error("{} failed over, but its export cannot be served: {}", log::Where{e->name, e->tenant, f->point_seq},
                    d.status().ToString());

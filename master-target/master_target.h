@@ -53,6 +53,8 @@ class Server;
 
 namespace cdp::mt {
 
+class PointInTimeDevice;
+
 struct MasterTargetOptions {
   Env* env = nullptr;               // POSIX env in the daemon; must outlive the MasterTarget
   const Clock* clock = nullptr;     // must outlive the MasterTarget
@@ -154,6 +156,38 @@ class MasterTarget {
   Result<bool> UndoFailover(const std::string& tenant, const std::string& volume);
   // True: changed; false: committed already. kInvalidArgument if not failed over.
   Result<bool> CommitFailover(const std::string& tenant, const std::string& volume);
+
+  // Failback (`cdpctl failback`; states in master-target/replica_volume.h;
+  // code in master_target_failback.cc). Every step is idempotent.
+  //  StartFailback   failed-over -> failing-back (the failover is committed;
+  //                  the promoted export keeps serving the application)
+  //  FailbackPlan    (the agent's request, through its PS) the blocks the
+  //                  MT side changed after the point: the journal after it
+  //                  and the provider's writes to the promoted export, merged
+  //  Pull            (ditto) the promoted image's blocks whose digest differs
+  //                  from the agent's
+  //  QuiesceFailback the promoted export refuses writes from now on (the
+  //                  final pass sees a still image)
+  //  FinishFailback  quiesced: the promoted image's content of every block of
+  //                  the plan is applied to the replica as new history (a
+  //                  tag "failback" marks the end), the export stops, its
+  //                  overlay goes, and the volume is failed-back: the old
+  //                  generation fenced until `cdpctl reprotect`.
+  // kNotFound for an unknown volume; kInvalidArgument in the wrong state.
+  Result<bool> StartFailback(const std::string& tenant, const std::string& volume);
+  Result<bool> QuiesceFailback(const std::string& tenant, const std::string& volume);
+  proto::FailbackPlan FailbackPlan(const std::string& tenant, const proto::FailbackPlanRequest& req);
+  proto::PullResponse Pull(const std::string& tenant, const proto::PullRequest& req, proto::Codec codec, int level);
+  struct FinishOutcome {
+    bool changed = false;
+    uint64_t blocks = 0;   // blocks written to the replica
+    uint64_t seq = 0;      // the history sequence of the "failback" tag
+  };
+  Result<FinishOutcome> FinishFailback(const std::string& tenant, const std::string& volume);
+
+  // The promoted export's device while one is served (tests, diagnostics); null otherwise.
+  std::shared_ptr<PointInTimeDevice> PromotedDevice(const std::string& tenant, const std::string& volume);
+
   // "<tenant>/<volume>@failover".
   static std::string PromotedExportName(const std::string& tenant, const std::string& volume);
 

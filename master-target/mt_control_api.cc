@@ -62,6 +62,7 @@ json::value MasterTarget::Impl::FailoverJson(const VolEntry& e, const VolumeStat
                  {"seq", f.point_seq - st.seq_base},  // as the current generation's source counts it
                  {"history_seq", f.point_seq},        // as points, exports and seq:N name it
                  {"committed", f.committed},
+                 {"quiesced", f.quiesced},
                  {"time_us", f.time_us},
                  {"export", MasterTarget::PromotedExportName(e.tenant, e.name)},
                  {"served", false},
@@ -317,6 +318,32 @@ void MasterTarget::Impl::AddRoutes() {
       j["changed"] = changed;
       return http::Response::Json(200, j);
     });
+  });
+  // Failback (`cdpctl failback`): start, quiesce, finish; each idempotent
+  // (MasterTarget::StartFailback ...). The pull between them is the agent's.
+  auto failback_step = [this](const char* path, auto step) {
+    http->Route("POST", path, [this, step](const http::Request& r) {
+      return WithParams(r, {"tenant", "volume"}, [&](const http::Params& p) -> Result<http::Response> {
+        CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+        CDP_ASSIGN_OR_RETURN(json::object extra, step(*e));
+        json::object j = VolumeJson(*e);
+        for (auto& kv : extra) j[kv.key()] = kv.value();
+        return http::Response::Json(200, j);
+      });
+    });
+  };
+  failback_step("/v1/failback/start", [this](VolEntry& e) -> Result<json::object> {
+    CDP_ASSIGN_OR_RETURN(bool changed, mt->StartFailback(e.tenant, e.name));
+    if (changed) log->warn("{} failback started by the operator", log::Where{e.name, "control", 0});
+    return json::object{{"changed", changed}};
+  });
+  failback_step("/v1/failback/quiesce", [this](VolEntry& e) -> Result<json::object> {
+    CDP_ASSIGN_OR_RETURN(bool changed, mt->QuiesceFailback(e.tenant, e.name));
+    return json::object{{"changed", changed}};
+  });
+  failback_step("/v1/failback/finish", [this](VolEntry& e) -> Result<json::object> {
+    CDP_ASSIGN_OR_RETURN(auto out, mt->FinishFailback(e.tenant, e.name));
+    return json::object{{"changed", out.changed}, {"blocks", out.blocks}, {"failback_seq", out.seq}};
   });
   // Re-protect (an operator's command, never a peer's): the next VolumeOpen
   // with the next generation is accepted; every recovery point is kept.

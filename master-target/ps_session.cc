@@ -61,7 +61,9 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
   FrameInbox inbox(ch, kInboxBytes, received_queued.get());
   while (!stopping.load()) {
     auto lifted = std::find_if(fenced_here.begin(), fenced_here.end(),
-                               [](const std::shared_ptr<VolEntry>& e) { return !e->volume->failover(); });
+                               [](const std::shared_ptr<VolEntry>& e) {
+                                 return !e->volume->failover() && e->volume->state() != VolumeState::kFailedBack;
+                               });
     if (lifted != fenced_here.end()) {
       log->info("{} no longer failed over: closing the connection so that the peer reopens it",
                 log::Where{(*lifted)->name, peer_addr, 0});
@@ -87,6 +89,8 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
           fenced_here.push_back(r->first);
       } else {
         uint32_t vid = next_id++;
+        // Opened here (a re-protect's next generation): no reason to close this session for it.
+        std::erase(fenced_here, r->first);
         handles[vid] = r->first;
         opened_generation[vid] = vo->generation;
         s = ch.Send(proto::VolumeOpenReply{vid, r->second.durable_seq});
@@ -185,6 +189,12 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
         }
         s = ch.Send(resp);
       }
+    } else if (auto* fp = std::get_if<proto::FailbackPlanRequest>(&*m)) {
+      // Failback requests name the volume in this link's tenant (an unknown
+      // one answers kNotFailingBack, like a volume that is not failing back).
+      s = ch.Send(mt->FailbackPlan(*tenant, *fp));
+    } else if (auto* pr = std::get_if<proto::PullRequest>(&*m)) {
+      s = ch.Send(mt->Pull(*tenant, *pr, proto::Codec::kZstd, 1));
     } else if (auto* hb = std::get_if<proto::Heartbeat>(&*m)) {
       if (hb->echo_us == 0) s = ch.Send(proto::Heartbeat{o.clock->WallMicros(), hb->sent_us});
     } else if (std::holds_alternative<proto::Stats>(*m)) {

@@ -127,6 +127,8 @@ Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id) {
                 "block size differs: " + std::to_string(id.block_size) + " != " + std::to_string(id_.block_size) + keep);
   // Fenced: whatever generation the old primary speaks, nothing it sends is taken.
   if (failover_) return Nack(proto::NackReason::kWrongGeneration, FencedMessage());
+  if (state_ == VolumeState::kFailedBack && id.generation <= id_.generation)
+    return Nack(proto::NackReason::kWrongGeneration, FailedBackMessage());
   if (id.generation < id_.generation)
     return Nack(proto::NackReason::kWrongGeneration,
                 "stale generation " + std::to_string(id.generation) + " < " + std::to_string(id_.generation));
@@ -151,7 +153,7 @@ Result<uint64_t> ReplicaVolume::ArmReprotect() {
   if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
   if (failover_)
     return Status::InvalidArgument(id_.name + " is failed over at sequence " + std::to_string(failover_->point_seq) +
-                                   ": re-protect after a failover needs a failback first (not built yet); before a "
+                                   ": re-protect after a failover needs a failback first (cdpctl failback); before a "
                                    "commit, cdpctl failover " + id_.name + " --undo returns to protecting");
   reprotect_armed_.store(id_.generation + 1);
   log::Get("mt.volume")->warn("{} re-protect armed by the operator: generation {} will be accepted",
@@ -193,6 +195,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
     return h;
   }
   if (failover_) return Nack(proto::NackReason::kWrongGeneration, FencedMessage());
+  if (state_ == VolumeState::kFailedBack) return Nack(proto::NackReason::kWrongGeneration, FailedBackMessage());
   if (state_ != VolumeState::kReplicating)
     return Nack(proto::NackReason::kWrongGeneration,
                 std::string("volume is ") + StateName(state_) + "; re-protect is an operator command (cdpctl reprotect)");

@@ -1,5 +1,7 @@
 #include "master-target/replica_volume.h"
 
+#include <algorithm>
+
 #include "common/log.h"
 #include "common/sqlite.h"
 
@@ -12,6 +14,12 @@ std::string ReplicaVolume::FencedMessage() const {
          "); this stream is fenced and nothing of it is applied" +
          (failover_->committed ? " (the failover is committed)"
                                : " (an operator may undo: cdpctl failover " + id_.name + " --undo)");
+}
+
+std::string ReplicaVolume::FailedBackMessage() const {
+  return std::string(proto::kFailedOverText) + ": volume " + id_.name +
+         " was failed back from the master target; generation " + std::to_string(id_.generation) +
+         " is fenced until the operator re-protects it (cdpctl reprotect " + id_.name + ")";
 }
 
 std::optional<FailoverInfo> ReplicaVolume::failover() const {
@@ -105,6 +113,162 @@ Result<bool> ReplicaVolume::UndoFailover() {
   log::Get("mt.volume")->warn("{} failover at sequence {} undone: protecting again from applied sequence {}",
                               log::Where{id_.name, "", p}, p, applied_.load());
   return true;
+}
+
+}  // namespace cdp::mt
+
+namespace cdp::mt {
+
+Result<bool> ReplicaVolume::StartFailback() {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
+  if (state_ == VolumeState::kFailingBack) return false;
+  if (!failover_)
+    return Status::InvalidArgument(id_.name + " is " + StateName(state_) +
+                                   ": failback brings home a volume failed over by cdpctl failover");
+  const uint64_t now = o_.clock->WallMicros();
+  {
+    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    CDP_RETURN_IF_ERROR(db_->Exec("UPDATE failover SET committed = 1 WHERE id = 1"));
+    CDP_ASSIGN_OR_RETURN(auto fb, db_->Prepare("INSERT OR REPLACE INTO failback(id, quiesced, time_us) VALUES(1, 0, ?1)"));
+    CDP_RETURN_IF_ERROR(fb.BindAll(now));
+    CDP_RETURN_IF_ERROR(fb.Run());
+    CDP_ASSIGN_OR_RETURN(auto up, db_->Prepare("UPDATE volume SET state = ?1 WHERE id = 1"));
+    CDP_RETURN_IF_ERROR(up.BindAll(int64_t(VolumeState::kFailingBack)));
+    CDP_RETURN_IF_ERROR(up.Run());
+    CDP_RETURN_IF_ERROR(tx.Commit());
+  }
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    state_ = VolumeState::kFailingBack;
+    failover_->committed = true;
+    failover_->quiesced = false;
+  }
+  log::Get("mt.volume")->warn("{} failing back: the failover at sequence {} is committed; the original site pulls "
+                              "what differs",
+                              log::Where{id_.name, "", failover_->point_seq}, failover_->point_seq);
+  return true;
+}
+
+Result<bool> ReplicaVolume::QuiesceFailback() {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (state_ != VolumeState::kFailingBack)
+    return Status::InvalidArgument(id_.name + " is " + StateName(state_) + ", not failing back (cdpctl failback)");
+  if (failover_->quiesced) return false;
+  {
+    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    CDP_RETURN_IF_ERROR(db_->Exec("UPDATE failback SET quiesced = 1 WHERE id = 1"));
+    CDP_RETURN_IF_ERROR(tx.Commit());
+  }
+  std::lock_guard<std::mutex> mk(meta_mu_);
+  failover_->quiesced = true;
+  return true;
+}
+
+Result<std::vector<proto::BlockExtent>> ReplicaVolume::JournalBlocksAfter(uint64_t point_seq) const {
+  const uint64_t applied = applied_.load();
+  const uint64_t window = std::max<uint64_t>(1, o_.rollback_window);
+  const uint64_t bs = id_.block_size;
+  std::vector<proto::BlockExtent> out;
+  for (uint64_t lo = point_seq; lo < applied;) {
+    const uint64_t hi = std::min(applied, lo + window);
+    std::vector<UndoEntry> entries;
+    {
+      auto lk = LockIndexShared();
+      CDP_ASSIGN_OR_RETURN(entries, undo_->EntriesBetween(lo, hi));
+    }
+    for (const UndoEntry& e : entries) {
+      if (e.length == 0) continue;
+      const uint64_t first = e.offset / bs, end = (e.offset + e.length + bs - 1) / bs;
+      out.push_back(proto::BlockExtent{first, uint32_t(end - first)});  // <= 1 MiB / block_size
+    }
+    out = MergeExtents(std::move(out));
+    lo = hi;
+  }
+  return out;
+}
+
+Result<uint64_t> ReplicaVolume::ApplyFailback(std::vector<proto::Record> records) {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  CDP_RETURN_IF_ERROR(HealLocked());
+  if (state_ != VolumeState::kFailingBack || !failover_->quiesced)
+    return Status::InvalidArgument(id_.name + " is not failing back with its export quiesced");
+  const uint64_t applied = applied_.load();
+  if (records.empty()) return applied;
+  for (size_t i = 0; i < records.size(); ++i) {
+    proto::Record& r = records[i];
+    r.seq = applied + 1 + i;
+    if (r.kind == proto::RecordKind::kTag && r.offset == 0 && r.length == 0 &&
+        proto::ValidName(std::string_view(reinterpret_cast<const char*>(r.data.data()), r.data.size())))
+      continue;
+    if ((r.kind != proto::RecordKind::kData && r.kind != proto::RecordKind::kZero) || r.length == 0 ||
+        r.offset > id_.size || r.length > id_.size - r.offset ||
+        (r.kind == proto::RecordKind::kData ? r.data.size() != r.length : !r.data.empty()))
+      return Status::InvalidArgument(id_.name + ": bad failback record at offset " + std::to_string(r.offset));
+  }
+  ApplyOutcome out;
+  Status s = ApplyLocked(records, 0, &out);
+  NoteApply(s);
+  if (!s.ok()) {
+    Status r = RecoverUncommitted();
+    if (!r.ok()) {
+      broken_ = true;
+      heal_by_recovery_ = true;
+    }
+    return s;
+  }
+  return applied_.load();
+}
+
+Result<bool> ReplicaVolume::EndFailback() {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (state_ == VolumeState::kFailedBack) return false;
+  if (state_ != VolumeState::kFailingBack || !failover_->quiesced)
+    return Status::InvalidArgument(id_.name + " is not failing back with its export quiesced");
+  {
+    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    CDP_RETURN_IF_ERROR(db_->Exec("DELETE FROM failover"));
+    CDP_RETURN_IF_ERROR(db_->Exec("DELETE FROM failback"));
+    CDP_ASSIGN_OR_RETURN(auto up, db_->Prepare("UPDATE volume SET state = ?1 WHERE id = 1"));
+    CDP_RETURN_IF_ERROR(up.BindAll(int64_t(VolumeState::kFailedBack)));
+    CDP_RETURN_IF_ERROR(up.Run());
+    CDP_RETURN_IF_ERROR(tx.Commit());
+  }
+  const uint64_t p = failover_->point_seq;
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    state_ = VolumeState::kFailedBack;
+    failover_.reset();
+  }
+  log::Get("mt.volume")->warn("{} failed back: the replica equals the promoted image at sequence {}; generation {} "
+                              "stays fenced until cdpctl reprotect",
+                              log::Where{id_.name, "", p}, applied_.load(), id_.generation);
+  return true;
+}
+
+std::vector<proto::BlockExtent> MergeExtents(std::vector<proto::BlockExtent> v) {
+  std::sort(v.begin(), v.end(), [](const proto::BlockExtent& a, const proto::BlockExtent& b) {
+    return a.first_block < b.first_block;
+  });
+  std::vector<proto::BlockExtent> out;
+  for (const proto::BlockExtent& e : v) {
+    if (e.count == 0) continue;
+    const uint64_t end = e.first_block + e.count;
+    if (!out.empty() && e.first_block <= out.back().first_block + out.back().count) {
+      proto::BlockExtent& b = out.back();
+      const uint64_t new_end = std::max(b.first_block + b.count, end);
+      if (new_end - b.first_block <= UINT32_MAX) {
+        b.count = uint32_t(new_end - b.first_block);
+        continue;
+      }
+      // Too long for one extent: start the next where this one ends.
+      const uint64_t b_end = b.first_block + b.count;
+      out.push_back(proto::BlockExtent{b_end, uint32_t(new_end - b_end)});
+      continue;
+    }
+    out.push_back(e);
+  }
+  return out;
 }
 
 }  // namespace cdp::mt

@@ -48,6 +48,10 @@ CREATE TABLE IF NOT EXISTS failover(
   point_id INTEGER NOT NULL,
   committed INTEGER NOT NULL,
   time_us INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS failback(
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  quiesced INTEGER NOT NULL,
+  time_us INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS points(
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   seq INTEGER NOT NULL,
@@ -131,7 +135,7 @@ Status ReplicaVolume::LoadIndex() {
     committed_offset_ = uint64_t(st.ColumnInt64(8));
     horizon_ = uint64_t(st.ColumnInt64(9));
     int64_t state = st.ColumnInt64(10);
-    if (state < 0 || state > 2) return Status::Corruption(o_.index_path + ": bad state");
+    if (state < 0 || state > int64_t(VolumeState::kFailedBack)) return Status::Corruption(o_.index_path + ": bad state");
     state_ = VolumeState(state);
     rollback_to_ = uint64_t(st.ColumnInt64(11));
   }
@@ -155,7 +159,13 @@ Status ReplicaVolume::LoadIndex() {
       f.point_id = st.ColumnInt64(1);
       f.committed = st.ColumnInt64(2) != 0;
       f.time_us = uint64_t(st.ColumnInt64(3));
-      if (state_ != VolumeState::kFailedOver) return Status::Corruption(o_.index_path + ": a failover row on a volume not failed over");
+      if (state_ != VolumeState::kFailedOver && state_ != VolumeState::kFailingBack)
+        return Status::Corruption(o_.index_path + ": a failover row on a volume not failed over");
+      CDP_ASSIGN_OR_RETURN(auto fb, db_->Prepare("SELECT quiesced FROM failback WHERE id = 1"));
+      CDP_ASSIGN_OR_RETURN(bool fb_row, fb.Step());
+      if (fb_row != (state_ == VolumeState::kFailingBack))
+        return Status::Corruption(o_.index_path + ": a failback row disagrees with the volume's state");
+      f.quiesced = fb_row && fb.ColumnInt64(0) != 0;
       failover = f;
     }
   }

@@ -16,6 +16,8 @@ const char* StateName(VolumeState s) {
     case VolumeState::kReplicating: return "protecting";
     case VolumeState::kRollingBack: return "rolling-back";
     case VolumeState::kFailedOver: return "failed-over";
+    case VolumeState::kFailingBack: return "failing-back";
+    case VolumeState::kFailedBack: return "failed-back";
   }
   return "unknown";
 }

@@ -127,7 +127,7 @@ struct VolumeIdentity {
 };
 
 // kReplicating is shown as "protecting" (the operator's word for it).
-enum class VolumeState { kReplicating = 0, kRollingBack = 1, kFailedOver = 2 };
+enum class VolumeState { kReplicating = 0, kRollingBack = 1, kFailedOver = 2, kFailingBack = 3, kFailedBack = 4 };
 const char* StateName(VolumeState s);
 
 // Why apply is stalled. A batch whose apply failed on an I/O error is undone
@@ -152,6 +152,7 @@ struct FailoverInfo {
   int64_t point_id = 0;     // the recovery point's id; 0 when named by sequence
   bool committed = false;   // `--commit`: undo is refused from then on
   uint64_t time_us = 0;     // wall clock of the failover
+  bool quiesced = false;    // failing back: the promoted export refuses writes
 };
 
 enum class PointKind { kCrash = 1, kTag = 2 };
@@ -237,6 +238,10 @@ struct VolumeStatus {
   std::optional<FailoverInfo> failover;  // a promoted failover
   std::optional<ApplyStall> stall;       // set while apply is stalled (see StallCause)
 };
+
+// Sorts block extents and merges overlapping or touching ones (an extent
+// stays under 2^32 blocks). Empty extents are dropped.
+std::vector<proto::BlockExtent> MergeExtents(std::vector<proto::BlockExtent> v);
 
 // The state as the operator reads it (/v1/volumes, /status, cdpctl status):
 // StateName(st.state), or "stalled: <cause>" while a protecting volume's apply
@@ -344,6 +349,30 @@ class ReplicaVolume {
   Result<bool> UndoFailover();
   std::optional<FailoverInfo> failover() const;
 
+  // Failback (the states above; the pull itself is driven by the original
+  // site's agent through MasterTarget::FailbackPlan / Pull).
+  // StartFailback: failed-over -> failing-back, committing the failover (the
+  // provider's writes are now the truth). True: changed; false: already
+  // failing back. kInvalidArgument unless failed over by Failover().
+  Result<bool> StartFailback();
+  // Failing back: from now on the promoted export refuses writes (persisted,
+  // so a restart keeps it quiesced). True: changed; false: already quiesced.
+  Result<bool> QuiesceFailback();
+  // The blocks (of block_size) of every undo record with a sequence above
+  // `point_seq`: what the journal changed after the point. Sorted, merged.
+  // Read window by window (memory: the extents, not the records).
+  Result<std::vector<proto::BlockExtent>> JournalBlocksAfter(uint64_t point_seq) const;
+  // Failing back and quiesced: applies `records` (kData / kZero, any seq:
+  // they are renumbered after the applied sequence) as new history, journaled
+  // like any batch, so every older point stays readable. Returns the last
+  // history sequence applied.
+  Result<uint64_t> ApplyFailback(std::vector<proto::Record> records);
+  // Failing back and quiesced, the replica now equal to the promoted image:
+  // failing-back -> failed-back. The failover row goes; the old generation's
+  // stream stays fenced until `cdpctl reprotect` (ArmReprotect) lets the next
+  // generation in. True: changed; false: already failed back.
+  Result<bool> EndFailback();
+
   // Drops whole oldest journal segments that no promised point needs. A point
   // is promised when it is younger than max_age (or max_age is 0) and the
   // journal bytes it needs (every segment holding a record newer than it,
@@ -406,6 +435,8 @@ class ReplicaVolume {
   Status RecoverUncommitted(bool undo = true);
   Status RebuildUndoIndex();
   Status FinishRollback();
+  // The Nack text of the old generation's stream after a failback.
+  std::string FailedBackMessage() const;
   // The Nack text of a fenced stream (failover_ set, apply_mu_ held).
   std::string FencedMessage() const;
   // Moves to generation `gen` keeping everything (apply_mu_ held).

@@ -956,3 +956,132 @@ TEST_CASE("regression: the undo of a batch that failed on a full disk punches ho
   ref.Apply(b);
   REQUIRE(ReadFile(VolumeDir(dir.path(), "acme", "vm1") + "/replica.img") == ref.image());
 }
+
+namespace {
+
+Bytes Block(uint8_t v) { return Bytes(4096, v); }
+
+proto::Hash128 DigestOfBlock(const Bytes& b) { return LeafDigest(b.data(), b.size()); }
+
+}  // namespace
+
+TEST_CASE("failback: the plan is the journal after the point plus the provider's writes, a pull answers exactly the "
+          "blocks that differ, finish makes the replica the promoted image as new history, then reprotect",
+          "[server][failover][failback]") {
+  TempDir tmp;
+  std::optional<Daemon> d;
+  d.emplace(tmp.path());
+  auto ch = Client(d->mt->port(), "acme", "s3cret-acme");
+  const uint32_t a = OpenVolume(*ch, OpenMsg("a", 1 << 20), 0);
+  // Blocks 0 and 1 hold 1; the tag "t" at 3 is the failover point; block 5
+  // is written after it (the journal's branch).
+  auto m = Call(*ch, Batch(a, {DataRecord(1, 0, Block(1)), DataRecord(2, 4096, Block(1)), TagRecord(3, "t"),
+                               DataRecord(4, 5 * 4096, Block(5))}));
+  REQUIRE(std::get_if<proto::Ack>(&m) != nullptr);
+
+  // Not failing back yet: both requests say so.
+  m = Call(*ch, proto::FailbackPlanRequest{1, "a", 0});
+  REQUIRE(std::get<proto::FailbackPlan>(m).status == proto::FailbackStatus::kNotFailingBack);
+  REQUIRE(d->mt->StartFailback("acme", "a").status().code() == Code::kInvalidArgument);
+
+  REQUIRE(d->mt->Failover("acme", "a", 3, 0).ok());
+  auto dev = d->mt->PromotedDevice("acme", "a");
+  REQUIRE(dev != nullptr);
+  // The provider writes blocks 0 and 7.
+  REQUIRE(dev->Write(0, Block(0xAA), false).ok());
+  REQUIRE(dev->Write(7 * 4096, Block(0x77), false).ok());
+  REQUIRE(dev->Flush().ok());
+
+  auto st = d->mt->StartFailback("acme", "a");
+  REQUIRE(st.ok());
+  CHECK(*st);
+  CHECK(d->mt->StartFailback("acme", "a").value() == false);
+  CHECK(d->mt->FindVolume("acme", "a")->state() == VolumeState::kFailingBack);
+  // Undo is refused now: failback committed the failover.
+  CHECK(d->mt->UndoFailover("acme", "a").status().code() == Code::kAlreadyExists);
+
+  m = Call(*ch, proto::FailbackPlanRequest{2, "a", 0});
+  auto& plan = std::get<proto::FailbackPlan>(m);
+  REQUIRE(plan.status == proto::FailbackStatus::kOk);
+  CHECK(plan.request_id == 2);
+  CHECK(plan.extents == std::vector<proto::BlockExtent>{{0, 1}, {5, 1}, {7, 1}});
+  CHECK(plan.next_block == 0);
+  m = Call(*ch, proto::FailbackPlanRequest{3, "a", 6});
+  CHECK(std::get<proto::FailbackPlan>(m).extents == std::vector<proto::BlockExtent>{{7, 1}});
+  // Another tenant's volume of that name does not exist for this one.
+  auto other = Client(d->mt->port(), "globex", "s3cret-globex");
+  m = Call(*other, proto::FailbackPlanRequest{4, "a", 0});
+  CHECK(std::get<proto::FailbackPlan>(m).status == proto::FailbackStatus::kNotFailingBack);
+
+  // The original site: blocks 0, 1 as at the point, 5 as shipped, 9 written
+  // and never shipped. Blocks 1 is equal and must not travel.
+  proto::PullRequest pr{5, "a", {{0, 2}, {5, 1}, {7, 1}, {9, 1}},
+                        {DigestOfBlock(Block(1)), DigestOfBlock(Block(1)), DigestOfBlock(Block(5)), kZeroDigest,
+                         DigestOfBlock(Block(9))}};
+  m = Call(*ch, pr);
+  auto& resp = std::get<proto::PullResponse>(m);
+  REQUIRE(resp.status == proto::FailbackStatus::kOk);
+  REQUIRE(resp.records.size() == 4);
+  CHECK(resp.records[0].offset == 0);
+  CHECK(resp.records[0].kind == proto::RecordKind::kData);
+  CHECK(resp.records[0].data == Block(0xAA));
+  CHECK(resp.records[1].offset == 5 * 4096);
+  CHECK(resp.records[1].kind == proto::RecordKind::kZero);  // block 5 was empty at the point
+  CHECK(resp.records[2].offset == 7 * 4096);
+  CHECK(resp.records[2].data == Block(0x77));
+  CHECK(resp.records[3].offset == 9 * 4096);
+  CHECK(resp.records[3].kind == proto::RecordKind::kZero);
+  // A pull past the end is answered kFailed, not a crash or a nack.
+  m = Call(*ch, proto::PullRequest{6, "a", {{255, 2}}, {kZeroDigest, kZeroDigest}});
+  CHECK(std::get<proto::PullResponse>(m).status == proto::FailbackStatus::kFailed);
+
+  // Finish before the quiesce is refused; the quiesce refuses provider writes,
+  // and survives a restart.
+  CHECK(d->mt->FinishFailback("acme", "a").status().code() == Code::kInvalidArgument);
+  REQUIRE(d->mt->QuiesceFailback("acme", "a").value() == true);
+  CHECK(dev->Write(3 * 4096, Block(3), false).code() == Code::kPermissionDenied);
+  dev.reset();
+  ch.reset();
+  other.reset();
+  d.reset();
+  d.emplace(tmp.path());
+  CHECK(d->mt->FindVolume("acme", "a")->state() == VolumeState::kFailingBack);
+  dev = d->mt->PromotedDevice("acme", "a");
+  REQUIRE(dev != nullptr);
+  CHECK(dev->Write(3 * 4096, Block(3), false).code() == Code::kPermissionDenied);
+  Bytes promoted(1 << 20);
+  REQUIRE(dev->Read(0, uint32_t(promoted.size()), promoted.data()).ok());
+  dev.reset();
+
+  auto fin = d->mt->FinishFailback("acme", "a");
+  REQUIRE(fin.ok());
+  CHECK(fin->changed);
+  CHECK(fin->blocks == 3);
+  auto v = d->mt->FindVolume("acme", "a");
+  CHECK(v->state() == VolumeState::kFailedBack);
+  CHECK(d->mt->PromotedDevice("acme", "a") == nullptr);
+  Bytes replica(1 << 20);
+  REQUIRE(v->ReadAt(v->applied_seq(), 0, replica.size(), replica.data()).ok());
+  CHECK(replica == promoted);
+  // History kept: the point "t" still reads as before the failover, and the
+  // end of the failback is a tag point.
+  Bytes at_t(4096);
+  REQUIRE(v->ReadAt(3, 0, 4096, at_t.data()).ok());
+  CHECK(at_t == Block(1));
+  auto pts = v->ListPoints();
+  REQUIRE(pts.size() == 2);
+  CHECK(pts[1].name == "failback");
+  CHECK(pts[1].seq == fin->seq);
+  CHECK(d->mt->FinishFailback("acme", "a").value().changed == false);
+
+  // The old generation stays fenced; reprotect lets generation 2 in, from 0.
+  ch = Client(d->mt->port(), "acme", "s3cret-acme");
+  m = Call(*ch, OpenMsg("a", 1 << 20, 1));
+  REQUIRE(std::get_if<proto::Nack>(&m) != nullptr);
+  CHECK(proto::IsFailedOverNack(std::get<proto::Nack>(m)));
+  REQUIRE(v->ArmReprotect().value() == 2);
+  const uint32_t a2 = OpenVolume(*ch, OpenMsg("a", 1 << 20, 2), 0);
+  m = Call(*ch, Batch(a2, {DataRecord(1, 0, Block(0xBB))}));
+  REQUIRE(std::get_if<proto::Ack>(&m) != nullptr);
+  CHECK(v->state() == VolumeState::kReplicating);
+}
