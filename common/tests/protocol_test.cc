@@ -701,10 +701,10 @@ TEST_CASE("work cap: sources cut a batch of trims at kMaxBatchWork (256 MiB), ke
 }  // namespace cdp::proto
 
 TEST_CASE("MergeExtents sorts, merges overlapping and touching extents, and drops empty ones", "[protocol]") {
-  CHECK(proto::MergeExtents({}).empty());
-  CHECK(proto::MergeExtents({{9, 1}, {0, 2}, {2, 3}, {4, 2}, {7, 0}, {20, 5}, {21, 1}}) ==
-        std::vector<proto::BlockExtent>{{0, 6}, {9, 1}, {20, 5}});
+  CHECK(cdp::proto::MergeExtents({}).empty());
+  CHECK(cdp::proto::MergeExtents({{9, 1}, {0, 2}, {2, 3}, {4, 2}, {7, 0}, {20, 5}, {21, 1}}) ==
+        std::vector<cdp::proto::BlockExtent>{{0, 6}, {9, 1}, {20, 5}});
   // An extent never grows past 2^32 - 1 blocks: the rest starts a new one.
-  CHECK(proto::MergeExtents({{0, 0xFFFFFFFFu}, {10, 0xFFFFFFFFu}}) ==
-        std::vector<proto::BlockExtent>{{0, 0xFFFFFFFFu}, {0xFFFFFFFFull, 10}});
+  CHECK(cdp::proto::MergeExtents({{0, 0xFFFFFFFFu}, {10, 0xFFFFFFFFu}}) ==
+        std::vector<cdp::proto::BlockExtent>{{0, 0xFFFFFFFFu}, {0xFFFFFFFFull, 10}});
 }
