@@ -2,12 +2,14 @@
 // BranchDevice (its read-only image over the live source volume).
 #include "agent/branch_store.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <functional>
 #include <limits>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "agent/branch_device.h"
 #include "common/block_device.h"
@@ -592,4 +594,35 @@ TEST_CASE("branch device: the base must have the branch's size", "[branch][devic
   REQUIRE(small.ok());
   REQUIRE(BranchDevice::Open(fx.store, *small).status().code() == Code::kInvalidArgument);
   REQUIRE(BranchDevice::Open(nullptr, fx.source).status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("branch store: concurrent saves keep exactly one first content per block", "[branch]") {
+  auto env = cdp::NewMemEnv();
+  REQUIRE(env->CreateDirs("/br").ok());
+  auto st = MustOpen(env.get());
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (uint8_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      // Each thread walks the volume in 3-block steps from its own start.
+      for (uint64_t i = 0; i < kBlocks; ++i) {
+        const uint64_t b = (i * 3 + t * 16) % (kBlocks - 2);
+        if (!st->Save(b * kBlock, Span(Pattern(b, 3, t))).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  REQUIRE(failures == 0);
+  const Bytes image = ReadAll(*st);
+  REQUIRE(st->saved_blocks() == kBlocks);
+  for (uint64_t b = 0; b < kBlocks; ++b) {
+    CAPTURE(b);
+    const Bytes got(image.begin() + b * kBlock, image.begin() + (b + 1) * kBlock);
+    bool one_of = false;
+    for (uint8_t t = 0; t < 4; ++t) one_of = one_of || got == Pattern(b, 1, t);
+    REQUIRE(one_of);
+  }
+  st.reset();
+  auto again = MustOpen(env.get());
+  REQUIRE(ReadAll(*again) == image);
 }
