@@ -47,6 +47,7 @@ Status Agent::Start() {
   if (started_) return Status::InvalidArgument("agent already started");
   if (opts_.volumes.empty()) return Status::InvalidArgument("no volume configured");
   CDP_RETURN_IF_ERROR(opts_.env->CreateDirs(opts_.bitmap_dir));
+  sites_.clear();
   for (const auto& v : opts_.volumes) {
     CaptureDevice::Options o;
     o.volume = v.name;
@@ -62,6 +63,19 @@ Status Agent::Start() {
       return dev.status().WithContext("volume " + v.name);
     }
     devices_.push_back(*dev);
+    auto site = std::make_unique<VolumeSite>();
+    auto st = LoadSiteState(opts_.env, SitePath(devices_.size() - 1));
+    if (!st.ok()) {
+      devices_.clear();
+      sites_.clear();
+      return st.status().WithContext("volume " + v.name);
+    }
+    site->state = *st;
+    if (site->state.phase != SitePhase::kProtecting) {
+      (*dev)->SetWriteFence(v.name + " is " + std::string(SitePhaseName(site->state.phase)) +
+                            ": writes are refused until cdpctl reprotect");
+    }
+    sites_.push_back(std::move(site));
   }
   if (opts_.tls.enabled) {
     auto creds = TlsCredentials::Load(TlsFiles{opts_.tls.ca, opts_.tls.cert, opts_.tls.key});
@@ -96,6 +110,15 @@ Status Agent::Start() {
       devices_.clear();
       return s.WithContext("export of volume " + v.name);
     }
+    // Every failback branch of the volume is served again (listed by cdpctl branches).
+    std::lock_guard lk(sites_[i]->mu);
+    for (uint64_t gen = 1; gen <= sites_[i]->state.generation; ++gen) {
+      if (auto b = OpenBranch(i, gen, false); !b.ok()) {
+        nbd_.reset();
+        devices_.clear();
+        return b.status().WithContext("branch of volume " + v.name);
+      }
+    }
   }
   if (opts_.sender_enabled) {
     if (tls_) {
@@ -103,7 +126,11 @@ Status Agent::Start() {
     } else {
       log::Get("agent")->warn("tls = off: writes reach the process server in clear text");
     }
-    for (auto& d : devices_) senders_.push_back(std::make_unique<Sender>(d.get(), opts_.sender));
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      SenderOptions so = opts_.sender;
+      so.generation = sites_[i]->state.generation;
+      senders_.push_back(std::make_unique<Sender>(devices_[i].get(), so));
+    }
   }
   for (size_t i = 0; i < devices_.size(); ++i) RegisterMetrics(i);
   metrics::RegisterProcessMetrics(registry_, opts_.env, opts_.clock);
@@ -148,6 +175,7 @@ Status Agent::Start() {
     http_->Route("GET", "/v1/volumes", [this](const http::Request&) {
       return http::Response::Json(200, StatusJson().at("volumes"));
     });
+    RegisterFailbackRoutes();
     Status s = http_->Start();
     if (!s.ok()) {
       http_.reset();

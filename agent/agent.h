@@ -30,14 +30,20 @@
 // Thread safety: Start/Stop from the owning thread; Tag, StatusJson from any.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <boost/json/value.hpp>
 
+#include "agent/branch_device.h"
+#include "agent/branch_store.h"
 #include "agent/capture_device.h"
+#include "agent/failback.h"
 #include "agent/sender.h"
+#include "agent/site_state.h"
 #include "common/daemon.h"
 #include "common/control_token.h"
 #include "common/tls_stream.h"
@@ -119,6 +125,28 @@ class Agent {
   Result<RepairResult> Repair(const std::string& volume, uint64_t offset, uint64_t length,
                               uint64_t timeout_ms = 20'000);
 
+  // Failback at the original site (`cdpctl failback`; agent/failback.h,
+  // phases in agent/site_state.h; code in agent_failback.cc). Each step is
+  // idempotent and persisted before it returns:
+  //   BeginFailback  protecting -> failing-back: the tap refuses writes, the
+  //                  branch <bitmap_dir>/<volume>.branch-g<G> is opened and
+  //                  exported read-only as "<export>@branch-g<G>"
+  //   FailbackPass   one pass (RunFailbackPass), failing-back only
+  //   EndFailback    failing-back -> failed-back (the source equals the
+  //                  provider's image; writes still refused)
+  //   Reprotect(G)   to generation G (the one the master target armed; a
+  //                  no-op when the volume is at G already, kInvalidArgument
+  //                  unless G is the next one): failed-back -> protecting,
+  //                  queue and bitmap empty (no resync). From protecting
+  //                  (after a rollback at the master target): every region is
+  //                  compared again.
+  // kNotFound for an unknown volume; kInvalidArgument in the wrong phase.
+  Result<SiteState> BeginFailback(const std::string& volume);
+  Result<FailbackPassStats> FailbackPass(const std::string& volume);
+  Result<SiteState> EndFailback(const std::string& volume);
+  Result<SiteState> Reprotect(const std::string& volume, uint64_t generation);
+  Result<SiteState> Site(const std::string& volume) const;
+
   boost::json::value StatusJson() const;
   uint16_t nbd_port() const { return nbd_ ? nbd_->port() : 0; }
   uint16_t control_port() const { return http_ ? http_->port() : 0; }
@@ -129,6 +157,23 @@ class Agent {
  private:
   void RegisterMetrics(size_t i);
   CaptureDevice* FindDevice(const std::string& volume) const;
+  // Per volume: the site state and, while one exists, the failback branch.
+  struct VolumeSite {
+    std::mutex mu;  // serialises failback steps of the volume
+    SiteState state;
+    struct Branch {
+      std::shared_ptr<BranchStore> store;
+      std::string export_name;  // "" when not exported
+    };
+    std::map<uint64_t, Branch> branches;  // by the generation that failed back
+  };
+  Result<size_t> VolumeIndex(const std::string& volume) const;
+  std::string SitePath(size_t i) const;
+  std::string BranchPrefix(size_t i, uint64_t generation) const;
+  // Opens (creating it when `create`) and exports the branch of generation
+  // `gen`; site mu held.
+  Result<BranchStore*> OpenBranch(size_t i, uint64_t gen, bool create);
+  void RegisterFailbackRoutes();
   http::Response HashesRoute(const http::Request& r);
   http::Response RepairRoute(const http::Request& r);
 
@@ -137,6 +182,7 @@ class Agent {
   std::vector<std::shared_ptr<CaptureDevice>> devices_;
   std::unique_ptr<TlsCredentials> tls_;  // null with tls off; outlives the senders
   std::vector<std::unique_ptr<Sender>> senders_;
+  std::vector<std::unique_ptr<VolumeSite>> sites_;  // one per volume
   std::unique_ptr<NbdServer> nbd_;
   std::shared_ptr<ControlTokens> control_tokens_;  // null with control_auth off
   std::unique_ptr<http::Server> http_;

@@ -52,9 +52,37 @@ Status CaptureDevice::SyncBacking() {
   return file_->Sync();
 }
 
+void CaptureDevice::SetWriteFence(std::string why) {
+  std::lock_guard lk(fence_mu_);
+  fence_ = std::move(why);
+}
+
+std::string CaptureDevice::write_fence() const {
+  std::lock_guard lk(fence_mu_);
+  return fence_;
+}
+
+Status CaptureDevice::WriteFailback(uint64_t offset, uint64_t len, ByteSpan data) {
+  if (offset > size_ || len > size_ - offset) return Status::OutOfRange("failback write past the end of the volume");
+  if (!data.empty()) {
+    if (data.size() != len) return Status::InvalidArgument("failback write: data size differs from its length");
+    return file_->Write(offset, data);
+  }
+  Status s = file_->PunchHole(offset, len);
+  if (s.ok()) return s;
+  static const Bytes kZeros(kZeroChunk, 0);
+  for (uint64_t done = 0; done < len;) {
+    uint64_t n = std::min(kZeroChunk, len - done);
+    CDP_RETURN_IF_ERROR(file_->Write(offset + done, ByteSpan(kZeros.data(), n)));
+    done += n;
+  }
+  return Status::OK();
+}
+
 Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
   const uint64_t len = data.size();
   if (len == 0) return Status::OK();
+  if (std::string f = write_fence(); !f.empty()) return Status::PermissionDenied(f);
   if (offset > size_ || len > size_ - offset) return Status::OutOfRange("write past the end of the volume");
   if (len > proto::kMaxRecordLength) return Status::InvalidArgument("write larger than a record");
   CDP_RETURN_IF_ERROR(bitmap_->MarkAndPin(offset, len));
@@ -83,6 +111,7 @@ Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
 Status CaptureDevice::ApplyRange(proto::RecordKind kind, uint64_t offset, uint64_t len, bool punch) {
   if (offset > size_ || len > size_ - offset) return Status::OutOfRange("range past the end of the volume");
   if (len == 0) return Status::OK();
+  if (std::string f = write_fence(); !f.empty()) return Status::PermissionDenied(f);
   CDP_RETURN_IF_ERROR(bitmap_->MarkAndPin(offset, len));
   static const Bytes kZeros(kZeroChunk, 0);
   auto lk = queue_->Lock();

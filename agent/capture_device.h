@@ -120,6 +120,18 @@ class CaptureDevice final : public BlockDevice {
   // end), or the backing store's read error. `stats` as LeafDigests.
   Result<QuietDigests> DigestAtQuietPoint(uint64_t offset, uint64_t len, uint32_t unit, uint32_t max_tries,
                                           DigestStats* stats);
+  // Failback (agent/failback.h). While a write fence is set, WRITE,
+  // WRITE_ZEROES and TRIM are refused with kPermissionDenied(`why`) (EPERM
+  // to the client) and nothing is captured; reads go on. Empty: no fence.
+  void SetWriteFence(std::string why);
+  std::string write_fence() const;
+  // Failback's own writes: the provider's content of [offset, offset+len)
+  // (`data` of len bytes, or empty for zeros: a hole is punched) goes to the
+  // backing store without being captured or marked — the source is becoming
+  // the replica's image, not writing new history. Then SyncFailbackWrites().
+  Status WriteFailback(uint64_t offset, uint64_t len, ByteSpan data);
+  Status SyncFailbackWrites() { return SyncBacking(); }
+
   // True when a kFlush or tag would mark a state the replica can reproduce:
   // data mode and no region waiting for a resync. Call with the capture lock held.
   bool ConsistentLocked() const;
@@ -137,6 +149,8 @@ class CaptureDevice final : public BlockDevice {
   std::unique_ptr<DirtyBitmap> bitmap_;
   std::unique_ptr<CaptureQueue> queue_;
   std::mutex sync_mu_;
+  mutable std::mutex fence_mu_;
+  std::string fence_;  // SetWriteFence
 };
 
 }  // namespace cdp::agent

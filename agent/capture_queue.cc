@@ -179,6 +179,15 @@ bool CaptureQueue::Resume(uint64_t durable,
   return true;
 }
 
+void CaptureQueue::ResetLocked() {
+  q_.clear();
+  st_.memory_bytes = 0;
+  next_seq_ = 1;
+  acked_ = 0;
+  resumed_ = false;
+  if (st_.mode != CaptureMode::kData) SetModeLocked(CaptureMode::kData, "new generation");
+}
+
 uint64_t CaptureQueue::next_seq() const {
   std::lock_guard lk(mu_);
   return next_seq_;

@@ -147,6 +147,13 @@ class CaptureQueue {
   bool Resume(uint64_t durable,
               const std::function<void(uint64_t old_acked, uint64_t new_acked)>& renumbered = nullptr);
 
+  // A new generation (re-protect after a failback): every queued record is
+  // dropped and numbering starts again at 1 with no resume point, as in a
+  // new process. The caller has made sure none of them is needed (failback
+  // compared their blocks and saved the differing ones to the branch).
+  // Call with Lock() held.
+  void ResetLocked();
+
   uint64_t next_seq() const;
   uint64_t acked_seq() const;
   uint64_t numbering() const;  // NumberingLocked(), taking the lock

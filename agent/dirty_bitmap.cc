@@ -255,6 +255,19 @@ void DirtyBitmap::MarkAllCompare() {
   cursor_ = 0;
 }
 
+void DirtyBitmap::ForgetAll() {
+  std::lock_guard lk(mu_);
+  for (uint64_t r = 0; r < region_count_; ++r) {
+    resync_[r] = uint8_t(Resync::kNone);
+    last_seq_[r] = 0;
+    hot_[r] = 0;
+    ++epoch_[r];
+  }
+  resync_count_ = 0;
+  acked_ = 0;
+  cursor_ = 0;
+}
+
 Result<size_t> DirtyBitmap::Checkpoint() {
   std::unique_lock lk(mu_);
   cv_.wait(lk, [&] { return !writing_; });

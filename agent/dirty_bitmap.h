@@ -87,6 +87,11 @@ class DirtyBitmap {
   // Every region needs a hash comparison (a full resync, e.g. after the process
   // server lost acknowledged data). Takes effect in memory; persisted by Checkpoint.
   void MarkAllCompare();
+  // The source equals the replica of a new generation (re-protect after a
+  // failback): nothing captured, acknowledged or flagged is remembered (epochs
+  // move, so a compare in flight cannot finish a region). Takes effect in
+  // memory; the next Checkpoint clears the regions on disk.
+  void ForgetAll();
 
   // Clears regions that are clean (see above), persists the image if it
   // changed (or the cursor did), and returns how many regions it cleared.

@@ -48,6 +48,7 @@ const SenderOptions& WithClock(SenderOptions& o) {
 
 Sender::Sender(CaptureDevice* device, SenderOptions opts)
     : dev_(device), opts_(std::move(opts)), link_(LinkOptions(WithClock(opts_))) {
+  generation_.store(opts_.generation);
   stream_ = link_.AddStream(this);
   opts_.resync.clock = opts_.clock;
   resync_engine_ = std::make_unique<Resync>(
@@ -118,7 +119,7 @@ proto::VolumeOpen Sender::OpenMessage() {
     vo.uuid[i] = uint8_t(id.low >> (8 * i));
     vo.uuid[8 + i] = uint8_t(id.high >> (8 * i));
   }
-  vo.generation = opts_.generation;
+  vo.generation = generation_.load();
   return vo;
 }
 
@@ -195,6 +196,30 @@ void Sender::Stalled(const Status& why) {
   if (!why.ok()) return;
   std::lock_guard lk(mu_);
   st_.fenced.clear();
+}
+
+Status Sender::StartGeneration(uint64_t gen, bool equal) {
+  {
+    auto lk = dev_->queue().Lock();  // no write is captured meanwhile
+    dev_->queue().ResetLocked();
+    dev_->bitmap().ForgetAll();
+    if (!equal) dev_->bitmap().MarkAllCompare();
+  }
+  CDP_RETURN_IF_ERROR(dev_->bitmap().Checkpoint().status());
+  {
+    std::lock_guard lk(mu_);
+    contacted_ = false;
+    floor_ = 0;
+    st_.fenced.clear();
+    st_.last_error.clear();
+  }
+  generation_.store(gen);
+  log::Get("agent")->warn("{} generation {}: {}", log::Where{dev_->volume(), opts_.ps.host, 0}, gen,
+                          equal ? "the source equals the replica; replication resumes without a resync"
+                                : "every region is compared with the replica");
+  // The stream is fenced (stalled) under the old generation: the link's next
+  // connection, within its reconnect backoff, opens the new one.
+  return Status::OK();
 }
 
 void Sender::Fenced(const std::string& message) {

@@ -100,6 +100,16 @@ class Sender final : private repl::RecordSource {
   // Stops the threads; queued records stay in memory (and in the bitmap).
   void Stop();
   SenderStats Stats() const;
+  // Re-protect after a failback (Agent::Reprotect): from the next connection
+  // the volume is opened as generation `gen`, and the queue and the bitmap
+  // start empty (CaptureQueue::Reset, DirtyBitmap::ForgetAll, persisted):
+  // the source equals the replica, so nothing is compared or shipped again.
+  // The old generation's stream is fenced, so the link reconnects soon and
+  // opens the new one.
+  // equal = false (re-protect after a rollback at the master target): the
+  // queue starts empty as well, but every region is compared again.
+  Status StartGeneration(uint64_t gen, bool equal);
+  uint64_t generation() const { return generation_.load(); }
 
  private:
   // repl::RecordSource over the capture queue.
@@ -125,7 +135,8 @@ class Sender final : private repl::RecordSource {
 
   mutable std::mutex mu_;   // guards st_ and the fields below
   SenderStats st_;          // the counters the link does not keep
-  bool contacted_ = false;  // a VolumeOpenReply was seen by this process
+  bool contacted_ = false;  // a VolumeOpenReply was seen by this process (this generation)
+  std::atomic<uint64_t> generation_{1};  // the generation OpenMessage() sends
   uint64_t last_checkpoint_us_ = 0;
   uint64_t floor_ = 0;      // resume point of the latest contact (Resync::SetFloor)
 

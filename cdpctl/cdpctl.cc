@@ -287,20 +287,101 @@ int Rollback(const Options& o, const std::string& volume, const std::string& poi
   return 0;
 }
 
-// Re-protect at the master target: the next generation's open is accepted, history kept.
+// Re-protect: the master target accepts the next generation (history
+// kept), then the agent moves to it. Re-running it after an interruption
+// finishes the job (the agent ignores a generation it is at already).
 int Reprotect(const Options& o, const std::string& volume, std::ostream& out, std::ostream& err) {
   json::object b{{"volume", volume}};
   if (!o.tenant.empty()) b["tenant"] = o.tenant;
   Call c = Http(o, o.mt, "POST", "/v1/reprotect", b);
   if (!c.reached || c.status != 200) return Fail(err, "reprotect " + volume, c);
+  const json::object& r = c.body.as_object();
+  const uint64_t gen = uint64_t(Num(r, "generation"));
+  Call a = Http(o, o.agent, "POST", "/v1/reprotect", json::object{{"volume", volume}, {"generation", gen}});
+  if (!a.reached || a.status != 200) return Fail(err, "reprotect " + volume + " at the agent", a);
   if (o.json) {
-    out << json::serialize(c.body) << "\n";
+    out << json::serialize(json::object{{"master_target", c.body}, {"agent", a.body}}) << "\n";
     return 0;
   }
-  const json::object& r = c.body.as_object();
-  out << "volume " << volume << ": generation " << uint64_t(Num(r, "generation"))
-      << " will be accepted from the process server; its " << uint64_t(Num(r, "points"))
-      << " recovery points are kept until retention expires them\n";
+  out << "volume " << volume << ": re-protected as generation " << gen << "; the agent replicates again ("
+      << Str(a.body.as_object(), "phase") << "); the " << uint64_t(Num(r, "points"))
+      << " recovery points of earlier generations are kept until retention expires them\n";
+  return 0;
+}
+
+// failback VOLUME [--passes N] (docs/recovery.md, "Failback"): brings a
+// failed-over volume home to the original site's agent. Every step is
+// idempotent at its daemon, so re-running the command after any
+// interruption (a daemon killed, a network cut) finishes the job.
+int Failback(const Options& o, const std::string& volume, int max_passes, std::ostream& out, std::ostream& err) {
+  json::object b{{"volume", volume}};
+  if (!o.tenant.empty()) b["tenant"] = o.tenant;
+  const json::object av{{"volume", volume}};
+  json::object report{{"volume", volume}};
+  json::array passes;
+  Call st = Http(o, o.mt, "POST", "/v1/failback/start", b);
+  if (!st.reached || st.status != 200) return Fail(err, "failback " + volume, st);
+  const bool finished = Str(st.body.as_object(), "state") == "failed-back";
+  Call begin = Http(o, o.agent, "POST", "/v1/failback/begin", av);
+  if (!finished && (!begin.reached || begin.status != 200)) return Fail(err, "failback " + volume + " at the agent", begin);
+  auto pass = [&](const char* kind) -> json::object* {
+    Call p = Http(o, o.agent, "POST", "/v1/failback/pass", av);
+    if (!p.reached || p.status != 200) {
+      Fail(err, "failback " + volume + ": a pass", p);
+      return nullptr;
+    }
+    json::object j = p.body.as_object();
+    j["kind"] = kind;
+    passes.push_back(j);
+    const json::object& x = passes.back().as_object();
+    if (!o.json)
+      out << "  " << kind << " pass: " << uint64_t(Num(x, "compared_blocks")) << " blocks compared ("
+          << uint64_t(Num(x, "plan_blocks")) << " changed at the provider side, " << uint64_t(Num(x, "local_blocks"))
+          << " never shipped from here), " << uint64_t(Num(x, "pulled_blocks")) << " pulled ("
+          << uint64_t(Num(x, "wire_bytes_in")) << " bytes received), " << uint64_t(Num(x, "saved_blocks"))
+          << " saved to the branch\n";
+    return &passes.back().as_object();
+  };
+  if (!finished) {
+    if (!o.json) out << "volume " << volume << ": failing back to the original site\n";
+    // Passes while the application still runs at the provider, until one pulls nothing.
+    for (int k = 0; k < std::max(1, max_passes); ++k) {
+      json::object* p = pass("live");
+      if (p == nullptr) return 1;
+      if (Num(*p, "pulled_blocks") == 0) break;
+    }
+    Call q = Http(o, o.mt, "POST", "/v1/failback/quiesce", b);
+    if (!q.reached || q.status != 200) return Fail(err, "failback " + volume + ": quiesce", q);
+    if (!o.json) out << "  the provider's export is quiesced (writes refused) for the final pass\n";
+    if (pass("final") == nullptr) return 1;
+    Call f = Http(o, o.mt, "POST", "/v1/failback/finish", b);
+    if (!f.reached || f.status != 200) return Fail(err, "failback " + volume + ": finish", f);
+    report["finish"] = f.body;
+    if (!o.json)
+      out << "  the master target's replica now equals the provider's image (" << uint64_t(Num(f.body.as_object(), "blocks"))
+          << " blocks applied as history, tag \"failback\")\n";
+  }
+  Call end = Http(o, o.agent, "POST", "/v1/failback/end", av);
+  if (!end.reached || end.status != 200) return Fail(err, "failback " + volume + " at the agent", end);
+  Call br = Http(o, o.agent, "GET", "/v1/branches", json::value());
+  report["passes"] = passes;
+  report["agent"] = end.body;
+  if (br.reached && br.status == 200) report["branches"] = br.body;
+  if (o.json) {
+    out << json::serialize(report) << "\n";
+    return 0;
+  }
+  out << "volume " << volume << ": failed back; the original site holds the provider's image\n";
+  if (br.reached && br.status == 200) {
+    for (const json::value& x : br.body.as_object().at("branches").as_array()) {
+      const json::object& bx = x.as_object();
+      if (Str(bx, "volume") != volume) continue;
+      out << "  the original site's own writes that failback replaced: branch " << Str(bx, "path") << ".{img,idx}, "
+          << uint64_t(Num(bx, "saved_blocks")) << " blocks, NBD export " << Str(bx, "export")
+          << " at the agent (copy it before new writes if you need it whole)\n";
+    }
+  }
+  out << "  next: cdpctl reprotect " << volume << " (replication resumes, no resync)\n";
   return 0;
 }
 
@@ -372,6 +453,26 @@ int Failover(const Options& o, const std::string& volume, const std::string& act
         << "; undo is refused from now on\n";
   } else {
     out << "volume " << volume << ": state " << Str(r, "state") << "\n";
+  }
+  return 0;
+}
+
+// branches: the failback branches the agent keeps (the original site's
+// writes that a failback replaced), each with its NBD export.
+int Branches(const Options& o, std::ostream& out, std::ostream& err) {
+  Call c = Http(o, o.agent, "GET", "/v1/branches", json::value());
+  if (!c.reached || c.status != 200) return Fail(err, "branches", c);
+  if (o.json) {
+    out << json::serialize(c.body) << "\n";
+    return 0;
+  }
+  const json::array& a = c.body.as_object().at("branches").as_array();
+  if (a.empty()) out << "no failback branches\n";
+  for (const json::value& x : a) {
+    const json::object& b = x.as_object();
+    out << Str(b, "volume") << "  generation " << uint64_t(Num(b, "generation")) << "  "
+        << uint64_t(Num(b, "saved_blocks")) << " blocks (" << uint64_t(Num(b, "saved_bytes")) << " bytes)  export "
+        << Str(b, "export") << "  files " << Str(b, "path") << ".{img,idx}\n";
   }
   return 0;
 }
@@ -815,6 +916,7 @@ constexpr const char* kUsage =
     "  export VOLUME@POINT [--writable] | unexport EXPORT |\n"
     "  verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s] |\n"
     "  failover VOLUME --to POINT [--test] | failover VOLUME --undo | failover VOLUME --commit |\n"
+    "  failback VOLUME [--passes N] | branches |\n"
     "  reprotect VOLUME | token issue|revoke (with --tenant T) | token list\n"
     "  control tokens: --token-file F, --agent-token-file F, --ps-token-file F, --mt-token-file F,\n"
     "                  or CDP_TOKEN / CDP_TOKEN_FILE in the environment\n"
@@ -922,6 +1024,21 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   }
   if (cmd == "pki" && args.size() >= 2) return Pki(o, args, out, err);
   if (cmd == "reprotect" && args.size() == 2) return Reprotect(o, args[1], out, err);
+  if (cmd == "failback" && args.size() == 2) return Failback(o, args[1], 5, out, err);
+  if (cmd == "failback" && args.size() == 4 && args[2] == "--passes") {
+    int n = 0;
+    try {
+      n = std::stoi(args[3]);
+    } catch (...) {
+      n = 0;
+    }
+    if (n < 1 || n > 100) {
+      err << "cdpctl: --passes wants 1..100\n";
+      return 2;
+    }
+    return Failback(o, args[1], n, out, err);
+  }
+  if (cmd == "branches" && args.size() == 1) return Branches(o, out, err);
   if (cmd == "token" && args.size() >= 2) return Token(o, args, out, err);
   if (cmd == "verify" && args.size() >= 2 && args[1][0] != '-') return VerifyCommand(o, args, out, err);
   return Usage(args, err);

@@ -17,7 +17,11 @@
 //     verify VOLUME [--region-size B] [--repair] [--max-rate MB/s]
 //                                   online verify: source vs replica at the same
 //                                   sequence, differing 4 KiB extents (and repair)
-//     reprotect VOLUME              accept the volume's next generation (history kept)
+//     failback VOLUME [--passes N]  bring a failed-over volume home: passes pull
+//                                   what differs while the provider runs, then
+//                                   a final pass with its export quiesced
+//     branches                      the original site's saved failback branches
+//     reprotect VOLUME              the next generation at the MT and the agent (history kept)
 //     token issue|revoke --tenant T tenant control tokens at the master target (admin)
 //     token list                    tenants holding tokens
 //

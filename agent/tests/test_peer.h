@@ -113,6 +113,40 @@ class TestPeer {
     std::lock_guard lk(mu_);
     return hash_requests_;
   }
+  // Failback (agent/failback.h): FailbackPlanRequest for `vol` is answered
+  // with `plan` in pages of `page` extents, PullRequest with the blocks of
+  // `provider` (the promoted image) whose digest differs. Until this is
+  // called, both answer kNotFailingBack.
+  void SetFailback(const std::string& vol, Bytes provider, std::vector<proto::BlockExtent> plan, size_t page) {
+    std::lock_guard lk(mu_);
+    Failback& f = failback_[vol];
+    f.provider = std::move(provider);
+    f.plan = std::move(plan);
+    f.page = page;
+  }
+  // VolumeOpens below `gen` are refused as failed over (a fenced generation).
+  void FenceBelow(uint64_t gen) {
+    std::lock_guard lk(mu_);
+    min_generation_ = gen;
+  }
+  uint64_t last_generation() const {
+    std::lock_guard lk(mu_);
+    return last_generation_;
+  }
+  // The next pull answer also carries a block that was not asked for.
+  void CorruptNextPull() {
+    std::lock_guard lk(mu_);
+    corrupt_pull_ = true;
+  }
+  // Blocks sent in pull answers; digests received in pull requests.
+  uint64_t pulled_blocks() const {
+    std::lock_guard lk(mu_);
+    return pulled_blocks_;
+  }
+  uint64_t digests_received() const {
+    std::lock_guard lk(mu_);
+    return digests_received_;
+  }
   // Waits (bounded) until `pred(durable)` holds.
   template <typename Pred>
   bool WaitDurable(Pred pred, std::chrono::milliseconds timeout, const std::string& vol = "vol") {
@@ -121,6 +155,72 @@ class TestPeer {
   }
 
  private:
+  struct Failback {
+    Bytes provider;
+    std::vector<proto::BlockExtent> plan;
+    size_t page = 1;
+  };
+  Status HandleFailback(FrameChannel& ch, const proto::Message& m) {
+    std::unique_lock lk(mu_);
+    if (auto* fp = std::get_if<proto::FailbackPlanRequest>(&m)) {
+      proto::FailbackPlan out;
+      out.request_id = fp->request_id;
+      auto it = failback_.find(fp->volume);
+      if (it == failback_.end()) {
+        out.status = proto::FailbackStatus::kNotFailingBack;
+      } else {
+        const Failback& f = it->second;
+        for (const proto::BlockExtent& e : f.plan) {
+          if (e.first_block < fp->from_block) continue;
+          if (out.extents.size() == f.page) {
+            out.next_block = e.first_block;
+            break;
+          }
+          out.extents.push_back(e);
+        }
+      }
+      lk.unlock();
+      return ch.Send(out);
+    }
+    const auto& pr = std::get<proto::PullRequest>(m);
+    proto::PullResponse out;
+    out.request_id = pr.request_id;
+    auto it = failback_.find(pr.volume);
+    if (it == failback_.end()) {
+      out.status = proto::FailbackStatus::kNotFailingBack;
+    } else {
+      const Bytes& img = it->second.provider;
+      size_t d = 0;
+      digests_received_ += pr.digests.size();
+      for (const proto::BlockExtent& e : pr.extents) {
+        for (uint64_t b = e.first_block; b < e.first_block + e.count; ++b, ++d) {
+          const uint8_t* p = img.data() + b * 4096;
+          if (LeafDigest(p, 4096) == pr.digests[d]) continue;
+          proto::Record r;
+          r.seq = out.records.size() + 1;
+          r.offset = b * 4096;
+          r.length = 4096;
+          r.kind = IsAllZero(p, 4096) ? proto::RecordKind::kZero : proto::RecordKind::kData;
+          if (r.kind == proto::RecordKind::kData) r.data.assign(p, p + 4096);
+          out.records.push_back(std::move(r));
+          ++pulled_blocks_;
+        }
+      }
+      if (corrupt_pull_) {
+        corrupt_pull_ = false;
+        proto::Record r;
+        r.seq = out.records.size() + 1;
+        r.offset = (pr.extents.back().first_block + pr.extents.back().count) * 4096;  // just past what was asked
+        r.length = 4096;
+        r.kind = proto::RecordKind::kZero;
+        out.records.push_back(std::move(r));
+      }
+    }
+    out.codec = proto::Codec::kZstd;
+    lk.unlock();
+    return ch.Send(out);
+  }
+
   struct VolState {
     Bytes image;
     uint64_t durable = 0;
@@ -183,9 +283,14 @@ class TestPeer {
     if (auto* vo = std::get_if<proto::VolumeOpen>(&m)) {
       std::lock_guard lk(mu_);
       *vol = vo->name;
+      last_generation_ = vo->generation;
+      if (vo->generation < min_generation_)
+        return ch.Send(proto::Nack{0, proto::NackReason::kWrongGeneration, 0, "failed over: test fence"});
       if (vo->size != Vol(*vol).image.size()) return ch.Send(proto::Nack{0, proto::NackReason::kBadRecord, 0, "size"});
       return ch.Send(proto::VolumeOpenReply{1, Vol(*vol).durable});
     }
+    if (std::holds_alternative<proto::FailbackPlanRequest>(m) || std::holds_alternative<proto::PullRequest>(m))
+      return HandleFailback(ch, m);
     if (vol->empty()) return Status::InvalidArgument("no volume open");
     if (auto* wb = std::get_if<proto::WriteBatch>(&m)) {
       std::unique_lock lk(mu_);
@@ -270,6 +375,12 @@ class TestPeer {
   std::map<std::string, VolState> vols_;
   uint64_t hash_requests_ = 0;
   int refuse_hashes_ = 0;
+  std::map<std::string, Failback> failback_;
+  bool corrupt_pull_ = false;
+  uint64_t min_generation_ = 0;
+  uint64_t last_generation_ = 0;
+  uint64_t pulled_blocks_ = 0;
+  uint64_t digests_received_ = 0;
   bool hold_apply_ = false;
   uint64_t behind_answers_ = 0;
 };
