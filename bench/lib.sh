@@ -9,7 +9,8 @@
 #   bench_pki on|off            TLS 1.3 on every link with certificates made by
 #                               `cdpctl pki` (tenant bench), or clear text
 #   cluster_up DIR [PS_ARGS...] ports, then the master target (DIR/mt) and the
-#                               process server (DIR/spool); returns once both answer
+#                               process server (DIR/spool); returns once both answer.
+#                               MT_NBD=HOST:PORT serves the MT's NBD exports (default none)
 #   agent_up VOLUME=PATH [AGENT_ARGS...]   the agent (DIR/agent: bitmaps, nbd.sock); the
 #                               environment's AGENT_ARGS (e.g. "--resync_requests 32") come first
 #   agent_down / cluster_down   SIGTERM and wait (the agent saves its bitmap)
@@ -159,7 +160,7 @@ cluster_up() {
   MT_TOKEN=$CLUSTER_DIR/mt/control.token PS_TOKEN=$CLUSTER_DIR/spool/control.token
   AG_TOKEN=$CLUSTER_DIR/agent/control.token
   # shellcheck disable=SC2046
-  "$MT" --listen 127.0.0.1:$MT_DATA --control 127.0.0.1:$MT_CTL --nbd none --data_dir "$CLUSTER_DIR/mt" \
+  "$MT" --listen 127.0.0.1:$MT_DATA --control 127.0.0.1:$MT_CTL --nbd "${MT_NBD:-none}" --data_dir "$CLUSTER_DIR/mt" \
     --tenant bench:$BENCH_SECRET --log.file "$CLUSTER_DIR/mt.log" $(tls_args mt) &
   MT_PID=$!
   # shellcheck disable=SC2046
