@@ -194,6 +194,19 @@ Status PointInTimeDevice::WriteLocked(uint64_t offset, const uint8_t* data, uint
     uint64_t blk = pos / block_;
     uint64_t bstart = blk * block_, bend = std::min(size_, bstart + block_);
     uint64_t s = pos, t = std::min(end, bend);
+    if (data == nullptr && s == bstart && t == bend) {
+      // Whole blocks of zeros (a trim, WRITE_ZEROES): a hole in the overlay,
+      // one punch for the run; where the file system cannot, zeros are written.
+      const uint64_t run_end = std::min(size_, bstart + (end - bstart) / block_ * block_);
+      if (overlay_->PunchHole(bstart, run_end - bstart).ok()) {
+        for (uint64_t b = blk; b * block_ < run_end; ++b) {
+          if (!in_overlay_[b] && bitmap_) unflushed_.push_back(b);
+          in_overlay_[b] = true;
+        }
+        pos = run_end;
+        continue;
+      }
+    }
     if (!in_overlay_[blk] && (s != bstart || t != bend)) {
       // First touch of a block by a partial write: copy its point-in-time content.
       blockbuf.resize(bend - bstart);

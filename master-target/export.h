@@ -10,6 +10,8 @@
 // the volume's size plus a bitmap of the blocks it holds (1 bit per block) —
 // and never reach the replica or the journal. A partial write to a block not
 // yet in the overlay first copies the block's point-in-time content.
+// Whole blocks of zeros (TRIM, WRITE_ZEROES) are holes punched in the overlay,
+// not zeros written (where the file system cannot punch, zeros are written).
 //
 //   test failover (Open with an overlay path): the bitmap lives in memory and
 //   the overlay file is removed when the device is destroyed (the export ends).

@@ -39,14 +39,19 @@
 //                      Failover(P)  [cdpctl failover V --to P]
 //   protecting -------------------------------------------> failed-over (promoted P)
 //   (kReplicating) <-------------------------------------   |  the replica and the
-//    ^   ^   |         UndoFailover() [--undo]; refused     |  journal after P are
-//    |   |   |         once committed                       |  kept untouched (the
-//    |   |   |                                              |  branch); P is pinned;
-//    |   |   |                                              |  CommitFailover() [--commit]
-//    |   |   |                                              v  marks it final
-//    |   |   |                                        (failing-back: next slice)
-//    |   |   |
-//    |   |   +--Rollback(P)--> rolling-back --done--> failed-over (rolled back to P)
+//    ^   ^   ^  |      UndoFailover() [--undo]; refused     |  journal after P are
+//    |   |   |  |      once committed                       |  kept untouched (the
+//    |   |   |  |                                           |  branch); P is pinned;
+//    |   |   |  |                                           |  CommitFailover() [--commit]
+//    |   |   |  |                                           v  StartFailback() [cdpctl failback]
+//    |   |   |  |                                      failing-back (commits the failover)
+//    |   |   |  |   the agent pulls (MasterTarget::FailbackPlan / Pull); QuiesceFailback():
+//    |   |   |  |   the promoted export refuses writes; ApplyFailback(): its image is
+//    |   |   |  |   applied as new history, tag "failback"; EndFailback():
+//    |   |   |  |                                           v
+//    |   |   +--|------ Open with generation G+1 after --- failed-back (generation G fenced:
+//    |   |      |       ArmReprotect() [cdpctl reprotect]   "failed over: ... failed back")
+//    |   |      +--Rollback(P)--> rolling-back --done--> failed-over (rolled back to P)
 //    |   +------ Open with generation G+1 after ArmReprotect() ------+
 //    +---------- (the same, from protecting)
 //
@@ -54,7 +59,8 @@
 // at P as a persistent read-write NBD export (a copy-on-write overlay over
 // ReadAt(P), master-target/export.h), and every stream of the old primary is
 // fenced: CheckOpen and ApplyBatch answer Nack{kWrongGeneration} with a message
-// beginning "failed over" (proto::IsFailedOverNack) and apply nothing. Every
+// beginning "failed over" (proto::IsFailedOverNack) and apply nothing; so
+// while failing back, and after it until re-protect (failed-back). Every
 // step is idempotent: Failover(P) again is a no-op, Failover(Q != P) is
 // kAlreadyExists; UndoFailover() of a protecting volume is a no-op.
 // Re-protect and rollback are refused while a promoted failover stands.

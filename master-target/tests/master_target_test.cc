@@ -2,6 +2,8 @@
 // (handshake, VolumeOpen, WriteBatch acks/nacks, hashes, heartbeats), tenant
 // isolation, the control API, and point-in-time exports read by real NBD
 // clients ([e2e]: qemu-img, nbdinfo, nbdcopy, qemu-io).
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 
 #include <boost/json.hpp>
@@ -991,6 +993,24 @@ TEST_CASE("failback: the plan is the journal after the point plus the provider's
   REQUIRE(dev->Write(0, Block(0xAA), false).ok());
   REQUIRE(dev->Write(7 * 4096, Block(0x77), false).ok());
   REQUIRE(dev->Flush().ok());
+  // A trim at the provider punches a hole in the overlay (no zeros written):
+  // 256 KiB written, then trimmed, leaves the file's allocation as it was.
+  const std::string cow = tmp.path() + "/tenants/acme/volumes/a/failover.cow";
+  auto allocated = [&] {
+    struct stat st {};
+    REQUIRE(::stat(cow.c_str(), &st) == 0);
+    return uint64_t(st.st_blocks) * 512;
+  };
+  const uint64_t before_trim = allocated();
+  REQUIRE(dev->Write(128 * 4096, Bytes(256 << 10, 0x5A), false).ok());
+  REQUIRE(dev->Flush().ok());
+  CHECK(allocated() >= before_trim + (256 << 10));
+  REQUIRE(dev->Trim(128 * 4096, 256 << 10, false).ok());
+  REQUIRE(dev->Flush().ok());
+  CHECK(allocated() == before_trim);
+  Bytes trimmed(256 << 10);
+  REQUIRE(dev->Read(128 * 4096, uint32_t(trimmed.size()), trimmed.data()).ok());
+  CHECK(trimmed == Bytes(256 << 10, 0));
 
   auto st = d->mt->StartFailback("acme", "a");
   REQUIRE(st.ok());
@@ -1004,10 +1024,10 @@ TEST_CASE("failback: the plan is the journal after the point plus the provider's
   auto& plan = std::get<proto::FailbackPlan>(m);
   REQUIRE(plan.status == proto::FailbackStatus::kOk);
   CHECK(plan.request_id == 2);
-  CHECK(plan.extents == std::vector<proto::BlockExtent>{{0, 1}, {5, 1}, {7, 1}});
+  CHECK(plan.extents == std::vector<proto::BlockExtent>{{0, 1}, {5, 1}, {7, 1}, {128, 64}});
   CHECK(plan.next_block == 0);
   m = Call(*ch, proto::FailbackPlanRequest{3, "a", 6});
-  CHECK(std::get<proto::FailbackPlan>(m).extents == std::vector<proto::BlockExtent>{{7, 1}});
+  CHECK(std::get<proto::FailbackPlan>(m).extents == std::vector<proto::BlockExtent>{{7, 1}, {128, 64}});
   // Another tenant's volume of that name does not exist for this one.
   auto other = Client(d->mt->port(), "globex", "s3cret-globex");
   m = Call(*other, proto::FailbackPlanRequest{4, "a", 0});
@@ -1056,7 +1076,7 @@ TEST_CASE("failback: the plan is the journal after the point plus the provider's
   auto fin = d->mt->FinishFailback("acme", "a");
   REQUIRE(fin.ok());
   CHECK(fin->changed);
-  CHECK(fin->blocks == 3);
+  CHECK(fin->blocks == 3 + 64);
   auto v = d->mt->FindVolume("acme", "a");
   CHECK(v->state() == VolumeState::kFailedBack);
   CHECK(d->mt->PromotedDevice("acme", "a") == nullptr);
