@@ -70,7 +70,7 @@ Status Agent::Start() {
       sites_.clear();
       return st.status().WithContext("volume " + v.name);
     }
-    site->state = *st;
+    site->Set(*st);
     if (site->state.phase != SitePhase::kProtecting) {
       (*dev)->SetWriteFence(v.name + " is " + std::string(SitePhaseName(site->state.phase)) +
                             ": writes are refused until cdpctl reprotect");
@@ -400,6 +400,11 @@ boost::json::value Agent::StatusJson() const {
     v["to_data"] = qs.to_data;
     v["dirty_regions"] = d->bitmap().DirtyCount();
     v["region_count"] = d->bitmap().region_count();
+    if (i < sites_.size()) {
+      v["generation"] = sites_[i]->shown_generation.load();
+      v["phase"] = std::string(SitePhaseName(SitePhase(sites_[i]->shown_phase.load())));
+    }
+    v["write_fence"] = d->write_fence();
     if (i < senders_.size()) {
       auto ss = senders_[i]->Stats();
       v["connected"] = ss.connected;

@@ -30,6 +30,7 @@
 // Thread safety: Start/Stop from the owning thread; Tag, StatusJson from any.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -159,8 +160,16 @@ class Agent {
   CaptureDevice* FindDevice(const std::string& volume) const;
   // Per volume: the site state and, while one exists, the failback branch.
   struct VolumeSite {
-    std::mutex mu;  // serialises failback steps of the volume
+    std::mutex mu;  // serialises failback steps of the volume (held through a pass)
     SiteState state;
+    // `state`, readable without `mu` (/status during a pass).
+    std::atomic<uint64_t> shown_generation{1};
+    std::atomic<int> shown_phase{0};
+    void Set(const SiteState& s) {
+      state = s;
+      shown_generation.store(s.generation);
+      shown_phase.store(int(s.phase));
+    }
     struct Branch {
       std::shared_ptr<BranchStore> store;
       std::string export_name;  // "" when not exported

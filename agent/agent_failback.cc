@@ -88,7 +88,7 @@ Result<SiteState> Agent::BeginFailback(const std::string& volume) {
       devices_[i]->SetWriteFence("");
       return w;
     }
-    s.state = next;
+    s.Set(next);
     log::Get("agent")->warn("{} failing back: the tap refuses writes; what the original site wrote and the "
                             "provider overwrites goes to the branch {}",
                             log::Where{volume, "", 0}, BranchPrefix(i, s.state.generation) + ".{img,idx}");
@@ -125,7 +125,7 @@ Result<SiteState> Agent::EndFailback(const std::string& volume) {
   SiteState next = s.state;
   next.phase = SitePhase::kFailedBack;
   CDP_RETURN_IF_ERROR(SaveSiteState(opts_.env, SitePath(i), next));
-  s.state = next;
+  s.Set(next);
   log::Get("agent")->warn("{} failed back: the source equals the provider's image ({} blocks of the original site "
                           "saved in the branch); cdpctl reprotect resumes replication",
                           log::Where{volume, "", 0},
@@ -148,7 +148,7 @@ Result<SiteState> Agent::Reprotect(const std::string& volume, uint64_t generatio
   // The new generation is durable first: a crash before the sender follows
   // opens it at the restart, with the regions dirty then compared (safe).
   CDP_RETURN_IF_ERROR(SaveSiteState(opts_.env, SitePath(i), next));
-  s.state = next;
+  s.Set(next);
   if (!senders_.empty()) {
     if (equal) {
       CDP_RETURN_IF_ERROR(senders_[i]->StartGeneration(next.generation, /*equal=*/true));

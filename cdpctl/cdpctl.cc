@@ -150,6 +150,9 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
                     Bytes(Num(x, "captured_bytes")).c_str(), Bytes(Num(x, "bytes_sent")).c_str(), resync.c_str());
       out << line;
       if (std::string fenced = Str(x, "fenced"); !fenced.empty()) out << "    FENCED: " << fenced << "\n";
+      if (std::string phase = Str(x, "phase"); !phase.empty() && phase != "protecting")
+        out << "    " << phase << " (generation " << uint64_t(Num(x, "generation")) << "): " << Str(x, "write_fence")
+            << "\n";
     }
   }
   out << "process server " << Where(o.ps) << (p.reached ? "" : "  unreachable: " + p.error) << "\n";
