@@ -18,7 +18,7 @@ Result<std::vector<proto::BlockExtent>> ChangedBlocks(ReplicaVolume& v, PointInT
   CDP_ASSIGN_OR_RETURN(std::vector<proto::BlockExtent> all, v.JournalBlocksAfter(dev.point_seq()));
   std::vector<proto::BlockExtent> written = dev.WrittenExtents();
   all.insert(all.end(), written.begin(), written.end());
-  return MergeExtents(std::move(all));
+  return proto::MergeExtents(std::move(all));
 }
 
 // Adds block `b` (content at `p`, `bs` bytes) to `out` as kData or kZero,

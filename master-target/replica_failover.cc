@@ -182,7 +182,7 @@ Result<std::vector<proto::BlockExtent>> ReplicaVolume::JournalBlocksAfter(uint64
       const uint64_t first = e.offset / bs, end = (e.offset + e.length + bs - 1) / bs;
       out.push_back(proto::BlockExtent{first, uint32_t(end - first)});  // <= 1 MiB / block_size
     }
-    out = MergeExtents(std::move(out));
+    out = proto::MergeExtents(std::move(out));
     lo = hi;
   }
   return out;
@@ -246,29 +246,5 @@ Result<bool> ReplicaVolume::EndFailback() {
   return true;
 }
 
-std::vector<proto::BlockExtent> MergeExtents(std::vector<proto::BlockExtent> v) {
-  std::sort(v.begin(), v.end(), [](const proto::BlockExtent& a, const proto::BlockExtent& b) {
-    return a.first_block < b.first_block;
-  });
-  std::vector<proto::BlockExtent> out;
-  for (const proto::BlockExtent& e : v) {
-    if (e.count == 0) continue;
-    const uint64_t end = e.first_block + e.count;
-    if (!out.empty() && e.first_block <= out.back().first_block + out.back().count) {
-      proto::BlockExtent& b = out.back();
-      const uint64_t new_end = std::max(b.first_block + b.count, end);
-      if (new_end - b.first_block <= UINT32_MAX) {
-        b.count = uint32_t(new_end - b.first_block);
-        continue;
-      }
-      // Too long for one extent: start the next where this one ends.
-      const uint64_t b_end = b.first_block + b.count;
-      out.push_back(proto::BlockExtent{b_end, uint32_t(new_end - b_end)});
-      continue;
-    }
-    out.push_back(e);
-  }
-  return out;
-}
 
 }  // namespace cdp::mt

@@ -239,10 +239,6 @@ struct VolumeStatus {
   std::optional<ApplyStall> stall;       // set while apply is stalled (see StallCause)
 };
 
-// Sorts block extents and merges overlapping or touching ones (an extent
-// stays under 2^32 blocks). Empty extents are dropped.
-std::vector<proto::BlockExtent> MergeExtents(std::vector<proto::BlockExtent> v);
-
 // The state as the operator reads it (/v1/volumes, /status, cdpctl status):
 // StateName(st.state), or "stalled: <cause>" while a protecting volume's apply
 // is stalled ("stalled: no space", "stalled: I/O error").
