@@ -992,3 +992,81 @@ TEST_CASE("re-protect: a higher generation is refused while the spool is not fen
   REQUIRE(agent3->Send(Vol(retired, 1)).ok());
   CHECK(Expect<cdp::proto::Nack>(*agent3).reason == cdp::proto::NackReason::kBadRecord);
 }
+
+TEST_CASE("failback relay: a plan page the spool's blocks make longer than kMaxExtents is cut there and goes on "
+          "at next_block",
+          "[server][failback]") {
+  using cdp::proto::BlockExtent;
+  using cdp::proto::FailbackStatus;
+  cdp::testing::ScratchDir dir;
+  auto mt_env = cdp::NewPosixEnv();
+  cdp::mt::MasterTarget mt(MtOptions(dir.path(), mt_env.get()));
+  REQUIRE(mt.Start().ok());
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.mt.port = mt.port();
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+  auto open = Vol("db1");
+  open.size = uint64_t(1) << 30;
+  auto agent = AgentConnect(ps.agent_port());
+  REQUIRE(agent->Send(open).ok());
+  const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+  REQUIRE(agent->Send(Batch(id, 1, 3)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
+  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt.FindVolume("acme", "db1")) && vol->applied_seq() == 3; },
+                                  30s, 20ms));
+  REQUIRE(mt.Failover("acme", "db1", 3, 0).ok());
+  // kMaxExtents + 1 trims, every other block (2b): as many separate extents.
+  const uint64_t n = cdp::proto::kMaxExtents + 1;
+  cdp::proto::WriteBatch trims;
+  trims.volume_id = id;
+  for (uint64_t b = 0; b < n; ++b) trims.records.push_back(Rec(4 + b, RecordKind::kTrim, b * 2 * 4096, 512));
+  REQUIRE(agent->Send(trims).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3 + n);
+  REQUIRE(mt.StartFailback("acme", "db1").ok());
+
+  auto fb = AgentConnect(ps.agent_port());
+  auto plan = CallUntilAnswered<cdp::proto::FailbackPlan>(*fb, cdp::proto::FailbackPlanRequest{1, "db1", 0});
+  REQUIRE(plan.status == FailbackStatus::kOk);
+  REQUIRE(plan.extents.size() == cdp::proto::kMaxExtents);
+  CHECK(plan.extents.front() == BlockExtent{0, 1});
+  CHECK(plan.extents.back() == BlockExtent{2 * (n - 2), 1});
+  CHECK(plan.next_block == 2 * (n - 1));
+  plan = CallUntilAnswered<cdp::proto::FailbackPlan>(*fb, cdp::proto::FailbackPlanRequest{2, "db1", plan.next_block});
+  REQUIRE(plan.status == FailbackStatus::kOk);
+  CHECK(plan.extents == std::vector<BlockExtent>{{2 * (n - 1), 1}});
+  CHECK(plan.next_block == 0);
+}
+
+// A kill -9 of the switch after the rename and before the new spool exists:
+// the restart ignores the retired directory and the next open creates the
+// new generation's spool. (Before the rename, the old spool is simply there.)
+TEST_CASE("re-protect crash safety: a restart between the rename and the new spool ignores the retired directory",
+          "[server][generation]") {
+  auto env = cdp::NewMemEnv();
+  {
+    cdp::ps::ProcessServer ps(Options(env.get()));
+    REQUIRE(ps.Start().ok());
+    auto agent = AgentConnect(ps.agent_port());
+    REQUIRE(agent->Send(Vol("db1")).ok());
+    const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+    REQUIRE(agent->Send(Batch(id, 1, 3)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
+  }
+  // What the switch leaves at that point.
+  REQUIRE(env->Rename("/ps/spool/acme/db1", "/ps/spool/acme/db1.gen1.retired-1700000000").ok());
+  cdp::ps::ProcessServer ps(Options(env.get()));
+  REQUIRE(ps.Start().ok());
+  auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+  REQUIRE(r.ok());
+  CHECK(boost::json::parse(r->body).at("volumes").as_array().empty());
+  auto agent = AgentConnect(ps.agent_port());
+  REQUIRE(agent->Send(Vol("db1", 2)).ok());
+  CHECK(Expect<cdp::proto::VolumeOpenReply>(*agent).durable_seq == 0);
+  auto names = env->ListDir("/ps/spool/acme");
+  REQUIRE(names.ok());
+  CHECK(*names == std::vector<std::string>{"db1", "db1.gen1.retired-1700000000"});
+  CHECK(env->Exists("/ps/spool/acme/db1.gen1.retired-1700000000/volume.meta"));
+}
