@@ -370,19 +370,9 @@ Status ProcessServer::Impl::RelayFailback(FrameChannel& ch, const std::string& t
               agent_id);
     return ch.Send(failed);
   }
-  // The spool's never-delivered blocks, read here (this agent's thread), not
-  // in the link's reader when the answer comes.
-  std::vector<proto::BlockExtent> unshipped;
-  if (is_plan) {
-    auto r = UnshippedBlocks(tenant, volume, from_block);
-    if (!r.ok()) {
-      log->error("{} failback plan request {}: reading the spool: {}", log::Where{key, ch.peer(), 0}, agent_id,
-                 r.status().ToString());
-      return ch.Send(failed);
-    }
-    unshipped = std::move(*r);
-  }
   {
+    // A request holds its slot until its answer is sent (or dropped): an
+    // agent that does not read its answers cannot pile them up here.
     std::lock_guard<std::mutex> l(relays->mu);
     if (relays->failback_outstanding >= kMaxFailbackInFlight) {
       log->warn("{} more than {} failback requests outstanding: {} request {} refused",
@@ -402,9 +392,26 @@ Status ProcessServer::Impl::RelayFailback(FrameChannel& ch, const std::string& t
           l.unlock();
           if (c != nullptr) (void)c->Send(out);  // compresses a pull answer here
           l.lock();
+          --r->failback_outstanding;
         }
       });
     }
+  }
+  // The spool's never-delivered blocks, read here (this agent's thread), not
+  // in the link's reader when the answer comes.
+  std::vector<proto::BlockExtent> unshipped;
+  if (is_plan) {
+    auto r = UnshippedBlocks(tenant, volume, from_block);
+    if (!r.ok()) {
+      log->error("{} failback plan request {}: reading the spool: {}", log::Where{key, ch.peer(), 0}, agent_id,
+                 r.status().ToString());
+      {
+        std::lock_guard<std::mutex> l(relays->mu);
+        --relays->failback_outstanding;
+      }
+      return ch.Send(failed);
+    }
+    unshipped = std::move(*r);
   }
   auto [codec, level] = CodecFor(key);
   link->CallAsync(std::move(m), [relays, failed = std::move(failed), agent_id, from_block,
@@ -427,9 +434,8 @@ Status ProcessServer::Impl::RelayFailback(FrameChannel& ch, const std::string& t
     }
     {
       std::lock_guard<std::mutex> l(relays->mu);
-      --relays->failback_outstanding;
-      if (relays->closing) return;
-      relays->outbox.push_back(std::move(out));
+      if (relays->closing) return;  // the slot goes with the connection
+      relays->outbox.push_back(std::move(out));  // the replier frees the slot once sent
     }
     relays->cv.notify_all();
   });

@@ -53,7 +53,7 @@
 //     a volume of the connection's tenant, no VolumeOpen needed: the agent's
 //     stream of it is fenced): relayed to the tenant's MT link for that
 //     volume without waiting (MtLink::CallAsync; at most kMaxFailbackInFlight
-//     outstanding per connection), and the answer — FailbackPlan or
+//     per connection relayed and not yet answered to the agent), and the answer — FailbackPlan or
 //     PullResponse — is sent back with the agent's request_id. A PullResponse
 //     travels compressed with the volume's configured codec (CodecFor). A
 //     FailbackPlan{kOk} gets the PS's own never-delivered blocks added: the

@@ -100,7 +100,7 @@ struct ProcessServer::Impl {
     std::condition_variable cv;  // outbox filled or closing
     FrameChannel* ch = nullptr;
     int outstanding = 0;           // hash requests
-    int failback_outstanding = 0;  // failback requests
+    int failback_outstanding = 0;  // failback requests relayed, their answers not yet sent
     std::deque<proto::Message> outbox;
     bool closing = false;
     std::thread replier;  // started with the first failback request
