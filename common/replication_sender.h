@@ -51,8 +51,8 @@
 //   An answer of the wrong type for its request_id is a protocol error.
 //   While a call is pending or one was made in the last call_hold_ms, a
 //   session whose every stream is stalled is kept (not ended to retry the
-//   opens): a fenced volume's failback requests travel on it; it ends once
-//   the calls have been quiet that long.
+//   opens, so that the calls are not cut off); it ends once the calls have
+//   been quiet that long.
 //
 // RemoveStream takes a stream out for good (its spool was retired): its open
 // is no longer sent, its records no longer read, answers for its handle are
