@@ -283,6 +283,9 @@ struct PullResponse {
 // Total blocks of `extents`, or nullopt when one is empty, they are unsorted
 // or overlapping, or the sum overflows.
 std::optional<uint64_t> ExtentBlocks(std::span<const BlockExtent> extents);
+// Sorts block extents and merges overlapping or touching ones (an extent
+// stays under 2^32 blocks). Empty extents are dropped.
+std::vector<BlockExtent> MergeExtents(std::vector<BlockExtent> v);
 
 // Sorts block extents and merges overlapping or touching ones (an extent
 // stays under 2^32 blocks). Empty extents are dropped.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <random>
 #include <variant>
 
@@ -11,6 +12,18 @@ namespace cdp::repl {
 
 using Millis = std::chrono::milliseconds;
 
+namespace {
+
+// The request_id of a message that answers a call; nullopt for any other.
+std::optional<uint64_t> AnswerId(const proto::Message& m) {
+  if (auto* h = std::get_if<proto::HashResponse>(&m)) return h->request_id;
+  if (auto* p = std::get_if<proto::FailbackPlan>(&m)) return p->request_id;
+  if (auto* r = std::get_if<proto::PullResponse>(&m)) return r->request_id;
+  return std::nullopt;
+}
+
+}  // namespace
+
 struct ReplicationSender::Stream {
   size_t id = 0;
   RecordSource* src = nullptr;
@@ -18,6 +31,8 @@ struct ReplicationSender::Stream {
   int worker = 0;           // the sending thread that ships it
   bool open_sent = false;
   bool opened = false;      // the open was answered (and the source resumed)
+  bool removed = false;     // RemoveStream: never opened, read or told anything again
+  bool fenced_open = false; // this connection's open was refused as failed over
   bool resuming = false;    // the reader is telling the source where the peer stands
   Status open_error;        // the peer refused the open
   Status stalled;           // not ok: shipping stopped until the next connection
@@ -59,6 +74,30 @@ ReplicationSender::StreamId ReplicationSender::AddStream(RecordSource* source) {
   ++notifies_;
   cv_.notify_all();
   return streams_.size() - 1;
+}
+
+void ReplicationSender::RemoveStream(StreamId id) {
+  std::vector<std::function<void()>> after;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (id >= streams_.size() || streams_[id]->removed) return;
+    Stream& st = *streams_[id];
+    st.removed = true;
+    st.opened = false;
+    st.inflight.clear();
+    // Its pending open stays in open_fifo_ (the answers come in order); the
+    // answer is ignored there.
+    for (auto it = by_handle_.begin(); it != by_handle_.end();)
+      it = it->second == &st ? by_handle_.erase(it) : std::next(it);
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (it->second->stream == id && !it->second->done)
+        FailCall(*it->second, Status::NotFound("stream removed"), &after);
+      it = it->second->stream == id && it->second->async ? calls_.erase(it) : std::next(it);
+    }
+    ++notifies_;
+  }
+  cv_.notify_all();
+  for (auto& f : after) f();
 }
 
 void ReplicationSender::Start() {
@@ -144,10 +183,11 @@ Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
     channel_ = ch;
     s.epoch = ++epoch_;
     session_error_ = Status::OK();
+    all_stalled_ = Status::OK();
     open_fifo_.clear();
     by_handle_.clear();
     for (auto& st : streams_) {
-      st->open_sent = st->opened = st->resuming = false;
+      st->open_sent = st->opened = st->resuming = st->fenced_open = false;
       st->open_error = Status::OK();
       st->inflight.clear();
       st->gap_expected = 0;
@@ -164,7 +204,7 @@ Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
   std::vector<std::thread> pool;
   for (int w = 1; w < opt_.workers; ++w) pool.emplace_back([this, &s, w] { (void)SendLoop(s, w); });
   Status result = SendLoop(s, 0);
-  std::vector<std::function<void()>> lost;  // callbacks of hash requests lost with the connection
+  std::vector<std::function<void()>> lost;  // callbacks of calls lost with the connection
   ch->Close();
   cv_.notify_all();
   for (auto& t : pool) t.join();
@@ -175,9 +215,9 @@ Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
     connected_ = false;
     ++stats_.disconnects;
     channel_.reset();
-    for (auto it = hashes_.begin(); it != hashes_.end();) {
-      if (!it->second->done) FailHash(*it->second, Status::Unavailable(opt_.peer_name + " connection lost"), &lost);
-      it = it->second->async ? hashes_.erase(it) : std::next(it);
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (!it->second->done) FailCall(*it->second, Status::Unavailable(opt_.peer_name + " connection lost"), &lost);
+      it = it->second->async ? calls_.erase(it) : std::next(it);
     }
     ++notifies_;
   }
@@ -212,9 +252,18 @@ Status ReplicationSender::SendLoop(Session& s, int worker) {
     }
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (!session_error_.ok()) return session_error_;
       const uint64_t now = opt_.clock->NowMicros();
+      if (worker == 0 && !all_stalled_.ok() && session_error_.ok()) {
+        // Every stream stalled while calls held the session: end it once they are quiet.
+        if (!AllStalledLocked()) {
+          all_stalled_ = Status::OK();
+        } else if (!CallsHoldSessionLocked(now)) {
+          session_error_ = all_stalled_;
+        }
+      }
+      if (!session_error_.ok()) return session_error_;
       for (auto& st : streams_) {
+        if (st->removed) continue;
         if (!st->open_sent) {
           if (worker == 0) {  // every open goes out from worker 0, in fifo order
             st->open_sent = true;
@@ -328,10 +377,31 @@ void ReplicationSender::Rewind(Stream& st, uint64_t next) {
 void ReplicationSender::Stall(Stream& st, const Status& why) {
   st.stalled = why;
   stall_notes_.emplace_back(st.src, why);
-  bool all = true;
-  for (auto& other : streams_) all = all && !other->stalled.ok();
-  if (all && session_error_.ok()) session_error_ = why.WithContext("every volume stalled");
+  if (AllStalledLocked() && session_error_.ok()) {
+    Status end = why.WithContext("every volume stalled");
+    if (CallsHoldSessionLocked(opt_.clock->NowMicros())) {
+      all_stalled_ = end;  // SendLoop ends the session once the calls are quiet
+    } else {
+      session_error_ = end;
+    }
+  }
   ++notifies_;
+}
+
+bool ReplicationSender::AllStalledLocked() const {
+  bool retry = false;  // a stall a new connection may clear
+  for (const auto& st : streams_) {
+    if (st->removed) continue;
+    if (st->stalled.ok()) return false;
+    retry = retry || !st->fenced_open;
+  }
+  return retry;
+}
+
+bool ReplicationSender::CallsHoldSessionLocked(uint64_t now_us) const {
+  for (const auto& [id, c] : calls_)
+    if (!c->done) return true;
+  return last_call_us_ != 0 && now_us < last_call_us_ + opt_.call_hold_ms * 1000;
 }
 
 void ReplicationSender::ReadLoop(Session& s) {
@@ -389,18 +459,23 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
     } else {
       Stream& st = *open_fifo_.front();
       open_fifo_.pop_front();
-      st.handle = r->volume_id;
-      st.open_durable = r->durable_seq;
-      st.sent_max = std::max(st.sent_max, r->durable_seq);
-      by_handle_[r->volume_id] = &st;
-      const bool was_stalled = !st.stalled.ok();
-      st.stalled = Status::OK();
-      if (resume(st, r->durable_seq, ResumeCause::kOpen)) {
-        if (was_stalled) after.push_back([&st] { st.src->Stalled(Status::OK()); });
-        log_->info("{} {} opened at the {} (volume id {}), resuming after seq {}", opt_.label,
-                  log::Where{st.name, peer, r->durable_seq}, opt_.peer_name, r->volume_id, r->durable_seq);
+      if (st.removed) {
+        // Removed while its open was on the way: the answer is dropped (the
+        // peer's handle is never used).
+      } else {
+        st.handle = r->volume_id;
+        st.open_durable = r->durable_seq;
+        st.sent_max = std::max(st.sent_max, r->durable_seq);
+        by_handle_[r->volume_id] = &st;
+        const bool was_stalled = !st.stalled.ok();
+        st.stalled = Status::OK();
+        if (resume(st, r->durable_seq, ResumeCause::kOpen)) {
+          if (was_stalled) after.push_back([&st] { st.src->Stalled(Status::OK()); });
+          log_->info("{} {} opened at the {} (volume id {}), resuming after seq {}", opt_.label,
+                    log::Where{st.name, peer, r->durable_seq}, opt_.peer_name, r->volume_id, r->durable_seq);
+        }
+        st.opened = true;
       }
-      st.opened = true;
     }
   } else if (auto* a = std::get_if<proto::Ack>(&m)) {
     Stream* st = stream_of(a->volume_id);
@@ -425,11 +500,16 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
       // The answer to the oldest VolumeOpen: refused.
       Stream& o = *open_fifo_.front();
       open_fifo_.pop_front();
-      o.open_error = Status::PermissionDenied(opt_.peer_name + " refused the volume: " + what);
-      o.opened = false;
-      log_->error("{} {} {}", opt_.label, log::Where{o.name, peer, 0}, o.open_error.message());
-      if (proto::IsFailedOverNack(*n)) after.push_back([src = o.src, msg = n->message] { src->Fenced(msg); });
-      Stall(o, o.open_error);
+      if (!o.removed) {
+        o.open_error = Status::PermissionDenied(opt_.peer_name + " refused the volume: " + what);
+        o.opened = false;
+        log_->error("{} {} {}", opt_.label, log::Where{o.name, peer, 0}, o.open_error.message());
+        if (proto::IsFailedOverNack(*n)) {
+          o.fenced_open = true;
+          after.push_back([src = o.src, msg = n->message] { src->Fenced(msg); });
+        }
+        Stall(o, o.open_error);
+      }
     } else if (st == nullptr) {
       log_->warn("{} nack for unknown volume id {} from the {} ignored: {}", opt_.label, n->volume_id,
                 opt_.peer_name, what);
@@ -460,16 +540,16 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
           break;
         }
         case proto::NackReason::kInternal: {
-          auto oldest = hashes_.end();
-          for (auto it = hashes_.begin(); it != hashes_.end(); ++it) {
+          auto oldest = calls_.end();
+          for (auto it = calls_.begin(); it != calls_.end(); ++it) {
             if (it->second->stream == st->id && !it->second->done) {
               oldest = it;
               break;
             }
           }
-          if (oldest != hashes_.end()) {  // a hash request could not be answered (an older peer)
-            FailHash(*oldest->second, Status::Unavailable(opt_.peer_name + " could not answer: " + n->message), &after);
-            if (oldest->second->async) hashes_.erase(oldest);
+          if (oldest != calls_.end()) {  // a hash request could not be answered (an older peer)
+            FailCall(*oldest->second, Status::Unavailable(opt_.peer_name + " could not answer: " + n->message), &after);
+            if (oldest->second->async) calls_.erase(oldest);
             break;
           }
           // An I/O failure at the peer; the batch was undone: resend after a pause.
@@ -493,15 +573,21 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
           if (proto::IsFailedOverNack(*n)) after.push_back([src = st->src, msg = n->message] { src->Fenced(msg); });
       }
     }
-  } else if (auto* h = std::get_if<proto::HashResponse>(&m)) {
-    auto it = hashes_.find(h->request_id);
-    if (it != hashes_.end() && !it->second->done) {
-      PendingHash& p = *it->second;
-      p.done = true;
-      p.response = std::move(*h);
-      if (p.async) {
-        after.push_back([cb = std::move(p.callback), r = std::move(p.response)]() mutable { cb(std::move(r)); });
-        hashes_.erase(it);
+  } else if (std::optional<uint64_t> rid = AnswerId(m)) {
+    // The answer to a call (an unknown or completed request_id: ignored).
+    auto it = calls_.find(*rid);
+    if (it != calls_.end() && !it->second->done) {
+      PendingCall& p = *it->second;
+      if (proto::TypeOf(m) != p.answer) {
+        session_error_ = Status::Corruption(opt_.peer_name + " answered request " + std::to_string(*rid) +
+                                            " with message type " + std::to_string(int(proto::TypeOf(m))));
+      } else {
+        p.done = true;
+        p.response = std::move(m);
+        if (p.async) {
+          after.push_back([cb = std::move(p.callback), r = std::move(p.response)]() mutable { cb(std::move(r)); });
+          calls_.erase(it);
+        }
       }
     }
   } else if (std::holds_alternative<proto::Heartbeat>(m) || std::holds_alternative<proto::Stats>(m)) {
@@ -524,7 +610,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
 
 Result<uint64_t> ReplicationSender::WaitOpened(StreamId id, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> l(mu_);
-  if (id >= streams_.size()) return Status::NotFound("no such stream");
+  if (id >= streams_.size() || streams_[id]->removed) return Status::NotFound("no such stream");
   Stream& st = *streams_[id];
   // Down after a failed attempt: do not hold the caller for a peer known to
   // be unreachable.
@@ -536,43 +622,74 @@ Result<uint64_t> ReplicationSender::WaitOpened(StreamId id, std::chrono::millise
   return st.open_durable;
 }
 
-void ReplicationSender::FailHash(PendingHash& h, const Status& why, std::vector<std::function<void()>>* after) {
-  h.done = true;
-  h.status = why;
-  if (h.callback) after->push_back([cb = std::move(h.callback), why] { cb(why); });
+void ReplicationSender::FailCall(PendingCall& c, const Status& why, std::vector<std::function<void()>>* after) {
+  c.done = true;
+  c.status = why;
+  if (c.callback) after->push_back([cb = std::move(c.callback), why] { cb(why); });
+}
+
+uint64_t ReplicationSender::AddCallLocked(size_t stream, proto::MsgType answer, CallCallback done) {
+  auto p = std::make_shared<PendingCall>();
+  p->stream = stream;
+  p->answer = answer;
+  p->async = true;
+  p->callback = std::move(done);
+  const uint64_t request_id = next_request_id_++;
+  calls_[request_id] = std::move(p);
+  last_call_us_ = std::max<uint64_t>(opt_.clock->NowMicros(), 1);
+  return request_id;
+}
+
+void ReplicationSender::SendCall(const std::shared_ptr<FrameChannel>& ch, const proto::Message& request,
+                                 uint64_t request_id) {
+  Status s = ch->Send(request);
+  if (s.ok()) return;
+  // Not sent: unless the reader already failed it with the connection, fail it here.
+  CallCallback cb;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = calls_.find(request_id);
+    if (it == calls_.end()) return;
+    cb = std::move(it->second->callback);
+    calls_.erase(it);
+  }
+  if (cb) cb(s);
 }
 
 Result<proto::HashResponse> ReplicationSender::Hash(StreamId id, const proto::HashRequest& request,
                                                     std::chrono::milliseconds timeout) {
   std::shared_ptr<FrameChannel> ch;
-  auto pending = std::make_shared<PendingHash>();
+  auto pending = std::make_shared<PendingCall>();
   pending->stream = id;
+  pending->answer = proto::MsgType::kHashResponse;
   uint64_t request_id = 0;
   proto::HashRequest fwd = request;
   {
     std::unique_lock<std::mutex> l(mu_);
-    if (id >= streams_.size()) return Status::NotFound("no such stream");
+    if (id >= streams_.size() || streams_[id]->removed) return Status::NotFound("no such stream");
     Stream& st = *streams_[id];
     if (!connected_.load() && !stats_.last_error.empty())
       return Status::Unavailable(opt_.peer_name + " unavailable: " + stats_.last_error);
     if (!cv_.wait_for(l, timeout, [&] { return stop_.load() || !st.stalled.ok() || (st.opened && channel_); }) ||
         stop_.load())
       return Status::Unavailable(opt_.peer_name + " unavailable");
+    if (st.removed) return Status::NotFound("no such stream");
     if (!st.stalled.ok()) return Status::Unavailable("volume stalled: " + st.stalled.message());
     ch = channel_;
     request_id = next_request_id_++;
     fwd.volume_id = st.handle;
     fwd.request_id = request_id;
-    hashes_[request_id] = pending;
+    calls_[request_id] = pending;
+    last_call_us_ = std::max<uint64_t>(opt_.clock->NowMicros(), 1);
   }
   Status s = ch->Send(fwd);
   std::unique_lock<std::mutex> l(mu_);
   if (s.ok()) cv_.wait_for(l, timeout, [&] { return pending->done || stop_.load(); });
-  hashes_.erase(request_id);
+  calls_.erase(request_id);
   if (!s.ok()) return s;
   if (!pending->done) return Status::Unavailable(opt_.peer_name + " did not answer the hash request in time");
   if (!pending->status.ok()) return pending->status;
-  return std::move(pending->response);
+  return std::get<proto::HashResponse>(std::move(pending->response));
 }
 
 void ReplicationSender::HashAsync(StreamId id, const proto::HashRequest& request, HashCallback done) {
@@ -581,7 +698,7 @@ void ReplicationSender::HashAsync(StreamId id, const proto::HashRequest& request
   Status why;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (id >= streams_.size()) {
+    if (id >= streams_.size() || streams_[id]->removed) {
       why = Status::NotFound("no such stream");
     } else if (stop_.load() || !channel_ || !streams_[id]->opened) {
       why = Status::Unavailable(opt_.peer_name + " unavailable" +
@@ -591,30 +708,54 @@ void ReplicationSender::HashAsync(StreamId id, const proto::HashRequest& request
     } else {
       ch = channel_;
       fwd.volume_id = streams_[id]->handle;
-      fwd.request_id = next_request_id_++;
-      auto p = std::make_shared<PendingHash>();
-      p->stream = id;
-      p->async = true;
-      p->callback = std::move(done);
-      hashes_[fwd.request_id] = std::move(p);
+      // The one call mechanism; the answer is a HashResponse (checked by the reader).
+      fwd.request_id = AddCallLocked(id, proto::MsgType::kHashResponse, [done](Result<proto::Message> r) {
+        if (!r.ok()) return done(r.status());
+        done(std::get<proto::HashResponse>(std::move(*r)));
+      });
     }
   }
   if (!why.ok()) {
     done(why);
     return;
   }
-  Status s = ch->Send(fwd);
-  if (s.ok()) return;
-  // Not sent: unless the reader already failed it with the connection, fail it here.
-  HashCallback cb;
+  SendCall(ch, fwd, fwd.request_id);
+}
+
+void ReplicationSender::CallAsync(proto::Message request, CallCallback done) {
+  proto::MsgType answer{};
+  if (std::holds_alternative<proto::FailbackPlanRequest>(request)) {
+    answer = proto::MsgType::kFailbackPlan;
+  } else if (std::holds_alternative<proto::PullRequest>(request)) {
+    answer = proto::MsgType::kPullResponse;
+  } else {
+    done(Status::InvalidArgument("CallAsync: message type " + std::to_string(int(proto::TypeOf(request))) +
+                                 " is not a name-addressed request"));
+    return;
+  }
+  std::shared_ptr<FrameChannel> ch;
+  uint64_t request_id = 0;
+  Status why;
   {
     std::lock_guard<std::mutex> l(mu_);
-    auto it = hashes_.find(fwd.request_id);
-    if (it == hashes_.end()) return;
-    cb = std::move(it->second->callback);
-    hashes_.erase(it);
+    if (stop_.load() || !channel_) {
+      why = Status::Unavailable(opt_.peer_name + " unavailable" +
+                                (stats_.last_error.empty() ? std::string() : ": " + stats_.last_error));
+    } else {
+      ch = channel_;
+      request_id = AddCallLocked(kNoStream, answer, std::move(done));
+    }
   }
-  if (cb) cb(s);
+  if (!why.ok()) {
+    done(why);
+    return;
+  }
+  std::visit(
+      [&](auto& m) {
+        if constexpr (requires { m.request_id; }) m.request_id = request_id;
+      },
+      request);
+  SendCall(ch, request, request_id);
 }
 
 }  // namespace cdp::repl

@@ -36,6 +36,27 @@
 //   a Nack for handle 0 (or an unknown one) while opens are pending refuses the
 //   oldest open: that stream stalls.
 //   Heartbeat after heartbeat_ms without sending; the peer echoes it.
+//   "every stream stalled" does not count streams whose open this connection
+//   refused as failed over: the peer closes the session itself when that
+//   fence lifts (master-target/ps_session.cc), and a fenced volume's link
+//   stays up for its failback calls.
+//
+// Calls (request/response on the current connection, answered by request_id;
+// the reader completes them):
+//   Hash / HashAsync  HashRequest of an open stream -> HashResponse
+//   CallAsync         FailbackPlanRequest -> FailbackPlan, PullRequest ->
+//                     PullResponse (they name their volume: no stream needed)
+//   A call fails (exactly once) when it cannot be sent, when the connection
+//   drops or the sender stops; a Hash also on the stream's Nack{kInternal}.
+//   An answer of the wrong type for its request_id is a protocol error.
+//   While a call is pending or one was made in the last call_hold_ms, a
+//   session whose every stream is stalled is kept (not ended to retry the
+//   opens, so that the calls are not cut off); it ends once the calls have
+//   been quiet that long.
+//
+// RemoveStream takes a stream out for good (its spool was retired): its open
+// is no longer sent, its records no longer read, answers for its handle are
+// ignored and its pending hash calls fail.
 //
 // Frames: up to frame_bytes of record data and frame_records records; when
 // the batch is small and frames are in flight the worker waits linger_ms once
@@ -95,6 +116,9 @@ struct SenderOptions {
   uint64_t internal_hold_ms = 1000;
   uint64_t heartbeat_ms = 10'000;   // a Heartbeat when nothing was sent for this long
   uint64_t dead_peer_ms = 30'000;   // nothing received for this long: reconnect
+  // A session whose every stream is stalled is kept this long after the last
+  // call (see "Calls" above) instead of being ended at once.
+  uint64_t call_hold_ms = 10'000;
 };
 
 struct LinkStats {
@@ -118,10 +142,15 @@ class ReplicationSender {
   // Ships `source` from now on (opened on the current or next connection).
   // `source` must outlive the sender.
   StreamId AddStream(RecordSource* source);
+  // Stops shipping the stream for good (see "RemoveStream" above). The sender
+  // starts no new call on its source once this returns; one already under way
+  // on another thread may still finish, so the source must still outlive the
+  // sender. Later calls naming `id` fail with kNotFound. Idempotent.
+  void RemoveStream(StreamId id);
 
   void Start();
-  // Closes the connection, fails pending Hash calls and joins the threads.
-  // Idempotent.
+  // Closes the connection, fails pending calls (Hash, HashAsync, CallAsync)
+  // and joins the threads. Idempotent.
   void Stop();
 
   // New records may be waiting (wakes idle workers at once instead of at
@@ -147,6 +176,19 @@ class ReplicationSender {
   using HashCallback = std::function<void(Result<proto::HashResponse>)>;
   void HashAsync(StreamId id, const proto::HashRequest& request, HashCallback done);
 
+  // Sends a name-addressed request — a FailbackPlanRequest or a PullRequest;
+  // its request_id is replaced by a fresh one here — on the current
+  // connection, whether or not any stream is open, and calls `done` exactly
+  // once: with the peer's answer (a FailbackPlan or a PullResponse carrying
+  // that fresh request_id: the caller substitutes its own), or with the
+  // error: kInvalidArgument at once for another message type, kUnavailable
+  // at once when not connected (or stopping), later when the send fails, the
+  // connection drops or the sender stops. Like HashAsync, `done` runs on the
+  // caller's or the reader's thread without the sender's lock held and must
+  // not block. Many may be outstanding.
+  using CallCallback = std::function<void(Result<proto::Message>)>;
+  void CallAsync(proto::Message request, CallCallback done);
+
   bool connected() const { return connected_.load(); }
   // "connected", "connecting" or "disconnected: <why>".
   std::string state() const;
@@ -155,16 +197,29 @@ class ReplicationSender {
  private:
   struct Stream;
   struct Session;
-  struct PendingHash {
-    size_t stream = 0;
+  static constexpr size_t kNoStream = ~size_t(0);
+  // One outstanding call (Hash, HashAsync, CallAsync), by request_id in calls_.
+  struct PendingCall {
+    size_t stream = kNoStream;  // a hash call's stream; kNoStream for CallAsync
+    proto::MsgType answer{};    // the message type that answers it
     bool done = false;
     Status status;
-    proto::HashResponse response;
-    bool async = false;     // HashAsync: the completer removes it from hashes_
-    HashCallback callback;  // HashAsync; called once done is set, outside mu_
+    proto::Message response;
+    bool async = false;     // HashAsync/CallAsync: the completer removes it from calls_
+    CallCallback callback;  // async; called once done is set, outside mu_
   };
-  // Marks `h` done with `why` (mu_ held); its callback goes to `after`.
-  static void FailHash(PendingHash& h, const Status& why, std::vector<std::function<void()>>* after);
+  // Marks `c` done with `why` (mu_ held); its callback goes to `after`.
+  static void FailCall(PendingCall& c, const Status& why, std::vector<std::function<void()>>* after);
+  // Registers an async call answered by `answer` (mu_ held): the fresh request_id.
+  uint64_t AddCallLocked(size_t stream, proto::MsgType answer, CallCallback done);
+  // Sends an async call's request; if that fails and the call is still
+  // pending, fails it with the send's error.
+  void SendCall(const std::shared_ptr<FrameChannel>& ch, const proto::Message& request, uint64_t request_id);
+  // Every stream that is not removed is stalled, and one of them not by a
+  // refusal of its open as failed over (mu_ held): a new connection may help.
+  bool AllStalledLocked() const;
+  // A call is pending, or one was made less than call_hold_ms ago (mu_ held).
+  bool CallsHoldSessionLocked(uint64_t now_us) const;
 
   void Run();
   Status RunSession(const std::shared_ptr<FrameChannel>& ch);
@@ -192,7 +247,9 @@ class ReplicationSender {
   Status session_error_;           // set by the reader/handler: the session must end
   uint64_t notifies_ = 0;
   uint64_t next_request_id_ = 1;
-  std::map<uint64_t, std::shared_ptr<PendingHash>> hashes_;
+  std::map<uint64_t, std::shared_ptr<PendingCall>> calls_;
+  uint64_t last_call_us_ = 0;      // when the last call was made (0: never)
+  Status all_stalled_;             // every stream stalled while calls held the session
   LinkStats stats_;
   std::vector<std::pair<RecordSource*, Status>> stall_notes_;  // told outside mu_
 };

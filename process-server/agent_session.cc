@@ -1,9 +1,11 @@
 #include "process-server/agent_session.h"
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <list>
 #include <optional>
+#include <thread>
 #include <variant>
 
 #include "common/codec.h"
@@ -63,15 +65,24 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
   std::map<uint32_t, SpooledVolume*> handles;
   std::set<SpooledVolume*> fenced_here;  // volumes this session refused as fenced
   uint32_t next_id = 1;
-  auto hash_replies = std::make_shared<HashReplies>();
-  hash_replies->ch = &ch;
+  auto relays = std::make_shared<Relays>();
+  relays->ch = &ch;
   struct Disarm {  // answers arriving after the connection ended go nowhere
-    std::shared_ptr<HashReplies> r;
+    std::shared_ptr<Relays> r;
+    FrameChannel* ch;
     ~Disarm() {
-      std::lock_guard<std::mutex> l(r->mu);
-      r->ch = nullptr;
+      {
+        std::lock_guard<std::mutex> l(r->mu);
+        r->ch = nullptr;
+        r->closing = true;
+      }
+      r->cv.notify_all();
+      if (r->replier.joinable()) {
+        ch->Close();  // a send to an agent that stopped reading returns
+        r->replier.join();
+      }
     }
-  } disarm{hash_replies};
+  } disarm{relays, &ch};
   std::optional<proto::Message> carry;  // received while coalescing, handled next
   Status pending;                       // a receive error met while coalescing
   while (!stopping.load()) {
@@ -131,7 +142,7 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
         replies++;
       }
     }
-    Status s = Handle(ch, tenant, handles, next_id, hash_replies, msg, replies, &fenced_here);
+    Status s = Handle(ch, tenant, handles, next_id, relays, msg, replies, &fenced_here);
     if (!s.ok()) {
       log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, s.ToString());
       return;
@@ -140,10 +151,13 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
 }
 
 Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, SpooledVolume*>& handles,
-                                   uint32_t& next_id, const std::shared_ptr<HashReplies>& hash_replies,
+                                   uint32_t& next_id, const std::shared_ptr<Relays>& relays,
                                    proto::Message& m, int replies, std::set<SpooledVolume*>* fenced_here) {
   if (auto* o = std::get_if<proto::VolumeOpen>(&m)) {
     if (!proto::ValidName(o->name)) return ch.Send(MakeNack(0, proto::NackReason::kBadRecord, 0, "invalid volume name"));
+    if (IsRetiredSpoolName(o->name))
+      return ch.Send(MakeNack(0, proto::NackReason::kBadRecord, 0,
+                              "volume names containing \"" + std::string(kRetiredMark) + "\" are reserved"));
     auto v = GetVolume(tenant, o, o->name);
     if (!v.ok()) {
       proto::NackReason reason = v.status().message().rfind("wrong generation", 0) == 0
@@ -250,15 +264,15 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
     // Forwarded without waiting: the agent's batches keep flowing while the
     // master target hashes, and many requests may be outstanding (capped).
     {
-      std::lock_guard<std::mutex> l(hash_replies->mu);
-      if (hash_replies->outstanding >= kMaxHashesInFlight) {
+      std::lock_guard<std::mutex> l(relays->mu);
+      if (relays->outstanding >= kMaxHashesInFlight) {
         log->warn("{} more than {} hash requests outstanding: refused", log::Where{it->second->key(), ch.peer(), 0},
                   kMaxHashesInFlight);
         return ch.Send(failed);
       }
-      ++hash_replies->outstanding;
+      ++relays->outstanding;
     }
-    link->HashAsync(it->second, *h, [hash_replies, failed, self = this, key = it->second->key()](
+    link->HashAsync(it->second, *h, [relays, failed, self = this, key = it->second->key()](
                                         Result<proto::HashResponse> r) mutable {
       proto::HashResponse out;
       if (r.ok()) {
@@ -270,12 +284,14 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
                         r.status().ToString());
         out = failed;
       }
-      std::lock_guard<std::mutex> l(hash_replies->mu);
-      --hash_replies->outstanding;
-      if (hash_replies->ch != nullptr) (void)hash_replies->ch->Send(out);
+      std::lock_guard<std::mutex> l(relays->mu);
+      --relays->outstanding;
+      if (relays->ch != nullptr) (void)relays->ch->Send(out);
     });
     return Status::OK();
   }
+  if (std::holds_alternative<proto::FailbackPlanRequest>(m) || std::holds_alternative<proto::PullRequest>(m))
+    return RelayFailback(ch, tenant, relays, m);
   if (auto* hb = std::get_if<proto::Heartbeat>(&m)) {
     if (hb->echo_us != 0) return Status::OK();
     proto::Heartbeat reply;
@@ -286,6 +302,144 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
   if (std::holds_alternative<proto::Stats>(m)) return Status::OK();
   return Status::InvalidArgument("unexpected message type " + std::to_string(int(proto::TypeOf(m))) +
                                  " from an agent");
+}
+
+namespace {
+
+// Adds `unshipped` (the spool's blocks, >= from_block) to an MT plan page
+// [from_block, next_block) — [from_block, end) when next_block is 0 — and
+// keeps the page within kMaxExtents (cut, next_block set, if merging made it
+// longer).
+void AddUnshipped(proto::FailbackPlan* plan, uint64_t from_block, const std::vector<proto::BlockExtent>& unshipped) {
+  if (unshipped.empty()) return;
+  const uint64_t end = plan->next_block == 0 ? UINT64_MAX : plan->next_block;
+  std::vector<proto::BlockExtent> all = plan->extents;
+  for (const proto::BlockExtent& e : unshipped) {
+    const uint64_t first = std::max(e.first_block, from_block);
+    const uint64_t last = std::min(e.first_block + e.count, end);
+    if (last > first) all.push_back(proto::BlockExtent{first, uint32_t(last - first)});
+  }
+  all = proto::MergeExtents(std::move(all));
+  if (all.size() > proto::kMaxExtents) {
+    plan->next_block = all[proto::kMaxExtents].first_block;
+    all.resize(proto::kMaxExtents);
+  }
+  plan->extents = std::move(all);
+}
+
+}  // namespace
+
+Status ProcessServer::Impl::RelayFailback(FrameChannel& ch, const std::string& tenant,
+                                          const std::shared_ptr<Relays>& relays, proto::Message& m) {
+  const bool is_plan = std::holds_alternative<proto::FailbackPlanRequest>(m);
+  uint64_t agent_id = 0, from_block = 0;
+  std::string volume;
+  if (is_plan) {
+    const auto& r = std::get<proto::FailbackPlanRequest>(m);
+    agent_id = r.request_id;
+    from_block = r.from_block;
+    volume = r.volume;
+  } else {
+    const auto& r = std::get<proto::PullRequest>(m);
+    agent_id = r.request_id;
+    volume = r.volume;
+  }
+  // The answer when the MT cannot give one: kFailed, never a Nack (a Nack
+  // would stop the agent's streams).
+  proto::Message failed;
+  if (is_plan) {
+    proto::FailbackPlan p;
+    p.request_id = agent_id;
+    p.status = proto::FailbackStatus::kFailed;
+    failed = std::move(p);
+  } else {
+    proto::PullResponse p;
+    p.request_id = agent_id;
+    p.status = proto::FailbackStatus::kFailed;
+    failed = std::move(p);
+  }
+  const char* what = is_plan ? "failback plan" : "pull";
+  if (!proto::ValidName(volume)) {  // the parser checked it; the name becomes a path and a key below
+    log->warn("peer={} tenant={} {} request {} refused: invalid volume name", ch.peer(), tenant, what, agent_id);
+    return ch.Send(failed);
+  }
+  const std::string key = tenant + "/" + volume;
+  MtLink* link = LinkFor(tenant, volume);
+  if (link == nullptr) {
+    log->warn("{} {} request {} refused: no master target link for the volume", log::Where{key, ch.peer(), 0}, what,
+              agent_id);
+    return ch.Send(failed);
+  }
+  {
+    // A request holds its slot until its answer is sent (or dropped): an
+    // agent that does not read its answers cannot pile them up here.
+    std::lock_guard<std::mutex> l(relays->mu);
+    if (relays->failback_outstanding >= kMaxFailbackInFlight) {
+      log->warn("{} more than {} failback requests outstanding: {} request {} refused",
+                log::Where{key, ch.peer(), 0}, kMaxFailbackInFlight, what, agent_id);
+      return ch.Send(failed);
+    }
+    ++relays->failback_outstanding;
+    if (!relays->replier.joinable()) {
+      relays->replier = std::thread([r = relays.get()] {
+        std::unique_lock<std::mutex> l(r->mu);
+        for (;;) {
+          r->cv.wait(l, [&] { return r->closing || !r->outbox.empty(); });
+          if (r->closing) return;  // the connection ended: the answers go nowhere
+          proto::Message out = std::move(r->outbox.front());
+          r->outbox.pop_front();
+          FrameChannel* c = r->ch;
+          l.unlock();
+          if (c != nullptr) (void)c->Send(out);  // compresses a pull answer here
+          l.lock();
+          --r->failback_outstanding;
+        }
+      });
+    }
+  }
+  // The spool's never-delivered blocks, read here (this agent's thread), not
+  // in the link's reader when the answer comes.
+  std::vector<proto::BlockExtent> unshipped;
+  if (is_plan) {
+    auto r = UnshippedBlocks(tenant, volume, from_block);
+    if (!r.ok()) {
+      log->error("{} failback plan request {}: reading the spool: {}", log::Where{key, ch.peer(), 0}, agent_id,
+                 r.status().ToString());
+      {
+        std::lock_guard<std::mutex> l(relays->mu);
+        --relays->failback_outstanding;
+      }
+      return ch.Send(failed);
+    }
+    unshipped = std::move(*r);
+  }
+  auto [codec, level] = CodecFor(key);
+  link->CallAsync(std::move(m), [relays, failed = std::move(failed), agent_id, from_block,
+                                 unshipped = std::move(unshipped), codec = codec, level = level, what, key,
+                                 self = this](Result<proto::Message> r) mutable {
+    proto::Message out = std::move(failed);
+    if (!r.ok()) {
+      self->log->info("{} {} request {} not answered by the master target: {}", log::Where{key, "", 0}, what,
+                      agent_id, r.status().ToString());
+    } else if (auto* plan = std::get_if<proto::FailbackPlan>(&*r)) {
+      plan->request_id = agent_id;
+      if (plan->status == proto::FailbackStatus::kOk) AddUnshipped(plan, from_block, unshipped);
+      out = std::move(*r);
+    } else if (auto* pull = std::get_if<proto::PullResponse>(&*r)) {
+      pull->request_id = agent_id;
+      // Compressed like any stream of the volume on this hop.
+      pull->codec = codec;
+      pull->level = level;
+      out = std::move(*r);
+    }
+    {
+      std::lock_guard<std::mutex> l(relays->mu);
+      if (relays->closing) return;  // the slot goes with the connection
+      relays->outbox.push_back(std::move(out));  // the replier frees the slot once sent
+    }
+    relays->cv.notify_all();
+  });
+  return Status::OK();
 }
 
 }  // namespace cdp::ps

@@ -1,6 +1,7 @@
 // Agent session: one agent connection at the process server, from the
 // handshake to EOF — VolumeOpen, WriteBatch (spooled, acked once durable),
-// HashRequest (forwarded to the master target) and Heartbeat. Implemented by
+// HashRequest (forwarded to the master target), the failback requests
+// (relayed to it) and Heartbeat. Implemented by
 // ProcessServer::Impl::Serve and Handle (agent_session.cc), on the
 // connection's own Listener thread; sessions share the daemon's volumes and
 // MT links (process-server/process_server_impl.h).
@@ -16,9 +17,11 @@
 //     master target (it waits at most `mt_open_wait` for the MT's answer) and
 //     replies VolumeOpenReply{volume_id, durable_seq}, where durable_seq is the
 //     highest sequence durable in the spool, or the MT's applied sequence if that
-//     is higher. volume_id is valid on this connection only. An invalid name ->
-//     Nack{kBadRecord}; a generation different from the one the spool was made
-//     for -> Nack{kWrongGeneration}; I/O failure -> Nack{kInternal}.
+//     is higher. volume_id is valid on this connection only. An invalid name,
+//     or one containing ".retired-" (kRetiredMark) -> Nack{kBadRecord}; a
+//     generation different from the one the spool was made for ->
+//     Nack{kWrongGeneration}, except a higher one while the MT fences the
+//     spool (see Re-protect); I/O failure -> Nack{kInternal}.
 //  3. WriteBatch{volume_id, records}: contiguous sequences. Records with
 //     seq <= durable are duplicates and skipped; a first new record past
 //     durable+1 -> Nack{kGap, expected_seq = durable+1}. Accepted records are
@@ -45,6 +48,38 @@
 //     volume_id and request_id (resync, verify). MT unreachable, the MT
 //     connection lost, or too many outstanding -> HashResponse{kFailed}.
 //  5. Heartbeat{sent_us}: answered with Heartbeat{now, echo_us = sent_us}.
+//  6. FailbackPlanRequest{request_id, volume, from_block} and
+//     PullRequest{request_id, volume, extents, digests} (failback; they name
+//     a volume of the connection's tenant, no VolumeOpen needed: the agent's
+//     stream of it is fenced): relayed to the tenant's MT link for that
+//     volume without waiting (MtLink::CallAsync; at most kMaxFailbackInFlight
+//     per connection relayed and not yet answered to the agent), and the answer — FailbackPlan or
+//     PullResponse — is sent back with the agent's request_id. A PullResponse
+//     travels compressed with the volume's configured codec (CodecFor). A
+//     FailbackPlan{kOk} gets the PS's own never-delivered blocks added: the
+//     blocks (block_size units of the spool's VolumeOpen) of every data, zero
+//     and trim record of the volume's spool above the MT's acknowledged
+//     sequence, within the page [from_block, next_block) ([from_block, end)
+//     when next_block is 0), merged with the MT's extents (sorted, disjoint)
+//     and cut to kMaxExtents (next_block then set where the cut fell). Over
+//     the cap, the MT unreachable or the MT connection lost, no link for the
+//     volume, or the spool unreadable -> the same message with status
+//     kFailed (logged at the PS); never a Nack, which would stop the agent's
+//     streams. kNotFailingBack and the MT's kFailed pass through.
+//  Re-protect (generation switch): after failback the MT keeps fencing the
+//     old generation G until `cdpctl reprotect`, and the agent then opens
+//     G+1. A VolumeOpen with a generation higher than the spool's is accepted
+//     only while that spool is fenced (SpooledVolume::fenced()); the PS then
+//     retires the old spool without deleting anything: its stream leaves the
+//     MT link, the spool is closed, its directory is renamed to
+//     "<dir>.gen<G>.retired-<unix seconds>" (the parent directory synced), a
+//     warning names it (the operator may delete it), and a fresh spool for
+//     G+1 is created and opened at the MT like any new stream (the MT takes
+//     it once re-protect is armed there). A kill -9 before the rename leaves
+//     the old spool (the next open switches again), after it the new one is
+//     created from nothing; the start-up scan skips retired directories. A
+//     higher generation on a spool that is not fenced, or a lower one ->
+//     Nack{kWrongGeneration} as before.
 //  A malformed frame (bad CRC, bad payload, wrong frame sequence) or an
 //  unexpected message type closes that connection with a logged reason;
 //  nothing of it is spooled.

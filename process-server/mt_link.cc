@@ -138,6 +138,15 @@ void MtLink::AddVolume(SpooledVolume* v) {
   volumes_[v] = {std::move(src), id};
 }
 
+void MtLink::RemoveVolume(SpooledVolume* v) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = volumes_.find(v);
+  if (it == volumes_.end()) return;
+  sender_.RemoveStream(it->second.second);
+  removed_.push_back(std::move(it->second.first));
+  volumes_.erase(it);
+}
+
 Result<repl::ReplicationSender::StreamId> MtLink::StreamOf(SpooledVolume* v) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = volumes_.find(v);

@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/protocol.h"
@@ -77,6 +78,13 @@ class MtLink {
   // Ships `v` from now on (opened at the MT on the current or next connection).
   // `v` must outlive the link.
   void AddVolume(SpooledVolume* v);
+  // Stops shipping `v` for good (its spool is being retired,
+  // process-server/agent_session.h "Re-protect"): its stream leaves the
+  // sender (repl::ReplicationSender::RemoveStream) and nothing of the link
+  // touches `v` again, except a call already under way; `v` must still
+  // outlive the link. A later AddVolume of another SpooledVolume of the same
+  // name opens a new stream. No-op for a volume not on the link.
+  void RemoveVolume(SpooledVolume* v);
 
   // Waits at most `timeout` until the MT answered the VolumeOpen of `v` on the
   // current connection. Success: the MT's durable sequence. kUnavailable when
@@ -88,6 +96,13 @@ class MtLink {
   // Forwards an agent's hash request; `done` gets the answer
   // (repl::ReplicationSender::HashAsync).
   void HashAsync(SpooledVolume* v, const proto::HashRequest& req, repl::ReplicationSender::HashCallback done);
+
+  // Forwards an agent's failback request (FailbackPlanRequest, PullRequest:
+  // they name their volume, no stream of it need be open); `done` gets the
+  // answer, whose request_id is the link's (repl::ReplicationSender::CallAsync).
+  void CallAsync(proto::Message request, repl::ReplicationSender::CallCallback done) {
+    sender_.CallAsync(std::move(request), std::move(done));
+  }
 
   // New durable data may be waiting.
   void Notify() { sender_.Notify(); }
@@ -105,6 +120,7 @@ class MtLink {
   repl::ReplicationSender sender_;
   mutable std::mutex mu_;
   std::map<SpooledVolume*, std::pair<std::unique_ptr<SpoolSource>, repl::ReplicationSender::StreamId>> volumes_;
+  std::vector<std::unique_ptr<SpoolSource>> removed_;  // the sender may still hold them
 };
 
 }  // namespace cdp::ps

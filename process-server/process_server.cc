@@ -94,11 +94,15 @@ Result<SpooledVolume*> ProcessServer::Impl::GetVolume(const std::string& tenant,
   std::lock_guard<std::mutex> l(mu);
   auto it = volumes.find(key);
   if (it != volumes.end()) {
-    if (open != nullptr && open->generation != it->second->open_message().generation)
-      return Status::InvalidArgument("wrong generation: spool has " +
-                                     std::to_string(it->second->open_message().generation) + ", agent sent " +
+    const uint64_t have = it->second->open_message().generation;
+    if (open == nullptr || open->generation == have) return it->second.get();
+    const std::string fence = it->second->fenced();
+    // Re-protect: a higher generation replaces a spool the MT fences (failed
+    // over, or failed back and not yet re-protected). Anything else is refused.
+    if (open->generation < have || fence.empty())
+      return Status::InvalidArgument("wrong generation: spool has " + std::to_string(have) + ", agent sent " +
                                      std::to_string(open->generation));
-    return it->second.get();
+    CDP_RETURN_IF_ERROR(RetireSpoolLocked(key, fence));
   }
   auto [codec, level] = CodecFor(key);
   CDP_ASSIGN_OR_RETURN(std::unique_ptr<SpooledVolume> v, SpooledVolume::Open(SpoolOpts(tenant, name), tenant, open, codec, level));
@@ -110,6 +114,73 @@ Result<SpooledVolume*> ProcessServer::Impl::GetVolume(const std::string& tenant,
   log->info("{} spool open: durable {}, backlog {} records / {} bytes", log::Where{key, "", st.durable_seq},
             st.durable_seq, st.backlog_records, st.backlog_bytes);
   return raw;
+}
+
+Status ProcessServer::Impl::RetireSpoolLocked(const std::string& key, const std::string& fence) {
+  auto it = volumes.find(key);
+  if (it == volumes.end()) return Status::NotFound("no volume " + key);
+  SpooledVolume* v = it->second.get();
+  const uint64_t gen = v->open_message().generation;
+  // Shipping stops first: nothing releases (deletes) spool segments from now
+  // on, and a closed spool refuses to (Spool::Close).
+  if (MtLink* link = LinkFor(v->tenant(), v->name())) link->RemoveVolume(v);
+  v->spool().Close();
+  const SpoolStats st = v->spool().stats();
+  const std::string dir = SpoolOpts(v->tenant(), v->name()).dir;
+  const std::string base = dir + ".gen" + std::to_string(gen) + std::string(kRetiredMark) +
+                           std::to_string(opt->clock->WallMicros() / 1'000'000);
+  std::string to = base;
+  for (int n = 2; opt->env->Exists(to); ++n) to = base + "-" + std::to_string(n);  // retired twice in a second
+  // One rename: a crash before it leaves the old spool in place (the switch
+  // is redone at the next open), after it the new spool is created from
+  // nothing; the start-up scan skips the retired directory.
+  Status s = opt->env->Rename(dir, to);
+  if (s.ok()) s = opt->env->SyncDir(JoinPath(opt->spool_dir, v->tenant()));
+  if (!s.ok()) {
+    log->error("{} retiring the spool of generation {}: {}", log::Where{key, "", st.durable_seq}, gen, s.ToString());
+    return s.WithContext("retiring the spool of generation " + std::to_string(gen));
+  }
+  log->warn("{} re-protect: the agent opened a newer generation while generation {} is fenced by the master target "
+            "({}); its spool ({} records never delivered, up to seq {}) is retired to {}; nothing was deleted, the "
+            "operator may delete that directory",
+            log::Where{key, "", st.durable_seq}, gen, fence, st.backlog_records, st.durable_seq, to);
+  retired.push_back(std::move(it->second));
+  volumes.erase(it);
+  return Status::OK();
+}
+
+Result<std::vector<proto::BlockExtent>> ProcessServer::Impl::UnshippedBlocks(const std::string& tenant,
+                                                                             const std::string& volume,
+                                                                             uint64_t from_block) {
+  SpooledVolume* v = nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    auto it = volumes.find(tenant + "/" + volume);
+    if (it == volumes.end()) return std::vector<proto::BlockExtent>{};
+    v = it->second.get();  // never destroyed while the daemon runs (a retired one moves to `retired`)
+  }
+  const uint64_t bs = v->open_message().block_size;
+  Spool& spool = v->spool();
+  const SpoolStats st = spool.stats();
+  if (st.first_seq == 0) return std::vector<proto::BlockExtent>{};
+  uint64_t from = std::max(v->counters().mt_acked.load() + 1, st.first_seq);
+  std::vector<proto::BlockExtent> out;
+  while (from <= st.durable_seq) {
+    CDP_ASSIGN_OR_RETURN(std::vector<proto::Record> recs, spool.Read(from, 16u << 20));
+    if (recs.empty()) break;
+    for (const proto::Record& r : recs) {
+      if (r.kind != proto::RecordKind::kData && r.kind != proto::RecordKind::kZero &&
+          r.kind != proto::RecordKind::kTrim)
+        continue;
+      if (r.length == 0) continue;
+      const uint64_t first = std::max(r.offset / bs, from_block);
+      const uint64_t end = (r.offset + r.length + bs - 1) / bs;  // a record is at most kMaxRecordLength
+      if (end > first) out.push_back(proto::BlockExtent{first, uint32_t(end - first)});
+    }
+    if (out.size() > 4 * size_t(proto::kMaxExtents)) out = proto::MergeExtents(std::move(out));
+    from = recs.back().seq + 1;
+  }
+  return proto::MergeExtents(std::move(out));
 }
 
 ProcessServer::ProcessServer(ProcessServerOptions options) : opt_(std::move(options)) {
@@ -178,7 +249,9 @@ Status ProcessServer::Start() {
     if (!opt_.env->Exists(tdir)) continue;
     CDP_ASSIGN_OR_RETURN(std::vector<std::string> names, opt_.env->ListDir(tdir));
     for (const auto& name : names) {
-      if (!proto::ValidName(name) || !opt_.env->Exists(JoinPath(JoinPath(tdir, name), "volume.meta"))) continue;
+      if (!proto::ValidName(name) || IsRetiredSpoolName(name) ||
+          !opt_.env->Exists(JoinPath(JoinPath(tdir, name), "volume.meta")))
+        continue;  // a retired spool (re-protect) stays where it is, unshipped
       auto v = im.GetVolume(tenant, nullptr, name);
       if (!v.ok()) return v.status().WithContext("reopening spool " + tenant + "/" + name);
     }

@@ -11,11 +11,14 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,6 +41,9 @@ struct ProcessServer::Impl {
 
   std::mutex mu;
   std::map<std::string, std::unique_ptr<SpooledVolume>> volumes;           // "tenant/volume"
+  // Volumes whose spool was retired by a generation switch: kept alive for
+  // the sessions and links that may still hold them; nothing ships them.
+  std::vector<std::unique_ptr<SpooledVolume>> retired;
   std::map<std::string, std::vector<std::unique_ptr<MtLink>>> links;  // tenant -> links
   std::vector<std::pair<std::string, metrics::Labels>> series;       // registered computed metrics
 
@@ -57,8 +63,25 @@ struct ProcessServer::Impl {
 
   void RegisterMetrics(SpooledVolume* v);
 
-  // Opens or finds the volume; ok also for a reopen by the agent.
+  // Opens or finds the volume; ok also for a reopen by the agent. A higher
+  // generation than the spool's, while the MT fences that spool, retires it
+  // first (RetireSpoolLocked) and creates the new generation's spool;
+  // otherwise another generation is kInvalidArgument ("wrong generation").
   Result<SpooledVolume*> GetVolume(const std::string& tenant, const proto::VolumeOpen* open, const std::string& name);
+
+  // The generation switch (agent_session.h "Re-protect"), `mu` held: takes
+  // the volume's stream out of its MT link, closes the spool, renames its
+  // directory to "<dir>.gen<G>.retired-<unix seconds>", syncs the parent and
+  // moves the volume from `volumes` to `retired`. Nothing is deleted. On
+  // failure the volume stays in `volumes` (closed) and the next open retries.
+  Status RetireSpoolLocked(const std::string& key, const std::string& fence);
+
+  // The blocks (volume block_size units), from `from_block` on, of every
+  // data/zero/trim record of the volume's spool above the MT's acknowledged
+  // sequence: what the original site wrote and the MT never applied. Sorted,
+  // disjoint; empty when the PS has no spool of that name. Reads the spool.
+  Result<std::vector<proto::BlockExtent>> UnshippedBlocks(const std::string& tenant, const std::string& volume,
+                                                          uint64_t from_block);
 
   template <typename M>
   static Status Reply(FrameChannel& ch, int replies, const M& msg) {
@@ -66,14 +89,29 @@ struct ProcessServer::Impl {
     return Status::OK();
   }
 
-  // Answers to hash requests forwarded without waiting (agent_session.cc):
-  // sent on `ch` until the connection's Serve() ends and clears it.
-  struct HashReplies {
+  // Answers to requests relayed to the MT without waiting (agent_session.cc),
+  // for one agent connection. Hash answers are small and sent on `ch` from
+  // the link's reader; failback answers (a PullResponse is up to a frame of
+  // records, compressed when sent) go through `outbox` to the connection's
+  // `replier` thread, so that the link's reader never waits on a slow agent.
+  // Both stop when the connection's Serve() ends and clears `ch`.
+  struct Relays {
     std::mutex mu;
+    std::condition_variable cv;  // outbox filled or closing
     FrameChannel* ch = nullptr;
-    int outstanding = 0;
+    int outstanding = 0;           // hash requests
+    int failback_outstanding = 0;  // failback requests relayed, their answers not yet sent
+    std::deque<proto::Message> outbox;
+    bool closing = false;
+    std::thread replier;  // started with the first failback request
   };
-  static constexpr int kMaxHashesInFlight = 256;  // per agent connection
+  static constexpr int kMaxHashesInFlight = 256;   // per agent connection
+  static constexpr int kMaxFailbackInFlight = 8;   // per agent connection (a pull answer is up to a frame)
+
+  // Relays an agent's FailbackPlanRequest or PullRequest to the volume's MT
+  // link (agent_session.h, 6.); never fails the connection for the MT's sake.
+  Status RelayFailback(FrameChannel& ch, const std::string& tenant, const std::shared_ptr<Relays>& relays,
+                       proto::Message& m);
 
   // One agent connection, start to end.
   void Serve(FrameChannel& ch);
@@ -82,7 +120,7 @@ struct ProcessServer::Impl {
   // batches is answered `replies` times (each reply is cumulative). A volume
   // whose open or batch is refused as fenced goes into *fenced_here.
   Status Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, SpooledVolume*>& handles,
-                uint32_t& next_id, const std::shared_ptr<HashReplies>& hash_replies, proto::Message& m,
+                uint32_t& next_id, const std::shared_ptr<Relays>& relays, proto::Message& m,
                 int replies, std::set<SpooledVolume*>* fenced_here);
 };
 

@@ -466,6 +466,9 @@ Status Spool::Release(uint64_t seq) {
   std::vector<std::string> doomed;
   {
     std::lock_guard<std::mutex> l(mu_);
+    // Closed: its directory may have been retired and a new spool made at
+    // its path (same segment names): deleting by path would hit that one.
+    if (closed_) return Status::Aborted("spool closed: nothing released");
     if (seq > durable_seq_) seq = durable_seq_;
     if (seq <= released_seq_) return Status::OK();
     released_seq_ = seq;
@@ -499,7 +502,7 @@ Status Spool::Release(uint64_t seq) {
 void Spool::SetFloor(uint64_t seq) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (seq <= durable_seq_) return;
+    if (closed_ || seq <= durable_seq_) return;
     durable_seq_ = seq;
   }
   (void)Release(seq);

@@ -138,7 +138,9 @@ class Spool {
   // Waits (real time, at most `timeout_ms`) until durable_seq() > after_seq or
   // Close() is called. Returns durable_seq().
   uint64_t WaitDurable(uint64_t after_seq, int timeout_ms);
-  // Wakes waiters; later Appends fail with kAborted.
+  // Wakes waiters; later Appends fail with kAborted, and Release and SetFloor
+  // change nothing (a closed spool never deletes a file: its directory may
+  // have been retired and a new spool created at its path). Read still works.
   void Close();
 
   uint64_t durable_seq() const;

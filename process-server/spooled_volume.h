@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "common/clock.h"
 #include "common/env.h"
@@ -25,6 +26,13 @@ namespace cdp::ps {
 
 inline constexpr uint32_t kMetaMagic = 0x4d504443;  // "CDPM"
 inline constexpr uint32_t kMetaVersion = 1;
+
+// A spool retired by a generation switch (re-protect) keeps its files in a
+// sibling directory "<volume>.gen<G>.retired-<unix seconds>" until an
+// operator deletes it. The start-up scan skips such directories, and agents
+// may not name a volume with the mark.
+inline constexpr std::string_view kRetiredMark = ".retired-";
+inline bool IsRetiredSpoolName(std::string_view name) { return name.find(kRetiredMark) != std::string_view::npos; }
 
 Bytes EncodeVolumeMeta(const proto::VolumeOpen& open);
 Result<proto::VolumeOpen> DecodeVolumeMeta(ByteSpan data);

@@ -6,6 +6,7 @@
 #include "common/replication_sender.h"
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -120,6 +121,7 @@ class VectorSource final : public RecordSource {
 class ScriptedPeer {
  public:
   std::set<std::string> refuse_open;     // answered Nack{0, kWrongGeneration}
+  std::set<std::string> fence_open;      // the same, as failed over (proto::kFailedOverText)
   std::map<std::string, int> busy_first;  // the first N batches of a volume are busy
   std::map<std::string, uint64_t> durable;  // per volume; preset = the peer is ahead
   bool hash_internal = false;             // HashRequest -> Nack{kInternal}
@@ -132,6 +134,11 @@ class ScriptedPeer {
   std::set<std::string> ack_after_open;
   // The first connection answers the opens, then nothing more (a hung peer).
   bool mute_first = false;
+  // Failback calls: left unanswered; the connection closed after this many
+  // (0: never); answered with the other call's answer type (a protocol error).
+  std::atomic<bool> mute_calls{false};
+  std::atomic<int> close_after_calls{0};
+  std::atomic<bool> wrong_answer{false};
 
   ScriptedPeer() {
     cdp::Listener::Options lo;
@@ -157,6 +164,14 @@ class ScriptedPeer {
   int connections() {
     std::lock_guard l(mu_);
     return connections_;
+  }
+  int opens(const std::string& v) {
+    std::lock_guard l(mu_);
+    return opens_[v];
+  }
+  int calls() {
+    std::lock_guard l(mu_);
+    return calls_;
   }
   uint64_t bad_data() {
     std::lock_guard l(mu_);
@@ -190,8 +205,11 @@ class ScriptedPeer {
       if (mute && !std::holds_alternative<proto::VolumeOpen>(*m)) continue;
       if (auto* vo = std::get_if<proto::VolumeOpen>(&*m)) {
         std::lock_guard l(mu_);
+        ++opens_[vo->name];
         if (refuse_open.count(vo->name)) {
           s = ch.Send(proto::Nack{0, proto::NackReason::kWrongGeneration, 0, "generation 1 is not 2"});
+        } else if (fence_open.count(vo->name)) {
+          s = ch.Send(proto::Nack{0, proto::NackReason::kWrongGeneration, 0, "failed over: volume " + vo->name});
         } else {
           handles[next_handle] = vo->name;
           s = ch.Send(proto::VolumeOpenReply{next_handle, durable[vo->name]});
@@ -243,6 +261,40 @@ class ScriptedPeer {
         }
       } else if (auto* hb = std::get_if<proto::Heartbeat>(&*m)) {
         if (hb->echo_us == 0) s = ch.Send(proto::Heartbeat{1, hb->sent_us});
+      } else if (std::holds_alternative<proto::FailbackPlanRequest>(*m) ||
+                 std::holds_alternative<proto::PullRequest>(*m)) {
+        int n = 0;
+        {
+          std::lock_guard l(mu_);
+          n = ++calls_;
+        }
+        if (close_after_calls.load() != 0 && n >= close_after_calls.load()) return;
+        if (mute_calls.load()) continue;
+        // A plan page of one extent at from_block; a pull answers one zero
+        // record per requested extent.
+        proto::FailbackPlan plan;
+        proto::PullResponse pull;
+        if (auto* fp = std::get_if<proto::FailbackPlanRequest>(&*m)) {
+          plan.request_id = pull.request_id = fp->request_id;
+          plan.extents = {{fp->from_block, 1}};
+        } else {
+          auto& pr = std::get<proto::PullRequest>(*m);
+          plan.request_id = pull.request_id = pr.request_id;
+          for (const auto& e : pr.extents) {
+            proto::Record r;
+            r.seq = pull.records.size() + 1;
+            r.offset = e.first_block * 512;
+            r.length = e.count * 512;
+            r.kind = proto::RecordKind::kZero;
+            pull.records.push_back(r);
+          }
+        }
+        const bool plan_asked = std::holds_alternative<proto::FailbackPlanRequest>(*m);
+        if (plan_asked != wrong_answer.load()) {
+          s = ch.Send(plan);
+        } else {
+          s = ch.Send(pull);
+        }
       }
       if (!s.ok()) return;
     }
@@ -251,6 +303,8 @@ class ScriptedPeer {
   std::unique_ptr<cdp::Listener> listener_;
   std::mutex mu_;
   std::map<std::string, std::vector<uint64_t>> applied_;
+  std::map<std::string, int> opens_;
+  int calls_ = 0;
   int connections_ = 0;
   uint64_t bad_data_ = 0;
 };
@@ -494,4 +548,183 @@ TEST_CASE("replication sender: a peer that stops answering is dropped after dead
   CHECK(peer.connections() == 2);
   CHECK(sender.Stats().disconnects == 1);
   sender.Stop();
+}
+
+namespace {
+
+// Collects the answers of CallAsync calls; each callback must run once.
+struct Calls {
+  std::mutex mu;
+  std::map<int, std::vector<Result<proto::Message>>> got;  // by the caller's tag
+
+  ReplicationSender::CallCallback Done(int tag) {
+    return [this, tag](Result<proto::Message> r) {
+      std::lock_guard l(mu);
+      got[tag].push_back(std::move(r));
+    };
+  }
+  size_t count(int tag) {
+    std::lock_guard l(mu);
+    return got[tag].size();
+  }
+  Result<proto::Message> first(int tag) {
+    std::lock_guard l(mu);
+    REQUIRE(!got[tag].empty());
+    return got[tag].front();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("replication sender: CallAsync answers failback plan and pull requests by a fresh request_id with no "
+          "stream open; kUnavailable at once when not connected, kInvalidArgument for another message",
+          "[replication][failback]") {
+  ScriptedPeer peer;
+  ReplicationSender sender(Options(peer.port()));
+  Calls calls;
+  sender.CallAsync(proto::FailbackPlanRequest{5, "v", 0}, calls.Done(0));
+  REQUIRE(calls.count(0) == 1);  // at once, on this thread
+  CHECK(calls.first(0).status().code() == cdp::Code::kUnavailable);
+  sender.CallAsync(proto::Heartbeat{1, 0}, calls.Done(1));
+  REQUIRE(calls.count(1) == 1);
+  CHECK(calls.first(1).status().code() == cdp::Code::kInvalidArgument);
+
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return sender.connected(); }, 10s));
+  sender.CallAsync(proto::FailbackPlanRequest{5, "v", 42}, calls.Done(2));
+  proto::PullRequest pr{6, "v", {{3, 2}, {9, 1}}, {proto::Hash128{}, proto::Hash128{}, proto::Hash128{}}};
+  sender.CallAsync(pr, calls.Done(3));
+  REQUIRE(WaitUntil([&] { return calls.count(2) == 1 && calls.count(3) == 1; }, 10s));
+  auto plan_r = calls.first(2);
+  REQUIRE(plan_r.ok());
+  auto& plan = std::get<proto::FailbackPlan>(*plan_r);
+  CHECK(plan.request_id != 5);  // a fresh one: the caller substitutes its own
+  CHECK(plan.extents == std::vector<proto::BlockExtent>{{42, 1}});
+  auto pull_r = calls.first(3);
+  REQUIRE(pull_r.ok());
+  auto& pull = std::get<proto::PullResponse>(*pull_r);
+  CHECK(pull.request_id != plan.request_id);
+  REQUIRE(pull.records.size() == 2);
+  CHECK(pull.records[0].offset == 3 * 512);
+  CHECK(pull.records[0].length == 2 * 512);
+  CHECK(pull.records[1].offset == 9 * 512);
+  CHECK(sender.Stats().connects == 1);
+}
+
+TEST_CASE("replication sender: pending calls fail exactly once when the connection drops or the sender stops",
+          "[replication][failback]") {
+  ScriptedPeer peer;
+  peer.mute_calls = true;
+  peer.close_after_calls = 3;
+  ReplicationSender sender(Options(peer.port()));
+  Calls calls;
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return sender.connected(); }, 10s));
+  for (int i = 0; i < 3; ++i) sender.CallAsync(proto::FailbackPlanRequest{1, "v", uint64_t(i)}, calls.Done(i));
+  // The peer closes the connection on the third: all three fail.
+  REQUIRE(WaitUntil([&] { return calls.count(0) + calls.count(1) + calls.count(2) == 3; }, 10s));
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(calls.count(i) == 1);
+    CHECK(calls.first(i).status().code() == cdp::Code::kUnavailable);
+  }
+  peer.close_after_calls = 0;
+  REQUIRE(WaitUntil([&] { return sender.connected(); }, 10s));
+  for (int i = 3; i < 5; ++i) sender.CallAsync(proto::FailbackPlanRequest{1, "v", uint64_t(i)}, calls.Done(i));
+  REQUIRE(WaitUntil([&] { return peer.calls() == 5; }, 10s));
+  CHECK(calls.count(3) + calls.count(4) == 0);  // unanswered, still pending
+  sender.Stop();
+  for (int i = 0; i < 5; ++i) REQUIRE(calls.count(i) == 1);  // Stop returned: every call failed once
+  CHECK(calls.first(3).status().code() == cdp::Code::kUnavailable);
+  CHECK(calls.first(4).status().code() == cdp::Code::kUnavailable);
+}
+
+TEST_CASE("replication sender: an answer of the wrong type for a request_id is a protocol error", "[replication]") {
+  ScriptedPeer peer;
+  peer.wrong_answer = true;
+  ReplicationSender sender(Options(peer.port()));
+  Calls calls;
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return sender.connected(); }, 10s));
+  sender.CallAsync(proto::FailbackPlanRequest{1, "v", 0}, calls.Done(0));
+  REQUIRE(WaitUntil([&] { return calls.count(0) == 1; }, 10s));
+  CHECK(calls.first(0).status().code() == cdp::Code::kUnavailable);  // failed with the session it ended
+  REQUIRE(WaitUntil([&] { return sender.Stats().disconnects >= 1; }, 10s));
+}
+
+TEST_CASE("replication sender: a session whose every stream is stalled is kept while calls are made, and ended "
+          "once they are quiet for call_hold_ms",
+          "[replication][failback]") {
+  ScriptedPeer peer;
+  peer.refuse_open.insert("fenced");
+  auto o = Options(peer.port());
+  o.call_hold_ms = 1000;
+  ReplicationSender sender(o);
+  VectorSource src("fenced", 10);
+  sender.AddStream(&src);
+  sender.Start();
+  // Without calls the session ends at each refusal, to retry the open.
+  REQUIRE(WaitUntil([&] { return peer.opens("fenced") >= 3; }, 10s));
+  // A call gets through on one of those sessions; from then on the session is kept.
+  Calls calls;
+  int tag = 0;
+  REQUIRE(WaitUntil([&] {
+    sender.CallAsync(proto::FailbackPlanRequest{1, "fenced", 0}, calls.Done(tag));
+    REQUIRE(WaitUntil([&] { return calls.count(tag) == 1; }, 10s));
+    return calls.first(tag++).ok();
+  }, 10s, 5ms));
+  const uint64_t connects = sender.Stats().connects;
+  for (int i = 0; i < 5; ++i, ++tag) {
+    sender.CallAsync(proto::FailbackPlanRequest{1, "fenced", uint64_t(i)}, calls.Done(tag));
+    REQUIRE(WaitUntil([&] { return calls.count(tag) == 1; }, 10s));
+    CHECK(calls.first(tag).ok());
+  }
+  CHECK(sender.Stats().connects == connects);
+  // Quiet for call_hold_ms: the session ends and the open is retried.
+  REQUIRE(WaitUntil([&] { return sender.Stats().connects > connects; }, 10s));
+}
+
+TEST_CASE("replication sender: a removed stream is never opened or read again, the others go on",
+          "[replication]") {
+  ScriptedPeer peer;
+  ReplicationSender sender(Options(peer.port()));
+  VectorSource gone("gone", 50), kept("kept", 200);
+  auto gone_id = sender.AddStream(&gone);
+  sender.AddStream(&kept);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return gone.Acked() == 50 && kept.Acked() == 200; }, 20s));
+  sender.RemoveStream(gone_id);
+  sender.RemoveStream(gone_id);  // idempotent
+  CHECK(sender.WaitOpened(gone_id, 1s).status().code() == cdp::Code::kNotFound);
+  // A new connection opens only the kept stream.
+  const int opens = peer.opens("gone");
+  REQUIRE(peer.opens("kept") == 1);
+  sender.Stop();
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return peer.opens("kept") == 2; }, 10s));
+  CHECK(peer.opens("gone") == opens);
+  std::lock_guard l(gone.mu_);
+  CHECK(gone.resumes.size() == 1);  // the first connection's open only
+}
+
+TEST_CASE("replication sender: a session whose streams were all refused at open as failed over is kept: the peer "
+          "closes it when the fence lifts, and failback calls go through at once",
+          "[replication][failback]") {
+  ScriptedPeer peer;
+  peer.fence_open.insert("fenced");
+  ReplicationSender sender(Options(peer.port()));
+  VectorSource src("fenced", 10);
+  auto id = sender.AddStream(&src);
+  sender.Start();
+  REQUIRE(sender.WaitOpened(id, 10s).status().code() == cdp::Code::kPermissionDenied);
+  Calls calls;
+  for (int i = 0; i < 10; ++i) {
+    sender.CallAsync(proto::FailbackPlanRequest{1, "fenced", uint64_t(i)}, calls.Done(i));
+    REQUIRE(WaitUntil([&] { return calls.count(i) == 1; }, 10s));
+    CHECK(calls.first(i).ok());
+  }
+  CHECK(peer.opens("fenced") == 1);
+  CHECK(sender.Stats().connects == 1);
+  std::lock_guard l(src.mu_);
+  REQUIRE(src.stalls.size() == 1);
+  CHECK(src.stalls[0].message() == "test peer refused the volume: wrong generation: failed over: volume fenced");
 }

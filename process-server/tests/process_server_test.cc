@@ -3,9 +3,13 @@
 // absent here (its address refuses connections): the spool side must work alone.
 #include "process-server/process_server.h"
 #include "process-server/spool.h"
+#include "process-server/spooled_volume.h"
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include <sys/socket.h>
@@ -17,11 +21,13 @@
 #include <boost/json.hpp>
 
 #include "common/auth.h"
+#include "common/block_digest.h"
 #include "common/channel.h"
 #include "common/http_client.h"
 #include "common/http_server.h"
 #include "common/listener.h"
 #include "common/tests/test_util.h"
+#include "master-target/export.h"
 #include "master-target/master_target.h"
 
 using namespace std::chrono_literals;
@@ -620,4 +626,447 @@ TEST_CASE("a volume failed over at the master target fences its agent at the PS,
   REQUIRE(agent3->Send(Batch(reply.volume_id, 6, 1)).ok());
   CHECK(Expect<cdp::proto::Ack>(*agent3).durable_seq == 6);
   REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 6; }, 30s, 20ms));
+}
+
+// ---- failback relay and re-protect (agent_session.h 6. and "Re-protect") ----
+
+namespace {
+
+cdp::mt::MasterTargetOptions MtOptions(const std::string& dir, cdp::Env* env) {
+  cdp::mt::MasterTargetOptions mo;
+  mo.env = env;
+  mo.clock = cdp::SystemClock::Get();
+  mo.data_dir = dir;
+  mo.tenants = {{"acme", kSecret}};
+  mo.listen = {"127.0.0.1", 0};
+  mo.control = cdp::HostPort{};  // off
+  mo.nbd = {"127.0.0.1", 0};     // a failover serves its export there
+  mo.point_interval_us = 0;
+  return mo;
+}
+
+cdp::Bytes Fill(uint8_t v, size_t n = 4096) { return cdp::Bytes(n, v); }
+
+Record Rec(uint64_t seq, RecordKind kind, uint64_t offset, uint32_t length, uint8_t fill = 0x5A) {
+  Record r;
+  r.seq = seq;
+  r.kind = kind;
+  r.offset = offset;
+  r.length = length;
+  r.timestamp_us = 1'700'000'000'000'000 + seq;
+  if (kind == RecordKind::kData) r.data = Fill(fill, length);
+  return r;
+}
+
+// Sends `req` until the PS answers it with another status than kFailed (the
+// link to the MT may be between two connections: kFailed at once).
+template <typename Answer, typename Request>
+Answer CallUntilAnswered(cdp::FrameChannel& ch, Request req) {
+  Answer out;
+  REQUIRE(cdp::testing::WaitUntil([&] {
+    REQUIRE(ch.Send(req).ok());
+    out = Expect<Answer>(ch);
+    REQUIRE(out.request_id == req.request_id);
+    return out.status != cdp::proto::FailbackStatus::kFailed;
+  }, 30s, 20ms));
+  return out;
+}
+
+// A master target that authenticates the PS and never answers anything
+// after that (failback requests stay outstanding); Stop() drops its connections.
+class SilentMt {
+ public:
+  SilentMt() {
+    cdp::Listener::Options lo;
+    lo.name = "silent-mt";
+    lo.tcp_port = 0;
+    lo.mode = cdp::Listener::Mode::kThreadPerConnection;
+    listener_ = std::make_unique<cdp::Listener>(lo, cdp::ServeFrames([this](cdp::FrameChannel& ch) { Serve(ch); }));
+    REQUIRE(listener_->Start().ok());
+  }
+  ~SilentMt() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    listener_->Stop();
+  }
+  uint16_t port() const { return listener_->tcp_port(); }
+  int requests() const { return requests_.load(); }
+
+ private:
+  void Serve(cdp::FrameChannel& ch) {
+    auto who = cdp::ServerHandshake(
+        ch, [](const std::string&) -> std::optional<std::string> { return std::string(kSecret); }, 5s);
+    if (!who.ok()) return;
+    while (!stop_.load()) {
+      auto m = ch.Receive(50ms);
+      if (!m.ok()) {
+        if (m.status().IsBusy() && !ch.broken()) continue;
+        return;
+      }
+      if (std::holds_alternative<cdp::proto::FailbackPlanRequest>(*m)) ++requests_;
+    }
+  }
+  std::unique_ptr<cdp::Listener> listener_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
+};
+
+}  // namespace
+
+TEST_CASE("failback relay: plan and pull through a real PS and a real MT; the plan gains the blocks of the records "
+          "the PS spooled and never delivered, pull answers travel with the volume's codec",
+          "[server][failback]") {
+  using cdp::proto::BlockExtent;
+  using cdp::proto::FailbackStatus;
+  cdp::testing::ScratchDir dir;
+  auto mt_env = cdp::NewPosixEnv();
+  cdp::mt::MasterTarget mt(MtOptions(dir.path(), mt_env.get()));
+  REQUIRE(mt.Start().ok());
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.mt.port = mt.port();
+  o.codec = cdp::proto::Codec::kLz4;
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+
+  auto agent = AgentConnect(ps.agent_port());
+  REQUIRE(agent->Send(Vol("db1")).ok());
+  const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+  REQUIRE(agent->Send(Batch(id, 1, 3)).ok());  // blocks 1, 2, 3
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
+  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt.FindVolume("acme", "db1")) && vol->applied_seq() == 3; },
+                                  30s, 20ms));
+  REQUIRE(mt.Failover("acme", "db1", 3, 0).ok());
+
+  // Spooled by the PS, refused by the MT (fenced): never delivered.
+  cdp::proto::WriteBatch late;
+  late.volume_id = id;
+  late.records = {Rec(4, RecordKind::kData, 10 * 4096 + 100, 8192),  // blocks 10..12 (unaligned)
+                  Rec(5, RecordKind::kTrim, 20 * 4096, 3 * 4096),    // blocks 20..22
+                  Rec(6, RecordKind::kFlush, 0, 0),
+                  Rec(7, RecordKind::kZero, 5 * 4096, 4096)};        // block 5
+  REQUIRE(agent->Send(late).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 7);
+  auto db1 = [&] {
+    auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+    REQUIRE(r.ok());
+    return boost::json::parse(r->body).at("volumes").as_array().at(0).as_object();
+  };
+  REQUIRE(cdp::testing::WaitUntil([&] { return !db1().at("fenced").as_string().empty(); }, 30s, 20ms));
+  CHECK(db1().at("backlog_records").to_number<uint64_t>() == 4);
+  CHECK(db1().at("mt_acked_seq").to_number<uint64_t>() == 3);
+
+  // The provider writes blocks 0, 11 and 40 on the promoted export.
+  auto dev = mt.PromotedDevice("acme", "db1");
+  REQUIRE(dev != nullptr);
+  REQUIRE(dev->Write(0, Fill(0xAA), false).ok());
+  REQUIRE(dev->Write(11 * 4096, Fill(0x11), false).ok());
+  REQUIRE(dev->Write(40 * 4096, Fill(0x40), false).ok());
+  REQUIRE(dev->Flush().ok());
+
+  // Not failing back yet: the MT's answer passes through.
+  auto fb = AgentConnect(ps.agent_port());  // a connection with no volume open
+  auto not_yet = CallUntilAnswered<cdp::proto::FailbackPlan>(*fb, cdp::proto::FailbackPlanRequest{1, "db1", 0});
+  CHECK(not_yet.status == FailbackStatus::kNotFailingBack);
+  CHECK(not_yet.extents.empty());
+  REQUIRE(mt.StartFailback("acme", "db1").ok());
+
+  // The whole plan: the MT's {0}, {11}, {40} and the spool's {5}, {10..12}, {20..22}.
+  auto plan = CallUntilAnswered<cdp::proto::FailbackPlan>(*fb, cdp::proto::FailbackPlanRequest{7, "db1", 0});
+  REQUIRE(plan.status == FailbackStatus::kOk);
+  CHECK(plan.request_id == 7);
+  CHECK(plan.extents == std::vector<BlockExtent>{{0, 1}, {5, 1}, {10, 3}, {20, 3}, {40, 1}});
+  CHECK(plan.next_block == 0);
+  // A page from block 11: both sides cut at it.
+  plan = CallUntilAnswered<cdp::proto::FailbackPlan>(*fb, cdp::proto::FailbackPlanRequest{8, "db1", 11});
+  REQUIRE(plan.status == FailbackStatus::kOk);
+  CHECK(plan.extents == std::vector<BlockExtent>{{11, 2}, {20, 3}, {40, 1}});
+  CHECK(plan.next_block == 0);
+  // Another tenant's volume of that name: the MT does not know it, the PS adds nothing.
+  auto other = AgentConnect(ps.agent_port(), "beta", "beta-secret-beta-secret-beta");
+  REQUIRE(other->Send(cdp::proto::FailbackPlanRequest{9, "db1", 0}).ok());
+  auto foreign = Expect<cdp::proto::FailbackPlan>(*other);
+  CHECK(foreign.request_id == 9);
+  CHECK(foreign.status != FailbackStatus::kOk);
+  CHECK(foreign.extents.empty());
+
+  // Pull: block 0 differs (0xAA at the provider), block 5 differs (the agent
+  // has data, the provider zeros), block 11 is equal and does not travel.
+  const cdp::Bytes agent5 = Fill(0x55), provider11 = Fill(0x11);
+  cdp::proto::PullRequest pr{10, "db1", {{0, 1}, {5, 1}, {11, 1}},
+                             {cdp::kZeroDigest, cdp::LeafDigest(agent5.data(), agent5.size()),
+                              cdp::LeafDigest(provider11.data(), provider11.size())}};
+  auto pull = CallUntilAnswered<cdp::proto::PullResponse>(*fb, pr);
+  REQUIRE(pull.status == FailbackStatus::kOk);
+  CHECK(pull.request_id == 10);
+  CHECK(pull.codec == cdp::proto::Codec::kLz4);  // re-compressed with the PS's codec for the volume
+  REQUIRE(pull.records.size() == 2);
+  CHECK(pull.records[0].offset == 0);
+  CHECK(pull.records[0].kind == RecordKind::kData);
+  CHECK(pull.records[0].data == Fill(0xAA));
+  CHECK(pull.records[1].offset == 5 * 4096);
+  CHECK(pull.records[1].kind == RecordKind::kZero);
+  // The relay neither shipped nor released the fenced spool's records.
+  CHECK(db1().at("backlog_records").to_number<uint64_t>() == 4);
+  CHECK(vol->applied_seq() == 3);
+}
+
+TEST_CASE("failback relay: the MT unreachable, over the cap or its connection lost, the agent gets kFailed (never a "
+          "Nack) and its connection goes on",
+          "[server][failback]") {
+  using cdp::proto::FailbackStatus;
+  auto env = cdp::NewMemEnv();
+  {
+    // No master target at all.
+    cdp::ps::ProcessServer ps(Options(env.get()));
+    REQUIRE(ps.Start().ok());
+    auto ch = AgentConnect(ps.agent_port());
+    REQUIRE(ch->Send(cdp::proto::FailbackPlanRequest{3, "db1", 0}).ok());
+    auto p = Expect<cdp::proto::FailbackPlan>(*ch);
+    CHECK(p.request_id == 3);
+    CHECK(p.status == FailbackStatus::kFailed);
+    CHECK(p.extents.empty());
+    REQUIRE(ch->Send(cdp::proto::PullRequest{4, "db1", {{0, 1}}, {cdp::kZeroDigest}}).ok());
+    auto r = Expect<cdp::proto::PullResponse>(*ch);
+    CHECK(r.request_id == 4);
+    CHECK(r.status == FailbackStatus::kFailed);
+    CHECK(r.records.empty());
+    // The connection is still served.
+    REQUIRE(ch->Send(Vol("db1")).ok());
+    CHECK(Expect<cdp::proto::VolumeOpenReply>(*ch).durable_seq == 0);
+  }
+  // A master target that never answers: 8 requests (kMaxFailbackInFlight)
+  // wait, the 9th is refused at once; losing the connection fails the 8.
+  SilentMt silent;
+  auto o = Options(env.get());
+  o.mt.port = silent.port();
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+  auto ch = AgentConnect(ps.agent_port());
+  uint64_t first = 100;
+  REQUIRE(cdp::testing::WaitUntil([&] {  // until the link is up: the first one that is not refused at once
+    REQUIRE(ch->Send(cdp::proto::FailbackPlanRequest{first, "db1", 0}).ok());
+    auto m = ch->Receive(200ms);
+    if (m.ok()) {
+      REQUIRE(std::get<cdp::proto::FailbackPlan>(*m).status == FailbackStatus::kFailed);
+      ++first;
+      return false;
+    }
+    return silent.requests() == 1;
+  }, 30s, 0ms));
+  for (uint64_t i = 1; i < 8; ++i) REQUIRE(ch->Send(cdp::proto::FailbackPlanRequest{first + i, "db1", 0}).ok());
+  REQUIRE(cdp::testing::WaitUntil([&] { return silent.requests() == 8; }, 30s, 10ms));
+  REQUIRE(ch->Send(cdp::proto::FailbackPlanRequest{first + 8, "db1", 0}).ok());
+  auto over = Expect<cdp::proto::FailbackPlan>(*ch);
+  CHECK(over.request_id == first + 8);
+  CHECK(over.status == FailbackStatus::kFailed);
+  silent.Stop();
+  std::set<uint64_t> failed;
+  for (int i = 0; i < 8; ++i) {
+    auto p = Expect<cdp::proto::FailbackPlan>(*ch);
+    CHECK(p.status == FailbackStatus::kFailed);
+    failed.insert(p.request_id);
+  }
+  std::set<uint64_t> want;
+  for (uint64_t i = 0; i < 8; ++i) want.insert(first + i);
+  CHECK(failed == want);
+  CHECK(silent.requests() == 8);
+}
+
+TEST_CASE("re-protect: a higher generation is refused while the spool is not fenced; once the MT fences it the old "
+          "spool is retired (renamed, kept), the new generation ships after ArmReprotect, a restart skips the "
+          "retired directory",
+          "[server][failback][generation]") {
+  cdp::testing::ScratchDir dir;
+  auto mt_env = cdp::NewPosixEnv();
+  cdp::mt::MasterTarget mt(MtOptions(dir.path(), mt_env.get()));
+  REQUIRE(mt.Start().ok());
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.mt.port = mt.port();
+  std::optional<cdp::ps::ProcessServer> ps;
+  ps.emplace(o);
+  REQUIRE(ps->Start().ok());
+  auto volumes = [&] {
+    auto r = cdp::http::HttpRequest("127.0.0.1", ps->control_port(), "GET", "/v1/volumes");
+    REQUIRE(r.ok());
+    return boost::json::parse(r->body).at("volumes").as_array();
+  };
+
+  auto agent = AgentConnect(ps->agent_port());
+  REQUIRE(agent->Send(Vol("db1")).ok());
+  const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+  REQUIRE(agent->Send(Batch(id, 1, 3)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
+  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt.FindVolume("acme", "db1")) && vol->applied_seq() == 3; },
+                                  30s, 20ms));
+  // Not fenced: a higher generation is refused as before, a lower one too.
+  for (uint64_t gen : {2, 0}) {
+    auto c = AgentConnect(ps->agent_port());
+    REQUIRE(c->Send(Vol("db1", gen)).ok());
+    auto n = Expect<cdp::proto::Nack>(*c);
+    CHECK(n.reason == cdp::proto::NackReason::kWrongGeneration);
+    CHECK(n.message.rfind("wrong generation: spool has 1", 0) == 0);
+  }
+
+  // Failover; 4..5 spooled and never delivered; failback to the end.
+  REQUIRE(mt.Failover("acme", "db1", 3, 0).ok());
+  REQUIRE(agent->Send(Batch(id, 4, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
+  REQUIRE(cdp::testing::WaitUntil(
+      [&] { return !volumes().at(0).as_object().at("fenced").as_string().empty(); }, 30s, 20ms));
+  REQUIRE(mt.StartFailback("acme", "db1").ok());
+  REQUIRE(mt.QuiesceFailback("acme", "db1").ok());
+  auto fin = mt.FinishFailback("acme", "db1");
+  REQUIRE(fin.ok());
+  const uint64_t base = vol->applied_seq();
+  // A lower generation stays refused while fenced.
+  {
+    auto c = AgentConnect(ps->agent_port());
+    REQUIRE(c->Send(Vol("db1", 0)).ok());
+    CHECK(Expect<cdp::proto::Nack>(*c).reason == cdp::proto::NackReason::kWrongGeneration);
+  }
+
+  // Generation 2: the fenced spool is retired, a new one starts from 0.
+  auto agent2 = AgentConnect(ps->agent_port());
+  REQUIRE(agent2->Send(Vol("db1", 2)).ok());
+  auto reply = Expect<cdp::proto::VolumeOpenReply>(*agent2);
+  CHECK(reply.durable_seq == 0);
+  auto names = env->ListDir("/ps/spool/acme");
+  REQUIRE(names.ok());
+  REQUIRE(names->size() == 2);
+  CHECK((*names)[0] == "db1");
+  const std::string retired = (*names)[1];
+  CHECK(retired.rfind("db1.gen1.retired-", 0) == 0);
+  // The retired spool holds everything it held: 4..5 never delivered.
+  {
+    cdp::ps::SpoolOptions so;
+    so.env = env.get();
+    so.clock = cdp::SystemClock::Get();
+    so.dir = "/ps/spool/acme/" + retired;
+    auto sp = cdp::ps::Spool::Open(so);
+    REQUIRE(sp.ok());
+    CHECK((*sp)->durable_seq() == 5);
+    auto recs = (*sp)->Read(4, 1 << 20);
+    REQUIRE(recs.ok());
+    REQUIRE(recs->size() == 2);
+    CHECK((*recs)[0].seq == 4);
+    CHECK((*recs)[1].data == Batch(id, 5, 1).records[0].data);
+    auto meta = cdp::ReadWholeFile(env.get(), so.dir + "/volume.meta");
+    REQUIRE(meta.ok());
+    CHECK(cdp::ps::DecodeVolumeMeta(*meta)->generation == 1);
+  }
+  // The old generation's connection is still fenced.
+  REQUIRE(agent->Send(Batch(id, 6, 1)).ok());
+  CHECK(cdp::proto::IsFailedOverNack(Expect<cdp::proto::Nack>(*agent)));
+
+  // The new generation's records are spooled, and reach the MT once re-protect is armed there.
+  REQUIRE(agent2->Send(Batch(reply.volume_id, 1, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent2).durable_seq == 2);
+  CHECK(vol->identity().generation == 1);
+  REQUIRE(vol->ArmReprotect().value() == 2);
+  REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == base + 2; }, 30s, 20ms));
+  CHECK(vol->identity().generation == 2);
+  cdp::Bytes b(4096);
+  REQUIRE(vol->ReadAt(vol->applied_seq(), 2 * 4096, 4096, b.data()).ok());
+  CHECK(b == Batch(id, 2, 1).records[0].data);
+  REQUIRE(cdp::testing::WaitUntil(
+      [&] { return volumes().at(0).as_object().at("mt_acked_seq").to_number<uint64_t>() == 2; }, 30s, 20ms));
+
+  // A restart finds the generation 2 spool only; the retired one stays on disk.
+  agent.reset();
+  agent2.reset();
+  ps.reset();
+  ps.emplace(o);
+  REQUIRE(ps->Start().ok());
+  auto vs = volumes();
+  REQUIRE(vs.size() == 1);
+  CHECK(vs.at(0).as_object().at("volume").as_string() == "db1");
+  CHECK(env->Exists("/ps/spool/acme/" + retired + "/volume.meta"));
+  auto agent3 = AgentConnect(ps->agent_port());
+  REQUIRE(agent3->Send(Vol("db1", 2)).ok());
+  CHECK(Expect<cdp::proto::VolumeOpenReply>(*agent3).durable_seq == 2);
+  // A volume name with the retired mark is not an agent's to use.
+  REQUIRE(agent3->Send(Vol(retired, 1)).ok());
+  CHECK(Expect<cdp::proto::Nack>(*agent3).reason == cdp::proto::NackReason::kBadRecord);
+}
+
+TEST_CASE("failback relay: a plan page the spool's blocks make longer than kMaxExtents is cut there and goes on "
+          "at next_block",
+          "[server][failback]") {
+  using cdp::proto::BlockExtent;
+  using cdp::proto::FailbackStatus;
+  cdp::testing::ScratchDir dir;
+  auto mt_env = cdp::NewPosixEnv();
+  cdp::mt::MasterTarget mt(MtOptions(dir.path(), mt_env.get()));
+  REQUIRE(mt.Start().ok());
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.mt.port = mt.port();
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+  auto open = Vol("db1");
+  open.size = uint64_t(1) << 30;
+  auto agent = AgentConnect(ps.agent_port());
+  REQUIRE(agent->Send(open).ok());
+  const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+  REQUIRE(agent->Send(Batch(id, 1, 3)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
+  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt.FindVolume("acme", "db1")) && vol->applied_seq() == 3; },
+                                  30s, 20ms));
+  REQUIRE(mt.Failover("acme", "db1", 3, 0).ok());
+  // kMaxExtents + 1 trims, every other block (2b): as many separate extents.
+  const uint64_t n = cdp::proto::kMaxExtents + 1;
+  cdp::proto::WriteBatch trims;
+  trims.volume_id = id;
+  for (uint64_t b = 0; b < n; ++b) trims.records.push_back(Rec(4 + b, RecordKind::kTrim, b * 2 * 4096, 512));
+  REQUIRE(agent->Send(trims).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3 + n);
+  REQUIRE(mt.StartFailback("acme", "db1").ok());
+
+  auto fb = AgentConnect(ps.agent_port());
+  auto plan = CallUntilAnswered<cdp::proto::FailbackPlan>(*fb, cdp::proto::FailbackPlanRequest{1, "db1", 0});
+  REQUIRE(plan.status == FailbackStatus::kOk);
+  REQUIRE(plan.extents.size() == cdp::proto::kMaxExtents);
+  CHECK(plan.extents.front() == BlockExtent{0, 1});
+  CHECK(plan.extents.back() == BlockExtent{2 * (n - 2), 1});
+  CHECK(plan.next_block == 2 * (n - 1));
+  plan = CallUntilAnswered<cdp::proto::FailbackPlan>(*fb, cdp::proto::FailbackPlanRequest{2, "db1", plan.next_block});
+  REQUIRE(plan.status == FailbackStatus::kOk);
+  CHECK(plan.extents == std::vector<BlockExtent>{{2 * (n - 1), 1}});
+  CHECK(plan.next_block == 0);
+}
+
+// A kill -9 of the switch after the rename and before the new spool exists:
+// the restart ignores the retired directory and the next open creates the
+// new generation's spool. (Before the rename, the old spool is simply there.)
+TEST_CASE("re-protect crash safety: a restart between the rename and the new spool ignores the retired directory",
+          "[server][generation]") {
+  auto env = cdp::NewMemEnv();
+  {
+    cdp::ps::ProcessServer ps(Options(env.get()));
+    REQUIRE(ps.Start().ok());
+    auto agent = AgentConnect(ps.agent_port());
+    REQUIRE(agent->Send(Vol("db1")).ok());
+    const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+    REQUIRE(agent->Send(Batch(id, 1, 3)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
+  }
+  // What the switch leaves at that point.
+  REQUIRE(env->Rename("/ps/spool/acme/db1", "/ps/spool/acme/db1.gen1.retired-1700000000").ok());
+  cdp::ps::ProcessServer ps(Options(env.get()));
+  REQUIRE(ps.Start().ok());
+  auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+  REQUIRE(r.ok());
+  CHECK(boost::json::parse(r->body).at("volumes").as_array().empty());
+  auto agent = AgentConnect(ps.agent_port());
+  REQUIRE(agent->Send(Vol("db1", 2)).ok());
+  CHECK(Expect<cdp::proto::VolumeOpenReply>(*agent).durable_seq == 0);
+  auto names = env->ListDir("/ps/spool/acme");
+  REQUIRE(names.ok());
+  CHECK(*names == std::vector<std::string>{"db1", "db1.gen1.retired-1700000000"});
+  CHECK(env->Exists("/ps/spool/acme/db1.gen1.retired-1700000000/volume.meta"));
 }
