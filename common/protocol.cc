@@ -665,31 +665,6 @@ std::optional<uint64_t> ExtentBlocks(std::span<const BlockExtent> extents) {
   return total;
 }
 
-std::vector<BlockExtent> MergeExtents(std::vector<BlockExtent> v) {
-  std::sort(v.begin(), v.end(), [](const BlockExtent& a, const BlockExtent& b) {
-    return a.first_block < b.first_block;
-  });
-  std::vector<BlockExtent> out;
-  for (const BlockExtent& e : v) {
-    if (e.count == 0) continue;
-    const uint64_t end = e.first_block + e.count;
-    if (!out.empty() && e.first_block <= out.back().first_block + out.back().count) {
-      BlockExtent& b = out.back();
-      const uint64_t new_end = std::max(b.first_block + b.count, end);
-      if (new_end - b.first_block <= UINT32_MAX) {
-        b.count = uint32_t(new_end - b.first_block);
-        continue;
-      }
-      // Too long for one extent: start the next where this one ends.
-      const uint64_t b_end = b.first_block + b.count;
-      out.push_back(BlockExtent{b_end, uint32_t(new_end - b_end)});
-      continue;
-    }
-    out.push_back(e);
-  }
-  return out;
-}
-
 bool IsFailedOverNack(const Nack& n) {
   return n.reason == NackReason::kWrongGeneration && n.message.rfind(kFailedOverText, 0) == 0;
 }

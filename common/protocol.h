@@ -287,10 +287,6 @@ std::optional<uint64_t> ExtentBlocks(std::span<const BlockExtent> extents);
 // stays under 2^32 blocks). Empty extents are dropped.
 std::vector<BlockExtent> MergeExtents(std::vector<BlockExtent> v);
 
-// Sorts block extents and merges overlapping or touching ones (an extent
-// stays under 2^32 blocks). Empty extents are dropped.
-std::vector<BlockExtent> MergeExtents(std::vector<BlockExtent> v);
-
 using Message = std::variant<Hello, Challenge, Auth, AuthResult, VolumeOpen, VolumeOpenReply, WriteBatch, Ack,
                              Nack, HashRequest, HashResponse, Heartbeat, Stats, FailbackPlanRequest,
                              FailbackPlan, PullRequest, PullResponse>;
