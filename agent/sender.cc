@@ -217,8 +217,8 @@ Status Sender::StartGeneration(uint64_t gen, bool equal) {
   log::Get("agent")->warn("{} generation {}: {}", log::Where{dev_->volume(), opts_.ps.host, 0}, gen,
                           equal ? "the source equals the replica; replication resumes without a resync"
                                 : "every region is compared with the replica");
-  // The stream is fenced (stalled) under the old generation: the link's next
-  // connection, within its reconnect backoff, opens the new one.
+  // The stream is fenced under the old generation: a new connection opens the new one.
+  link_.Reconnect();
   return Status::OK();
 }
 

@@ -104,8 +104,7 @@ class Sender final : private repl::RecordSource {
   // the volume is opened as generation `gen`, and the queue and the bitmap
   // start empty (CaptureQueue::Reset, DirtyBitmap::ForgetAll, persisted):
   // the source equals the replica, so nothing is compared or shipped again.
-  // The old generation's stream is fenced, so the link reconnects soon and
-  // opens the new one.
+  // The connection is dropped, so that the next one opens the new generation.
   // equal = false (re-protect after a rollback at the master target): the
   // queue starts empty as well, but every region is compared again.
   Status StartGeneration(uint64_t gen, bool equal);

@@ -127,6 +127,15 @@ void ReplicationSender::Notify() {
   cv_.notify_all();
 }
 
+void ReplicationSender::Reconnect() {
+  std::shared_ptr<FrameChannel> ch;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ch = channel_;
+  }
+  if (ch) ch->Close();
+}
+
 std::string ReplicationSender::state() const {
   std::lock_guard<std::mutex> l(mu_);
   if (connected_.load()) return "connected";

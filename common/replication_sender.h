@@ -157,6 +157,11 @@ class ReplicationSender {
   // their next 20 ms poll).
   void Notify();
 
+  // Ends the current connection, if any; the next one (after the usual
+  // backoff) opens every stream again with a fresh OpenMessage() — a new
+  // generation after a re-protect. Pending calls fail as on any drop.
+  void Reconnect();
+
   // Waits at most `timeout` until the peer answered the stream's VolumeOpen on
   // the current connection. The peer's durable sequence; kUnavailable when not
   // connected in time (at once if the last attempt failed), or the refusal as

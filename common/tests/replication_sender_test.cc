@@ -728,3 +728,20 @@ TEST_CASE("replication sender: a session whose streams were all refused at open 
   REQUIRE(src.stalls.size() == 1);
   CHECK(src.stalls[0].message() == "test peer refused the volume: wrong generation: failed over: volume fenced");
 }
+
+TEST_CASE("replication sender: Reconnect ends a fenced session, and the next connection opens the stream again",
+          "[replication][failback]") {
+  ScriptedPeer peer;
+  peer.fence_open.insert("fenced");
+  ReplicationSender sender(Options(peer.port()));
+  VectorSource src("fenced", 10);
+  auto id = sender.AddStream(&src);
+  sender.Start();
+  REQUIRE(sender.WaitOpened(id, 10s).status().code() == cdp::Code::kPermissionDenied);
+  CHECK(peer.opens("fenced") == 1);
+  sender.Reconnect();
+  REQUIRE(WaitUntil([&] { return peer.opens("fenced") == 2; }, 10s));
+  CHECK(sender.Stats().connects == 2);
+  sender.Reconnect();  // again: a third connection, a third open
+  REQUIRE(WaitUntil([&] { return peer.opens("fenced") == 3; }, 10s));
+}
