@@ -50,16 +50,7 @@ VOL=vol
 D=$BENCH_DIR/run
 mkdir -p "$D"
 
-python3 - "$D/source.img" "$SIZE" <<'PY'
-import random, sys
-path, size = sys.argv[1], int(sys.argv[2])
-r = random.Random(1)
-with open(path, "wb") as f:
-    while size:
-        n = min(size, 4 << 20)
-        f.write(r.randbytes(n))
-        size -= n
-PY
+random_image "$D/source.img" "$SIZE" 1
 # patch_file PATH PERCENT SEED: a sparse file of the volume's size holding
 # PERCENT % of the 4 KiB blocks (picked at random) with random bytes; prints
 # how many.

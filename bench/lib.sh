@@ -21,6 +21,7 @@
 #   daemon_cpu                  "agent A s, PS P s, MT M s": CPU time (user + system)
 #                               each running daemon used so far
 #   ctl ARGS...                 cdpctl with the three control ports and tokens
+#   random_image PATH BYTES SEED   a file of random bytes, the same for the same seed
 #
 # Ports: MT_DATA MT_CTL PS_DATA PS_CTL AG_CTL; token files: MT_TOKEN PS_TOKEN
 # AG_TOKEN (each daemon makes its admin token at first start, mode 0600).
@@ -206,4 +207,18 @@ cluster_down() {
   # shellcheck disable=SC2086
   bench_stop $PS_PID $MT_PID
   PS_PID="" MT_PID=""
+}
+
+# random_image PATH BYTES SEED: the same bytes for the same seed.
+random_image() {
+  python3 - "$@" <<'PY'
+import random, sys
+path, size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+r = random.Random(seed)
+with open(path, "wb") as f:
+    while size:
+        n = min(size, 4 << 20)
+        f.write(r.randbytes(n))
+        size -= n
+PY
 }

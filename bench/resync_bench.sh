@@ -79,19 +79,6 @@ now() { date +%s.%N; }
 VOL=vol
 replica() { echo "$CLUSTER_DIR/mt/tenants/bench/volumes/$VOL/replica.img"; }
 
-# random_image PATH BYTES SEED: the same bytes for the same seed.
-random_image() {
-  python3 - "$@" <<'PY'
-import random, sys
-path, size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-r = random.Random(seed)
-with open(path, "wb") as f:
-    while size:
-        n = min(size, 4 << 20)
-        f.write(r.randbytes(n))
-        size -= n
-PY
-}
 # change_blocks PATH PERCENT SEED: rewrites PERCENT % of the 4 KiB blocks, picked
 # at random, with random bytes, in place; prints how many.
 change_blocks() {
