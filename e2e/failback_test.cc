@@ -115,7 +115,7 @@ std::vector<cdp::e2e::TreeFile> Prefixed(std::vector<cdp::e2e::TreeFile> files, 
 }  // namespace
 
 TEST_CASE("failback of ext4: the original volume ends equal to the promoted one, only differing blocks travel, "
-          "the original site's own writes are in the branch; reprotect resumes with the old points exportable",
+          "the original site's own writes are in the branch, reprotect resumes with the old points exportable",
           "[e2e][failback]") {
   std::string missing = MissingFsPrerequisite();
   if (!missing.empty()) {

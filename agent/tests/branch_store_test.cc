@@ -112,7 +112,7 @@ Bytes Record(uint64_t first, uint32_t count) {
 
 }  // namespace
 
-TEST_CASE("branch store: save, contains, extents and read round trip; reopen restores", "[branch]") {
+TEST_CASE("branch store: save, contains, extents and read round trip, reopen restores", "[branch]") {
   auto mem = cdp::NewMemEnv();
   cdp::FaultEnv env(mem.get());
   REQUIRE(env.CreateDirs("/br").ok());

@@ -178,7 +178,7 @@ TEST_CASE("failback pass: refused when the master target is not failing back the
   CHECK(r.status().message() == "vol is not failing back at the master target (cdpctl failback starts it)");
 }
 
-TEST_CASE("site state: missing means generation 1 protecting; saved states load back; bad files are corruption",
+TEST_CASE("site state: missing means generation 1 protecting, saved states load back, bad files are corruption",
           "[failback]") {
   auto env = cdp::NewMemEnv();
   REQUIRE(env->CreateDirs("/s").ok());
@@ -205,7 +205,7 @@ TEST_CASE("site state: missing means generation 1 protecting; saved states load 
 }
 
 TEST_CASE("agent failback steps: begin fences the tap, a pass pulls, end, then reprotect opens the next generation "
-          "with nothing to resync; the state survives a restart",
+          "with nothing to resync, the state survives a restart",
           "[failback][agent]") {
   cdp::testing::ScratchDir dir;
   auto env = cdp::NewMemEnv();

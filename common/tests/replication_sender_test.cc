@@ -577,7 +577,7 @@ struct Calls {
 }  // namespace
 
 TEST_CASE("replication sender: CallAsync answers failback plan and pull requests by a fresh request_id with no "
-          "stream open; kUnavailable at once when not connected, kInvalidArgument for another message",
+          "stream open, kUnavailable at once when not connected, kInvalidArgument for another message",
           "[replication][failback]") {
   ScriptedPeer peer;
   ReplicationSender sender(Options(peer.port()));

@@ -713,7 +713,7 @@ class SilentMt {
 
 }  // namespace
 
-TEST_CASE("failback relay: plan and pull through a real PS and a real MT; the plan gains the blocks of the records "
+TEST_CASE("failback relay: plan and pull through a real PS and a real MT, the plan gains the blocks of the records "
           "the PS spooled and never delivered, pull answers travel with the volume's codec",
           "[server][failback]") {
   using cdp::proto::BlockExtent;
@@ -874,7 +874,7 @@ TEST_CASE("failback relay: the MT unreachable, over the cap or its connection lo
   CHECK(silent.requests() == 8);
 }
 
-TEST_CASE("re-protect: a higher generation is refused while the spool is not fenced; once the MT fences it the old "
+TEST_CASE("re-protect: a higher generation is refused while the spool is not fenced, once the MT fences it the old "
           "spool is retired (renamed, kept), the new generation ships after ArmReprotect, a restart skips the "
           "retired directory",
           "[server][failback][generation]") {
