@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 
 #include "common/block_device.h"
 #include "common/crc32c.h"
@@ -184,45 +185,60 @@ Status BranchStore::Remove(Env* env, const std::string& prefix) {
 }
 
 Status BranchStore::Save(uint64_t offset, ByteSpan old_data) {
-  const uint64_t len = old_data.size();
-  if (offset % block_size_ != 0 || len % block_size_ != 0) {
-    return Status::InvalidArgument("branch store: save of [" + std::to_string(offset) + ", +" + std::to_string(len) +
-                                   ") is not aligned to " + std::to_string(block_size_) + " bytes");
+  const Piece p{offset, old_data};
+  return SaveMany(std::span<const Piece>(&p, 1));
+}
+
+Status BranchStore::SaveMany(std::span<const Piece> pieces) {
+  for (const Piece& p : pieces) {
+    const uint64_t offset = p.offset, len = p.old_data.size();
+    if (offset % block_size_ != 0 || len % block_size_ != 0) {
+      return Status::InvalidArgument("branch store: save of [" + std::to_string(offset) + ", +" +
+                                     std::to_string(len) + ") is not aligned to " + std::to_string(block_size_) +
+                                     " bytes");
+    }
+    if (offset > volume_size_ || len > volume_size_ - offset) {
+      return Status::OutOfRange("branch store: save of [" + std::to_string(offset) + ", +" + std::to_string(len) +
+                                ") ends past the volume (" + std::to_string(volume_size_) + " bytes)");
+    }
   }
-  if (offset > volume_size_ || len > volume_size_ - offset) {
-    return Status::OutOfRange("branch store: save of [" + std::to_string(offset) + ", +" + std::to_string(len) +
-                              ") ends past the volume (" + std::to_string(volume_size_) + " bytes)");
-  }
-  if (len == 0) return Status::OK();
-  const uint64_t first = offset / block_size_, last = (offset + len) / block_size_;  // [first, last)
 
   std::lock_guard lk(mu_);
 
-  // Runs of blocks not saved yet: [begin, end) block indexes.
-  std::vector<std::pair<uint64_t, uint64_t>> runs;
-  for (uint64_t b = first; b < last; ++b) {
-    if (saved_[b]) continue;
-    if (!runs.empty() && runs.back().second == b) {
-      ++runs.back().second;
-    } else {
-      runs.emplace_back(b, b + 1);
+  // Runs of blocks not saved yet, [begin, end) block indexes, each with its
+  // bytes. A block named twice in one call is saved once (its first bytes).
+  struct Run {
+    uint64_t begin, end;
+    const uint8_t* data;
+  };
+  std::vector<Run> runs;
+  std::unordered_set<uint64_t> claimed;  // blocks taken by this call (saved_ is set after the index sync)
+  for (const Piece& p : pieces) {
+    const uint64_t first = p.offset / block_size_, last = (p.offset + p.old_data.size()) / block_size_;
+    for (uint64_t b = first; b < last; ++b) {
+      if (saved_[b] || (pieces.size() > 1 && !claimed.insert(b).second)) continue;
+      const uint8_t* at = p.old_data.data() + (b - first) * block_size_;
+      if (!runs.empty() && runs.back().end == b && runs.back().data + (b - runs.back().begin) * block_size_ == at) {
+        ++runs.back().end;
+      } else {
+        runs.push_back(Run{b, b + 1, at});
+      }
     }
   }
   if (runs.empty()) return Status::OK();
   if (!index_error_.ok()) return index_error_;
 
   // Sync point 1: the data.
-  for (const auto& [b, e] : runs) {
-    const size_t at = size_t((b - first) * block_size_);
-    CDP_RETURN_IF_ERROR(img_->Write(b * block_size_, old_data.subspan(at, size_t((e - b) * block_size_))));
+  for (const Run& r : runs) {
+    CDP_RETURN_IF_ERROR(img_->Write(r.begin * block_size_, ByteSpan(r.data, size_t((r.end - r.begin) * block_size_))));
   }
   CDP_RETURN_IF_ERROR(img_->Sync());
 
   // Sync point 2: the records naming it.
   Bytes recs;
-  for (const auto& [b, e] : runs) {
-    for (uint64_t r = b; r < e;) {
-      const uint32_t n = uint32_t(std::min<uint64_t>(e - r, std::numeric_limits<uint32_t>::max()));
+  for (const Run& run : runs) {
+    for (uint64_t r = run.begin; r < run.end;) {
+      const uint32_t n = uint32_t(std::min<uint64_t>(run.end - r, std::numeric_limits<uint32_t>::max()));
       recs.resize(recs.size() + kRecordSize);
       EncodeRecord(recs.data() + recs.size() - kRecordSize, r, n);
       r += n;
@@ -235,9 +251,9 @@ Status BranchStore::Save(uint64_t offset, ByteSpan old_data) {
     return index_error_;
   }
   idx_size_ += recs.size();
-  for (const auto& [b, e] : runs) {
-    for (uint64_t i = b; i < e; ++i) saved_[i] = true;
-    saved_count_ += e - b;
+  for (const Run& r : runs) {
+    for (uint64_t i = r.begin; i < r.end; ++i) saved_[i] = true;
+    saved_count_ += r.end - r.begin;
   }
   return Status::OK();
 }

@@ -95,6 +95,14 @@ class BranchStore {
   // An empty `old_data` is ok and does nothing. Else the Env's error (and see
   // "after a failed append" above); on error nothing new counts as saved.
   Status Save(uint64_t offset, ByteSpan old_data);
+  // The same for several ranges at once, with one sync per sync point for
+  // all of them (a failback answer's runs). Every range is checked first:
+  // one bad range fails the call with nothing written.
+  struct Piece {
+    uint64_t offset = 0;
+    ByteSpan old_data;
+  };
+  Status SaveMany(std::span<const Piece> pieces);
 
   // Block `block` (index, not byte offset) is saved. False past the end.
   bool Contains(uint64_t block) const;

@@ -626,3 +626,31 @@ TEST_CASE("branch store: concurrent saves keep exactly one first content per blo
   auto again = MustOpen(env.get());
   REQUIRE(ReadAll(*again) == image);
 }
+
+TEST_CASE("branch store: SaveMany saves several ranges with one sync per sync point, a block named twice keeps "
+          "its first bytes, and one bad range fails the call with nothing written",
+          "[branch]") {
+  auto mem = cdp::NewMemEnv();
+  cdp::FaultEnv env(mem.get());
+  REQUIRE(env.CreateDirs("/br").ok());
+  auto st = MustOpen(&env);
+  const Bytes a = Pattern(1, 2, 1), b = Pattern(2, 1, 2), c = Pattern(20, 3, 3);
+  const uint64_t syncs = env.CallCount(cdp::FaultEnv::Op::kSync);
+  std::vector<BranchStore::Piece> pieces = {{1 * kBlock, Span(a)}, {2 * kBlock, Span(b)}, {20 * kBlock, Span(c)}};
+  REQUIRE(st->SaveMany(pieces).ok());
+  CHECK(env.CallCount(cdp::FaultEnv::Op::kSync) == syncs + 2);
+  CHECK(SavedSet(*st) == std::set<uint64_t>{1, 2, 20, 21, 22});
+  Bytes got(kBlock);
+  REQUIRE(st->ReadSaved(2 * kBlock, kBlock, got.data()).ok());
+  CHECK(got == Bytes(a.begin() + long(kBlock), a.end()));  // block 2's first bytes (piece a)
+  // A bad range: nothing of the call is written.
+  const uint64_t writes = env.CallCount(cdp::FaultEnv::Op::kWrite);
+  std::vector<BranchStore::Piece> bad = {{30 * kBlock, Span(Pattern(30, 1, 4))}, {kSize, Span(Pattern(0, 1, 4))}};
+  CHECK(st->SaveMany(bad).code() == cdp::Code::kOutOfRange);
+  CHECK(env.CallCount(cdp::FaultEnv::Op::kWrite) == writes);
+  CHECK_FALSE(st->Contains(30));
+  // Reopened: the same set.
+  st.reset();
+  auto again = MustOpen(&env);
+  CHECK(SavedSet(*again) == std::set<uint64_t>{1, 2, 20, 21, 22});
+}
