@@ -18,8 +18,9 @@
 #      started again.
 #   4. Measured: `cdpctl failback vol` — its time, and the bytes that crossed
 #      to and from the agent (frames, compressed, digests included).
-#      Reference: `nbdcopy` of the whole promoted export to a file at the
-#      original site (time, bytes = the volume).
+#      Reference: `nbdcopy --flush` of the whole promoted export to a file at
+#      the original site (time, bytes = the volume). --flush: durable at the
+#      end, as failback is (it syncs the branch and the source as it goes).
 #   Differing blocks: the original volume before failback against the
 #   promoted image, compared block by block. Targets: bytes <= 1.2x the
 #   differing blocks' bytes; time <= 1/10 of nbdcopy's.
@@ -112,7 +113,7 @@ bench_wait_up $PS_CTL "$PS_TOKEN" $PS_PID
 say "reference: nbdcopy of the whole promoted export"
 sync
 t0=$(now)
-nbdcopy "$URI" "$D/promoted.img"
+nbdcopy --flush "$URI" "$D/promoted.img"
 t1=$(now)
 ref_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')
 differ=$(python3 - "$D/diverged.img" "$D/promoted.img" <<'PY'
