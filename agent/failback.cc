@@ -180,7 +180,10 @@ class Pass {
       CDP_RETURN_IF_ERROR(Apply(it->second, r->records));
       inflight.erase(it);
     }
-    return Status::OK();
+    // The source once per pass: its old content is durable in the branch
+    // already, so until this sync a crash leaves old or new content in each
+    // block, and the next pass compares (and pulls) again.
+    return dev_.SyncFailbackWrites();
   }
 
   // Checks every record of an answer, then saves and writes them.
@@ -221,7 +224,7 @@ class Pass {
       st_.pulled_blocks += rec.length / bs();
       st_.pulled_bytes += rec.length;
     }
-    return dev_.SyncFailbackWrites();
+    return Status::OK();
   }
 
   CaptureDevice& dev_;

@@ -19,7 +19,7 @@
 //   each run: its old content is saved to the branch first (BranchStore::Save:
 //   data synced, then its index), then the new content is written to the
 //   backing store (CaptureDevice::WriteFailback, not captured); the backing
-//   store is synced before the next answer is taken.
+//   store is synced once, at the end of the pass.
 //
 // Nothing is silently lost: a block of the source is overwritten only after
 // its old content is durable in the branch, and a block saved once keeps its
