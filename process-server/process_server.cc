@@ -152,10 +152,11 @@ Status ProcessServer::Impl::RetireSpoolLocked(const std::string& key, const std:
 Result<std::vector<proto::BlockExtent>> ProcessServer::Impl::UnshippedBlocks(const std::string& tenant,
                                                                              const std::string& volume,
                                                                              uint64_t from_block) {
+  const std::string key = tenant + "/" + volume;
   SpooledVolume* v = nullptr;
   {
     std::lock_guard<std::mutex> l(mu);
-    auto it = volumes.find(tenant + "/" + volume);
+    auto it = volumes.find(key);
     if (it == volumes.end()) return std::vector<proto::BlockExtent>{};
     v = it->second.get();  // never destroyed while the daemon runs (a retired one moves to `retired`)
   }
@@ -163,9 +164,23 @@ Result<std::vector<proto::BlockExtent>> ProcessServer::Impl::UnshippedBlocks(con
   Spool& spool = v->spool();
   const SpoolStats st = spool.stats();
   if (st.first_seq == 0) return std::vector<proto::BlockExtent>{};
-  uint64_t from = std::max(v->counters().mt_acked.load() + 1, st.first_seq);
-  std::vector<proto::BlockExtent> out;
-  while (from <= st.durable_seq) {
+  const uint64_t from_seq = std::max(v->counters().mt_acked.load() + 1, st.first_seq);
+  auto page = [from_block](const std::vector<proto::BlockExtent>& all) {
+    std::vector<proto::BlockExtent> out;
+    for (const proto::BlockExtent& e : all) {
+      const uint64_t end = e.first_block + e.count;
+      if (end <= from_block) continue;
+      const uint64_t first = std::max(e.first_block, from_block);
+      out.push_back(proto::BlockExtent{first, uint32_t(end - first)});
+    }
+    return out;
+  };
+  std::lock_guard<std::mutex> cl(unshipped_mu);
+  UnshippedCache& c = unshipped_cache[key];
+  if (c.volume == v && c.first_seq == st.first_seq && c.durable_seq == st.durable_seq && c.from_seq == from_seq)
+    return page(c.blocks);
+  std::vector<proto::BlockExtent> all;
+  for (uint64_t from = from_seq; from <= st.durable_seq;) {
     CDP_ASSIGN_OR_RETURN(std::vector<proto::Record> recs, spool.Read(from, 16u << 20));
     if (recs.empty()) break;
     for (const proto::Record& r : recs) {
@@ -173,14 +188,19 @@ Result<std::vector<proto::BlockExtent>> ProcessServer::Impl::UnshippedBlocks(con
           r.kind != proto::RecordKind::kTrim)
         continue;
       if (r.length == 0) continue;
-      const uint64_t first = std::max(r.offset / bs, from_block);
+      const uint64_t first = r.offset / bs;
       const uint64_t end = (r.offset + r.length + bs - 1) / bs;  // a record is at most kMaxRecordLength
-      if (end > first) out.push_back(proto::BlockExtent{first, uint32_t(end - first)});
+      all.push_back(proto::BlockExtent{first, uint32_t(end - first)});
     }
-    if (out.size() > 4 * size_t(proto::kMaxExtents)) out = proto::MergeExtents(std::move(out));
+    if (all.size() > 4 * size_t(proto::kMaxExtents)) all = proto::MergeExtents(std::move(all));
     from = recs.back().seq + 1;
   }
-  return proto::MergeExtents(std::move(out));
+  c.volume = v;
+  c.first_seq = st.first_seq;
+  c.durable_seq = st.durable_seq;
+  c.from_seq = from_seq;
+  c.blocks = proto::MergeExtents(std::move(all));
+  return page(c.blocks);
 }
 
 ProcessServer::ProcessServer(ProcessServerOptions options) : opt_(std::move(options)) {

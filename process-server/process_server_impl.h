@@ -79,9 +79,18 @@ struct ProcessServer::Impl {
   // The blocks (volume block_size units), from `from_block` on, of every
   // data/zero/trim record of the volume's spool above the MT's acknowledged
   // sequence: what the original site wrote and the MT never applied. Sorted,
-  // disjoint; empty when the PS has no spool of that name. Reads the spool.
+  // disjoint; empty when the PS has no spool of that name. Reads the spool
+  // once per state of it (first, durable and acknowledged sequences): the
+  // pages of one plan, with the volume fenced, share one read (unshipped_cache).
   Result<std::vector<proto::BlockExtent>> UnshippedBlocks(const std::string& tenant, const std::string& volume,
                                                           uint64_t from_block);
+  struct UnshippedCache {
+    const SpooledVolume* volume = nullptr;
+    uint64_t first_seq = 0, durable_seq = 0, from_seq = 0;
+    std::vector<proto::BlockExtent> blocks;  // all of them, from block 0
+  };
+  std::mutex unshipped_mu;
+  std::map<std::string, UnshippedCache> unshipped_cache;  // by "tenant/volume"; unshipped_mu
 
   template <typename M>
   static Status Reply(FrameChannel& ch, int replies, const M& msg) {

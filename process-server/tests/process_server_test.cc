@@ -23,6 +23,7 @@
 #include "common/auth.h"
 #include "common/block_digest.h"
 #include "common/channel.h"
+#include "common/fault_env.h"
 #include "common/http_client.h"
 #include "common/http_server.h"
 #include "common/listener.h"
@@ -1002,8 +1003,9 @@ TEST_CASE("failback relay: a plan page the spool's blocks make longer than kMaxE
   auto mt_env = cdp::NewPosixEnv();
   cdp::mt::MasterTarget mt(MtOptions(dir.path(), mt_env.get()));
   REQUIRE(mt.Start().ok());
-  auto env = cdp::NewMemEnv();
-  auto o = Options(env.get());
+  auto mem = cdp::NewMemEnv();
+  cdp::FaultEnv env(mem.get());  // counts the spool's reads
+  auto o = Options(&env);
   o.mt.port = mt.port();
   cdp::ps::ProcessServer ps(o);
   REQUIRE(ps.Start().ok());
@@ -1034,10 +1036,13 @@ TEST_CASE("failback relay: a plan page the spool's blocks make longer than kMaxE
   CHECK(plan.extents.front() == BlockExtent{0, 1});
   CHECK(plan.extents.back() == BlockExtent{2 * (n - 2), 1});
   CHECK(plan.next_block == 2 * (n - 1));
+  // The next page is cut from the same read of the spool (it did not change).
+  const uint64_t reads = env.CallCount(cdp::FaultEnv::Op::kRead);
   plan = CallUntilAnswered<cdp::proto::FailbackPlan>(*fb, cdp::proto::FailbackPlanRequest{2, "db1", plan.next_block});
   REQUIRE(plan.status == FailbackStatus::kOk);
   CHECK(plan.extents == std::vector<BlockExtent>{{2 * (n - 1), 1}});
   CHECK(plan.next_block == 0);
+  CHECK(env.CallCount(cdp::FaultEnv::Op::kRead) == reads);
 }
 
 // A kill -9 of the switch after the rename and before the new spool exists:
