@@ -371,8 +371,8 @@ TEST_CASE("replication sender: a connection dropped mid-stream resumes at the pe
     f.drop_after = 40 << 10;
     return std::make_unique<cdp::FaultFilter>(std::move(s), f);
   };
-  ReplicationSender sender(o);
   VectorSource src("vol", 1000);
+  ReplicationSender sender(o);
   sender.AddStream(&src);
   sender.Start();
   REQUIRE(WaitUntil([&] { return src.Acked() == 1000; }, 20s));
@@ -395,9 +395,9 @@ TEST_CASE("replication sender: a peer that is ahead is resumed after, a peer tha
           "[replication]") {
   ScriptedPeer peer;
   peer.durable["ahead"] = 300;
-  ReplicationSender sender(Options(peer.port()));
   VectorSource ahead("ahead", 400);
   VectorSource behind("behind", 400);
+  ReplicationSender sender(Options(peer.port()));
   behind.jump_at = 97;  // frames of 8 records: the read at 97 starts at 107
   sender.AddStream(&ahead);
   sender.AddStream(&behind);
@@ -422,8 +422,8 @@ TEST_CASE("replication sender: busy holds the stream and resends from the acknow
           "[replication]") {
   ScriptedPeer peer;
   peer.busy_first["v"] = 3;
-  ReplicationSender sender(Options(peer.port()));
   VectorSource src("v", 200);
+  ReplicationSender sender(Options(peer.port()));
   sender.AddStream(&src);
   sender.Start();
   REQUIRE(WaitUntil([&] { return src.Acked() == 200; }, 20s));
@@ -436,8 +436,8 @@ TEST_CASE("replication sender: a refused open stalls that stream only, WaitOpene
           "[replication]") {
   ScriptedPeer peer;
   peer.refuse_open.insert("bad");
-  ReplicationSender sender(Options(peer.port()));
   VectorSource bad("bad", 50), good("good", 300);
+  ReplicationSender sender(Options(peer.port()));
   auto bad_id = sender.AddStream(&bad);
   auto good_id = sender.AddStream(&good);
   sender.Start();
@@ -460,8 +460,8 @@ TEST_CASE("replication sender: a refused open stalls that stream only, WaitOpene
 TEST_CASE("replication sender: hash requests are answered, and a kInternal nack fails the pending one only",
           "[replication]") {
   ScriptedPeer peer;
-  ReplicationSender sender(Options(peer.port()));
   VectorSource src("v", 100);
+  ReplicationSender sender(Options(peer.port()));
   auto id = sender.AddStream(&src);
   sender.Start();
   proto::HashRequest hr;
@@ -488,8 +488,8 @@ TEST_CASE("replication sender: an Ack or a gap beyond what was sent is a protoco
   for (bool gap : {false, true}) {
     ScriptedPeer peer;
     (gap ? peer.forge_gap_once : peer.forge_ack_once) = true;
-    ReplicationSender sender(Options(peer.port()));
     VectorSource src("v", 300);
+    ReplicationSender sender(Options(peer.port()));
     sender.AddStream(&src);
     sender.Start();
     REQUIRE(WaitUntil([&] { return src.Acked() == 300; }, 20s));
@@ -509,8 +509,8 @@ TEST_CASE("replication sender: a VolumeOpenReply beyond what the source holds re
   const uint64_t forged = uint64_t(1) << 62;
   peer.durable["w"] = forged;
   peer.ack_after_open.insert("w");
-  ReplicationSender sender(Options(peer.port()));
   VectorSource v("v", 300), w("w", 50);
+  ReplicationSender sender(Options(peer.port()));
   w.refuse_ahead = true;
   sender.AddStream(&v);
   sender.AddStream(&w);
@@ -540,8 +540,8 @@ TEST_CASE("replication sender: a peer that stops answering is dropped after dead
   auto o = Options(peer.port());
   o.dead_peer_ms = 300;
   o.heartbeat_ms = 50;
-  ReplicationSender sender(o);
   VectorSource src("vol", 200);
+  ReplicationSender sender(o);
   sender.AddStream(&src);
   sender.Start();
   REQUIRE(WaitUntil([&] { return src.Acked() == 200; }, 20s));
@@ -658,8 +658,8 @@ TEST_CASE("replication sender: a session whose every stream is stalled is kept w
   peer.refuse_open.insert("fenced");
   auto o = Options(peer.port());
   o.call_hold_ms = 1000;
-  ReplicationSender sender(o);
   VectorSource src("fenced", 10);
+  ReplicationSender sender(o);
   sender.AddStream(&src);
   sender.Start();
   // Without calls the session ends at each refusal, to retry the open.
@@ -686,8 +686,8 @@ TEST_CASE("replication sender: a session whose every stream is stalled is kept w
 TEST_CASE("replication sender: a removed stream is never opened or read again, the others go on",
           "[replication]") {
   ScriptedPeer peer;
-  ReplicationSender sender(Options(peer.port()));
   VectorSource gone("gone", 50), kept("kept", 200);
+  ReplicationSender sender(Options(peer.port()));
   auto gone_id = sender.AddStream(&gone);
   sender.AddStream(&kept);
   sender.Start();
@@ -711,8 +711,8 @@ TEST_CASE("replication sender: a session whose streams were all refused at open 
           "[replication][failback]") {
   ScriptedPeer peer;
   peer.fence_open.insert("fenced");
-  ReplicationSender sender(Options(peer.port()));
   VectorSource src("fenced", 10);
+  ReplicationSender sender(Options(peer.port()));
   auto id = sender.AddStream(&src);
   sender.Start();
   REQUIRE(sender.WaitOpened(id, 10s).status().code() == cdp::Code::kPermissionDenied);
@@ -733,8 +733,8 @@ TEST_CASE("replication sender: Reconnect ends a fenced session, and the next con
           "[replication][failback]") {
   ScriptedPeer peer;
   peer.fence_open.insert("fenced");
-  ReplicationSender sender(Options(peer.port()));
   VectorSource src("fenced", 10);
+  ReplicationSender sender(Options(peer.port()));
   auto id = sender.AddStream(&src);
   sender.Start();
   REQUIRE(sender.WaitOpened(id, 10s).status().code() == cdp::Code::kPermissionDenied);
