@@ -3,27 +3,11 @@
 #include <boost/json.hpp>
 
 #include "agent/agent.h"
-#include "common/hash.h"
 #include "common/log.h"
 
 namespace cdp::agent {
 
 namespace json = boost::json;
-
-namespace {
-
-std::array<uint8_t, 16> VolumeUuid(const std::string& name) {
-  // The volume's identity as its sender announces it (Sender::OpenMessage).
-  proto::Hash128 id = Xxh3_128(name.data(), name.size());
-  std::array<uint8_t, 16> u{};
-  for (int i = 0; i < 8; ++i) {
-    u[i] = uint8_t(id.low >> (8 * i));
-    u[8 + i] = uint8_t(id.high >> (8 * i));
-  }
-  return u;
-}
-
-}  // namespace
 
 Result<size_t> Agent::VolumeIndex(const std::string& volume) const {
   for (size_t i = 0; i < opts_.volumes.size() && i < sites_.size(); ++i) {

@@ -46,6 +46,16 @@ const SenderOptions& WithClock(SenderOptions& o) {
 
 }  // namespace
 
+std::array<uint8_t, 16> VolumeUuid(const std::string& name) {
+  proto::Hash128 id = Xxh3_128(name.data(), name.size());
+  std::array<uint8_t, 16> u{};
+  for (int i = 0; i < 8; ++i) {
+    u[i] = uint8_t(id.low >> (8 * i));
+    u[8 + i] = uint8_t(id.high >> (8 * i));
+  }
+  return u;
+}
+
 Sender::Sender(CaptureDevice* device, SenderOptions opts)
     : dev_(device), opts_(std::move(opts)), link_(LinkOptions(WithClock(opts_))) {
   generation_.store(opts_.generation);
@@ -114,11 +124,7 @@ proto::VolumeOpen Sender::OpenMessage() {
   vo.name = dev_->volume();
   vo.size = dev_->size();
   vo.block_size = dev_->preferred_block_size();
-  proto::Hash128 id = Xxh3_128(vo.name.data(), vo.name.size());
-  for (int i = 0; i < 8; ++i) {
-    vo.uuid[i] = uint8_t(id.low >> (8 * i));
-    vo.uuid[8 + i] = uint8_t(id.high >> (8 * i));
-  }
+  vo.uuid = VolumeUuid(vo.name);
   vo.generation = generation_.load();
   return vo;
 }

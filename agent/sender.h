@@ -24,6 +24,7 @@
 // Thread safety: Start/Stop from the owner; Stats() from any thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -87,6 +88,9 @@ struct SenderStats {
   // captured writes stay queued and dirty.
   std::string fenced;
 };
+
+// The volume's uuid as its VolumeOpen announces it: XXH3-128 of the name.
+std::array<uint8_t, 16> VolumeUuid(const std::string& name);
 
 class Sender final : private repl::RecordSource {
  public:
