@@ -19,6 +19,7 @@ constexpr size_t kBatchHeaderSize = 4 + 1 + 4 + 4;
 constexpr uint16_t kKnownFlags = 0;
 constexpr uint32_t kMinBlockSize = 512;
 constexpr uint32_t kMaxBlockSize = 1u << 20;
+constexpr uint8_t kVolumeOpenSealed = 1;   // VolumeOpen flags bit 0
 constexpr uint32_t kMinRegionSize = 4096;  // the digest leaf (common/block_digest.h)
 constexpr uint32_t kMaxRegionSize = 1u << 30;
 
@@ -76,7 +77,7 @@ bool GetArray(ByteReader& r, std::array<uint8_t, N>* a) {
 
 // ---- records ----
 
-bool KnownKind(uint8_t k) { return k >= uint8_t(RecordKind::kData) && k <= uint8_t(RecordKind::kTag); }
+bool KnownKind(uint8_t k) { return k >= uint8_t(RecordKind::kData) && k <= uint8_t(RecordKind::kSealedZero); }
 
 // Checks one record's fields (shared by encoder and parser). `expected_seq` is
 // 0 for the first record of a batch (any sequence >= 1), else the required one.
@@ -100,6 +101,15 @@ Status CheckRecord(uint64_t seq, uint64_t offset, uint32_t length, RecordKind ki
       if (length == 0) return Status::InvalidArgument("zero/trim record of length 0");
       if (!data.empty()) return Status::InvalidArgument("zero/trim record carries data");
       return Status::OK();
+    case RecordKind::kSealed:
+    case RecordKind::kSealedZero: {
+      if (length == 0 || length > kMaxRecordLength) return Status::InvalidArgument("sealed record length out of range");
+      if (offset % kSealUnit != 0 || length % kSealUnit != 0)
+        return Status::InvalidArgument("sealed record not on whole 4 KiB blocks");
+      const uint64_t want = SealMacBytes(length) + (kind == RecordKind::kSealed ? length : 0);
+      if (data.size() != want) return Status::InvalidArgument("sealed record size differs from its blocks and MACs");
+      return Status::OK();
+    }
     case RecordKind::kFlush:
       if (offset != 0 || length != 0) return Status::InvalidArgument("flush record with a range");
       if (!data.empty()) return Status::InvalidArgument("flush record carries data");
@@ -296,6 +306,10 @@ struct PayloadEncoder {
     PutFixed32(b, m.block_size);
     PutArray(b, m.uuid);
     PutFixed64(b, m.generation);
+    if (m.sealed) {
+      if (m.size % kSealUnit != 0) return Invalid("a sealed volume's size must be a multiple of 4 KiB");
+      PutU8(b, kVolumeOpenSealed);
+    }
     return Status::OK();
   }
   Status operator()(const VolumeOpenReply& m) {
@@ -459,6 +473,13 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
         return Bad("volume open: bad block_size");
       }
       if (m.size == 0 || m.size % m.block_size != 0) return Bad("volume open: bad size");
+      if (r.remaining() > 0) {
+        uint8_t flags = 0;
+        if (!r.GetU8(&flags) || r.remaining() != 0) return Bad("volume open: bytes after the flags");
+        if ((flags & ~kVolumeOpenSealed) != 0) return Bad("volume open: unknown flags");
+        m.sealed = (flags & kVolumeOpenSealed) != 0;
+        if (m.sealed && m.size % kSealUnit != 0) return Bad("volume open: sealed size not a multiple of 4 KiB");
+      }
       return Message(std::move(m));
     }
     case MsgType::kVolumeOpenReply: {
@@ -683,10 +704,21 @@ std::string_view NackReasonName(NackReason r) {
   return "unknown";
 }
 
+bool IsWriteKind(RecordKind k) {
+  return k == RecordKind::kData || k == RecordKind::kZero || k == RecordKind::kTrim || k == RecordKind::kSealed ||
+         k == RecordKind::kSealedZero;
+}
+
+bool IsZeroKind(RecordKind k) {
+  return k == RecordKind::kZero || k == RecordKind::kTrim || k == RecordKind::kSealedZero;
+}
+
 uint64_t BatchWork(std::span<const Record> records) {
   uint64_t work = 0;
   for (const Record& r : records) {
-    if (r.kind == RecordKind::kData || r.kind == RecordKind::kZero || r.kind == RecordKind::kTrim) work += r.length;
+    if (!IsWriteKind(r.kind)) continue;
+    work += r.length;
+    if (r.kind == RecordKind::kSealed || r.kind == RecordKind::kSealedZero) work += SealMacBytes(r.length);
   }
   return work;
 }

@@ -102,6 +102,10 @@ struct VolumeOpen {
   uint32_t block_size = 4096;      // power of two, 512..1 MiB
   std::array<uint8_t, 16> uuid{};  // identity of the source volume
   uint64_t generation = 0;         // bumped when the source is re-seeded
+  // Tenant-side encryption: the stream carries kSealed / kSealedZero records
+  // (size a multiple of kSealUnit). On the wire a flags byte after the
+  // generation (bit 0), sent only when set, so unsealed opens are unchanged.
+  bool sealed = false;
 };
 
 struct VolumeOpenReply {
@@ -115,7 +119,24 @@ enum class RecordKind : uint8_t {
   kTrim = 3,     // the range was discarded; replicas write zeros; no data
   kFlush = 4,    // a crash-consistent boundary; offset = length = 0
   kTag = 5,      // a named consistency point; `data` holds the tag name
+  // Sealed volumes (VolumeOpen.sealed; common/seal.h): ranges are whole
+  // 4 KiB blocks (offset and length multiples of kSealUnit) and carry one
+  // kSealMacSize-byte MAC per block, which the master target keeps beside
+  // the replica. Only these two write kinds are taken on a sealed volume, and
+  // neither on another.
+  kSealed = 6,      // `data` = the stored blocks (`length` bytes) | their MACs
+  kSealedZero = 7,  // the range reads as zeros; `data` = the MACs of its zero blocks
 };
+
+inline constexpr uint32_t kSealUnit = 4096;   // bytes per sealed block (= seal::kUnit)
+inline constexpr uint32_t kSealMacSize = 16;  // bytes per block MAC (= seal::kMacSize)
+// The MAC bytes a sealed record of `length` carries.
+inline constexpr uint64_t SealMacBytes(uint64_t length) { return length / kSealUnit * kSealMacSize; }
+
+// Kinds that change a range of the volume: data, zero, trim, sealed, sealed zero.
+bool IsWriteKind(RecordKind k);
+// Of those, the ones whose range reads as zeros afterwards: zero, trim, sealed zero.
+bool IsZeroKind(RecordKind k);
 
 struct Record {
   uint64_t seq = 0;        // per-volume sequence, strictly increasing by 1
@@ -338,8 +359,8 @@ void EncodeHeader(MsgType type, uint16_t flags, uint64_t sequence, ByteSpan payl
 // [A-Za-z0-9._-], not starting with '.' or '-'. Keeps names safe as path parts.
 bool ValidName(std::string_view name);
 
-// The work of `records`: the sum of the lengths of their data, zero and trim
-// records (see kMaxBatchWork).
+// The work of `records`: the sum of the lengths of their write records, with
+// the MAC bytes of sealed ones (see kMaxBatchWork).
 uint64_t BatchWork(std::span<const Record> records);
 // Drops records from the end of *records until its work is within
 // kMaxBatchWork, keeping at least the first record.

@@ -16,18 +16,13 @@ namespace {
 
 using Millis = std::chrono::milliseconds;
 
+// A write record lies inside the volume, and is sealed exactly when the
+// volume is (a sealed volume's blocks never travel in the clear).
 bool RecordInVolume(const proto::Record& r, const proto::VolumeOpen& v) {
-  switch (r.kind) {
-    case proto::RecordKind::kData:
-    case proto::RecordKind::kZero:
-    case proto::RecordKind::kTrim:
-      return r.length > 0 && r.length <= proto::kMaxRecordLength && r.offset <= v.size &&
-             r.length <= v.size - r.offset;
-    case proto::RecordKind::kFlush:
-    case proto::RecordKind::kTag:
-      return true;
-  }
-  return false;
+  if (!proto::IsWriteKind(r.kind)) return r.kind == proto::RecordKind::kFlush || r.kind == proto::RecordKind::kTag;
+  const bool sealed = r.kind == proto::RecordKind::kSealed || r.kind == proto::RecordKind::kSealedZero;
+  return sealed == v.sealed && r.length > 0 && r.length <= proto::kMaxRecordLength && r.offset <= v.size &&
+         r.length <= v.size - r.offset;
 }
 
 proto::Nack MakeNack(uint32_t id, proto::NackReason reason, uint64_t expected, std::string msg) {

@@ -184,9 +184,7 @@ Result<std::vector<proto::BlockExtent>> ProcessServer::Impl::UnshippedBlocks(con
     CDP_ASSIGN_OR_RETURN(std::vector<proto::Record> recs, spool.Read(from, 16u << 20));
     if (recs.empty()) break;
     for (const proto::Record& r : recs) {
-      if (r.kind != proto::RecordKind::kData && r.kind != proto::RecordKind::kZero &&
-          r.kind != proto::RecordKind::kTrim)
-        continue;
+      if (!proto::IsWriteKind(r.kind)) continue;
       if (r.length == 0) continue;
       const uint64_t first = r.offset / bs;
       const uint64_t end = (r.offset + r.length + bs - 1) / bs;  // a record is at most kMaxRecordLength

@@ -28,6 +28,11 @@ bool ValidShape(proto::RecordKind kind, uint32_t length, size_t data_len) {
     case proto::RecordKind::kTrim:
     case proto::RecordKind::kFlush:
       return data_len == 0;
+    case proto::RecordKind::kSealed:
+      return length > 0 && length % proto::kSealUnit == 0 && data_len == length + proto::SealMacBytes(length) &&
+             data_len <= kMaxSpoolRecordData;
+    case proto::RecordKind::kSealedZero:
+      return length > 0 && length % proto::kSealUnit == 0 && data_len == proto::SealMacBytes(length);
   }
   return false;
 }

@@ -68,7 +68,8 @@ inline constexpr size_t kSegmentHeaderSize = seglog::kHeaderSize;
 // The segment log's frame, then seq, offset, length, kind, timestamp.
 inline constexpr size_t kRecordHeaderSize = seglog::kFrameSize + 32;
 // A record's data is at most a protocol record (or a tag name).
-inline constexpr uint32_t kMaxSpoolRecordData = proto::kMaxRecordLength;
+// A data record's bytes, or a sealed one's blocks and MACs.
+inline constexpr uint32_t kMaxSpoolRecordData = proto::kMaxRecordLength + uint32_t(proto::SealMacBytes(proto::kMaxRecordLength));
 
 struct SpoolOptions {
   Env* env = nullptr;        // must outlive the Spool

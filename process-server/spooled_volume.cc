@@ -14,6 +14,7 @@ Bytes EncodeVolumeMeta(const proto::VolumeOpen& open) {
   PutFixed32(b, open.block_size);
   PutBytes(b, ByteSpan(open.uuid.data(), open.uuid.size()));
   PutFixed64(b, open.generation);
+  if (open.sealed) PutU8(b, kMetaSealed);  // only when set: unsealed files are as before
   PutFixed32(b, crc32c::Value(b.data(), b.size()));
   return b;
 }
@@ -31,8 +32,13 @@ Result<proto::VolumeOpen> DecodeVolumeMeta(ByteSpan data) {
   proto::VolumeOpen o;
   ByteSpan name, uuid;
   if (!r.GetSpan(name_len, &name) || !r.GetFixed64(&o.size) || !r.GetFixed32(&o.block_size) ||
-      !r.GetSpan(16, &uuid) || !r.GetFixed64(&o.generation) || !r.empty())
+      !r.GetSpan(16, &uuid) || !r.GetFixed64(&o.generation))
     return bad();
+  if (!r.empty()) {
+    uint8_t flags = 0;
+    if (!r.GetU8(&flags) || flags != kMetaSealed || !r.empty()) return bad();
+    o.sealed = true;
+  }
   o.name.assign(name.begin(), name.end());
   if (!proto::ValidName(o.name)) return bad();
   std::copy(uuid.begin(), uuid.end(), o.uuid.begin());
@@ -56,7 +62,7 @@ Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& s
                                      ", agent sent " + std::to_string(open->generation));
     v->open_ = open != nullptr ? *open : *stored;
     if (open != nullptr && !(open->size == stored->size && open->block_size == stored->block_size &&
-                             open->uuid == stored->uuid)) {
+                             open->uuid == stored->uuid && open->sealed == stored->sealed)) {
       CDP_RETURN_IF_ERROR(env->CreateDirs(spool_options.dir));
       CDP_RETURN_IF_ERROR(WriteFileAtomic(env, meta_path, EncodeVolumeMeta(*open)));
     }

@@ -26,6 +26,7 @@ namespace cdp::ps {
 
 inline constexpr uint32_t kMetaMagic = 0x4d504443;  // "CDPM"
 inline constexpr uint32_t kMetaVersion = 1;
+inline constexpr uint8_t kMetaSealed = 1;  // the optional flags byte of a sealed volume
 
 // A spool retired by a generation switch (re-protect) keeps its files in a
 // sibling directory "<volume>.gen<G>.retired-<unix seconds>" until an

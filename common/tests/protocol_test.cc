@@ -518,7 +518,7 @@ TEST_CASE("invalid records are parse errors", "[protocol]") {
   CHECK(!rejected(OneRecordBatch(1, 0, 4, 1, 4, four)));        // the valid baseline
   CHECK(rejected(OneRecordBatch(0, 0, 4, 1, 4, four)));         // sequence 0
   CHECK(rejected(OneRecordBatch(1, 0, 4, 0, 4, four)));         // unknown kind 0
-  CHECK(rejected(OneRecordBatch(1, 0, 4, 6, 4, four)));         // unknown kind 6
+  CHECK(rejected(OneRecordBatch(1, 0, 4, 8, 4, four)));         // unknown kind 8
   CHECK(rejected(OneRecordBatch(1, 0, 5, 1, 4, four)));         // data_len != length
   CHECK(rejected(OneRecordBatch(1, 0, 0, 1, 0, {})));           // data of length 0
   CHECK(rejected(OneRecordBatch(1, 0, kMaxRecordLength + 1, 1, 4, four)));
@@ -529,6 +529,15 @@ TEST_CASE("invalid records are parse errors", "[protocol]") {
   CHECK(rejected(OneRecordBatch(1, 0, 0, 5, 4, ToBytes("../x"))));  // tag with a bad name
   CHECK(rejected(OneRecordBatch(1, 0, 0, 5, 0, {})));           // tag without a name
   CHECK(!rejected(OneRecordBatch(1, 0, 0, 5, 4, ToBytes("tag1"))));
+  // Sealed records: whole 4 KiB blocks, the blocks then one 16-byte MAC each.
+  const Bytes sealed(4096 + 16, 7), macs(32, 9);
+  CHECK(!rejected(OneRecordBatch(1, 4096, 4096, 6, 4096 + 16, sealed)));
+  CHECK(rejected(OneRecordBatch(1, 4096, 4096, 6, 4096, Bytes(4096, 7))));  // no MAC
+  CHECK(rejected(OneRecordBatch(1, 512, 4096, 6, 4096 + 16, sealed)));      // not on a block
+  CHECK(rejected(OneRecordBatch(1, 0, 0, 6, 0, {})));                        // empty
+  CHECK(!rejected(OneRecordBatch(1, 8192, 8192, 7, 32, macs)));
+  CHECK(rejected(OneRecordBatch(1, 8192, 8192, 7, 16, Bytes(16, 9))));      // one MAC for two blocks
+  CHECK(rejected(OneRecordBatch(1, 8192, 4000, 7, 16, Bytes(16, 9))));      // part of a block
   CHECK(rejected(OneRecordBatch(1, ~0ull - 3, 4, 1, 4, four)));  // offset + length overflows
   CHECK(!rejected(OneRecordBatch(1, ~0ull - 4, 4, 1, 4, four)));
 
@@ -553,6 +562,58 @@ TEST_CASE("invalid records are parse errors", "[protocol]") {
   CHECK(!rejected(FrameOf(MsgType::kHeartbeat, hb)));
   hb.push_back(0);
   CHECK(rejected(FrameOf(MsgType::kHeartbeat, hb)));
+}
+
+TEST_CASE("a sealed volume open carries a flags byte, an unsealed one is encoded as before", "[protocol]") {
+  VolumeOpen vo;
+  vo.name = "vol";
+  vo.size = 1 << 20;
+  vo.generation = 3;
+  Result<Bytes> plain = EncodeMessage(vo, 1);
+  vo.sealed = true;
+  Result<Bytes> sealed = EncodeMessage(vo, 1);
+  REQUIRE((plain.ok() && sealed.ok()));
+  CHECK(sealed->size() == plain->size() + 1);
+  CHECK(sealed->back() == 1);
+  Result<Message> back = DecodeAndParse(*sealed);
+  REQUIRE(back.ok());
+  CHECK(std::get<VolumeOpen>(*back).sealed);
+  CHECK(!std::get<VolumeOpen>(DecodeAndParse(*plain).value()).sealed);
+  // Unknown flag bits and bytes after the flags are refused.
+  Frame fr;
+  REQUIRE(DecodeFrame(*sealed, &fr).state == DecodeState::kComplete);
+  Bytes p = fr.payload;
+  p.back() = 3;
+  CHECK(DecodeAndParse(FrameOf(MsgType::kVolumeOpen, p)).status().message().find("unknown flags") !=
+        std::string::npos);
+  p.back() = 1;
+  p.push_back(0);
+  CHECK(!DecodeAndParse(FrameOf(MsgType::kVolumeOpen, p)).ok());
+  // A sealed volume is whole 4 KiB blocks.
+  vo.block_size = 512;
+  vo.size = 4096 + 512;
+  CHECK(!EncodeMessage(vo, 1).ok());
+}
+
+TEST_CASE("sealed records round-trip and count their MACs as work", "[protocol]") {
+  WriteBatch wb;
+  wb.volume_id = 2;
+  wb.records.push_back({5, 8192, 8192, RecordKind::kSealed, 1, PseudoRandom(8192 + 32, 1)});
+  wb.records.push_back({6, 0, 4096, RecordKind::kSealedZero, 2, PseudoRandom(16, 2)});
+  Result<Bytes> f = EncodeMessage(wb, 1);
+  REQUIRE(f.ok());
+  Result<Message> back = DecodeAndParse(*f);
+  REQUIRE(back.ok());
+  const auto& got = std::get<WriteBatch>(*back);
+  REQUIRE(got.records.size() == 2);
+  CHECK(got.records[0].data == wb.records[0].data);
+  CHECK(got.records[1].kind == RecordKind::kSealedZero);
+  CHECK(got.records[1].data == wb.records[1].data);
+  CHECK(BatchWork(wb.records) == 8192 + 32 + 4096 + 16);
+  CHECK(IsWriteKind(RecordKind::kSealed));
+  CHECK(IsZeroKind(RecordKind::kSealedZero));
+  CHECK(!IsZeroKind(RecordKind::kSealed));
+  CHECK(!IsWriteKind(RecordKind::kTag));
 }
 
 TEST_CASE("the encoder refuses what the parser would refuse", "[protocol]") {
