@@ -34,6 +34,11 @@ namespace cdp {
 
 inline constexpr uint32_t kLeafSize = 4096;
 inline constexpr proto::Hash128 kZeroDigest{0, 0};
+// A sealed volume (common/seal.h) at the master target: a leaf that reads as
+// zeros but whose MAC was never written (the replica was never sent that
+// block). It equals no source digest, so the source ships the block's MAC
+// (a sealed zero record); the MT can tell the two apart, the source cannot.
+inline constexpr proto::Hash128 kUnsealedZeroDigest{2, 0};
 
 // True when all `n` bytes at `p` are zero.
 bool IsAllZero(const uint8_t* p, size_t n);

@@ -155,11 +155,15 @@ void DigestStore::Unknown(uint64_t first, uint64_t last) {
 }
 
 void DigestStore::Forget(uint64_t offset, uint64_t len) {
+  if (offset >= size_) return;  // past the volume: a sealed volume's MACs
+  len = std::min(len, size_ - offset);
   if (len == 0) return;
   Unknown(offset / kLeafSize, (offset + len + kLeafSize - 1) / kLeafSize);
 }
 
 void DigestStore::Wrote(uint64_t offset, std::span<const uint8_t> data) {
+  if (offset >= size_) return;
+  data = data.first(size_t(std::min<uint64_t>(data.size(), size_ - offset)));
   if (!file_ || data.empty()) return;
   const uint64_t end = offset + data.size();
   // The leaves covered whole: from the first leaf boundary at or after offset
@@ -187,6 +191,8 @@ void DigestStore::Wrote(uint64_t offset, std::span<const uint8_t> data) {
 }
 
 void DigestStore::Zeroed(uint64_t offset, uint64_t len) {
+  if (offset >= size_) return;
+  len = std::min(len, size_ - offset);
   if (!file_ || len == 0) return;
   // A long zeroed range is forgotten, not written: a hole in the replica is
   // found by one seek, and a trim of a whole volume must not write 0.4% of it.

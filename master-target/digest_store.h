@@ -62,6 +62,8 @@ class DigestStore {
   // Remembers digests read from the replica for leaves [first, first + n).
   void Put(uint64_t first, std::span<const proto::Hash128> leaves);
 
+  // Ranges are clipped to the volume (a sealed volume's replica file holds
+  // its MACs after it; they have no digests).
   // The replica now holds `data` at `offset`: the leaves it covers whole get
   // their digests, the ones it covers in part are forgotten.
   void Wrote(uint64_t offset, std::span<const uint8_t> data);

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "master-target/dashboard.h"
+#include "master-target/keyed_export.h"
 #include "master-target/mt_control_api.h"
 #include "master-target/master_target_impl.h"
 #include "master-target/ps_session.h"
@@ -127,6 +128,7 @@ Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> MasterTarget::Impl::O
   id.block_size = m.block_size;
   id.uuid = m.uuid;
   id.generation = m.generation;
+  id.sealed = m.sealed;
   std::shared_ptr<VolEntry> e;
   {
     std::lock_guard<std::mutex> lk(vol_mu);
@@ -387,15 +389,25 @@ void MasterTarget::Stop() {
 }
 
 Result<std::string> MasterTarget::StartExport(const std::string& tenant, const std::string& volume, uint64_t point_seq,
-                                              bool writable) {
+                                              bool writable, const seal::VolumeKeys* keys) {
   Impl& m = *impl_;
   if (!m.nbd) return Status::NotSupported("NBD exports are disabled (nbd port < 0)");
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
+  std::shared_ptr<const seal::BlockSealer> sealer;
+  if (keys != nullptr) {
+    if (!v->identity().sealed) return Status::InvalidArgument(volume + " is not sealed: its exports need no key");
+    if (writable) return Status::InvalidArgument("a keyed export is read-only");
+    if (!o_.nbd_tls)
+      return Status::PermissionDenied("a keyed export serves plaintext, so it needs NBD TLS (nbd_tls at the master "
+                                      "target)");
+    CDP_ASSIGN_OR_RETURN(sealer, seal::BlockSealer::Create(*keys));
+  }
   std::lock_guard<std::mutex> lk(m.export_mu);
   uint64_t n = ++m.export_counter;
   std::string name = tenant + "/" + volume + "@" + std::to_string(point_seq);
   if (writable) name += "-rw";
+  if (sealer) name += "-key";
   if (m.exports.count(name)) name += "." + std::to_string(n);
   std::string overlay;
   if (writable) {
@@ -404,9 +416,18 @@ Result<std::string> MasterTarget::StartExport(const std::string& tenant, const s
     if (o_.env->Exists(overlay)) CDP_RETURN_IF_ERROR(o_.env->Remove(overlay));
   }
   CDP_ASSIGN_OR_RETURN(auto dev, PointInTimeDevice::Open(v, point_seq, o_.env, overlay));
-  CDP_RETURN_IF_ERROR(m.nbd->AddExport(name, dev, volume + " at sequence " + std::to_string(point_seq), tenant));
-  m.exports[name] = ExportEntry{tenant, volume, point_seq, writable, false, dev};
-  m.log->info("{} export {} started{}", log::Where{volume, tenant, point_seq}, name, writable ? " (writable overlay)" : "");
+  std::shared_ptr<BlockDevice> served = dev;
+  if (sealer) {
+    CDP_ASSIGN_OR_RETURN(served, KeyedExportDevice::Open(dev, v, point_seq, sealer));
+  }
+  const std::string what = volume + " at sequence " + std::to_string(point_seq);
+  CDP_RETURN_IF_ERROR(m.nbd->AddExport(name, served, what, tenant));
+  m.exports[name] = ExportEntry{tenant, volume, point_seq, writable, false, sealer != nullptr, dev};
+  m.log->info("{} export {} started{}", log::Where{volume, tenant, point_seq}, name,
+              writable                ? " (writable overlay)"
+              : sealer                ? " (keyed: plaintext, keys in memory only)"
+              : v->identity().sealed ? " (sealed: the stored blocks, encrypted)"
+                                      : "");
   return name;
 }
 
@@ -453,7 +474,7 @@ Result<std::shared_ptr<PointInTimeDevice>> MasterTarget::Impl::ServePromoted(con
                                      volume + " failed over at sequence " + std::to_string(seq - v->seq_base()) +
                                          " (read-write, persistent)",
                                      tenant));
-  exports[name] = ExportEntry{tenant, volume, seq, true, true, dev};
+  exports[name] = ExportEntry{tenant, volume, seq, true, true, false, dev};
   log->warn("{} failover export {} served (read-write, persistent overlay, {} blocks written at the provider)",
             log::Where{volume, tenant, seq}, name, dev->overlay_blocks());
   return dev;
@@ -493,6 +514,10 @@ Result<MasterTarget::FailoverOutcome> MasterTarget::Failover(const std::string& 
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
   if (!m.nbd) return Status::NotSupported("NBD exports are disabled (nbd port < 0): a failover needs them");
+  if (v->identity().sealed)
+    return Status::NotSupported(volume + " is sealed (tenant-side encryption): a promoted failover needs a writable "
+                                         "export that seals with the tenant's keys, which this version does not have; "
+                                         "cdpctl export VOLUME@POINT --key-file serves any point read-only");
   std::lock_guard<std::mutex> fl(m.failover_mu);
   FailoverOutcome out;
   out.export_name = PromotedExportName(tenant, volume);

@@ -39,6 +39,7 @@
 #include "common/daemon.h"
 #include "common/host_port.h"
 #include "common/metrics.h"
+#include "common/seal.h"
 #include "common/result.h"
 #include "common/status.h"
 #include "master-target/replica_volume.h"
@@ -134,8 +135,13 @@ class MasterTarget {
 
   // Starts an NBD export of the volume at `point_seq`; returns its name.
   // kOutOfRange for an unreachable point, kNotFound for an unknown volume.
+  // A sealed volume's export serves the stored (encrypted) blocks, unless
+  // `keys` are given: then it is a read-only KeyedExportDevice serving
+  // plaintext, named "...@SEQ-key", which needs NBD TLS (kPermissionDenied
+  // without it: plaintext never crosses the network in the clear);
+  // kInvalidArgument for keys on an unsealed volume or with `writable`.
   Result<std::string> StartExport(const std::string& tenant, const std::string& volume, uint64_t point_seq,
-                                  bool writable);
+                                  bool writable, const seal::VolumeKeys* keys = nullptr);
   Status StopExport(const std::string& name);
 
   // Failover (`cdpctl failover`; states in master-target/replica_volume.h).

@@ -47,7 +47,8 @@ struct ExportEntry {
   uint64_t seq = 0;
   bool writable = false;
   bool promoted = false;  // a failover's export: only `failover --undo` removes it
-  std::shared_ptr<PointInTimeDevice> device;
+  bool keyed = false;     // a sealed volume's export with the tenant's keys (plaintext)
+  std::shared_ptr<PointInTimeDevice> device;  // keyed: the stored blocks under the KeyedExportDevice
 };
 
 struct MasterTarget::Impl {

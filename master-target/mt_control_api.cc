@@ -5,6 +5,7 @@
 
 #include "common/block_digest.h"
 #include "common/hash.h"
+#include "common/seal.h"
 
 namespace cdp::mt {
 
@@ -27,6 +28,7 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"size", st.identity.size},
                       {"block_size", st.identity.block_size},
                       {"generation", st.identity.generation},
+                      {"sealed", st.identity.sealed},  // tenant-side encryption: the MT holds ciphertext only
                       {"state", ShownState(st)},  // "stalled: no space" while apply fails
                       // the generation's own sequence, as its source counts it
                       {"applied_seq", st.applied_seq - st.seq_base},
@@ -200,17 +202,30 @@ void MasterTarget::Impl::AddRoutes() {
     });
   });
   http->Route("POST", "/v1/export", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "writable"},
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "writable", "keys"},
                       [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p));
       CDP_ASSIGN_OR_RETURN(auto writable, p.Bool("writable"));
-      CDP_ASSIGN_OR_RETURN(std::string name, mt->StartExport(e->tenant, e->name, seq, writable.value_or(false)));
+      // A sealed volume's keys (cdpctl export --key-file derives them): held
+      // by the export in memory only, never logged or written.
+      CDP_ASSIGN_OR_RETURN(auto keys_hex, p.String("keys"));
+      std::optional<seal::VolumeKeys> keys;
+      if (keys_hex) {
+        CDP_ASSIGN_OR_RETURN(keys, seal::ParseVolumeKeys(*keys_hex));
+      }
+      CDP_ASSIGN_OR_RETURN(std::string name, mt->StartExport(e->tenant, e->name, seq, writable.value_or(false),
+                                                             keys ? &*keys : nullptr));
+      const bool sealed = e->volume->identity().sealed;
       return http::Response::Json(200, json::object{{"export", name},
                                                     {"port", nbd ? nbd->port() : 0},
                                                     {"tls", o.nbd_tls},  // NBD STARTTLS required
                                                     {"seq", seq},
-                                                    {"writable", writable.value_or(false)}});
+                                                    {"writable", writable.value_or(false)},
+                                                    {"sealed", sealed},
+                                                    // what the export serves: "plain", "plaintext" (keyed) or
+                                                    // "ciphertext" (a sealed volume without its keys)
+                                                    {"serves", !sealed ? "plain" : keys ? "plaintext" : "ciphertext"}});
     });
   });
   http->Route("POST", "/v1/unexport", [this](const http::Request& r) {
@@ -237,6 +252,7 @@ void MasterTarget::Impl::AddRoutes() {
                                    {"volume", x.volume},
                                    {"seq", x.seq},
                                    {"writable", x.writable},
+                                   {"keyed", x.keyed},
                                    {"overlay_blocks", x.device->overlay_blocks()}});
       }
       return http::Response::Json(200, json::object{{"exports", out}, {"port", nbd ? nbd->port() : 0}});

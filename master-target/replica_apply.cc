@@ -72,6 +72,35 @@ bool IsWrite(proto::RecordKind k) {
   return k == proto::RecordKind::kData || k == proto::RecordKind::kZero || k == proto::RecordKind::kTrim;
 }
 
+bool IsSealedKind(proto::RecordKind k) {
+  return k == proto::RecordKind::kSealed || k == proto::RecordKind::kSealedZero;
+}
+
+// A sealed volume's records as the plain writes apply journals: each sealed
+// record becomes its blocks (data, or zeros) at its range and its MACs as
+// data at size + 16 * block, both under the record's sequence. Others are
+// copied as they are.
+std::vector<proto::Record> Unseal(const std::vector<proto::Record>& recs, size_t first, uint64_t volume_size) {
+  std::vector<proto::Record> out;
+  out.reserve(2 * (recs.size() - first));
+  for (size_t i = first; i < recs.size(); ++i) {
+    const proto::Record& r = recs[i];
+    if (!IsSealedKind(r.kind)) {
+      out.push_back(r);
+      continue;
+    }
+    const uint64_t macs = proto::SealMacBytes(r.length);
+    const bool zero = r.kind == proto::RecordKind::kSealedZero;
+    proto::Record blocks{r.seq, r.offset, r.length, zero ? proto::RecordKind::kZero : proto::RecordKind::kData,
+                         r.timestamp_us, {}};
+    if (!zero) blocks.data.assign(r.data.begin(), r.data.begin() + r.length);
+    out.push_back(std::move(blocks));
+    out.push_back(proto::Record{r.seq, volume_size + proto::SealMacBytes(r.offset), uint32_t(macs),
+                                proto::RecordKind::kData, r.timestamp_us, Bytes(r.data.end() - macs, r.data.end())});
+  }
+  return out;
+}
+
 ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected = 0) {
   ApplyOutcome o;
   o.ack = false;
@@ -125,6 +154,11 @@ Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id) {
   if (id.block_size != id_.block_size)
     return Nack(proto::NackReason::kWrongGeneration,
                 "block size differs: " + std::to_string(id.block_size) + " != " + std::to_string(id_.block_size) + keep);
+  if (id.sealed != id_.sealed)
+    return Nack(proto::NackReason::kWrongGeneration,
+                std::string(id_.sealed ? "the volume is sealed (tenant-side encryption) and the stream is not"
+                                       : "the stream is sealed (tenant-side encryption) and the volume is not") +
+                    "; encryption is chosen when a volume is first protected" + keep);
   // Fenced: whatever generation the old primary speaks, nothing it sends is taken.
   if (failover_) return Nack(proto::NackReason::kWrongGeneration, FencedMessage());
   if (state_ == VolumeState::kFailedBack && id.generation <= id_.generation)
@@ -225,7 +259,21 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
   for (size_t i = first; i < recs.size(); ++i) {
     const proto::Record& r = recs[i];
     const std::string at = "record seq " + std::to_string(r.seq) + ": ";
+    if (proto::IsWriteKind(r.kind) && IsSealedKind(r.kind) != id_.sealed)
+      return Nack(proto::NackReason::kBadRecord,
+                  at + (id_.sealed ? "a plain write on a sealed volume" : "a sealed write on a plain volume"));
     switch (r.kind) {
+      case proto::RecordKind::kSealed:
+      case proto::RecordKind::kSealedZero:
+        if (r.length == 0 || r.length > proto::kMaxRecordLength)
+          return Nack(proto::NackReason::kBadRecord, at + "sealed length out of range");
+        if (r.offset % proto::kSealUnit != 0 || r.length % proto::kSealUnit != 0)
+          return Nack(proto::NackReason::kBadRecord, at + "sealed range not on whole 4 KiB blocks");
+        if (r.offset > id_.size || r.length > id_.size - r.offset)
+          return Nack(proto::NackReason::kBadRecord, at + "range past the end of the volume");
+        if (r.data.size() != proto::SealMacBytes(r.length) + (r.kind == proto::RecordKind::kSealed ? r.length : 0))
+          return Nack(proto::NackReason::kBadRecord, at + "sealed data size != blocks + MACs");
+        break;
       case proto::RecordKind::kData:
         if (r.length == 0) return Nack(proto::NackReason::kBadRecord, at + "zero length");
         if (r.length > proto::kMaxRecordLength) return Nack(proto::NackReason::kBadRecord, at + "absurd length");
@@ -252,7 +300,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
         return Nack(proto::NackReason::kBadRecord, at + "unknown kind");
     }
   }
-  Status s = ApplyLocked(recs, first, &out);
+  Status s = id_.sealed ? ApplyLocked(Unseal(recs, first, id_.size), 0, &out) : ApplyLocked(recs, first, &out);
   NoteApply(s);
   if (!s.ok()) {
     log::Get("mt.volume")->error("{} apply failed: {}; undoing the partial batch", log::Where{id_.name, "", applied + 1},
@@ -267,6 +315,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
     return s;
   }
   out.applied = recs.size() - first;
+  if (o_.metrics.records_applied) o_.metrics.records_applied->Inc(out.applied);
   return out;
 }
 
@@ -443,7 +492,6 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   out->durable_seq = last_seq;
   const VolumeMetrics& m = o_.metrics;
   if (m.bytes_applied) m.bytes_applied->Inc(change_bytes);
-  if (m.records_applied) m.records_applied->Inc(recs.size() - first);
   if (m.disk_read_bytes) m.disk_read_bytes->Inc(read_bytes);
   if (m.disk_write_bytes) m.disk_write_bytes->Inc(write_bytes);
   if (m.apply_lag_seconds && recs.back().timestamp_us) {

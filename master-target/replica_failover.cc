@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/sqlite.h"
 
 namespace cdp::mt {
@@ -209,6 +210,7 @@ Result<uint64_t> ReplicaVolume::ApplyFailback(std::vector<proto::Record> records
   ApplyOutcome out;
   Status s = ApplyLocked(records, 0, &out);
   NoteApply(s);
+  if (s.ok() && o_.metrics.records_applied) o_.metrics.records_applied->Inc(records.size());
   if (!s.ok()) {
     Status r = RecoverUncommitted();
     if (!r.ok()) {

@@ -52,6 +52,10 @@ CREATE TABLE IF NOT EXISTS failback(
   id INTEGER PRIMARY KEY CHECK (id = 1),
   quiesced INTEGER NOT NULL,
   time_us INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sealing(
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  unit INTEGER NOT NULL,
+  mac_size INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS points(
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   seq INTEGER NOT NULL,
@@ -70,6 +74,8 @@ Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
     return Status::InvalidArgument("bad block size " + std::to_string(id.block_size));
   if (id.size == 0 || id.size % id.block_size != 0)
     return Status::InvalidArgument("volume size must be a non-zero multiple of the block size");
+  if (id.sealed && id.size % proto::kSealUnit != 0)
+    return Status::InvalidArgument("a sealed volume's size must be a multiple of 4 KiB");
   Env* env = o_.env;
   CDP_RETURN_IF_ERROR(env->CreateDirs(JournalDir()));
   // A creation interrupted before its index row was committed left files that
@@ -84,7 +90,7 @@ Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
     oo.create = true;
     CDP_ASSIGN_OR_RETURN(auto f, env->Open(ReplicaPath(), oo));
     CDP_RETURN_IF_ERROR(f->Truncate(0));
-    CDP_RETURN_IF_ERROR(f->Truncate(id.size));
+    CDP_RETURN_IF_ERROR(f->Truncate(DeviceSize(id)));
     CDP_RETURN_IF_ERROR(f->Sync());
   }
   // The digests of an earlier volume of this name do not describe the new replica.
@@ -103,6 +109,11 @@ Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
     CDP_RETURN_IF_ERROR(st.BindAll(int64_t(kIndexFormatVersion), id.name, id.size, int64_t(id.block_size),
                                    ByteSpan(id.uuid.data(), id.uuid.size()), id.generation,
                                    uint64_t(kSegmentHeaderSize), o_.clock->WallMicros()));
+    CDP_RETURN_IF_ERROR(st.Run());
+  }
+  if (id.sealed) {
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("INSERT INTO sealing(id, unit, mac_size) VALUES(1, ?1, ?2)"));
+    CDP_RETURN_IF_ERROR(st.BindAll(int64_t(proto::kSealUnit), int64_t(proto::kSealMacSize)));
     CDP_RETURN_IF_ERROR(st.Run());
   }
   {
@@ -147,6 +158,15 @@ Status ReplicaVolume::LoadIndex() {
     CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT seq_base FROM history WHERE id = 1"));
     CDP_ASSIGN_OR_RETURN(bool row, st.Step());
     seq_base_.store(row ? uint64_t(st.ColumnInt64(0)) : 0);
+  }
+  {
+    // CreateIndexSchema made the table for indexes older than sealing.
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT unit, mac_size FROM sealing WHERE id = 1"));
+    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+    id_.sealed = row;
+    if (row && (st.ColumnInt64(0) != proto::kSealUnit || st.ColumnInt64(1) != proto::kSealMacSize))
+      return Status::Corruption(o_.index_path + ": sealing of " + std::to_string(st.ColumnInt64(0)) + "-byte blocks with " +
+                                std::to_string(st.ColumnInt64(1)) + "-byte MACs is not this version's");
   }
   std::optional<FailoverInfo> failover;
   {

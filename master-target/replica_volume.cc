@@ -86,11 +86,11 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
     CDP_RETURN_IF_ERROR(CreateFiles(*create));
   }
   CDP_RETURN_IF_ERROR(LoadIndex());
-  CDP_ASSIGN_OR_RETURN(undo_, UndoIndex::Open(db_.get(), o_.index_path, id_.size));
+  CDP_ASSIGN_OR_RETURN(undo_, UndoIndex::Open(db_.get(), o_.index_path, DeviceSize(id_)));
   OpenOptions ro;
   CDP_ASSIGN_OR_RETURN(replica_, o_.env->Open(ReplicaPath(), ro));
   CDP_ASSIGN_OR_RETURN(uint64_t rsize, replica_->Size());
-  if (rsize < id_.size) return Status::Corruption(ReplicaPath() + ": replica shorter than the volume");
+  if (rsize < DeviceSize(id_)) return Status::Corruption(ReplicaPath() + ": replica shorter than the volume");
   CDP_ASSIGN_OR_RETURN(digests_, DigestStore::Open(o_.env, DigestStorePath(), id_.uuid, id_.size));
   CDP_RETURN_IF_ERROR(RecoverUncommitted());
   CDP_RETURN_IF_ERROR(RebuildUndoIndex());
@@ -124,8 +124,22 @@ std::optional<ApplyStall> ReplicaVolume::stall() const {
   return stall_;
 }
 
+uint64_t DeviceSize(const VolumeIdentity& id) { return id.size + (id.sealed ? proto::SealMacBytes(id.size) : 0); }
+
 Status ReplicaVolume::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
   if (offset > id_.size || len > id_.size - offset) return Status::OutOfRange(id_.name + ": read past the end");
+  return ReadDeviceAt(point_seq, offset, len, buf);
+}
+
+Status ReplicaVolume::ReadMacsAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* macs) const {
+  if (!id_.sealed) return Status::InvalidArgument(id_.name + " is not sealed: it has no MACs");
+  if (offset % proto::kSealUnit != 0 || len % proto::kSealUnit != 0)
+    return Status::InvalidArgument(id_.name + ": MACs are read for whole 4 KiB blocks");
+  if (offset > id_.size || len > id_.size - offset) return Status::OutOfRange(id_.name + ": read past the end");
+  return ReadDeviceAt(point_seq, id_.size + proto::SealMacBytes(offset), proto::SealMacBytes(len), macs);
+}
+
+Status ReplicaVolume::ReadDeviceAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
   std::shared_lock<std::shared_mutex> lk = LockIndexShared();
   if (point_seq < horizon_)
     return Status::OutOfRange(id_.name + ": point " + std::to_string(point_seq) + " is below the retention horizon");
@@ -199,7 +213,9 @@ Result<ReplicaVolume::DigestAnswer> ReplicaVolume::Digests(const DigestQuery& q)
     src.read = [this, seq = q.at_seq](uint64_t off, size_t n, uint8_t* buf) { return ReadAt(seq, off, n, buf); };
   }
   DigestReader reader(std::move(src));
-  if (pin || !q.cached) {
+  if (id_.sealed) {
+    CDP_ASSIGN_OR_RETURN(a.digests, SealedDigests(reader, q, pin ? q.at_seq : 0));
+  } else if (pin || !q.cached) {
     CDP_ASSIGN_OR_RETURN(a.digests, reader.Units(q.unit, q.first, q.count));
   } else {
     CDP_ASSIGN_OR_RETURN(a.digests, CurrentDigests(reader, q, &a.bytes_skipped));
@@ -207,6 +223,36 @@ Result<ReplicaVolume::DigestAnswer> ReplicaVolume::Digests(const DigestQuery& q)
   a.bytes_read = reader.stats().bytes_read;
   a.bytes_skipped += reader.stats().bytes_skipped;
   return a;
+}
+
+Result<std::vector<proto::Hash128>> ReplicaVolume::SealedDigests(DigestReader& reader, const DigestQuery& q,
+                                                                 uint64_t at_seq) {
+  const uint64_t units = (id_.size + q.unit - 1) / q.unit;
+  const uint64_t last = std::min<uint64_t>(units, q.first + q.count);
+  const uint64_t per_unit = q.unit / kLeafSize;
+  const uint64_t window_units = std::max<uint64_t>(1, (uint64_t{1} << 16) / per_unit);
+  std::vector<proto::Hash128> out;
+  out.reserve(size_t(last - q.first));
+  Bytes macs;
+  for (uint64_t w = q.first; w < last; w += window_units) {
+    const uint64_t begin = w * q.unit;
+    const uint64_t end = std::min<uint64_t>(std::min(last, w + window_units) * q.unit, id_.size);
+    CDP_ASSIGN_OR_RETURN(std::vector<proto::Hash128> leaves, reader.Leaves(begin, end - begin));
+    macs.resize(size_t(proto::SealMacBytes(end - begin)));
+    const uint64_t mac_off = id_.size + proto::SealMacBytes(begin);
+    if (at_seq != 0) {
+      CDP_RETURN_IF_ERROR(ReadDeviceAt(at_seq, mac_off, macs.size(), macs.data()));
+    } else {
+      CDP_RETURN_IF_ERROR(replica_->Read(mac_off, macs.size(), macs.data()));
+    }
+    for (size_t k = 0; k < leaves.size(); ++k) {
+      if (leaves[k] == kZeroDigest && IsAllZero(macs.data() + k * proto::kSealMacSize, proto::kSealMacSize))
+        leaves[k] = kUnsealedZeroDigest;
+    }
+    std::vector<proto::Hash128> u = UnitsFromLeaves(leaves, q.unit);
+    out.insert(out.end(), u.begin(), u.end());
+  }
+  return out;
 }
 
 Result<std::vector<proto::Hash128>> ReplicaVolume::CurrentDigests(DigestReader& reader, const DigestQuery& q,

@@ -130,7 +130,16 @@ struct VolumeIdentity {
   uint32_t block_size = 4096;
   std::array<uint8_t, 16> uuid{};
   uint64_t generation = 0;
+  // Tenant-side encryption (common/seal.h): the volume takes only kSealed /
+  // kSealedZero records. Their MACs live in the replica file after the
+  // volume's `size` bytes (the MAC of block b at size + 16 b), are applied,
+  // journaled, rolled back and read at a point like any other bytes, and are
+  // never part of an export, a digest or a failback. Fixed at creation.
+  bool sealed = false;
 };
+
+// Bytes of the replica file: the volume, then the MACs of a sealed one.
+uint64_t DeviceSize(const VolumeIdentity& id);
 
 // kReplicating is shown as "protecting" (the operator's word for it).
 enum class VolumeState { kReplicating = 0, kRollingBack = 1, kFailedOver = 2, kFailingBack = 3, kFailedBack = 4 };
@@ -321,6 +330,11 @@ class ReplicaVolume {
   // or for a point below the horizon; kCorruption if a journal read fails its
   // check. Safe concurrently with ApplyBatch.
   Status ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const;
+  // A sealed volume: the MACs (proto::kSealMacSize bytes per 4 KiB block) of
+  // the blocks of [offset, offset + len) at `point_seq`, as ReadAt reads
+  // their stored bytes. kInvalidArgument for an unsealed volume or a range
+  // that is not whole 4 KiB blocks; otherwise as ReadAt.
+  Status ReadMacsAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* macs) const;
 
   // Pins `point_seq` for an export. kOutOfRange if it is below the horizon or
   // above the applied sequence.
@@ -444,6 +458,12 @@ class ReplicaVolume {
   // Moves to generation `gen` keeping everything (apply_mu_ held).
   Status Reprotect(uint64_t gen);
   Status UndoEntries(const std::vector<UndoEntry>& entries);
+  // ReadAt over the whole replica file (the MACs of a sealed volume included).
+  Status ReadDeviceAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const;
+  // A sealed volume's digests (apply_mu_ held for the current image, or the
+  // point pinned): the leaves read through `reader`, a zero leaf whose MAC
+  // slot is empty as kUnsealedZeroDigest, window by window.
+  Result<std::vector<proto::Hash128>> SealedDigests(DigestReader& reader, const DigestQuery& q, uint64_t at_seq);
   // Digests of the current image through digests_ (apply_mu_ held).
   Result<std::vector<proto::Hash128>> CurrentDigests(DigestReader& reader, const DigestQuery& q, uint64_t* skipped);
   Status ZeroReplica(uint64_t offset, uint64_t len);
