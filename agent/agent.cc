@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/hash.h"
+#include "common/seal.h"
 #include "common/log.h"
 #include "common/subprocess.h"
 
@@ -48,8 +49,20 @@ Status Agent::Start() {
   if (opts_.volumes.empty()) return Status::InvalidArgument("no volume configured");
   CDP_RETURN_IF_ERROR(opts_.env->CreateDirs(opts_.bitmap_dir));
   sites_.clear();
+  std::optional<seal::TenantKey> key;
+  for (const auto& v : opts_.volumes) {
+    if (!v.encrypted || key) continue;
+    if (opts_.key_file.empty())
+      return Status::InvalidArgument("volume " + v.name + " is encrypted: key_file (cdpctl keys init) is required");
+    CDP_ASSIGN_OR_RETURN(key, seal::LoadTenantKey(opts_.env, opts_.key_file));
+    log::Get("agent")->info("tenant key {} loaded from {}", key->Fingerprint(), opts_.key_file);
+  }
   for (const auto& v : opts_.volumes) {
     CaptureDevice::Options o;
+    if (v.encrypted) {
+      CDP_ASSIGN_OR_RETURN(seal::VolumeKeys keys, seal::DeriveVolumeKeys(*key, v.name));
+      CDP_ASSIGN_OR_RETURN(o.sealer, seal::BlockSealer::Create(keys));
+    }
     o.volume = v.name;
     o.env = opts_.env;
     o.clock = opts_.clock;

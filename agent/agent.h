@@ -61,6 +61,9 @@ struct VolumeConfig {
   std::string name;          // volume name (proto::ValidName)
   std::string backing_path;  // backing file or block device
   std::string export_name;   // NBD export name ("" = the volume name)
+  // Tenant-side encryption (common/seal.h): every block is sealed before it
+  // leaves this host, with keys derived from AgentOptions::key_file.
+  bool encrypted = false;
 };
 
 struct AgentOptions {
@@ -72,6 +75,7 @@ struct AgentOptions {
   uint64_t budget = 64ull << 20;   // per volume
   uint32_t region_size = 1u << 20;
   SenderOptions sender;          // PS address, tenant, secret, batching
+  std::string key_file;          // the tenant key file (cdpctl keys init): required by encrypted volumes
   bool sender_enabled = true;    // false: capture only (benchmarks of the tap alone)
   HostPort control{"127.0.0.1", 9100};  // HTTP server; port 0 = ephemeral, off() = none
   std::string freeze_command;    // run through /bin/sh -c before a tag ("" = none)

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
@@ -17,6 +18,8 @@ po::options_description AgentConfigDescription() {
   desc.add_options()
       ("volume", value<std::vector<std::string>>()->composing(), "NAME=PATH: protect backing file/device PATH as volume NAME (repeatable)")
       ("export_name", value<std::vector<std::string>>()->composing(), "NAME=EXPORT: NBD export name of volume NAME (default: NAME)")
+      ("encryption", value<std::vector<std::string>>()->composing(), "on|off for every volume, or NAME=on|off for one: tenant-side encryption (blocks sealed before they leave this host)")
+      ("key_file", value<std::string>()->default_value(""), "the tenant key file (cdpctl keys init); required by encrypted volumes")
       ("nbd_listen", value<std::string>()->default_value("none"),
        "NBD TCP listener host:port ('none' = off); TCP requires NBD TLS (tls = on)")
       ("nbd_unix", value<std::string>()->default_value(""),
@@ -65,6 +68,21 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
       exports[e.substr(0, eq)] = e.substr(eq + 1);
     }
   }
+  bool encrypt_all = false;
+  std::map<std::string, bool> encrypt;
+  if (vm.count("encryption")) {
+    for (const auto& e : vm["encryption"].as<std::vector<std::string>>()) {
+      const auto eq = e.find('=');
+      const std::string value = eq == std::string::npos ? e : e.substr(eq + 1);
+      if (value != "on" && value != "off")
+        return Status::InvalidArgument("encryption must be on, off, NAME=on or NAME=off: '" + e + "'");
+      if (eq == std::string::npos) {
+        encrypt_all = value == "on";
+      } else {
+        encrypt[e.substr(0, eq)] = value == "on";
+      }
+    }
+  }
   if (vm.count("volume")) {
     for (const auto& v : vm["volume"].as<std::vector<std::string>>()) {
       auto eq = v.find('=');
@@ -73,10 +91,20 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
       VolumeConfig vc{v.substr(0, eq), v.substr(eq + 1), ""};
       if (!proto::ValidName(vc.name)) return Status::InvalidArgument("bad volume name '" + vc.name + "'");
       if (auto it = exports.find(vc.name); it != exports.end()) vc.export_name = it->second;
+      vc.encrypted = encrypt_all;
+      if (auto it = encrypt.find(vc.name); it != encrypt.end()) vc.encrypted = it->second;
       ao.volumes.push_back(vc);
     }
   }
   if (ao.volumes.empty()) return Status::InvalidArgument("no volume configured (volume = NAME=PATH)");
+  for (const auto& [name, on] : encrypt) {
+    if (std::none_of(ao.volumes.begin(), ao.volumes.end(), [&](const VolumeConfig& v) { return v.name == name; }))
+      return Status::InvalidArgument("encryption names volume '" + name + "', which is not configured");
+  }
+  ao.key_file = vm["key_file"].as<std::string>();
+  if (ao.key_file.empty() &&
+      std::any_of(ao.volumes.begin(), ao.volumes.end(), [](const VolumeConfig& v) { return v.encrypted; }))
+    return Status::InvalidArgument("encrypted volumes need key_file (create one with cdpctl keys init)");
   const auto listener = HostPort::Rules::OptionalListen();
   CDP_ASSIGN_OR_RETURN(HostPort nbd, GetHostPort(vm, "nbd_listen", listener));
   ao.nbd.tcp_host = nbd.host;

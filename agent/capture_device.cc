@@ -7,6 +7,8 @@
 namespace cdp::agent {
 namespace {
 constexpr uint64_t kZeroChunk = 1u << 20;
+uint64_t BlockFloor(uint64_t x) { return x / seal::kUnit * seal::kUnit; }
+uint64_t BlockCeil(uint64_t x) { return (x + seal::kUnit - 1) / seal::kUnit * seal::kUnit; }
 }  // namespace
 
 Result<std::shared_ptr<CaptureDevice>> CaptureDevice::Open(const Options& opts) {
@@ -20,6 +22,10 @@ Result<std::shared_ptr<CaptureDevice>> CaptureDevice::Open(const Options& opts) 
   if (size == 0) return Status::InvalidArgument("backing store " + opts.backing_path + " is empty");
   if (size % 512 != 0) {
     return Status::InvalidArgument("backing store " + opts.backing_path + " size is not a multiple of 512");
+  }
+  if (opts.sealer && size % seal::kUnit != 0) {
+    return Status::InvalidArgument("backing store " + opts.backing_path +
+                                   ": an encrypted volume's size must be a multiple of 4 KiB");
   }
   DirtyBitmap::Options bo;
   bo.env = opts.env;
@@ -85,11 +91,16 @@ Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
   if (std::string f = write_fence(); !f.empty()) return Status::PermissionDenied(f);
   if (offset > size_ || len > size_ - offset) return Status::OutOfRange("write past the end of the volume");
   if (len > proto::kMaxRecordLength) return Status::InvalidArgument("write larger than a record");
+  // A sealed volume captures whole blocks: a partial one is read back (the
+  // widened range touches the same bitmap regions, which are whole blocks).
+  const bool widen = opts_.sealer && (offset % seal::kUnit != 0 || len % seal::kUnit != 0);
+  if (widen && BlockCeil(offset + len) - BlockFloor(offset) > proto::kMaxRecordLength)
+    return Status::InvalidArgument("write larger than a record");
   CDP_RETURN_IF_ERROR(bitmap_->MarkAndPin(offset, len));
   // Copy the data for the queue before taking the capture lock (the mode may
   // change meanwhile; the copy is then simply dropped).
   std::shared_ptr<const Bytes> copy;
-  if (queue_->mode() == CaptureMode::kData) copy = std::make_shared<const Bytes>(data.begin(), data.end());
+  if (!widen && queue_->mode() == CaptureMode::kData) copy = std::make_shared<const Bytes>(data.begin(), data.end());
   {
     auto lk = queue_->Lock();
     Status s = file_->Write(offset, data);
@@ -100,9 +111,13 @@ Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
       bitmap_->AssignResync(offset, len);
       return s;
     }
-    uint64_t seq = queue_->AppendLocked(proto::RecordKind::kData, offset, uint32_t(len), data, std::move(copy));
-    if (seq != 0) bitmap_->Assign(offset, len, seq);
-    else bitmap_->AssignResync(offset, len);
+    if (widen) {
+      CDP_RETURN_IF_ERROR(QueueBlocksLocked(BlockFloor(offset), BlockCeil(offset + len) - BlockFloor(offset)));
+    } else {
+      uint64_t seq = queue_->AppendLocked(proto::RecordKind::kData, offset, uint32_t(len), data, std::move(copy));
+      if (seq != 0) bitmap_->Assign(offset, len, seq);
+      else bitmap_->AssignResync(offset, len);
+    }
   }
   if (fua) return SyncBacking();
   return Status::OK();
@@ -130,13 +145,37 @@ Status CaptureDevice::ApplyRange(proto::RecordKind kind, uint64_t offset, uint64
     bitmap_->AssignResync(offset, len);  // as in Write: part may have landed
     return s;
   }
-  for (uint64_t done = 0; done < len;) {
-    uint64_t n = std::min<uint64_t>(proto::kMaxRecordLength, len - done);
-    uint64_t seq = queue_->AppendLocked(kind, offset + done, uint32_t(n), {});
-    if (seq != 0) bitmap_->Assign(offset + done, n, seq);
-    else bitmap_->AssignResync(offset + done, n);
+  uint64_t end = offset + len;
+  if (opts_.sealer) {
+    // Partial blocks at either end are data records of the whole block; the
+    // whole blocks between stay a zero/trim range.
+    const uint64_t head = BlockCeil(offset), tail = BlockFloor(end);
+    if (head > tail) return QueueBlocksLocked(BlockFloor(offset), seal::kUnit);  // inside one block
+    if (head != offset) CDP_RETURN_IF_ERROR(QueueBlocksLocked(BlockFloor(offset), seal::kUnit));
+    if (tail != end) CDP_RETURN_IF_ERROR(QueueBlocksLocked(tail, seal::kUnit));
+    offset = head;
+    end = tail;
+  }
+  for (uint64_t done = offset; done < end;) {
+    uint64_t n = std::min<uint64_t>(proto::kMaxRecordLength, end - done);
+    uint64_t seq = queue_->AppendLocked(kind, done, uint32_t(n), {});
+    if (seq != 0) bitmap_->Assign(done, n, seq);
+    else bitmap_->AssignResync(done, n);
     done += n;
   }
+  return Status::OK();
+}
+
+Status CaptureDevice::QueueBlocksLocked(uint64_t offset, uint64_t len) {
+  auto blocks = std::make_shared<Bytes>(len);
+  if (Status s = file_->Read(offset, len, blocks->data()); !s.ok()) {
+    bitmap_->AssignResync(offset, len);  // compared and shipped by the resync instead
+    return s;
+  }
+  const ByteSpan view(blocks->data(), blocks->size());
+  uint64_t seq = queue_->AppendLocked(proto::RecordKind::kData, offset, uint32_t(len), view, std::move(blocks));
+  if (seq != 0) bitmap_->Assign(offset, len, seq);
+  else bitmap_->AssignResync(offset, len);
   return Status::OK();
 }
 
@@ -179,7 +218,12 @@ Result<std::vector<proto::Hash128>> CaptureDevice::LeafDigests(uint64_t offset, 
                                                                DigestStats* stats) const {
   DigestSource src;
   src.size = size_;
-  src.read = [this](uint64_t off, size_t n, uint8_t* buf) { return file_->Read(off, n, buf); };
+  src.read = [this](uint64_t off, size_t n, uint8_t* buf) {
+    CDP_RETURN_IF_ERROR(file_->Read(off, n, buf));
+    // A sealed volume is compared as the replica holds it: sealed.
+    if (opts_.sealer) return opts_.sealer->Seal(off, std::span<uint8_t>(buf, n), nullptr);
+    return Status::OK();
+  };
   src.next_data = [this](uint64_t off) { return file_->NextData(off); };
   DigestReader reader(std::move(src));
   auto leaves = reader.Leaves(offset, len);

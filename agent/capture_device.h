@@ -10,6 +10,13 @@
 //      its regions are flagged for a resync),
 //   4. with FUA, followed by a sync of the backing store.
 //
+// A sealed volume (Options::sealer; tenant-side encryption, common/seal.h)
+// captures whole 4 KiB blocks: a write, zero or trim that covers part of a
+// block is captured, under the capture lock, as a data record of the whole
+// block as the backing store holds it after the write (so the record is the
+// image at its sequence, and the sender can seal it). Digests (resync,
+// verify) are of the sealed blocks, as the replica holds them.
+//
 // FLUSH syncs the backing store, then queues a kFlush record (a
 // crash-consistent boundary) unless the volume is inside a window where no
 // recovery point can be promised (metadata or bitmap mode, or a resync pending).
@@ -31,6 +38,7 @@
 #include "common/env.h"
 #include "common/nbd_server.h"
 #include "common/protocol.h"
+#include "common/seal.h"
 
 namespace cdp::agent {
 
@@ -58,6 +66,8 @@ class CaptureDevice final : public BlockDevice {
     uint64_t budget = 64ull << 20;  // capture queue memory budget
     uint32_t region_size = 1u << 20;
     uint32_t block_size = 4096;     // advertised to NBD clients
+    // Tenant-side encryption: seal every block with these keys (null: plain).
+    std::shared_ptr<const seal::BlockSealer> sealer;
   };
 
   // Opens the backing store and the dirty bitmap. Fails with kInvalidArgument
@@ -77,6 +87,8 @@ class CaptureDevice final : public BlockDevice {
 
   // --- For the sender, resync and tags ---
   const std::string& volume() const { return opts_.volume; }
+  // The volume's sealer (tenant-side encryption), or null.
+  const seal::BlockSealer* sealer() const { return opts_.sealer.get(); }
   CaptureQueue& queue() { return *queue_; }
   DirtyBitmap& bitmap() { return *bitmap_; }
   // Reads the backing store (metadata-mode records, hashing).
@@ -141,6 +153,9 @@ class CaptureDevice final : public BlockDevice {
                 std::unique_ptr<DirtyBitmap> bitmap);
   // Applies a zero/trim range under the capture lock, in record-sized chunks.
   Status ApplyRange(proto::RecordKind kind, uint64_t offset, uint64_t len, bool punch);
+  // Sealed volumes, capture lock held: queues [offset, offset + len) (whole
+  // blocks) as a data record of what the backing store holds now.
+  Status QueueBlocksLocked(uint64_t offset, uint64_t len);
   Status SyncBacking();
 
   Options opts_;

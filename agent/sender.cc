@@ -46,6 +46,25 @@ const SenderOptions& WithClock(SenderOptions& o) {
 
 }  // namespace
 
+// Seals one record of a sealed volume (common/seal.h) in place: data becomes
+// kSealed (the stored blocks, then their MACs), zero and trim kSealedZero (the
+// MACs of the zero blocks); flushes and tags stay as they are.
+Status SealRecord(const seal::BlockSealer& sealer, proto::Record* r) {
+  if (r->kind == proto::RecordKind::kData) {
+    Bytes macs(seal::MacBytes(r->length));
+    if (Status s = sealer.Seal(r->offset, r->data, macs.data()); !s.ok())
+      return s.WithContext("record seq " + std::to_string(r->seq) + " of a sealed volume");
+    r->data.insert(r->data.end(), macs.begin(), macs.end());
+    r->kind = proto::RecordKind::kSealed;
+  } else if (r->kind == proto::RecordKind::kZero || r->kind == proto::RecordKind::kTrim) {
+    r->data.resize(seal::MacBytes(r->length));
+    if (Status s = sealer.ZeroMacs(r->offset, r->length, r->data.data()); !s.ok())
+      return s.WithContext("record seq " + std::to_string(r->seq) + " of a sealed volume");
+    r->kind = proto::RecordKind::kSealedZero;
+  }
+  return Status::OK();
+}
+
 std::array<uint8_t, 16> VolumeUuid(const std::string& name) {
   proto::Hash128 id = Xxh3_128(name.data(), name.size());
   std::array<uint8_t, 16> u{};
@@ -126,6 +145,7 @@ proto::VolumeOpen Sender::OpenMessage() {
   vo.block_size = dev_->preferred_block_size();
   vo.uuid = VolumeUuid(vo.name);
   vo.generation = generation_.load();
+  vo.sealed = dev_->sealer() != nullptr;
   return vo;
 }
 
@@ -176,6 +196,8 @@ Status Sender::Read(uint64_t from, uint64_t max_bytes, size_t max_records, std::
     } else if (r.data) {
       pr.data = *r.data;
     }
+    // Tenant-side encryption: nothing of the block leaves this host in the clear.
+    if (const seal::BlockSealer* s = dev_->sealer()) CDP_RETURN_IF_ERROR(SealRecord(*s, &pr));
     out->push_back(std::move(pr));
   }
   std::lock_guard lk(mu_);

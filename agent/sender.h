@@ -89,6 +89,11 @@ struct SenderStats {
   std::string fenced;
 };
 
+// Seals a record of a sealed volume for the wire (common/seal.h): kData ->
+// kSealed, kZero / kTrim -> kSealedZero, others unchanged. kInvalidArgument
+// for a range that is not whole 4 KiB blocks.
+Status SealRecord(const seal::BlockSealer& sealer, proto::Record* r);
+
 // The volume's uuid as its VolumeOpen announces it: XXH3-128 of the name.
 std::array<uint8_t, 16> VolumeUuid(const std::string& name);
 

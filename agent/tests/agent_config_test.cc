@@ -132,3 +132,27 @@ TEST_CASE("agent config: control tokens are on by default, off or a file by choi
   CHECK(Error(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\ncontrol_auth = maybe\n") ==
         "bad value 'maybe' for 'control_auth' (token | off)");
 }
+
+TEST_CASE("agent config: encryption per volume or for all, and its key file", "[config][sealed]") {
+  auto env = cdp::NewMemEnv();
+  const std::string base = "volume = db=/dev/vdb\nvolume = logs=/srv/logs.img\nnbd_listen = none\ntenant = acme\n"
+                           "secret = s\n";
+  auto o = Load(env.get(), base + "encryption = db=on\nkey_file = /etc/opencdp/tenant.key\n");
+  REQUIRE(o.ok());
+  CHECK(o->volumes[0].encrypted);
+  CHECK_FALSE(o->volumes[1].encrypted);
+  CHECK(o->key_file == "/etc/opencdp/tenant.key");
+  o = Load(env.get(), base + "encryption = on\nencryption = logs=off\nkey_file = /k\n");
+  REQUIRE(o.ok());
+  CHECK(o->volumes[0].encrypted);
+  CHECK_FALSE(o->volumes[1].encrypted);
+  o = Load(env.get(), base);
+  REQUIRE(o.ok());
+  CHECK_FALSE(o->volumes[0].encrypted);
+  CHECK(Error(env.get(), base + "encryption = on\n") ==
+        "encrypted volumes need key_file (create one with cdpctl keys init)");
+  CHECK(Error(env.get(), base + "encryption = db=yes\nkey_file = /k\n") ==
+        "encryption must be on, off, NAME=on or NAME=off: 'db=yes'");
+  CHECK(Error(env.get(), base + "encryption = web=on\nkey_file = /k\n") ==
+        "encryption names volume 'web', which is not configured");
+}

@@ -208,7 +208,7 @@ TEST_CASE("verify: a region flagged for resync, or unsent metadata, is busy", "[
   }
   SECTION("provisional sequence numbers (before the first resume)") {
     Fixture g;
-    auto fresh = CaptureDevice::Open({"vol2", &g.env, &g.clock, kBacking, "/vol/bitmap2", 16 * kMiB, 1u << 20, 4096});
+    auto fresh = CaptureDevice::Open({"vol2", &g.env, &g.clock, kBacking, "/vol/bitmap2", 16 * kMiB, 1u << 20, 4096, nullptr});
     REQUIRE(fresh.ok());
     for (uint64_t r = 0; r < (*fresh)->bitmap().region_count(); ++r) (*fresh)->bitmap().ResyncDone(r, 0);
     auto d = (*fresh)->DigestAtQuietPoint(0, kMiB, 1u << 20, 20, nullptr);

@@ -11,6 +11,8 @@
 
 #include "agent/tests/test_peer.h"
 #include "common/fault_env.h"
+#include "common/block_digest.h"
+#include "common/seal.h"
 #include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;
@@ -43,8 +45,10 @@ cdp::Bytes ReadAll(cdp::Env* env, const std::string& path) {
   return *r;
 }
 
-std::shared_ptr<CaptureDevice> OpenDevice(cdp::Env* env, uint64_t budget = 64 * kMiB, const std::string& dir = "/d") {
+std::shared_ptr<CaptureDevice> OpenDevice(cdp::Env* env, uint64_t budget = 64 * kMiB, const std::string& dir = "/d",
+                                          std::shared_ptr<const cdp::seal::BlockSealer> sealer = nullptr) {
   CaptureDevice::Options o;
+  o.sealer = std::move(sealer);
   o.volume = "vol";
   o.env = env;
   o.clock = cdp::SystemClock::Get();
@@ -373,4 +377,55 @@ TEST_CASE("the resync keeps at most its fill target queued: live writes keep the
   REQUIRE(dev->queue().Stats().to_metadata == 0);
   REQUIRE(peer.Image() == expect);
   sender.Stop();
+}
+
+TEST_CASE("an encrypted volume ships only sealed blocks: the peer holds the sealed source, every block opens, and "
+          "partial writes travel as whole blocks",
+          "[sender][sealed]") {
+  auto env = cdp::NewMemEnv();
+  const uint64_t size = 4 * kMiB;
+  cdp::Bytes src = Random(size, 5);
+  std::fill(src.begin() + long(2 * kMiB), src.end(), 0);  // the second half reads as zeros
+  MakeBacking(env.get(), "/d/vol.img", src);
+  cdp::seal::TenantKey key;
+  key.bytes.fill(7);
+  auto sealer = *cdp::seal::BlockSealer::Create(*cdp::seal::DeriveVolumeKeys(key, "vol"));
+  TestPeer peer("t1", "s3cret", size);
+  auto dev = OpenDevice(env.get(), 64 * kMiB, "/d", sealer);
+  Sender sender(dev.get(), Opts(peer));
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  // Partial writes and zeroes: captured as whole blocks.
+  cdp::Bytes bytes = Random(1000, 9);
+  REQUIRE(dev->Write(3 * 4096 + 100, bytes, false).ok());
+  REQUIRE(dev->WriteZeroes(10 * 4096 + 512, 3 * 4096, false, true).ok());
+  REQUIRE(dev->Trim(3 * kMiB, 8192, false).ok());
+  REQUIRE(dev->Flush().ok());
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  sender.Stop();
+  cdp::Bytes source = ReadAll(env.get(), "/d/vol.img");
+  cdp::Bytes sealed = source;
+  REQUIRE(sealer->Seal(0, sealed, nullptr).ok());
+  CHECK(peer.Image() == sealed);
+  CHECK(peer.count(cdp::proto::RecordKind::kData) == 0);
+  CHECK(peer.count(cdp::proto::RecordKind::kZero) == 0);
+  CHECK(peer.count(cdp::proto::RecordKind::kTrim) == 0);
+  CHECK(peer.count(cdp::proto::RecordKind::kSealed) > 0);
+  CHECK(peer.count(cdp::proto::RecordKind::kSealedZero) == 2);  // the zeroed whole blocks, the trim
+  // The blocks written after the initial sync open with the volume's keys to the source.
+  cdp::Bytes macs = peer.Macs();
+  REQUIRE(macs.size() == cdp::seal::MacBytes(size));
+  for (uint64_t first : {uint64_t{3}, uint64_t{10}, uint64_t{11}, uint64_t{12}, uint64_t{13}}) {
+    INFO("block " << first);
+    cdp::Bytes b(sealed.begin() + long(first * 4096), sealed.begin() + long(first * 4096 + 4096));
+    REQUIRE(sealer->Open(first * 4096, b, macs.data() + first * 16).ok());
+    CHECK(std::equal(b.begin(), b.end(), source.begin() + long(first * 4096)));
+  }
+  // And no data block of the source travelled in the clear.
+  const cdp::Bytes image = peer.Image();
+  for (uint64_t b = 0; b < 2 * kMiB / 4096; ++b) {
+    if (cdp::IsAllZero(source.data() + b * 4096, 4096)) continue;  // blocks 11 and 12 were zeroed
+    CHECK(!std::equal(image.begin() + long(b * 4096), image.begin() + long(b * 4096 + 4096),
+                      source.begin() + long(b * 4096)));
+  }
 }

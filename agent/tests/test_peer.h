@@ -69,6 +69,11 @@ class TestPeer {
     std::lock_guard lk(mu_);
     return Vol(vol).image;
   }
+  // A sealed volume's MACs as received (empty until the first sealed record).
+  Bytes Macs(const std::string& vol = "vol") {
+    std::lock_guard lk(mu_);
+    return Vol(vol).macs;
+  }
   uint64_t durable(const std::string& vol = "vol") {
     std::lock_guard lk(mu_);
     return Vol(vol).durable;
@@ -228,6 +233,7 @@ class TestPeer {
     std::vector<proto::Record> held;
     std::map<proto::RecordKind, uint64_t> kinds;
     std::vector<std::pair<std::string, uint64_t>> tags;
+    Bytes macs;  // sealed volumes: kSealMacSize bytes per 4 KiB block, as the MT keeps them
   };
   static void Apply(VolState& v, const proto::Record& r) {  // mu_ held
     Bytes& img = v.image;
@@ -244,6 +250,18 @@ class TestPeer {
         break;
       case proto::RecordKind::kFlush:
         break;
+      case proto::RecordKind::kSealed:
+      case proto::RecordKind::kSealedZero: {
+        const uint64_t mac_bytes = proto::SealMacBytes(r.length);
+        if (r.kind == proto::RecordKind::kSealed) {
+          std::copy(r.data.begin(), r.data.begin() + long(r.length), img.begin() + long(r.offset));
+        } else {
+          std::fill(img.begin() + long(r.offset), img.begin() + long(r.offset + r.length), 0);
+        }
+        if (v.macs.size() < proto::SealMacBytes(img.size())) v.macs.resize(proto::SealMacBytes(img.size()));
+        std::copy(r.data.end() - long(mac_bytes), r.data.end(), v.macs.begin() + long(proto::SealMacBytes(r.offset)));
+        break;
+      }
     }
   }
   VolState& Vol(const std::string& name) {  // mu_ held
