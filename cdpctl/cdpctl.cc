@@ -16,6 +16,7 @@
 #include "common/http_client.h"
 #include "common/pki.h"
 #include "common/protocol.h"
+#include "common/seal.h"
 #include "common/version.h"
 
 namespace cdp::ctl {
@@ -388,7 +389,8 @@ int Failback(const Options& o, const std::string& volume, int max_passes, std::o
   return 0;
 }
 
-int Export(const Options& o, const std::string& spec, bool writable, std::ostream& out, std::ostream& err) {
+int Export(const Options& o, const std::string& spec, bool writable, std::ostream& out, std::ostream& err,
+           const std::string& key_file = "") {
   size_t at = spec.find('@');
   if (at == std::string::npos || at == 0 || at + 1 == spec.size()) {
     err << "cdpctl: export wants VOLUME@POINT (POINT: an id from 'points', or seq:N)\n";
@@ -396,6 +398,21 @@ int Export(const Options& o, const std::string& spec, bool writable, std::ostrea
   }
   json::object b = PointArg(spec.substr(0, at), spec.substr(at + 1), o);
   b["writable"] = writable;
+  if (!key_file.empty()) {
+    // The tenant key never leaves this host: only the volume's derived keys
+    // go to the master target (over the control channel), for this export.
+    auto key = seal::LoadTenantKey(DefaultEnv(), key_file);
+    if (!key.ok()) {
+      err << "cdpctl: " << key.status().message() << "\n";
+      return 1;
+    }
+    auto keys = seal::DeriveVolumeKeys(*key, spec.substr(0, at));
+    if (!keys.ok()) {
+      err << "cdpctl: " << keys.status().message() << "\n";
+      return 1;
+    }
+    b["keys"] = seal::EncodeVolumeKeys(*keys);
+  }
   Call c = Http(o, o.mt, "POST", "/v1/export", b);
   if (!c.reached || c.status != 200) return Fail(err, "export " + spec, c);
   if (o.json) {
@@ -409,6 +426,11 @@ int Export(const Options& o, const std::string& spec, bool writable, std::ostrea
       << "  (sequence "
       << uint64_t(Num(r, "seq")) << (writable ? ", writable overlay discarded at unexport" : ", read-only")
       << ")\n";
+  if (Str(r, "serves") == "ciphertext") {
+    out << "  encrypted volume: this export serves the stored (encrypted) blocks; add --key-file to read them\n";
+  } else if (Str(r, "serves") == "plaintext") {
+    out << "  encrypted volume: decrypted with your key; every block's integrity is checked on read\n";
+  }
   if (nbds) out << "  NBD TLS: append ?tls-certificates=DIR, a directory with the tenant's ca-cert.pem, client-cert.pem, client-key.pem\n";
   return 0;
 }
@@ -916,7 +938,8 @@ int Token(const Options& o, const std::vector<std::string>& args, std::ostream& 
 constexpr const char* kUsage =
     "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
     "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
-    "  export VOLUME@POINT [--writable] | unexport EXPORT |\n"
+    "  export VOLUME@POINT [--writable | --key-file F] | unexport EXPORT |\n"
+    "  keys init --out FILE | keys show FILE |\n"
     "  verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s] |\n"
     "  failover VOLUME --to POINT [--test] | failover VOLUME --undo | failover VOLUME --commit |\n"
     "  failback VOLUME [--passes N] | branches |\n"
@@ -932,12 +955,44 @@ constexpr const char* kUsage =
 int Usage(const std::vector<std::string>& args, std::ostream& err) {
   for (const std::string& a : args) {
     if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size" && a != "--repair" &&
-        a != "--max-rate" && a != "--test" && a != "--undo" && a != "--commit") {
+        a != "--max-rate" && a != "--test" && a != "--undo" && a != "--commit" && a != "--key-file" && a != "--out") {
       err << "cdpctl: unknown option '" << a << "'\n";
       break;
     }
   }
   err << kUsage;
+  return 2;
+}
+
+// keys init --out FILE | keys show FILE: the tenant key file (common/seal.h).
+int Keys(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args.size() == 4 && args[1] == "init" && args[2] == "--out") {
+    auto key = seal::GenerateTenantKey();
+    if (!key.ok()) return err << "cdpctl: " << key.status().message() << "\n", 1;
+    if (::cdp::Status s = seal::SaveTenantKey(DefaultEnv(), args[3], *key); !s.ok()) {
+      err << "cdpctl: " << s.message() << "\n";
+      return 1;
+    }
+    if (o.json) {
+      out << json::serialize(json::object{{"key_file", args[3]}, {"fingerprint", key->Fingerprint()}}) << "\n";
+      return 0;
+    }
+    out << "tenant key " << key->Fingerprint() << " written to " << args[3] << " (mode 0600)\n"
+        << "  Back it up now, away from this site and from the provider: without it no encrypted replica can\n"
+        << "  ever be read again (docs/encryption.md, \"Key backup\"). cdpctl keys show FILE checks a copy.\n";
+    return 0;
+  }
+  if (args.size() == 3 && args[1] == "show") {
+    auto key = seal::LoadTenantKey(DefaultEnv(), args[2]);
+    if (!key.ok()) return err << "cdpctl: " << key.status().message() << "\n", 1;
+    if (o.json) {
+      out << json::serialize(json::object{{"key_file", args[2]}, {"fingerprint", key->Fingerprint()}}) << "\n";
+    } else {
+      out << "tenant key " << key->Fingerprint() << " (" << args[2] << ")\n";
+    }
+    return 0;
+  }
+  err << "cdpctl: keys wants 'init --out FILE' or 'show FILE'\n";
   return 2;
 }
 
@@ -1017,6 +1072,8 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   if (cmd == "export" && (args.size() == 2 || (args.size() == 3 && args[2] == "--writable"))) {
     return Export(o, args[1], args.size() == 3, out, err);
   }
+  if (cmd == "export" && args.size() == 4 && args[2] == "--key-file") return Export(o, args[1], false, out, err, args[3]);
+  if (cmd == "keys" && args.size() >= 2) return Keys(o, args, out, err);
   if (cmd == "unexport" && args.size() == 2) return Unexport(o, args[1], out, err);
   if (cmd == "failover" && args.size() == 5 && args[2] == "--to" && args[4] == "--test") {
     return Export(o, args[1] + "@" + args[3], true, out, err);  // today's test failover

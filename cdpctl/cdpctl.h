@@ -8,6 +8,10 @@
 //     points VOLUME                 recovery points held by the master target
 //     rollback VOLUME --to POINT    fail over: rewind the replica to a point
 //     export VOLUME@POINT [--writable]   serve the point over NBD (test failover)
+//     export VOLUME@POINT --key-file F   an encrypted volume's point, decrypted
+//                                   (the volume's keys, derived here from the
+//                                   tenant key file, held by the export in memory)
+//     keys init --out FILE | keys show FILE   the tenant key file (common/seal.h)
 //     failover VOLUME --to POINT [--test]   promote the point as a persistent
 //                                   read-write export, fence the old primary
 //                                   (--test: a writable export, as export --writable)
