@@ -42,7 +42,7 @@ bool ValidShape(proto::RecordKind kind, uint32_t length, size_t data_len) {
 bool DecodeHead(ByteSpan head, size_t data_len, proto::Record* r) {
   const uint8_t* p = head.data();
   uint8_t kind = p[20];
-  if (kind < 1 || kind > 5) return false;
+  if (kind < uint8_t(proto::RecordKind::kData) || kind > uint8_t(proto::RecordKind::kSealedZero)) return false;
   r->seq = DecodeFixed64(p);
   r->offset = DecodeFixed64(p + 8);
   r->length = DecodeFixed32(p + 16);

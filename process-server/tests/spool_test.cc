@@ -135,6 +135,38 @@ TEST_CASE("spool stores all-zero data as a zero record and keeps tags", "[spool]
   CHECK(SameRecord(all[2], f));
 }
 
+TEST_CASE("spool keeps sealed records byte for byte, all-zero blocks included, across a reopen", "[spool][sealed]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ManualClock clock;
+  std::vector<Record> b;
+  Record s;
+  s.seq = 1;
+  s.offset = 8192;
+  s.length = 8192;
+  s.kind = RecordKind::kSealed;
+  s.data.assign(8192 + 32, 0);  // a sealed zero block stays zero: never turned into a zero record
+  s.data[8192] = 0x11;
+  b.push_back(s);
+  Record z;
+  z.seq = 2;
+  z.offset = 0;
+  z.length = 4096;
+  z.kind = RecordKind::kSealedZero;
+  z.data.assign(16, 0x22);
+  b.push_back(z);
+  {
+    auto sp = cdp::ps::Spool::Open(Opts(env.get(), &clock));
+    REQUIRE(sp.ok());
+    REQUIRE((*sp)->Append(b).status.ok());
+  }
+  auto sp = cdp::ps::Spool::Open(Opts(env.get(), &clock));
+  REQUIRE(sp.ok());
+  auto all = ReadAll(**sp);
+  REQUIRE(all.size() == 2);
+  CHECK(SameRecord(all[0], s));
+  CHECK(SameRecord(all[1], z));
+}
+
 TEST_CASE("spool recovers every record across segments after reopen", "[spool]") {
   auto env = cdp::NewMemEnv();
   cdp::ManualClock clock;
