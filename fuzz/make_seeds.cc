@@ -32,6 +32,8 @@ std::vector<Message> Samples() {
   vo.name = "vol1";
   vo.size = 1 << 30;
   v.push_back(vo);
+  vo.sealed = true;  // a sealed volume's open carries its flags byte
+  v.push_back(vo);
   v.push_back(VolumeOpenReply{1, 10});
   for (Codec codec : {Codec::kNone, Codec::kLz4, Codec::kZstd}) {
     WriteBatch wb;
@@ -45,6 +47,12 @@ std::vector<Message> Samples() {
     wb.records.push_back({4, 0, 0, RecordKind::kFlush, 8, {}});
     wb.records.push_back({5, 0, 0, RecordKind::kTag, 9, Bytes{'t', 'a', 'g'}});
     v.push_back(wb);
+    WriteBatch sealed;
+    sealed.volume_id = 2;
+    sealed.codec = codec;
+    sealed.records.push_back({1, 4096, 4096, RecordKind::kSealed, 5, Bytes(4096 + 16, 0x5a)});
+    sealed.records.push_back({2, 0, 8192, RecordKind::kSealedZero, 6, Bytes(32, 0xa5)});
+    v.push_back(sealed);
   }
   v.push_back(Ack{1, 5});
   v.push_back(Nack{1, NackReason::kGap, 6, "gap"});

@@ -145,7 +145,13 @@ void Spool(const std::string& dir) {
       r.seq = s;
       r.offset = s * 4096;
       r.timestamp_us = 1700000000000000ull + s;
-      if (s % 3 == 0) {
+      if (s % 7 == 0) {
+        // A sealed volume's records (common/seal.h): blocks then MACs, or MACs alone.
+        r.kind = s % 2 == 0 ? proto::RecordKind::kSealed : proto::RecordKind::kSealedZero;
+        r.offset = s * 4096;
+        r.length = 4096;
+        r.data = Bytes(r.kind == proto::RecordKind::kSealed ? 4096 + 16 : 16, uint8_t(s));
+      } else if (s % 3 == 0) {
         r.kind = proto::RecordKind::kZero;
         r.length = 4096;
       } else if (s % 5 == 0) {
@@ -170,7 +176,12 @@ void Journal(const std::string& dir) {
   auto segment = [](uint64_t number, uint64_t first_seq, int count) {
     Bytes b = mt::EncodeSegmentHeader(mt::SegmentHeader{number, first_seq});
     for (int i = 0; i < count; ++i) {
-      if (i % 2 == 0) {
+      if (i % 3 == 2) {
+        // Kind 3: old data that compresses, as a zstd frame.
+        Bytes old(4096);
+        for (size_t k = 0; k < old.size(); ++k) old[k] = uint8_t("old text block "[k % 15]);
+        mt::EncodeOldData(first_seq + i, 4096 * i, 17, old, 1, &b);
+      } else if (i % 2 == 0) {
         mt::EncodeUndoRecord(mt::UndoKind::kData, first_seq + i, 4096 * i, 24, 17, Bytes(24, uint8_t(i + 1)), &b);
       } else {
         mt::EncodeUndoRecord(mt::UndoKind::kZeroes, first_seq + i, 4096 * i, 4096, 17, {}, &b);
