@@ -9,7 +9,12 @@
 #   - beside it, in the same run, single-core lz4 -1 and zstd -1 compression
 #     speed (the CLIs' -b mode, one thread) on the bytes the churn wrote.
 #
-#   bash bench/e2e_bench.sh BUILD_DIR [SECONDS=20] [COMPRESSIBILITY=0.75] [CODEC=zstd] [TLS=on]
+#   bash bench/e2e_bench.sh BUILD_DIR [SECONDS=20] [COMPRESSIBILITY=0.75] [CODEC=zstd] [TLS=on] [ENCRYPTION=off]
+#
+# ENCRYPTION=on seals the volume (tenant-side encryption, docs/encryption.md)
+# with a key made by `cdpctl keys init`; compare in one sitting:
+#   for e in off on off on; do bash bench/e2e_bench.sh build 20 0.75 zstd on $e; done
+# "WAN MB/GB" is what the PS sent to the MT per GB of change.
 #
 # TLS=on (the product's default) makes a site CA and three certificates with
 # `cdpctl pki` and runs agent->PS and PS->MT over TLS 1.3; TLS=off is clear text.
@@ -20,11 +25,12 @@ set -euo pipefail
 
 # shellcheck source=bench/lib.sh
 source "$(dirname "$0")/lib.sh"
-bench_init e2e_bench "${1:?usage: e2e_bench.sh BUILD_DIR [SECONDS] [COMPRESSIBILITY] [CODEC] [TLS]}"
+bench_init e2e_bench "${1:?usage: e2e_bench.sh BUILD_DIR [SECONDS] [COMPRESSIBILITY] [CODEC] [TLS] [ENCRYPTION]}"
 SECS=${2:-20}
 COMP=${3:-0.75}
 CODEC=${4:-zstd}
 TLS=${5:-on}
+ENC=${6:-off}
 bench_need zstd lz4
 DIR=$BENCH_DIR
 die() { bench_die "$@"; }
@@ -33,7 +39,12 @@ SIZE=$((4 << 30))
 truncate -s $SIZE "$DIR/source.img"
 bench_pki "$TLS"
 cluster_up "$DIR" --codec "$CODEC" --level 1
-agent_up vol="$DIR/source.img"
+if [ "$ENC" = on ]; then
+  "$CTL" keys init --out "$DIR/tenant.key" >/dev/null
+  agent_up vol="$DIR/source.img" --encryption on --key_file "$DIR/tenant.key"
+else
+  agent_up vol="$DIR/source.img"
+fi
 
 cpu() { bench_get "$1" "$2" /metrics | awk '$1 == "process_cpu_seconds_total" {print $2}'; }
 now() { date +%s.%N; }
@@ -77,13 +88,13 @@ ratio() { echo "$1" | grep -oE '\(x?[0-9.]+\)' | head -n1 | tr -d '()x '; }
 awk -v b="$BYTES" -v t0="$T0" -v t1="$T1" -v t2="$T2" -v a0="$A0" -v a1="$A1" -v p0="$P0" -v p1="$P1" \
     -v m0="$M0" -v m1="$M1" -v zs="$(speed "$ZSTD_LINE")" -v zr="$(ratio "$ZSTD_LINE")" -v ls="$(speed "$LZ4_LINE")" \
     -v lr="$(ratio "$LZ4_LINE")" -v comp="$COMP" -v codec="$CODEC" -v secs="$SECS" -v modes="$MODE_CHANGES" \
-    -v psin="$PS_IN" -v psout="$PS_OUT" -v tls="$TLS" 'BEGIN {
+    -v psin="$PS_IN" -v psout="$PS_OUT" -v tls="$TLS" -v enc="$ENC" 'BEGIN {
   gb = b / 1e9
-  printf "| TLS | compressibility | PS codec | written (MB) | write phase (s) | until applied (s) | sustained e2e MB/s | agent CPU s/GB | PS CPU s/GB | MT CPU s/GB | PS in/out ratio | agent mode changes | zstd -1 MB/s (1 core, ratio) | lz4 -1 MB/s (1 core, ratio) |\n"
-  printf "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-  printf "| %s | %s | %s -1 | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %d | %s (%s) | %s (%s) |\n", \
-    tls, comp, codec, b / 1e6, t1 - t0, t2 - t0, b / 1e6 / (t2 - t0), (a1 - a0) / gb, (p1 - p0) / gb, (m1 - m0) / gb, \
-    (psout > 0 ? psin / psout : 0), modes, zs, zr, ls, lr
+  printf "| TLS | encryption | compressibility | PS codec | written (MB) | write phase (s) | until applied (s) | sustained e2e MB/s | agent CPU s/GB | PS CPU s/GB | MT CPU s/GB | PS in/out ratio | WAN MB/GB | agent mode changes | zstd -1 MB/s (1 core, ratio) | lz4 -1 MB/s (1 core, ratio) |\n"
+  printf "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+  printf "| %s | %s | %s | %s -1 | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.0f | %d | %s (%s) | %s (%s) |\n", \
+    tls, enc, comp, codec, b / 1e6, t1 - t0, t2 - t0, b / 1e6 / (t2 - t0), (a1 - a0) / gb, (p1 - p0) / gb, (m1 - m0) / gb, \
+    (psout > 0 ? psin / psout : 0), psout / 1e6 / gb, modes, zs, zr, ls, lr
 }'
 echo
 echo "PS bytes_in $PS_IN, bytes_out $PS_OUT; zstd: $ZSTD_LINE"

@@ -389,8 +389,28 @@ int Failback(const Options& o, const std::string& volume, int max_passes, std::o
   return 0;
 }
 
-int Export(const Options& o, const std::string& spec, bool writable, std::ostream& out, std::ostream& err,
-           const std::string& key_file = "") {
+// A recovery point's URI, cdp://TENANT/VOLUME@POINT (POINT as for export:
+// an id, seq:N or a tag name): the tenant and VOLUME@POINT. False when
+// `uri` is not one.
+bool ParsePointUri(const std::string& uri, std::string* tenant, std::string* spec) {
+  constexpr std::string_view kScheme = "cdp://";
+  if (uri.rfind(kScheme, 0) != 0) return false;
+  const std::string rest = uri.substr(kScheme.size());
+  const size_t slash = rest.find('/');
+  if (slash == std::string::npos || !proto::ValidName(rest.substr(0, slash))) return false;
+  *tenant = rest.substr(0, slash);
+  *spec = rest.substr(slash + 1);
+  return spec->find('@') != std::string::npos;
+}
+
+int Export(const Options& opts, const std::string& spec_or_uri, bool writable, std::ostream& out, std::ostream& err,
+           const std::string& key_file = "", bool uri_only = false) {
+  Options o = opts;
+  std::string spec = spec_or_uri;
+  if (spec_or_uri.rfind("cdp://", 0) == 0 && !ParsePointUri(spec_or_uri, &o.tenant, &spec)) {
+    err << "cdpctl: a point URI is cdp://TENANT/VOLUME@POINT, not '" << spec_or_uri << "'\n";
+    return 2;
+  }
   size_t at = spec.find('@');
   if (at == std::string::npos || at == 0 || at + 1 == spec.size()) {
     err << "cdpctl: export wants VOLUME@POINT (POINT: an id from 'points', or seq:N)\n";
@@ -422,6 +442,11 @@ int Export(const Options& o, const std::string& spec, bool writable, std::ostrea
   const json::object& r = c.body.as_object();
   const json::value* tls = r.if_contains("tls");
   const bool nbds = tls != nullptr && tls->is_bool() && tls->as_bool();
+  if (uri_only) {  // cdpctl resolve: the NBD URI alone, for scripts
+    out << (nbds ? "nbds://" : "nbd://") << o.mt.host << ":" << uint64_t(Num(r, "port")) << "/" << Str(r, "export")
+        << "\n";
+    return 0;
+  }
   out << (nbds ? "nbds://" : "nbd://") << o.mt.host << ":" << uint64_t(Num(r, "port")) << "/" << Str(r, "export")
       << "  (sequence "
       << uint64_t(Num(r, "seq")) << (writable ? ", writable overlay discarded at unexport" : ", read-only")
@@ -940,6 +965,7 @@ constexpr const char* kUsage =
     "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
     "  export VOLUME@POINT [--writable | --key-file F] | unexport EXPORT |\n"
     "  keys init --out FILE | keys show FILE |\n"
+    "  resolve cdp://TENANT/VOLUME@POINT [--key-file F]   (export VOLUME@POINT takes the URI too) |\n"
     "  verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s] |\n"
     "  failover VOLUME --to POINT [--test] | failover VOLUME --undo | failover VOLUME --commit |\n"
     "  failback VOLUME [--passes N] | branches |\n"
@@ -1073,6 +1099,12 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
     return Export(o, args[1], args.size() == 3, out, err);
   }
   if (cmd == "export" && args.size() == 4 && args[2] == "--key-file") return Export(o, args[1], false, out, err, args[3]);
+  if (cmd == "resolve" && args.size() == 2 && args[1].rfind("cdp://", 0) == 0) {
+    return Export(o, args[1], false, out, err, "", true);
+  }
+  if (cmd == "resolve" && args.size() == 4 && args[1].rfind("cdp://", 0) == 0 && args[2] == "--key-file") {
+    return Export(o, args[1], false, out, err, args[3], true);
+  }
   if (cmd == "keys" && args.size() >= 2) return Keys(o, args, out, err);
   if (cmd == "unexport" && args.size() == 2) return Unexport(o, args[1], out, err);
   if (cmd == "failover" && args.size() == 5 && args[2] == "--to" && args[4] == "--test") {

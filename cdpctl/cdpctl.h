@@ -12,6 +12,9 @@
 //                                   (the volume's keys, derived here from the
 //                                   tenant key file, held by the export in memory)
 //     keys init --out FILE | keys show FILE   the tenant key file (common/seal.h)
+//     resolve cdp://TENANT/VOLUME@POINT [--key-file F]   a recovery point's URI:
+//                                   exports the point read-only and prints
+//                                   its NBD URI alone (export takes the URI too)
 //     failover VOLUME --to POINT [--test]   promote the point as a persistent
 //                                   read-write export, fence the old primary
 //                                   (--test: a writable export, as export --writable)

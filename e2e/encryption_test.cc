@@ -125,6 +125,19 @@ TEST_CASE("encrypted volume: no plaintext at the provider, a keyed export equals
   CHECK(ReadFile(c.Path("sealed.img")).find(kMarker) == std::string::npos);
   CHECK(Sha256File(c.Path("sealed.img")) != Sha256File(image));
   REQUIRE(c.Cdpctl({"unexport", plain_name}).exit_code == 0);
+  // The point by URI (cdp://TENANT/VOLUME@TAG) resolves to an NBD URI a script can use.
+  auto resolved = c.Cdpctl({"resolve", "cdp://" + o.tenant + "/" + o.volume + "@sealed-1", "--key-file", key_file});
+  INFO(resolved.output);
+  REQUIRE(resolved.exit_code == 0);
+  const std::string nbd_uri = resolved.output.substr(0, resolved.output.find('\n'));
+  const std::string prefix = "nbds://127.0.0.1:" + std::to_string(c.mt_nbd_port()) + "/";
+  REQUIRE(nbd_uri.rfind(prefix, 0) == 0);
+  CHECK(resolved.output == nbd_uri + "\n");  // the URI alone
+  copy = RunCommand({"nbdcopy", nbd_uri + "?tls-certificates=" + c.nbd_client_dir(), c.Path("resolved.img")}, 120000);
+  INFO(copy.output);
+  REQUIRE(copy.exit_code == 0);
+  CHECK(Sha256File(c.Path("resolved.img")) == Sha256File(image));
+  REQUIRE(c.Cdpctl({"unexport", nbd_uri.substr(prefix.size())}).exit_code == 0);
   // Another tenant key opens nothing.
   const std::string other = keys.Join("other.key");
   REQUIRE(c.Cdpctl({"keys", "init", "--out", other}).exit_code == 0);
