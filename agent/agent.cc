@@ -142,6 +142,7 @@ Status Agent::Start() {
     for (size_t i = 0; i < devices_.size(); ++i) {
       SenderOptions so = opts_.sender;
       so.generation = sites_[i]->state.generation;
+      if (opts_.volumes[i].frame_bytes != 0) so.batch_bytes = opts_.volumes[i].frame_bytes;
       senders_.push_back(std::make_unique<Sender>(devices_[i].get(), so));
     }
   }

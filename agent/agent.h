@@ -64,6 +64,8 @@ struct VolumeConfig {
   // Tenant-side encryption (common/seal.h): every block is sealed before it
   // leaves this host, with keys derived from AgentOptions::key_file.
   bool encrypted = false;
+  // Record bytes per frame this volume ships (LoRS's "bs"); 0: batch_bytes.
+  uint64_t frame_bytes = 0;
 };
 
 struct AgentOptions {

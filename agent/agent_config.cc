@@ -20,6 +20,7 @@ po::options_description AgentConfigDescription() {
       ("export_name", value<std::vector<std::string>>()->composing(), "NAME=EXPORT: NBD export name of volume NAME (default: NAME)")
       ("encryption", value<std::vector<std::string>>()->composing(), "on|off for every volume, or NAME=on|off for one: tenant-side encryption (blocks sealed before they leave this host)")
       ("key_file", value<std::string>()->default_value(""), "the tenant key file (cdpctl keys init); required by encrypted volumes")
+      ("frame_size", value<std::vector<std::string>>()->composing(), "NAME=SIZE: record bytes per frame volume NAME ships (default batch_bytes; 4KiB..32MiB)")
       ("nbd_listen", value<std::string>()->default_value("none"),
        "NBD TCP listener host:port ('none' = off); TCP requires NBD TLS (tls = on)")
       ("nbd_unix", value<std::string>()->default_value(""),
@@ -68,6 +69,17 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
       exports[e.substr(0, eq)] = e.substr(eq + 1);
     }
   }
+  std::map<std::string, uint64_t> frames;
+  if (vm.count("frame_size")) {
+    for (const auto& f : vm["frame_size"].as<std::vector<std::string>>()) {
+      const auto eq = f.find('=');
+      auto size = eq == std::string::npos ? Result<ByteSize>(Status::InvalidArgument("want NAME=SIZE"))
+                                          : ParseByteSize(f.substr(eq + 1));
+      if (!size.ok() || size->bytes < 4096 || size->bytes > proto::kMaxRecordLength)
+        return Status::InvalidArgument("frame_size must be NAME=SIZE with SIZE in 4KiB..32MiB: '" + f + "'");
+      frames[f.substr(0, eq)] = size->bytes;
+    }
+  }
   bool encrypt_all = false;
   std::map<std::string, bool> encrypt;
   if (vm.count("encryption")) {
@@ -92,14 +104,20 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
       if (!proto::ValidName(vc.name)) return Status::InvalidArgument("bad volume name '" + vc.name + "'");
       if (auto it = exports.find(vc.name); it != exports.end()) vc.export_name = it->second;
       vc.encrypted = encrypt_all;
+      if (auto it = frames.find(vc.name); it != frames.end()) vc.frame_bytes = it->second;
       if (auto it = encrypt.find(vc.name); it != encrypt.end()) vc.encrypted = it->second;
       ao.volumes.push_back(vc);
     }
   }
   if (ao.volumes.empty()) return Status::InvalidArgument("no volume configured (volume = NAME=PATH)");
+  auto configured = [&ao](const std::string& name) {
+    return std::any_of(ao.volumes.begin(), ao.volumes.end(), [&](const VolumeConfig& v) { return v.name == name; });
+  };
   for (const auto& [name, on] : encrypt) {
-    if (std::none_of(ao.volumes.begin(), ao.volumes.end(), [&](const VolumeConfig& v) { return v.name == name; }))
-      return Status::InvalidArgument("encryption names volume '" + name + "', which is not configured");
+    if (!configured(name)) return Status::InvalidArgument("encryption names volume '" + name + "', which is not configured");
+  }
+  for (const auto& [name, bytes] : frames) {
+    if (!configured(name)) return Status::InvalidArgument("frame_size names volume '" + name + "', which is not configured");
   }
   ao.key_file = vm["key_file"].as<std::string>();
   if (ao.key_file.empty() &&

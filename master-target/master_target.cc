@@ -59,6 +59,8 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
   vo.point_interval_us = o.point_interval_us;
   vo.max_batch_work = o.max_batch_work;
   vo.retention = o.retention;
+  if (auto age = o.volume_max_age_us.find(tenant + "/" + name); age != o.volume_max_age_us.end())
+    vo.retention.max_age_us = age->second;
   metrics::Labels l{{"tenant", tenant}, {"volume", name}};
   auto& r = mt->registry_;
   vo.metrics.bytes_applied = r.GetCounter("cdp_mt_applied_bytes_total", "Change bytes applied to the replica", l);

@@ -85,6 +85,9 @@ struct MasterTargetOptions {
   std::map<std::string, int> tenant_journal_zstd_level;
   uint64_t point_interval_us = 5'000'000;
   RetentionPolicy retention;
+  // Per volume ("TENANT/VOLUME"): the oldest point kept, in place of
+  // retention.max_age_us (LoRS's "duration"; volume_retention in the config).
+  std::map<std::string, uint64_t> volume_max_age_us;
   uint64_t retention_check_us = 10'000'000;
   uint32_t handshake_timeout_ms = 10'000;
   // TLS on the data listener (common/tls_stream.h). The config's default is

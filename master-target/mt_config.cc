@@ -33,6 +33,8 @@ po::options_description MasterTargetConfigDescription() {
       ("point_interval", po::value<Duration>()->default_value(Duration{5'000'000}),
        "at most one crash-consistent point per interval")
       ("retention.max_age", po::value<Duration>(), "keep points younger than this (unset: no age limit)")
+      ("volume_retention", po::value<std::vector<std::string>>()->composing(),
+       "TENANT/VOLUME=DURATION: that volume keeps points younger than DURATION instead (repeatable)")
       ("retention.max_bytes", po::value<ByteSize>(), "journal size limit per volume (unset: none)")
       ("retention.check_interval", po::value<Duration>()->default_value(Duration{10'000'000}),
        "how often retention runs")
@@ -145,6 +147,21 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   if (vm.count("retention.max_age")) o.retention.max_age_us = vm["retention.max_age"].as<Duration>().micros;
   if (vm.count("retention.max_bytes")) o.retention.max_bytes = vm["retention.max_bytes"].as<ByteSize>().bytes;
   o.retention_check_us = vm["retention.check_interval"].as<Duration>().micros;
+  if (vm.count("volume_retention")) {
+    for (const auto& q : vm["volume_retention"].as<std::vector<std::string>>()) {
+      const auto slash = q.find('/'), eq = q.find('=');
+      const auto bad = [&q](const std::string& why) {
+        return Status::InvalidArgument("bad volume_retention '" + q + "': " + why);
+      };
+      if (slash == std::string::npos || eq == std::string::npos || eq < slash) return bad("want TENANT/VOLUME=DURATION");
+      const std::string tenant = q.substr(0, slash), volume = q.substr(slash + 1, eq - slash - 1);
+      if (!o.tenants.count(tenant)) return bad("no tenant " + tenant);
+      if (!proto::ValidName(volume)) return bad("invalid volume name");
+      auto d = ParseDuration(q.substr(eq + 1));
+      if (!d.ok()) return bad(d.status().message());
+      o.volume_max_age_us[tenant + "/" + volume] = d->micros;
+    }
+  }
   if (log != nullptr) {
     log->level = vm["log.level"].as<std::string>();
     log->file = vm["log.file"].as<std::string>();

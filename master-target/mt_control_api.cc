@@ -45,8 +45,9 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"rollback_to", st.rollback_to},
                       {"failover", FailoverJson(e, st)},
                       {"stall", StallJson(st)},
-                      {"retention_max_bytes", o.retention.max_bytes},
-                      {"retention_max_age_seconds", o.retention.max_age_us / 1'000'000}};
+                      // this volume's policy (volume_retention overrides the age per volume)
+                      {"retention_max_bytes", e.volume->retention().max_bytes},
+                      {"retention_max_age_seconds", e.volume->retention().max_age_us / 1'000'000}};
 }
 
 json::value MasterTarget::Impl::StallJson(const VolumeStatus& st) {

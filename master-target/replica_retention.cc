@@ -108,4 +108,9 @@ void ReplicaVolume::SetRetention(const RetentionPolicy& policy) {
   o_.retention = policy;
 }
 
+RetentionPolicy ReplicaVolume::retention() const {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  return o_.retention;
+}
+
 }  // namespace cdp::mt

@@ -397,6 +397,7 @@ class ReplicaVolume {
   Result<RetentionResult> ApplyRetention();
   // Replaces the retention policy (takes effect at the next ApplyRetention).
   void SetRetention(const RetentionPolicy& policy);
+  RetentionPolicy retention() const;
 
   // Block digests (common/block_digest.h) of units [first, first+count) of
   // `unit` bytes, for resync and online verify. Sequences are history

@@ -156,3 +156,17 @@ TEST_CASE("agent config: encryption per volume or for all, and its key file", "[
   CHECK(Error(env.get(), base + "encryption = web=on\nkey_file = /k\n") ==
         "encryption names volume 'web', which is not configured");
 }
+
+TEST_CASE("agent config: frame_size per volume (LoRS bs)", "[config]") {
+  auto env = cdp::NewMemEnv();
+  const std::string base = "volume = db=/dev/vdb\nvolume = logs=/srv/logs.img\nnbd_listen = none\ntenant = acme\n"
+                           "secret = s\n";
+  auto o = Load(env.get(), base + "frame_size = db=8MiB\n");
+  REQUIRE(o.ok());
+  CHECK(o->volumes[0].frame_bytes == 8u << 20);
+  CHECK(o->volumes[1].frame_bytes == 0);
+  CHECK(Error(env.get(), base + "frame_size = db=1KiB\n") ==
+        "frame_size must be NAME=SIZE with SIZE in 4KiB..32MiB: 'db=1KiB'");
+  CHECK(Error(env.get(), base + "frame_size = db\n") == "frame_size must be NAME=SIZE with SIZE in 4KiB..32MiB: 'db'");
+  CHECK(Error(env.get(), base + "frame_size = web=1MiB\n") == "frame_size names volume 'web', which is not configured");
+}

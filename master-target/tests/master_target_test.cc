@@ -339,6 +339,22 @@ TEST_CASE("tenants are isolated: secrets, directories, volumes", "[server][tenan
   REQUIRE(VolumeDir(dir.path(), "..", "x") == "");
 }
 
+TEST_CASE("volume_retention: one volume keeps its own duration, the others the daemon's", "[server][retention]") {
+  TempDir dir;
+  Daemon d(dir.path(), 0, 256, [](MasterTargetOptions& o) {
+    o.retention.max_age_us = 3'600'000'000ull;
+    o.volume_max_age_us["acme/long"] = 30 * 86'400'000'000ull;
+  });
+  auto a = Client(d.mt->port(), "acme", "s3cret-acme");
+  OpenVolume(*a, OpenMsg("long", 1 << 20), 0);
+  OpenVolume(*a, OpenMsg("short", 1 << 20), 0);
+  auto g = Client(d.mt->port(), "globex", "s3cret-globex");
+  OpenVolume(*g, OpenMsg("long", 1 << 20), 0);
+  CHECK(d.mt->FindVolume("acme", "long")->retention().max_age_us == 30 * 86'400'000'000ull);
+  CHECK(d.mt->FindVolume("acme", "short")->retention().max_age_us == 3'600'000'000ull);
+  CHECK(d.mt->FindVolume("globex", "long")->retention().max_age_us == 3'600'000'000ull);
+}
+
 TEST_CASE("tenant quota: volume creation refused, writes pushed back when journals fill it", "[server][tenant]") {
   TempDir dir;
   Daemon d(dir.path(), (1 << 20) + (600 << 10));

@@ -66,6 +66,12 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
   CHECK(z->journal_zstd_level == 3);
   CHECK(z->tenant_journal_zstd_level.at("beta") == 0);
   CHECK(z->tenant_journal_zstd_level.count("acme") == 0);
+  auto r = Load(env.get(), "tenant = acme:a\nvolume_retention = acme/db=30d\nvolume_retention = acme/logs=2h\n"
+                           "[retention]\nmax_age = 1d\n");
+  REQUIRE(r.ok());
+  CHECK(r->retention.max_age_us == 86'400'000'000ull);
+  CHECK(r->volume_max_age_us.at("acme/db") == 30 * 86'400'000'000ull);
+  CHECK(r->volume_max_age_us.at("acme/logs") == 7'200'000'000ull);
 }
 
 TEST_CASE("master target config: every bad value names its key or line", "[config]") {
@@ -85,6 +91,12 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
   CHECK(Error(env.get(), "tenant = acme:a\ntenant_journal_compression = other:3\n") ==
         "bad tenant_journal_compression 'other:3' (NAME:LEVEL of a configured tenant, level 0..19)");
   CHECK(Error(env.get(), "max_volumes_per_tenant = 0\n") == "'max_volumes_per_tenant' must be 1..100000");
+  CHECK(Error(env.get(), "tenant = acme:a\nvolume_retention = other/db=1d\n") ==
+        "bad volume_retention 'other/db=1d': no tenant other");
+  CHECK(Error(env.get(), "tenant = acme:a\nvolume_retention = acme/db\n") ==
+        "bad volume_retention 'acme/db': want TENANT/VOLUME=DURATION");
+  CHECK(Error(env.get(), "tenant = acme:a\nvolume_retention = acme/../x=1d\n") ==
+        "bad volume_retention 'acme/../x=1d': invalid volume name");
   CHECK(Error(env.get(), "max_batch_work = 1MiB\n") == "'max_batch_work' must be 32MiB..64GiB");
   CHECK(Error(env.get(), "control = none\nnbd = none\nmax_connections_per_peer = 0\n") ==
         "'max_connections_per_peer' must be 1..65536");
