@@ -26,7 +26,7 @@
 #
 # Users: client.admin (every cap) and client.opencdp (profile rbd on the pool only), both in
 # DIR/keyring, which the conf names, so a client needs only CEPH_CONF and its id.
-set -euo pipefail
+set -Eeuo pipefail
 
 usage() {
   echo "usage: $0 start|stop|env DIR" >&2
@@ -201,6 +201,17 @@ start_cluster() {
   echo "$POOL" >"$DIR/pool"
   # If start fails half-way, leave nothing running.
   trap 'stop_cluster' ERR
+  if [ -n "${CEPH_MICRO_OWNER_PID:-}" ]; then
+    # Stops the cluster once the owner is gone, however it ended (even while this script
+    # still runs, killed at a test runner's deadline). setsid: a signal to the
+    # caller's process group (a test runner's timeout) must not take the watchdog with it.
+    # shellcheck disable=SC2016  # $1..$3 and $$ are the watchdog's own
+    setsid bash -c '
+      tail --pid="$1" -f /dev/null
+      CEPH_MICRO_WATCHDOG_SELF=$$ exec "$2" stop "$3"' watchdog "$CEPH_MICRO_OWNER_PID" \
+      "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" "$DIR" </dev/null >>"$LOG/watchdog.log" 2>&1 &
+    echo $! >"$RUN/watchdog.pid"
+  fi
 
   make_keyring
   local fsid tries=0
@@ -226,15 +237,6 @@ start_cluster() {
   wait_for "the pool's placement groups to be active" pool_writable
   timeout 60 rbd --conf "$CONF" --id admin pool init "$POOL"
 
-  if [ -n "${CEPH_MICRO_OWNER_PID:-}" ]; then
-    # Stops the cluster once the owner is gone, however it ended. setsid: a signal to the
-    # caller's process group (a test runner's timeout) must not take the watchdog with it.
-    CEPH_MICRO_OWNER_PID='' setsid bash -c '
-      tail --pid="$1" -f /dev/null
-      CEPH_MICRO_WATCHDOG_SELF=$$ exec "$2" stop "$3"' watchdog "$CEPH_MICRO_OWNER_PID" \
-      "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" "$DIR" </dev/null >>"$LOG/watchdog.log" 2>&1 &
-    echo $! >"$RUN/watchdog.pid"
-  fi
   trap - ERR
   print_env
 }
