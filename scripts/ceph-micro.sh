@@ -174,7 +174,7 @@ start_mon() {
   rm -rf "$DIR/mon" && mkdir -p "$DIR/mon"
   write_conf "$fsid" "$port"
   echo "[v2:127.0.0.1:$port]" >"$DIR/mon_host"
-  monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$port]" "$DIR/monmap" >/dev/null
+  monmaptool --create --clobber --fsid "$fsid" --addv a "[v2:127.0.0.1:$port]" "$DIR/monmap" >/dev/null
   ceph-mon --conf "$CONF" -i a --mkfs --monmap "$DIR/monmap" --keyring "$KEYRING" >>"$LOG/setup.log" 2>&1
   # Daemonizes once its messenger is bound; a taken port makes it exit non-zero.
   ceph-mon --conf "$CONF" -i a >>"$LOG/setup.log" 2>&1
@@ -196,7 +196,8 @@ start_cluster() {
     log "a cluster is already running in $DIR"
     exit 1
   fi
-  rm -rf "$DIR/osd" "$RUN" "$LOG"
+  # Nothing of an earlier cluster in DIR survives (a stale monmap would name an old port).
+  rm -rf "$DIR/mon" "$DIR/osd" "$RUN" "$LOG" "$DIR/monmap" "$DIR/mon_host" "$CONF" "$KEYRING"
   mkdir -p "$RUN" "$LOG" "$DIR/osd"
   echo "$POOL" >"$DIR/pool"
   # If start fails half-way, leave nothing running.

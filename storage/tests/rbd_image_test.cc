@@ -352,16 +352,11 @@ TEST_CASE("an unreachable cluster fails with kUnavailable within the deadline", 
   CHECK(c.status().retryable());
   CHECK(took < std::chrono::seconds(10));
 
-  // A conf that names no monitor, and one that does not exist.
-  o.conf_path = dir.Join("empty.conf");
-  {
-    std::ofstream f(o.conf_path);
-    f << "[global]\n";
-  }
-  auto none = RadosCluster::Connect(o);
-  CHECK(!none.ok());
+  // A conf that does not exist. (Not a conf without "mon host": librados would
+  // then ask DNS for SRV records, which leaves this machine.)
   o.conf_path = dir.Join("no-such.conf");
   auto missing = RadosCluster::Connect(o);
+  INFO(missing.status().ToString());
   CHECK(missing.status().code() == Code::kNotFound);
 }
 
