@@ -3,7 +3,9 @@
 #include "storage/rbd_block_device.h"
 
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <random>
+#include <thread>
 
 #include "common/nbd_server.h"
 #include "common/tests/test_util.h"
@@ -129,6 +131,77 @@ TEST_CASE("an rbd image exported by the NbdServer is written and read by qemu-io
     Bytes expect(w.len, uint8_t(w.pat));
     if (w.off == 0) std::fill(expect.begin() + 4096, expect.begin() + 8192, 0);
     CHECK(b == expect);
+  }
+}
+
+TEST_CASE("nbdcopy copies an image into and out of an rbd export over several connections", "[ceph][e2e][rbd][nbd]") {
+  CDP_CEPH_CLUSTER_OR_SKIP(cluster);
+  INFO("nbdcopy is not installed (Debian: libnbd-bin)");
+  REQUIRE(cdp::testing::HaveProgram("nbdcopy"));
+  constexpr uint64_t kSize = 24 * kMiB;
+  DeviceFixture fx(*cluster, kSize);
+  NbdServerOptions o;
+  o.tcp_port = 0;
+  o.worker_threads = 4;
+  NbdServer server(o);
+  REQUIRE(server.AddExport("rbd", fx.dev).ok());
+  REQUIRE(server.Start().ok());
+  const std::string url = "nbd://127.0.0.1:" + std::to_string(server.port()) + "/rbd";
+
+  cdp::testing::ScratchDir dir;
+  const std::string in = dir.Join("in.img"), out = dir.Join("out.img");
+  Bytes data = Pattern(kSize, 77);
+  std::fill(data.begin() + 3 * kMiB, data.begin() + 5 * kMiB, 0);  // a zero run
+  {
+    std::ofstream f(in, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size()));
+  }
+  auto r = cdp::testing::RunCommand({"nbdcopy", in, url}, 120000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  r = cdp::testing::RunCommand({"nbdcopy", url, out}, 120000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // nbdcopy opened several connections: the device advertises CAN_MULTI_CONN.
+  CHECK(server.ExportStats("rbd")->connections_total >= 2);
+  server.Stop();
+
+  std::ifstream f(out, std::ios::binary);
+  Bytes back((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CHECK(back.size() == kSize);
+  CHECK(back == data);
+  Bytes direct(kSize);
+  REQUIRE(fx.image->Read(0, direct).ok());
+  CHECK(direct == data);
+}
+
+TEST_CASE("one rbd image handle serves writers on several threads at once", "[ceph][e2e][rbd]") {
+  CDP_CEPH_CLUSTER_OR_SKIP(cluster);
+  constexpr int kThreads = 4, kWrites = 32;
+  constexpr uint64_t kSlice = 2 * kMiB;
+  DeviceFixture fx(*cluster, kThreads * kSlice);
+  std::vector<Status> results(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Thread t owns [t*kSlice, (t+1)*kSlice) and fills it 64 KiB at a time.
+      for (int i = 0; i < kWrites && results[t].ok(); ++i) {
+        results[t] = fx.image->Write(t * kSlice + uint64_t(i) * 65536, Pattern(65536, uint32_t(t * 1000 + i)));
+      }
+      if (results[t].ok()) results[t] = fx.image->Flush();
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    INFO("thread " << t << ": " << results[t].ToString());
+    CHECK(results[t].ok());
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kWrites; ++i) {
+      Bytes b(65536);
+      REQUIRE(fx.image->Read(t * kSlice + uint64_t(i) * 65536, b).ok());
+      CHECK(b == Pattern(65536, uint32_t(t * 1000 + i)));
+    }
   }
 }
 
