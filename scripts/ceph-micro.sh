@@ -149,6 +149,7 @@ osd data = $DIR/osd
 osd objectstore = memstore
 memstore device bytes = $MEM_BYTES
 public addr = 127.0.0.1
+cluster addr = 127.0.0.1
 pid file = $RUN/\$name.pid
 
 [client]
