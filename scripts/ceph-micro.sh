@@ -60,12 +60,16 @@ print_env() {
   echo "CEPH_MON_HOST=$(cat "$DIR/mon_host")"
 }
 
+# True while PID is a live daemon of this cluster. A zombie has an empty command line, so
+# it counts as gone (kill -0 would still succeed on it).
+running() { tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q -- "--conf $CONF "; }
+
 pid_of() {  # the pid of a running daemon of this cluster, or nothing
   local f=$RUN/$1.pid pid
   [ -f "$f" ] || return 0
   pid=$(cat "$f" 2>/dev/null) || return 0
   # The pid file may outlive its daemon and the number be reused: check it is ours.
-  if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$CONF"; then
+  if [ -n "$pid" ] && running "$pid"; then
     echo "$pid"
   fi
 }
@@ -91,11 +95,13 @@ stop_cluster() {
     [ -n "$pid" ] || continue
     kill -TERM "$pid" 2>/dev/null || true
     end=$((SECONDS + 20))
-    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then
+    while running "$pid" && [ "$SECONDS" -lt "$end" ]; do sleep 0.1; done
+    if running "$pid"; then
       log "$name ($pid) ignored TERM for 20s: KILL"
       kill -KILL "$pid" 2>/dev/null || true
-      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+      end=$((SECONDS + 10))
+      while running "$pid" && [ "$SECONDS" -lt "$end" ]; do sleep 0.1; done
+      running "$pid" && log "$name ($pid) still there 10s after KILL"
     fi
     rm -f "$RUN/$name.pid"
   done
