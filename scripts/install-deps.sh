@@ -10,7 +10,9 @@ set -euo pipefail
 # clang and its libFuzzer runtime for the fuzz.* tests (cmake/fuzz_tests.cmake); help2man
 # (man pages), lintian and adduser for the Debian packages and their test (cmake/packaging.cmake);
 # prometheus for promtool (the alert rules' test, e2e/monitoring_test.cc); chromium and
-# chromium-driver (the dashboard's test in headless Chromium, e2e/dashboard_test.cc). Every entry is a real package name, so a
+# chromium-driver (the dashboard's test in headless Chromium, e2e/dashboard_test.cc); ceph-mon, ceph-osd and
+# ceph-common (the single-node test cluster of scripts/ceph-micro.sh) and librbd-dev/librados-dev (storage/,
+# the librbd backend). Every entry is a real package name, so a
 # machine that has them all never reaches apt (bookworm has no package "nbdfuse").
 PACKAGES=(
   build-essential cmake pkg-config
@@ -23,6 +25,7 @@ PACKAGES=(
   help2man lintian adduser
   prometheus
   chromium chromium-driver
+  ceph-mon ceph-osd ceph-common librbd-dev librados-dev
 )
 
 missing=()
