@@ -59,9 +59,6 @@ Result<SiteState> Agent::Site(const std::string& volume) const {
 
 Result<SiteState> Agent::BeginFailback(const std::string& volume) {
   CDP_ASSIGN_OR_RETURN(size_t i, VolumeIndex(volume));
-  if (devices_[i]->sealer() != nullptr)
-    return Status::NotSupported(volume + " is encrypted: failback of a sealed volume is not built yet (the master "
-                                         "target refuses its promoted failover too)");
   VolumeSite& s = *sites_[i];
   std::lock_guard lk(s.mu);
   if (s.state.phase == SitePhase::kFailedBack)

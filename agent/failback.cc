@@ -166,7 +166,19 @@ class Pass {
         req.volume = dev_.volume();
         req.extents = p.extents;
         req.digests.reserve(n_blocks);
-        for (uint64_t b = 0; b < n_blocks; ++b) req.digests.push_back(LeafDigest(p.old.data() + b * bs(), bs()));
+        if (const seal::BlockSealer* s = dev_.sealer()) {
+          // A sealed volume: the provider holds the stored blocks, so compare those.
+          Bytes stored = p.old;
+          for (size_t i = 0; i < p.extents.size(); ++i) {
+            CDP_RETURN_IF_ERROR(s->Seal(p.extents[i].first_block * bs(),
+                                        std::span<uint8_t>(stored.data() + p.starts[i] * bs(),
+                                                           size_t(p.extents[i].count) * bs()),
+                                        nullptr));
+          }
+          for (uint64_t b = 0; b < n_blocks; ++b) req.digests.push_back(LeafDigest(stored.data() + b * bs(), bs()));
+        } else {
+          for (uint64_t b = 0; b < n_blocks; ++b) req.digests.push_back(LeafDigest(p.old.data() + b * bs(), bs()));
+        }
         CDP_RETURN_IF_ERROR(ch_->Send(req));
         ++st_.requests;
         inflight.emplace(req.request_id, std::move(p));
@@ -177,13 +189,45 @@ class Pass {
       auto it = inflight.find(r->request_id);
       if (it == inflight.end()) return Status::Corruption("failback: answer to a request not in flight");
       if (r->status != proto::FailbackStatus::kOk) return Refused(r->status, dev_.volume());
-      CDP_RETURN_IF_ERROR(Apply(it->second, r->records));
+      CDP_ASSIGN_OR_RETURN(std::vector<proto::Record> plain, Open(std::move(r->records)));
+      CDP_RETURN_IF_ERROR(Apply(it->second, plain));
       inflight.erase(it);
     }
     // The source once per pass: its old content is durable in the branch
     // already, so until this sync a crash leaves old or new content in each
     // block, and the next pass compares (and pulls) again.
     return dev_.SyncFailbackWrites();
+  }
+
+  // A sealed volume's answer: every block checked against its MAC and
+  // decrypted (kSealed -> kData, kSealedZero -> kZero); a block that fails
+  // its check fails the pass, and nothing of the answer is written. A plain
+  // volume's answer must hold plain records (and the reverse).
+  Result<std::vector<proto::Record>> Open(std::vector<proto::Record> records) {
+    const seal::BlockSealer* s = dev_.sealer();
+    for (proto::Record& rec : records) {
+      const bool sealed = rec.kind == proto::RecordKind::kSealed || rec.kind == proto::RecordKind::kSealedZero;
+      if (sealed != (s != nullptr))
+        return Status::Corruption(std::string("failback pull: ") + (s ? "a plain record for a sealed volume"
+                                                                       : "a sealed record for a plain volume"));
+      if (!sealed) continue;
+      if (rec.offset % seal::kUnit != 0 || rec.length % seal::kUnit != 0 ||
+          rec.data.size() != seal::MacBytes(rec.length) + (rec.kind == proto::RecordKind::kSealed ? rec.length : 0))
+        return Status::Corruption("failback pull: a sealed record that is not whole blocks and their MACs");
+      const Bytes macs(rec.data.end() - long(seal::MacBytes(rec.length)), rec.data.end());
+      Bytes blocks(rec.length, 0);
+      if (rec.kind == proto::RecordKind::kSealed) std::copy_n(rec.data.begin(), rec.length, blocks.begin());
+      if (Status st = s->Open(rec.offset, blocks, macs.data()); !st.ok())
+        return st.WithContext("failback pull of " + dev_.volume());
+      if (rec.kind == proto::RecordKind::kSealed) {
+        rec.kind = proto::RecordKind::kData;
+        rec.data = std::move(blocks);
+      } else {
+        rec.kind = proto::RecordKind::kZero;
+        rec.data.clear();
+      }
+    }
+    return records;
   }
 
   // Checks every record of an answer, then saves and writes them.

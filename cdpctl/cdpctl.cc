@@ -389,6 +389,23 @@ int Failback(const Options& o, const std::string& volume, int max_passes, std::o
   return 0;
 }
 
+// The tenant key never leaves this host: only `volume`'s derived keys go to
+// the master target (over the control channel's TLS), as "keys" in `body`.
+bool AddVolumeKeys(const std::string& key_file, const std::string& volume, json::object* body, std::ostream& err) {
+  auto key = seal::LoadTenantKey(DefaultEnv(), key_file);
+  if (!key.ok()) {
+    err << "cdpctl: " << key.status().message() << "\n";
+    return false;
+  }
+  auto keys = seal::DeriveVolumeKeys(*key, volume);
+  if (!keys.ok()) {
+    err << "cdpctl: " << keys.status().message() << "\n";
+    return false;
+  }
+  (*body)["keys"] = seal::EncodeVolumeKeys(*keys);
+  return true;
+}
+
 // A recovery point's URI, cdp://TENANT/VOLUME@POINT (POINT as for export:
 // an id, seq:N or a tag name): the tenant and VOLUME@POINT. False when
 // `uri` is not one.
@@ -418,21 +435,7 @@ int Export(const Options& opts, const std::string& spec_or_uri, bool writable, s
   }
   json::object b = PointArg(spec.substr(0, at), spec.substr(at + 1), o);
   b["writable"] = writable;
-  if (!key_file.empty()) {
-    // The tenant key never leaves this host: only the volume's derived keys
-    // go to the master target (over the control channel), for this export.
-    auto key = seal::LoadTenantKey(DefaultEnv(), key_file);
-    if (!key.ok()) {
-      err << "cdpctl: " << key.status().message() << "\n";
-      return 1;
-    }
-    auto keys = seal::DeriveVolumeKeys(*key, spec.substr(0, at));
-    if (!keys.ok()) {
-      err << "cdpctl: " << keys.status().message() << "\n";
-      return 1;
-    }
-    b["keys"] = seal::EncodeVolumeKeys(*keys);
-  }
+  if (!key_file.empty() && !AddVolumeKeys(key_file, spec.substr(0, at), &b, err)) return 1;
   Call c = Http(o, o.mt, "POST", "/v1/export", b);
   if (!c.reached || c.status != 200) return Fail(err, "export " + spec, c);
   if (o.json) {
@@ -462,12 +465,13 @@ int Export(const Options& opts, const std::string& spec_or_uri, bool writable, s
 
 // failover VOLUME --to POINT | --undo | --commit (docs/recovery.md, "Failover").
 int Failover(const Options& o, const std::string& volume, const std::string& action, const std::string& point,
-             std::ostream& out, std::ostream& err) {
+             std::ostream& out, std::ostream& err, const std::string& key_file = "") {
   json::object b{{"volume", volume}};
   if (!o.tenant.empty()) b["tenant"] = o.tenant;
   std::string route = "/v1/failover";
   if (action == "--to") b = PointArg(volume, point, o);
   else route += action == "--undo" ? "/undo" : "/commit";
+  if (!key_file.empty() && !AddVolumeKeys(key_file, volume, &b, err)) return 1;
   Call c = Http(o, o.mt, "POST", route, b);
   if (!c.reached || c.status != 200) return Fail(err, "failover " + volume, c);
   if (o.json) {
@@ -967,7 +971,7 @@ constexpr const char* kUsage =
     "  keys init --out FILE | keys show FILE |\n"
     "  resolve cdp://TENANT/VOLUME@POINT [--key-file F]   (export VOLUME@POINT takes the URI too) |\n"
     "  verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s] |\n"
-    "  failover VOLUME --to POINT [--test] | failover VOLUME --undo | failover VOLUME --commit |\n"
+    "  failover VOLUME --to POINT [--test | --key-file F] | failover VOLUME --undo | failover VOLUME --commit |\n"
     "  failback VOLUME [--passes N] | branches |\n"
     "  reprotect VOLUME | token issue|revoke (with --tenant T) | token list\n"
     "  control tokens: --token-file F, --agent-token-file F, --ps-token-file F, --mt-token-file F,\n"
@@ -1111,6 +1115,9 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
     return Export(o, args[1] + "@" + args[3], true, out, err);  // today's test failover
   }
   if (cmd == "failover" && args.size() == 4 && args[2] == "--to") return Failover(o, args[1], "--to", args[3], out, err);
+  if (cmd == "failover" && args.size() == 6 && args[2] == "--to" && args[4] == "--key-file") {
+    return Failover(o, args[1], "--to", args[3], out, err, args[5]);
+  }
   if (cmd == "failover" && args.size() == 3 && (args[2] == "--undo" || args[2] == "--commit")) {
     return Failover(o, args[1], args[2], "", out, err);
   }

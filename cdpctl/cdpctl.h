@@ -18,6 +18,8 @@
 //     failover VOLUME --to POINT [--test]   promote the point as a persistent
 //                                   read-write export, fence the old primary
 //                                   (--test: a writable export, as export --writable)
+//                                   (--key-file F: an encrypted volume, served
+//                                   decrypted; again after an MT restart)
 //     failover VOLUME --undo | --commit     back to protecting (before a commit)
 //                                   | make the failover final
 //     unexport EXPORT               stop an export

@@ -77,6 +77,11 @@ bool GetArray(ByteReader& r, std::array<uint8_t, N>* a) {
 
 // ---- records ----
 
+// A pull answer's blocks: data or zeros, sealed (with their MACs) on a sealed volume.
+bool IsPullKind(RecordKind k) {
+  return k == RecordKind::kData || k == RecordKind::kZero || k == RecordKind::kSealed || k == RecordKind::kSealedZero;
+}
+
 bool KnownKind(uint8_t k) { return k >= uint8_t(RecordKind::kData) && k <= uint8_t(RecordKind::kSealedZero); }
 
 // Checks one record's fields (shared by encoder and parser). `expected_seq` is
@@ -407,7 +412,7 @@ struct PayloadEncoder {
     for (size_t i = 0; i < m.records.size(); ++i) {
       const Record& r = m.records[i];
       if (r.seq != i + 1) return Invalid("pull response: record sequences must be 1, 2, ...");
-      if (r.kind != RecordKind::kData && r.kind != RecordKind::kZero) return Invalid("pull response: kind");
+      if (!IsPullKind(r.kind)) return Invalid("pull response: kind");
     }
     PutFixed64(b, m.request_id);
     b.push_back(uint8_t(m.status));
@@ -612,7 +617,7 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
       if (wb.volume_id != 0) return Bad("pull response: a volume id inside");
       if (wb.records.front().seq != 1) return Bad("pull response: record sequences must start at 1");
       for (const Record& rec : wb.records) {
-        if (rec.kind != RecordKind::kData && rec.kind != RecordKind::kZero) return Bad("pull response: record kind");
+        if (!IsPullKind(rec.kind)) return Bad("pull response: record kind");
       }
       m.codec = wb.codec;
       m.records = std::move(wb.records);

@@ -288,9 +288,10 @@ struct PullRequest {
   std::vector<Hash128> digests;      // the agent's, one per block of `extents` in order
 };
 
-// kOk: `records` (kData or kZero, block aligned, inside the request's
-// extents, in offset order) are exactly the requested blocks whose content
-// differs from the agent's digest. They travel as a record block like a
+// kOk: `records` (kData or kZero — kSealed or kSealedZero with their MACs on
+// a sealed volume —, block aligned, inside the request's extents, in offset
+// order) are exactly the requested blocks whose content differs from the
+// agent's digest (of the stored blocks, on a sealed volume). They travel as a record block like a
 // WriteBatch's (compressed with `codec`); their sequences are 1, 2, ... and
 // mean nothing else.
 struct PullResponse {

@@ -222,3 +222,107 @@ TEST_CASE("encrypted volume: no plaintext at the provider, a keyed export equals
   CHECK(Sha256File(c.Path("rolled.img")) == Sha256File(image));
   CHECK(FilesHolding(c.Path("mt"), kMarker).empty());
 }
+
+TEST_CASE("encrypted volume: failover with the tenant's key, provider writes sealed, restart without the key, failback "
+          "pulls exactly the differing blocks",
+          "[e2e][encryption][failback]") {
+  for (const char* p : {"nbdcopy", "qemu-io", "sha256sum"}) {
+    INFO("missing program " << p << " (scripts/install-deps.sh installs it)");
+    REQUIRE(HaveProgram(p));
+  }
+  ClusterOptions o;
+  o.codec = "none";
+  o.volume_size = 16ull << 20;
+  cdp::testing::ScratchDir keys;
+  const std::string key_file = keys.Join("tenant.key");
+  REQUIRE(RunCommand({CDP_CTL_BIN, "keys", "init", "--out", key_file}).exit_code == 0);
+  o.agent_extra_config = "encryption = on\nkey_file = " + key_file + "\n";
+  Cluster c(o);
+  INFO(c.why());
+  REQUIRE(c.Start());
+  const std::string vol = o.volume;
+  // qemu-io writes 512-byte-aligned ranges: partial blocks, captured whole.
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), o.volume_size, 31, 2, 40, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  REQUIRE(c.Cdpctl({"tag", "t"}).exit_code == 0);
+  REQUIRE(c.WaitDrained());
+  REQUIRE(c.Kill9(Which::kProcessServer));
+  w = cdp::e2e::RandomWrites(c.nbd_uri(), o.volume_size, 32, 1, 30, 0, c.dir());
+  REQUIRE(w.empty());
+  const std::string diverged = c.Path("diverged.img");
+  REQUIRE(cdp::e2e::CopyFile(c.source_path(), diverged));
+
+  // Without the key the recovered machine would see ciphertext: refused.
+  auto nokey = c.Cdpctl({"failover", vol, "--to", "t"});
+  CHECK(nokey.exit_code != 0);
+  CHECK(nokey.output.find("needs the tenant's keys (--key-file)") != std::string::npos);
+  auto fo = c.Cdpctl({"failover", vol, "--to", "t", "--key-file", key_file});
+  INFO(fo.output);
+  REQUIRE(fo.exit_code == 0);
+  const std::string uri = c.mt_export_uri("acme/" + vol + "@failover");
+  // The provider writes 100 marked blocks through the keyed export.
+  {
+    const std::string patch = c.Path("provider.patch");
+    REQUIRE(cdp::e2e::MakeSparseFile(patch, o.volume_size));
+    std::fstream pf(patch, std::ios::in | std::ios::out | std::ios::binary);
+    for (uint64_t i = 0; i < 100; ++i) {
+      std::string b;
+      while (b.size() < 4096) b += std::string(kMarker) + "-provider-" + std::to_string(i) + "-";
+      pf.seekp(std::streamoff(((i * 37) % (o.volume_size / 4096)) * 4096));
+      pf.write(b.data(), 4096);
+    }
+    pf.close();
+    auto cp = RunCommand({"nbdcopy", "--destination-is-zero", "--flush", patch, uri}, 120000);
+    INFO(cp.output);
+    REQUIRE(cp.exit_code == 0);
+  }
+  const std::string promoted = c.Path("promoted.img");
+  REQUIRE(RunCommand({"nbdcopy", uri, promoted}, 120000).exit_code == 0);
+  CHECK(ReadFile(promoted).find(kMarker) != std::string::npos);
+  CHECK(FilesHolding(c.Path("mt"), kMarker).empty());  // the provider's writes are sealed too
+  uint64_t differ = 0;
+  {
+    const std::string a = ReadFile(diverged), b = ReadFile(promoted);
+    REQUIRE(a.size() == b.size());
+    for (size_t off = 0; off < a.size(); off += 4096) differ += a.compare(off, 4096, b, off, 4096) != 0;
+  }
+  REQUIRE(differ > 100);
+
+  // A restart of the master target forgets the keys: the export waits for
+  // them, the failback needs none.
+  REQUIRE(c.Kill9(Which::kMasterTarget));
+  REQUIRE(c.Restart(Which::kMasterTarget));
+  auto st = c.CdpctlJson({"status"});
+  REQUIRE(st.has_value());
+  CHECK(st->at("master_target").at("volumes").at(0).at("failover").at("served") == false);
+  REQUIRE(c.Restart(Which::kProcessServer));
+  auto fb = c.Cdpctl({"--json", "failback", vol});
+  INFO(fb.output << c.Logs());
+  REQUIRE(fb.exit_code == 0);
+  const json::value report = json::parse(fb.output);
+  uint64_t pulled = 0;
+  for (const auto& p : report.at("passes").as_array()) pulled += json::value_to<uint64_t>(p.at("pulled_blocks"));
+  CHECK(pulled == differ);
+  CHECK(Sha256File(c.source_path()) == Sha256File(promoted));
+  const std::string branch = c.Path("branch.img");
+  auto cp = RunCommand({"nbdcopy", "nbd+unix:///" + vol + "@branch-g1?socket=" + c.agent_nbd_socket(), branch}, 120000);
+  INFO(cp.output);
+  REQUIRE(cp.exit_code == 0);
+  CHECK(Sha256File(branch) == Sha256File(diverged));
+  CHECK(FilesHolding(c.Path("mt"), kMarker).empty());
+
+  // Re-protect: new writes replicate sealed, and the latest point opens to the source.
+  REQUIRE(c.Cdpctl({"reprotect", vol}).exit_code == 0);
+  w = cdp::e2e::RandomWrites(c.nbd_uri(), o.volume_size, 33, 1, 20, 0, c.dir());
+  REQUIRE(w.empty());
+  REQUIRE(c.WaitDrained());
+  st = c.CdpctlJson({"status"});
+  const uint64_t last = json::value_to<uint64_t>(st->at("master_target").at("volumes").at(0).at("history_seq"));
+  auto ex = c.CdpctlJson({"export", vol + "@seq:" + std::to_string(last), "--key-file", key_file});
+  REQUIRE(ex.has_value());
+  auto copy = CopyOut(c, std::string(ex->at("export").as_string()), c.Path("final.img"));
+  INFO(copy.output);
+  REQUIRE(copy.exit_code == 0);
+  CHECK(Sha256File(c.Path("final.img")) == Sha256File(c.source_path()));
+}

@@ -48,7 +48,8 @@ Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::OpenPersistent(std
   CDP_ASSIGN_OR_RETURN(auto pin, volume->Pin(point_seq));
   ReplicaVolume* v = volume.get();
   std::shared_ptr<PointInTimeDevice> d(new PointInTimeDevice(std::move(volume), std::move(pin)));
-  d->size_ = v->size();
+  d->stored_space_ = v->identity().sealed;
+  d->size_ = DeviceSize(v->identity());
   d->block_ = v->identity().block_size;
   d->env_ = env;
   const uint64_t blocks = (d->size_ + d->block_ - 1) / d->block_;
@@ -118,6 +119,11 @@ Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::Open(std::shared_p
   return d;
 }
 
+Status PointInTimeDevice::ReadPoint(uint64_t offset, uint64_t len, uint8_t* buf) const {
+  return stored_space_ ? volume_->ReadStoredAt(pin_->seq(), offset, len, buf)
+                       : volume_->ReadAt(pin_->seq(), offset, len, buf);
+}
+
 PointInTimeDevice::~PointInTimeDevice() {
   if (overlay_ && !bitmap_) {
     overlay_.reset();
@@ -164,7 +170,7 @@ std::vector<proto::BlockExtent> PointInTimeDevice::WrittenExtents() const {
 
 Status PointInTimeDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
   if (offset > size_ || len > size_ - offset) return Status::OutOfRange("read past the end of the export");
-  if (!overlay_) return volume_->ReadAt(pin_->seq(), offset, len, buf);
+  if (!overlay_) return ReadPoint(offset, len, buf);
   std::lock_guard<std::mutex> lk(mu_);
   uint64_t pos = offset, end = offset + len;
   while (pos < end) {
@@ -176,7 +182,7 @@ Status PointInTimeDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
     if (ov) {
       CDP_RETURN_IF_ERROR(overlay_->Read(pos, run_end - pos, dst));
     } else {
-      CDP_RETURN_IF_ERROR(volume_->ReadAt(pin_->seq(), pos, run_end - pos, dst));
+      CDP_RETURN_IF_ERROR(ReadPoint(pos, run_end - pos, dst));
     }
     pos = run_end;
   }
@@ -210,7 +216,7 @@ Status PointInTimeDevice::WriteLocked(uint64_t offset, const uint8_t* data, uint
     if (!in_overlay_[blk] && (s != bstart || t != bend)) {
       // First touch of a block by a partial write: copy its point-in-time content.
       blockbuf.resize(bend - bstart);
-      CDP_RETURN_IF_ERROR(volume_->ReadAt(pin_->seq(), bstart, bend - bstart, blockbuf.data()));
+      CDP_RETURN_IF_ERROR(ReadPoint(bstart, bend - bstart, blockbuf.data()));
       CDP_RETURN_IF_ERROR(overlay_->Write(bstart, blockbuf));
     }
     const uint8_t* src = data ? data + (s - offset) : zeros.data();

@@ -16,6 +16,11 @@
 //   test failover (Open with an overlay path): the bitmap lives in memory and
 //   the overlay file is removed when the device is destroyed (the export ends).
 //
+//   A sealed volume's promoted overlay covers the whole replica file (the
+//   stored blocks, then their MACs: ReplicaVolume::ReadStoredAt), so that a
+//   KeyedExportDevice on top keeps each block's MAC beside it; its size() is
+//   then DeviceSize(), and only that filter is served.
+//
 //   promoted failover (OpenPersistent; `cdpctl failover`): the bitmap is a
 //   file too (docs/formats/failover-overlay.md), and both survive the device
 //   and the daemon: the export is served again after a restart. The bitmap is
@@ -102,10 +107,14 @@ class PointInTimeDevice final : public BlockDevice {
   Status WriteLocked(uint64_t offset, const uint8_t* data, uint64_t len);  // data == nullptr: zeros
   Status FlushLocked();
   Status LoadBitmap(uint64_t point_seq);
+  // The point's bytes: the volume's (ReadAt), or the replica file's for a
+  // sealed persistent overlay (ReadStoredAt).
+  Status ReadPoint(uint64_t offset, uint64_t len, uint8_t* buf) const;
 
   std::shared_ptr<ReplicaVolume> volume_;
   std::unique_ptr<PointPin> pin_;
   uint64_t size_ = 0;
+  bool stored_space_ = false;  // size_ = DeviceSize(): a sealed volume's promoted overlay
   uint32_t block_ = 4096;
   Env* env_ = nullptr;
   std::string overlay_path_;

@@ -465,20 +465,41 @@ std::string MasterTarget::Impl::OverlayBitmap(const std::string& tenant, const s
 Result<std::shared_ptr<PointInTimeDevice>> MasterTarget::Impl::ServePromoted(const std::string& tenant,
                                                                              const std::string& volume,
                                                                              const std::shared_ptr<ReplicaVolume>& v,
-                                                                             uint64_t seq, bool create) {
+                                                                             uint64_t seq, bool create,
+                                                                             std::shared_ptr<const seal::BlockSealer> sealer) {
   if (!nbd) return Status::NotSupported("NBD exports are disabled (nbd port < 0): a failover needs them");
   const std::string name = PromotedExportName(tenant, volume);
   std::lock_guard<std::mutex> lk(export_mu);
-  if (auto it = exports.find(name); it != exports.end()) return it->second.device;
-  CDP_ASSIGN_OR_RETURN(auto dev, PointInTimeDevice::OpenPersistent(v, seq, o.env, OverlayData(tenant, volume),
-                                                                   OverlayBitmap(tenant, volume), create));
-  CDP_RETURN_IF_ERROR(nbd->AddExport(name, dev,
-                                     volume + " failed over at sequence " + std::to_string(seq - v->seq_base()) +
-                                         " (read-write, persistent)",
-                                     tenant));
-  exports[name] = ExportEntry{tenant, volume, seq, true, true, false, dev};
-  log->warn("{} failover export {} served (read-write, persistent overlay, {} blocks written at the provider)",
-            log::Where{volume, tenant, seq}, name, dev->overlay_blocks());
+  auto it = exports.find(name);
+  if (it != exports.end() && (it->second.served || !sealer)) return it->second.device;
+  std::shared_ptr<PointInTimeDevice> dev;
+  if (it != exports.end()) {
+    dev = it->second.device;
+  } else {
+    CDP_ASSIGN_OR_RETURN(dev, PointInTimeDevice::OpenPersistent(v, seq, o.env, OverlayData(tenant, volume),
+                                                                OverlayBitmap(tenant, volume), create));
+  }
+  const bool sealed = v->identity().sealed;
+  ExportEntry entry{tenant, volume, seq, true, true, sealed, dev};
+  entry.served = !sealed || sealer != nullptr;
+  if (entry.served) {
+    std::shared_ptr<BlockDevice> served = dev;
+    if (sealed) {
+      CDP_ASSIGN_OR_RETURN(served, KeyedExportDevice::Open(dev, v, seq, sealer));
+    }
+    CDP_RETURN_IF_ERROR(nbd->AddExport(name, served,
+                                       volume + " failed over at sequence " + std::to_string(seq - v->seq_base()) +
+                                           " (read-write, persistent)",
+                                       tenant));
+    log->warn("{} failover export {} served (read-write, persistent overlay{}, {} blocks written at the provider)",
+              log::Where{volume, tenant, seq}, name, sealed ? ", sealed with the tenant's keys" : "",
+              dev->overlay_blocks());
+  } else {
+    log->warn("{} failed over, sealed: its export {} waits for the tenant's keys (cdpctl failover {} --to POINT "
+              "--key-file FILE serves it again); failback needs no keys",
+              log::Where{volume, tenant, seq}, name, volume);
+  }
+  exports[name] = entry;
   return dev;
 }
 
@@ -511,15 +532,23 @@ void MasterTarget::Impl::RestorePromoted() {
 }
 
 Result<MasterTarget::FailoverOutcome> MasterTarget::Failover(const std::string& tenant, const std::string& volume,
-                                                             uint64_t point_seq, int64_t point_id) {
+                                                             uint64_t point_seq, int64_t point_id,
+                                                             const seal::VolumeKeys* keys) {
   Impl& m = *impl_;
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
   if (!m.nbd) return Status::NotSupported("NBD exports are disabled (nbd port < 0): a failover needs them");
-  if (v->identity().sealed)
-    return Status::NotSupported(volume + " is sealed (tenant-side encryption): a promoted failover needs a writable "
-                                         "export that seals with the tenant's keys, which this version does not have; "
-                                         "cdpctl export VOLUME@POINT --key-file serves any point read-only");
+  std::shared_ptr<const seal::BlockSealer> sealer;
+  if (v->identity().sealed) {
+    if (keys == nullptr)
+      return Status::PermissionDenied(volume + " is sealed (tenant-side encryption): its failover serves plaintext "
+                                               "to the recovered machine and needs the tenant's keys (--key-file)");
+    if (!o_.nbd_tls)
+      return Status::PermissionDenied("a sealed volume's failover export serves plaintext, so it needs NBD TLS");
+    CDP_ASSIGN_OR_RETURN(sealer, seal::BlockSealer::Create(*keys));
+  } else if (keys != nullptr) {
+    return Status::InvalidArgument(volume + " is not sealed: its failover needs no key");
+  }
   std::lock_guard<std::mutex> fl(m.failover_mu);
   FailoverOutcome out;
   out.export_name = PromotedExportName(tenant, volume);
@@ -528,7 +557,7 @@ Result<MasterTarget::FailoverOutcome> MasterTarget::Failover(const std::string& 
     // again if it was not), another one the volume's error.
     CDP_ASSIGN_OR_RETURN(bool changed, v->Failover(point_seq, point_id));
     (void)changed;
-    CDP_RETURN_IF_ERROR(m.ServePromoted(tenant, volume, v, f->point_seq, false).status());
+    CDP_RETURN_IF_ERROR(m.ServePromoted(tenant, volume, v, f->point_seq, false, sealer).status());
     return out;
   }
   // Overlay first (created and synced), then the state, then the export.
@@ -541,7 +570,7 @@ Result<MasterTarget::FailoverOutcome> MasterTarget::Failover(const std::string& 
     return changed.status();
   }
   dev.reset();
-  CDP_RETURN_IF_ERROR(m.ServePromoted(tenant, volume, v, point_seq, false).status());
+  CDP_RETURN_IF_ERROR(m.ServePromoted(tenant, volume, v, point_seq, false, sealer).status());
   out.changed = true;
   return out;
 }

@@ -154,12 +154,18 @@ class MasterTarget {
   // Idempotent: failed over at that point already -> ok, changed = false (and
   // the export served again if it was not). kAlreadyExists for another point;
   // kNotFound, kOutOfRange, kNotSupported (no NBD) as StartExport.
+  // A sealed volume needs its `keys` (the VM reads and writes plaintext: the
+  // export is a writable KeyedExportDevice over an overlay of the whole
+  // replica file; kPermissionDenied without keys or without NBD TLS). The
+  // keys are held in memory only: after a restart the volume stays failed
+  // over, and failback works (it moves ciphertext), but the export is served
+  // again only when Failover is repeated with the keys.
   struct FailoverOutcome {
     std::string export_name;
     bool changed = false;
   };
   Result<FailoverOutcome> Failover(const std::string& tenant, const std::string& volume, uint64_t point_seq,
-                                   int64_t point_id);
+                                   int64_t point_id, const seal::VolumeKeys* keys = nullptr);
   // Stops the promoted export, returns the volume to protecting and removes the
   // overlay. True: changed; false: it was protecting. kAlreadyExists once committed.
   Result<bool> UndoFailover(const std::string& tenant, const std::string& volume);

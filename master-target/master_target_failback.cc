@@ -13,24 +13,39 @@ constexpr uint64_t kReadChunk = 1u << 20;        // promoted-image reads
 constexpr uint64_t kFinishBatchBytes = 16u << 20;  // replica writes per applied batch
 
 // The blocks the MT side changed after the failover point: the journal after
-// it and the provider's writes.
+// it and the provider's writes, inside the volume (a sealed volume's journal
+// and overlay also hold its MACs, after the volume: they travel with their
+// blocks).
 Result<std::vector<proto::BlockExtent>> ChangedBlocks(ReplicaVolume& v, PointInTimeDevice& dev) {
   CDP_ASSIGN_OR_RETURN(std::vector<proto::BlockExtent> all, v.JournalBlocksAfter(dev.point_seq()));
   std::vector<proto::BlockExtent> written = dev.WrittenExtents();
   all.insert(all.end(), written.begin(), written.end());
-  return proto::MergeExtents(std::move(all));
+  all = proto::MergeExtents(std::move(all));
+  const uint64_t blocks = v.size() / v.identity().block_size;
+  std::vector<proto::BlockExtent> out;
+  for (const proto::BlockExtent& e : all) {
+    if (e.first_block >= blocks) break;
+    out.push_back(proto::BlockExtent{e.first_block, uint32_t(std::min<uint64_t>(e.count, blocks - e.first_block))});
+  }
+  return out;
 }
 
-// Adds block `b` (content at `p`, `bs` bytes) to `out` as kData or kZero,
-// extending the last record when it is the same kind and adjacent.
-void AppendBlock(std::vector<proto::Record>* out, uint64_t offset, const uint8_t* p, uint32_t bs) {
+// Adds a block (content at `p`, `bs` bytes; `mac` its MAC on a sealed volume,
+// else null) to `out` as kData / kZero, or kSealed / kSealedZero, extending
+// the last record when it is the same kind and adjacent.
+void AppendBlock(std::vector<proto::Record>* out, uint64_t offset, const uint8_t* p, uint32_t bs,
+                 const uint8_t* mac = nullptr) {
   const bool zero = IsAllZero(p, bs);
-  const proto::RecordKind kind = zero ? proto::RecordKind::kZero : proto::RecordKind::kData;
+  const bool sealed = mac != nullptr;
+  const proto::RecordKind kind = sealed ? (zero ? proto::RecordKind::kSealedZero : proto::RecordKind::kSealed)
+                                        : (zero ? proto::RecordKind::kZero : proto::RecordKind::kData);
   if (!out->empty()) {
     proto::Record& last = out->back();
     if (last.kind == kind && last.offset + last.length == offset && last.length + bs <= (1u << 20)) {
+      // A sealed record's blocks come before its MACs.
+      if (!zero) last.data.insert(last.data.begin() + last.length, p, p + bs);
+      if (sealed) last.data.insert(last.data.end(), mac, mac + proto::kSealMacSize);
       last.length += bs;
-      if (!zero) last.data.insert(last.data.end(), p, p + bs);
       return;
     }
   }
@@ -40,7 +55,17 @@ void AppendBlock(std::vector<proto::Record>* out, uint64_t offset, const uint8_t
   r.length = bs;
   r.kind = kind;
   if (!zero) r.data.assign(p, p + bs);
+  if (sealed) r.data.insert(r.data.end(), mac, mac + proto::kSealMacSize);
   out->push_back(std::move(r));
+}
+
+// The MACs of `n` blocks at `off` of a sealed volume's promoted overlay
+// (after the volume in its space), or nothing for a plain volume.
+Status ReadMacs(ReplicaVolume& v, PointInTimeDevice& dev, uint64_t off, uint64_t n, Bytes* macs) {
+  macs->clear();
+  if (!v.identity().sealed) return Status::OK();
+  macs->resize(size_t(n * proto::kSealMacSize));
+  return dev.Read(v.size() + proto::SealMacBytes(off), uint32_t(macs->size()), macs->data());
 }
 
 }  // namespace
@@ -126,7 +151,7 @@ proto::PullResponse MasterTarget::Pull(const std::string& tenant, const proto::P
   };
   if (!dev) return fail("the promoted export is not served");
   if (bs != kLeafSize) return fail("block size " + std::to_string(bs) + " (failback compares 4 KiB blocks)");
-  Bytes buf;
+  Bytes buf, macs;
   size_t d = 0;
   for (const proto::BlockExtent& e : req.extents) {
     if (e.first_block >= blocks || e.count > blocks - e.first_block) return fail("extent past the end of the volume");
@@ -135,10 +160,12 @@ proto::PullResponse MasterTarget::Pull(const std::string& tenant, const proto::P
       const uint64_t off = (e.first_block + done) * bs;
       buf.resize(n * bs);
       if (Status s = dev->Read(off, uint32_t(buf.size()), buf.data()); !s.ok()) return fail(s.ToString());
+      if (Status s = ReadMacs(*v, *dev, off, n, &macs); !s.ok()) return fail(s.ToString());
       for (uint64_t i = 0; i < n; ++i, ++d) {
         const uint8_t* p = buf.data() + i * bs;
-        if (LeafDigest(p, bs) == req.digests[d]) continue;  // equal: never travels
-        AppendBlock(&out.records, off + i * bs, p, bs);
+        // Equal (a sealed volume: the stored blocks, as the agent hashes them): never travels.
+        if (LeafDigest(p, bs) == req.digests[d]) continue;
+        AppendBlock(&out.records, off + i * bs, p, bs, macs.empty() ? nullptr : macs.data() + i * proto::kSealMacSize);
       }
       done += n;
     }
@@ -166,7 +193,7 @@ Result<MasterTarget::FinishOutcome> MasterTarget::FinishFailback(const std::stri
   // The promoted image's content of every changed block, applied in batches.
   std::vector<proto::Record> batch;
   uint64_t batch_bytes = 0;
-  Bytes buf;
+  Bytes buf, macs;
   auto apply = [&]() -> Status {
     if (batch.empty()) return Status::OK();
     CDP_RETURN_IF_ERROR(v->ApplyFailback(std::move(batch)).status());
@@ -180,7 +207,10 @@ Result<MasterTarget::FinishOutcome> MasterTarget::FinishFailback(const std::stri
       const uint64_t off = (e.first_block + done) * bs;
       buf.resize(n * bs);
       CDP_RETURN_IF_ERROR(dev->Read(off, uint32_t(buf.size()), buf.data()));
-      for (uint64_t i = 0; i < n; ++i) AppendBlock(&batch, off + i * bs, buf.data() + i * bs, bs);
+      CDP_RETURN_IF_ERROR(ReadMacs(*v, *dev, off, n, &macs));
+      for (uint64_t i = 0; i < n; ++i)
+        AppendBlock(&batch, off + i * bs, buf.data() + i * bs, bs,
+                    macs.empty() ? nullptr : macs.data() + i * proto::kSealMacSize);
       out.blocks += n;
       batch_bytes += n * bs;
       done += n;

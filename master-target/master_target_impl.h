@@ -49,6 +49,7 @@ struct ExportEntry {
   bool promoted = false;  // a failover's export: only `failover --undo` removes it
   bool keyed = false;     // a sealed volume's export with the tenant's keys (plaintext)
   std::shared_ptr<PointInTimeDevice> device;  // keyed: the stored blocks under the KeyedExportDevice
+  bool served = true;  // over NBD (a sealed promoted overlay waits for its keys unserved)
 };
 
 struct MasterTarget::Impl {
@@ -77,10 +78,13 @@ struct MasterTarget::Impl {
   std::string OverlayData(const std::string& tenant, const std::string& volume) const;
   std::string OverlayBitmap(const std::string& tenant, const std::string& volume) const;
   // Serves the promoted export of a failed-over volume unless it is served
-  // (create: new overlay files). failover_mu held.
+  // (create: new overlay files). failover_mu held. A sealed volume's overlay
+  // is opened (so failback can read it) but served over NBD only with its
+  // keys (`sealer`), through a writable KeyedExportDevice.
   Result<std::shared_ptr<PointInTimeDevice>> ServePromoted(const std::string& tenant, const std::string& volume,
                                                            const std::shared_ptr<ReplicaVolume>& v, uint64_t seq,
-                                                           bool create);
+                                                           bool create,
+                                                           std::shared_ptr<const seal::BlockSealer> sealer = nullptr);
   // At Start: serves every failed-over volume's export again; removes the
   // overlay files a volume that is not failed over left behind.
   void RestorePromoted();

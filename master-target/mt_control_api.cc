@@ -72,7 +72,7 @@ json::value MasterTarget::Impl::FailoverJson(const VolEntry& e, const VolumeStat
                  {"provider_written_blocks", 0}};
   std::lock_guard<std::mutex> lk(export_mu);
   if (auto it = exports.find(MasterTarget::PromotedExportName(e.tenant, e.name)); it != exports.end()) {
-    j["served"] = true;
+    j["served"] = it->second.served;  // a sealed volume's export waits for its keys after a restart
     j["provider_written_blocks"] = it->second.device->overlay_blocks();
   }
   return j;
@@ -304,11 +304,18 @@ void MasterTarget::Impl::AddRoutes() {
   // Failover (`cdpctl failover`): promote, undo, commit. Idempotent; see
   // MasterTarget::Failover.
   http->Route("POST", "/v1/failover", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "point", "tag", "seq"}, [&](const http::Params& p) -> Result<http::Response> {
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "keys"},
+                      [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       int64_t id = 0;
       CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p, &id));
-      CDP_ASSIGN_OR_RETURN(auto out, mt->Failover(e->tenant, e->name, seq, id));
+      // A sealed volume's keys, as for /v1/export: in memory only.
+      CDP_ASSIGN_OR_RETURN(auto keys_hex, p.String("keys"));
+      std::optional<seal::VolumeKeys> keys;
+      if (keys_hex) {
+        CDP_ASSIGN_OR_RETURN(keys, seal::ParseVolumeKeys(*keys_hex));
+      }
+      CDP_ASSIGN_OR_RETURN(auto out, mt->Failover(e->tenant, e->name, seq, id, keys ? &*keys : nullptr));
       if (out.changed) log->warn("{} failed over to sequence {} by the operator", log::Where{e->name, "control", seq}, seq);
       json::object j = VolumeJson(*e);
       j["changed"] = out.changed;

@@ -76,11 +76,9 @@ bool IsSealedKind(proto::RecordKind k) {
   return k == proto::RecordKind::kSealed || k == proto::RecordKind::kSealedZero;
 }
 
-// A sealed volume's records as the plain writes apply journals: each sealed
-// record becomes its blocks (data, or zeros) at its range and its MACs as
-// data at size + 16 * block, both under the record's sequence. Others are
-// copied as they are.
-std::vector<proto::Record> Unseal(const std::vector<proto::Record>& recs, size_t first, uint64_t volume_size) {
+}  // namespace
+
+std::vector<proto::Record> UnsealRecords(const std::vector<proto::Record>& recs, size_t first, uint64_t volume_size) {
   std::vector<proto::Record> out;
   out.reserve(2 * (recs.size() - first));
   for (size_t i = first; i < recs.size(); ++i) {
@@ -100,6 +98,8 @@ std::vector<proto::Record> Unseal(const std::vector<proto::Record>& recs, size_t
   }
   return out;
 }
+
+namespace {
 
 ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected = 0) {
   ApplyOutcome o;
@@ -300,7 +300,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
         return Nack(proto::NackReason::kBadRecord, at + "unknown kind");
     }
   }
-  Status s = id_.sealed ? ApplyLocked(Unseal(recs, first, id_.size), 0, &out) : ApplyLocked(recs, first, &out);
+  Status s = id_.sealed ? ApplyLocked(UnsealRecords(recs, first, id_.size), 0, &out) : ApplyLocked(recs, first, &out);
   NoteApply(s);
   if (!s.ok()) {
     log::Get("mt.volume")->error("{} apply failed: {}; undoing the partial batch", log::Where{id_.name, "", applied + 1},

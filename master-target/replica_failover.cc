@@ -202,13 +202,18 @@ Result<uint64_t> ReplicaVolume::ApplyFailback(std::vector<proto::Record> records
     if (r.kind == proto::RecordKind::kTag && r.offset == 0 && r.length == 0 &&
         proto::ValidName(std::string_view(reinterpret_cast<const char*>(r.data.data()), r.data.size())))
       continue;
-    if ((r.kind != proto::RecordKind::kData && r.kind != proto::RecordKind::kZero) || r.length == 0 ||
-        r.offset > id_.size || r.length > id_.size - r.offset ||
-        (r.kind == proto::RecordKind::kData ? r.data.size() != r.length : !r.data.empty()))
+    const bool plain_ok = !id_.sealed && (r.kind == proto::RecordKind::kData ? r.data.size() == r.length
+                                          : r.kind == proto::RecordKind::kZero && r.data.empty());
+    const bool sealed_ok =
+        id_.sealed && r.offset % proto::kSealUnit == 0 && r.length % proto::kSealUnit == 0 &&
+        (r.kind == proto::RecordKind::kSealed ? r.data.size() == r.length + proto::SealMacBytes(r.length)
+                                              : r.kind == proto::RecordKind::kSealedZero &&
+                                                    r.data.size() == proto::SealMacBytes(r.length));
+    if ((!plain_ok && !sealed_ok) || r.length == 0 || r.offset > id_.size || r.length > id_.size - r.offset)
       return Status::InvalidArgument(id_.name + ": bad failback record at offset " + std::to_string(r.offset));
   }
   ApplyOutcome out;
-  Status s = ApplyLocked(records, 0, &out);
+  Status s = id_.sealed ? ApplyLocked(UnsealRecords(records, 0, id_.size), 0, &out) : ApplyLocked(records, 0, &out);
   NoteApply(s);
   if (s.ok() && o_.metrics.records_applied) o_.metrics.records_applied->Inc(records.size());
   if (!s.ok()) {

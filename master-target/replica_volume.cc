@@ -139,6 +139,12 @@ Status ReplicaVolume::ReadMacsAt(uint64_t point_seq, uint64_t offset, uint64_t l
   return ReadDeviceAt(point_seq, id_.size + proto::SealMacBytes(offset), proto::SealMacBytes(len), macs);
 }
 
+Status ReplicaVolume::ReadStoredAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
+  const uint64_t end = DeviceSize(id_);
+  if (offset > end || len > end - offset) return Status::OutOfRange(id_.name + ": read past the end of the replica");
+  return ReadDeviceAt(point_seq, offset, len, buf);
+}
+
 Status ReplicaVolume::ReadDeviceAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
   std::shared_lock<std::shared_mutex> lk = LockIndexShared();
   if (point_seq < horizon_)

@@ -141,6 +141,12 @@ struct VolumeIdentity {
 // Bytes of the replica file: the volume, then the MACs of a sealed one.
 uint64_t DeviceSize(const VolumeIdentity& id);
 
+// A sealed volume's records as the plain writes apply journals: each sealed
+// record of recs[first..] becomes its blocks (data, or zeros) at its range
+// and its MACs as data at volume_size + 16 * block, both under the record's
+// sequence; other records are copied as they are.
+std::vector<proto::Record> UnsealRecords(const std::vector<proto::Record>& recs, size_t first, uint64_t volume_size);
+
 // kReplicating is shown as "protecting" (the operator's word for it).
 enum class VolumeState { kReplicating = 0, kRollingBack = 1, kFailedOver = 2, kFailingBack = 3, kFailedBack = 4 };
 const char* StateName(VolumeState s);
@@ -335,6 +341,10 @@ class ReplicaVolume {
   // their stored bytes. kInvalidArgument for an unsealed volume or a range
   // that is not whole 4 KiB blocks; otherwise as ReadAt.
   Status ReadMacsAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* macs) const;
+  // ReadAt over the whole replica file, [0, DeviceSize()): a sealed volume's
+  // stored blocks, then its MACs (the space a sealed promoted failover's
+  // overlay covers). kOutOfRange past it.
+  Status ReadStoredAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const;
 
   // Pins `point_seq` for an export. kOutOfRange if it is below the horizon or
   // above the applied sequence.
