@@ -419,6 +419,7 @@ boost::json::value Agent::StatusJson() const {
       v["phase"] = std::string(SitePhaseName(SitePhase(sites_[i]->shown_phase.load())));
     }
     v["write_fence"] = d->write_fence();
+    v["encrypted"] = d->sealer() != nullptr;  // tenant-side encryption: blocks leave sealed
     if (i < senders_.size()) {
       auto ss = senders_[i]->Stats();
       v["connected"] = ss.connected;

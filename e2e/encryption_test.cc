@@ -103,6 +103,7 @@ TEST_CASE("encrypted volume: no plaintext at the provider, a keyed export equals
   auto vols = c.CdpctlJson({"status"});
   REQUIRE(vols.has_value());
   CHECK(vols->at("master_target").at("volumes").at(0).at("sealed") == true);
+  CHECK(vols->at("agent").at("volumes").at(0).at("encrypted") == true);
 
   // 2. A keyed export equals the source; one without the key holds no plaintext.
   const int64_t point = c.TagPointId("sealed-1");

@@ -72,6 +72,8 @@ Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& s
     CDP_RETURN_IF_ERROR(env->CreateDirs(spool_options.dir));
     CDP_RETURN_IF_ERROR(WriteFileAtomic(env, meta_path, EncodeVolumeMeta(*open)));
   }
+  // A sealed volume's blocks are ciphertext: compressing them costs CPU and saves nothing.
+  if (v->open_.sealed) v->codec_ = proto::Codec::kNone;
   SpoolOptions so = spool_options;
   SpooledVolume* raw = v.get();
   auto user_cb = spool_options.on_corruption;

@@ -55,7 +55,9 @@ class SpooledVolume {
  public:
   // Opens or creates the volume in `dir`. `open` = the agent's VolumeOpen, or
   // nullptr to reopen from volume.meta at start-up. A different generation than
-  // the stored one is kInvalidArgument ("wrong generation").
+  // the stored one is kInvalidArgument ("wrong generation"). A sealed
+  // volume ships with Codec::kNone whatever `codec` says (its blocks are
+  // ciphertext).
   static Result<std::unique_ptr<SpooledVolume>> Open(const SpoolOptions& spool_options, const std::string& tenant,
                                               const proto::VolumeOpen* open, proto::Codec codec, int level);
 

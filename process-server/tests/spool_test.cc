@@ -1,4 +1,5 @@
 #include "process-server/spool.h"
+#include "process-server/spooled_volume.h"
 
 #include <catch2/catch.hpp>
 
@@ -472,4 +473,38 @@ TEST_CASE("spool floor: the master target is ahead, the spool continues after it
   auto all = ReadAll(**sp, (*sp)->stats().first_seq);
   REQUIRE(all.size() >= 2);
   CHECK(all[all.size() - 2].seq == 101);
+}
+
+TEST_CASE("a sealed volume's spool keeps its sealing in volume.meta and ships uncompressed", "[spool][sealed]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ManualClock clock;
+  cdp::proto::VolumeOpen open;
+  open.name = "vol1";
+  open.size = 1 << 20;
+  open.sealed = true;
+  {
+    auto v = cdp::ps::SpooledVolume::Open(Opts(env.get(), &clock), "t1", &open, cdp::proto::Codec::kZstd, 1);
+    REQUIRE(v.ok());
+    CHECK((*v)->codec() == cdp::proto::Codec::kNone);
+    CHECK((*v)->open_message().sealed);
+  }
+  // Reopened from volume.meta at start-up.
+  auto again = cdp::ps::SpooledVolume::Open(Opts(env.get(), &clock), "t1", nullptr, cdp::proto::Codec::kZstd, 1);
+  REQUIRE(again.ok());
+  CHECK((*again)->open_message().sealed);
+  CHECK((*again)->codec() == cdp::proto::Codec::kNone);
+  // A plain volume keeps the configured codec, and its meta file has no flags byte.
+  open.name = "vol2";
+  open.sealed = false;
+  auto plain_opts = Opts(env.get(), &clock);
+  plain_opts.dir = "/spool/t1/vol2";
+  auto plain = cdp::ps::SpooledVolume::Open(plain_opts, "t1", &open, cdp::proto::Codec::kZstd, 1);
+  REQUIRE(plain.ok());
+  CHECK((*plain)->codec() == cdp::proto::Codec::kZstd);
+  auto meta = cdp::ReadWholeFile(env.get(), "/spool/t1/vol2/volume.meta");
+  REQUIRE(meta.ok());
+  CHECK(meta->size() == cdp::ps::EncodeVolumeMeta(open).size());
+  auto sealed_meta = cdp::ReadWholeFile(env.get(), "/spool/t1/vol1/volume.meta");
+  REQUIRE(sealed_meta.ok());
+  CHECK(sealed_meta->size() == meta->size() + 1);
 }
