@@ -36,6 +36,10 @@ class RecordSource {
   // How frames of this stream are compressed on the wire.
   virtual proto::Codec codec() const { return proto::Codec::kNone; }
   virtual int level() const { return 0; }
+  // Frames of this stream in flight (sent, not yet acknowledged) at most;
+  // 0: the sender's max_inflight. Asked once, at AddStream. (LoRS's
+  // "threads": how much of one volume travels at once on a long link.)
+  virtual int max_inflight() const { return 0; }
 
   // The peer durably holds every record <= `durable`. Returns the sequence
   // to send next: durable + 1, or the first sequence of a source that

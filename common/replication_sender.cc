@@ -44,6 +44,7 @@ struct ReplicationSender::Stream {
   uint64_t gap_expected = 0;  // the last gap rewind target (repeats are ignored)
   uint64_t rewinds = 0;       // bumped when `next` moves back: a racing send is not counted
   std::deque<uint64_t> inflight;  // last sequence of each unacknowledged frame
+  size_t window = 1;              // frames in flight at most (the source's, or max_inflight)
   uint64_t hold_until_us = 0;
 };
 
@@ -67,6 +68,7 @@ ReplicationSender::StreamId ReplicationSender::AddStream(RecordSource* source) {
   auto st = std::make_unique<Stream>();
   st->src = source;
   st->name = source->OpenMessage().name;
+  st->window = size_t(source->max_inflight() > 0 ? source->max_inflight() : opt_.max_inflight);
   std::lock_guard<std::mutex> l(mu_);
   st->id = streams_.size();
   st->worker = int(st->id % size_t(opt_.workers));
@@ -282,7 +284,7 @@ Status ReplicationSender::SendLoop(Session& s, int worker) {
           continue;
         }
         if (st->worker == worker && st->opened && !st->resuming && st->stalled.ok() &&
-            st->inflight.size() < size_t(opt_.max_inflight) && now >= st->hold_until_us) {
+            st->inflight.size() < st->window && now >= st->hold_until_us) {
           ship.push_back(st.get());
         }
       }

@@ -107,7 +107,7 @@ struct SenderOptions {
   uint64_t frame_bytes = 1u << 20;  // record data per WriteBatch (at least one record)
   size_t frame_records = 16384;
   uint32_t linger_ms = 0;           // wait once this long for a small frame to grow
-  int max_inflight = 8;             // frames per stream sent, not yet acknowledged
+  int max_inflight = 8;             // frames per stream sent, not yet acknowledged (RecordSource::max_inflight overrides)
   int workers = 1;                  // sending threads (the compression pool)
   uint64_t connect_timeout_ms = 5000;  // connect, and the handshake
   uint64_t backoff_min_ms = 100;

@@ -44,6 +44,8 @@ Bytes Payload(const std::string& volume, uint64_t seq) {
 class VectorSource final : public RecordSource {
  public:
   VectorSource(std::string name, uint64_t count) : name_(std::move(name)), count_(count) {}
+  int window = 0;  // max_inflight(): 0 = the sender's
+  int max_inflight() const override { return window; }
 
   proto::VolumeOpen OpenMessage() override {
     proto::VolumeOpen vo;
@@ -134,6 +136,8 @@ class ScriptedPeer {
   std::set<std::string> ack_after_open;
   // The first connection answers the opens, then nothing more (a hung peer).
   bool mute_first = false;
+  // Batches are counted (received()) and then left unanswered.
+  std::atomic<bool> hold_batches{false};
   // Failback calls: left unanswered; the connection closed after this many
   // (0: never); answered with the other call's answer type (a protocol error).
   std::atomic<bool> mute_calls{false};
@@ -153,6 +157,10 @@ class ScriptedPeer {
   uint16_t port() const { return listener_->tcp_port(); }
 
   // What the peer applied, per volume: the sequences in order.
+  int received(const std::string& v) {
+    std::lock_guard l(mu_);
+    return received_[v];
+  }
   std::vector<uint64_t> Applied(const std::string& v) {
     std::lock_guard l(mu_);
     return applied_[v];
@@ -219,6 +227,8 @@ class ScriptedPeer {
       } else if (auto* wb = std::get_if<proto::WriteBatch>(&*m)) {
         std::unique_lock l(mu_);
         const std::string v = handles.at(wb->volume_id);
+        ++received_[v];
+        if (hold_batches.load()) continue;
         uint64_t& d = durable[v];
         if (busy_first[v] > 0) {
           --busy_first[v];
@@ -304,6 +314,7 @@ class ScriptedPeer {
   std::mutex mu_;
   std::map<std::string, std::vector<uint64_t>> applied_;
   std::map<std::string, int> opens_;
+  std::map<std::string, int> received_;  // batches, per volume
   int calls_ = 0;
   int connections_ = 0;
   uint64_t bad_data_ = 0;
@@ -744,4 +755,25 @@ TEST_CASE("replication sender: Reconnect ends a fenced session, and the next con
   CHECK(sender.Stats().connects == 2);
   sender.Reconnect();  // again: a third connection, a third open
   REQUIRE(WaitUntil([&] { return peer.opens("fenced") == 3; }, 10s));
+}
+
+TEST_CASE("replication sender: a source's own window bounds its frames in flight, the others keep the sender's",
+          "[replication]") {
+  ScriptedPeer peer;
+  peer.hold_batches = true;  // nothing is acknowledged: each stream fills its window and waits
+  VectorSource narrow("narrow", 400), wide("wide", 400), deep("deep", 400);
+  narrow.window = 1;
+  deep.window = 6;
+  ReplicationSender sender(Options(peer.port()));  // max_inflight 4
+  sender.AddStream(&narrow);
+  sender.AddStream(&wide);
+  sender.AddStream(&deep);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return peer.received("narrow") == 1 && peer.received("wide") == 4 &&
+                                 peer.received("deep") == 6; }, 20s));
+  // Nothing more goes out while nothing is acknowledged.
+  sender.Stop();
+  CHECK(peer.received("narrow") == 1);
+  CHECK(peer.received("wide") == 4);
+  CHECK(peer.received("deep") == 6);
 }
