@@ -164,8 +164,12 @@ void SpooledVolume::SetCopyAcked(size_t copy, uint64_t seq) {
 }
 
 bool SpooledVolume::SetCopyOpened(size_t copy, uint64_t durable) {
-  const bool servable = durable >= spool_->stats().released_seq;
+  bool servable = false;
   {
+    // No release runs between the check and the cursor's move: one computed
+    // with this copy's old (higher) cursor would pass `durable` otherwise.
+    std::lock_guard<std::mutex> rl(release_mu_);
+    servable = durable >= spool_->stats().released_seq;
     std::lock_guard<std::mutex> l(mu_);
     if (copy >= copies_.size()) return servable;
     copies_[copy].acked = durable;
@@ -193,9 +197,13 @@ std::vector<CopyState> SpooledVolume::CopyStates() const {
 }
 
 void SpooledVolume::AfterCursorMove() {
-  const uint64_t release = ReleasableSeq();
-  if (Status s = spool_->Release(release); !s.ok())
-    log::Get("ps.link")->warn("{} spool release: {}", log::Where{key(), "", release}, s.ToString());
+  uint64_t release = 0;
+  {
+    std::lock_guard<std::mutex> rl(release_mu_);
+    release = ReleasableSeq();
+    if (Status s = spool_->Release(release); !s.ok())
+      log::Get("ps.link")->warn("{} spool release: {}", log::Where{key(), "", release}, s.ToString());
+  }
   if (copies_.size() < 2) return;  // the spool's first segment is the one cursor
   {
     std::lock_guard<std::mutex> l(mu_);

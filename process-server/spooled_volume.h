@@ -169,6 +169,7 @@ class SpooledVolume {
   std::string dir_;
   Env* env_ = nullptr;
   uint64_t cursor_sync_us_ = 0;
+  std::mutex release_mu_;          // a release's computation and Spool::Release, and SetCopyOpened's check
   mutable std::mutex mu_;
   std::vector<CopyState> copies_;  // mu_
   uint64_t persisted_us_ = 0;      // mu_: when copies.meta was last written
