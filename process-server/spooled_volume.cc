@@ -182,13 +182,16 @@ bool SpooledVolume::SetCopyOpened(size_t copy, uint64_t durable) {
 }
 
 uint64_t SpooledVolume::ReleasableSeq() const {
+  // A cursor below the released sequence cannot be served either: the spool's
+  // floor jumped past it (the spool was lost and another copy's MT was ahead).
+  const uint64_t released = spool_->stats().released_seq;
   uint64_t low = std::numeric_limits<uint64_t>::max();
   {
     std::lock_guard<std::mutex> l(mu_);
     for (const CopyState& c : copies_)
-      if (!c.lost) low = std::min(low, c.acked);
+      if (!c.lost && c.acked >= released) low = std::min(low, c.acked);
   }
-  return low == std::numeric_limits<uint64_t>::max() ? spool_->stats().released_seq : low;
+  return low == std::numeric_limits<uint64_t>::max() ? released : low;
 }
 
 std::vector<CopyState> SpooledVolume::CopyStates() const {

@@ -128,8 +128,9 @@ class SpooledVolume {
   // lost, when the spool released records above `durable` (it cannot serve
   // the copy: resync needed); true otherwise (lost cleared).
   bool SetCopyOpened(size_t copy, uint64_t durable);
-  // The lowest cursor of the copies that are not lost (what the spool may
-  // release); the released sequence when every copy is lost.
+  // The lowest cursor of the copies the spool can serve (not lost, not below
+  // the released sequence: what the spool may release); the released
+  // sequence when there is none.
   uint64_t ReleasableSeq() const;
   std::vector<CopyState> CopyStates() const;
   // Writes copies.meta now (two or more copies; ok otherwise or when closed).

@@ -163,6 +163,25 @@ TEST_CASE("copies: a copy whose MT stands below what was released is lost and no
   CHECK_FALSE(v->CopyStates().at(1).lost);
 }
 
+TEST_CASE("copies: a copy the spool's floor jumped past (spool lost, the other MT ahead) does not hold the spool",
+          "[copies]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ManualClock clock;
+  auto v = OpenVolume(env.get(), &clock, kTwo);
+  // The spool is empty (lost); B's MT answers first at 800, then A's at
+  // 1000: the floor moves to each (as the link does), past B's cursor.
+  v->spool().SetFloor(800);
+  REQUIRE(v->SetCopyOpened(1, 800));
+  v->spool().SetFloor(1000);
+  REQUIRE(v->SetCopyOpened(0, 1000));
+  REQUIRE(v->spool().stats().released_seq == 1000);
+  Fill(*v, 1001, 10);
+  v->SetCopyAcked(0, 1010);
+  CHECK(v->ReleasableSeq() == 1010);
+  CHECK(v->spool().stats().released_seq == 1010);
+  CHECK(v->spool().stats().backlog_records == 0);
+}
+
 TEST_CASE("copies: each copy's cursor persists in copies.meta and reloads by MT name", "[copies]") {
   auto env = cdp::NewMemEnv();
   cdp::ManualClock clock;
