@@ -169,6 +169,22 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
                     Bytes(Num(x, "bytes_in")).c_str(), Bytes(Num(x, "bytes_out")).c_str(),
                     Num(x, "compression_ratio", 1.0));
       out << line;
+      // Copies to several master targets: each one's own lag (the backlog
+      // above is the slowest copy's).
+      const json::value* cv = x.if_contains("copies");
+      if (cv && cv->is_array() && cv->as_array().size() > 1) {
+        for (const auto& c : cv->as_array()) {
+          if (!c.is_object()) continue;
+          const json::object& y = c.as_object();
+          std::string state = Str(y, "link");
+          if (std::string st = Str(y, "stalled"); !st.empty()) state = "STALLED: " + st;
+          if (std::string f = Str(y, "fenced"); !f.empty()) state = "FENCED: " + f;
+          std::snprintf(line, sizeof line, "    copy %.0f %-24s acked %10.0f  lag %8.0f rec %10s %10s  ",
+                        Num(y, "copy"), Str(y, "mt").c_str(), Num(y, "acked_seq"), Num(y, "lag_records"),
+                        Bytes(Num(y, "lag_bytes")).c_str(), Secs(Num(y, "lag_seconds")).c_str());
+          out << line << state << "\n";
+        }
+      }
     }
   }
   out << "master target " << Where(o.mt) << (m.reached ? "" : "  unreachable: " + m.error) << "\n";

@@ -91,6 +91,7 @@ loadgen::LocalClusterOptions LocalOptions(const ClusterOptions& o, const std::st
   l.client_id = "e2e-agent";
   l.die_with_parent = true;
   l.mt_extra_config = o.mt_extra_config;
+  l.ps_extra_config = o.ps_extra_config;
   l.agent_extra_config = o.agent_extra_config;
   return l;
 }

@@ -85,7 +85,7 @@ struct ClusterOptions {
   std::string codec = "zstd";     // PS codec
   std::string agent_budget = "64MiB";
   std::string point_interval = "1s";  // MT crash-consistent point interval
-  std::string mt_extra_config, agent_extra_config;  // more config lines (loadgen/local_cluster.h)
+  std::string mt_extra_config, ps_extra_config, agent_extra_config;  // more config lines (loadgen/local_cluster.h)
 };
 
 using Which = loadgen::Role;

@@ -223,7 +223,7 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
         c.bytes_in.fetch_add(bytes);
         c.records_in.fetch_add(ar.appended);
         c.batches_in.fetch_add(uint64_t(replies));
-        if (MtLink* link = LinkFor(tenant, v->name())) link->Notify();
+        NotifyLinks(v);  // every copy's link
       }
       proto::Ack a;
       a.volume_id = b->volume_id;

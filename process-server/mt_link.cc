@@ -7,7 +7,7 @@ namespace cdp::ps {
 
 class MtLink::SpoolSource final : public repl::RecordSource {
  public:
-  explicit SpoolSource(SpooledVolume* v) : v_(v) {}
+  SpoolSource(SpooledVolume* v, size_t copy) : v_(v), copy_(copy) {}
 
   proto::VolumeOpen OpenMessage() override { return v_->open_message(); }
   proto::Codec codec() const override { return v_->codec(); }
@@ -27,17 +27,15 @@ class MtLink::SpoolSource final : public repl::RecordSource {
         }
         spool.SetFloor(durable);
       }
-      v_->counters().mt_acked.store(durable);
-      Release(durable);
-      SpoolStats st = spool.stats();
-      if (st.first_seq != 0 && durable + 1 < st.first_seq) {
-        return Status::OutOfRange("master target is at seq " + std::to_string(durable) +
-                                          " but the spool starts at " + std::to_string(st.first_seq) +
-                                          ": resync needed");
+      // This copy's cursor is now the MT's word; the spool releases what
+      // every copy has (SpooledVolume).
+      if (!v_->SetCopyOpened(copy_, durable)) {
+        SpoolStats st = spool.stats();
+        return Status::OutOfRange("master target is at seq " + std::to_string(durable) + " but the spool starts at " +
+                                  std::to_string(st.released_seq + 1) + ": resync needed");
       }
-    } else if (durable > v_->counters().mt_acked.load()) {
-      v_->counters().mt_acked.store(durable);
-      Release(durable);
+    } else {
+      v_->SetCopyAcked(copy_, durable);
     }
     return durable + 1;
   }
@@ -50,19 +48,17 @@ class MtLink::SpoolSource final : public repl::RecordSource {
     return Status::OK();
   }
 
-  void Acked(uint64_t durable) override {
-    v_->counters().mt_acked.store(durable);
-    Release(durable);
-  }
+  void Acked(uint64_t durable) override { v_->SetCopyAcked(copy_, durable); }
 
   void Stalled(const Status& why) override {
-    v_->SetStalled(why.ok() ? "" : why.message());
-    if (why.ok()) v_->SetFenced("");
+    v_->SetStalled(copy_, why.ok() ? "" : why.message());
+    if (why.ok()) v_->SetFenced(copy_, "");
   }
 
   void Fenced(const std::string& message) override {
-    log::Get("ps.link")->error("{} fenced by the master target: {}", log::Where{v_->key(), "", 0}, message);
-    v_->SetFenced(message);
+    log::Get("ps.link")->error("{} fenced by the master target (copy {}): {}", log::Where{v_->key(), "", 0}, copy_,
+                               message);
+    v_->SetFenced(copy_, message);
   }
 
   void Shipped(const proto::WriteBatch& batch, uint64_t wire_bytes) override {
@@ -77,12 +73,8 @@ class MtLink::SpoolSource final : public repl::RecordSource {
   void Rewound(uint64_t frames) override { v_->counters().resent_frames.fetch_add(frames); }
 
  private:
-  void Release(uint64_t durable) {
-    Status s = v_->spool().Release(durable);
-    if (!s.ok()) log::Get("ps.link")->warn("{} spool release: {}", log::Where{v_->key(), "", durable}, s.ToString());
-  }
-
   SpooledVolume* const v_;
+  const size_t copy_;
 };
 
 namespace {
@@ -93,6 +85,7 @@ repl::SenderOptions LinkOptions(const MtLinkOptions& o) {
   l.log_name = "ps.link";
   l.peer_name = "master target";
   l.label = "tenant=" + o.tenant + " link=" + std::to_string(o.index);
+  if (o.copy > 0) l.label += " copy=" + std::to_string(o.copy) + " mt=" + o.host + ":" + std::to_string(o.port);
   l.host = o.host;
   l.port = o.port;
   if (o.throttle != nullptr) {
@@ -133,7 +126,7 @@ void MtLink::Stop() { sender_.Stop(); }
 void MtLink::AddVolume(SpooledVolume* v) {
   std::lock_guard<std::mutex> l(mu_);
   if (volumes_.count(v)) return;
-  auto src = std::make_unique<SpoolSource>(v);
+  auto src = std::make_unique<SpoolSource>(v, opt_.copy);
   auto id = sender_.AddStream(src.get());
   volumes_[v] = {std::move(src), id};
 }

@@ -6,12 +6,18 @@
 //
 //   OpenMessage   the agent's VolumeOpen, as persisted beside the spool
 //   Resume(D)     on open: the spool's floor moves up to D if the master target
-//                 is ahead, segments <= D are released; if the spool no longer
-//                 holds D+1 the volume stalls ("resync needed"). On a gap:
-//                 release <= D and resend from D+1.
+//                 is ahead; this copy's cursor becomes D (SetCopyOpened) and
+//                 what every copy has is released; if the spool no longer
+//                 holds D+1 this copy stalls ("resync needed") and stops
+//                 holding the spool. On a gap: cursor to D, resend from D+1.
+//
+// Copies: a volume shipped to several master targets has one MtLink set per
+// MT (per tenant); `copy` says which copy of the volume this link ships, and
+// every link reads the one spool from its own cursor.
 //   Read(from)    durable records from the spool, up to frame_bytes; frames
 //                 compressed with the volume's codec by FrameChannel::Send
-//   Acked(d)      segments <= d released
+//   Acked(d)      this copy's cursor moves to d; segments every copy acked
+//                 are released (SpooledVolume::SetCopyAcked)
 //   Stalled       shown in /v1/volumes ("" while it ships); the records stay
 //                 in the spool
 //   Fenced        the MT refused the volume as failed over: shown as `fenced`
@@ -52,6 +58,7 @@ struct MtLinkOptions {
   std::string secret;
   std::string client_id = "process-server";
   int index = 0;                 // which of the tenant's connections (for logs)
+  size_t copy = 0;               // which copy of its volumes this link ships (0: the primary MT)
   uint64_t frame_bytes = 1u << 20;
   int max_inflight = 8;
   // Compression/sending threads of this link (the compression pool): volumes

@@ -10,12 +10,56 @@ namespace cdp::ps {
 
 namespace json = boost::json;
 
-MtLink* ProcessServer::Impl::LinkFor(const std::string& tenant, const std::string& volume) {
-  auto it = links.find(tenant);
-  if (it == links.end() || it->second.empty()) return nullptr;
+MtLink* ProcessServer::Impl::LinkFor(const std::string& tenant, const std::string& volume, size_t copy) {
+  if (copy >= links.size()) return nullptr;
+  auto it = links[copy].find(tenant);
+  if (it == links[copy].end() || it->second.empty()) return nullptr;
   auto& v = it->second;
   size_t h = std::hash<std::string>{}(volume);
   return v[h % v.size()].get();
+}
+
+std::vector<HostPort> ProcessServer::Impl::Targets() const {
+  std::vector<HostPort> t{opt->mt};
+  t.insert(t.end(), opt->more_mts.begin(), opt->more_mts.end());
+  return t;
+}
+
+size_t ProcessServer::Impl::CopiesFor(const std::string& key) const {
+  const size_t mts = 1 + opt->more_mts.size();
+  int n = opt->copies;
+  if (auto it = opt->volume_copies.find(key); it != opt->volume_copies.end()) n = it->second;
+  if (n <= 0) return mts;
+  return std::min(mts, size_t(n));
+}
+
+void ProcessServer::Impl::NotifyLinks(SpooledVolume* v) {
+  for (size_t c = 0; c < v->copies(); ++c)
+    if (MtLink* link = LinkFor(v->tenant(), v->name(), c)) link->Notify();
+}
+
+std::vector<CopyStatus> ProcessServer::Impl::CopyStatuses(SpooledVolume* v) {
+  std::vector<CopyStatus> out;
+  const uint64_t now = opt->clock->WallMicros();
+  const std::vector<CopyState> states = v->CopyStates();
+  for (size_t i = 0; i < states.size(); ++i) {
+    const CopyState& c = states[i];
+    const SpoolBacklog b = v->spool().BacklogAbove(c.acked);
+    CopyStatus s;
+    s.copy = i;
+    s.mt = c.mt;
+    s.acked_seq = c.acked;
+    s.lag_records = b.records;
+    s.lag_bytes = b.bytes;
+    s.lag_seconds = b.oldest_timestamp_us && b.oldest_timestamp_us < now ? double(now - b.oldest_timestamp_us) / 1e6 : 0;
+    s.lost = c.lost;
+    MtLink* link = LinkFor(v->tenant(), v->name(), i);
+    s.link = link ? link->state() : std::string("none");
+    s.stalled = c.stalled;
+    s.fenced = c.fenced;
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 std::pair<proto::Codec, int> ProcessServer::Impl::CodecFor(const std::string& key) {
@@ -87,6 +131,33 @@ void ProcessServer::Impl::RegisterMetrics(SpooledVolume* v) {
       [sp] { return sp->stats().busy ? 1.0 : 0.0; });
   add("cdp_ps_spool_quota_bytes", "The spool's backlog quota (0: unlimited)", metrics::Type::kGauge,
       [q = double(opt->quota_bytes)] { return q; });
+  // Per copy (one MT each; copy 0 is the primary): its own lag.
+  const std::vector<CopyState> copies = v->CopyStates();
+  for (size_t i = 0; i < copies.size(); ++i) {
+    metrics::Labels cl{{"tenant", v->tenant()}, {"volume", v->name()}, {"copy", std::to_string(i)},
+                       {"mt", copies[i].mt}};
+    auto add_copy = [&](const char* name, const char* help, std::function<double(const SpoolBacklog&, uint64_t)> fn) {
+      reg->AddComputed(name, help, metrics::Type::kGauge, [v, i, fn] {
+        const std::vector<CopyState> st = v->CopyStates();
+        if (i >= st.size()) return 0.0;
+        return fn(v->spool().BacklogAbove(st[i].acked), st[i].acked);
+      }, cl);
+      series.emplace_back(name, cl);
+    };
+    add_copy("cdp_ps_copy_acked_seq", "Highest sequence durable at this copy's master target",
+             [](const SpoolBacklog&, uint64_t acked) { return double(acked); });
+    add_copy("cdp_ps_copy_lag_records", "Spooled records this copy's master target has not acknowledged",
+             [](const SpoolBacklog& b, uint64_t) { return double(b.records); });
+    add_copy("cdp_ps_copy_lag_bytes", "Spooled bytes this copy's master target has not acknowledged",
+             [](const SpoolBacklog& b, uint64_t) { return double(b.bytes); });
+    add_copy("cdp_ps_copy_lag_seconds", "Age of the oldest record this copy's master target has not acknowledged",
+             [clock](const SpoolBacklog& b, uint64_t) {
+               uint64_t now = clock->WallMicros();
+               return b.oldest_timestamp_us == 0 || b.oldest_timestamp_us > now
+                          ? 0.0
+                          : double(now - b.oldest_timestamp_us) / 1e6;
+             });
+  }
 }
 
 Result<SpooledVolume*> ProcessServer::Impl::GetVolume(const std::string& tenant, const proto::VolumeOpen* open, const std::string& name) {
@@ -105,11 +176,17 @@ Result<SpooledVolume*> ProcessServer::Impl::GetVolume(const std::string& tenant,
     CDP_RETURN_IF_ERROR(RetireSpoolLocked(key, fence));
   }
   auto [codec, level] = CodecFor(key);
-  CDP_ASSIGN_OR_RETURN(std::unique_ptr<SpooledVolume> v, SpooledVolume::Open(SpoolOpts(tenant, name), tenant, open, codec, level));
+  std::vector<std::string> copies;
+  const std::vector<HostPort> targets = Targets();
+  for (size_t c = 0; c < CopiesFor(key); ++c) copies.push_back(targets[c].ToString());
+  CDP_ASSIGN_OR_RETURN(std::unique_ptr<SpooledVolume> v,
+                       SpooledVolume::Open(SpoolOpts(tenant, name), tenant, open, codec, level, copies,
+                                           opt->cursor_sync_ms));
   SpooledVolume* raw = v.get();
   volumes[key] = std::move(v);
   RegisterMetrics(raw);
-  if (MtLink* link = LinkFor(tenant, name)) link->AddVolume(raw);
+  for (size_t c = 0; c < raw->copies(); ++c)
+    if (MtLink* link = LinkFor(tenant, name, c)) link->AddVolume(raw);
   SpoolStats st = raw->spool().stats();
   log->info("{} spool open: durable {}, backlog {} records / {} bytes", log::Where{key, "", st.durable_seq},
             st.durable_seq, st.backlog_records, st.backlog_bytes);
@@ -123,8 +200,9 @@ Status ProcessServer::Impl::RetireSpoolLocked(const std::string& key, const std:
   const uint64_t gen = v->open_message().generation;
   // Shipping stops first: nothing releases (deletes) spool segments from now
   // on, and a closed spool refuses to (Spool::Close).
-  if (MtLink* link = LinkFor(v->tenant(), v->name())) link->RemoveVolume(v);
-  v->spool().Close();
+  for (size_t c = 0; c < v->copies(); ++c)
+    if (MtLink* link = LinkFor(v->tenant(), v->name(), c)) link->RemoveVolume(v);
+  v->Close();
   const SpoolStats st = v->spool().stats();
   const std::string dir = SpoolOpts(v->tenant(), v->name()).dir;
   const std::string base = dir + ".gen" + std::to_string(gen) + std::string(kRetiredMark) +
@@ -221,40 +299,58 @@ Status ProcessServer::Start() {
   } else {
     im.log->warn("tls = off: agents and the master target are reached in clear text; blocks cross the network unencrypted");
   }
-  // MT links per tenant.
+  // MT links per tenant, for every MT (copy).
+  const std::vector<HostPort> targets = im.Targets();
+  for (size_t i = 0; i < opt_.more_mts.size(); ++i) {
+    for (size_t j = 0; j < i + 1; ++j) {
+      if (targets[j].ToString() == opt_.more_mts[i].ToString())
+        return Status::InvalidArgument("master target " + opt_.more_mts[i].ToString() + " listed twice");
+    }
+  }
+  for (const auto& [key, n] : opt_.volume_copies) {
+    if (n < 1 || size_t(n) > targets.size())
+      return Status::InvalidArgument("copies of " + key + " must be 1.." + std::to_string(targets.size()));
+  }
+  if (opt_.copies < 0 || size_t(opt_.copies) > targets.size())
+    return Status::InvalidArgument("copies must be 0.." + std::to_string(targets.size()));
+  im.links.resize(targets.size());
   for (const auto& [tenant, secret] : opt_.tenants) {
     if (!proto::ValidName(tenant)) return Status::InvalidArgument("bad tenant name '" + tenant + "'");
-    auto& v = im.links[tenant];
-    for (int i = 0; i < std::max(1, opt_.connections); ++i) {
-      MtLinkOptions lo;
-      lo.clock = opt_.clock;
-      lo.throttle = throttle_.get();
-      lo.tls = im.tls.get();
-      lo.host = opt_.mt.host;
-      lo.port = opt_.mt.port;
-      lo.tenant = tenant;
-      lo.secret = secret;
-      lo.client_id = opt_.client_id;
-      lo.index = i;
-      lo.frame_bytes = opt_.frame_bytes;
-      lo.max_inflight = opt_.max_inflight;
-      int pool = opt_.compress_threads > 0 ? opt_.compress_threads : int(std::thread::hardware_concurrency());
-      lo.workers = std::max(1, pool / std::max(1, opt_.connections));
-      lo.backoff_min_ms = opt_.backoff_min_ms;
-      lo.backoff_max_ms = opt_.backoff_max_ms;
-      lo.ack_timeout_ms = opt_.ack_timeout_ms;
-      v.push_back(std::make_unique<MtLink>(lo));
+    std::vector<const MtLink*> ls;
+    for (size_t copy = 0; copy < targets.size(); ++copy) {
+      auto& v = im.links[copy][tenant];
+      for (int i = 0; i < std::max(1, opt_.connections); ++i) {
+        MtLinkOptions lo;
+        lo.clock = opt_.clock;
+        lo.throttle = throttle_.get();
+        lo.tls = im.tls.get();
+        lo.host = targets[copy].host;
+        lo.port = targets[copy].port;
+        lo.tenant = tenant;
+        lo.secret = secret;
+        lo.client_id = opt_.client_id;
+        lo.index = i;
+        lo.copy = copy;
+        lo.frame_bytes = opt_.frame_bytes;
+        lo.max_inflight = opt_.max_inflight;
+        int pool = opt_.compress_threads > 0 ? opt_.compress_threads : int(std::thread::hardware_concurrency());
+        lo.workers = std::max(1, pool / std::max(1, opt_.connections));
+        lo.backoff_min_ms = opt_.backoff_min_ms;
+        lo.backoff_max_ms = opt_.backoff_max_ms;
+        lo.ack_timeout_ms = opt_.ack_timeout_ms;
+        v.push_back(std::make_unique<MtLink>(lo));
+      }
+      for (const auto& l : v) ls.push_back(l.get());
     }
     if (opt_.registry) {
-      std::vector<const MtLink*> ls;
-      for (const auto& l : v) ls.push_back(l.get());
-      opt_.registry->AddComputed("cdp_ps_mt_connections_up", "Connections to the master target that are up",
+      // Over every MT: `connections` per MT are configured.
+      opt_.registry->AddComputed("cdp_ps_mt_connections_up", "Connections to the master target(s) that are up",
                                  metrics::Type::kGauge, [ls] {
                                    double n = 0;
                                    for (const MtLink* l : ls) n += l->connected() ? 1 : 0;
                                    return n;
                                  }, metrics::Labels{{"tenant", tenant}});
-      opt_.registry->AddComputed("cdp_ps_mt_connections", "Connections to the master target configured",
+      opt_.registry->AddComputed("cdp_ps_mt_connections", "Connections to the master target(s) configured",
                                  metrics::Type::kGauge, [n = double(ls.size())] { return n; },
                                  metrics::Labels{{"tenant", tenant}});
       im.series.emplace_back("cdp_ps_mt_connections_up", metrics::Labels{{"tenant", tenant}});
@@ -274,8 +370,9 @@ Status ProcessServer::Start() {
       if (!v.ok()) return v.status().WithContext("reopening spool " + tenant + "/" + name);
     }
   }
-  for (auto& [t, v] : im.links)
-    for (auto& l : v) l->Start();
+  for (auto& site : im.links)
+    for (auto& [t, v] : site)
+      for (auto& l : v) l->Start();
 
   // Agent listener.
   Listener::Options lo;
@@ -306,8 +403,11 @@ Status ProcessServer::Start() {
     im.series.emplace_back("cdp_ps_throttle_waiting", metrics::Labels{});
     im.series.emplace_back("cdp_ps_throttle_wait_seconds_total", metrics::Labels{});
   }
-  im.log->info("process server listening on {}:{} (agents), control port {}, master target {}:{}", opt_.listen.host,
-               agent_port_, control_port_, opt_.mt.host, opt_.mt.port);
+  std::string mts;
+  for (const HostPort& t : targets) mts += (mts.empty() ? "" : ", ") + t.ToString();
+  im.log->info("process server listening on {}:{} (agents), control port {}, master target(s) {} (copies {})",
+               opt_.listen.host, agent_port_, control_port_, mts,
+               opt_.copies > 0 ? std::to_string(opt_.copies) : "all");
   return Status::OK();
 }
 
@@ -322,14 +422,15 @@ void ProcessServer::Stop() {
   if (im.stopping.exchange(true)) return;
   if (im.http) im.http->Stop();
   if (im.listener) im.listener->Shutdown();  // agent connections see EOF and end
-  for (auto& [t, v] : im.links)
-    for (auto& l : v) l->Stop();                // wakes sessions waiting on the master target
+  for (auto& site : im.links)
+    for (auto& [t, v] : site)
+      for (auto& l : v) l->Stop();              // wakes sessions waiting on the master target
   if (im.listener) im.listener->Stop();       // joins the agent threads
   if (opt_.registry != nullptr)
     for (auto& [name, labels] : im.series) opt_.registry->RemoveSeries(name, labels);
   im.series.clear();
   std::lock_guard<std::mutex> l(im.mu);
-  for (auto& [k, v] : im.volumes) v->spool().Close();
+  for (auto& [k, v] : im.volumes) v->Close();  // persists the copy cursors
 }
 
 Result<uint64_t> ProcessServer::MtAckedSeq(const std::string& tenant, const std::string& volume) {
@@ -337,6 +438,13 @@ Result<uint64_t> ProcessServer::MtAckedSeq(const std::string& tenant, const std:
   auto it = impl_->volumes.find(tenant + "/" + volume);
   if (it == impl_->volumes.end()) return Status::NotFound("no volume " + tenant + "/" + volume);
   return it->second->counters().mt_acked.load();
+}
+
+Result<std::vector<CopyStatus>> ProcessServer::Copies(const std::string& tenant, const std::string& volume) {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  auto it = impl_->volumes.find(tenant + "/" + volume);
+  if (it == impl_->volumes.end()) return Status::NotFound("no volume " + tenant + "/" + volume);
+  return impl_->CopyStatuses(it->second.get());
 }
 
 }  // namespace cdp::ps

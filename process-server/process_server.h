@@ -10,6 +10,19 @@
 // pool: FrameChannel::Send compresses in the sending thread); a volume is
 // always shipped by one of them. See mt_link.h for the shipping state machine.
 //
+// Copies: with more master targets (`more_mts`), every MT gets its own set of
+// links (per tenant, `connections` each, its own sender threads), and a volume
+// with N copies (`copies`, `volume_copies`; default every MT) is shipped to
+// the first N MTs in parallel, each from its own cursor in the one spool
+// (spooled_volume.h: a record is released when every copy acknowledged it,
+// so quota and back-pressure follow the slowest copy; one MT down or slow
+// never holds back the others' shipping). Copy 0, the primary (`mt`), also
+// answers what is not replication: the agent's VolumeOpen wait, hash
+// requests (resync, verify) and the failback relay (FailbackPlan, Pull).
+// Every copy receives the same records with the same sequences, so recovery
+// points (tags) have the same sequence at every MT. The throttle is shared:
+// it caps the sum of every copy's shipping.
+//
 // Spool layout: <spool_dir>/<tenant>/<volume>/ (spool.h) plus volume.meta
 // (docs/formats/spool.md). At start every existing spool is reopened and its
 // backlog is shipped before any agent connects.
@@ -47,13 +60,31 @@ namespace cdp::ps {
 class SpooledVolume;
 class MtLink;
 
+// One copy of a volume (ProcessServer::Copies, /v1/volumes "copies").
+struct CopyStatus {
+  size_t copy = 0;
+  std::string mt;               // host:port
+  uint64_t acked_seq = 0;       // its cursor
+  uint64_t lag_records = 0;     // spooled records above it
+  uint64_t lag_bytes = 0;
+  double lag_seconds = 0;       // age of the oldest record it has not acknowledged (0: none)
+  bool lost = false;            // the spool cannot serve it (resync needed)
+  std::string link;             // its link's state
+  std::string stalled;
+  std::string fenced;
+};
+
 struct ProcessServerOptions {
   Env* env = nullptr;          // files; must outlive the server
   Clock* clock = nullptr;      // time; must outlive the server
   // Addresses: port 0 = ephemeral (tests; see agent_port()), off() = none.
   HostPort listen{"0.0.0.0", 7400};    // agents
   HostPort control{"127.0.0.1", 9101};  // control API and /metrics; may be off
-  HostPort mt{"127.0.0.1", 7500};       // the master target
+  HostPort mt{"127.0.0.1", 7500};       // the master target (the primary: copy 0)
+  std::vector<HostPort> more_mts;       // more master targets: copy 1, 2, ... (config: further `mt` keys)
+  int copies = 0;                       // copies per volume, primary first; 0 = every MT
+  std::map<std::string, int> volume_copies;  // "tenant/volume" -> copies (1..MTs)
+  uint64_t cursor_sync_ms = 1000;       // copy cursors persisted at most this often (spooled_volume.h)
   std::string client_id = "process-server";
   std::map<std::string, std::string> tenants;  // tenant -> secret
   std::string spool_dir = "/var/lib/opencdp/ps/spool";
@@ -112,6 +143,8 @@ class ProcessServer {
   Throttle& throttle() { return *throttle_; }
   // Spool stats of one volume; kNotFound if it is not open.
   Result<uint64_t> MtAckedSeq(const std::string& tenant, const std::string& volume);
+  // Every copy of one volume (its MT, cursor, stall); kNotFound if not open.
+  Result<std::vector<CopyStatus>> Copies(const std::string& tenant, const std::string& volume);
 
  private:
   struct Impl;

@@ -44,7 +44,8 @@ struct ProcessServer::Impl {
   // Volumes whose spool was retired by a generation switch: kept alive for
   // the sessions and links that may still hold them; nothing ships them.
   std::vector<std::unique_ptr<SpooledVolume>> retired;
-  std::map<std::string, std::vector<std::unique_ptr<MtLink>>> links;  // tenant -> links
+  // [copy][tenant] -> the tenant's links to that copy's MT (copy 0: the primary).
+  std::vector<std::map<std::string, std::vector<std::unique_ptr<MtLink>>>> links;
   std::vector<std::pair<std::string, metrics::Labels>> series;       // registered computed metrics
 
   std::unique_ptr<TlsCredentials> tls;  // null with tls = off; outlives links and listener
@@ -55,13 +56,22 @@ struct ProcessServer::Impl {
   std::shared_ptr<ControlTokens> control_tokens;  // null with control_auth off
   std::unique_ptr<http::Server> http;
 
-  MtLink* LinkFor(const std::string& tenant, const std::string& volume);
+  // The link that ships `volume` to copy `copy`'s MT (null: none).
+  MtLink* LinkFor(const std::string& tenant, const std::string& volume, size_t copy = 0);
+  // Every MT in copy order: opt->mt, then opt->more_mts.
+  std::vector<HostPort> Targets() const;
+  // How many copies the volume ("tenant/volume") has: its volume_copies
+  // entry, else `copies`, else every MT.
+  size_t CopiesFor(const std::string& key) const;
+  // New durable records: wakes the volume's link of every copy.
+  void NotifyLinks(SpooledVolume* v);
 
   std::pair<proto::Codec, int> CodecFor(const std::string& key);
 
   SpoolOptions SpoolOpts(const std::string& tenant, const std::string& volume);
 
   void RegisterMetrics(SpooledVolume* v);
+  std::vector<CopyStatus> CopyStatuses(SpooledVolume* v);
 
   // Opens or finds the volume; ok also for a reopen by the agent. A higher
   // generation than the spool's, while the MT fences that spool, retires it

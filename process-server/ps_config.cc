@@ -14,7 +14,10 @@ po::options_description ProcessServerConfigDescription() {
   d.add_options()
       ("listen", po::value<std::string>()->default_value("0.0.0.0:7400"), "agent data address host:port")
       ("control", po::value<std::string>()->default_value("127.0.0.1:9101"), "HTTP control address host:port")
-      ("mt", po::value<std::string>()->default_value("127.0.0.1:7500"), "master target address host:port")
+      ("mt", po::value<std::vector<std::string>>()->multitoken()->default_value({"127.0.0.1:7500"}, "127.0.0.1:7500"),
+       "master target address host:port; repeat for more copies (the first is the primary)")
+      ("copies", po::value<int>()->default_value(0), "copies per volume, on the first N master targets (0 = all)")
+      ("volume_copies", po::value<std::vector<std::string>>()->composing(), "TENANT/VOLUME=N (repeatable)")
       ("client_id", po::value<std::string>()->default_value("process-server"), "name given to the master target")
       ("tenant", po::value<std::vector<std::string>>()->composing(), "NAME:SECRET (repeatable)")
       ("spool_dir", po::value<std::string>()->default_value("/var/lib/opencdp/ps/spool"), "spool directory")
@@ -65,7 +68,48 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
   ProcessServerOptions o;
   CDP_ASSIGN_OR_RETURN(o.listen, GetHostPort(vars, "listen", HostPort::Rules::Listen()));
   CDP_ASSIGN_OR_RETURN(o.control, GetHostPort(vars, "control", HostPort::Rules::OptionalListen()));
-  CDP_ASSIGN_OR_RETURN(o.mt, GetHostPort(vars, "mt", HostPort::Rules::Peer()));
+  {
+    // One `mt` per master target; each one more copy. Flags replace the file's list.
+    const auto& mts = vars["mt"].as<std::vector<std::string>>();
+    if (mts.empty()) return Status::InvalidArgument("no 'mt' configured");
+    std::vector<HostPort> all;
+    for (const std::string& m : mts) {
+      auto hp = ParseHostPort(m, HostPort::Rules::Peer());
+      if (!hp.ok()) return hp.status().WithContext("'mt'");
+      for (const HostPort& seen : all)
+        if (seen == *hp) return Status::InvalidArgument("'mt' " + m + " listed twice");
+      all.push_back(*hp);
+    }
+    o.mt = all.front();
+    o.more_mts.assign(all.begin() + 1, all.end());
+  }
+  const int mt_count = 1 + int(o.more_mts.size());
+  o.copies = vars["copies"].as<int>();
+  if (o.copies < 0 || o.copies > mt_count)
+    return Status::InvalidArgument("'copies' must be 0.." + std::to_string(mt_count) + " (the number of 'mt' keys)");
+  if (vars.count("volume_copies")) {
+    for (const auto& t : vars["volume_copies"].as<std::vector<std::string>>()) {
+      size_t eq = t.find('=');
+      if (eq == std::string::npos) return Status::InvalidArgument("bad value '" + t + "' for 'volume_copies'");
+      std::string key = t.substr(0, eq);
+      size_t slash = key.find('/');
+      if (slash == std::string::npos || !proto::ValidName(key.substr(0, slash)) ||
+          !proto::ValidName(key.substr(slash + 1)))
+        return Status::InvalidArgument("bad volume '" + key + "' for 'volume_copies' (want TENANT/VOLUME)");
+      int n = 0;
+      try {
+        size_t used = 0;
+        n = std::stoi(t.substr(eq + 1), &used);
+        if (used != t.size() - eq - 1) throw std::invalid_argument("trailing");
+      } catch (const std::exception&) {
+        return Status::InvalidArgument("bad count in '" + t + "' for 'volume_copies'");
+      }
+      if (n < 1 || n > mt_count)
+        return Status::InvalidArgument("copies in '" + t + "' for 'volume_copies' must be 1.." +
+                                       std::to_string(mt_count));
+      o.volume_copies[key] = n;
+    }
+  }
   o.client_id = vars["client_id"].as<std::string>();
   if (!proto::ValidName(o.client_id)) return Status::InvalidArgument("bad value '" + o.client_id + "' for 'client_id'");
   if (vars.count("tenant")) {

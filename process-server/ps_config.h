@@ -4,7 +4,14 @@
 // Keys (file `key = value`, or `--key value` flags which override the file):
 //   listen = 0.0.0.0:7400            agent data port
 //   control = 127.0.0.1:9101         HTTP control/metrics/status
-//   mt = 127.0.0.1:7500              master target data port
+//   mt = 127.0.0.1:7500              master target data port. Repeat the key for
+//                                    more copies: each `mt` is one more master
+//                                    target, the first is the primary (copy 0);
+//                                    `--mt A B` on the command line replaces the
+//                                    file's whole list
+//   copies = 0                       copies per volume, shipped to the first N
+//                                    `mt` in parallel (0 = every `mt`; 1..count)
+//   volume_copies = TENANT/VOLUME=N  per-volume override (repeatable)
 //   client_id = process-server       name this PS gives the MT
 //   tenant = NAME:SECRET             one per tenant (repeatable)
 //   spool_dir = /var/lib/opencdp/ps/spool

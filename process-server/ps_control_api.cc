@@ -91,6 +91,24 @@ json::value ProcessServer::VolumesJson() {
         {"stalled", v->stalled()},
         {"fenced", v->fenced()},
     };
+    // One entry per master target the volume ships to (copy 0: the primary,
+    // whose acked seq is mt_acked_seq above); backlog_* above is the slowest.
+    json::array copies;
+    for (const CopyStatus& cs : im.CopyStatuses(v.get())) {
+      copies.push_back(json::object{
+          {"copy", cs.copy},
+          {"mt", cs.mt},
+          {"acked_seq", cs.acked_seq},
+          {"lag_records", cs.lag_records},
+          {"lag_bytes", cs.lag_bytes},
+          {"lag_seconds", cs.lag_seconds},
+          {"lost", cs.lost},
+          {"link", cs.link},
+          {"stalled", cs.stalled},
+          {"fenced", cs.fenced},
+      });
+    }
+    o["copies"] = std::move(copies);
     arr.push_back(std::move(o));
   }
   return json::object{{"volumes", std::move(arr)}};
@@ -103,6 +121,9 @@ json::value ProcessServer::StatusJson() {
   o["daemon"] = "cdp-process-server";
   o["agent_port"] = agent_port_;
   o["master_target"] = opt_.mt.ToString();
+  json::array mts;
+  for (const HostPort& t : impl_->Targets()) mts.push_back(json::value(t.ToString()));
+  o["master_targets"] = std::move(mts);
   json::object th;
   th["limit_mbps"] = t.limit_mbps;
   th["throttling"] = t.throttling;

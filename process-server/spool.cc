@@ -187,7 +187,9 @@ Status Spool::Recover(SpoolRecovery* rec) {
                            (void)DecodeHead(v.head, v.payload_len - kHeadSize, &r);
                            if (r.seq != expected) return false;
                            uint32_t rsize = uint32_t(seglog::kFrameSize + v.payload_len);
-                           index_.push_back(IndexEntry{r.seq, first_seq, v.offset, rsize, r.timestamp_us});
+                           bytes_indexed_ += rsize;
+                           index_.push_back(IndexEntry{r.seq, first_seq, v.offset, rsize, r.timestamp_us,
+                                                       bytes_indexed_});
                            backlog_bytes_ += rsize;
                            rec->records++;
                            seg.last_seq = r.seq;
@@ -354,7 +356,7 @@ AppendResult Spool::Append(std::vector<proto::Record> records) {
           size_t before = buf.size();
           EncodeSpoolRecord(r, &buf);
           entries.push_back(IndexEntry{r.seq, target.first_seq, pos + before,
-                                       uint32_t(buf.size() - before), r.timestamp_us});
+                                       uint32_t(buf.size() - before), r.timestamp_us, 0});
         }
       }
       s = target.log->Append(buf).status();
@@ -383,8 +385,10 @@ AppendResult Spool::Append(std::vector<proto::Record> records) {
     }
     disk_bytes_ += rolled ? target.size : target.size - old_size;
     segments_[target.first_seq] = target;
-    for (const IndexEntry& e : entries) {
+    for (IndexEntry& e : entries) {
       if (e.seq <= released_seq_) continue;
+      bytes_indexed_ += e.size;
+      e.end_bytes = bytes_indexed_;
       index_.push_back(e);
       backlog_bytes_ += e.size;
     }
@@ -551,6 +555,18 @@ SpoolStats Spool::stats() const {
   s.queued_writers = writers_.size();
   s.busy = busy_;
   return s;
+}
+
+SpoolBacklog Spool::BacklogAbove(uint64_t seq) const {
+  std::lock_guard<std::mutex> l(mu_);
+  SpoolBacklog b;
+  if (index_.empty() || seq >= index_.back().seq) return b;
+  const size_t pos = seq < index_.front().seq ? 0 : size_t(seq + 1 - index_.front().seq);
+  const IndexEntry& first = index_[pos];
+  b.records = index_.size() - pos;
+  b.bytes = index_.back().end_bytes - (first.end_bytes - first.size);
+  b.oldest_timestamp_us = first.timestamp_us;
+  return b;
 }
 
 }  // namespace cdp::ps

@@ -28,7 +28,10 @@
 // Shipping: Read() returns durable records from a sequence on, re-checking each
 // record's CRC (a record that fails is never returned: kCorruption). Release(n)
 // is called when the master target acknowledged n durably; it deletes every
-// segment whose records are all <= n (never the active segment).
+// segment whose records are all <= n (never the active segment). With several
+// copies (process-server/spooled_volume.h) n is the lowest sequence every copy
+// acknowledged, so the backlog and the quota are those of the slowest copy;
+// BacklogAbove() tells one copy's own lag.
 //
 // Recovery (Open): segments are scanned in order; a torn or CRC-failing tail of
 // the LAST segment is truncated (it was never acknowledged: it was never
@@ -97,6 +100,13 @@ struct AppendResult {
   uint64_t appended = 0;      // records written (duplicates excluded)
 };
 
+// What the spool holds above one sequence (a copy's acknowledged one).
+struct SpoolBacklog {
+  uint64_t records = 0;             // durable records with a higher sequence
+  uint64_t bytes = 0;               // their bytes as spooled (header + data)
+  uint64_t oldest_timestamp_us = 0; // capture time of the first of them (0: none)
+};
+
 struct SpoolStats {
   uint64_t first_seq = 0;        // oldest unreleased record (0: none)
   uint64_t durable_seq = 0;      // newest durable record (or the floor)
@@ -146,6 +156,9 @@ class Spool {
 
   uint64_t durable_seq() const;
   SpoolStats stats() const;
+  // The durable records with seq > `seq` that the spool still holds (those
+  // at or below the released sequence are gone and not counted).
+  SpoolBacklog BacklogAbove(uint64_t seq) const;
 
  private:
   struct Segment {
@@ -161,6 +174,7 @@ class Spool {
     uint64_t offset;         // of the record header in the file
     uint32_t size;           // header + data
     uint64_t timestamp_us;
+    uint64_t end_bytes;      // bytes_indexed_ after this entry: backlogs above a seq in O(1)
   };
   struct Writer;
 
@@ -181,6 +195,7 @@ class Spool {
   uint64_t durable_seq_ = 0;              // last durable record (or floor)
   uint64_t released_seq_ = 0;
   uint64_t backlog_bytes_ = 0;
+  uint64_t bytes_indexed_ = 0;            // every entry's size ever pushed on index_
   uint64_t disk_bytes_ = 0;
   uint64_t syncs_ = 0;
   uint64_t batches_ = 0;

@@ -1,6 +1,11 @@
 #include "process-server/spooled_volume.h"
 
+#include <algorithm>
+#include <limits>
+#include <map>
+
 #include "common/crc32c.h"
+#include "common/log.h"
 
 namespace cdp::ps {
 
@@ -45,8 +50,45 @@ Result<proto::VolumeOpen> DecodeVolumeMeta(ByteSpan data) {
   return o;
 }
 
+Bytes EncodeCopiesMeta(const std::vector<std::pair<std::string, uint64_t>>& cursors) {
+  Bytes b;
+  PutFixed32(b, kCopiesMagic);
+  PutFixed32(b, kCopiesVersion);
+  PutFixed32(b, uint32_t(cursors.size()));
+  for (const auto& [name, acked] : cursors) {
+    PutFixed32(b, uint32_t(name.size()));
+    PutBytes(b, std::string_view(name));
+    PutFixed64(b, acked);
+  }
+  PutFixed32(b, crc32c::Value(b.data(), b.size()));
+  return b;
+}
+
+Result<std::vector<std::pair<std::string, uint64_t>>> DecodeCopiesMeta(ByteSpan data) {
+  auto bad = [] { return Status::Corruption("copies.meta: bad record"); };
+  if (data.size() < 4) return bad();
+  if (crc32c::Value(data.data(), data.size() - 4) != DecodeFixed32(data.data() + data.size() - 4))
+    return Status::Corruption("copies.meta: checksum mismatch");
+  ByteReader r(data.first(data.size() - 4));
+  uint32_t magic = 0, version = 0, count = 0;
+  if (!r.GetFixed32(&magic) || magic != kCopiesMagic || !r.GetFixed32(&version) || version != kCopiesVersion ||
+      !r.GetFixed32(&count) || count > 64)
+    return bad();
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t len = 0;
+    ByteSpan name;
+    uint64_t acked = 0;
+    if (!r.GetFixed32(&len) || len > 1024 || !r.GetSpan(len, &name) || !r.GetFixed64(&acked)) return bad();
+    out.emplace_back(std::string(name.begin(), name.end()), acked);
+  }
+  if (!r.empty()) return bad();
+  return out;
+}
+
 Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& spool_options, const std::string& tenant,
-                                             const proto::VolumeOpen* open, proto::Codec codec, int level) {
+                                             const proto::VolumeOpen* open, proto::Codec codec, int level,
+                                             const std::vector<std::string>& copies, uint64_t cursor_sync_ms) {
   Env* env = spool_options.env;
   std::string meta_path = JoinPath(spool_options.dir, "volume.meta");
   std::unique_ptr<SpooledVolume> v(new SpooledVolume());
@@ -82,28 +124,156 @@ Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& s
     if (user_cb) user_cb(s);
   };
   CDP_ASSIGN_OR_RETURN(v->spool_, Spool::Open(so));
-  v->counters_.mt_acked.store(v->spool_->stats().released_seq);
+  v->env_ = env;
+  v->clock_ = spool_options.clock;
+  v->dir_ = spool_options.dir;
+  v->cursor_sync_us_ = cursor_sync_ms * 1000;
+  // Nothing above the released sequence was released: every copy had
+  // acknowledged it. A persisted cursor may only raise that.
+  const uint64_t released = v->spool_->stats().released_seq;
+  const std::vector<std::string> names = copies.empty() ? std::vector<std::string>{""} : copies;
+  std::map<std::string, uint64_t> stored;
+  const std::string copies_path = JoinPath(spool_options.dir, kCopiesFile);
+  if (names.size() > 1 && env->Exists(copies_path)) {
+    CDP_ASSIGN_OR_RETURN(Bytes data, ReadWholeFile(env, copies_path));
+    auto cur = DecodeCopiesMeta(data);
+    if (!cur.ok()) return cur.status().WithContext(copies_path);
+    for (const auto& [name, acked] : *cur) stored[name] = acked;
+  }
+  for (const std::string& name : names) {
+    CopyState c;
+    c.mt = name;
+    c.acked = released;
+    if (auto it = stored.find(name); it != stored.end()) c.acked = std::max(c.acked, it->second);
+    v->copies_.push_back(std::move(c));
+  }
+  v->counters_.mt_acked.store(v->copies_[0].acked);
+  v->persisted_us_ = v->clock_->NowMicros();
   return v;
 }
 
-void SpooledVolume::SetStalled(std::string reason) {
-  std::lock_guard<std::mutex> l(mu_);
-  stalled_ = std::move(reason);
+void SpooledVolume::SetCopyAcked(size_t copy, uint64_t seq) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (copy >= copies_.size() || seq <= copies_[copy].acked) return;
+    copies_[copy].acked = seq;
+    if (copy == 0) counters_.mt_acked.store(seq);
+    dirty_ = true;
+  }
+  AfterCursorMove();
 }
 
-void SpooledVolume::SetFenced(std::string message) {
+bool SpooledVolume::SetCopyOpened(size_t copy, uint64_t durable) {
+  bool servable = false;
+  {
+    // No release runs between the check and the cursor's move: one computed
+    // with this copy's old (higher) cursor would pass `durable` otherwise.
+    std::lock_guard<std::mutex> rl(release_mu_);
+    servable = durable >= spool_->stats().released_seq;
+    std::lock_guard<std::mutex> l(mu_);
+    if (copy >= copies_.size()) return servable;
+    copies_[copy].acked = durable;
+    copies_[copy].lost = !servable;
+    if (copy == 0) counters_.mt_acked.store(durable);
+    dirty_ = true;
+  }
+  AfterCursorMove();
+  return servable;
+}
+
+uint64_t SpooledVolume::ReleasableSeq() const {
+  // A cursor below the released sequence cannot be served either: the spool's
+  // floor jumped past it (the spool was lost and another copy's MT was ahead).
+  const uint64_t released = spool_->stats().released_seq;
+  uint64_t low = std::numeric_limits<uint64_t>::max();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const CopyState& c : copies_)
+      if (!c.lost && c.acked >= released) low = std::min(low, c.acked);
+  }
+  return low == std::numeric_limits<uint64_t>::max() ? released : low;
+}
+
+std::vector<CopyState> SpooledVolume::CopyStates() const {
   std::lock_guard<std::mutex> l(mu_);
-  fenced_ = std::move(message);
+  return copies_;
+}
+
+void SpooledVolume::AfterCursorMove() {
+  uint64_t release = 0;
+  {
+    std::lock_guard<std::mutex> rl(release_mu_);
+    release = ReleasableSeq();
+    if (Status s = spool_->Release(release); !s.ok())
+      log::Get("ps.link")->warn("{} spool release: {}", log::Where{key(), "", release}, s.ToString());
+  }
+  if (copies_.size() < 2) return;  // the spool's first segment is the one cursor
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const uint64_t now = clock_->NowMicros();
+    if (!dirty_ || now - persisted_us_ < cursor_sync_us_) return;
+    persisted_us_ = now;  // claimed: other threads do not write it too
+  }
+  if (Status s = PersistCursors(); !s.ok())
+    log::Get("ps.link")->warn("{} copy cursors not persisted: {}", log::Where{key(), "", release}, s.ToString());
+}
+
+Status SpooledVolume::PersistCursors() {
+  if (copies_.size() < 2) return Status::OK();
+  std::lock_guard<std::mutex> pl(persist_mu_);
+  if (closed_) return Status::OK();
+  std::vector<std::pair<std::string, uint64_t>> cur;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const CopyState& c : copies_) cur.emplace_back(c.mt, c.acked);
+    dirty_ = false;
+    persisted_us_ = clock_->NowMicros();
+  }
+  Status s = WriteFileAtomic(env_, JoinPath(dir_, kCopiesFile), EncodeCopiesMeta(cur));
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> l(mu_);
+    dirty_ = true;
+  }
+  return s;
+}
+
+void SpooledVolume::Close() {
+  if (Status s = PersistCursors(); !s.ok())
+    log::Get("ps")->warn("{} copy cursors not persisted at close: {}", log::Where{key(), "", 0}, s.ToString());
+  {
+    std::lock_guard<std::mutex> pl(persist_mu_);
+    closed_ = true;
+  }
+  spool_->Close();
+}
+
+void SpooledVolume::SetStalled(size_t copy, std::string reason) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (copy < copies_.size()) copies_[copy].stalled = std::move(reason);
+}
+
+void SpooledVolume::SetFenced(size_t copy, std::string message) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (copy < copies_.size()) copies_[copy].fenced = std::move(message);
 }
 
 std::string SpooledVolume::fenced() const {
   std::lock_guard<std::mutex> l(mu_);
-  return fenced_;
+  for (const CopyState& c : copies_)
+    if (!c.fenced.empty()) return c.fenced;
+  return "";
 }
 
 std::string SpooledVolume::stalled() const {
   std::lock_guard<std::mutex> l(mu_);
-  return stalled_;
+  if (copies_.size() == 1) return copies_[0].stalled;
+  std::string out;
+  for (const CopyState& c : copies_) {
+    if (c.stalled.empty()) continue;
+    if (!out.empty()) out += "; ";
+    out += "mt " + c.mt + ": " + c.stalled;
+  }
+  return out;
 }
 
 }  // namespace cdp::ps

@@ -7,8 +7,33 @@
 //   magic u32 "CDPM" | version u32 = 1 | name_len u32 | name | size u64 |
 //   block_size u32 | uuid[16] | generation u64 | crc32c u32 (over all before)
 //
-// Thread safety: the spool is thread-safe; counters are atomics; the rest is
-// immutable after Open().
+// Copies: the volume ships to one or more master targets (copy 0 is the
+// primary: the MT of `mt`, or the first of several `mt` keys). Each copy has
+// its own cursor, the highest sequence that copy's MT acknowledged durable
+// (its own MtLink reads the spool from there). The spool releases (deletes)
+// only what EVERY copy acknowledged: the lowest cursor, so the spool's backlog,
+// quota and back-pressure are those of the slowest copy. A copy the spool can
+// no longer serve (its MT stands below what was already released: an MT that
+// lost its replica, or an MT added to an existing volume) is "lost": it stalls
+// ("resync needed") and no longer holds the spool back.
+//
+// With two or more copies the cursors are persisted in copies.meta beside
+// volume.meta (docs/formats/spool.md), written with WriteFileAtomic at most
+// every `cursor_sync_ms` as they advance, and on Close(). A persisted cursor
+// is a lower bound (it never runs ahead of the MT's acknowledgement); at open
+// a cursor is at least the spool's released sequence (nothing above it was
+// released, so every copy had acknowledged it). The truth is each MT's
+// VolumeOpenReply after a (re)connection, which resets that copy's cursor
+// (SetCopyOpened). With one copy nothing more is written: the spool's first
+// segment is the cursor, as before.
+//
+// copies.meta (version 1), written with WriteFileAtomic:
+//   magic u32 "CDPC" | version u32 = 1 | count u32 |
+//   count x { name_len u32 | name (the MT's host:port) | acked u64 } | crc32c u32
+// Cursors are matched by name, so reordering the `mt` keys keeps them.
+//
+// Thread safety: the spool is thread-safe; counters are atomics; the copy
+// cursors are guarded by a mutex; the rest is immutable after Open().
 #pragma once
 
 #include <atomic>
@@ -16,6 +41,8 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/env.h"
@@ -27,6 +54,9 @@ namespace cdp::ps {
 inline constexpr uint32_t kMetaMagic = 0x4d504443;  // "CDPM"
 inline constexpr uint32_t kMetaVersion = 1;
 inline constexpr uint8_t kMetaSealed = 1;  // the optional flags byte of a sealed volume
+inline constexpr uint32_t kCopiesMagic = 0x43504443;  // "CDPC"
+inline constexpr uint32_t kCopiesVersion = 1;
+inline constexpr char kCopiesFile[] = "copies.meta";
 
 // A spool retired by a generation switch (re-protect) keeps its files in a
 // sibling directory "<volume>.gen<G>.retired-<unix seconds>" until an
@@ -38,6 +68,19 @@ inline bool IsRetiredSpoolName(std::string_view name) { return name.find(kRetire
 Bytes EncodeVolumeMeta(const proto::VolumeOpen& open);
 Result<proto::VolumeOpen> DecodeVolumeMeta(ByteSpan data);
 
+// copies.meta: (MT name, acknowledged sequence) per copy.
+Bytes EncodeCopiesMeta(const std::vector<std::pair<std::string, uint64_t>>& cursors);
+Result<std::vector<std::pair<std::string, uint64_t>>> DecodeCopiesMeta(ByteSpan data);
+
+// One copy of a volume as the control API shows it.
+struct CopyState {
+  std::string mt;        // the master target's host:port
+  uint64_t acked = 0;    // highest sequence it acknowledged durable (its cursor)
+  bool lost = false;     // the spool can no longer serve it (resync needed)
+  std::string stalled;   // why its shipping stopped ("" while it ships)
+  std::string fenced;    // its MT's "failed over" refusal, "" otherwise
+};
+
 struct VolumeCounters {
   std::atomic<uint64_t> bytes_in{0};      // record data bytes accepted from agents
   std::atomic<uint64_t> records_in{0};
@@ -47,7 +90,7 @@ struct VolumeCounters {
   std::atomic<uint64_t> wire_out{0};      // frame bytes put on the wire
   std::atomic<uint64_t> frames_out{0};
   std::atomic<uint64_t> resent_frames{0}; // after a gap / busy / reconnect
-  std::atomic<uint64_t> mt_acked{0};      // highest sequence the MT made durable
+  std::atomic<uint64_t> mt_acked{0};      // highest sequence the primary MT (copy 0) made durable
   std::atomic<uint64_t> corruptions{0};
 };
 
@@ -57,9 +100,14 @@ class SpooledVolume {
   // nullptr to reopen from volume.meta at start-up. A different generation than
   // the stored one is kInvalidArgument ("wrong generation"). A sealed
   // volume ships with Codec::kNone whatever `codec` says (its blocks are
-  // ciphertext).
+  // ciphertext). `copies` names the master targets the volume ships to, the
+  // primary first (empty: one unnamed copy); with two or more, copies.meta is
+  // read (a bad one is kCorruption) and kept up to date every
+  // `cursor_sync_ms` of spool_options.clock.
   static Result<std::unique_ptr<SpooledVolume>> Open(const SpoolOptions& spool_options, const std::string& tenant,
-                                              const proto::VolumeOpen* open, proto::Codec codec, int level);
+                                              const proto::VolumeOpen* open, proto::Codec codec, int level,
+                                              const std::vector<std::string>& copies = {},
+                                              uint64_t cursor_sync_ms = 1000);
 
   const std::string& tenant() const { return tenant_; }
   const std::string& name() const { return open_.name; }
@@ -70,27 +118,65 @@ class SpooledVolume {
   Spool& spool() { return *spool_; }
   VolumeCounters& counters() { return counters_; }
 
-  // Why shipping of this volume stopped ("" while it ships); set by the link.
-  void SetStalled(std::string reason);
+  size_t copies() const { return copies_.size(); }
+  // Copy `copy` (< copies()) acknowledged every record <= `seq` (cursors only
+  // move up here): the spool releases what every copy has. From the copy's
+  // MtLink (Acked, a gap's Resume).
+  void SetCopyAcked(size_t copy, uint64_t seq);
+  // The copy's MT answered its VolumeOpen with `durable`: its cursor becomes
+  // that (lower too: the MT is the truth). Returns false, and marks the copy
+  // lost, when the spool released records above `durable` (it cannot serve
+  // the copy: resync needed); true otherwise (lost cleared).
+  bool SetCopyOpened(size_t copy, uint64_t durable);
+  // The lowest cursor of the copies the spool can serve (not lost, not below
+  // the released sequence: what the spool may release); the released
+  // sequence when there is none.
+  uint64_t ReleasableSeq() const;
+  std::vector<CopyState> CopyStates() const;
+  // Writes copies.meta now (two or more copies; ok otherwise or when closed).
+  Status PersistCursors();
+  // Persists the cursors and closes the spool (Spool::Close); nothing of the
+  // volume writes to its directory afterwards. Idempotent.
+  void Close();
+
+  // Why shipping of copy `copy` stopped ("" while it ships); set by its link.
+  void SetStalled(size_t copy, std::string reason);
+  void SetStalled(std::string reason) { SetStalled(0, std::move(reason)); }
+  // Every stalled copy's reason ("" when none): the primary's alone with one
+  // copy, else "mt HOST:PORT: reason; ...".
   std::string stalled() const;
   // The master target's "failed over" refusal (proto::IsFailedOverNack) while
-  // the volume is fenced, "" otherwise; set by the link. While fenced the
+  // the volume is fenced, "" otherwise; set by the copy's link. The volume is
+  // fenced while any copy is (the primary's message first). While fenced the
   // agent's VolumeOpen and WriteBatch get the same refusal and nothing is
   // spooled (process-server/agent_session.h).
-  void SetFenced(std::string message);
+  void SetFenced(size_t copy, std::string message);
+  void SetFenced(std::string message) { SetFenced(0, std::move(message)); }
   std::string fenced() const;
 
  private:
   SpooledVolume() = default;
+  // Releases the spool up to ReleasableSeq() and persists the cursors when
+  // cursor_sync_ms has passed; mu_ not held.
+  void AfterCursorMove();
+
   std::string tenant_;
   proto::VolumeOpen open_;
   proto::Codec codec_ = proto::Codec::kNone;
   int level_ = 0;
   std::unique_ptr<Spool> spool_;
   VolumeCounters counters_;
+  Clock* clock_ = nullptr;
+  std::string dir_;
+  Env* env_ = nullptr;
+  uint64_t cursor_sync_us_ = 0;
+  std::mutex release_mu_;          // a release's computation and Spool::Release, and SetCopyOpened's check
   mutable std::mutex mu_;
-  std::string stalled_;
-  std::string fenced_;
+  std::vector<CopyState> copies_;  // mu_
+  uint64_t persisted_us_ = 0;      // mu_: when copies.meta was last written
+  bool dirty_ = false;             // mu_: cursors moved since
+  std::mutex persist_mu_;          // one writer of copies.meta at a time; held by Close
+  bool closed_ = false;            // persist_mu_
 };
 
 }  // namespace cdp::ps

@@ -266,6 +266,107 @@ TEST_CASE("e2e: master target and process server restarts mid-stream, no gap, no
   CHECK(volume_field("stalled").as_string() == "");
 }
 
+TEST_CASE("e2e: two copies, MT B down then back and a PS restart: the spool holds what B lacks, A never waits, both "
+          "get every record exactly once",
+          "[e2e][copies]") {
+  TempDir a_dir, b_dir, ps_dir;
+  const uint64_t kTotal = 3000;
+  auto a = std::make_unique<cdp::mt::MasterTarget>(MtOptions(a_dir.path(), 0));
+  REQUIRE(a->Start().ok());
+  auto b = std::make_unique<cdp::mt::MasterTarget>(MtOptions(b_dir.path(), 0));
+  REQUIRE(b->Start().ok());
+  const uint16_t b_port = uint16_t(b->port());
+  auto options = [&](uint16_t listen) {
+    auto o = PsOptions(ps_dir.path(), uint16_t(a->port()), listen);
+    o.more_mts = {{"127.0.0.1", b_port}};
+    o.copies = 2;
+    return o;
+  };
+  auto ps = std::make_unique<cdp::ps::ProcessServer>(options(0));
+  REQUIRE(ps->Start().ok());
+  const uint16_t ps_port = ps->agent_port();
+  auto copies = [&] {
+    auto c = ps->Copies("acme", "db1");
+    return c.ok() ? *c : std::vector<cdp::ps::CopyStatus>{};
+  };
+
+  AgentClient agent;
+  agent.total = kTotal;
+  agent.port.store(ps_port);
+  std::thread agent_thread([&] { agent.Run(); });
+
+  // 1. Both copies ship; then B goes away while the agent keeps writing.
+  REQUIRE(WaitUntil([&] { return agent.acked.load() >= kTotal / 4; }, 60s));
+  REQUIRE(WaitUntil([&] { auto c = copies(); return c.size() == 2 && c[1].acked_seq > 0; }, 60s));
+  b->Stop();
+  uint64_t b_applied = AppliedRecords(*b);
+  b.reset();
+  REQUIRE(WaitUntil([&] { return agent.acked.load() >= kTotal / 2; }, 60s));
+  // A keeps up with everything spooled; B's cursor stands still and the
+  // spool holds everything above it.
+  const uint64_t spooled = agent.acked.load();
+  REQUIRE(WaitUntil([&] { auto c = copies(); return c.size() == 2 && c[0].acked_seq >= spooled; }, 60s));
+  {
+    auto c = copies();
+    CHECK(c[0].mt == "127.0.0.1:" + std::to_string(a->port()));
+    CHECK(c[1].mt == "127.0.0.1:" + std::to_string(b_port));
+    CHECK(c[1].acked_seq < spooled);
+    CHECK(c[1].lag_records > 0);
+    auto vols = ps->VolumesJson();
+    const auto& v = vols.at("volumes").as_array().at(0);
+    CHECK(v.at("backlog_records").to_number<uint64_t>() >= spooled - c[1].acked_seq);
+    CHECK(v.at("copies").as_array().size() == 2);
+  }
+
+  // 2. The PS restarts (gracefully: Stop persists the cursors) while B is still down.
+  ps->Stop();
+  ps.reset();
+  ps = std::make_unique<cdp::ps::ProcessServer>(options(ps_port));
+  REQUIRE(ps->Start().ok());
+  {
+    auto c = copies();
+    REQUIRE(c.size() == 2);
+    CHECK(c[0].acked_seq >= spooled);  // reloaded from copies.meta before A answered
+  }
+  REQUIRE(WaitUntil([&] { return agent.acked.load() >= 3 * kTotal / 4; }, 60s));
+
+  // 3. B comes back on its port; everything reaches both.
+  b = std::make_unique<cdp::mt::MasterTarget>(MtOptions(b_dir.path(), b_port));
+  REQUIRE(b->Start().ok());
+  REQUIRE(WaitUntil([&] { return agent.acked.load() >= kTotal; }, 120s));
+  agent.stop.store(true);
+  agent_thread.join();
+  CHECK(agent.unexpected_nacks.load() == 0);
+  std::shared_ptr<cdp::mt::ReplicaVolume> va, vb;
+  REQUIRE(WaitUntil([&] {
+    va = a->FindVolume("acme", "db1");
+    vb = b->FindVolume("acme", "db1");
+    return va && vb && va->applied_seq() == kTotal && vb->applied_seq() == kTotal;
+  }, 120s));
+  // Exactly once at each MT (B over both its lives).
+  CHECK(AppliedRecords(*a) == kTotal);
+  b_applied += AppliedRecords(*b);
+  CHECK(b_applied == kTotal);
+  cdp::Bytes expect(kVolSize, 0);
+  for (uint64_t s = 1; s <= kTotal; ++s) {
+    Record r = MakeRecord(s);
+    std::copy(r.data.begin(), r.data.end(), expect.begin() + long(r.offset));
+  }
+  cdp::Bytes got(kVolSize);
+  REQUIRE(va->ReadAt(kTotal, 0, kVolSize, got.data()).ok());
+  CHECK(got == expect);
+  REQUIRE(vb->ReadAt(kTotal, 0, kVolSize, got.data()).ok());
+  CHECK(got == expect);
+  // Both cursors at the end, the spool released.
+  REQUIRE(WaitUntil([&] {
+    auto c = copies();
+    return c.size() == 2 && c[0].acked_seq == kTotal && c[1].acked_seq == kTotal && c[1].lag_records == 0;
+  }, 60s));
+  auto vols = ps->VolumesJson();
+  CHECK(vols.at("volumes").as_array().at(0).at("backlog_records").to_number<uint64_t>() == 0);
+  CHECK(vols.at("volumes").as_array().at(0).at("stalled").as_string() == "");
+}
+
 namespace {
 
 cdp::Subprocess StartDaemon(const std::string& config) {
