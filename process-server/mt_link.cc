@@ -12,6 +12,7 @@ class MtLink::SpoolSource final : public repl::RecordSource {
   proto::VolumeOpen OpenMessage() override { return v_->open_message(); }
   proto::Codec codec() const override { return v_->codec(); }
   int level() const override { return v_->level(); }
+  int max_inflight() const override { return v_->max_inflight(); }
 
   Result<uint64_t> Resume(uint64_t durable, repl::ResumeCause cause) override {
     Spool& spool = v_->spool();

@@ -182,6 +182,7 @@ Result<SpooledVolume*> ProcessServer::Impl::GetVolume(const std::string& tenant,
   CDP_ASSIGN_OR_RETURN(std::unique_ptr<SpooledVolume> v,
                        SpooledVolume::Open(SpoolOpts(tenant, name), tenant, open, codec, level, copies,
                                            opt->cursor_sync_ms));
+  if (auto it = opt->volume_inflight.find(key); it != opt->volume_inflight.end()) v->set_max_inflight(it->second);
   SpooledVolume* raw = v.get();
   volumes[key] = std::move(v);
   RegisterMetrics(raw);

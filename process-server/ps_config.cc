@@ -28,6 +28,8 @@ po::options_description ProcessServerConfigDescription() {
       ("volume_codec", po::value<std::vector<std::string>>()->composing(), "TENANT/VOLUME=CODEC[:LEVEL] (repeatable)")
       ("frame_size", po::value<ByteSize>()->default_value(ByteSize{1u << 20}), "raw bytes per shipped frame")
       ("inflight", po::value<int>()->default_value(8), "frames in flight per volume")
+      ("volume_inflight", po::value<std::vector<std::string>>()->composing(),
+       "TENANT/VOLUME=N: that volume's frames in flight to each MT (LoRS threads; repeatable)")
       ("connections", po::value<int>()->default_value(1), "master target connections per tenant")
       ("compress_threads", po::value<int>()->default_value(0), "compression threads per tenant (0 = CPU cores)")
       ("throttle_mbps", po::value<double>()->default_value(0), "WAN rate limit in Mbit/s (0 = unlimited)")
@@ -62,6 +64,34 @@ Result<std::pair<proto::Codec, int>> ParseCodecLevel(const std::string& key, con
   return std::make_pair(*c, level);
 }
 
+// Every TENANT/VOLUME=N value of `key` (N in lo..hi) into *out.
+Status ParseVolumeCounts(const po::variables_map& vars, const std::string& key, int lo, int hi,
+                         std::map<std::string, int>* out) {
+  if (!vars.count(key)) return Status::OK();
+  for (const auto& t : vars[key].as<std::vector<std::string>>()) {
+    size_t eq = t.find('=');
+    if (eq == std::string::npos) return Status::InvalidArgument("bad value '" + t + "' for '" + key + "'");
+    std::string volume = t.substr(0, eq);
+    size_t slash = volume.find('/');
+    if (slash == std::string::npos || !proto::ValidName(volume.substr(0, slash)) ||
+        !proto::ValidName(volume.substr(slash + 1)))
+      return Status::InvalidArgument("bad volume '" + volume + "' for '" + key + "' (want TENANT/VOLUME)");
+    int n = 0;
+    try {
+      size_t used = 0;
+      n = std::stoi(t.substr(eq + 1), &used);
+      if (used != t.size() - eq - 1) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      return Status::InvalidArgument("bad count in '" + t + "' for '" + key + "'");
+    }
+    if (n < lo || n > hi)
+      return Status::InvalidArgument("'" + key + "' in '" + t + "' must be " + std::to_string(lo) + ".." +
+                                     std::to_string(hi));
+    (*out)[volume] = n;
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, log::Options* log) {
@@ -87,29 +117,8 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
   o.copies = vars["copies"].as<int>();
   if (o.copies < 0 || o.copies > mt_count)
     return Status::InvalidArgument("'copies' must be 0.." + std::to_string(mt_count) + " (the number of 'mt' keys)");
-  if (vars.count("volume_copies")) {
-    for (const auto& t : vars["volume_copies"].as<std::vector<std::string>>()) {
-      size_t eq = t.find('=');
-      if (eq == std::string::npos) return Status::InvalidArgument("bad value '" + t + "' for 'volume_copies'");
-      std::string key = t.substr(0, eq);
-      size_t slash = key.find('/');
-      if (slash == std::string::npos || !proto::ValidName(key.substr(0, slash)) ||
-          !proto::ValidName(key.substr(slash + 1)))
-        return Status::InvalidArgument("bad volume '" + key + "' for 'volume_copies' (want TENANT/VOLUME)");
-      int n = 0;
-      try {
-        size_t used = 0;
-        n = std::stoi(t.substr(eq + 1), &used);
-        if (used != t.size() - eq - 1) throw std::invalid_argument("trailing");
-      } catch (const std::exception&) {
-        return Status::InvalidArgument("bad count in '" + t + "' for 'volume_copies'");
-      }
-      if (n < 1 || n > mt_count)
-        return Status::InvalidArgument("copies in '" + t + "' for 'volume_copies' must be 1.." +
-                                       std::to_string(mt_count));
-      o.volume_copies[key] = n;
-    }
-  }
+  CDP_RETURN_IF_ERROR(ParseVolumeCounts(vars, "volume_copies", 1, mt_count, &o.volume_copies));
+  CDP_RETURN_IF_ERROR(ParseVolumeCounts(vars, "volume_inflight", 1, 1024, &o.volume_inflight));
   o.client_id = vars["client_id"].as<std::string>();
   if (!proto::ValidName(o.client_id)) return Status::InvalidArgument("bad value '" + o.client_id + "' for 'client_id'");
   if (vars.count("tenant")) {

@@ -22,6 +22,7 @@
 //   volume_codec = TENANT/VOLUME=zstd:3   per-volume override (repeatable)
 //   frame_size = 1MiB                raw record bytes per shipped frame
 //   inflight = 8                     frames per volume awaiting the MT's ack
+//   volume_inflight = TENANT/VOLUME=N   per-volume override (LoRS "threads"; repeatable)
 //   connections = 1                  MT connections per tenant
 //   compress_threads = 0             compression pool per tenant (0 = CPU cores)
 //   throttle_mbps = 0                default rate, Mbit/s (0 = unlimited)

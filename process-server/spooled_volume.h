@@ -115,6 +115,10 @@ class SpooledVolume {
   const proto::VolumeOpen& open_message() const { return open_; }
   proto::Codec codec() const { return codec_; }
   int level() const { return level_; }
+  // Frames of this volume in flight to each MT (volume_inflight; 0: the
+  // link's inflight). Set before the volume is added to its links.
+  int max_inflight() const { return max_inflight_; }
+  void set_max_inflight(int n) { max_inflight_ = n; }
   Spool& spool() { return *spool_; }
   VolumeCounters& counters() { return counters_; }
 
@@ -164,6 +168,7 @@ class SpooledVolume {
   proto::VolumeOpen open_;
   proto::Codec codec_ = proto::Codec::kNone;
   int level_ = 0;
+  int max_inflight_ = 0;
   std::unique_ptr<Spool> spool_;
   VolumeCounters counters_;
   Clock* clock_ = nullptr;

@@ -95,6 +95,18 @@ TEST_CASE("process server config: bad values name the key", "[config]") {
         "'throttle_mbps'/'throttle_schedule': schedule window 08:00-18:00: 0.1 Mbit/s is outside 0 (unlimited) or "
         "0.5..1e+06");
   CHECK(msg("tenant = a:b\ncontrol_auth = none\n") == "bad value 'none' for 'control_auth' (token | off)");
+  CHECK(msg("tenant = a:b\nvolume_inflight = a/db=0\n") == "'volume_inflight' in 'a/db=0' must be 1..1024");
+  CHECK(msg("tenant = a:b\nvolume_inflight = db=4\n") ==
+        "bad volume 'db' for 'volume_inflight' (want TENANT/VOLUME)");
+}
+
+TEST_CASE("process server config: volume_inflight sets one volume's window (LoRS threads)", "[config]") {
+  auto o = Load("tenant = a:b\ninflight = 8\nvolume_inflight = a/db=32\nvolume_inflight = a/logs=2\n");
+  REQUIRE(o.ok());
+  CHECK(o->max_inflight == 8);
+  CHECK(o->volume_inflight.at("a/db") == 32);
+  CHECK(o->volume_inflight.at("a/logs") == 2);
+  CHECK(o->volume_inflight.size() == 2);
 }
 
 TEST_CASE("process server config: TLS is on by default and needs its three files", "[config][tls]") {
