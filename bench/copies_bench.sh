@@ -19,7 +19,12 @@
 # with copies = 2 the ratio of its per-MT rate to the one-copy rate (target:
 # >= 0.9). The throttle is off (it caps the sum of the copies when on).
 #
-#   bash bench/copies_bench.sh BUILD_DIR [SECS=20] [RATE=100] [CODEC=zstd] [TLS=on] [COMPRESSIBILITY=0.75]
+#   bash bench/copies_bench.sh BUILD_DIR [SECS=20] [RATE=100] [CODEC=zstd] [TLS=on] [COMPRESSIBILITY=0.75] [LINK_MBIT=0]
+#
+# LINK_MBIT > 0 gives each master target its own emulated WAN link: an HTB class
+# of that rate on the loopback traffic to its data port (tc htb + u32 on
+# lo, removed at exit), so the copies compete for their links as at two sites,
+# not for this machine's two cores (which one PS and two MTs saturate).
 #
 # Two cores shared by every daemon (and both MTs) make the copies compete
 # for CPU: run it on a quiet machine. Prints a Markdown table; record runs in
@@ -34,6 +39,23 @@ RATE=${3:-100}
 CODEC=${4:-zstd}
 TLS=${5:-on}
 COMP=${6:-0.75}
+LINK=${7:-0}
+shape_off() { [ "$LINK" = 0 ] || tc qdisc del dev lo root 2>/dev/null || true; }
+# shape_on PORT...: one HTB class of LINK Mbit/s per port (traffic to it); the rest of lo unshaped
+# (this kernel has htb, tbf and u32, not prio or netem).
+shape_on() {
+  [ "$LINK" = 0 ] && return 0
+  shape_off
+  tc qdisc add dev lo root handle 1: htb default 99 r2q 1000
+  tc class add dev lo parent 1: classid 1:99 htb rate 100gbit
+  local class=10 port
+  for port in "$@"; do
+    tc class add dev lo parent 1: classid 1:$class htb rate "${LINK}mbit" ceil "${LINK}mbit" burst 256kb
+    tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip dport "$port" 0xffff flowid 1:$class
+    class=$((class + 1))
+  done
+}
+trap 'shape_off; bench_cleanup' EXIT
 bench_need python3
 bench_pki "$TLS"
 SIZE=$((4 << 30))
@@ -101,6 +123,7 @@ print(int(bool(v) and all(c["link"] == "connected" and not c["stalled"] for c in
   done
   [ $ok = 1 ] || die "the PS's links to the master target(s) did not come up"
 
+  if [ "$n" = 2 ]; then shape_on "$MT_DATA" "$MTB_DATA"; else shape_on "$MT_DATA"; fi
   # 2. Fill the spool with the master targets paused.
   kill -STOP $MT_PID $MTB_PID
   "$LOADGEN" churn --target "nbd+unix:///vol?socket=$d/agent/nbd.sock" --rate "$RATE" --duration "$SECS" \
@@ -150,6 +173,7 @@ print(n, "%.0f" % (max(lags) / 1e6), "%.1f" % per_mt, "%.1f" % agg, "%.2f" % ((p
       "%.1f" % (max(t1) - t0))
 PY
 )
+  shape_off
   agent_down
   # shellcheck disable=SC2086
   bench_stop $PS_PID $MT_PID $MTB_PID
@@ -163,12 +187,13 @@ scenario 2
 TWO=$RESULT
 echo "| copies | spooled MB (per copy) | ship time (s) | per-MT MB/s (slowest copy) | aggregate MB/s | PS CPU s/GB shipped | per-MT rate vs copies = 1 |"
 echo "|---:|---:|---:|---:|---:|---:|---:|"
-python3 - "$ONE" "$TWO" "$CODEC" "$TLS" <<'PY'
+python3 - "$ONE" "$TWO" "$CODEC" "$TLS" "$LINK" <<'PY'
 import sys
 rows = [sys.argv[1].split(), sys.argv[2].split()]
 base = float(rows[0][2])
 for n, mb, per_mt, agg, cpu, secs in rows:
     print("| %s | %s | %s | %s | %s | %s | %.2fx |" % (n, mb, secs, per_mt, agg, cpu, float(per_mt) / base))
 print()
-print("codec %s -1, TLS %s; target: copies = 2 per-MT rate >= 0.9x the one-copy rate" % (sys.argv[3], sys.argv[4]))
+print("codec %s -1, TLS %s, link per MT %s; target: copies = 2 per-MT rate >= 0.9x the one-copy rate" %
+      (sys.argv[3], sys.argv[4], sys.argv[5] + " Mbit/s" if sys.argv[5] != "0" else "none (loopback)"))
 PY
