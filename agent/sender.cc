@@ -200,6 +200,11 @@ Status Sender::Read(uint64_t from, uint64_t max_bytes, size_t max_records, std::
     if (const seal::BlockSealer* s = dev_->sealer()) CDP_RETURN_IF_ERROR(SealRecord(*s, &pr));
     out->push_back(std::move(pr));
   }
+  // The queue cut the batch at the work cap by lengths; sealed records also
+  // carry their MACs, which the cap counts (proto::BatchWork): a full batch
+  // of zero ranges would be refused by the process server. The records cut
+  // off are read again next time.
+  if (dev_->sealer() != nullptr) proto::CutToWorkCap(out);
   std::lock_guard lk(mu_);
   st_.reread_bytes += reread;
   return Status::OK();

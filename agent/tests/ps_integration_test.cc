@@ -11,6 +11,7 @@
 
 #include "agent/sender.h"
 #include "process-server/process_server.h"
+#include "common/seal.h"
 #include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;
@@ -104,6 +105,71 @@ TEST_CASE("every captured record becomes durable in the real process server's sp
   // the session stayed up.
   REQUIRE(dev->bitmap().ResyncCount() > 0);
   REQUIRE(sender.Stats().connects == 1);
+  sender.Stop();
+  ps.Stop();
+}
+
+TEST_CASE("regression: an encrypted volume's batch of whole-record trims stays within the process server's work cap",
+          "[agent][ps][sealed]") {
+  // Nine trims of kMaxRecordLength: the queue cuts the batch at 8 (256 MiB,
+  // the cap, by lengths); sealed, each also carries 128 KiB of MACs, and a
+  // batch over the cap is refused (kBadRecord) and the stream stalls.
+  auto env = cdp::NewMemEnv();
+  cdp::SystemClock* clock = cdp::SystemClock::Get();
+  const uint64_t size = 9 * uint64_t(cdp::proto::kMaxRecordLength);
+  REQUIRE(env->CreateDirs("/d").ok());
+  {
+    cdp::OpenOptions oo;
+    oo.create = true;
+    auto f = std::move(*env->Open("/d/vol.img", oo));
+    REQUIRE(f->Truncate(size).ok());
+  }
+  cdp::ps::ProcessServerOptions po;
+  po.env = env.get();
+  po.clock = clock;
+  po.listen = {"127.0.0.1", 0};
+  po.control = {};
+  po.mt = {"127.0.0.1", 1};  // no master target
+  po.tenants = {{"t1", "s3cret"}};
+  po.spool_dir = "/ps/spool";
+  po.mt_open_wait_ms = 50;
+  po.backoff_min_ms = 50;
+  cdp::ps::ProcessServer ps(po);
+  REQUIRE(ps.Start().ok());
+
+  cdp::seal::TenantKey key;
+  key.bytes.fill(3);
+  CaptureDevice::Options o;
+  o.volume = "vol";
+  o.env = env.get();
+  o.clock = clock;
+  o.backing_path = "/d/vol.img";
+  o.bitmap_path = "/d/vol.bitmap";
+  o.sealer = *cdp::seal::BlockSealer::Create(*cdp::seal::DeriveVolumeKeys(key, "vol"));
+  auto dev = std::move(*CaptureDevice::Open(o));
+  SenderOptions so;
+  so.ps.port = ps.agent_port();
+  so.tenant = "t1";
+  so.secret = "s3cret";
+  so.client_id = "agent-test";
+  so.backoff_min_ms = 10;
+  so.resync.retry_min_ms = 100;
+  so.checkpoint_interval_ms = 20;
+  Sender sender(dev.get(), so);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return sender.Stats().connected; }, 10s));
+  for (uint64_t i = 0; i < 9; ++i) {
+    REQUIRE(dev->Trim(i * cdp::proto::kMaxRecordLength, cdp::proto::kMaxRecordLength, false).ok());
+  }
+  REQUIRE(dev->Flush().ok());
+  // Every record acknowledged and durable in the spool (numbers may be
+  // renumbered at the first resume: read them once the queue is empty).
+  REQUIRE(WaitUntil([&] {
+    auto st = dev->queue().Stats();
+    return st.records == 0 && st.next_seq > 9 && SpoolDurable(ps) == st.next_seq - 1;
+  }, 20s));
+  CHECK(sender.Stats().acked_seq == dev->queue().Stats().next_seq - 1);
+  CHECK(sender.Stats().last_error.find("work") == std::string::npos);
   sender.Stop();
   ps.Stop();
 }
