@@ -122,8 +122,7 @@ class Pass {
     std::vector<QueuedRecord> recs;
     for (uint64_t from = q.acked_seq() + 1; q.Peek(from, 64u << 20, 65536, &recs);) {
       for (const QueuedRecord& r : recs) {
-        if (r.kind == proto::RecordKind::kData || r.kind == proto::RecordKind::kZero ||
-            r.kind == proto::RecordKind::kTrim)
+        if (proto::IsWriteKind(r.kind))
           add(r.offset, r.length);
         from = r.seq + 1;
       }

@@ -68,10 +68,6 @@ class BatchOverlay {
   std::map<uint64_t, Ext> m_;
 };
 
-bool IsWrite(proto::RecordKind k) {
-  return k == proto::RecordKind::kData || k == proto::RecordKind::kZero || k == proto::RecordKind::kTrim;
-}
-
 bool IsSealedKind(proto::RecordKind k) {
   return k == proto::RecordKind::kSealed || k == proto::RecordKind::kSealedZero;
 }
@@ -370,7 +366,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   // 1. Undo records: the bytes each write overwrites, in order.
   for (size_t i = first; i < recs.size(); ++i) {
     const proto::Record& r = recs[i];
-    if (!IsWrite(r.kind)) continue;
+    if (!proto::IsWriteKind(r.kind)) continue;  // records are plain here (UnsealRecords)
     change_bytes += r.length;
     for (uint64_t done = 0; done < r.length;) {
       uint32_t n = uint32_t(std::min<uint64_t>(kMaxUndoChunk, r.length - done));
@@ -416,7 +412,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
       digests_->Wrote(r.offset, r.data);
       write_bytes += r.length;
       replica_dirty = true;
-    } else if (r.kind == proto::RecordKind::kZero || r.kind == proto::RecordKind::kTrim) {
+    } else if (proto::IsZeroKind(r.kind)) {
       CDP_RETURN_IF_ERROR(ZeroReplica(r.offset, r.length));
       replica_dirty = true;
     }
