@@ -92,7 +92,7 @@ Result<std::unique_ptr<Db>> Db::Open(const std::string& path, const Options& opt
     if (opts.create) flags |= SQLITE_OPEN_CREATE;
   }
   sqlite3* raw = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
+  int rc = sqlite3_open_v2(path.c_str(), &raw, flags, opts.vfs.empty() ? nullptr : opts.vfs.c_str());
   if (rc != SQLITE_OK) {
     Status s = raw != nullptr ? DbError(raw, rc, "open " + path) : FromCode(rc, "open " + path, nullptr);
     sqlite3_close_v2(raw);
@@ -114,6 +114,7 @@ Result<std::unique_ptr<Db>> Db::Open(const std::string& path, const Options& opt
       return Status::IOError("open " + path + ": cannot enable WAL mode (journal_mode is " + mode + ")");
     }
   }
+  if (!opts.vfs.empty()) CDP_RETURN_IF_ERROR(db->Exec("PRAGMA temp_store=MEMORY").WithContext(path));
   CDP_RETURN_IF_ERROR(db->Exec("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;").WithContext(path));
   return db;
 }

@@ -12,9 +12,11 @@
 // Durability: Open() sets journal_mode=WAL, synchronous=FULL (a committed
 // transaction survives a power cut), foreign_keys=ON and a busy timeout.
 //
-// NOTE: sqlite opens and syncs its files itself, NOT through cdp::Env, so a
-// FaultEnv cannot inject faults into it or drop its unsynced data. Keep durable
-// data-path structures (spool, journal, replica) out of sqlite.
+// NOTE: by default sqlite opens and syncs its files itself, NOT through
+// cdp::Env, so a FaultEnv cannot inject faults into it or drop its unsynced
+// data. Keep durable data-path structures (spool, journal, replica) out of
+// sqlite. Options::vfs with an EnvVfs (common/sqlite_vfs.h) puts a database
+// in an Env instead (the master target's index on a Ceph pool).
 //
 // Logging: sqlite's own log (sqlite3_config(SQLITE_CONFIG_LOG)) is routed into
 // the spdlog logger "sqlite", once per process, before the first Open(). That
@@ -56,6 +58,10 @@ class Db {
     int busy_timeout_ms = 5000;
     bool create = true;      // create the file if missing
     bool read_only = false;
+    // A registered sqlite VFS to open the file with ("" = the default, the
+    // local file system). EnvVfs (common/sqlite_vfs.h) puts a database in an
+    // Env; temporary tables and indices are then kept in memory.
+    std::string vfs;
   };
 
   // Opens (and creates) the database at `path` (":memory:" for a private in-memory db).
