@@ -32,6 +32,8 @@ void LogCallback(void*, int code, const char* msg) {
 
 // sqlite3_config() is process-wide and only valid before sqlite3_initialize(),
 // so it happens once, before the first Open().
+}  // namespace
+
 void RouteLogOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -42,6 +44,8 @@ void RouteLogOnce() {
     }
   });
 }
+
+namespace {
 
 Status FromCode(int rc, std::string_view context, const char* detail) {
   std::string msg = std::string(context) + ": " + (detail != nullptr ? detail : sqlite3_errstr(rc)) + " (" +

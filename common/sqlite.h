@@ -52,6 +52,10 @@ namespace cdp::sqlite {
 
 class Statement;
 
+// Routes sqlite's log into spdlog, once per process. Must run before sqlite is
+// initialised (Db::Open and EnvVfs call it).
+void RouteLogOnce();
+
 class Db {
  public:
   struct Options {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/sqlite.h"
 
 namespace cdp::sqlite {
 
@@ -367,6 +368,7 @@ std::atomic<uint64_t> g_vfs_counter{0};
 }  // namespace
 
 EnvVfs::EnvVfs(Env* env) : impl_(std::make_unique<Impl>()) {
+  RouteLogOnce();
   impl_->env = env;
   impl_->name = "cdp-env-" + std::to_string(++g_vfs_counter);
   impl_->deflt = sqlite3_vfs_find(nullptr);

@@ -87,6 +87,10 @@ Result<std::shared_ptr<RadosCluster>> RadosCluster::Connect(const RadosOptions& 
     r = rados_conf_set(c, key, value.c_str());
     if (r < 0) return FromCephError(r, who + ": set " + key);
   }
+  for (const auto& [key, value] : options.settings) {
+    r = rados_conf_set(c, key.c_str(), value.c_str());
+    if (r < 0) return FromCephError(r, who + ": set " + key);
+  }
   if (!options.keyring.empty()) {
     r = rados_conf_set(c, "keyring", options.keyring.c_str());
     if (r < 0) return FromCephError(r, who + ": set keyring");

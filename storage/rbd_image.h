@@ -32,6 +32,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/coding.h"
@@ -65,6 +66,8 @@ struct RadosOptions {
   // OSDs answer. Leave 0 for images: an I/O failed by this timeout may still
   // be applied later, and librbd's exclusive lock does not expect it.
   std::chrono::milliseconds osd_op_timeout{0};
+  // Further librados/librbd options (name, value), set before connecting.
+  std::vector<std::pair<std::string, std::string>> settings;
 };
 
 class RadosPool;

@@ -1,0 +1,373 @@
+#include "storage/ceph_env.h"
+
+#include <rados/librados.h>
+#include <rbd/librbd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <set>
+
+#include "common/log.h"
+
+namespace cdp::storage {
+
+namespace {
+
+constexpr const char* kSizeKey = "opencdp.size";
+constexpr uint64_t kGrowStep = 64ull << 20;  // an image grows ahead of its file by up to this
+constexpr uint64_t kAlign = 4ull << 20;
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> CephEnvRadosSettings() { return {{"rbd_cache", "false"}}; }
+
+struct CephEnv::Image {
+  CephEnv* env = nullptr;
+  std::string name;
+  std::unique_ptr<RbdImage> rbd;
+  std::mutex mu;
+  uint64_t size = 0;         // the file's size
+  uint64_t synced_size = 0;  // the size in the image's metadata
+  uint64_t capacity = 0;     // the image's size
+  bool locked = false;       // this process holds the exclusive lock
+  bool removed = false;      // Remove()d while open: deleted at close (env->mu_)
+
+  rbd_image_t handle() const { return static_cast<rbd_image_t>(rbd->handle()); }
+
+  // Grows the image to hold `end` bytes (mu held).
+  Status Reserve(uint64_t end) {
+    if (end <= capacity) return Status::OK();
+    uint64_t want = RoundUp(std::max(end, capacity + std::min(std::max(capacity, kAlign), kGrowStep)), kAlign);
+    CDP_RETURN_IF_ERROR(rbd->Resize(want));
+    capacity = want;
+    return Status::OK();
+  }
+  Status PersistSize(uint64_t s) {
+    std::string v = std::to_string(s);
+    return FromCephError(rbd_metadata_set(handle(), kSizeKey, v.c_str()), "rbd: set the size of " + name);
+  }
+};
+
+namespace {
+
+class CephFile final : public File {
+ public:
+  CephFile(std::shared_ptr<CephEnv::Image> image, std::string path, bool read_only)
+      : image_(std::move(image)), path_(std::move(path)), read_only_(read_only) {}
+
+  Status Read(uint64_t offset, size_t n, uint8_t* buf) const override {
+    uint64_t size = Size_();
+    if (offset > size || n > size - offset) {
+      return Status::OutOfRange("read " + path_ + " [" + std::to_string(offset) + ", +" + std::to_string(n) +
+                                ") past its end " + std::to_string(size));
+    }
+    return image_->rbd->Read(offset, std::span<uint8_t>(buf, n));
+  }
+  Result<size_t> ReadUpTo(uint64_t offset, size_t n, uint8_t* buf) const override {
+    uint64_t size = Size_();
+    if (offset >= size) return size_t(0);
+    size_t m = size_t(std::min<uint64_t>(n, size - offset));
+    CDP_RETURN_IF_ERROR(image_->rbd->Read(offset, std::span<uint8_t>(buf, m)));
+    return m;
+  }
+  Status Write(uint64_t offset, ByteSpan data) override {
+    CDP_RETURN_IF_ERROR(Writable());
+    {
+      std::lock_guard<std::mutex> lk(image_->mu);
+      CDP_RETURN_IF_ERROR(image_->Reserve(offset + data.size()));
+    }
+    CDP_RETURN_IF_ERROR(image_->rbd->Write(offset, data));
+    std::lock_guard<std::mutex> lk(image_->mu);
+    image_->size = std::max(image_->size, offset + data.size());
+    return Status::OK();
+  }
+  Status Append(ByteSpan data) override {
+    CDP_RETURN_IF_ERROR(Writable());
+    uint64_t at;
+    {
+      std::lock_guard<std::mutex> lk(image_->mu);
+      at = image_->size;
+      CDP_RETURN_IF_ERROR(image_->Reserve(at + data.size()));
+    }
+    CDP_RETURN_IF_ERROR(image_->rbd->Write(at, data));
+    std::lock_guard<std::mutex> lk(image_->mu);
+    image_->size = std::max(image_->size, at + data.size());
+    return Status::OK();
+  }
+  Status Sync() override {
+    CDP_RETURN_IF_ERROR(Writable());
+    CDP_RETURN_IF_ERROR(image_->rbd->Flush());
+    std::lock_guard<std::mutex> lk(image_->mu);
+    if (image_->size != image_->synced_size) {
+      CDP_RETURN_IF_ERROR(image_->PersistSize(image_->size));
+      image_->synced_size = image_->size;
+    }
+    return Status::OK();
+  }
+  Status Allocate(uint64_t offset, uint64_t len) override {
+    // Thin images: the pool's space cannot be reserved; the size grows as POSIX fallocate's.
+    CDP_RETURN_IF_ERROR(Writable());
+    std::lock_guard<std::mutex> lk(image_->mu);
+    CDP_RETURN_IF_ERROR(image_->Reserve(offset + len));
+    image_->size = std::max(image_->size, offset + len);
+    return Status::OK();
+  }
+  Status PunchHole(uint64_t offset, uint64_t len) override {
+    CDP_RETURN_IF_ERROR(Writable());
+    uint64_t size = Size_();
+    if (offset >= size) return Status::OK();
+    return image_->rbd->Discard(offset, std::min(len, size - offset));
+  }
+  Status Truncate(uint64_t size) override {
+    CDP_RETURN_IF_ERROR(Writable());
+    std::lock_guard<std::mutex> lk(image_->mu);
+    if (size < image_->capacity) {
+      // Shrinking the image drops the bytes past `size`: a later growth reads zeros there.
+      CDP_RETURN_IF_ERROR(image_->rbd->Resize(size));
+      image_->capacity = size;
+    } else {
+      CDP_RETURN_IF_ERROR(image_->Reserve(size));
+    }
+    image_->size = size;
+    return Status::OK();
+  }
+  Result<uint64_t> Size() const override { return Size_(); }
+  const std::string& path() const override { return path_; }
+
+ private:
+  uint64_t Size_() const {
+    std::lock_guard<std::mutex> lk(image_->mu);
+    return image_->size;
+  }
+  Status Writable() const {
+    if (read_only_) return Status::PermissionDenied(path_ + " is open read-only");
+    return Status::OK();
+  }
+
+  std::shared_ptr<CephEnv::Image> image_;
+  std::string path_;
+  bool read_only_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CephEnv>> CephEnv::Open(std::shared_ptr<RadosPool> pool, const CephEnvOptions& options) {
+  if (!pool) return Status::InvalidArgument("ceph env: no pool");
+  if (options.prefix.empty() || options.prefix.find_first_of("~@/") != std::string::npos)
+    return Status::InvalidArgument("ceph env: bad prefix '" + options.prefix + "' (not empty, no '~', '@' or '/')");
+  std::unique_ptr<CephEnv> env(new CephEnv(std::move(pool), options));
+  // The pool must answer (and the user may list it) before the daemon goes on.
+  CDP_RETURN_IF_ERROR(env->pool_->ListImages().status());
+  return env;
+}
+
+CephEnv::~CephEnv() = default;
+
+Result<std::string> CephEnv::ImageName(const std::string& path) const {
+  std::string p = NormalizePath(path);
+  while (!p.empty() && p[0] == '/') p.erase(0, 1);
+  if (p == ".") p.clear();
+  if (p.find_first_of("~@") != std::string::npos || p.find("..") != std::string::npos)
+    return Status::InvalidArgument("ceph env: path " + path + " cannot be an image name");
+  std::string name = options_.prefix;
+  if (!p.empty()) {
+    name += '~';
+    for (char c : p) name += c == '/' ? '~' : c;
+  }
+  return name;
+}
+
+Status CephEnv::TakeLock(Image& image) {
+  int owner = 0;
+  int r = rbd_is_exclusive_lock_owner(image.handle(), &owner);
+  if (r < 0) return FromCephError(r, "rbd: lock state of " + image.name);
+  if (owner) return Status::OK();
+  rbd_lock_mode_t mode;
+  char* owners[8];
+  size_t n = 8;
+  r = rbd_lock_get_owners(image.handle(), &mode, owners, &n);
+  if (r < 0 && r != -ENOENT) return FromCephError(r, "rbd: lock owners of " + image.name);
+  if (r >= 0 && n > 0) {
+    std::vector<std::string> who(owners, owners + n);
+    rbd_lock_get_owners_cleanup(owners, n);
+    if (!options_.take_over) {
+      return Status::Busy("rbd: " + image.name + " is locked by " + who[0] +
+                          " (another master target serves it; a takeover breaks the lock)");
+    }
+    for (const auto& o : who) {
+      log::Get("ceph")->warn("taking over {}: breaking the lock of {} (that client is blocklisted)", image.name, o);
+      r = rbd_lock_break(image.handle(), RBD_LOCK_MODE_EXCLUSIVE, o.c_str());
+      if (r < 0 && r != -ENOENT) return FromCephError(r, "rbd: break the lock of " + o + " on " + image.name);
+    }
+  }
+  r = rbd_lock_acquire(image.handle(), RBD_LOCK_MODE_EXCLUSIVE);
+  if (r == -EROFS || r == -EBUSY) {
+    return Status::Busy("rbd: " + image.name + " is locked by another client (another master target serves it)");
+  }
+  return FromCephError(r, "rbd: lock " + image.name);
+}
+
+Result<std::shared_ptr<CephEnv::Image>> CephEnv::OpenImage(const std::string& name, bool create, bool exclusive) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = open_.find(name); it != open_.end()) {
+    if (auto img = it->second.lock()) {
+      if (img->removed) {
+        if (!create) return Status::NotFound("rbd: " + name + " was removed");
+        return Status::Busy("rbd: " + name + " was removed and is still open");
+      }
+      if (exclusive) return Status::AlreadyExists("rbd: " + name + " exists");
+      return img;
+    }
+  }
+  auto rbd = RbdImage::Open(pool_, name);
+  bool created = false;
+  if (!rbd.ok() && rbd.status().IsNotFound() && create) {
+    Status s = pool_->CreateImage(name, 0);
+    if (!s.ok() && s.code() != Code::kAlreadyExists) return s;
+    created = s.ok();
+    rbd = RbdImage::Open(pool_, name);
+  }
+  if (!rbd.ok()) return rbd.status();
+  if (exclusive && !created) return Status::AlreadyExists("rbd: " + name + " exists");
+  auto img = std::shared_ptr<Image>(new Image(), [this](Image* i) {
+    Closed(i);
+    delete i;
+  });
+  img->env = this;
+  img->name = name;
+  img->rbd = std::move(*rbd);
+  CDP_ASSIGN_OR_RETURN(img->capacity, img->rbd->Size());
+  char value[32];
+  size_t len = sizeof(value);
+  int r = rbd_metadata_get(img->handle(), kSizeKey, value, &len);
+  if (r == -ENOENT) {
+    img->size = created ? 0 : img->capacity;
+  } else if (r < 0) {
+    return FromCephError(r, "rbd: the size of " + name);
+  } else {
+    img->size = std::strtoull(std::string(value, strnlen(value, len)).c_str(), nullptr, 10);
+    if (img->size > img->capacity) return Status::Corruption("rbd: " + name + " is smaller than its recorded size");
+  }
+  img->synced_size = created ? uint64_t(-1) : img->size;
+  open_[name] = img;
+  return img;
+}
+
+void CephEnv::Closed(Image* image) {
+  bool removed;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    removed = image->removed;
+    auto it = open_.find(image->name);
+    if (it != open_.end() && it->second.expired()) open_.erase(it);
+  }
+  image->rbd.reset();  // closes the image, releasing the lock
+  if (removed) {
+    Status s = pool_->RemoveImage(image->name);
+    if (!s.ok() && !s.IsNotFound()) log::Get("ceph")->warn("cannot remove {}: {}", image->name, s.ToString());
+  }
+}
+
+Result<std::unique_ptr<File>> CephEnv::Open(const std::string& path, const OpenOptions& opts) {
+  CDP_ASSIGN_OR_RETURN(std::string name, ImageName(path));
+  bool create = opts.create && !opts.read_only;
+  CDP_ASSIGN_OR_RETURN(auto img, OpenImage(name, create, create && opts.exclusive));
+  if (!opts.read_only) {
+    std::lock_guard<std::mutex> lk(img->mu);
+    if (!img->locked) {
+      CDP_RETURN_IF_ERROR(TakeLock(*img));
+      img->locked = true;
+    }
+    if (img->synced_size == uint64_t(-1)) {  // a new image: its size is 0 from now on
+      CDP_RETURN_IF_ERROR(img->PersistSize(0));
+      img->synced_size = 0;
+    }
+  }
+  auto f = std::make_unique<CephFile>(img, path, opts.read_only);
+  if (opts.truncate && !opts.read_only) CDP_RETURN_IF_ERROR(f->Truncate(0));
+  return std::unique_ptr<File>(std::move(f));
+}
+
+Status CephEnv::Remove(const std::string& path) {
+  CDP_ASSIGN_OR_RETURN(std::string name, ImageName(path));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto it = open_.find(name); it != open_.end()) {
+      if (auto img = it->second.lock()) {
+        if (img->removed) return Status::NotFound("rbd: " + name + " was removed");
+        img->removed = true;  // deleted when its last File closes
+        return Status::OK();
+      }
+    }
+  }
+  return pool_->RemoveImage(name);
+}
+
+Status CephEnv::Rename(const std::string& from, const std::string& to) {
+  CDP_ASSIGN_OR_RETURN(std::string src, ImageName(from));
+  CDP_ASSIGN_OR_RETURN(std::string dst, ImageName(to));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& n : {src, dst}) {
+      auto it = open_.find(n);
+      if (it != open_.end() && !it->second.expired())
+        return Status::Busy("rbd: rename " + src + " to " + dst + ": " + n + " is open");
+    }
+  }
+  // Not atomic over an existing target: RBD has no rename-over. The target
+  // goes first, so a crash between leaves the source (never neither).
+  Status s = pool_->RemoveImage(dst);
+  if (!s.ok() && !s.IsNotFound()) return s;
+  return FromCephError(rbd_rename(static_cast<rados_ioctx_t>(pool_->handle()), src.c_str(), dst.c_str()),
+                       "rbd: rename " + src + " to " + dst);
+}
+
+Status CephEnv::SyncDir(const std::string&) { return Status::OK(); }
+Status CephEnv::CreateDirs(const std::string& dir) { return ImageName(dir).status(); }
+Status CephEnv::RemoveDir(const std::string& dir) { return ImageName(dir).status(); }
+
+bool CephEnv::Exists(const std::string& path) {
+  auto name = ImageName(path);
+  if (!name.ok()) return false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto it = open_.find(*name); it != open_.end()) {
+      if (auto img = it->second.lock()) return !img->removed;
+    }
+  }
+  auto all = pool_->ListImages();
+  if (!all.ok()) return false;
+  const std::string under = *name + "~";
+  for (const auto& n : *all) {
+    if (n == *name || n.compare(0, under.size(), under) == 0) return true;
+  }
+  return false;
+}
+
+Result<std::vector<std::string>> CephEnv::ListDir(const std::string& dir) {
+  CDP_ASSIGN_OR_RETURN(std::string name, ImageName(dir));
+  CDP_ASSIGN_OR_RETURN(auto all, pool_->ListImages());
+  const std::string under = name + "~";
+  std::set<std::string> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& n : all) {
+    if (n.compare(0, under.size(), under) != 0) continue;
+    if (auto it = open_.find(n); it != open_.end()) {
+      if (auto img = it->second.lock(); img && img->removed) continue;
+    }
+    std::string rest = n.substr(under.size());
+    out.insert(rest.substr(0, rest.find('~')));
+  }
+  if (out.empty() && std::find(all.begin(), all.end(), name) != all.end())
+    return Status::InvalidArgument("ceph env: " + dir + " is a file");
+  return std::vector<std::string>(out.begin(), out.end());
+}
+
+Result<uint64_t> CephEnv::FileSize(const std::string& path) {
+  CDP_ASSIGN_OR_RETURN(auto f, Open(path, OpenOptions{.read_only = true}));
+  return f->Size();
+}
+
+}  // namespace cdp::storage
