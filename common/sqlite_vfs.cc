@@ -299,6 +299,10 @@ int Open(sqlite3_vfs* v, sqlite3_filename name, sqlite3_file* f, int flags, int*
   auto file = impl->env->Open(name, oo);
   if (!file.ok()) {
     if (!file.status().IsNotFound()) LogFailure(file.status(), "open");
+    // Busy (the file is another process's, e.g. a Ceph image locked by
+    // another master target) stays busy for the caller; the log says whose.
+    if (file.status().code() == Code::kBusy) return SQLITE_BUSY;
+    if (file.status().code() == Code::kPermissionDenied) return SQLITE_PERM;
     return SQLITE_CANTOPEN;
   }
   auto* p = new (f) VfsFile{};

@@ -49,10 +49,11 @@ uint64_t MasterTarget::Impl::JournalBytes(const std::string& tenant) {
 
 VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::string& name) {
   VolumeOptions vo;
-  vo.env = o.env;
+  vo.env = store;
   vo.clock = o.clock;
-  vo.dir = VolumeDir(o.data_dir, tenant, name);
+  vo.dir = VolumeDir(store_root, tenant, name);
   vo.index_path = JoinPath(vo.dir, "index.db");
+  if (store_vfs) vo.index_vfs = store_vfs->name();
   vo.segment_bytes = o.segment_bytes;
   auto level = o.tenant_journal_zstd_level.find(tenant);
   vo.journal_zstd_level = level == o.tenant_journal_zstd_level.end() ? o.journal_zstd_level : level->second;
@@ -93,8 +94,8 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
 
 Status MasterTarget::Impl::LoadVolumes() {
   for (const auto& [tenant, secret] : o.tenants) {
-    std::string vdir = JoinPath(JoinPath(JoinPath(o.data_dir, "tenants"), tenant), "volumes");
-    CDP_RETURN_IF_ERROR(o.env->CreateDirs(vdir));
+    std::string vdir = JoinPath(JoinPath(JoinPath(store_root, "tenants"), tenant), "volumes");
+    CDP_RETURN_IF_ERROR(store->CreateDirs(vdir));
     // Overlays of writable exports do not survive a restart.
     std::string xdir = JoinPath(JoinPath(JoinPath(o.data_dir, "tenants"), tenant), "exports");
     CDP_RETURN_IF_ERROR(o.env->CreateDirs(xdir));
@@ -102,9 +103,9 @@ Status MasterTarget::Impl::LoadVolumes() {
     for (const auto& n : stale) {
       if (n.size() > 4 && n.compare(n.size() - 4, 4, ".cow") == 0) CDP_RETURN_IF_ERROR(o.env->Remove(JoinPath(xdir, n)));
     }
-    CDP_ASSIGN_OR_RETURN(auto names, o.env->ListDir(vdir));
+    CDP_ASSIGN_OR_RETURN(auto names, store->ListDir(vdir));
     for (const auto& n : names) {
-      if (!proto::ValidName(n) || !o.env->Exists(JoinPath(JoinPath(vdir, n), "index.db"))) continue;
+      if (!proto::ValidName(n) || !store->Exists(JoinPath(JoinPath(vdir, n), "index.db"))) continue;
       auto v = ReplicaVolume::Open(VolOpts(tenant, n), nullptr);
       if (!v.ok()) {
         log->error("{} cannot open volume: {}", log::Where{n, tenant, 0}, v.status().ToString());
@@ -138,7 +139,7 @@ Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> MasterTarget::Impl::O
     if (it != volumes.end()) {
       e = it->second;
     } else {
-      std::string dir = VolumeDir(o.data_dir, tenant, m.name);
+      std::string dir = VolumeDir(store_root, tenant, m.name);
       if (dir.empty()) {
         ApplyOutcome bad;
         bad.ack = false;
@@ -163,7 +164,7 @@ Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> MasterTarget::Impl::O
                       std::to_string(m.size) + " > " + std::to_string(q) + " bytes";
         return std::make_pair(std::shared_ptr<VolEntry>(), bad);
       }
-      CDP_RETURN_IF_ERROR(o.env->CreateDirs(dir));
+      CDP_RETURN_IF_ERROR(store->CreateDirs(dir));
       auto v = ReplicaVolume::Open(VolOpts(tenant, m.name), &id);
       if (!v.ok()) {
         if (v.status().code() == Code::kInvalidArgument) {
@@ -285,6 +286,14 @@ Status MasterTarget::Start() {
                                            "WriteBatches applied in one group commit with the batch before them");
   metrics::RegisterProcessMetrics(registry_, o_.env, o_.clock);
   CDP_RETURN_IF_ERROR(o_.env->CreateDirs(o_.data_dir));
+  if (o_.store) {
+    m.store = o_.store.get();
+    m.store_root = o_.store_dir;
+    m.store_vfs = std::make_unique<sqlite::EnvVfs>(m.store);
+  } else {
+    m.store = o_.env;
+    m.store_root = o_.data_dir;
+  }
   // Crash recovery of every volume comes before anything else.
   CDP_RETURN_IF_ERROR(m.LoadVolumes());
 
@@ -455,11 +464,11 @@ std::string MasterTarget::PromotedExportName(const std::string& tenant, const st
 }
 
 std::string MasterTarget::Impl::OverlayData(const std::string& tenant, const std::string& volume) const {
-  return JoinPath(VolumeDir(o.data_dir, tenant, volume), "failover.cow");
+  return JoinPath(VolumeDir(store_root, tenant, volume), "failover.cow");
 }
 
 std::string MasterTarget::Impl::OverlayBitmap(const std::string& tenant, const std::string& volume) const {
-  return JoinPath(VolumeDir(o.data_dir, tenant, volume), "failover.bitmap");
+  return JoinPath(VolumeDir(store_root, tenant, volume), "failover.bitmap");
 }
 
 Result<std::shared_ptr<PointInTimeDevice>> MasterTarget::Impl::ServePromoted(const std::string& tenant,
@@ -476,7 +485,7 @@ Result<std::shared_ptr<PointInTimeDevice>> MasterTarget::Impl::ServePromoted(con
   if (it != exports.end()) {
     dev = it->second.device;
   } else {
-    CDP_ASSIGN_OR_RETURN(dev, PointInTimeDevice::OpenPersistent(v, seq, o.env, OverlayData(tenant, volume),
+    CDP_ASSIGN_OR_RETURN(dev, PointInTimeDevice::OpenPersistent(v, seq, store, OverlayData(tenant, volume),
                                                                 OverlayBitmap(tenant, volume), create));
   }
   const bool sealed = v->identity().sealed;
@@ -522,9 +531,9 @@ void MasterTarget::Impl::RestorePromoted() {
         log->error("{} failed over, but its export cannot be served: {}", log::Where{e->name, e->tenant, f->point_seq},
                    d.status().ToString());
       }
-    } else if (o.env->Exists(OverlayData(e->tenant, e->name)) || o.env->Exists(OverlayBitmap(e->tenant, e->name))) {
+    } else if (store->Exists(OverlayData(e->tenant, e->name)) || store->Exists(OverlayBitmap(e->tenant, e->name))) {
       // Left by an undo or a failover that did not commit: nothing refers to it.
-      Status s = PointInTimeDevice::RemoveOverlay(o.env, OverlayData(e->tenant, e->name),
+      Status s = PointInTimeDevice::RemoveOverlay(store, OverlayData(e->tenant, e->name),
                                                   OverlayBitmap(e->tenant, e->name));
       if (!s.ok()) log->warn("{} stale failover overlay: {}", log::Where{e->name, e->tenant, 0}, s.ToString());
     }
@@ -562,11 +571,11 @@ Result<MasterTarget::FailoverOutcome> MasterTarget::Failover(const std::string& 
   }
   // Overlay first (created and synced), then the state, then the export.
   const std::string data = m.OverlayData(tenant, volume), bitmap = m.OverlayBitmap(tenant, volume);
-  CDP_ASSIGN_OR_RETURN(auto dev, PointInTimeDevice::OpenPersistent(v, point_seq, o_.env, data, bitmap, true));
+  CDP_ASSIGN_OR_RETURN(auto dev, PointInTimeDevice::OpenPersistent(v, point_seq, m.store, data, bitmap, true));
   auto changed = v->Failover(point_seq, point_id);
   if (!changed.ok()) {
     dev.reset();
-    (void)PointInTimeDevice::RemoveOverlay(o_.env, data, bitmap);
+    (void)PointInTimeDevice::RemoveOverlay(m.store, data, bitmap);
     return changed.status();
   }
   dev.reset();
@@ -598,7 +607,7 @@ Result<bool> MasterTarget::UndoFailover(const std::string& tenant, const std::st
     if (!d.ok()) m.log->error("{} export after a failed undo: {}", log::Where{volume, tenant, 0}, d.status().ToString());
     return changed.status();
   }
-  Status s = PointInTimeDevice::RemoveOverlay(o_.env, m.OverlayData(tenant, volume), m.OverlayBitmap(tenant, volume));
+  Status s = PointInTimeDevice::RemoveOverlay(m.store, m.OverlayData(tenant, volume), m.OverlayBitmap(tenant, volume));
   if (!s.ok()) m.log->warn("{} failover overlay not removed (removed at the next start): {}",
                            log::Where{volume, tenant, 0}, s.ToString());
   return *changed;

@@ -60,6 +60,15 @@ struct MasterTargetOptions {
   Env* env = nullptr;               // POSIX env in the daemon; must outlive the MasterTarget
   const Clock* clock = nullptr;     // must outlive the MasterTarget
   std::string data_dir;             // real directory (sqlite lives there too)
+  // Where volumes are kept — replica, undo journal, index, digest store and a
+  // failover's overlay — the storage backend: nullptr = `env` under data_dir
+  // (local files). Otherwise that Env under store_dir, the index through an
+  // sqlite::EnvVfs over it: a storage::CephEnv keeps every volume in a Ceph
+  // pool (docs/operations.md), and data_dir keeps only this daemon's own
+  // files (its control token, writable export overlays). Another master
+  // target given the same store serves the same volumes (a takeover).
+  std::shared_ptr<Env> store;
+  std::string store_dir;
   std::map<std::string, std::string> tenants;  // name -> secret
   // name -> bytes a tenant may use (sum of its volumes' sizes and journals);
   // absent or 0 = unlimited.

@@ -234,7 +234,7 @@ Result<MasterTarget::FinishOutcome> MasterTarget::FinishFailback(const std::stri
   }
   dev.reset();
   CDP_ASSIGN_OR_RETURN(out.changed, v->EndFailback());
-  Status s = PointInTimeDevice::RemoveOverlay(o_.env, m.OverlayData(tenant, volume), m.OverlayBitmap(tenant, volume));
+  Status s = PointInTimeDevice::RemoveOverlay(m.store, m.OverlayData(tenant, volume), m.OverlayBitmap(tenant, volume));
   if (!s.ok())
     m.log->warn("{} failover overlay not removed (removed at the next start): {}", log::Where{volume, tenant, 0},
                 s.ToString());

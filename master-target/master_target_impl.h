@@ -30,6 +30,7 @@
 #include "common/tls_stream.h"
 #include "master-target/export.h"
 #include "master-target/lag_history.h"
+#include "common/sqlite_vfs.h"
 #include "master-target/master_target.h"
 
 namespace cdp::mt {
@@ -108,6 +109,10 @@ struct MasterTarget::Impl {
   uint64_t JournalBytes(const std::string& tenant);
 
   VolumeOptions VolOpts(const std::string& tenant, const std::string& name);
+  // The storage backend (MasterTargetOptions::store): where volumes live.
+  Env* store = nullptr;
+  std::string store_root;                  // volumes are under store_root/tenants/T/volumes/V
+  std::unique_ptr<sqlite::EnvVfs> store_vfs;  // the index through `store`; null: local files
 
   Status LoadVolumes();
 

@@ -4,6 +4,7 @@
 #include "common/daemon.h"
 #include "common/host_port.h"
 #include "common/protocol.h"
+#include "storage/ceph_env.h"
 
 #include <tuple>
 
@@ -46,6 +47,17 @@ po::options_description MasterTargetConfigDescription() {
                       "ranged work (bytes read into the undo journal) one batch may ask (32MiB..64GiB)");
   desc.add_options()("max_journal_bytes_per_tenant", po::value<ByteSize>()->default_value(ByteSize{0}),
                       "undo-journal bytes a tenant's volumes may hold before its batches wait for retention (0: unlimited)");
+  desc.add_options()("storage", po::value<std::string>()->default_value("local"),
+                      "local | ceph: where volumes are kept (data_dir, or the Ceph pool of the ceph.* keys)");
+  desc.add_options()("ceph.conf", po::value<std::string>()->default_value("/etc/ceph/ceph.conf"),
+                      "the Ceph cluster's conf (monitors, keyring)");
+  desc.add_options()("ceph.user", po::value<std::string>()->default_value("opencdp"),
+                      "cephx user without 'client.' (needs profile rbd on the pool)");
+  desc.add_options()("ceph.pool", po::value<std::string>()->default_value("rbd"), "the RBD pool of the volumes");
+  desc.add_options()("ceph.prefix", po::value<std::string>()->default_value("opencdp"),
+                      "first part of every image name; master targets sharing volumes share it");
+  desc.add_options()("ceph.take_over", po::value<bool>()->default_value(false),
+                      "break another client's lock on a volume's images (blocklisting it): a takeover");
   desc.add_options()("direct_agents", po::value<std::vector<std::string>>()->composing(),
                       "a tenant whose agents may connect without a process server (repeatable)");
   AddConnectionCapOptions(&desc);
@@ -59,6 +71,25 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   o.env = env;
   o.clock = SystemClock::Get();
   o.data_dir = vm["data_dir"].as<std::string>();
+  const std::string storage = vm["storage"].as<std::string>();
+  if (storage == "ceph") {
+    storage::RadosOptions ro;
+    ro.conf_path = vm["ceph.conf"].as<std::string>();
+    ro.client_id = vm["ceph.user"].as<std::string>();
+    ro.settings = storage::CephEnvRadosSettings();
+    auto cluster = storage::RadosCluster::Connect(ro);
+    if (!cluster.ok()) return cluster.status().WithContext("storage = ceph");
+    auto pool = (*cluster)->OpenPool(vm["ceph.pool"].as<std::string>());
+    if (!pool.ok()) return pool.status().WithContext("storage = ceph");
+    storage::CephEnvOptions eo;
+    eo.prefix = vm["ceph.prefix"].as<std::string>();
+    eo.take_over = vm["ceph.take_over"].as<bool>();
+    auto store = storage::CephEnv::Open(*pool, eo);
+    if (!store.ok()) return store.status().WithContext("storage = ceph");
+    o.store = std::move(*store);
+  } else if (storage != "local") {
+    return Status::InvalidArgument("'storage' must be local or ceph, not '" + storage + "'");
+  }
   CDP_ASSIGN_OR_RETURN(o.listen, GetHostPort(vm, "listen", HostPort::Rules::Listen()));
   CDP_ASSIGN_OR_RETURN(o.control, GetHostPort(vm, "control", HostPort::Rules::OptionalListen()));
   CDP_ASSIGN_OR_RETURN(o.nbd, GetHostPort(vm, "nbd", HostPort::Rules::OptionalListen()));

@@ -70,7 +70,13 @@ constexpr int kIndexCacheKiB = 512;  // the index database's page cache (the wri
 }  // namespace
 
 Status ReplicaVolume::Init(const VolumeIdentity* create) {
-  CDP_ASSIGN_OR_RETURN(db_, sqlite::Db::Open(o_.index_path));
+  {
+    sqlite::Db::Options dbo;
+    dbo.vfs = o_.index_vfs;
+    // An index in the Env (EnvVfs) is created in the volume's directory there.
+    if (!dbo.vfs.empty()) CDP_RETURN_IF_ERROR(o_.env->CreateDirs(DirName(o_.index_path)));
+    CDP_ASSIGN_OR_RETURN(db_, sqlite::Db::Open(o_.index_path, dbo));
+  }
   // Memory per volume stays bounded (sqlite's default cache is 2 MB): the
   // operating system's page cache holds the rest of the index.
   CDP_RETURN_IF_ERROR(db_->Exec("PRAGMA cache_size = -" + std::to_string(kIndexCacheKiB)));
@@ -86,7 +92,7 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
     CDP_RETURN_IF_ERROR(CreateFiles(*create));
   }
   CDP_RETURN_IF_ERROR(LoadIndex());
-  CDP_ASSIGN_OR_RETURN(undo_, UndoIndex::Open(db_.get(), o_.index_path, DeviceSize(id_)));
+  CDP_ASSIGN_OR_RETURN(undo_, UndoIndex::Open(db_.get(), o_.index_path, DeviceSize(id_), o_.index_vfs));
   OpenOptions ro;
   CDP_ASSIGN_OR_RETURN(replica_, o_.env->Open(ReplicaPath(), ro));
   CDP_ASSIGN_OR_RETURN(uint64_t rsize, replica_->Size());

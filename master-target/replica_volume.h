@@ -214,6 +214,10 @@ struct VolumeOptions {
   const Clock* clock = nullptr;   // must outlive the ReplicaVolume
   std::string dir;                // the volume's directory in `env`
   std::string index_path;         // sqlite file (real file system, or ":memory:"-like paths in tests)
+  // "" : index_path is on the local file system. Otherwise the sqlite VFS to
+  // open it with: an EnvVfs over `env` (the index then lives with the
+  // volume's other files, e.g. in a Ceph pool).
+  std::string index_vfs;
   uint64_t segment_bytes = 64ull << 20;
   uint64_t point_interval_us = 5'000'000;  // at most one crash-consistent point per interval
   // A batch asking more ranged work (sum of data/zero/trim lengths: bytes

@@ -106,10 +106,11 @@ UndoIndex::UndoIndex(sqlite::Db* db, std::unique_ptr<sqlite::Db> reader, uint64_
 }
 
 Result<std::unique_ptr<UndoIndex>> UndoIndex::Open(sqlite::Db* db, const std::string& db_path,
-                                                   uint64_t volume_size) {
+                                                   uint64_t volume_size, const std::string& vfs) {
   CDP_RETURN_IF_ERROR(db->Exec(kUndoSchema));
   sqlite::Db::Options ro;
   ro.read_only = true;
+  ro.vfs = vfs;
   CDP_ASSIGN_OR_RETURN(auto reader, sqlite::Db::Open(db_path, ro));
   CDP_RETURN_IF_ERROR(reader->Exec("PRAGMA cache_size = -" + std::to_string(kReaderCacheKiB)));
   std::unique_ptr<UndoIndex> idx(new UndoIndex(db, std::move(reader), volume_size));

@@ -88,8 +88,9 @@ class UndoIndex {
 
   // Creates the tables in `db` (the volume's index database, the writer's
   // connection) if missing, loads the summary, and opens `db_path` again
-  // read-only for lookups.
-  static Result<std::unique_ptr<UndoIndex>> Open(sqlite::Db* db, const std::string& db_path, uint64_t volume_size);
+  // read-only for lookups (through the sqlite VFS `vfs`, "" = the default).
+  static Result<std::unique_ptr<UndoIndex>> Open(sqlite::Db* db, const std::string& db_path, uint64_t volume_size,
+                                                 const std::string& vfs = "");
   UndoIndex(const UndoIndex&) = delete;
   UndoIndex& operator=(const UndoIndex&) = delete;
 
