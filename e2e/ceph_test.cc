@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "e2e/harness.h"
 #include "storage/tests/ceph_cluster.h"
@@ -148,12 +149,17 @@ TEST_CASE("ceph backend: kill -9 of the MT, a second MT takes the volume over fr
   // MT 2: the same pool and prefix, taking over the locks MT 1 held (its
   // Ceph client is blocklisted); the same address, so the PS reconnects.
   {
-    std::ofstream conf(c.Path("etc/master-target.conf"), std::ios::app);
-    conf << "ceph.take_over = true\n";
+    // Before any [section] of the file.
+    const std::string path = c.Path("etc/master-target.conf");
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream conf(path, std::ios::trunc);
+    conf << "ceph.take_over = true\n" << text;
     REQUIRE(conf.good());
   }
-  INFO(c.Logs());
-  REQUIRE(c.Restart(Which::kMasterTarget));
+  bool restarted = c.Restart(Which::kMasterTarget);
+  INFO(c.why() << c.Logs(6000));
+  REQUIRE(restarted);
   w = RandomWrites(c.nbd_uri(), o.volume_size, 23, 1, 30, 0, c.dir());
   REQUIRE(w.empty());
   bool drained = c.WaitDrained(std::chrono::seconds(180));
