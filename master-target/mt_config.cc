@@ -71,25 +71,6 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   o.env = env;
   o.clock = SystemClock::Get();
   o.data_dir = vm["data_dir"].as<std::string>();
-  const std::string storage = vm["storage"].as<std::string>();
-  if (storage == "ceph") {
-    storage::RadosOptions ro;
-    ro.conf_path = vm["ceph.conf"].as<std::string>();
-    ro.client_id = vm["ceph.user"].as<std::string>();
-    ro.settings = storage::CephEnvRadosSettings();
-    auto cluster = storage::RadosCluster::Connect(ro);
-    if (!cluster.ok()) return cluster.status().WithContext("storage = ceph");
-    auto pool = (*cluster)->OpenPool(vm["ceph.pool"].as<std::string>());
-    if (!pool.ok()) return pool.status().WithContext("storage = ceph");
-    storage::CephEnvOptions eo;
-    eo.prefix = vm["ceph.prefix"].as<std::string>();
-    eo.take_over = vm["ceph.take_over"].as<bool>();
-    auto store = storage::CephEnv::Open(*pool, eo);
-    if (!store.ok()) return store.status().WithContext("storage = ceph");
-    o.store = std::move(*store);
-  } else if (storage != "local") {
-    return Status::InvalidArgument("'storage' must be local or ceph, not '" + storage + "'");
-  }
   CDP_ASSIGN_OR_RETURN(o.listen, GetHostPort(vm, "listen", HostPort::Rules::Listen()));
   CDP_ASSIGN_OR_RETURN(o.control, GetHostPort(vm, "control", HostPort::Rules::OptionalListen()));
   CDP_ASSIGN_OR_RETURN(o.nbd, GetHostPort(vm, "nbd", HostPort::Rules::OptionalListen()));
@@ -196,6 +177,26 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   if (log != nullptr) {
     log->level = vm["log.level"].as<std::string>();
     log->file = vm["log.file"].as<std::string>();
+  }
+  // Last: every other key is checked before the cluster is connected to.
+  const std::string storage = vm["storage"].as<std::string>();
+  if (storage == "ceph") {
+    storage::RadosOptions ro;
+    ro.conf_path = vm["ceph.conf"].as<std::string>();
+    ro.client_id = vm["ceph.user"].as<std::string>();
+    ro.settings = storage::CephEnvRadosSettings();
+    auto cluster = storage::RadosCluster::Connect(ro);
+    if (!cluster.ok()) return cluster.status().WithContext("storage = ceph");
+    auto pool = (*cluster)->OpenPool(vm["ceph.pool"].as<std::string>());
+    if (!pool.ok()) return pool.status().WithContext("storage = ceph");
+    storage::CephEnvOptions eo;
+    eo.prefix = vm["ceph.prefix"].as<std::string>();
+    eo.take_over = vm["ceph.take_over"].as<bool>();
+    auto store = storage::CephEnv::Open(*pool, eo);
+    if (!store.ok()) return store.status().WithContext("storage = ceph");
+    o.store = std::move(*store);
+  } else if (storage != "local") {
+    return Status::InvalidArgument("'storage' must be local or ceph, not '" + storage + "'");
   }
   return o;
 }

@@ -100,6 +100,20 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
   CHECK(Error(env.get(), "max_batch_work = 1MiB\n") == "'max_batch_work' must be 32MiB..64GiB");
   CHECK(Error(env.get(), "control = none\nnbd = none\nmax_connections_per_peer = 0\n") ==
         "'max_connections_per_peer' must be 1..65536");
+  CHECK(Error(env.get(), "storage = nfs\n") == "'storage' must be local or ceph, not 'nfs'");
+}
+
+TEST_CASE("master target config: storage = ceph without a reachable cluster fails at start, naming it", "[config]") {
+  auto env = cdp::NewMemEnv();
+  auto o = Load(env.get(), "storage = ceph\nceph.conf = /nonexistent/ceph.conf\n");
+  REQUIRE_FALSE(o.ok());
+  INFO(o.status().ToString());
+  CHECK(o.status().message().find("storage = ceph") != std::string::npos);
+  CHECK(o.status().message().find("/nonexistent/ceph.conf") != std::string::npos);
+  // Local storage (the default) needs no cluster and no store.
+  auto local = Load(env.get(), "data_dir = /mt\n");
+  REQUIRE(local.ok());
+  CHECK(local->store == nullptr);
 }
 
 }  // namespace
