@@ -30,6 +30,18 @@ std::string CephConfig(const CephTestCluster& ceph, const std::string& prefix) {
          ceph.pool + "\nceph.prefix = " + prefix + "\n";
 }
 
+// A cluster whose master target keeps its volumes in the test pool, under a
+// prefix of the test's own.
+std::unique_ptr<Cluster> StartOnCeph(const CephTestCluster& ceph, const std::string& prefix) {
+  ClusterOptions o;
+  o.mt_extra_config = CephConfig(ceph, prefix);
+  auto c = std::make_unique<Cluster>(o);
+  bool started = c->Start();
+  INFO(c->why());
+  REQUIRE(started);
+  return c;
+}
+
 // The replica image's first `size` bytes, exported by the rbd CLI into `dest`.
 bool ExportReplica(const CephTestCluster& ceph, const std::string& prefix, const ClusterOptions& o,
                    const std::string& dest) {
@@ -44,26 +56,6 @@ bool ExportReplica(const CephTestCluster& ceph, const std::string& prefix, const
   return true;
 }
 
-// Removes the test's images at the end (as admin).
-struct Cleanup {
-  const CephTestCluster* ceph;
-  std::string prefix;
-  ~Cleanup() {
-    auto ls = cdp::testing::RunCommand(
-        {"rbd", "--conf", ceph->conf, "--name", "client." + ceph->admin_id, "ls", ceph->pool}, 60000);
-    size_t at = 0;
-    while (at < ls.output.size()) {
-      size_t nl = ls.output.find('\n', at);
-      std::string n = ls.output.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
-      at = nl == std::string::npos ? ls.output.size() : nl + 1;
-      if (n.compare(0, prefix.size() + 1, prefix + "~") != 0) continue;
-      (void)cdp::testing::RunCommand(
-          {"rbd", "--conf", ceph->conf, "--name", "client." + ceph->admin_id, "rm", "--no-progress", ceph->pool + "/" + n},
-          60000);
-    }
-  }
-};
-
 void RequireClients() {
   for (const char* p : {"qemu-io", "nbdcopy", "sha256sum", "rbd"}) {
     INFO("missing program " << p << " (scripts/install-deps.sh installs it)");
@@ -77,13 +69,11 @@ TEST_CASE("ceph backend: writes reach the RBD replica byte for byte, a tag expor
           "[e2e][ceph]") {
   CDP_CEPH_CLUSTER_OR_SKIP(ceph);
   RequireClients();
-  const std::string prefix = cdp::storage::testing::UniqueName("e2e");
-  Cleanup cleanup{ceph, prefix};
-  ClusterOptions o;
-  o.mt_extra_config = CephConfig(*ceph, prefix);
-  Cluster c(o);
-  INFO(c.why());
-  REQUIRE(c.Start());
+  cdp::storage::testing::ScopedImages images(*ceph, "e2e");
+  auto cluster = StartOnCeph(*ceph, images.prefix());
+  Cluster& c = *cluster;
+  const ClusterOptions& o = c.options();
+  const std::string& prefix = images.prefix();
   std::string w = RandomWrites(c.nbd_uri(), o.volume_size, 7, 3, 40, 4 << 20, c.dir());
   INFO(w);
   REQUIRE(w.empty());
@@ -124,13 +114,11 @@ TEST_CASE("ceph backend: kill -9 of the MT, a second MT takes the volume over fr
           "[e2e][ceph][crash]") {
   CDP_CEPH_CLUSTER_OR_SKIP(ceph);
   RequireClients();
-  const std::string prefix = cdp::storage::testing::UniqueName("tko");
-  Cleanup cleanup{ceph, prefix};
-  ClusterOptions o;
-  o.mt_extra_config = CephConfig(*ceph, prefix);
-  Cluster c(o);
-  INFO(c.why());
-  REQUIRE(c.Start());
+  cdp::storage::testing::ScopedImages images(*ceph, "tko");
+  auto cluster = StartOnCeph(*ceph, images.prefix());
+  Cluster& c = *cluster;
+  const ClusterOptions& o = c.options();
+  const std::string& prefix = images.prefix();
   std::string w = RandomWrites(c.nbd_uri(), o.volume_size, 21, 2, 40, 2 << 20, c.dir());
   REQUIRE(w.empty());
   const std::string copy = c.Path("tag.img");

@@ -87,32 +87,13 @@ Bytes ReplicaFile(Env* env) {
   return b;
 }
 
-// Removes the test's images (as admin) at the end.
-struct Cleanup {
-  const storage::testing::CephTestCluster* c;
-  std::string prefix;
-  ~Cleanup() {
-    storage::RadosOptions o;
-    o.conf_path = c->conf;
-    o.client_id = c->admin_id;
-    auto cluster = storage::RadosCluster::Connect(o);
-    if (!cluster.ok()) return;
-    auto pool = (*cluster)->OpenPool(c->pool);
-    if (!pool.ok()) return;
-    auto names = (*pool)->ListImages();
-    if (!names.ok()) return;
-    for (const auto& n : *names)
-      if (n.compare(0, prefix.size() + 1, prefix + "~") == 0) (void)(*pool)->RemoveImage(n);
-  }
-};
-
 }  // namespace
 
 TEST_CASE("ceph backend: randomized apply, every point equals the reference, a second MT takes over, rollback",
           "[ceph][e2e][volume]") {
   CDP_CEPH_CLUSTER_OR_SKIP(cluster);
-  const std::string prefix = storage::testing::UniqueName("mtv");
-  Cleanup cleanup{cluster, prefix};
+  storage::testing::ScopedImages images(*cluster, "mtv");
+  const std::string& prefix = images.prefix();
   ManualClock clock;
   StreamGen gen(kVolSize, 11);
   auto batches = gen.Batches(30, 10);
@@ -181,8 +162,8 @@ TEST_CASE("ceph backend: a power cut at sync points of apply loses no acknowledg
   // Every third sync point (each run costs round trips to the cluster), until a run finishes.
   for (uint64_t n = 0;; n += 3) {
     CAPTURE(n);
-    const std::string prefix = storage::testing::UniqueName("mtc");
-    Cleanup cleanup{cluster, prefix};
+    storage::testing::ScopedImages images(*cluster, "mtc");
+    const std::string& prefix = images.prefix();
     Site site = Connect(*cluster, prefix, false);
     FaultEnv fault(site.env.get());
     sqlite::EnvVfs vfs(&fault);  // the index crashes with the rest

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 #include <sstream>
+#include <vector>
 
 #include "common/tests/test_util.h"
 
@@ -75,6 +76,20 @@ const CephTestCluster* TestCluster(std::string* skip_reason) {
 std::string UniqueName(const std::string& prefix) {
   static int counter = 0;
   return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
+}
+
+ScopedImages::~ScopedImages() {
+  const std::vector<std::string> rbd = {"rbd", "--conf", cluster_.conf, "--name", "client." + cluster_.admin_id};
+  auto ls = rbd;
+  ls.insert(ls.end(), {"ls", cluster_.pool});
+  auto r = cdp::testing::RunCommand(ls, 60000);
+  std::istringstream names(r.output);
+  for (std::string n; std::getline(names, n);) {
+    if (n.compare(0, prefix_.size() + 1, prefix_ + "~") != 0) continue;
+    auto rm = rbd;
+    rm.insert(rm.end(), {"rm", "--no-progress", cluster_.pool + "/" + n});
+    (void)cdp::testing::RunCommand(rm, 60000);
+  }
 }
 
 }  // namespace cdp::storage::testing

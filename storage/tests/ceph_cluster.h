@@ -30,6 +30,23 @@ const CephTestCluster* TestCluster(std::string* skip_reason);
 // A name no other test run uses at the same time: prefix + pid + counter.
 std::string UniqueName(const std::string& prefix);
 
+// A fresh image-name prefix for one test (UniqueName): at the end of the
+// test every image "<prefix>~..." of the cluster's pool is removed, as
+// admin, through the rbd CLI (so that tests without librbd use it too).
+class ScopedImages {
+ public:
+  ScopedImages(const CephTestCluster& cluster, const std::string& what)
+      : cluster_(cluster), prefix_(UniqueName(what)) {}
+  ~ScopedImages();
+  ScopedImages(const ScopedImages&) = delete;
+  ScopedImages& operator=(const ScopedImages&) = delete;
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  const CephTestCluster& cluster_;
+  std::string prefix_;
+};
+
 }  // namespace cdp::storage::testing
 
 // Declares `const CephTestCluster* var` for the running cluster, or prints why

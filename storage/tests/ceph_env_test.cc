@@ -16,7 +16,7 @@ namespace cdp::storage {
 namespace {
 
 using testing::CephTestCluster;
-using testing::UniqueName;
+using testing::ScopedImages;
 
 Bytes Pattern(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -45,26 +45,6 @@ std::unique_ptr<CephEnv> NewEnv(const CephTestCluster& c, const std::string& pre
   return std::move(*env);
 }
 
-// Removes every image of a prefix at the end of a test.
-struct Cleanup {
-  const CephTestCluster* c;
-  std::string prefix;
-  ~Cleanup() {
-    RadosOptions o;
-    o.conf_path = c->conf;
-    o.client_id = c->admin_id;
-    auto cluster = RadosCluster::Connect(o);
-    if (!cluster.ok()) return;
-    auto pool = (*cluster)->OpenPool(c->pool);
-    if (!pool.ok()) return;
-    auto names = (*pool)->ListImages();
-    if (!names.ok()) return;
-    for (const auto& n : *names) {
-      if (n.compare(0, prefix.size() + 1, prefix + "~") == 0) (void)(*pool)->RemoveImage(n);
-    }
-  }
-};
-
 Bytes ReadAll(File& f) {
   auto size = f.Size();
   REQUIRE(size.ok());
@@ -76,8 +56,8 @@ Bytes ReadAll(File& f) {
 TEST_CASE("ceph env: files on RBD images keep the Env contract, and a synced size survives the connection",
           "[ceph][e2e]") {
   CDP_CEPH_CLUSTER_OR_SKIP(cluster);
-  const std::string prefix = UniqueName("envt");
-  Cleanup cleanup{cluster, prefix};
+  ScopedImages images(*cluster, "envt");
+  const std::string& prefix = images.prefix();
   Bytes a = Pattern(5000, 1), b = Pattern(70000, 2);
   {
     auto env = NewEnv(*cluster, prefix);
@@ -166,8 +146,8 @@ TEST_CASE("ceph env: files on RBD images keep the Env contract, and a synced siz
 
 TEST_CASE("ceph env: a file open for writing is fenced, and a takeover blocklists the old owner", "[ceph][e2e]") {
   CDP_CEPH_CLUSTER_OR_SKIP(cluster);
-  const std::string prefix = UniqueName("lock");
-  Cleanup cleanup{cluster, prefix};
+  ScopedImages images(*cluster, "lock");
+  const std::string& prefix = images.prefix();
   auto first = NewEnv(*cluster, prefix);
   auto f = first->Open("v/replica.img", {.create = true});
   REQUIRE(f.ok());
@@ -203,8 +183,8 @@ TEST_CASE("ceph env: a file open for writing is fenced, and a takeover blocklist
 
 TEST_CASE("ceph env: a sqlite database through EnvVfs lives in the pool", "[ceph][e2e]") {
   CDP_CEPH_CLUSTER_OR_SKIP(cluster);
-  const std::string prefix = UniqueName("sql");
-  Cleanup cleanup{cluster, prefix};
+  ScopedImages images(*cluster, "sql");
+  const std::string& prefix = images.prefix();
   {
     auto env = NewEnv(*cluster, prefix);
     sqlite::EnvVfs vfs(env.get());
