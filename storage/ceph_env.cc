@@ -14,6 +14,9 @@ namespace cdp::storage {
 namespace {
 
 constexpr const char* kSizeKey = "opencdp.size";
+// Images removed while open wait under "<prefix>~~trash~N-<name>" (no path
+// makes "~~") until their last handle closes; a start removes leftovers.
+constexpr const char* kTrash = "~~trash~";
 constexpr uint64_t kGrowStep = 64ull << 20;  // an image grows ahead of its file by up to this
 constexpr uint64_t kAlign = 4ull << 20;
 
@@ -32,7 +35,8 @@ struct CephEnv::Image {
   uint64_t synced_size = 0;  // the size in the image's metadata
   uint64_t capacity = 0;     // the image's size
   bool locked = false;       // this process holds the exclusive lock
-  bool removed = false;      // Remove()d while open: deleted at close (env->mu_)
+  bool removed = false;      // Remove()d while open: renamed to `trash`, deleted at close (env->mu_)
+  std::string trash;         // (env->mu_)
 
   rbd_image_t handle() const { return static_cast<rbd_image_t>(rbd->handle()); }
 
@@ -159,7 +163,15 @@ Result<std::unique_ptr<CephEnv>> CephEnv::Open(std::shared_ptr<RadosPool> pool, 
     return Status::InvalidArgument("ceph env: bad prefix '" + options.prefix + "' (not empty, no '~', '@' or '/')");
   std::unique_ptr<CephEnv> env(new CephEnv(std::move(pool), options));
   // The pool must answer (and the user may list it) before the daemon goes on.
-  CDP_RETURN_IF_ERROR(env->pool_->ListImages().status());
+  CDP_ASSIGN_OR_RETURN(auto names, env->pool_->ListImages());
+  // Files removed while open by a process that died before closing them.
+  // One still open elsewhere (EBUSY) stays for a later start.
+  const std::string trash = options.prefix + kTrash;
+  for (const auto& n : names) {
+    if (n.compare(0, trash.size(), trash) != 0) continue;
+    Status s = env->pool_->RemoveImage(n);
+    if (!s.ok() && !s.IsNotFound()) log::Get("ceph")->info("removed file {} stays: {}", n, s.ToString());
+  }
   return env;
 }
 
@@ -213,10 +225,6 @@ Result<std::shared_ptr<CephEnv::Image>> CephEnv::OpenImage(const std::string& na
   std::lock_guard<std::mutex> lk(mu_);
   if (auto it = open_.find(name); it != open_.end()) {
     if (auto img = it->second.lock()) {
-      if (img->removed) {
-        if (!create) return Status::NotFound("rbd: " + name + " was removed");
-        return Status::Busy("rbd: " + name + " was removed and is still open");
-      }
       if (exclusive) return Status::AlreadyExists("rbd: " + name + " exists");
       return img;
     }
@@ -256,17 +264,18 @@ Result<std::shared_ptr<CephEnv::Image>> CephEnv::OpenImage(const std::string& na
 }
 
 void CephEnv::Closed(Image* image) {
-  bool removed;
+  std::string remove;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    removed = image->removed;
-    auto it = open_.find(image->name);
+    const std::string& key = image->removed ? image->trash : image->name;
+    auto it = open_.find(key);
     if (it != open_.end() && it->second.expired()) open_.erase(it);
+    if (image->removed) remove = image->trash;
   }
   image->rbd.reset();  // closes the image, releasing the lock
-  if (removed) {
-    Status s = pool_->RemoveImage(image->name);
-    if (!s.ok() && !s.IsNotFound()) log::Get("ceph")->warn("cannot remove {}: {}", image->name, s.ToString());
+  if (!remove.empty()) {
+    Status s = pool_->RemoveImage(remove);
+    if (!s.ok() && !s.IsNotFound()) log::Get("ceph")->warn("cannot remove {}: {}", remove, s.ToString());
   }
 }
 
@@ -292,14 +301,24 @@ Result<std::unique_ptr<File>> CephEnv::Open(const std::string& path, const OpenO
 
 Status CephEnv::Remove(const std::string& path) {
   CDP_ASSIGN_OR_RETURN(std::string name, ImageName(path));
+  std::shared_ptr<Image> img;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (auto it = open_.find(name); it != open_.end()) {
-      if (auto img = it->second.lock()) {
-        if (img->removed) return Status::NotFound("rbd: " + name + " was removed");
-        img->removed = true;  // deleted when its last File closes
-        return Status::OK();
-      }
+    auto it = open_.find(name);
+    if (it != open_.end()) img = it->second.lock();
+    if (img) {
+      // Open here: the image moves to a trash name (the handles, which know
+      // it by id, read on) and is deleted when the last one closes. The name
+      // is free at once, for a new file of the same path.
+      std::string trash =
+          options_.prefix + kTrash + std::to_string(++trash_counter_) + "-" + name.substr(options_.prefix.size() + 1);
+      int r = rbd_rename(static_cast<rados_ioctx_t>(pool_->handle()), name.c_str(), trash.c_str());
+      if (r < 0) return FromCephError(r, "rbd: remove (rename to the trash) " + name);
+      open_.erase(it);
+      img->removed = true;
+      img->trash = trash;
+      open_[trash] = img;
+      return Status::OK();
     }
   }
   return pool_->RemoveImage(name);
@@ -333,9 +352,7 @@ bool CephEnv::Exists(const std::string& path) {
   if (!name.ok()) return false;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (auto it = open_.find(*name); it != open_.end()) {
-      if (auto img = it->second.lock()) return !img->removed;
-    }
+    if (auto it = open_.find(*name); it != open_.end() && !it->second.expired()) return true;
   }
   auto all = pool_->ListImages();
   if (!all.ok()) return false;
@@ -351,12 +368,8 @@ Result<std::vector<std::string>> CephEnv::ListDir(const std::string& dir) {
   CDP_ASSIGN_OR_RETURN(auto all, pool_->ListImages());
   const std::string under = name + "~";
   std::set<std::string> out;
-  std::lock_guard<std::mutex> lk(mu_);
   for (const auto& n : all) {
     if (n.compare(0, under.size(), under) != 0) continue;
-    if (auto it = open_.find(n); it != open_.end()) {
-      if (auto img = it->second.lock(); img && img->removed) continue;
-    }
     std::string rest = n.substr(under.size());
     out.insert(rest.substr(0, rest.find('~')));
   }

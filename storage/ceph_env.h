@@ -20,10 +20,10 @@
 // Durability (the Env model): a Write is durable when Sync() returns (a
 // flush, and the size's metadata when it changed). An image's creation, a
 // Rename and a Remove are durable when the call returns; SyncDir does
-// nothing. A Remove of a file still open in this process hides its name at
-// once and deletes the image when the last handle closes; should the process
-// die first, the image is there again at the next start (a removal that was
-// not durable, as the Env model allows).
+// nothing. A Remove of a file still open in this process renames its image
+// into a trash name at once (the open handles read on, the path is free for
+// a new file) and deletes it when the last handle closes; should the process
+// die first, the next CephEnv::Open with the prefix deletes it.
 //
 // Ownership (fencing). A handle opened for writing takes the image's
 // exclusive lock (librbd's managed lock) and keeps it until the image is
@@ -89,8 +89,9 @@ class CephEnv final : public Env {
 
   std::shared_ptr<RadosPool> pool_;
   const CephEnvOptions options_;
-  std::mutex mu_;  // guards open_ and each Image's removal flag
+  std::mutex mu_;  // guards open_, trash_counter_ and each Image's name and removal flag
   std::map<std::string, std::weak_ptr<Image>> open_;
+  uint64_t trash_counter_ = 0;
 };
 
 // The librados settings a CephEnv's connection needs (RadosOptions::settings):
