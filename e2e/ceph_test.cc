@@ -88,6 +88,9 @@ TEST_CASE("ceph backend: writes reach the RBD replica byte for byte, a tag expor
   INFO(c.why() << c.Logs());
   REQUIRE(drained);
 
+  auto status = c.StatusOf(Which::kMasterTarget);
+  REQUIRE(status.has_value());
+  CHECK(status->at("storage").as_string() == "ceph");
   // Nothing of the volume is in the MT's local directory: it is all in the pool.
   REQUIRE_FALSE(std::filesystem::exists(c.Path("mt/tenants/" + o.tenant + "/volumes/" + o.volume)));
   const std::string replica = c.Path("replica-from-rbd.img");

@@ -369,7 +369,8 @@ Status MasterTarget::Start() {
   }
   port_ = m.listener->tcp_port();
   m.retention_thread = std::thread([&m] { m.RetentionLoop(); });
-  m.log->info("listening on {}:{}, control port {}, nbd port {}", o_.listen.host, port(), control_port(), nbd_port());
+  m.log->info("listening on {}:{}, control port {}, nbd port {}; volumes in {}", o_.listen.host, port(), control_port(),
+              nbd_port(), o_.store ? o_.store_description : o_.data_dir);
   return Status::OK();
 }
 

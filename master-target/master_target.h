@@ -69,6 +69,9 @@ struct MasterTargetOptions {
   // target given the same store serves the same volumes (a takeover).
   std::shared_ptr<Env> store;
   std::string store_dir;
+  // What the store is, for the log and /status ("ceph", "ceph pool rbd ...").
+  std::string store_kind = "local";
+  std::string store_description;
   std::map<std::string, std::string> tenants;  // name -> secret
   // name -> bytes a tenant may use (sum of its volumes' sizes and journals);
   // absent or 0 = unlimited.

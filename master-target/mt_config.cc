@@ -195,6 +195,9 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
     auto store = storage::CephEnv::Open(*pool, eo);
     if (!store.ok()) return store.status().WithContext("storage = ceph");
     o.store = std::move(*store);
+    o.store_kind = "ceph";
+    o.store_description = "ceph pool " + vm["ceph.pool"].as<std::string>() + ", image prefix " + eo.prefix +
+                          ", as client." + ro.client_id + (eo.take_over ? " (taking over locks)" : "");
   } else if (storage != "local") {
     return Status::InvalidArgument("'storage' must be local or ceph, not '" + storage + "'");
   }

@@ -82,7 +82,7 @@ json::value MasterTarget::Impl::StatusJson() {
   json::array vols;
   std::lock_guard<std::mutex> lk(vol_mu);
   for (auto& [k, e] : volumes) vols.push_back(VolumeJson(*e));
-  return json::object{{"daemon", "cdp-master-target"}, {"volumes", vols}};
+  return json::object{{"daemon", "cdp-master-target"}, {"storage", o.store_kind}, {"volumes", vols}};
 }
 
 Result<std::shared_ptr<VolEntry>> MasterTarget::Impl::ResolveParams(const http::Request& r, const http::Params& p) {
