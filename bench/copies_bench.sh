@@ -21,9 +21,9 @@
 #
 #   bash bench/copies_bench.sh BUILD_DIR [SECS=20] [RATE=100] [CODEC=zstd] [TLS=on] [COMPRESSIBILITY=0.75] [LINK_MBIT=0]
 #
-# LINK_MBIT > 0 gives each master target its own emulated WAN link: an HTB class
-# of that rate on the loopback traffic to its data port (tc htb + u32 on
-# lo, removed at exit), so the copies compete for their links as at two sites,
+# LINK_MBIT > 0 gives each master target its own emulated WAN link: HTB classes
+# of that rate on the loopback traffic to and from its data port
+# (bench_link_on in bench/lib.sh, removed at exit), so the copies compete for their links as at two sites,
 # not for this machine's two cores (which one PS and two MTs saturate).
 #
 # Two cores shared by every daemon (and both MTs) make the copies compete
@@ -40,22 +40,10 @@ CODEC=${4:-zstd}
 TLS=${5:-on}
 COMP=${6:-0.75}
 LINK=${7:-0}
-shape_off() { [ "$LINK" = 0 ] || tc qdisc del dev lo root 2>/dev/null || true; }
-# shape_on PORT...: one HTB class of LINK Mbit/s per port (traffic to it); the rest of lo unshaped
-# (this kernel has htb, tbf and u32, not prio or netem).
-shape_on() {
-  [ "$LINK" = 0 ] && return 0
-  shape_off
-  tc qdisc add dev lo root handle 1: htb default 99 r2q 1000
-  tc class add dev lo parent 1: classid 1:99 htb rate 100gbit
-  local class=10 port
-  for port in "$@"; do
-    tc class add dev lo parent 1: classid 1:$class htb rate "${LINK}mbit" ceil "${LINK}mbit" burst 256kb
-    tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip dport "$port" 0xffff flowid 1:$class
-    class=$((class + 1))
-  done
-}
-trap 'shape_off; bench_cleanup' EXIT
+# shape_on PORT...: a link of LINK Mbit/s to and from each port (bench_link_on).
+shape_on() { [ "$LINK" = 0 ] || bench_link_on "$LINK" "$@"; }
+shape_off() { bench_link_off; }
+trap bench_cleanup EXIT
 bench_need python3
 bench_pki "$TLS"
 SIZE=$((4 << 30))

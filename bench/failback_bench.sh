@@ -4,7 +4,12 @@
 # master target's NBD export -> the original site's disk), in the same run.
 # All three daemons on this machine (loopback, TLS by `cdpctl pki`).
 #
-#   bash bench/failback_bench.sh BUILD_DIR [SIZE_GIB=2]
+#   bash bench/failback_bench.sh BUILD_DIR [SIZE_GIB=2] [LINK_MBIT=0]
+#
+# LINK_MBIT > 0 puts the provider behind an emulated WAN link for the two
+# measured steps: LINK_MBIT Mbit/s each way on the loopback traffic to and
+# from the master target's data and NBD ports (bench_link_on in lib.sh; root),
+# as between a protected site and its provider. 0: plain loopback.
 #
 # Environment: PROVIDER_PCT=1, SITE_PCT=0.5, TIMEOUT=3600, TMPDIR=/var/tmp,
 # KEEP=1 (keep the scratch directory).
@@ -32,9 +37,10 @@ set -euo pipefail
 # shellcheck source=bench/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-usage="usage: failback_bench.sh BUILD_DIR [SIZE_GIB=2]"
+usage="usage: failback_bench.sh BUILD_DIR [SIZE_GIB=2] [LINK_MBIT=0]"
 bench_init failback_bench "${1:?$usage}"
 SIZE_ARG=${2:-2}
+LINK_MBIT=${3:-0}
 PROVIDER_PCT=${PROVIDER_PCT:-1}
 SITE_PCT=${SITE_PCT:-0.5}
 TIMEOUT=${TIMEOUT:-3600}
@@ -110,6 +116,10 @@ nbdcopy --destination-is-zero --flush "$D/provider.patch" "$URI"
 PS_PID=$!
 bench_wait_up $PS_CTL "$PS_TOKEN" $PS_PID
 
+if [ "$LINK_MBIT" != 0 ]; then
+  say "a WAN link of $LINK_MBIT Mbit/s each way between the site and the provider"
+  bench_link_on "$LINK_MBIT" "$MT_DATA" "$MT_NBD_PORT"
+fi
 say "reference: nbdcopy of the whole promoted export"
 sync
 t0=$(now)
@@ -134,6 +144,7 @@ t0=$(now)
 ctl --json failback $VOL >"$D/failback.json"
 t1=$(now)
 fb_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')
+bench_link_off
 read -r in_b out_b pulled passes < <(python3 - "$D/failback.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -149,8 +160,9 @@ bratio=$(awk -v a="$bytes" -v b="$diff_bytes" 'BEGIN {printf "%.3f", a / b}')
 tratio=$(awk -v a="$fb_s" -v b="$ref_s" 'BEGIN {printf "%.3f", a / b}')
 res_b=$(awk -v r="$bratio" 'BEGIN {print (r <= 1.2) ? "met" : "MISSED"}')
 res_t=$(awk -v r="$tratio" 'BEGIN {print (r <= 0.1) ? "met" : "MISSED"}')
-echo "| volume | site blocks | provider blocks | differing blocks | pulled | passes | failback (s) | bytes in + out | nbdcopy (s) | nbdcopy bytes | bytes / differing | time / nbdcopy | source = promoted |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"
-echo "| $(numfmt --to=iec "$SIZE") | $site_blocks | $prov_blocks | $differ | $pulled | $passes | $fb_s | $in_b + $out_b | $ref_s | $SIZE | $bratio ($res_b, target <= 1.2) | $tratio ($res_t, target <= 0.1) | $check |"
+echo "| volume | link | site blocks | provider blocks | differing blocks | pulled | passes | failback (s) | bytes in + out | nbdcopy (s) | nbdcopy bytes | bytes / differing | time / nbdcopy | source = promoted |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"
+link=$([ "$LINK_MBIT" = 0 ] && echo loopback || echo "$LINK_MBIT Mbit/s")
+echo "| $(numfmt --to=iec "$SIZE") | $link | $site_blocks | $prov_blocks | $differ | $pulled | $passes | $fb_s | $in_b + $out_b | $ref_s | $SIZE | $bratio ($res_b, target <= 1.2) | $tratio ($res_t, target <= 0.1) | $check |"
 say "daemon CPU: $(daemon_cpu)"
 cluster_down

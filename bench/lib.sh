@@ -68,6 +68,7 @@ bench_stop() {
 }
 
 bench_cleanup() {
+  bench_link_off
   # shellcheck disable=SC2086
   bench_stop $AG_PID $PS_PID $MT_PID "${BENCH_EXTRA_PIDS[@]}"
   [ -n "${BENCH_DIR:-}" ] || return 0
@@ -221,4 +222,29 @@ with open(path, "wb") as f:
         f.write(r.randbytes(n))
         size -= n
 PY
+}
+
+# ---- An emulated WAN link on the loopback (tc htb + u32; this kernel has htb,
+# tbf and u32, not prio or netem). bench_link_on MBIT PORT...: one HTB class of
+# MBIT Mbit/s per port for the traffic to it, and one more per port for the
+# traffic from it (a full-duplex link of that rate each way); the rest of lo
+# unshaped. bench_link_off removes it (bench_cleanup does too). Needs root.
+bench_link_on() {
+  local mbit=$1 class=10 port
+  shift
+  bench_link_off
+  tc qdisc add dev lo root handle 1: htb default 99 r2q 1000
+  tc class add dev lo parent 1: classid 1:99 htb rate 100gbit
+  for port in "$@"; do
+    for dir in dport sport; do
+      tc class add dev lo parent 1: classid 1:$class htb rate "${mbit}mbit" ceil "${mbit}mbit" burst 256kb
+      tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip "$dir" "$port" 0xffff flowid 1:$class
+      class=$((class + 1))
+    done
+  done
+  BENCH_LINK_ON=1
+}
+bench_link_off() {
+  if [ "${BENCH_LINK_ON:-0}" = 1 ]; then tc qdisc del dev lo root 2>/dev/null || true; fi
+  BENCH_LINK_ON=0
 }
