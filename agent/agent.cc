@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <charconv>
 #include <chrono>
@@ -139,11 +140,21 @@ Status Agent::Start() {
     } else {
       log::Get("agent")->warn("tls = off: writes reach the process server in clear text");
     }
+    size_t shared = 0;  // volumes on the shared links
+    for (const auto& v : opts_.volumes) shared += v.frame_bytes == 0 ? 1 : 0;
+    const size_t links = std::min(shared, size_t(std::max(1, opts_.ps_connections)));
+    for (size_t l = 0; l < links; ++l) links_.push_back(NewPsLink(opts_.sender));
+    size_t next_link = 0;
     for (size_t i = 0; i < devices_.size(); ++i) {
       SenderOptions so = opts_.sender;
       so.generation = sites_[i]->state.generation;
-      if (opts_.volumes[i].frame_bytes != 0) so.batch_bytes = opts_.volumes[i].frame_bytes;
-      senders_.push_back(std::make_unique<Sender>(devices_[i].get(), so));
+      repl::ReplicationSender* link = nullptr;
+      if (opts_.volumes[i].frame_bytes != 0) {
+        so.batch_bytes = opts_.volumes[i].frame_bytes;
+      } else {
+        link = links_[next_link++ % links].get();
+      }
+      senders_.push_back(std::make_unique<Sender>(devices_[i].get(), so, link));
     }
   }
   for (size_t i = 0; i < devices_.size(); ++i) RegisterMetrics(i);
@@ -158,6 +169,7 @@ Status Agent::Start() {
     if (!tokens.ok()) {
       nbd_.reset();
       senders_.clear();
+      links_.clear();
       devices_.clear();
       return tokens.status();
     }
@@ -195,6 +207,7 @@ Status Agent::Start() {
       http_.reset();
       nbd_.reset();
       senders_.clear();
+      links_.clear();
       devices_.clear();
       return s.WithContext("control server");
     }
@@ -205,10 +218,12 @@ Status Agent::Start() {
     http_.reset();
     nbd_.reset();
     senders_.clear();
+    links_.clear();
     devices_.clear();
     return s.WithContext("NBD server");
   }
   for (auto& s : senders_) s->Start();
+  for (auto& l : links_) l->Start();
   started_ = true;
   log::Get("agent")->info("agent started: {} volume(s), NBD port {} unix '{}', control port {}", devices_.size(),
                           nbd_->port(), opts_.nbd.unix_path, control_port());
@@ -222,6 +237,7 @@ Status Agent::ReloadTls() {
 
 void Agent::Stop() {
   if (nbd_) nbd_->Stop();
+  for (auto& l : links_) l->Stop();  // fails the pending hash requests of every volume
   for (auto& s : senders_) s->Stop();
   if (http_) http_->Stop();
   for (auto& d : devices_) {

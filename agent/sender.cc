@@ -46,6 +46,10 @@ const SenderOptions& WithClock(SenderOptions& o) {
 
 }  // namespace
 
+std::unique_ptr<repl::ReplicationSender> NewPsLink(SenderOptions opts) {
+  return std::make_unique<repl::ReplicationSender>(LinkOptions(WithClock(opts)));
+}
+
 // Seals one record of a sealed volume (common/seal.h) in place: data becomes
 // kSealed (the stored blocks, then their MACs), zero and trim kSealedZero (the
 // MACs of the zero blocks); flushes and tags stay as they are.
@@ -75,14 +79,19 @@ std::array<uint8_t, 16> VolumeUuid(const std::string& name) {
   return u;
 }
 
-Sender::Sender(CaptureDevice* device, SenderOptions opts)
-    : dev_(device), opts_(std::move(opts)), link_(LinkOptions(WithClock(opts_))) {
+Sender::Sender(CaptureDevice* device, SenderOptions opts, repl::ReplicationSender* shared)
+    : dev_(device),
+      opts_(std::move(opts)),
+      own_link_(shared == nullptr ? std::make_unique<repl::ReplicationSender>(LinkOptions(WithClock(opts_)))
+                                  : nullptr),
+      link_(shared == nullptr ? own_link_.get() : shared) {
+  WithClock(opts_);
   generation_.store(opts_.generation);
-  stream_ = link_.AddStream(this);
+  stream_ = link_->AddStream(this);
   opts_.resync.clock = opts_.clock;
   resync_engine_ = std::make_unique<Resync>(
       dev_, opts_.resync,
-      [this](const proto::HashRequest& r, Resync::HashCallback done) { link_.HashAsync(stream_, r, std::move(done)); });
+      [this](const proto::HashRequest& r, Resync::HashCallback done) { link_->HashAsync(stream_, r, std::move(done)); });
 }
 
 // A stopped sender no longer touches the device (Stop() removed the queue's
@@ -92,8 +101,8 @@ Sender::~Sender() { Stop(); }
 void Sender::Start() {
   if (resync_.joinable()) return;
   stop_ = false;
-  dev_->queue().SetOnAppend([this] { link_.Notify(); });
-  link_.Start();
+  dev_->queue().SetOnAppend([this] { link_->Notify(); });
+  if (own_link_) own_link_->Start();
   resync_ = std::thread([this] { ResyncLoop(); });
 }
 
@@ -104,7 +113,12 @@ void Sender::Stop() {
     stop_ = true;
   }
   stop_cv_.notify_all();
-  link_.Stop();  // fails the pending hash requests
+  // Fails the pending hash requests.
+  if (own_link_) {
+    own_link_->Stop();
+  } else {
+    link_->RemoveStream(stream_);
+  }
   resync_.join();
   resync_engine_->Abort();
   dev_->queue().SetOnAppend({});
@@ -112,7 +126,7 @@ void Sender::Stop() {
 }
 
 SenderStats Sender::Stats() const {
-  const repl::LinkStats ls = link_.Stats();
+  const repl::LinkStats ls = link_->Stats();
   CaptureQueue& q = dev_->queue();
   std::vector<QueuedRecord> oldest;
   const bool pending = q.Peek(q.acked_seq() + 1, 1, 1, &oldest);
@@ -251,7 +265,7 @@ Status Sender::StartGeneration(uint64_t gen, bool equal) {
                           equal ? "the source equals the replica; replication resumes without a resync"
                                 : "every region is compared with the replica");
   // The stream is fenced under the old generation: a new connection opens the new one.
-  link_.Reconnect();
+  link_->Reconnect();
   return Status::OK();
 }
 
@@ -285,7 +299,7 @@ void Sender::ResyncLoop() {
       resync_engine_->SetFloor(floor_);
     }
     // Hash requests need the volume open on the current connection.
-    const bool open = link_.WaitOpened(stream_, 0ms).ok();
+    const bool open = link_->WaitOpened(stream_, 0ms).ok();
     Result<bool> progressed = open ? resync_engine_->Step() : Result<bool>(false);
     if (!progressed.ok() && !stop_) {
       log::Get("agent")->warn("{} resync: {}", log::Where{dev_->volume(), opts_.ps.host, 0},

@@ -4,7 +4,10 @@
 // Shipping is the one replication sender (common/replication_sender.h: its
 // header draws the connect / open / resume / window / gap / busy / heartbeat /
 // backoff state machine); this class is its RecordSource for the capture
-// queue, plus the resync thread:
+// queue, plus the resync thread. The link is the sender's own, or one shared
+// with other volumes of the agent (Agent: `ps_connections` links for all its
+// volumes, so connections and their threads do not grow per volume; the
+// volume is then one stream of that link):
 //
 //   RecordSource over the CaptureQueue:
 //     Resume(D)   CaptureQueue::Resume(D); outside our window on a later
@@ -97,23 +100,32 @@ Status SealRecord(const seal::BlockSealer& sealer, proto::Record* r);
 // The volume's uuid as its VolumeOpen announces it: XXH3-128 of the name.
 std::array<uint8_t, 16> VolumeUuid(const std::string& name);
 
+// A link to the process server for one or more volumes (Sender's shared
+// link), made with `opts`' address, credentials, batching and timeouts.
+std::unique_ptr<repl::ReplicationSender> NewPsLink(SenderOptions opts);
+
 class Sender final : private repl::RecordSource {
  public:
-  // `device` must outlive the sender.
-  Sender(CaptureDevice* device, SenderOptions opts);
+  // `device` must outlive the sender. `shared` (may be null: the sender makes
+  // and owns its link) is a link made by NewPsLink that this volume's stream
+  // joins; it must outlive the sender, and its owner starts and stops it
+  // (stopping it before Stop() here, so that pending hash calls fail).
+  Sender(CaptureDevice* device, SenderOptions opts, repl::ReplicationSender* shared = nullptr);
   ~Sender() override;  // Stop()s
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
 
   void Start();
-  // Stops the threads; queued records stay in memory (and in the bitmap).
+  // Stops the threads (an own link; a shared one loses this volume's stream);
+  // queued records stay in memory (and in the bitmap).
   void Stop();
   SenderStats Stats() const;
   // Re-protect after a failback (Agent::Reprotect): from the next connection
   // the volume is opened as generation `gen`, and the queue and the bitmap
   // start empty (CaptureQueue::Reset, DirtyBitmap::ForgetAll, persisted):
   // the source equals the replica, so nothing is compared or shipped again.
-  // The connection is dropped, so that the next one opens the new generation.
+  // The connection is dropped, so that the next one opens the new generation
+  // (a shared link's other volumes reopen too, resuming where they were).
   // equal = false (re-protect after a rollback at the master target): the
   // queue starts empty as well, but every region is compared again.
   Status StartGeneration(uint64_t gen, bool equal);
@@ -134,7 +146,8 @@ class Sender final : private repl::RecordSource {
 
   CaptureDevice* dev_;
   SenderOptions opts_;
-  repl::ReplicationSender link_;
+  std::unique_ptr<repl::ReplicationSender> own_link_;  // null with a shared link
+  repl::ReplicationSender* link_;                      // own_link_ or the shared one
   repl::ReplicationSender::StreamId stream_ = 0;
   std::thread resync_;
   std::atomic<bool> stop_{false};
