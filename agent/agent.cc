@@ -144,6 +144,7 @@ Status Agent::Start() {
     for (const auto& v : opts_.volumes) shared += v.frame_bytes == 0 ? 1 : 0;
     const size_t links = std::min(shared, size_t(std::max(1, opts_.ps_connections)));
     for (size_t l = 0; l < links; ++l) links_.push_back(NewPsLink(opts_.sender));
+    resync_driver_ = std::make_unique<ResyncDriver>(int(std::max<size_t>(1, links)));
     size_t next_link = 0;
     for (size_t i = 0; i < devices_.size(); ++i) {
       SenderOptions so = opts_.sender;
@@ -154,7 +155,8 @@ Status Agent::Start() {
       } else {
         link = links_[next_link++ % links].get();
       }
-      senders_.push_back(std::make_unique<Sender>(devices_[i].get(), so, link));
+      senders_.push_back(std::make_unique<Sender>(devices_[i].get(), so, link, resync_driver_.get()));
+      resync_driver_->Add(senders_.back().get());
     }
   }
   for (size_t i = 0; i < devices_.size(); ++i) RegisterMetrics(i);
@@ -170,6 +172,7 @@ Status Agent::Start() {
       nbd_.reset();
       senders_.clear();
       links_.clear();
+      resync_driver_.reset();
       devices_.clear();
       return tokens.status();
     }
@@ -208,6 +211,7 @@ Status Agent::Start() {
       nbd_.reset();
       senders_.clear();
       links_.clear();
+      resync_driver_.reset();
       devices_.clear();
       return s.WithContext("control server");
     }
@@ -219,11 +223,13 @@ Status Agent::Start() {
     nbd_.reset();
     senders_.clear();
     links_.clear();
+    resync_driver_.reset();
     devices_.clear();
     return s.WithContext("NBD server");
   }
   for (auto& s : senders_) s->Start();
   for (auto& l : links_) l->Start();
+  if (resync_driver_) resync_driver_->Start();
   started_ = true;
   log::Get("agent")->info("agent started: {} volume(s), NBD port {} unix '{}', control port {}", devices_.size(),
                           nbd_->port(), opts_.nbd.unix_path, control_port());
@@ -238,6 +244,7 @@ Status Agent::ReloadTls() {
 void Agent::Stop() {
   if (nbd_) nbd_->Stop();
   for (auto& l : links_) l->Stop();  // fails the pending hash requests of every volume
+  if (resync_driver_) resync_driver_->Stop();
   for (auto& s : senders_) s->Stop();
   if (http_) http_->Stop();
   for (auto& d : devices_) {

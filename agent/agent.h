@@ -204,6 +204,9 @@ class Agent {
   // Shared links to the PS (AgentOptions::ps_connections); outlive the senders,
   // stopped before them.
   std::vector<std::unique_ptr<repl::ReplicationSender>> links_;
+  // Runs every volume's resync (one thread per link, not per volume); stopped
+  // after the links, before the senders.
+  std::unique_ptr<ResyncDriver> resync_driver_;
   std::vector<std::unique_ptr<Sender>> senders_;
   std::vector<std::unique_ptr<VolumeSite>> sites_;  // one per volume
   std::unique_ptr<NbdServer> nbd_;
