@@ -82,17 +82,15 @@ std::array<uint8_t, 16> VolumeUuid(const std::string& name) {
 Sender::Sender(CaptureDevice* device, SenderOptions opts, repl::ReplicationSender* shared, ResyncDriver* driver)
     : dev_(device),
       opts_(std::move(opts)),
-      own_link_(shared == nullptr ? std::make_unique<repl::ReplicationSender>(LinkOptions(WithClock(opts_)))
-                                  : nullptr),
+      own_link_(shared == nullptr ? std::make_unique<repl::ReplicationSender>(LinkOptions(WithClock(opts_))) : nullptr),
       link_(shared == nullptr ? own_link_.get() : shared),
       driver_(driver) {
   WithClock(opts_);
   generation_.store(opts_.generation);
   stream_ = link_->AddStream(this);
   opts_.resync.clock = opts_.clock;
-  resync_engine_ = std::make_unique<Resync>(
-      dev_, opts_.resync,
-      [this](const proto::HashRequest& r, Resync::HashCallback done) {
+  resync_engine_ =
+      std::make_unique<Resync>(dev_, opts_.resync, [this](const proto::HashRequest& r, Resync::HashCallback done) {
         if (driver_ == nullptr) return link_->HashAsync(stream_, r, std::move(done));
         link_->HashAsync(stream_, r, [d = driver_, done = std::move(done)](Result<proto::HashResponse> resp) {
           done(std::move(resp));

@@ -106,8 +106,8 @@ bool AllVolumes(Cluster& c, int n, bool want_applied, std::string* why) {
   for (const auto& v : a->at("volumes").as_array()) {
     const std::string name(v.at("name").as_string());
     const auto it = applied.find(name);
-    bool good = v.at("connected").as_bool() && json::value_to<uint64_t>(v.at("resync_remaining")) == 0 &&
-                it != applied.end();
+    bool good =
+        v.at("connected").as_bool() && json::value_to<uint64_t>(v.at("resync_remaining")) == 0 && it != applied.end();
     if (good && want_applied) {
       good = json::value_to<uint64_t>(v.at("queue_records")) == 0 &&
              it->second == json::value_to<uint64_t>(v.at("next_seq")) - 1;
@@ -148,10 +148,10 @@ void RunVolumes(int n, Sample* rest, Sample* peak) {
     const std::string uri = "nbd+unix:///" + Name(i) + "?socket=" + socket;
     const std::string pattern = std::to_string(1 + i % 250);
     const std::string off = std::to_string((uint64_t(i) * 192 * 1024) % (kVolumeSize - (1 << 20)));
-    auto r = RunCommand({"qemu-io", "-f", "raw", uri, "-c", "write -P " + pattern + " " + off + " 256k", "-c",
-                         "write -P " + std::to_string(255 - i % 250) + " 7M 64k", "-c", "write -z 1M 64k", "-c",
-                         "flush"},
-                        60000);
+    auto r =
+        RunCommand({"qemu-io", "-f", "raw", uri, "-c", "write -P " + pattern + " " + off + " 256k", "-c",
+                    "write -P " + std::to_string(255 - i % 250) + " 7M 64k", "-c", "write -z 1M 64k", "-c", "flush"},
+                   60000);
     INFO(Name(i) << ": " << r.output);
     REQUIRE(r.exit_code == 0);
   }
@@ -193,9 +193,9 @@ TEST_CASE("many volumes through one PS and one MT - replicas equal, threads boun
                                         << many_rest.mt.threads << ", peak " << many_peak.agent.threads << "/"
                                         << many_peak.ps.threads << "/" << many_peak.mt.threads);
   INFO("fds agent/PS/MT: 1 volume " << one_rest.agent.fds << "/" << one_rest.ps.fds << "/" << one_rest.mt.fds << ", "
-                                    << kVolumes << " volumes at rest " << many_rest.agent.fds << "/"
-                                    << many_rest.ps.fds << "/" << many_rest.mt.fds << ", peak " << many_peak.agent.fds
-                                    << "/" << many_peak.ps.fds << "/" << many_peak.mt.fds);
+                                    << kVolumes << " volumes at rest " << many_rest.agent.fds << "/" << many_rest.ps.fds
+                                    << "/" << many_rest.mt.fds << ", peak " << many_peak.agent.fds << "/"
+                                    << many_peak.ps.fds << "/" << many_peak.mt.fds);
   for (const Sample* s : {&many_rest, &many_peak}) {
     CHECK(s->ps.threads <= one_rest.ps.threads + kPsConnections - 1);
     CHECK(s->mt.threads <= one_rest.mt.threads);
