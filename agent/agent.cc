@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <charconv>
 #include <chrono>
@@ -139,11 +140,23 @@ Status Agent::Start() {
     } else {
       log::Get("agent")->warn("tls = off: writes reach the process server in clear text");
     }
+    size_t shared = 0;  // volumes on the shared links
+    for (const auto& v : opts_.volumes) shared += v.frame_bytes == 0 ? 1 : 0;
+    const size_t links = std::min(shared, size_t(std::max(1, opts_.ps_connections)));
+    for (size_t l = 0; l < links; ++l) links_.push_back(NewPsLink(opts_.sender));
+    resync_driver_ = std::make_unique<ResyncDriver>(int(std::max<size_t>(1, links)));
+    size_t next_link = 0;
     for (size_t i = 0; i < devices_.size(); ++i) {
       SenderOptions so = opts_.sender;
       so.generation = sites_[i]->state.generation;
-      if (opts_.volumes[i].frame_bytes != 0) so.batch_bytes = opts_.volumes[i].frame_bytes;
-      senders_.push_back(std::make_unique<Sender>(devices_[i].get(), so));
+      repl::ReplicationSender* link = nullptr;
+      if (opts_.volumes[i].frame_bytes != 0) {
+        so.batch_bytes = opts_.volumes[i].frame_bytes;
+      } else {
+        link = links_[next_link++ % links].get();
+      }
+      senders_.push_back(std::make_unique<Sender>(devices_[i].get(), so, link, resync_driver_.get()));
+      resync_driver_->Add(senders_.back().get());
     }
   }
   for (size_t i = 0; i < devices_.size(); ++i) RegisterMetrics(i);
@@ -158,6 +171,8 @@ Status Agent::Start() {
     if (!tokens.ok()) {
       nbd_.reset();
       senders_.clear();
+      links_.clear();
+      resync_driver_.reset();
       devices_.clear();
       return tokens.status();
     }
@@ -195,6 +210,8 @@ Status Agent::Start() {
       http_.reset();
       nbd_.reset();
       senders_.clear();
+      links_.clear();
+      resync_driver_.reset();
       devices_.clear();
       return s.WithContext("control server");
     }
@@ -205,10 +222,14 @@ Status Agent::Start() {
     http_.reset();
     nbd_.reset();
     senders_.clear();
+    links_.clear();
+    resync_driver_.reset();
     devices_.clear();
     return s.WithContext("NBD server");
   }
   for (auto& s : senders_) s->Start();
+  for (auto& l : links_) l->Start();
+  if (resync_driver_) resync_driver_->Start();
   started_ = true;
   log::Get("agent")->info("agent started: {} volume(s), NBD port {} unix '{}', control port {}", devices_.size(),
                           nbd_->port(), opts_.nbd.unix_path, control_port());
@@ -222,6 +243,8 @@ Status Agent::ReloadTls() {
 
 void Agent::Stop() {
   if (nbd_) nbd_->Stop();
+  for (auto& l : links_) l->Stop();  // fails the pending hash requests of every volume
+  if (resync_driver_) resync_driver_->Stop();
   for (auto& s : senders_) s->Stop();
   if (http_) http_->Stop();
   for (auto& d : devices_) {

@@ -77,6 +77,11 @@ struct AgentOptions {
   uint64_t budget = 64ull << 20;   // per volume
   uint32_t region_size = 1u << 20;
   SenderOptions sender;          // PS address, tenant, secret, batching
+  // Connections to the process server, at most: the volumes are spread over
+  // them (volume i on link i % n), each link one connection carrying many
+  // volumes' streams, so the agent's and the PS's threads and sockets do not
+  // grow per volume. A volume with its own frame_bytes has a link of its own.
+  int ps_connections = 4;
   std::string key_file;          // the tenant key file (cdpctl keys init): required by encrypted volumes
   bool sender_enabled = true;    // false: capture only (benchmarks of the tap alone)
   HostPort control{"127.0.0.1", 9100};  // HTTP server; port 0 = ephemeral, off() = none
@@ -196,6 +201,12 @@ class Agent {
   metrics::Registry registry_;
   std::vector<std::shared_ptr<CaptureDevice>> devices_;
   std::unique_ptr<TlsCredentials> tls_;  // null with tls off; outlives the senders
+  // Shared links to the PS (AgentOptions::ps_connections); outlive the senders,
+  // stopped before them.
+  std::vector<std::unique_ptr<repl::ReplicationSender>> links_;
+  // Runs every volume's resync (one thread per link, not per volume); stopped
+  // after the links, before the senders.
+  std::unique_ptr<ResyncDriver> resync_driver_;
   std::vector<std::unique_ptr<Sender>> senders_;
   std::vector<std::unique_ptr<VolumeSite>> sites_;  // one per volume
   std::unique_ptr<NbdServer> nbd_;

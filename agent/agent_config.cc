@@ -42,6 +42,8 @@ po::options_description AgentConfigDescription() {
       ("bitmap_dir", value<std::string>()->default_value("/var/lib/opencdp/agent"), "directory of the dirty bitmaps")
       ("batch_bytes", value<ByteSize>()->default_value(ByteSize{4u << 20}), "data bytes per write batch")
       ("max_inflight", value<int>()->default_value(4), "write batches in flight")
+      ("ps_connections", value<int>()->default_value(4),
+       "connections to the process server at most (1..64); the volumes are spread over them")
       ("resync_fill_target", value<ByteSize>()->default_value(ByteSize{8u << 20}),
        "resync data queued, not yet acknowledged (at most budget/2: the rest is for live writes)")
       ("resync_max_rate", value<ByteSize>()->default_value(ByteSize{0}), "resync bytes per second (0 = no cap)")
@@ -183,6 +185,9 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   }
   ao.sender.batch_bytes = std::max<uint64_t>(4096, vm["batch_bytes"].as<ByteSize>().bytes);
   ao.sender.max_inflight = std::max(1, vm["max_inflight"].as<int>());
+  ao.ps_connections = vm["ps_connections"].as<int>();
+  if (ao.ps_connections < 1 || ao.ps_connections > 64)
+    return Status::InvalidArgument("'ps_connections' must be 1..64, not " + std::to_string(ao.ps_connections));
   ao.sender.resync.fill_target = vm["resync_fill_target"].as<ByteSize>().bytes;
   if (ao.sender.resync.fill_target < 65536 || ao.sender.resync.fill_target > ao.budget / 2) {
     return Status::InvalidArgument("resync_fill_target must be 64KiB..budget/2 (" + std::to_string(ao.budget / 2) +

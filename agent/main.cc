@@ -18,6 +18,7 @@ int Fail(const std::string& msg) {
 
 int main(int argc, char** argv) {
   cdp::StopSignals signals;
+  cdp::RaiseOpenFileLimit();  // descriptors grow with volumes (common/daemon.h)
   cdp::ConfigOptions co;
   co.program = "cdp-agent";
   co.summary = "OpenCDP agent: NBD capture tap with write-order capture, dirty bitmap and resync";

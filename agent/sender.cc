@@ -46,6 +46,10 @@ const SenderOptions& WithClock(SenderOptions& o) {
 
 }  // namespace
 
+std::unique_ptr<repl::ReplicationSender> NewPsLink(SenderOptions opts) {
+  return std::make_unique<repl::ReplicationSender>(LinkOptions(WithClock(opts)));
+}
+
 // Seals one record of a sealed volume (common/seal.h) in place: data becomes
 // kSealed (the stored blocks, then their MACs), zero and trim kSealedZero (the
 // MACs of the zero blocks); flushes and tags stay as they are.
@@ -75,14 +79,24 @@ std::array<uint8_t, 16> VolumeUuid(const std::string& name) {
   return u;
 }
 
-Sender::Sender(CaptureDevice* device, SenderOptions opts)
-    : dev_(device), opts_(std::move(opts)), link_(LinkOptions(WithClock(opts_))) {
+Sender::Sender(CaptureDevice* device, SenderOptions opts, repl::ReplicationSender* shared, ResyncDriver* driver)
+    : dev_(device),
+      opts_(std::move(opts)),
+      own_link_(shared == nullptr ? std::make_unique<repl::ReplicationSender>(LinkOptions(WithClock(opts_))) : nullptr),
+      link_(shared == nullptr ? own_link_.get() : shared),
+      driver_(driver) {
+  WithClock(opts_);
   generation_.store(opts_.generation);
-  stream_ = link_.AddStream(this);
+  stream_ = link_->AddStream(this);
   opts_.resync.clock = opts_.clock;
-  resync_engine_ = std::make_unique<Resync>(
-      dev_, opts_.resync,
-      [this](const proto::HashRequest& r, Resync::HashCallback done) { link_.HashAsync(stream_, r, std::move(done)); });
+  resync_engine_ =
+      std::make_unique<Resync>(dev_, opts_.resync, [this](const proto::HashRequest& r, Resync::HashCallback done) {
+        if (driver_ == nullptr) return link_->HashAsync(stream_, r, std::move(done));
+        link_->HashAsync(stream_, r, [d = driver_, done = std::move(done)](Result<proto::HashResponse> resp) {
+          done(std::move(resp));
+          d->Wake();
+        });
+      });
 }
 
 // A stopped sender no longer touches the device (Stop() removed the queue's
@@ -90,29 +104,36 @@ Sender::Sender(CaptureDevice* device, SenderOptions opts)
 Sender::~Sender() { Stop(); }
 
 void Sender::Start() {
-  if (resync_.joinable()) return;
+  if (started_) return;
+  started_ = true;
   stop_ = false;
-  dev_->queue().SetOnAppend([this] { link_.Notify(); });
-  link_.Start();
-  resync_ = std::thread([this] { ResyncLoop(); });
+  dev_->queue().SetOnAppend([this] { link_->Notify(); });
+  if (own_link_) own_link_->Start();
+  if (driver_ == nullptr) resync_ = std::thread([this] { ResyncLoop(); });
 }
 
 void Sender::Stop() {
-  if (!resync_.joinable()) return;  // idempotent; touches nothing once stopped
+  if (!started_) return;  // idempotent; touches nothing once stopped
+  started_ = false;
   {
     std::lock_guard lk(stop_mu_);
     stop_ = true;
   }
   stop_cv_.notify_all();
-  link_.Stop();  // fails the pending hash requests
-  resync_.join();
+  // Fails the pending hash requests.
+  if (own_link_) {
+    own_link_->Stop();
+  } else {
+    link_->RemoveStream(stream_);
+  }
+  if (resync_.joinable()) resync_.join();
   resync_engine_->Abort();
   dev_->queue().SetOnAppend({});
   Checkpoint(true);
 }
 
 SenderStats Sender::Stats() const {
-  const repl::LinkStats ls = link_.Stats();
+  const repl::LinkStats ls = link_->Stats();
   CaptureQueue& q = dev_->queue();
   std::vector<QueuedRecord> oldest;
   const bool pending = q.Peek(q.acked_seq() + 1, 1, 1, &oldest);
@@ -251,7 +272,7 @@ Status Sender::StartGeneration(uint64_t gen, bool equal) {
                           equal ? "the source equals the replica; replication resumes without a resync"
                                 : "every region is compared with the replica");
   // The stream is fenced under the old generation: a new connection opens the new one.
-  link_.Reconnect();
+  link_->Reconnect();
   return Status::OK();
 }
 
@@ -277,27 +298,84 @@ void Sender::Checkpoint(bool force) {
   }
 }
 
+bool Sender::ResyncTick(bool* idle) {
+  Checkpoint(false);
+  {
+    std::lock_guard lk(mu_);
+    resync_engine_->SetFloor(floor_);
+  }
+  // Hash requests need the volume open on the current connection.
+  const bool open = link_->WaitOpened(stream_, 0ms).ok();
+  Result<bool> progressed = open ? resync_engine_->Step() : Result<bool>(false);
+  if (!progressed.ok() && !stop_) {
+    log::Get("agent")->warn("{} resync: {}", log::Where{dev_->volume(), opts_.ps.host, 0},
+                            resync_engine_->Stats().last_error);
+  }
+  *idle = resync_engine_->Idle();
+  return progressed.ok() && *progressed;
+}
+
 void Sender::ResyncLoop() {
   while (!stop_) {
-    Checkpoint(false);
-    {
-      std::lock_guard lk(mu_);
-      resync_engine_->SetFloor(floor_);
-    }
-    // Hash requests need the volume open on the current connection.
-    const bool open = link_.WaitOpened(stream_, 0ms).ok();
-    Result<bool> progressed = open ? resync_engine_->Step() : Result<bool>(false);
-    if (!progressed.ok() && !stop_) {
-      log::Get("agent")->warn("{} resync: {}", log::Where{dev_->volume(), opts_.ps.host, 0},
-                              resync_engine_->Stats().last_error);
-    }
-    if (progressed.ok() && *progressed) continue;
-    if (resync_engine_->Idle()) {
+    bool idle = false;
+    if (ResyncTick(&idle)) continue;
+    if (idle) {
       std::unique_lock lk(stop_mu_);
       stop_cv_.wait_for(lk, 50ms, [&] { return stop_.load(); });
     } else {
       resync_engine_->Wait(10ms);
     }
+  }
+}
+
+// ---- ResyncDriver ----
+
+void ResyncDriver::Start() {
+  if (!running_.empty()) return;
+  {
+    std::lock_guard lk(mu_);
+    stop_ = false;
+  }
+  const size_t n = std::min(threads_, std::max<size_t>(1, senders_.size()));
+  for (size_t t = 0; t < n; ++t) running_.emplace_back([this, t, n] { Loop(t, n); });
+}
+
+void ResyncDriver::Stop() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : running_) t.join();
+  running_.clear();
+}
+
+void ResyncDriver::Wake() {
+  {
+    std::lock_guard lk(mu_);
+    ++wakes_;
+  }
+  cv_.notify_all();
+}
+
+void ResyncDriver::Loop(size_t t, size_t n) {
+  for (;;) {
+    uint64_t seen = 0;
+    {
+      std::lock_guard lk(mu_);
+      if (stop_) return;
+      seen = wakes_;
+    }
+    bool progressed = false;
+    bool all_idle = true;
+    for (size_t i = t; i < senders_.size(); i += n) {
+      bool idle = false;
+      progressed = senders_[i]->ResyncTick(&idle) || progressed;
+      all_idle = all_idle && idle;
+    }
+    if (progressed) continue;
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, all_idle ? 50ms : 10ms, [&] { return stop_ || wakes_ != seen; });
   }
 }
 

@@ -4,7 +4,10 @@
 // Shipping is the one replication sender (common/replication_sender.h: its
 // header draws the connect / open / resume / window / gap / busy / heartbeat /
 // backoff state machine); this class is its RecordSource for the capture
-// queue, plus the resync thread:
+// queue, plus the resync thread. The link is the sender's own, or one shared
+// with other volumes of the agent (Agent: `ps_connections` links for all its
+// volumes, so connections and their threads do not grow per volume; the
+// volume is then one stream of that link):
 //
 //   RecordSource over the CaptureQueue:
 //     Resume(D)   CaptureQueue::Resume(D); outside our window on a later
@@ -19,11 +22,19 @@
 //   resync thread: agent/resync.h (block-level compare through the sender:
 //     PS -> MT, many requests in flight, rate-controlled shipping); every
 //     checkpoint_interval: DirtyBitmap::Checkpoint (clears acked regions,
-//     saves the resync cursor).
+//     saves the resync cursor). The sender's own thread, or a ResyncDriver
+//     thread shared with other volumes (the Agent's: threads do not grow per
+//     volume).
+//
+// ResyncDriver: `threads` threads, thread t driving the resync rounds and
+// checkpoints of senders t, t + threads, ...: each pass gives every one of
+// its senders one round; when none progressed it waits for a hash answer of
+// any of them (Wake), at most 10 ms while one has work, 50 ms when all idle.
 //
 // Thread safety: Start/Stop from the owner; Stats() from any thread.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -97,23 +108,65 @@ Status SealRecord(const seal::BlockSealer& sealer, proto::Record* r);
 // The volume's uuid as its VolumeOpen announces it: XXH3-128 of the name.
 std::array<uint8_t, 16> VolumeUuid(const std::string& name);
 
+// A link to the process server for one or more volumes (Sender's shared
+// link), made with `opts`' address, credentials, batching and timeouts.
+std::unique_ptr<repl::ReplicationSender> NewPsLink(SenderOptions opts);
+
+class Sender;
+
+// Thread safety: Add before Start; Start/Stop from the owner; Wake from any thread.
+class ResyncDriver {
+ public:
+  explicit ResyncDriver(int threads) : threads_(size_t(std::max(1, threads))) {}
+  ~ResyncDriver() { Stop(); }
+  ResyncDriver(const ResyncDriver&) = delete;
+  ResyncDriver& operator=(const ResyncDriver&) = delete;
+
+  // `sender` (made with this driver) must outlive the driver's threads.
+  void Add(Sender* sender) { senders_.push_back(sender); }
+  void Start();
+  // Joins the threads: no sender is driven once it returns. Idempotent.
+  void Stop();
+  // Something to do (a hash answer arrived): waiting threads go round at once.
+  void Wake();
+
+ private:
+  void Loop(size_t t, size_t n);  // thread t of n
+
+  const size_t threads_;
+  std::vector<Sender*> senders_;
+  std::vector<std::thread> running_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t wakes_ = 0;
+  bool stop_ = false;
+};
+
 class Sender final : private repl::RecordSource {
  public:
-  // `device` must outlive the sender.
-  Sender(CaptureDevice* device, SenderOptions opts);
+  // `device` must outlive the sender. `shared` (may be null: the sender makes
+  // and owns its link) is a link made by NewPsLink that this volume's stream
+  // joins; it must outlive the sender, and its owner starts and stops it
+  // (stopping it before Stop() here, so that pending hash calls fail).
+  // `driver` (may be null: the sender runs its own resync thread) runs the
+  // resync; the caller Add()s the sender to it, and stops it before Stop().
+  Sender(CaptureDevice* device, SenderOptions opts, repl::ReplicationSender* shared = nullptr,
+         ResyncDriver* driver = nullptr);
   ~Sender() override;  // Stop()s
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
 
   void Start();
-  // Stops the threads; queued records stay in memory (and in the bitmap).
+  // Stops the threads (an own link; a shared one loses this volume's stream);
+  // queued records stay in memory (and in the bitmap).
   void Stop();
   SenderStats Stats() const;
   // Re-protect after a failback (Agent::Reprotect): from the next connection
   // the volume is opened as generation `gen`, and the queue and the bitmap
   // start empty (CaptureQueue::Reset, DirtyBitmap::ForgetAll, persisted):
   // the source equals the replica, so nothing is compared or shipped again.
-  // The connection is dropped, so that the next one opens the new generation.
+  // The connection is dropped, so that the next one opens the new generation
+  // (a shared link's other volumes reopen too, resuming where they were).
   // equal = false (re-protect after a rollback at the master target): the
   // queue starts empty as well, but every region is compared again.
   Status StartGeneration(uint64_t gen, bool equal);
@@ -129,14 +182,21 @@ class Sender final : private repl::RecordSource {
   void Stalled(const Status& why) override;
   void Fenced(const std::string& message) override;
 
+  friend class ResyncDriver;
   void ResyncLoop();
+  // One resync round and the periodic checkpoint: true if it progressed;
+  // *idle: the resync has nothing flagged or in flight.
+  bool ResyncTick(bool* idle);
   void Checkpoint(bool force);
 
   CaptureDevice* dev_;
   SenderOptions opts_;
-  repl::ReplicationSender link_;
+  std::unique_ptr<repl::ReplicationSender> own_link_;  // null with a shared link
+  repl::ReplicationSender* link_;                      // own_link_ or the shared one
   repl::ReplicationSender::StreamId stream_ = 0;
-  std::thread resync_;
+  ResyncDriver* const driver_;
+  std::thread resync_;  // without a driver
+  bool started_ = false;
   std::atomic<bool> stop_{false};
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

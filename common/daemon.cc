@@ -1,5 +1,7 @@
 #include "common/daemon.h"
 
+#include <sys/resource.h>
+
 #include <csignal>
 
 #include "common/protocol.h"
@@ -13,6 +15,17 @@ StopSignals::StopSignals() {
   sigaddset(&set_, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set_, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+}
+
+uint64_t RaiseOpenFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 0;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  return uint64_t(lim.rlim_cur);
 }
 
 int StopSignals::Wait(const std::function<void()>& on_hup) {

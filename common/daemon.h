@@ -31,6 +31,15 @@ class StopSignals {
   sigset_t set_;
 };
 
+// Raises this process's soft limit on open descriptors (RLIMIT_NOFILE) to
+// its hard limit. Descriptors grow with volumes where a volume's files stay
+// open (the master target holds about 8 per volume: docs/benchmarks.md, "100
+// volumes"), so a 1024 soft limit would stop a master target started by hand
+// at about 120 volumes; the systemd units set LimitNOFILE=65536. Returns the
+// soft limit in force afterwards (unchanged when it could not be raised, or
+// when it is already the hard limit).
+uint64_t RaiseOpenFileLimit();
+
 // The caps on a daemon's peer connections (common/listener.h), from the config
 // keys `max_connections` (all peers) and `max_connections_per_peer` (one IP
 // address), both 1..65536; AddConnectionCapOptions declares them.

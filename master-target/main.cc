@@ -17,6 +17,7 @@ int Fail(const std::string& msg) {
 
 int main(int argc, char** argv) {
   cdp::StopSignals signals;
+  cdp::RaiseOpenFileLimit();  // descriptors grow with volumes (common/daemon.h)
   cdp::ConfigOptions co;
   co.program = "cdp-master-target";
   co.summary = "OpenCDP master target: applies replicated writes behind an undo journal";

@@ -260,9 +260,12 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
     // master target hashes, and many requests may be outstanding (capped).
     {
       std::lock_guard<std::mutex> l(relays->mu);
-      if (relays->outstanding >= kMaxHashesInFlight) {
+      // The cap grows with the volumes open here: an agent carries many volumes
+      // on one connection, each resyncing with its own requests in flight.
+      const int cap = kMaxHashesInFlight * int(std::max<size_t>(1, handles.size()));
+      if (relays->outstanding >= cap) {
         log->warn("{} more than {} hash requests outstanding: refused", log::Where{it->second->key(), ch.peer(), 0},
-                  kMaxHashesInFlight);
+                  cap);
         return ch.Send(failed);
       }
       ++relays->outstanding;

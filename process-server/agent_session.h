@@ -44,7 +44,7 @@
 //     is closed within a second, so that the agent reopens the volume at once.
 //  4. HashRequest{volume_id, request_id, ...}: forwarded to the MT without
 //     waiting (batches keep flowing; at most kMaxHashesInFlight outstanding
-//     per connection); its HashResponse is relayed back with the agent's
+//     per volume open on the connection); its HashResponse is relayed back with the agent's
 //     volume_id and request_id (resync, verify). MT unreachable, the MT
 //     connection lost, or too many outstanding -> HashResponse{kFailed}.
 //  5. Heartbeat{sent_us}: answered with Heartbeat{now, echo_us = sent_us}.

@@ -12,6 +12,7 @@
 
 int main(int argc, char** argv) {
   cdp::StopSignals signals;
+  cdp::RaiseOpenFileLimit();  // descriptors grow with volumes (common/daemon.h)
 
   try {
     cdp::ConfigOptions co;

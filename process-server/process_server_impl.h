@@ -124,7 +124,7 @@ struct ProcessServer::Impl {
     bool closing = false;
     std::thread replier;  // started with the first failback request
   };
-  static constexpr int kMaxHashesInFlight = 256;   // per agent connection
+  static constexpr int kMaxHashesInFlight = 256;   // per volume open on an agent connection
   static constexpr int kMaxFailbackInFlight = 8;   // per agent connection (a pull answer is up to a frame)
 
   // Relays an agent's FailbackPlanRequest or PullRequest to the volume's MT

@@ -75,6 +75,10 @@ TEST_CASE("agent config: every bad value names its key", "[config]") {
   CHECK(Error(env.get(), base + "budget = 16MiB\nresync_fill_target = 9MiB\n") ==
         "resync_fill_target must be 64KiB..budget/2 (8388608 bytes)");
   CHECK(Error(env.get(), base + "resync_requests = 0\n") == "resync_requests must be 1..128");
+  CHECK(Error(env.get(), base + "ps_connections = 0\n") == "'ps_connections' must be 1..64, not 0");
+  CHECK(Error(env.get(), base + "ps_connections = 65\n") == "'ps_connections' must be 1..64, not 65");
+  CHECK(Load(env.get(), base)->ps_connections == 4);
+  CHECK(Load(env.get(), base + "ps_connections = 1\n")->ps_connections == 1);
   CHECK(Error(env.get(), "volume = db=/dev/vdb\n") ==
         "tenant and secret (or secret_file) are required unless capture_only = true");
   CHECK(Load(env.get(), base + "secret_file = /missing\n").status().code() == cdp::Code::kNotFound);

@@ -196,6 +196,48 @@ TEST_CASE("a tag lands in every volume at one point, around the freeze hook", "[
   agent.Stop();
 }
 
+TEST_CASE("the volumes share ps_connections links, a volume with its own frame size has its own", "[agent][links]") {
+  ScratchDir dir;
+  auto env = cdp::NewMemEnv();
+  const uint64_t size = 4 * kMiB;
+  TestPeer peer("t1", "s3cret", size);
+  AgentOptions ao = BaseOptions(env.get(), dir.path(), peer.port());
+  ao.bitmap_dir = "/v/bm";
+  ao.ps_connections = 2;
+  constexpr int kVolumes = 7;
+  for (int i = 0; i < kVolumes; ++i) {
+    const std::string name = "v" + std::to_string(i);
+    MakeFile(env.get(), "/v/" + name + ".img", size);
+    ao.volumes.push_back({name, "/v/" + name + ".img", ""});
+  }
+  ao.volumes.back().frame_bytes = 64 * 1024;  // its own link
+  Agent agent(ao);
+  REQUIRE(agent.Start().ok());
+  auto all_drained = [&] {
+    for (int i = 0; i < kVolumes; ++i)
+      if (!Drained(agent, size_t(i), peer, "v" + std::to_string(i))) return false;
+    return true;
+  };
+  REQUIRE(WaitUntil(all_drained));
+  for (int i = 0; i < kVolumes; ++i) {
+    cdp::Bytes data(64 * 1024, uint8_t(i + 1));
+    REQUIRE(agent.device(size_t(i))->Write(uint64_t(i) * 128 * 1024, data, false).ok());
+    REQUIRE(agent.device(size_t(i))->Write(size - data.size(), data, true).ok());
+  }
+  REQUIRE(WaitUntil(all_drained));
+  for (int i = 0; i < kVolumes; ++i) {
+    const std::string name = "v" + std::to_string(i);
+    auto src = cdp::ReadWholeFile(env.get(), "/v/" + name + ".img");
+    REQUIRE(src.ok());
+    INFO(name);
+    REQUIRE(peer.Image(name) == *src);
+  }
+  // Two shared connections for six volumes, one for the volume with its own frame size.
+  CHECK(peer.listener_stats().accepted == 3);
+  CHECK(peer.listener_stats().live == 3);
+  agent.Stop();
+}
+
 TEST_CASE("a failed or hung freeze hook aborts the tag and always thaws", "[agent][tag]") {
   ScratchDir dir;
   auto env = cdp::NewMemEnv();

@@ -51,6 +51,8 @@ class TestPeer {
   }
 
   uint16_t port() const { return port_; }
+  // Connections accepted (agent sessions) and live now.
+  ListenerStats listener_stats() const { return listener_->stats(); }
   void Pause() {
     std::lock_guard lk(mu_);
     paused_ = true;
@@ -281,7 +283,7 @@ class TestPeer {
         },
         std::chrono::milliseconds(5000));
     if (!who.ok()) return;
-    std::string vol;
+    std::map<uint32_t, std::string> handles;  // volume_id -> volume, on this connection
     while (!stop_) {
       {
         std::unique_lock lk(mu_);
@@ -292,24 +294,34 @@ class TestPeer {
         if (m.status().code() == Code::kBusy) continue;
         break;
       }
-      Status s = Handle(ch, *m, &vol);
+      Status s = Handle(ch, *m, &handles);
       if (!s.ok()) break;
     }
   }
 
-  Status Handle(FrameChannel& ch, const proto::Message& m, std::string* vol) {
+  // Many volumes may be open on one connection (an agent's shared link).
+  Status Handle(FrameChannel& ch, const proto::Message& m, std::map<uint32_t, std::string>* handles) {
     if (auto* vo = std::get_if<proto::VolumeOpen>(&m)) {
       std::lock_guard lk(mu_);
-      *vol = vo->name;
       last_generation_ = vo->generation;
       if (vo->generation < min_generation_)
         return ch.Send(proto::Nack{0, proto::NackReason::kWrongGeneration, 0, "failed over: test fence"});
-      if (vo->size != Vol(*vol).image.size()) return ch.Send(proto::Nack{0, proto::NackReason::kBadRecord, 0, "size"});
-      return ch.Send(proto::VolumeOpenReply{1, Vol(*vol).durable});
+      if (vo->size != Vol(vo->name).image.size())
+        return ch.Send(proto::Nack{0, proto::NackReason::kBadRecord, 0, "size"});
+      const uint32_t id = uint32_t(handles->size() + 1);
+      (*handles)[id] = vo->name;
+      return ch.Send(proto::VolumeOpenReply{id, Vol(vo->name).durable});
     }
     if (std::holds_alternative<proto::FailbackPlanRequest>(m) || std::holds_alternative<proto::PullRequest>(m))
       return HandleFailback(ch, m);
-    if (vol->empty()) return Status::InvalidArgument("no volume open");
+    if (handles->empty()) return Status::InvalidArgument("no volume open");
+    uint32_t volume_id = 0;
+    if (auto* wb = std::get_if<proto::WriteBatch>(&m)) volume_id = wb->volume_id;
+    if (auto* hr = std::get_if<proto::HashRequest>(&m)) volume_id = hr->volume_id;
+    const std::string* vol = nullptr;
+    if (auto it = handles->find(volume_id); it != handles->end()) vol = &it->second;
+    if (volume_id != 0 && vol == nullptr)
+      return ch.Send(proto::Nack{volume_id, proto::NackReason::kUnknownVolume, 0, "volume not open"});
     if (auto* wb = std::get_if<proto::WriteBatch>(&m)) {
       std::unique_lock lk(mu_);
       VolState& v = Vol(*vol);

@@ -18,6 +18,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/daemon.h"
 #include "common/listener.h"
 #include "common/metrics.h"
 #include "common/tests/test_util.h"
@@ -314,3 +315,19 @@ TEST_CASE("listener: bad endpoints are refused and leave nothing bound", "[liste
 }
 
 }  // namespace
+
+TEST_CASE("RaiseOpenFileLimit lifts the soft descriptor limit to the hard one", "[listener][daemon]") {
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  rlimit low = saved;
+  low.rlim_cur = std::min<rlim_t>(saved.rlim_max, 512);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  const uint64_t now = cdp::RaiseOpenFileLimit();
+  rlimit after{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &after) == 0);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  CHECK(after.rlim_cur == saved.rlim_max);
+  CHECK(now == uint64_t(saved.rlim_max));
+  CHECK(cdp::RaiseOpenFileLimit() == uint64_t(saved.rlim_max));  // already there: unchanged
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+}
