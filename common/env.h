@@ -114,8 +114,9 @@ class File {
     return Status::OK();
   }
   // > 0: the file bypasses the cache (OpenOptions::direct honoured) and
-  // every Read / Write range must be aligned to this many bytes (see above).
-  // 0 (default): any range.
+  // every Read / Write range must be aligned to this many bytes (see above);
+  // a Sync() of any handle of the same file makes its completed writes
+  // durable too (POSIX: fdatasync is per file). 0 (default): any range.
   virtual uint32_t DirectAlignment() const { return 0; }
 };
 

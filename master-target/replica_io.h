@@ -2,9 +2,10 @@
 // through two handles of it (issue #15, "random-write apply"):
 //
 //   direct   (OpenOptions::direct, File::DirectAlignment() = A > 0): the whole
-//            A-aligned blocks of every range, A-aligned buffers (a staging
-//            buffer of at most kStageBytes, for the length of one call), in batches (File::ReadBatch
-//            / WriteBatch: several requests in flight on the POSIX Env);
+//            A-aligned blocks of every range, through an A-aligned staging
+//            buffer (at most kStageBytes, for the length of one call), in
+//            batches (File::ReadBatch / WriteBatch: several requests in
+//            flight on the POSIX Env);
 //   buffered (the volume's replica_, which exports, digests, holes and undo
 //            also use): the unaligned head and tail of every range.
 //

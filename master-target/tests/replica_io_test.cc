@@ -145,43 +145,6 @@ TEST_CASE(
   REQUIRE(te.violations.load() == 0);
 }
 
-TEST_CASE("POSIX Env: a direct file takes buffers at any address and refuses unaligned ranges", "[replica_io][env]") {
-  TempDir tmp;
-  auto env = NewPosixEnv();
-  OpenOptions d;
-  d.direct = true;
-  d.create = true;
-  auto f = env->Open(tmp.Join("f"), d);
-  REQUIRE(f.ok());
-  REQUIRE((*f)->DirectAlignment() == 4096);
-  // A std::vector's bytes, one byte in: never 4 KiB-aligned (O_DIRECT alone would say EINVAL).
-  Bytes raw = RandomBytes(3 * 4096 + 1, 5);
-  ByteSpan data(raw.data() + 1, 3 * 4096);
-  REQUIRE((*f)->Write(8192, data).ok());
-  Bytes back(3 * 4096 + 1);
-  REQUIRE((*f)->Read(8192, 3 * 4096, back.data() + 1).ok());
-  REQUIRE(std::equal(data.begin(), data.end(), back.begin() + 1));
-  Status s = (*f)->Write(100, data);
-  REQUIRE(s.code() == Code::kInvalidArgument);
-  s = (*f)->Read(8192, 100, back.data());
-  REQUIRE(s.code() == Code::kInvalidArgument);
-  // Batches of many ops (run on the I/O threads) land and read back.
-  std::vector<Bytes> blocks;
-  std::vector<WriteOp> writes;
-  for (int i = 0; i < 64; ++i) blocks.push_back(RandomBytes(4096, uint64_t(100 + i)));
-  for (int i = 0; i < 64; ++i) writes.push_back(WriteOp{uint64_t(63 - i) * 4096, ByteSpan(blocks[size_t(i)])});
-  REQUIRE((*f)->WriteBatch(writes).ok());
-  REQUIRE(*(*f)->Size() == 64 * 4096);
-  std::vector<Bytes> got(64, Bytes(4096));
-  std::vector<ReadOp> reads;
-  for (int i = 0; i < 64; ++i) reads.push_back(ReadOp{uint64_t(63 - i) * 4096, 4096, got[size_t(i)].data()});
-  REQUIRE((*f)->ReadBatch(reads).ok());
-  for (int i = 0; i < 64; ++i) REQUIRE(got[size_t(i)] == blocks[size_t(i)]);
-  // A failing op is reported (reading past the end), the others still done.
-  reads.push_back(ReadOp{1u << 30, 4096, got[0].data()});
-  REQUIRE((*f)->ReadBatch(reads).code() == Code::kOutOfRange);
-}
-
 namespace {
 
 constexpr uint64_t kDirectVolSize = 1u << 20;
