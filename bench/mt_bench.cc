@@ -10,6 +10,16 @@
 //   proc r/w  /proc/self/io read_bytes / write_bytes deltas / change bytes
 //             (what reached the block layer, sqlite's WAL and index included;
 //             reads served by the page cache do not count there)
+//   RSS MiB   peak resident set during the apply (VmHWM, reset through
+//             /proc/self/clear_refs before it): the bench's own data included
+//             (the 64 MiB pool and the prebuilt records, change_mb)
+//   RSS +MiB  that peak minus the resident set just before the apply: what
+//             applying costs (buffers, I/O threads, sqlite's caches)
+//
+// --direct 1 (default) applies the replica's 4 KiB blocks through O_DIRECT in
+// batches with several requests in flight (VolumeOptions::replica_direct_io,
+// master-target/replica_io.h); --direct 0 is the buffered path of before
+// (one pread / pwrite at a time; issue #15), so both can be measured in one run.
 //
 // The replica is filled with random bytes first, so every undo record carries
 // data (the steady state; a write to a never-written area would cost only a
@@ -21,6 +31,7 @@
 //
 // Usage: mt_bench [--dir DIR] [--volume_mb N] [--change_mb N] [--batch_kb N]
 //                 [--workload random4k|seq1m|all] [--text_pct 0..100] [--zstd_level 0..19]
+//                 [--direct 0|1]
 #include <sys/resource.h>
 
 #include <atomic>
@@ -70,6 +81,15 @@ class CountingFile final : public FileWrapper {
     c_->written += d.size();
     return FileWrapper::Append(d);
   }
+  // Batches are forwarded whole, so that a direct file keeps its requests in flight.
+  Status ReadBatch(std::span<const ReadOp> ops) const override {
+    for (const ReadOp& op : ops) c_->read += op.n;
+    return base()->ReadBatch(ops);
+  }
+  Status WriteBatch(std::span<const WriteOp> ops) override {
+    for (const WriteOp& op : ops) c_->written += op.data.size();
+    return base()->WriteBatch(ops);
+  }
 
  private:
   Counts* c_;
@@ -103,6 +123,23 @@ ProcIo ReadProcIo() {
   return p;
 }
 
+// A field of /proc/self/status ("VmHWM:", "VmRSS:") in MiB.
+double StatusMiB(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const size_t k = std::strlen(key);
+  while (std::getline(f, line)) {
+    if (line.compare(0, k, key) == 0) return double(std::strtoull(line.c_str() + k, nullptr, 10)) / 1024.0;
+  }
+  return 0;
+}
+
+// Starts a new peak for VmHWM (Linux >= 4.0).
+void ResetPeakRss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+}
+
 double CpuSeconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -122,6 +159,7 @@ struct Config {
   std::string workload = "all";
   uint64_t text_pct = 0;  // of each 4 KiB of data: this share is text zstd shrinks, the rest random
   int zstd_level = 1;     // the journal's compression of old data (0 = none)
+  bool direct = true;     // VolumeOptions::replica_direct_io
 };
 
 void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
@@ -138,6 +176,7 @@ void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
   vo.dir = vdir;
   vo.index_path = vdir + "/index.db";
   vo.journal_zstd_level = cfg.zstd_level;
+  vo.replica_direct_io = cfg.direct;
   mt::VolumeIdentity id;
   id.name = "bench";
   id.size = vol_size;
@@ -194,6 +233,8 @@ void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
 
   counts.read = 0;
   counts.written = 0;
+  ResetPeakRss();
+  const double rss0 = StatusMiB("VmRSS:");
   ProcIo io0 = ReadProcIo();
   double cpu0 = CpuSeconds();
   auto t0 = std::chrono::steady_clock::now();
@@ -206,10 +247,12 @@ void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
   double cpu = CpuSeconds() - cpu0;
   ProcIo io1 = ReadProcIo();
   const double change = double(records) * rec_len;
-  std::printf("| %s | %" PRIu64 " KiB | %.0f | %.1f | %.3f | %.3f | %.3f | %.3f | %.2f |\n", workload.c_str(),
-              cfg.batch_kb, change / 1e6 / secs, cpu / (change / 1e9), double(counts.read.load()) / change,
-              double(counts.written.load()) / change, double(io1.read_bytes - io0.read_bytes) / change,
-              double(io1.write_bytes - io0.write_bytes) / change, secs);
+  const double peak = StatusMiB("VmHWM:");
+  std::printf("| %s | %s | %" PRIu64 " KiB | %.0f | %.1f | %.3f | %.3f | %.3f | %.3f | %.2f | %.0f | %.0f |\n",
+              workload.c_str(), cfg.direct ? "direct" : "buffered", cfg.batch_kb, change / 1e6 / secs,
+              cpu / (change / 1e9), double(counts.read.load()) / change, double(counts.written.load()) / change,
+              double(io1.read_bytes - io0.read_bytes) / change, double(io1.write_bytes - io0.write_bytes) / change,
+              secs, peak, peak - rss0);
   std::fflush(stdout);
   v->reset();
   std::filesystem::remove_all(vdir);
@@ -228,10 +271,11 @@ int main(int argc, char** argv) {
     else if (const char* v = val("workload")) cfg.workload = v;
     else if (const char* v = val("text_pct")) cfg.text_pct = std::strtoull(v, nullptr, 10);
     else if (const char* v = val("zstd_level")) cfg.zstd_level = std::atoi(v);
+    else if (const char* v = val("direct")) cfg.direct = std::atoi(v) != 0;
     else {
       std::fprintf(stderr,
                    "usage: mt_bench [--dir DIR] [--volume_mb N] [--change_mb N] [--batch_kb N] "
-                   "[--workload random4k|seq1m|all] [--text_pct 0..100] [--zstd_level 0..19]\n");
+                   "[--workload random4k|seq1m|all] [--text_pct 0..100] [--zstd_level 0..19] [--direct 0|1]\n");
       return 2;
     }
   }
@@ -257,8 +301,10 @@ int main(int argc, char** argv) {
   for (size_t b = 0; b + 4096 <= pool.size(); b += 4096) {
     for (size_t i = 0; i < text; ++i) pool[b + i] = uint8_t('a' + (pool[b + i] & 15));
   }
-  std::printf("| workload | batch | MB/s | CPU s/GB | read x | write x | proc read x | proc write x | seconds |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| workload | replica | batch | MB/s | CPU s/GB | read x | write x | proc read x | proc write x | seconds | "
+      "RSS MiB | RSS +MiB |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const char* w : {"random4k", "seq1m"}) {
     if (cfg.workload == "all" || cfg.workload == w) Run(cfg, w, pool);
   }

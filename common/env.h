@@ -18,10 +18,21 @@
 // Thread safety: an Env is safe to use from many threads. A File may be used
 // from several threads for Read/Write at distinct offsets; Append, Truncate and
 // Sync must not race with each other on the same File.
+//
+// Direct I/O: OpenOptions::direct asks the Env to bypass its cache (O_DIRECT).
+// A File opened so reports DirectAlignment() > 0, and then every Read, Write
+// (and their batches) must have its offset and length multiples of it; buffers
+// may have any address (the POSIX Env copies through an aligned one when they
+// are not aligned). An Env that ignores the option (MemEnv, FaultEnv) reports
+// 0: any range works. Linux keeps a direct and a buffered handle of one file
+// coherent (a direct write flushes and drops the cached pages of its range, a
+// direct read flushes them first) as long as no buffered write to the same
+// pages runs at the same time as a direct one; callers keep that order.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +49,19 @@ struct OpenOptions {
   bool read_only = false;
   bool direct = false;      // O_DIRECT where supported (ignored by MemEnv)
   uint32_t mode = 0644;     // permission bits of a file this Open creates (before umask; ignored by MemEnv)
+};
+
+// One read of a batch (File::ReadBatch): `n` bytes at `offset` into `buf`.
+struct ReadOp {
+  uint64_t offset = 0;
+  size_t n = 0;
+  uint8_t* buf = nullptr;
+};
+
+// One write of a batch (File::WriteBatch): `data` at `offset`.
+struct WriteOp {
+  uint64_t offset = 0;
+  ByteSpan data;
 };
 
 // An open file. Offsets are bytes. Closing happens in the destructor.
@@ -72,6 +96,28 @@ class File {
     return Size();
   }
   virtual const std::string& path() const = 0;
+
+  // Batches: every op of `ops` as Read / Write would do it, possibly several
+  // at once and in any order (the POSIX Env runs the ops of a direct file on
+  // a small pool of I/O threads, so a batch keeps the device's queue busy).
+  // The ops of one WriteBatch must not overlap (their order is not kept);
+  // a WriteBatch must not run at the same time as another write to the same
+  // bytes. OK when every op succeeded; otherwise the first failure (in op
+  // order), and any subset of the other ops may have been done. The buffers
+  // must stay live until the call returns. Default: one op after the other.
+  virtual Status ReadBatch(std::span<const ReadOp> ops) const {
+    for (const ReadOp& op : ops) CDP_RETURN_IF_ERROR(Read(op.offset, op.n, op.buf));
+    return Status::OK();
+  }
+  virtual Status WriteBatch(std::span<const WriteOp> ops) {
+    for (const WriteOp& op : ops) CDP_RETURN_IF_ERROR(Write(op.offset, op.data));
+    return Status::OK();
+  }
+  // > 0: the file bypasses the cache (OpenOptions::direct honoured) and
+  // every Read / Write range must be aligned to this many bytes (see above);
+  // a Sync() of any handle of the same file makes its completed writes
+  // durable too (POSIX: fdatasync is per file). 0 (default): any range.
+  virtual uint32_t DirectAlignment() const { return 0; }
 };
 
 class Env {

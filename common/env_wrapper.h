@@ -39,6 +39,10 @@ class FileWrapper : public File {
   Result<uint64_t> NextData(uint64_t offset) const override { return base_->NextData(offset); }
   Result<uint64_t> NextHole(uint64_t offset) const override { return base_->NextHole(offset); }
   const std::string& path() const override { return base_->path(); }
+  // ReadBatch / WriteBatch are not forwarded: File's defaults loop through
+  // this wrapper's Read / Write, so a filter that overrides those sees every
+  // op. A filter that only observes may forward the batches itself (base()).
+  uint32_t DirectAlignment() const override { return base_->DirectAlignment(); }
 
  protected:
   File* base() const { return base_.get(); }

@@ -95,6 +95,8 @@ struct MasterTargetOptions {
   // per tenant where it differs.
   int journal_zstd_level = 1;
   std::map<std::string, int> tenant_journal_zstd_level;
+  // VolumeOptions::replica_direct_io of every volume (config: replica_io).
+  bool replica_direct_io = true;
   uint64_t point_interval_us = 5'000'000;
   RetentionPolicy retention;
   // Per volume ("TENANT/VOLUME"): the oldest point kept, in place of

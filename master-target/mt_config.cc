@@ -31,6 +31,9 @@ po::options_description MasterTargetConfigDescription() {
        "zstd level (1..19) of old data in undo journals, 0 = none")
       ("tenant_journal_compression", po::value<std::vector<std::string>>()->composing(),
        "NAME:LEVEL, a tenant's own journal_compression (repeatable)")
+      ("replica_io", po::value<std::string>()->default_value("direct"),
+       "direct | buffered: apply reads and writes the replicas' 4 KiB blocks with O_DIRECT, several at once "
+       "(buffered: through the page cache, one at a time)")
       ("point_interval", po::value<Duration>()->default_value(Duration{5'000'000}),
        "at most one crash-consistent point per interval")
       ("retention.max_age", po::value<Duration>(), "keep points younger than this (unset: no age limit)")
@@ -137,6 +140,11 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
     }
   }
   o.segment_bytes = vm["segment_size"].as<ByteSize>().bytes;
+  const std::string replica_io = vm["replica_io"].as<std::string>();
+  if (replica_io != "direct" && replica_io != "buffered") {
+    return Status::InvalidArgument("'replica_io' must be direct or buffered, not '" + replica_io + "'");
+  }
+  o.replica_direct_io = replica_io == "direct";
   o.journal_zstd_level = vm["journal_compression"].as<int>();
   if (o.journal_zstd_level < 0 || o.journal_zstd_level > 19)
     return Status::InvalidArgument("journal_compression must be 0..19");

@@ -13,6 +13,7 @@ namespace {
 
 constexpr size_t kJournalFlushBytes = 8u << 20;  // encoded undo bytes buffered before an Append
 constexpr uint64_t kZeroChunk = 1u << 20;
+constexpr size_t kReadWindowBytes = 4u << 20;  // old data read in one ReplicaIo::Read (at least one chunk)
 
 // The bytes a batch's earlier records wrote, so that a later record in the same
 // batch journals the bytes it really overwrites. Non-overlapping extents;
@@ -43,6 +44,13 @@ class BatchOverlay {
       it = m_.erase(it);
     }
     m_[off] = Ext{end, data};
+  }
+
+  // Calls fn(offset, length, data) for every extent, ascending; data ==
+  // nullptr: zeros.
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (const auto& [off, e] : m_) fn(off, e.end - off, e.data);
   }
 
   void Patch(uint64_t off, uint64_t len, uint8_t* buf) const {
@@ -363,34 +371,74 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
     return Status::OK();
   };
 
-  // 1. Undo records: the bytes each write overwrites, in order.
-  for (size_t i = first; i < recs.size(); ++i) {
-    const proto::Record& r = recs[i];
-    if (!proto::IsWriteKind(r.kind)) continue;  // records are plain here (UnsealRecords)
-    change_bytes += r.length;
-    for (uint64_t done = 0; done < r.length;) {
-      uint32_t n = uint32_t(std::min<uint64_t>(kMaxUndoChunk, r.length - done));
-      uint64_t off = r.offset + done;
-      old.resize(n);
+  // 1. Undo records: the bytes each write overwrites, in order. The chunks
+  // of a window are read from the replica together (the replica does not
+  // change before step 4), then each gets the batch's earlier records laid
+  // over it, record by record.
+  struct Chunk {
+    size_t rec;  // index in recs
+    uint64_t off;
+    uint32_t n;
+    bool last;       // the record's last chunk
+    bool hole;       // the replica has no data there: zeros, not read
+    size_t buf_off;  // in `old`
+  };
+  std::vector<Chunk> chunks;
+  std::vector<ReadOp> reads;
+  size_t next_rec = first;
+  uint64_t next_done = 0;
+  while (next_rec < recs.size()) {
+    // Gather a window of chunks.
+    chunks.clear();
+    reads.clear();
+    size_t window = 0;
+    while (next_rec < recs.size()) {
+      const proto::Record& r = recs[next_rec];
+      if (!proto::IsWriteKind(r.kind)) {  // records are plain here (UnsealRecords)
+        ++next_rec;
+        continue;
+      }
+      const uint32_t n = uint32_t(std::min<uint64_t>(kMaxUndoChunk, r.length - next_done));
+      if (!chunks.empty() && window + n > kReadWindowBytes) break;
+      const uint64_t off = r.offset + next_done;
       // A hole of the replica reads as zeros without being read: an initial
       // sync onto a fresh replica reads nothing (reading a hole costs the
       // kernel a zeroed page-cache page per 4 KiB: most of the master
       // target's CPU in that case).
       CDP_ASSIGN_OR_RETURN(uint64_t data, replica_->NextData(off));
-      if (data >= off + n) {
-        std::fill(old.begin(), old.end(), uint8_t{0});
-      } else {
-        CDP_RETURN_IF_ERROR(replica_->Read(off, n, old.data()));
-        read_bytes += n;
+      next_done += n;
+      const bool last = next_done == r.length;
+      chunks.push_back(Chunk{next_rec, off, n, last, data >= off + n, window});
+      window += n;
+      if (last) {
+        ++next_rec;
+        next_done = 0;
       }
-      overlay.Patch(off, n, old.data());
-      size_t at = jbuf.size();
-      UndoKind kind = EncodeOldData(r.seq, off, wall, ByteSpan(old), o_.journal_zstd_level, &jbuf);
-      pend.push_back(Pending{UndoEntry{r.seq, off, n, kind, 0, 0, DecodeFixed32(jbuf.data() + at), wall}, at});
-      if (jbuf.size() >= kJournalFlushBytes) CDP_RETURN_IF_ERROR(flush_buf());
-      done += n;
     }
-    overlay.Insert(r.offset, r.length, r.kind == proto::RecordKind::kData ? r.data.data() : nullptr);
+    if (chunks.empty()) break;
+    old.resize(window);
+    for (const Chunk& c : chunks) {
+      if (c.hole) {
+        std::fill(old.begin() + c.buf_off, old.begin() + c.buf_off + c.n, uint8_t{0});
+      } else {
+        reads.push_back(ReadOp{c.off, c.n, old.data() + c.buf_off});
+        read_bytes += c.n;
+      }
+    }
+    CDP_RETURN_IF_ERROR(replica_io_->Read(reads));
+    for (const Chunk& c : chunks) {
+      const proto::Record& r = recs[c.rec];
+      uint8_t* buf = old.data() + c.buf_off;
+      overlay.Patch(c.off, c.n, buf);
+      size_t at = jbuf.size();
+      UndoKind kind = EncodeOldData(r.seq, c.off, wall, ByteSpan(buf, c.n), o_.journal_zstd_level, &jbuf);
+      pend.push_back(Pending{UndoEntry{r.seq, c.off, c.n, kind, 0, 0, DecodeFixed32(jbuf.data() + at), wall}, at});
+      if (jbuf.size() >= kJournalFlushBytes) CDP_RETURN_IF_ERROR(flush_buf());
+      if (c.last) {
+        change_bytes += r.length;
+        overlay.Insert(r.offset, r.length, r.kind == proto::RecordKind::kData ? r.data.data() : nullptr);
+      }
+    }
   }
   CDP_RETURN_IF_ERROR(flush_buf());
   // 2. Journal durable (sync point 1).
@@ -400,21 +448,29 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
     auto lk = LockIndexExclusive();
     for (const UndoEntry& e : added) undo_->Stage(e);
   }
-  // 4. The replica (sync point 2).
+  // 4. The replica (sync point 2): the batch's final image, `overlay`, as
+  // disjoint extents. Zeros first (holes punched), then every data extent in
+  // one batched write (replica_io.h).
   bool replica_dirty = false;
-  for (size_t i = first; i < recs.size(); ++i) {
-    const proto::Record& r = recs[i];
-    if (r.kind == proto::RecordKind::kData) {
-      if (Status ws = replica_->Write(r.offset, r.data); !ws.ok()) {
-        digests_->Forget(r.offset, r.data.size());  // the write may have landed in part
-        return ws;
-      }
-      digests_->Wrote(r.offset, r.data);
-      write_bytes += r.length;
-      replica_dirty = true;
-    } else if (proto::IsZeroKind(r.kind)) {
-      CDP_RETURN_IF_ERROR(ZeroReplica(r.offset, r.length));
-      replica_dirty = true;
+  std::vector<WriteOp> writes;
+  Status zs;
+  overlay.ForEach([&](uint64_t off, uint64_t len, const uint8_t* data) {
+    replica_dirty = true;
+    if (data) {
+      writes.push_back(WriteOp{off, ByteSpan(data, len)});
+    } else if (zs.ok()) {
+      zs = ZeroReplica(off, len);
+    }
+  });
+  CDP_RETURN_IF_ERROR(zs);
+  if (!writes.empty()) {
+    if (Status ws = replica_io_->Write(writes); !ws.ok()) {
+      for (const WriteOp& w : writes) digests_->Forget(w.offset, w.data.size());  // any may have landed in part
+      return ws;
+    }
+    for (const WriteOp& w : writes) {
+      digests_->Wrote(w.offset, w.data);
+      write_bytes += w.data.size();
     }
   }
   if (replica_dirty) CDP_RETURN_IF_ERROR(replica_->Sync());

@@ -5,6 +5,7 @@
 
 #include "common/block_digest.h"
 #include "common/hash.h"
+#include "common/log.h"
 #include "common/metrics.h"
 #include "common/sqlite.h"
 #include "master-target/replica_index.h"
@@ -97,6 +98,20 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
   CDP_ASSIGN_OR_RETURN(replica_, o_.env->Open(ReplicaPath(), ro));
   CDP_ASSIGN_OR_RETURN(uint64_t rsize, replica_->Size());
   if (rsize < DeviceSize(id_)) return Status::Corruption(ReplicaPath() + ": replica shorter than the volume");
+  std::unique_ptr<File> direct;
+  if (o_.replica_direct_io) {
+    OpenOptions d;
+    d.direct = true;
+    auto f = o_.env->Open(ReplicaPath(), d);
+    if (f.ok()) {
+      direct = std::move(*f);
+    } else {
+      log::Get("mt.volume")
+          ->warn("{} the replica cannot be opened with O_DIRECT ({}): apply uses buffered I/O",
+                 log::Where{id_.name, "", 0}, f.status().ToString());
+    }
+  }
+  replica_io_ = std::make_unique<ReplicaIo>(replica_.get(), std::move(direct));
   CDP_ASSIGN_OR_RETURN(digests_, DigestStore::Open(o_.env, DigestStorePath(), id_.uuid, id_.size));
   CDP_RETURN_IF_ERROR(RecoverUncommitted());
   CDP_RETURN_IF_ERROR(RebuildUndoIndex());

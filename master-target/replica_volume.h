@@ -10,13 +10,19 @@
 //     |
 //   for each write record, in order: read the old bytes (replica + the batch's
 //   earlier records; a hole of the replica is not read), encode undo records
-//   (<= 1 MiB each, all-zero -> no data)
+//   (<= 1 MiB each, all-zero -> no data). The replica reads of up to 4 MiB
+//   of records are issued together (ReplicaIo::Read), then the batch's
+//   earlier records are laid over them record by record
 //     |
 //   journal Append ... journal Sync (+ dir sync for a new segment)   -- sync point 1
 //     |
 //   undo index += the new records (exclusive lock: exports now see them)
 //     |
 //   replica Write / PunchHole ... replica Sync                       -- sync point 2
+//   (the batch's final image: its records laid over each other in order,
+//   as disjoint extents; zero extents punched first, then the data extents
+//   in one ReplicaIo::Write: unaligned heads and tails buffered, then the
+//   4 KiB blocks through O_DIRECT, several at once; see replica_io.h)
 //     |
 //   sqlite: applied seq, journal position, segments, new points      -- commit point
 //     |
@@ -104,8 +110,8 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
 #include "common/block_digest.h"
+#include "common/clock.h"
 #include "common/env.h"
 #include "common/protocol.h"
 #include "common/result.h"
@@ -113,6 +119,7 @@
 #include "common/status.h"
 #include "master-target/digest_store.h"
 #include "master-target/journal.h"
+#include "master-target/replica_io.h"
 #include "master-target/undo_index.h"
 
 namespace cdp::metrics {
@@ -227,6 +234,14 @@ struct VolumeOptions {
   // Old data goes into the undo journal zstd-compressed at this level when
   // that saves an eighth or more (0: never compressed). Per tenant at the MT.
   int journal_zstd_level = 1;
+  // Apply reads the old data and writes the new data of the replica's whole
+  // 4 KiB blocks through a second, O_DIRECT handle of the replica file, in
+  // batches with several requests in flight (master-target/replica_io.h;
+  // issue #15): no page-cache copy, no writeback of whole large folios per
+  // 4 KiB block. Unaligned heads and tails, exports, digests and undo go
+  // through the buffered handle. False, or an Env or file system that does
+  // not honour O_DIRECT (then logged once at open): buffered only, as before.
+  bool replica_direct_io = true;
   // A rollback undoes this many sequences at a time, newest first (its
   // memory: the undo index entries of one window).
   uint64_t rollback_window = 16384;
@@ -503,6 +518,7 @@ class ReplicaVolume {
 
   mutable std::mutex apply_mu_;  // serialises apply, rollback, retention, hashes
   std::unique_ptr<File> replica_;
+  std::unique_ptr<ReplicaIo> replica_io_;  // apply's batched I/O: replica_ + its direct handle
   std::unique_ptr<DigestStore> digests_;  // every write to replica_ goes through it
   std::unique_ptr<SegmentWriter> writer_;
   VolumeState state_ = VolumeState::kReplicating;  // apply_mu_ (+ meta_mu_ for readers)

@@ -60,6 +60,10 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
   CHECK(caps->max_journal_bytes_per_tenant == (10ull << 30));
   CHECK(o->journal_zstd_level == 1);
   CHECK(o->tenant_journal_zstd_level.empty());
+  CHECK(o->replica_direct_io);
+  auto buffered = Load(env.get(), "replica_io = buffered\n");
+  REQUIRE(buffered.ok());
+  CHECK_FALSE(buffered->replica_direct_io);
   auto z = Load(env.get(), "tenant = acme:a\ntenant = beta:b\njournal_compression = 3\n"
                            "tenant_journal_compression = beta:0\n");
   REQUIRE(z.ok());
@@ -86,6 +90,7 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
         "bad tenant_quota 'other:1G' (NAME:SIZE of a configured tenant)");
   CHECK(Error(env.get(), "max_connections = 0\n") == "'max_connections' must be 1..65536");
   CHECK(Error(env.get(), "journal_compression = 20\n") == "journal_compression must be 0..19");
+  CHECK(Error(env.get(), "replica_io = mmap\n") == "'replica_io' must be direct or buffered, not 'mmap'");
   CHECK(Error(env.get(), "tenant = acme:a\ntenant_journal_compression = acme:x\n") ==
         "bad tenant_journal_compression 'acme:x' (NAME:LEVEL of a configured tenant, level 0..19)");
   CHECK(Error(env.get(), "tenant = acme:a\ntenant_journal_compression = other:3\n") ==

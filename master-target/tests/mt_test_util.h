@@ -4,6 +4,7 @@
 // Thread safety: none; each test owns its helpers.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -14,12 +15,63 @@
 #include <vector>
 
 #include "common/coding.h"
+#include "common/env_wrapper.h"
 #include "common/protocol.h"
 #include "common/tests/test_util.h"
 
 namespace cdp::mt::testing {
 
 using TempDir = ::cdp::testing::ScratchDir;
+
+// A filter that honours OpenOptions::direct the way O_DIRECT does, over an
+// Env that ignores it (MemEnv, FaultEnv): a file opened direct reports
+// DirectAlignment() 4096 and refuses (kInvalidArgument, counted in
+// *violations) every Read / Write whose offset or length is not aligned, so
+// the direct code paths run, crash tests included, on in-memory files.
+// `base` and `violations` must outlive the Env.
+class StrictDirectEnv final : public EnvWrapper {
+ public:
+  static constexpr uint32_t kAlign = 4096;
+  StrictDirectEnv(Env* base, std::atomic<uint64_t>* violations) : EnvWrapper(base), violations_(violations) {}
+  Result<std::unique_ptr<File>> Open(const std::string& p, const OpenOptions& o) override {
+    CDP_ASSIGN_OR_RETURN(auto f, EnvWrapper::Open(p, o));
+    if (!o.direct) return f;
+    return std::unique_ptr<File>(new DirectFile(std::move(f), violations_));
+  }
+
+ private:
+  class DirectFile final : public FileWrapper {
+   public:
+    DirectFile(std::unique_ptr<File> f, std::atomic<uint64_t>* v) : FileWrapper(std::move(f)), v_(v) {}
+    uint32_t DirectAlignment() const override { return kAlign; }
+    Status Read(uint64_t o, size_t n, uint8_t* b) const override {
+      CDP_RETURN_IF_ERROR(Check(o, n));
+      return FileWrapper::Read(o, n, b);
+    }
+    Result<size_t> ReadUpTo(uint64_t o, size_t n, uint8_t* b) const override {
+      CDP_RETURN_IF_ERROR(Check(o, n));
+      return FileWrapper::ReadUpTo(o, n, b);
+    }
+    Status Write(uint64_t o, ByteSpan d) override {
+      CDP_RETURN_IF_ERROR(Check(o, d.size()));
+      return FileWrapper::Write(o, d);
+    }
+    Status Append(ByteSpan d) override {
+      ++*v_;
+      return Status::InvalidArgument("StrictDirectEnv: no appends to a direct file (" + std::to_string(d.size()) + ")");
+    }
+
+   private:
+    Status Check(uint64_t o, size_t n) const {
+      if (o % kAlign == 0 && n % kAlign == 0) return Status::OK();
+      ++*v_;
+      return Status::InvalidArgument("StrictDirectEnv: unaligned direct I/O: " + std::to_string(n) + " bytes at " +
+                                     std::to_string(o));
+    }
+    std::atomic<uint64_t>* v_;
+  };
+  std::atomic<uint64_t>* violations_;
+};
 
 // `n` bytes no compressor shrinks (the same for the same seed).
 inline Bytes RandomBytes(size_t n, uint64_t seed) {
