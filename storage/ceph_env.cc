@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <set>
+#include <span>
 
 #include "common/log.h"
 
@@ -19,6 +20,7 @@ constexpr const char* kSizeKey = "opencdp.size";
 constexpr const char* kTrash = "~~trash~";
 constexpr uint64_t kGrowStep = 64ull << 20;  // an image grows ahead of its file by up to this
 constexpr uint64_t kAlign = 4ull << 20;
+constexpr size_t kAioDepth = 32;  // requests of one batch in flight at once
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -140,6 +142,36 @@ class CephFile final : public File {
   Result<uint64_t> Size() const override { return Size_(); }
   const std::string& path() const override { return path_; }
 
+  // Batches: every op as an asynchronous librbd request, up to kAioDepth in
+  // flight (the OSD round trips of a batch overlap).
+  Status ReadBatch(std::span<const ReadOp> ops) const override {
+    uint64_t size = Size_();
+    for (const ReadOp& op : ops) {
+      if (op.offset > size || op.n > size - op.offset)
+        return Status::OutOfRange("read " + path_ + " [" + std::to_string(op.offset) + ", +" + std::to_string(op.n) +
+                                  ") past its end " + std::to_string(size));
+    }
+    return Aio(ops.size(), "read", [&](size_t i, rbd_completion_t c) {
+      return rbd_aio_read(image_->handle(), ops[i].offset, ops[i].n, reinterpret_cast<char*>(ops[i].buf), c);
+    });
+  }
+  Status WriteBatch(std::span<const WriteOp> ops) override {
+    CDP_RETURN_IF_ERROR(Writable());
+    uint64_t end = 0;
+    for (const WriteOp& op : ops) end = std::max<uint64_t>(end, op.offset + op.data.size());
+    {
+      std::lock_guard<std::mutex> lk(image_->mu);
+      CDP_RETURN_IF_ERROR(image_->Reserve(end));
+    }
+    CDP_RETURN_IF_ERROR(Aio(ops.size(), "write", [&](size_t i, rbd_completion_t c) {
+      return rbd_aio_write(image_->handle(), ops[i].offset, ops[i].data.size(),
+                           reinterpret_cast<const char*>(ops[i].data.data()), c);
+    }));
+    std::lock_guard<std::mutex> lk(image_->mu);
+    image_->size = std::max(image_->size, end);
+    return Status::OK();
+  }
+
  private:
   uint64_t Size_() const {
     std::lock_guard<std::mutex> lk(image_->mu);
@@ -147,6 +179,41 @@ class CephFile final : public File {
   }
   Status Writable() const {
     if (read_only_) return Status::PermissionDenied(path_ + " is open read-only");
+    return Status::OK();
+  }
+  // Issues `count` requests through `issue(i, completion)` (a librbd aio
+  // call), at most kAioDepth at a time, and waits for all of them. The first
+  // failure in op order, or OK.
+  template <class Issue>
+  Status Aio(size_t count, const char* what, Issue issue) const {
+    std::vector<Status> results(count);
+    std::vector<rbd_completion_t> flight(count, nullptr);
+    auto reap = [&](size_t i) {
+      rbd_aio_wait_for_complete(flight[i]);
+      ssize_t r = rbd_aio_get_return_value(flight[i]);
+      rbd_aio_release(flight[i]);
+      flight[i] = nullptr;
+      if (r < 0) results[i] = FromCephError(int(r), std::string("rbd: ") + what + " " + image_->name);
+    };
+    for (size_t i = 0; i < count; ++i) {
+      if (i >= kAioDepth && flight[i - kAioDepth] != nullptr) reap(i - kAioDepth);
+      int r = rbd_aio_create_completion(nullptr, nullptr, &flight[i]);
+      if (r < 0) {
+        flight[i] = nullptr;
+        results[i] = FromCephError(r, "rbd: aio completion");
+        continue;
+      }
+      r = issue(i, flight[i]);
+      if (r < 0) {
+        rbd_aio_release(flight[i]);
+        flight[i] = nullptr;
+        results[i] = FromCephError(r, std::string("rbd: ") + what + " " + image_->name);
+      }
+    }
+    for (size_t i = 0; i < count; ++i) {
+      if (flight[i] != nullptr) reap(i);
+    }
+    for (auto& st : results) CDP_RETURN_IF_ERROR(st);
     return Status::OK();
   }
 

@@ -6,6 +6,7 @@
 #include "storage/ceph_env.h"
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <random>
 
 #include "common/sqlite.h"
@@ -155,6 +156,44 @@ TEST_CASE("ceph env: files on RBD images keep the Env contract, and a synced siz
   again->reset();
   CHECK(ReadAll(**env->Open("tenants/t1/volumes/v1/journal/1.jnl", {})) == b);
   CHECK(env->Open("a~b", {.create = true}).status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("ceph env: batches of reads and writes run as asynchronous requests and equal one by one I/O",
+          "[ceph][e2e]") {
+  CDP_CEPH_CLUSTER_OR_SKIP(cluster);
+  ScopedImages images(*cluster, "batch");
+  auto env = NewEnv(*cluster, images.prefix());
+  auto f = env->Open("v/replica.img", {.create = true});
+  REQUIRE(f.ok());
+  REQUIRE((*f)->Truncate(1 << 20).ok());
+  // 100 disjoint 4 KiB writes at random blocks, one past the end (the file grows).
+  std::mt19937 rng(9);
+  std::vector<uint64_t> blocks(256);
+  for (size_t i = 0; i < blocks.size(); i++) blocks[i] = i;
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  blocks.resize(100);
+  blocks.push_back(300);
+  Bytes data = Pattern(blocks.size() * 4096, 12);
+  std::vector<WriteOp> writes;
+  for (size_t i = 0; i < blocks.size(); i++)
+    writes.push_back({blocks[i] * 4096, ByteSpan(data.data() + i * 4096, 4096)});
+  REQUIRE((*f)->WriteBatch(writes).ok());
+  CHECK(*(*f)->Size() == 301 * 4096);
+  Bytes back(data.size());
+  std::vector<ReadOp> reads;
+  for (size_t i = 0; i < blocks.size(); i++) reads.push_back({blocks[i] * 4096, 4096, back.data() + i * 4096});
+  REQUIRE((*f)->ReadBatch(reads).ok());
+  CHECK(back == data);
+  for (size_t i = 0; i < blocks.size(); i++) {
+    Bytes one(4096);
+    REQUIRE((*f)->Read(blocks[i] * 4096, 4096, one.data()).ok());
+    CHECK(std::equal(one.begin(), one.end(), data.begin() + i * 4096));
+  }
+  std::vector<ReadOp> past{{300 * 4096, 8192, back.data()}};
+  CHECK((*f)->ReadBatch(past).code() == Code::kOutOfRange);
+  auto ro = env->Open("v/replica.img", {.read_only = true});
+  REQUIRE(ro.ok());
+  CHECK((*ro)->WriteBatch(writes).code() == Code::kPermissionDenied);
 }
 
 TEST_CASE("ceph env: a file open for writing is fenced, and a takeover blocklists the old owner", "[ceph][e2e]") {
