@@ -31,11 +31,19 @@
 //
 // Usage: mt_bench [--dir DIR] [--volume_mb N] [--change_mb N] [--batch_kb N]
 //                 [--workload random4k|seq1m|all] [--text_pct 0..100] [--zstd_level 0..19]
-//                 [--direct 0|1]
+//                 [--direct 0|1] [--ceph_conf CONF [--ceph_user ID] [--ceph_pool POOL]]
+//
+// --ceph_conf puts the volume (replica, journal, index) in RBD images of that
+// cluster's pool (storage/ceph_env.h, the master target's storage = ceph),
+// e.g. the test cluster of scripts/ceph-micro.sh; the images are removed
+// after each run. The "replica" column then says rbd.
 #include <sys/resource.h>
 
 #include <atomic>
+#include <unistd.h>
+
 #include <chrono>
+#include <functional>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -50,7 +58,9 @@
 #include "common/env.h"
 #include "common/env_wrapper.h"
 #include "bench/bench_flags.h"
+#include "common/sqlite_vfs.h"
 #include "master-target/replica_volume.h"
+#include "storage/ceph_env.h"
 
 using namespace cdp;
 
@@ -160,21 +170,80 @@ struct Config {
   uint64_t text_pct = 0;  // of each 4 KiB of data: this share is text zstd shrinks, the rest random
   int zstd_level = 1;     // the journal's compression of old data (0 = none)
   bool direct = true;     // VolumeOptions::replica_direct_io
+  // Non-empty: the volume lives in this Ceph cluster's pool instead (the
+  // master target's storage = ceph; a cluster of scripts/ceph-micro.sh).
+  std::string ceph_conf;
+  std::string ceph_user = "opencdp";
+  std::string ceph_pool = "rbd";
 };
+
+// The Ceph backend of a run: its Env, the index's VFS over it (not counted:
+// the local runs do not count the index either) and the image prefix.
+struct CephStore {
+  std::unique_ptr<storage::CephEnv> env;
+  std::unique_ptr<sqlite::EnvVfs> vfs;
+};
+
+CephStore OpenCeph(const Config& cfg, const std::string& prefix) {
+  storage::RadosOptions ro;
+  ro.conf_path = cfg.ceph_conf;
+  ro.client_id = cfg.ceph_user;
+  ro.settings = storage::CephEnvRadosSettings();
+  auto cluster = storage::RadosCluster::Connect(ro);
+  if (!cluster.ok()) Die("ceph", cluster.status());
+  auto pool = (*cluster)->OpenPool(cfg.ceph_pool);
+  if (!pool.ok()) Die("ceph pool", pool.status());
+  storage::CephEnvOptions eo;
+  eo.prefix = prefix;
+  auto env = storage::CephEnv::Open(*pool, eo);
+  if (!env.ok()) Die("ceph env", env.status());
+  CephStore c;
+  c.env = std::move(*env);
+  c.vfs = std::make_unique<sqlite::EnvVfs>(c.env.get());
+  return c;
+}
+
+// Removes every image of `store` (the bench's prefix).
+void RemoveImages(CephStore& store) {
+  auto names = store.env->ListDir("");
+  if (!names.ok()) return;
+  std::function<void(const std::string&)> remove = [&](const std::string& path) {
+    auto sub = store.env->ListDir(path);
+    if (sub.ok() && !sub->empty()) {
+      for (const auto& n : *sub) remove(JoinPath(path, n));
+    } else {
+      (void)store.env->Remove(path);
+    }
+  };
+  for (const auto& n : *names) remove(n);
+}
 
 void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
   const uint64_t vol_size = cfg.volume_mb << 20;
-  const std::string vdir = cfg.dir + "/" + workload;
-  std::filesystem::remove_all(vdir);
-  std::filesystem::create_directories(vdir);
-  auto posix = NewPosixEnv();
+  const bool ceph = !cfg.ceph_conf.empty();
+  CephStore store;
+  std::unique_ptr<Env> posix;
+  Env* base;
+  std::string vdir;
+  if (ceph) {
+    store = OpenCeph(cfg, "mt-bench-" + std::to_string(::getpid()));
+    base = store.env.get();
+    vdir = workload;
+  } else {
+    vdir = cfg.dir + "/" + workload;
+    std::filesystem::remove_all(vdir);
+    std::filesystem::create_directories(vdir);
+    posix = NewPosixEnv();
+    base = posix.get();
+  }
   Counts counts;
-  CountingEnv env(posix.get(), &counts);
+  CountingEnv env(base, &counts);
   mt::VolumeOptions vo;
   vo.env = &env;
   vo.clock = SystemClock::Get();
   vo.dir = vdir;
   vo.index_path = vdir + "/index.db";
+  if (ceph) vo.index_vfs = store.vfs->name();
   vo.journal_zstd_level = cfg.zstd_level;
   vo.replica_direct_io = cfg.direct;
   mt::VolumeIdentity id;
@@ -188,7 +257,7 @@ void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
   }
   {
     // Fill the replica with random data (not counted).
-    auto f = posix->Open(vdir + "/replica.img", OpenOptions{});
+    auto f = base->Open(vdir + "/replica.img", OpenOptions{});
     if (!f.ok()) Die("open replica", f.status());
     for (uint64_t off = 0; off < vol_size; off += 4 << 20) {
       uint64_t n = std::min<uint64_t>(4 << 20, vol_size - off);
@@ -249,13 +318,17 @@ void Run(const Config& cfg, const std::string& workload, const Bytes& pool) {
   const double change = double(records) * rec_len;
   const double peak = StatusMiB("VmHWM:");
   std::printf("| %s | %s | %" PRIu64 " KiB | %.0f | %.1f | %.3f | %.3f | %.3f | %.3f | %.2f | %.0f | %.0f |\n",
-              workload.c_str(), cfg.direct ? "direct" : "buffered", cfg.batch_kb, change / 1e6 / secs,
+              workload.c_str(), ceph ? "rbd" : cfg.direct ? "direct" : "buffered", cfg.batch_kb, change / 1e6 / secs,
               cpu / (change / 1e9), double(counts.read.load()) / change, double(counts.written.load()) / change,
               double(io1.read_bytes - io0.read_bytes) / change, double(io1.write_bytes - io0.write_bytes) / change,
               secs, peak, peak - rss0);
   std::fflush(stdout);
   v->reset();
-  std::filesystem::remove_all(vdir);
+  if (ceph) {
+    RemoveImages(store);
+  } else {
+    std::filesystem::remove_all(vdir);
+  }
 }
 
 }  // namespace
@@ -272,10 +345,14 @@ int main(int argc, char** argv) {
     else if (const char* v = val("text_pct")) cfg.text_pct = std::strtoull(v, nullptr, 10);
     else if (const char* v = val("zstd_level")) cfg.zstd_level = std::atoi(v);
     else if (const char* v = val("direct")) cfg.direct = std::atoi(v) != 0;
+    else if (const char* v = val("ceph_conf")) cfg.ceph_conf = v;
+    else if (const char* v = val("ceph_user")) cfg.ceph_user = v;
+    else if (const char* v = val("ceph_pool")) cfg.ceph_pool = v;
     else {
       std::fprintf(stderr,
                    "usage: mt_bench [--dir DIR] [--volume_mb N] [--change_mb N] [--batch_kb N] "
-                   "[--workload random4k|seq1m|all] [--text_pct 0..100] [--zstd_level 0..19] [--direct 0|1]\n");
+                   "[--workload random4k|seq1m|all] [--text_pct 0..100] [--zstd_level 0..19] [--direct 0|1] "
+                   "[--ceph_conf CONF [--ceph_user ID] [--ceph_pool POOL]]\n");
       return 2;
     }
   }
