@@ -33,7 +33,7 @@ class StopSignals {
 
 // Raises this process's soft limit on open descriptors (RLIMIT_NOFILE) to
 // its hard limit. Descriptors grow with volumes where a volume's files stay
-// open (the master target holds about 8 per volume: docs/benchmarks.md, "100
+// open (the master target holds about 9 per volume: docs/benchmarks.md, "100
 // volumes"), so a 1024 soft limit would stop a master target started by hand
 // at about 120 volumes; the systemd units set LimitNOFILE=65536. Returns the
 // soft limit in force afterwards (unchanged when it could not be raised, or

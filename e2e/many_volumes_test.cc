@@ -15,8 +15,8 @@
 //
 // Descriptors that are per volume by design are bounded per volume (docs/
 // benchmarks.md, "100 volumes"): at the master target kMtFdsPerVolume
-// (replica, journal segment, digests, the index's two sqlite connections with
-// their WAL and shared memory), at the process server one spool segment per
+// (replica and its O_DIRECT handle, journal segment, digests, the index's two
+// sqlite connections with their WAL and shared memory), at the process server one spool segment per
 // written volume plus a fixed number per agent connection; at the agent the
 // backing file and bitmap of each volume plus a fixed number per connection.
 //
@@ -47,7 +47,7 @@ constexpr int kVolumes = 40;
 constexpr int kPsConnections = 4;
 constexpr uint64_t kVolumeSize = 8ull << 20;
 constexpr int kAgentThreadsPerLink = 3;
-constexpr int kMtFdsPerVolume = 8;
+constexpr int kMtFdsPerVolume = 9;
 // Per agent connection (at the PS and at the agent alike): three socket
 // descriptors (the connection, the listener's or the stream's duplicate, the
 // TLS stream's) and two Asio event loops (epoll, eventfd, timerfd each).
