@@ -20,7 +20,9 @@ constexpr const char* kSizeKey = "opencdp.size";
 constexpr const char* kTrash = "~~trash~";
 constexpr uint64_t kGrowStep = 64ull << 20;  // an image grows ahead of its file by up to this
 constexpr uint64_t kAlign = 4ull << 20;
-constexpr size_t kAioDepth = 32;  // requests of one batch in flight at once
+constexpr size_t kAioDepth = 32;           // requests of one batch in flight at once
+constexpr size_t kSmallWrite = 64u << 10;  // a Write() this small may wait (Image::pending)
+constexpr size_t kPendingBytes = 4u << 20; // pending writes are sent past this
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -28,17 +30,63 @@ uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 std::vector<std::pair<std::string, std::string>> CephEnvRadosSettings() { return {{"rbd_cache", "false"}}; }
 
+namespace {
+
+// Issues `count` requests through `issue(i, completion)` (a librbd aio call),
+// at most kAioDepth at a time, and waits for all of them. The first failure
+// in op order, or OK.
+template <class Issue>
+Status Aio(size_t count, const std::string& what, Issue issue) {
+  std::vector<Status> results(count);
+  std::vector<rbd_completion_t> flight(count, nullptr);
+  auto reap = [&](size_t i) {
+    rbd_aio_wait_for_complete(flight[i]);
+    ssize_t r = rbd_aio_get_return_value(flight[i]);
+    rbd_aio_release(flight[i]);
+    flight[i] = nullptr;
+    if (r < 0) results[i] = FromCephError(int(r), what);
+  };
+  for (size_t i = 0; i < count; ++i) {
+    if (i >= kAioDepth && flight[i - kAioDepth] != nullptr) reap(i - kAioDepth);
+    int r = rbd_aio_create_completion(nullptr, nullptr, &flight[i]);
+    if (r < 0) {
+      flight[i] = nullptr;
+      results[i] = FromCephError(r, "rbd: aio completion");
+      continue;
+    }
+    r = issue(i, flight[i]);
+    if (r < 0) {
+      rbd_aio_release(flight[i]);
+      flight[i] = nullptr;
+      results[i] = FromCephError(r, what);
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (flight[i] != nullptr) reap(i);
+  }
+  for (auto& st : results) CDP_RETURN_IF_ERROR(st);
+  return Status::OK();
+}
+
+}  // namespace
+
 struct CephEnv::Image {
   CephEnv* env = nullptr;
   std::string name;
   std::unique_ptr<RbdImage> rbd;
   std::mutex mu;
-  uint64_t size = 0;         // the file's size
+  uint64_t size = 0;         // the file's size (pending writes included)
   uint64_t synced_size = 0;  // the size in the image's metadata
   uint64_t capacity = 0;     // the image's size
   bool locked = false;       // this process holds the exclusive lock
   bool removed = false;      // Remove()d while open: renamed to `trash`, deleted at close (env->mu_)
   std::string trash;         // (env->mu_)
+  // Small writes not yet sent (offset -> bytes, disjoint): sent together, as
+  // asynchronous requests, before any other operation of any handle of the
+  // image, at Sync, at close and when they pass kPendingBytes. A write's
+  // error then comes from that later call (as the page cache's from fsync).
+  std::map<uint64_t, Bytes> pending;
+  size_t pending_bytes = 0;
 
   rbd_image_t handle() const { return static_cast<rbd_image_t>(rbd->handle()); }
 
@@ -54,6 +102,31 @@ struct CephEnv::Image {
     std::string v = std::to_string(s);
     return FromCephError(rbd_metadata_set(handle(), kSizeKey, v.c_str()), "rbd: set the size of " + name);
   }
+  // Sends the pending writes (mu held).
+  Status FlushPending() {
+    if (pending.empty()) return Status::OK();
+    std::vector<std::pair<uint64_t, Bytes>> ops(std::make_move_iterator(pending.begin()),
+                                                std::make_move_iterator(pending.end()));
+    pending.clear();
+    pending_bytes = 0;
+    return Aio(ops.size(), "rbd: write " + name, [&](size_t i, rbd_completion_t c) {
+      return rbd_aio_write(handle(), ops[i].first, ops[i].second.size(),
+                           reinterpret_cast<const char*>(ops[i].second.data()), c);
+    });
+  }
+  // Keeps a small write pending (mu held); false when it overlaps a pending
+  // one (the caller sends those first).
+  bool Defer(uint64_t offset, ByteSpan data) {
+    auto next = pending.lower_bound(offset);
+    if (next != pending.end() && next->first < offset + data.size()) return false;
+    if (next != pending.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second.size() > offset) return false;
+    }
+    pending.emplace(offset, Bytes(data.begin(), data.end()));
+    pending_bytes += data.size();
+    return true;
+  }
 };
 
 namespace {
@@ -64,7 +137,7 @@ class CephFile final : public File {
       : image_(std::move(image)), path_(std::move(path)), read_only_(read_only) {}
 
   Status Read(uint64_t offset, size_t n, uint8_t* buf) const override {
-    uint64_t size = Size_();
+    CDP_ASSIGN_OR_RETURN(uint64_t size, Settle());
     if (offset > size || n > size - offset) {
       return Status::OutOfRange("read " + path_ + " [" + std::to_string(offset) + ", +" + std::to_string(n) +
                                 ") past its end " + std::to_string(size));
@@ -72,7 +145,7 @@ class CephFile final : public File {
     return image_->rbd->Read(offset, std::span<uint8_t>(buf, n));
   }
   Result<size_t> ReadUpTo(uint64_t offset, size_t n, uint8_t* buf) const override {
-    uint64_t size = Size_();
+    CDP_ASSIGN_OR_RETURN(uint64_t size, Settle());
     if (offset >= size) return size_t(0);
     size_t m = size_t(std::min<uint64_t>(n, size - offset));
     CDP_RETURN_IF_ERROR(image_->rbd->Read(offset, std::span<uint8_t>(buf, m)));
@@ -83,6 +156,16 @@ class CephFile final : public File {
     {
       std::lock_guard<std::mutex> lk(image_->mu);
       CDP_RETURN_IF_ERROR(image_->Reserve(offset + data.size()));
+      if (data.size() <= kSmallWrite) {
+        if (!image_->Defer(offset, data)) {
+          CDP_RETURN_IF_ERROR(image_->FlushPending());
+          image_->Defer(offset, data);
+        }
+        image_->size = std::max(image_->size, offset + data.size());
+        if (image_->pending_bytes >= kPendingBytes) CDP_RETURN_IF_ERROR(image_->FlushPending());
+        return Status::OK();
+      }
+      CDP_RETURN_IF_ERROR(image_->FlushPending());
     }
     CDP_RETURN_IF_ERROR(image_->rbd->Write(offset, data));
     std::lock_guard<std::mutex> lk(image_->mu);
@@ -94,6 +177,7 @@ class CephFile final : public File {
     uint64_t at;
     {
       std::lock_guard<std::mutex> lk(image_->mu);
+      CDP_RETURN_IF_ERROR(image_->FlushPending());
       at = image_->size;
       CDP_RETURN_IF_ERROR(image_->Reserve(at + data.size()));
     }
@@ -104,8 +188,9 @@ class CephFile final : public File {
   }
   Status Sync() override {
     CDP_RETURN_IF_ERROR(Writable());
-    CDP_RETURN_IF_ERROR(image_->rbd->Flush());
     std::lock_guard<std::mutex> lk(image_->mu);
+    CDP_RETURN_IF_ERROR(image_->FlushPending());
+    CDP_RETURN_IF_ERROR(image_->rbd->Flush());
     if (image_->size != image_->synced_size) {
       CDP_RETURN_IF_ERROR(image_->PersistSize(image_->size));
       image_->synced_size = image_->size;
@@ -122,13 +207,14 @@ class CephFile final : public File {
   }
   Status PunchHole(uint64_t offset, uint64_t len) override {
     CDP_RETURN_IF_ERROR(Writable());
-    uint64_t size = Size_();
+    CDP_ASSIGN_OR_RETURN(uint64_t size, Settle());
     if (offset >= size) return Status::OK();
     return image_->rbd->Discard(offset, std::min(len, size - offset));
   }
   Status Truncate(uint64_t size) override {
     CDP_RETURN_IF_ERROR(Writable());
     std::lock_guard<std::mutex> lk(image_->mu);
+    CDP_RETURN_IF_ERROR(image_->FlushPending());
     if (size < image_->capacity) {
       // Shrinking the image drops the bytes past `size`: a later growth reads zeros there.
       CDP_RETURN_IF_ERROR(image_->rbd->Resize(size));
@@ -139,19 +225,22 @@ class CephFile final : public File {
     image_->size = size;
     return Status::OK();
   }
-  Result<uint64_t> Size() const override { return Size_(); }
+  Result<uint64_t> Size() const override {
+    std::lock_guard<std::mutex> lk(image_->mu);
+    return image_->size;
+  }
   const std::string& path() const override { return path_; }
 
   // Batches: every op as an asynchronous librbd request, up to kAioDepth in
   // flight (the OSD round trips of a batch overlap).
   Status ReadBatch(std::span<const ReadOp> ops) const override {
-    uint64_t size = Size_();
+    CDP_ASSIGN_OR_RETURN(uint64_t size, Settle());
     for (const ReadOp& op : ops) {
       if (op.offset > size || op.n > size - op.offset)
         return Status::OutOfRange("read " + path_ + " [" + std::to_string(op.offset) + ", +" + std::to_string(op.n) +
                                   ") past its end " + std::to_string(size));
     }
-    return Aio(ops.size(), "read", [&](size_t i, rbd_completion_t c) {
+    return Aio(ops.size(), "rbd: read " + image_->name, [&](size_t i, rbd_completion_t c) {
       return rbd_aio_read(image_->handle(), ops[i].offset, ops[i].n, reinterpret_cast<char*>(ops[i].buf), c);
     });
   }
@@ -161,9 +250,10 @@ class CephFile final : public File {
     for (const WriteOp& op : ops) end = std::max<uint64_t>(end, op.offset + op.data.size());
     {
       std::lock_guard<std::mutex> lk(image_->mu);
+      CDP_RETURN_IF_ERROR(image_->FlushPending());
       CDP_RETURN_IF_ERROR(image_->Reserve(end));
     }
-    CDP_RETURN_IF_ERROR(Aio(ops.size(), "write", [&](size_t i, rbd_completion_t c) {
+    CDP_RETURN_IF_ERROR(Aio(ops.size(), "rbd: write " + image_->name, [&](size_t i, rbd_completion_t c) {
       return rbd_aio_write(image_->handle(), ops[i].offset, ops[i].data.size(),
                            reinterpret_cast<const char*>(ops[i].data.data()), c);
     }));
@@ -173,47 +263,15 @@ class CephFile final : public File {
   }
 
  private:
-  uint64_t Size_() const {
+  // Sends the image's pending writes (any handle's), so that what follows
+  // reads or changes the image after them; the file's size.
+  Result<uint64_t> Settle() const {
     std::lock_guard<std::mutex> lk(image_->mu);
+    CDP_RETURN_IF_ERROR(image_->FlushPending());
     return image_->size;
   }
   Status Writable() const {
     if (read_only_) return Status::PermissionDenied(path_ + " is open read-only");
-    return Status::OK();
-  }
-  // Issues `count` requests through `issue(i, completion)` (a librbd aio
-  // call), at most kAioDepth at a time, and waits for all of them. The first
-  // failure in op order, or OK.
-  template <class Issue>
-  Status Aio(size_t count, const char* what, Issue issue) const {
-    std::vector<Status> results(count);
-    std::vector<rbd_completion_t> flight(count, nullptr);
-    auto reap = [&](size_t i) {
-      rbd_aio_wait_for_complete(flight[i]);
-      ssize_t r = rbd_aio_get_return_value(flight[i]);
-      rbd_aio_release(flight[i]);
-      flight[i] = nullptr;
-      if (r < 0) results[i] = FromCephError(int(r), std::string("rbd: ") + what + " " + image_->name);
-    };
-    for (size_t i = 0; i < count; ++i) {
-      if (i >= kAioDepth && flight[i - kAioDepth] != nullptr) reap(i - kAioDepth);
-      int r = rbd_aio_create_completion(nullptr, nullptr, &flight[i]);
-      if (r < 0) {
-        flight[i] = nullptr;
-        results[i] = FromCephError(r, "rbd: aio completion");
-        continue;
-      }
-      r = issue(i, flight[i]);
-      if (r < 0) {
-        rbd_aio_release(flight[i]);
-        flight[i] = nullptr;
-        results[i] = FromCephError(r, std::string("rbd: ") + what + " " + image_->name);
-      }
-    }
-    for (size_t i = 0; i < count; ++i) {
-      if (flight[i] != nullptr) reap(i);
-    }
-    for (auto& st : results) CDP_RETURN_IF_ERROR(st);
     return Status::OK();
   }
 
@@ -338,6 +396,12 @@ void CephEnv::Closed(Image* image) {
     auto it = open_.find(key);
     if (it != open_.end() && it->second.expired()) open_.erase(it);
     if (image->removed) remove = image->trash;
+  }
+  {
+    // Written but not synced: a close still sends it (as close(2) keeps the page cache's).
+    std::lock_guard<std::mutex> lk(image->mu);
+    Status s = image->FlushPending();
+    if (!s.ok()) log::Get("ceph")->warn("closing {}: {}", image->name, s.ToString());
   }
   image->rbd.reset();  // closes the image, releasing the lock
   if (!remove.empty()) {
