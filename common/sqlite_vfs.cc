@@ -276,10 +276,25 @@ int ShmUnmap(sqlite3_file* f, int) {
 }
 
 const sqlite3_io_methods kMethods = {
-    2,           Close,      Read,   Write,      Truncate, Sync,       FileSize,
-    Lock,        Unlock,     CheckReserved,      FileControl,          SectorSize,
-    DeviceCharacteristics,   ShmMap, ShmLock,    ShmBarrier,           ShmUnmap,
-    nullptr,     nullptr,
+    2,
+    Close,
+    Read,
+    Write,
+    Truncate,
+    Sync,
+    FileSize,
+    Lock,
+    Unlock,
+    CheckReserved,
+    FileControl,
+    SectorSize,
+    DeviceCharacteristics,
+    ShmMap,
+    ShmLock,
+    ShmBarrier,
+    ShmUnmap,
+    nullptr,
+    nullptr,
 };
 
 // ---- vfs methods

@@ -8,7 +8,6 @@
 //     volume; the PS resumes against it; replica == source, and the points
 //     taken before export as they were.
 #include <catch2/catch.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -26,8 +25,8 @@ using cdp::e2e::Which;
 using cdp::storage::testing::CephTestCluster;
 
 std::string CephConfig(const CephTestCluster& ceph, const std::string& prefix) {
-  return "storage = ceph\nceph.conf = " + ceph.conf + "\nceph.user = " + ceph.client_id + "\nceph.pool = " +
-         ceph.pool + "\nceph.prefix = " + prefix + "\n";
+  return "storage = ceph\nceph.conf = " + ceph.conf + "\nceph.user = " + ceph.client_id + "\nceph.pool = " + ceph.pool +
+         "\nceph.prefix = " + prefix + "\n";
 }
 
 // A cluster whose master target keeps its volumes in the test pool, under a
@@ -47,9 +46,9 @@ bool ExportReplica(const CephTestCluster& ceph, const std::string& prefix, const
                    const std::string& dest) {
   const std::string image = ceph.pool + "/" + prefix + "~tenants~" + o.tenant + "~volumes~" + o.volume + "~replica.img";
   std::filesystem::remove(dest);
-  auto r = cdp::testing::RunCommand({"rbd", "--conf", ceph.conf, "--name", "client." + ceph.admin_id, "export",
-                                     "--no-progress", image, dest},
-                                    120000);
+  auto r = cdp::testing::RunCommand(
+      {"rbd", "--conf", ceph.conf, "--name", "client." + ceph.admin_id, "export", "--no-progress", image, dest},
+      120000);
   INFO(r.output);
   if (r.exit_code != 0) return false;
   std::filesystem::resize_file(dest, o.volume_size);  // the image may be larger than its file
@@ -65,8 +64,7 @@ void RequireClients() {
 
 }  // namespace
 
-TEST_CASE("ceph backend: writes reach the RBD replica byte for byte, a tag exports and rolls back",
-          "[e2e][ceph]") {
+TEST_CASE("ceph backend: writes reach the RBD replica byte for byte, a tag exports and rolls back", "[e2e][ceph]") {
   CDP_CEPH_CLUSTER_OR_SKIP(ceph);
   RequireClients();
   cdp::storage::testing::ScopedImages images(*ceph, "e2e");

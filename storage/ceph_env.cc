@@ -20,9 +20,9 @@ constexpr const char* kSizeKey = "opencdp.size";
 constexpr const char* kTrash = "~~trash~";
 constexpr uint64_t kGrowStep = 64ull << 20;  // an image grows ahead of its file by up to this
 constexpr uint64_t kAlign = 4ull << 20;
-constexpr size_t kAioDepth = 32;           // requests of one batch in flight at once
-constexpr size_t kSmallWrite = 64u << 10;  // a Write() this small may wait (Image::pending)
-constexpr size_t kPendingBytes = 4u << 20; // pending writes are sent past this
+constexpr size_t kAioDepth = 32;            // requests of one batch in flight at once
+constexpr size_t kSmallWrite = 64u << 10;   // a Write() this small may wait (Image::pending)
+constexpr size_t kPendingBytes = 4u << 20;  // pending writes are sent past this
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 

@@ -5,8 +5,8 @@
 // and a sqlite database through EnvVfs.
 #include "storage/ceph_env.h"
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <random>
 
 #include "common/sqlite.h"
@@ -192,7 +192,7 @@ TEST_CASE("ceph env: batches of reads and writes run as asynchronous requests an
   // Small writes wait to go out together: another handle, a read, a batch or
   // a sync sees them, overlapping ones land in their order.
   REQUIRE((*f)->Write(100, Pattern(16, 1)).ok());
-  REQUIRE((*f)->Write(108, Pattern(16, 2)).ok());  // overlaps the one before
+  REQUIRE((*f)->Write(108, Pattern(16, 2)).ok());          // overlaps the one before
   REQUIRE((*f)->Write(4096 * 400, Pattern(100, 3)).ok());  // and grows the file
   CHECK(*(*f)->Size() == 4096 * 400 + 100);
   {
@@ -268,8 +268,9 @@ TEST_CASE("ceph env: a sqlite database through EnvVfs lives in the pool", "[ceph
     INFO(db.status().ToString());
     REQUIRE(db.ok());
     REQUIRE((*db)->Exec("CREATE TABLE t(k INTEGER PRIMARY KEY, v BLOB)").ok());
-    REQUIRE((*db)->Exec("BEGIN; WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < 300) "
-                        "INSERT INTO t SELECT i, randomblob(2000) FROM c; COMMIT")
+    REQUIRE((*db)
+                ->Exec("BEGIN; WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < 300) "
+                       "INSERT INTO t SELECT i, randomblob(2000) FROM c; COMMIT")
                 .ok());
     o.read_only = true;
     auto reader = sqlite::Db::Open("t/v/index.db", o);
