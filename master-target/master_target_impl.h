@@ -60,6 +60,13 @@ struct MasterTarget::Impl {
   MasterTargetOptions& o;
   std::shared_ptr<spdlog::logger> log;
 
+  // The storage backend (MasterTargetOptions::store): where volumes live.
+  // Declared before anything holding a volume: the VFS of the volumes'
+  // indexes must outlive them.
+  Env* store = nullptr;
+  std::string store_root;                     // volumes are under store_root/tenants/T/volumes/V
+  std::unique_ptr<sqlite::EnvVfs> store_vfs;  // the index through `store`; null: local files
+
   std::mutex vol_mu;
   std::map<std::string, std::shared_ptr<VolEntry>> volumes;  // "tenant/name"
 
@@ -109,10 +116,6 @@ struct MasterTarget::Impl {
   uint64_t JournalBytes(const std::string& tenant);
 
   VolumeOptions VolOpts(const std::string& tenant, const std::string& name);
-  // The storage backend (MasterTargetOptions::store): where volumes live.
-  Env* store = nullptr;
-  std::string store_root;                  // volumes are under store_root/tenants/T/volumes/V
-  std::unique_ptr<sqlite::EnvVfs> store_vfs;  // the index through `store`; null: local files
 
   Status LoadVolumes();
 
