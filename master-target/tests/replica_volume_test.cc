@@ -923,6 +923,7 @@ namespace {
 
 // The process's resident memory; under AddressSanitizer, whose quarantine and
 // shadow memory swell RSS by hundreds of MiB, the heap bytes in use instead.
+#if !CDP_UNDER_ASAN
 // Anonymous resident memory (/proc/self/status RssAnon): the heap, stacks
 // and arenas, not the pages of the binary and its libraries. Those count in
 // VmRSS as the code runs for the first time, and how many the kernel maps
@@ -941,6 +942,7 @@ double AnonymousResidentBytes() {
   }
   return 0;
 }
+#endif
 
 double MemoryInUse(Env* env) {
   (void)env;
