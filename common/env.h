@@ -51,6 +51,11 @@ struct OpenOptions {
   uint32_t mode = 0644;     // permission bits of a file this Open creates (before umask; ignored by MemEnv)
 };
 
+// Threads of the POSIX Env's pool for direct batches (File::ReadBatch /
+// WriteBatch of a direct file), started at the first such batch and shared
+// by every file of the Env: a constant, whatever the number of files.
+inline constexpr int kPosixDirectIoThreads = 31;
+
 // One read of a batch (File::ReadBatch): `n` bytes at `offset` into `buf`.
 struct ReadOp {
   uint64_t offset = 0;

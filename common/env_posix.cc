@@ -42,7 +42,7 @@ namespace {
 // block size of the devices we run on (512 or 4096), so always enough.
 constexpr uint32_t kDirectAlign = 4096;
 // I/O threads of an Env for direct batches (queue depth kIoThreads + 1).
-constexpr int kIoThreads = 31;
+constexpr int kIoThreads = kPosixDirectIoThreads;
 
 // A fixed pool of threads that run the ops of batches. Shared (shared_ptr)
 // by the Env and its files, so a file may outlive its Env.

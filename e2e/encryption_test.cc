@@ -179,6 +179,7 @@ TEST_CASE("encrypted volume: no plaintext at the provider, a keyed export equals
   CHECK(differ.output.find(o.volume + " 4218880 4096\n") != std::string::npos);
   auto repair = c.Cdpctl({"verify", o.volume, "--repair"});
   INFO(repair.output);
+  if (repair.exit_code != 0) FAIL_CHECK(c.Logs(30000));
   REQUIRE(repair.exit_code == 0);
   REQUIRE(c.WaitDrained());
   const uint64_t repaired = json::value_to<uint64_t>(
@@ -211,7 +212,11 @@ TEST_CASE("encrypted volume: no plaintext at the provider, a keyed export equals
   }
   w = RunCommand({"nbdcopy", other_mb, c.nbd_uri()}, 120000);
   REQUIRE(w.exit_code == 0);
-  REQUIRE(c.WaitDrained());
+  {
+    bool drained = c.WaitDrained();
+    INFO(c.why() << "\n" << c.Logs(8000));
+    REQUIRE(drained);
+  }
   auto rb = c.Cdpctl({"rollback", o.volume, "--to", "seq:" + std::to_string(repaired)});
   INFO(rb.output);
   REQUIRE(rb.exit_code == 0);
