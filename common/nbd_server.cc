@@ -702,7 +702,10 @@ class Connection final : public ConnectionBase {
     for (size_t i = 0; i < n; ++i) bufs.emplace_back(out_[i].Buffer());
     auto done = [self = Self(), n](const boost::system::error_code& ec, size_t) {
       self->writing_ = false;
-      if (self->closed_) return;
+      if (self->closed_) {
+        self->out_.clear();  // kept by DoClose until this write let go of them
+        return;
+      }
       if (ec) return self->DoClose(FromAsioError(ec, "write").ToString());
       const bool was_paused = self->Paused();
       for (size_t i = 0; i < n; ++i) {
@@ -733,7 +736,9 @@ class Connection final : public ConnectionBase {
     timer_.cancel();
     socket_.shutdown(asio::socket_base::shutdown_both, ig);
     socket_.close(ig);
-    out_.clear();
+    // A write in flight still reads its replies' buffers (TLS may go on
+    // encrypting them after the close): they go when its handler runs.
+    if (!writing_) out_.clear();
     if (export_) {
       export_->connections--;
       impl_->log->info("{} NBD connection closed: {}", log::Where{export_->name, peer_, 0}, reason);
