@@ -125,6 +125,12 @@ class File {
   virtual uint32_t DirectAlignment() const { return 0; }
 };
 
+// An exclusive lock on a file, held until destroyed (Env::LockFile).
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -141,6 +147,13 @@ class Env {
   // Names (not paths) of the entries of `dir`, sorted.
   virtual Result<std::vector<std::string>> ListDir(const std::string& dir) = 0;
   virtual Result<uint64_t> FileSize(const std::string& path) = 0;
+  // Creates `path` if missing and locks it until the returned lock is
+  // destroyed (leveldb's LOCK file): kBusy while another holder, in this
+  // process or another, has it. A process that dies releases its locks.
+  // Default: kNotSupported.
+  virtual Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) {
+    return Status::NotSupported("this Env cannot lock " + path);
+  }
 };
 
 // Process-wide POSIX Env. Never deleted; safe to share.

@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -464,6 +465,28 @@ class PosixEnv final : public Env {
     if (::stat(path.c_str(), &st) != 0) return Err(errno, "stat", path);
     if (S_ISDIR(st.st_mode)) return Err(EISDIR, "stat", path);
     return uint64_t(st.st_size);
+  }
+
+  // flock: per open file description, so a second holder in this process
+  // is refused too; the kernel drops it when the process dies.
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    class PosixLock final : public FileLock {
+     public:
+      explicit PosixLock(int fd) : fd_(fd) {}
+      ~PosixLock() override { ::close(fd_); }
+
+     private:
+      int fd_;
+    };
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Err(errno, "open", path);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) return Status::Busy(path + " is locked by another holder (another daemon?)");
+      return Err(err, "flock", path);
+    }
+    return std::unique_ptr<FileLock>(new PosixLock(fd));
   }
 
  private:

@@ -67,6 +67,7 @@ class EnvWrapper : public Env {
   bool Exists(const std::string& path) override { return base_->Exists(path); }
   Result<std::vector<std::string>> ListDir(const std::string& dir) override { return base_->ListDir(dir); }
   Result<uint64_t> FileSize(const std::string& path) override { return base_->FileSize(path); }
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override { return base_->LockFile(path); }
 
  protected:
   Env* base() const { return base_; }

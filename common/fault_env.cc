@@ -405,6 +405,11 @@ Result<uint64_t> FaultEnv::FileSize(const std::string& path) {
   return st_->base->FileSize(path);
 }
 
+Result<std::unique_ptr<FileLock>> FaultEnv::LockFile(const std::string& path) {
+  std::lock_guard<std::mutex> l(st_->mu);
+  return st_->base->LockFile(path);
+}
+
 Status FaultEnv::DropUnsyncedData() {
   std::lock_guard<std::mutex> l(st_->mu);
   State& st = *st_;

@@ -108,6 +108,7 @@ class FaultEnv : public Env {
   bool Exists(const std::string& path) override;
   Result<std::vector<std::string>> ListDir(const std::string& dir) override;
   Result<uint64_t> FileSize(const std::string& path) override;
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override;
 
   // --- Power cut ---
   // Resets the base Env to the durable state described above, invalidates every

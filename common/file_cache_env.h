@@ -28,7 +28,8 @@
 //
 // Calls in flight keep the base file they started with: one closed by the
 // cache meanwhile is closed when they return, so the number of descriptors
-// may exceed `max_open` by the calls in flight.
+// may exceed `max_open` by two per call in flight (the file it uses, and one
+// the cache closed to make room for it).
 //
 // Not for an Env whose files carry state beyond their bytes (the Ceph Env's
 // images hold an exclusive lock per writer): use it over local files.

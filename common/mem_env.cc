@@ -246,6 +246,28 @@ class MemEnv final : public Env {
     return uint64_t(it->second->data.size());
   }
 
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    class MemLock final : public FileLock {
+     public:
+      MemLock(MemEnv* env, std::string p) : env_(env), p_(std::move(p)) {}
+      ~MemLock() override {
+        std::lock_guard<std::mutex> l(env_->mu_);
+        env_->locked_.erase(p_);
+      }
+
+     private:
+      MemEnv* env_;
+      std::string p_;
+    };
+    OpenOptions o;
+    o.create = true;
+    CDP_RETURN_IF_ERROR(Open(path, o).status());
+    const std::string p = NormalizePath(path);
+    std::lock_guard<std::mutex> l(mu_);
+    if (!locked_.insert(p).second) return Status::Busy(path + " is locked by another holder");
+    return std::unique_ptr<FileLock>(new MemLock(this, p));
+  }
+
  private:
   bool IsDirLocked(const std::string& p) const { return p == "/" || p == "." || dirs_.count(p) > 0; }
 
@@ -303,6 +325,7 @@ class MemEnv final : public Env {
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Inode>> files_;
   std::set<std::string> dirs_;
+  std::set<std::string> locked_;  // LockFile
 };
 
 }  // namespace

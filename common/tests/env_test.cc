@@ -2,6 +2,7 @@
 // the in-memory Env and FaultEnv wrappers; then the FaultEnv durability model
 // and error injection.
 #include "common/env.h"
+#include "common/file_cache_env.h"
 
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -84,7 +85,7 @@ std::unique_ptr<File> OpenOrDie(Env* env, const std::string& path, bool create =
 // An Env of the named kind with an empty directory `root` to play in.
 struct EnvFixture {
   explicit EnvFixture(const std::string& kind) {
-    if (kind == "posix" || kind == "fault-posix") {
+    if (kind == "posix" || kind == "fault-posix" || kind == "cache-posix") {
       base = NewPosixEnv();
       char tmpl[] = "/tmp/cdp-env-test-XXXXXX";
       REQUIRE(::mkdtemp(tmpl) != nullptr);
@@ -100,8 +101,14 @@ struct EnvFixture {
       fault = std::make_unique<FaultEnv>(base.get());
       env = fault.get();
     }
+    // Every behaviour again through a file cache that keeps one file open.
+    if (kind == "cache-posix" || kind == "cache-mem") {
+      cache = std::make_unique<FileCacheEnv>(base.get(), 1);
+      env = cache.get();
+    }
   }
   ~EnvFixture() {
+    cache.reset();
     fault.reset();
     if (!posix_root.empty()) RemoveTree(base.get(), posix_root);
   }
@@ -109,12 +116,13 @@ struct EnvFixture {
 
   std::unique_ptr<Env> base;
   std::unique_ptr<FaultEnv> fault;
+  std::unique_ptr<FileCacheEnv> cache;
   Env* env = nullptr;
   std::string root;
   std::string posix_root;
 };
 
-#define ENV_KINDS GENERATE(as<std::string>{}, "posix", "mem", "fault", "fault-posix")
+#define ENV_KINDS GENERATE(as<std::string>{}, "posix", "mem", "fault", "fault-posix", "cache-posix", "cache-mem")
 
 TEST_CASE("DirName and JoinPath", "[env]") {
   CHECK(DirName("a/b/c") == "a/b");
@@ -284,6 +292,20 @@ TEST_CASE("Env rename and remove", "[env]") {
   Bytes buf(4);
   REQUIRE(held->Read(0, 4, buf.data()).ok());
   CHECK(buf == B("AAA+"));
+}
+
+TEST_CASE("Env LockFile: one holder at a time, released when the lock is destroyed", "[env]") {
+  const std::string kind = ENV_KINDS;
+  EnvFixture fx(kind);
+  INFO(kind);
+  auto first = fx.env->LockFile(fx.P("LOCK"));
+  REQUIRE(first.ok());
+  CHECK(fx.env->Exists(fx.P("LOCK")));
+  auto second = fx.env->LockFile(fx.P("LOCK"));
+  REQUIRE(!second.ok());
+  CHECK(second.status().code() == Code::kBusy);
+  first->reset();
+  CHECK(fx.env->LockFile(fx.P("LOCK")).ok());
 }
 
 TEST_CASE("Env directories", "[env]") {
@@ -785,7 +807,7 @@ TEST_CASE("Env batches: ReadBatch and WriteBatch do every op, on a direct file t
   auto f = fx.env->Open(fx.P("f"), o);
   REQUIRE(f.ok());
   // Only the POSIX Env honours `direct`; FaultEnv's files are its own.
-  CHECK((*f)->DirectAlignment() == (direct && kind == "posix" ? 4096u : 0u));
+  CHECK((*f)->DirectAlignment() == (direct && (kind == "posix" || kind == "cache-posix") ? 4096u : 0u));
   std::vector<Bytes> blocks;
   std::vector<WriteOp> writes;
   for (uint32_t i = 0; i < 64; ++i) blocks.push_back(Pattern(4096, 100 + i));
