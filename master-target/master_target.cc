@@ -287,9 +287,19 @@ Status MasterTarget::Start() {
                                            "WriteBatches applied in one group commit with the batch before them");
   metrics::RegisterProcessMetrics(registry_, o_.env, o_.clock);
   CDP_RETURN_IF_ERROR(o_.env->CreateDirs(o_.data_dir));
+  {
+    auto lock = o_.env->LockFile(JoinPath(o_.data_dir, "LOCK"));
+    if (!lock.ok()) return lock.status().WithContext("data_dir");
+    m.data_dir_lock = std::move(*lock);
+  }
   if (o_.store) {
     m.store = o_.store.get();
     m.store_root = o_.store_dir;
+    m.store_vfs = std::make_unique<sqlite::EnvVfs>(m.store);
+  } else if (o_.max_open_files > 0) {
+    m.local_files = std::make_unique<FileCacheEnv>(o_.env, o_.max_open_files);
+    m.store = m.local_files.get();
+    m.store_root = o_.data_dir;
     m.store_vfs = std::make_unique<sqlite::EnvVfs>(m.store);
   } else {
     m.store = o_.env;
@@ -399,6 +409,7 @@ void MasterTarget::Stop() {
   }
   std::lock_guard<std::mutex> lk(m.vol_mu);
   m.volumes.clear();
+  m.data_dir_lock.reset();  // data_dir is free for another master target
 }
 
 Result<std::string> MasterTarget::StartExport(const std::string& tenant, const std::string& volume, uint64_t point_seq,

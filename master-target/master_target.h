@@ -97,6 +97,11 @@ struct MasterTargetOptions {
   std::map<std::string, int> tenant_journal_zstd_level;
   // VolumeOptions::replica_direct_io of every volume (config: replica_io).
   bool replica_direct_io = true;
+  // The local store (no `store`): at most this many of its files open at
+  // once (common/file_cache_env.h), whatever the number of volumes; the
+  // index then goes through the same Env (sqlite::EnvVfs). 0: no bound, a
+  // volume keeps its ~9 files open and sqlite opens the index itself.
+  size_t max_open_files = 1000;
   uint64_t point_interval_us = 5'000'000;
   RetentionPolicy retention;
   // Per volume ("TENANT/VOLUME"): the oldest point kept, in place of

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "common/channel.h"
+#include "common/file_cache_env.h"
 #include "common/http_server.h"
 #include "common/listener.h"
 #include "common/log.h"
@@ -63,9 +64,11 @@ struct MasterTarget::Impl {
   // The storage backend (MasterTargetOptions::store): where volumes live.
   // Declared before anything holding a volume: the VFS of the volumes'
   // indexes must outlive them.
+  std::unique_ptr<FileLock> data_dir_lock;  // <data_dir>/LOCK: one daemon per data_dir
+  std::unique_ptr<FileCacheEnv> local_files;  // the local store's files, at most max_open_files open
   Env* store = nullptr;
   std::string store_root;                     // volumes are under store_root/tenants/T/volumes/V
-  std::unique_ptr<sqlite::EnvVfs> store_vfs;  // the index through `store`; null: local files
+  std::unique_ptr<sqlite::EnvVfs> store_vfs;  // the index through `store`; null: sqlite's own files
 
   std::mutex vol_mu;
   std::map<std::string, std::shared_ptr<VolEntry>> volumes;  // "tenant/name"

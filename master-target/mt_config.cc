@@ -44,6 +44,8 @@ po::options_description MasterTargetConfigDescription() {
        "how often retention runs")
       ("log.level", po::value<std::string>()->default_value(""), "trace, debug, info, warn, error")
       ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
+  desc.add_options()("max_open_files", po::value<size_t>()->default_value(1000),
+                      "files of the local store open at once, whatever the number of volumes (0 = no bound)");
   desc.add_options()("max_volumes_per_tenant", po::value<size_t>()->default_value(256),
                       "volumes a tenant may create, at most (1..100000)");
   desc.add_options()("max_batch_work", po::value<ByteSize>()->default_value(ByteSize{proto::kMaxBatchWork}),
@@ -145,6 +147,9 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
     return Status::InvalidArgument("'replica_io' must be direct or buffered, not '" + replica_io + "'");
   }
   o.replica_direct_io = replica_io == "direct";
+  o.max_open_files = vm["max_open_files"].as<size_t>();
+  if (o.max_open_files > 0 && o.max_open_files < 16)
+    return Status::InvalidArgument("max_open_files must be 0 (no bound) or at least 16");
   o.journal_zstd_level = vm["journal_compression"].as<int>();
   if (o.journal_zstd_level < 0 || o.journal_zstd_level > 19)
     return Status::InvalidArgument("journal_compression must be 0..19");

@@ -282,6 +282,10 @@ Result<std::vector<proto::BlockExtent>> ProcessServer::Impl::UnshippedBlocks(con
 
 ProcessServer::ProcessServer(ProcessServerOptions options) : opt_(std::move(options)) {
   if (opt_.env == nullptr) opt_.env = DefaultEnv();
+  if (opt_.max_open_files > 0) {
+    files_ = std::make_unique<FileCacheEnv>(opt_.env, opt_.max_open_files);
+    opt_.env = files_.get();
+  }
   if (opt_.clock == nullptr) opt_.clock = SystemClock::Get();
   throttle_ = std::make_unique<Throttle>(opt_.clock, opt_.throttle);
   impl_ = std::make_unique<Impl>();
@@ -293,6 +297,12 @@ ProcessServer::~ProcessServer() { Stop(); }
 
 Status ProcessServer::Start() {
   Impl& im = *impl_;
+  CDP_RETURN_IF_ERROR(opt_.env->CreateDirs(opt_.spool_dir).WithContext("spool_dir"));
+  {
+    auto lock = opt_.env->LockFile(JoinPath(opt_.spool_dir, "LOCK"));
+    if (!lock.ok()) return lock.status().WithContext("spool_dir");
+    spool_lock_ = std::move(*lock);
+  }
   if (opt_.tls.enabled) {
     CDP_ASSIGN_OR_RETURN(im.tls, TlsCredentials::Load(TlsFiles{opt_.tls.ca, opt_.tls.cert, opt_.tls.key}));
     const TlsPeer& self = im.tls->Current()->self();
@@ -432,6 +442,7 @@ void ProcessServer::Stop() {
   im.series.clear();
   std::lock_guard<std::mutex> l(im.mu);
   for (auto& [k, v] : im.volumes) v->Close();  // persists the copy cursors
+  spool_lock_.reset();  // the spool is free for another server
 }
 
 Result<uint64_t> ProcessServer::MtAckedSeq(const std::string& tenant, const std::string& volume) {

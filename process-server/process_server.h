@@ -45,6 +45,7 @@
 #include "common/clock.h"
 #include "common/control_token.h"
 #include "common/env.h"
+#include "common/file_cache_env.h"
 #include "common/daemon.h"
 #include "common/host_port.h"
 #include "common/protocol.h"
@@ -106,6 +107,9 @@ struct ProcessServerOptions {
   // options built by hand are open unless they set it.
   ControlAuthSettings control_auth = ControlAuthSettings::Off();
   int compress_threads = 0;           // compression pool per tenant; 0 = CPU cores
+  // Spool files open at once, whatever the number of volumes
+  // (common/file_cache_env.h); 0: no bound (one open segment per volume).
+  size_t max_open_files = 1000;
   ThrottleOptions throttle;
   uint64_t backoff_min_ms = 100;
   uint64_t backoff_max_ms = 30'000;
@@ -152,6 +156,8 @@ class ProcessServer {
   // Binds the control server and adds its routes (control_api.cc).
   Status StartControl();
   ProcessServerOptions opt_;
+  std::unique_ptr<FileCacheEnv> files_;  // over the given env when max_open_files > 0; opt_.env then points here
+  std::unique_ptr<FileLock> spool_lock_;  // <spool_dir>/LOCK: one daemon per spool
   std::unique_ptr<Throttle> throttle_;
   std::unique_ptr<Impl> impl_;
   uint16_t agent_port_ = 0;

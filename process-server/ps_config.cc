@@ -32,6 +32,8 @@ po::options_description ProcessServerConfigDescription() {
        "TENANT/VOLUME=N: that volume's frames in flight to each MT (LoRS threads; repeatable)")
       ("connections", po::value<int>()->default_value(1), "master target connections per tenant")
       ("compress_threads", po::value<int>()->default_value(0), "compression threads per tenant (0 = CPU cores)")
+      ("max_open_files", po::value<size_t>()->default_value(1000),
+       "spool files open at once, whatever the number of volumes (0 = no bound)")
       ("throttle_mbps", po::value<double>()->default_value(0), "WAN rate limit in Mbit/s (0 = unlimited)")
       ("throttle_schedule", po::value<std::string>()->default_value(""), "MBPS@HH:MM-HH:MM,...")
       ("throttle_utc_offset", po::value<int>()->default_value(0), "schedule time zone, minutes east of UTC")
@@ -160,6 +162,9 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
   o.connections = vars["connections"].as<int>();
   if (o.connections < 1 || o.connections > 64) return Status::InvalidArgument("'connections' must be 1..64");
   o.compress_threads = vars["compress_threads"].as<int>();
+  o.max_open_files = vars["max_open_files"].as<size_t>();
+  if (o.max_open_files > 0 && o.max_open_files < 16)
+    return Status::InvalidArgument("'max_open_files' must be 0 (no bound) or at least 16");
   if (o.compress_threads < 0 || o.compress_threads > 256)
     return Status::InvalidArgument("'compress_threads' must be 0..256");
   o.throttle.default_mbps = vars["throttle_mbps"].as<double>();
