@@ -40,6 +40,10 @@ uint64_t RandomInstance() {
 Agent::Agent(AgentOptions opts) : opts_(std::move(opts)), instance_(RandomInstance()) {
   if (opts_.clock == nullptr) opts_.clock = SystemClock::Get();
   if (opts_.env == nullptr) opts_.env = DefaultEnv();
+  if (opts_.max_open_files > 0) {
+    files_ = std::make_unique<FileCacheEnv>(opts_.env, opts_.max_open_files);
+    opts_.env = files_.get();
+  }
   opts_.sender.clock = opts_.clock;
 }
 

@@ -46,6 +46,7 @@
 #include "agent/sender.h"
 #include "agent/site_state.h"
 #include "common/daemon.h"
+#include "common/file_cache_env.h"
 #include "common/control_token.h"
 #include "common/tls_stream.h"
 #include "common/clock.h"
@@ -82,6 +83,9 @@ struct AgentOptions {
   // volumes' streams, so the agent's and the PS's threads and sockets do not
   // grow per volume. A volume with its own frame_bytes has a link of its own.
   int ps_connections = 4;
+  // Files (backing files, bitmaps, branch stores) open at once, whatever
+  // the number of volumes (common/file_cache_env.h); 0: no bound.
+  size_t max_open_files = 1000;
   std::string key_file;          // the tenant key file (cdpctl keys init): required by encrypted volumes
   bool sender_enabled = true;    // false: capture only (benchmarks of the tap alone)
   HostPort control{"127.0.0.1", 9100};  // HTTP server; port 0 = ephemeral, off() = none
@@ -198,6 +202,7 @@ class Agent {
   http::Response RepairRoute(const http::Request& r);
 
   AgentOptions opts_;
+  std::unique_ptr<FileCacheEnv> files_;  // over the given env when max_open_files > 0; opts_.env then points here
   metrics::Registry registry_;
   std::vector<std::shared_ptr<CaptureDevice>> devices_;
   std::unique_ptr<TlsCredentials> tls_;  // null with tls off; outlives the senders

@@ -44,6 +44,8 @@ po::options_description AgentConfigDescription() {
       ("max_inflight", value<int>()->default_value(4), "write batches in flight")
       ("ps_connections", value<int>()->default_value(4),
        "connections to the process server at most (1..64); the volumes are spread over them")
+      ("max_open_files", value<size_t>()->default_value(1000),
+       "backing files, bitmaps and branch stores open at once, whatever the number of volumes (0 = no bound)")
       ("resync_fill_target", value<ByteSize>()->default_value(ByteSize{8u << 20}),
        "resync data queued, not yet acknowledged (at most budget/2: the rest is for live writes)")
       ("resync_max_rate", value<ByteSize>()->default_value(ByteSize{0}), "resync bytes per second (0 = no cap)")
@@ -186,6 +188,9 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   ao.sender.batch_bytes = std::max<uint64_t>(4096, vm["batch_bytes"].as<ByteSize>().bytes);
   ao.sender.max_inflight = std::max(1, vm["max_inflight"].as<int>());
   ao.ps_connections = vm["ps_connections"].as<int>();
+  ao.max_open_files = vm["max_open_files"].as<size_t>();
+  if (ao.max_open_files > 0 && ao.max_open_files < 16)
+    return Status::InvalidArgument("'max_open_files' must be 0 (no bound) or at least 16");
   if (ao.ps_connections < 1 || ao.ps_connections > 64)
     return Status::InvalidArgument("'ps_connections' must be 1..64, not " + std::to_string(ao.ps_connections));
   ao.sender.resync.fill_target = vm["resync_fill_target"].as<ByteSize>().bytes;
