@@ -188,14 +188,9 @@ CephStore OpenCeph(const Config& cfg, const std::string& prefix) {
   storage::RadosOptions ro;
   ro.conf_path = cfg.ceph_conf;
   ro.client_id = cfg.ceph_user;
-  ro.settings = storage::CephEnvRadosSettings();
-  auto cluster = storage::RadosCluster::Connect(ro);
-  if (!cluster.ok()) Die("ceph", cluster.status());
-  auto pool = (*cluster)->OpenPool(cfg.ceph_pool);
-  if (!pool.ok()) Die("ceph pool", pool.status());
   storage::CephEnvOptions eo;
   eo.prefix = prefix;
-  auto env = storage::CephEnv::Open(*pool, eo);
+  auto env = storage::CephEnv::Connect(ro, cfg.ceph_pool, eo);
   if (!env.ok()) Die("ceph env", env.status());
   CephStore c;
   c.env = std::move(*env);

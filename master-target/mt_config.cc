@@ -197,15 +197,10 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
     storage::RadosOptions ro;
     ro.conf_path = vm["ceph.conf"].as<std::string>();
     ro.client_id = vm["ceph.user"].as<std::string>();
-    ro.settings = storage::CephEnvRadosSettings();
-    auto cluster = storage::RadosCluster::Connect(ro);
-    if (!cluster.ok()) return cluster.status().WithContext("storage = ceph");
-    auto pool = (*cluster)->OpenPool(vm["ceph.pool"].as<std::string>());
-    if (!pool.ok()) return pool.status().WithContext("storage = ceph");
     storage::CephEnvOptions eo;
     eo.prefix = vm["ceph.prefix"].as<std::string>();
     eo.take_over = vm["ceph.take_over"].as<bool>();
-    auto store = storage::CephEnv::Open(*pool, eo);
+    auto store = storage::CephEnv::Connect(ro, vm["ceph.pool"].as<std::string>(), eo);
     if (!store.ok()) return store.status().WithContext("storage = ceph");
     o.store = std::move(*store);
     o.store_kind = "ceph";

@@ -282,6 +282,14 @@ class CephFile final : public File {
 
 }  // namespace
 
+Result<std::unique_ptr<CephEnv>> CephEnv::Connect(RadosOptions rados, const std::string& pool_name,
+                                                  const CephEnvOptions& options) {
+  for (auto& setting : CephEnvRadosSettings()) rados.settings.push_back(std::move(setting));
+  CDP_ASSIGN_OR_RETURN(auto cluster, RadosCluster::Connect(rados));
+  CDP_ASSIGN_OR_RETURN(auto pool, cluster->OpenPool(pool_name));
+  return Open(std::move(pool), options);
+}
+
 Result<std::unique_ptr<CephEnv>> CephEnv::Open(std::shared_ptr<RadosPool> pool, const CephEnvOptions& options) {
   if (!pool) return Status::InvalidArgument("ceph env: no pool");
   if (options.prefix.empty() || options.prefix.find_first_of("~@/") != std::string::npos)

@@ -61,6 +61,10 @@ class CephEnv final : public Env {
  public:
   // `pool` must come from a cluster connected with CephEnvRadosSettings().
   static Result<std::unique_ptr<CephEnv>> Open(std::shared_ptr<RadosPool> pool, const CephEnvOptions& options);
+  // A connection of its own to the cluster of `rados` (CephEnvRadosSettings()
+  // added to its settings), then Open on `pool_name`.
+  static Result<std::unique_ptr<CephEnv>> Connect(RadosOptions rados, const std::string& pool_name,
+                                                  const CephEnvOptions& options);
   ~CephEnv() override;
 
   Result<std::unique_ptr<File>> Open(const std::string& path, const OpenOptions& opts) override;

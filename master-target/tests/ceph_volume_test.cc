@@ -42,16 +42,11 @@ Site Connect(const storage::testing::CephTestCluster& c, const std::string& pref
   storage::RadosOptions o;
   o.conf_path = c.conf;
   o.client_id = c.client_id;
-  o.settings = storage::CephEnvRadosSettings();
-  auto cluster = storage::RadosCluster::Connect(o);
-  INFO(cluster.status().ToString());
-  REQUIRE(cluster.ok());
-  auto pool = (*cluster)->OpenPool(c.pool);
-  REQUIRE(pool.ok());
   storage::CephEnvOptions eo;
   eo.prefix = prefix;
   eo.take_over = take_over;
-  auto env = storage::CephEnv::Open(*pool, eo);
+  auto env = storage::CephEnv::Connect(o, c.pool, eo);
+  INFO(env.status().ToString());
   REQUIRE(env.ok());
   Site s;
   s.env = std::move(*env);

@@ -31,16 +31,10 @@ std::unique_ptr<CephEnv> NewEnv(const CephTestCluster& c, const std::string& pre
   RadosOptions o;
   o.conf_path = c.conf;
   o.client_id = c.client_id;
-  o.settings = CephEnvRadosSettings();
-  auto cluster = RadosCluster::Connect(o);
-  INFO(cluster.status().ToString());
-  REQUIRE(cluster.ok());
-  auto pool = (*cluster)->OpenPool(c.pool);
-  REQUIRE(pool.ok());
   CephEnvOptions eo;
   eo.prefix = prefix;
   eo.take_over = take_over;
-  auto env = CephEnv::Open(*pool, eo);
+  auto env = CephEnv::Connect(o, c.pool, eo);
   INFO(env.status().ToString());
   REQUIRE(env.ok());
   return std::move(*env);
