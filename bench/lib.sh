@@ -10,7 +10,9 @@
 #                               `cdpctl pki` (tenant bench), or clear text
 #   cluster_up DIR [PS_ARGS...] ports, then the master target (DIR/mt) and the
 #                               process server (DIR/spool); returns once both answer.
-#                               MT_NBD=HOST:PORT serves the MT's NBD exports (default none)
+#                               MT_NBD=HOST:PORT serves the MT's NBD exports (default none);
+#                               the environment's MT_ARGS and PS_ARGS (e.g.
+#                               "--max_open_files 128") come first
 #   agent_up VOLUME=PATH [AGENT_ARGS...]   the agent (DIR/agent: bitmaps, nbd.sock); the
 #                               environment's AGENT_ARGS (e.g. "--resync_requests 32") come first
 #   agent_down / cluster_down   SIGTERM and wait (the agent saves its bitmap)
@@ -163,11 +165,11 @@ cluster_up() {
   AG_TOKEN=$CLUSTER_DIR/agent/control.token
   # shellcheck disable=SC2046
   "$MT" --listen 127.0.0.1:$MT_DATA --control 127.0.0.1:$MT_CTL --nbd "${MT_NBD:-none}" --data_dir "$CLUSTER_DIR/mt" \
-    --tenant bench:$BENCH_SECRET --log.file "$CLUSTER_DIR/mt.log" $(tls_args mt) &
+    --tenant bench:$BENCH_SECRET --log.file "$CLUSTER_DIR/mt.log" $(tls_args mt) ${MT_ARGS:-} &
   MT_PID=$!
   # shellcheck disable=SC2046
   "$PS" --listen 127.0.0.1:$PS_DATA --control 127.0.0.1:$PS_CTL --mt 127.0.0.1:$MT_DATA --tenant bench:$BENCH_SECRET \
-    --spool_dir "$CLUSTER_DIR/spool" --log.file "$CLUSTER_DIR/ps.log" $(tls_args ps) "$@" &
+    --spool_dir "$CLUSTER_DIR/spool" --log.file "$CLUSTER_DIR/ps.log" $(tls_args ps) ${PS_ARGS:-} "$@" &
   PS_PID=$!
   bench_wait_up $MT_CTL "$MT_TOKEN" $MT_PID
   bench_wait_up $PS_CTL "$PS_TOKEN" $PS_PID

@@ -26,7 +26,10 @@
 #   bash bench/many_volumes_bench.sh BUILD_DIR [N=100] [SIZE_MB=256] [SECS=20] [TLS=on] [CODEC=zstd] [COMPRESSIBILITY=0.75]
 #
 # AGENT_ARGS adds agent options to both scenarios (e.g. "--budget 16MiB": the
-# capture queue budget is per volume, so N x budget is the agent's bound).
+# capture queue budget is per volume, so N x budget is the agent's bound);
+# MT_ARGS and PS_ARGS do the same for the master target and the process
+# server (e.g. "--max_open_files 128": descriptors bounded below what N
+# volumes keep open).
 # Two cores shared by every daemon and N loadgen processes: run it on a quiet
 # machine. Prints Markdown tables; docs/benchmarks.md ("100 volumes") records runs.
 set -euo pipefail
