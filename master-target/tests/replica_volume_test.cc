@@ -27,6 +27,7 @@ extern "C" size_t __sanitizer_get_current_allocated_bytes();
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/fault_env.h"
+#include "common/file_cache_env.h"
 #include "common/block_digest.h"
 #include "common/hash.h"
 #include "common/metrics.h"
@@ -247,9 +248,13 @@ TEST_CASE("crash at every sync point, restart and resend: replica, journal and i
           "[volume][crash]") {
   // The index on the local file system (sqlite's own VFS: it survives the
   // simulated power cut whole), or in the FaultEnv with the other files
-  // (EnvVfs, as on a Ceph pool: it loses its unsynced bytes too).
-  const bool index_in_env = GENERATE(false, true);
-  CAPTURE(index_in_env);
+  // (EnvVfs, as on a Ceph pool: it loses its unsynced bytes too), or that
+  // and every file through a FileCacheEnv that keeps two of them open (as
+  // the master target's local store: files closed and reopened all the
+  // time, synced first when written).
+  const int layout = GENERATE(0, 1, 2);
+  const bool index_in_env = layout >= 1;
+  CAPTURE(layout);
   StreamGen gen(kVolSize, 77);
   auto batches = gen.Batches(14, 6);
 
@@ -291,10 +296,16 @@ TEST_CASE("crash at every sync point, restart and resend: replica, journal and i
     ManualClock clock;
     if (var.syncs != UINT64_MAX) fault.SetCrashAfterSyncs(var.syncs);
     int batch_no = 0;
-    auto opts = Opts(&fault, &clock, tmp.path() + "/i.db", 16 * 1024);
+    Env* env = &fault;
+    std::unique_ptr<FileCacheEnv> cache;
+    if (layout == 2) {
+      cache = std::make_unique<FileCacheEnv>(&fault, 2);
+      env = cache.get();
+    }
+    auto opts = Opts(env, &clock, tmp.path() + "/i.db", 16 * 1024);
     std::unique_ptr<sqlite::EnvVfs> vfs;
     if (index_in_env) {
-      vfs = std::make_unique<sqlite::EnvVfs>(&fault);
+      vfs = std::make_unique<sqlite::EnvVfs>(env);
       opts.index_vfs = vfs->name();
       opts.index_path = "/t/vol1/index.db";
     }
