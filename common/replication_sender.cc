@@ -655,7 +655,9 @@ void ReplicationSender::SendCall(const std::shared_ptr<FrameChannel>& ch, const 
                                  uint64_t request_id) {
   Status s = ch->Send(request);
   if (s.ok()) return;
-  // Not sent: unless the reader already failed it with the connection, fail it here.
+  // Not sent: unless the reader already failed it with the connection, fail it here,
+  // as the end of the session would (kUnavailable, whatever the channel said:
+  // a channel closed under the send says kAborted).
   CallCallback cb;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -664,7 +666,7 @@ void ReplicationSender::SendCall(const std::shared_ptr<FrameChannel>& ch, const 
     cb = std::move(it->second->callback);
     calls_.erase(it);
   }
-  if (cb) cb(s);
+  if (cb) cb(Status::Unavailable(opt_.peer_name + " connection lost: " + s.ToString()));
 }
 
 Result<proto::HashResponse> ReplicationSender::Hash(StreamId id, const proto::HashRequest& request,
