@@ -22,6 +22,7 @@ extern "C" size_t __sanitizer_get_current_allocated_bytes();
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "common/clock.h"
@@ -881,6 +882,113 @@ TEST_CASE("apply does not read the holes of the replica, and journals them as ze
   // Every point reads back exactly, the one before the first write included.
   REQUIRE(ReadImage(**v, 0) == Bytes(size, 0));
   REQUIRE(ReadImage(**v, 2) == ref.ImageAt(2));
+}
+
+namespace {
+
+// Counts NextData and PunchHole calls on files whose path ends in `suffix`.
+class HoleCountingEnv final : public EnvWrapper {
+ public:
+  HoleCountingEnv(Env* base, std::string suffix) : EnvWrapper(base), suffix_(std::move(suffix)) {}
+  Result<std::unique_ptr<File>> Open(const std::string& p, const OpenOptions& o) override {
+    CDP_ASSIGN_OR_RETURN(auto f, EnvWrapper::Open(p, o));
+    if (p.size() < suffix_.size() || p.compare(p.size() - suffix_.size(), suffix_.size(), suffix_) != 0) return f;
+    return std::unique_ptr<File>(new Counted(std::move(f), this));
+  }
+  std::atomic<uint64_t> next_data{0}, punches{0};
+
+ private:
+  class Counted final : public FileWrapper {
+   public:
+    Counted(std::unique_ptr<File> f, HoleCountingEnv* env) : FileWrapper(std::move(f)), env_(env) {}
+    Result<uint64_t> NextData(uint64_t offset) const override {
+      ++env_->next_data;
+      return FileWrapper::NextData(offset);
+    }
+    Status PunchHole(uint64_t offset, uint64_t len) override {
+      ++env_->punches;
+      return FileWrapper::PunchHole(offset, len);
+    }
+
+   private:
+    HoleCountingEnv* env_;
+  };
+  std::string suffix_;
+};
+
+}  // namespace
+
+TEST_CASE("zero records over holes of the replica cost a few seeks per batch and punch nothing", "[volume][sparse]") {
+  TempDir tmp;
+  auto posix = NewPosixEnv();
+  HoleCountingEnv env(posix.get(), "/replica.img");
+  ManualClock clock;
+  const uint64_t size = 16u << 20, blocks = size / 4096;
+  auto opts = Opts(&env, &clock, tmp.path() + "/i.db", 4 << 20);
+  opts.dir = tmp.path() + "/vol1";
+  VolumeIdentity id = Ident(size);
+  auto v = ReplicaVolume::Open(opts, &id);
+  REQUIRE(v.ok());
+  Bytes image(size, 0);
+  std::mt19937_64 rng(21);
+  uint64_t seq = 0;
+  auto apply = [&](const std::vector<proto::Record>& b) {
+    for (const proto::Record& r : b) {
+      if (r.kind == proto::RecordKind::kData) {
+        std::copy(r.data.begin(), r.data.end(), image.begin() + long(r.offset));
+      } else {
+        std::fill(image.begin() + long(r.offset), image.begin() + long(r.offset + r.length), uint8_t{0});
+      }
+    }
+    auto out = (*v)->ApplyBatch(b);
+    REQUIRE(out.ok());
+    REQUIRE(out->ack);
+  };
+  // Data at 64 scattered blocks.
+  std::vector<uint64_t> data_blocks;
+  std::vector<proto::Record> b1;
+  for (int i = 0; i < 64; ++i) {
+    data_blocks.push_back(rng() % blocks);
+    Bytes d(4096);
+    for (auto& x : d) x = uint8_t(rng() | 1);
+    b1.push_back(DataRecord(++seq, data_blocks.back() * 4096, d));
+  }
+  apply(b1);
+  const uint64_t after_data = seq;
+  const Bytes image_after_data = image;
+  // 4096 zero records at random blocks, most of them holes, some over the
+  // data, some twice: each batch asks where the data is a few times (one
+  // seek per record before), and punches only where the replica held data.
+  env.next_data = 0;
+  env.punches = 0;
+  std::vector<proto::Record> b2;
+  std::set<uint64_t> zeroed;
+  for (int i = 0; i < 4096; ++i) {
+    const uint64_t blk = i % 64 == 0 ? data_blocks[size_t(i / 64)] : rng() % blocks;
+    zeroed.insert(blk);
+    b2.push_back(ZeroRecord(++seq, blk * 4096, 4096, i % 2 == 1));
+  }
+  apply(b2);
+  const std::set<uint64_t> data_set(data_blocks.begin(), data_blocks.end());
+  uint64_t over_data = 0;
+  for (uint64_t blk : zeroed) over_data += data_set.count(blk);
+  INFO("NextData calls: " << env.next_data.load() << ", punches: " << env.punches.load());
+  CHECK(env.next_data.load() < 4096 / 4);  // a few per gap between data blocks (about 370)
+  CHECK(env.punches.load() == over_data);
+  REQUIRE(ReplicaFile(&env, opts.dir, size) == image);
+  // Every point reads right, and the digests follow (the store kept the
+  // entries of the holes, which did not change).
+  REQUIRE(ReadImage(**v, after_data) == image_after_data);
+  REQUIRE(ReadImage(**v, seq) == image);
+  auto h = (*v)->Digests({1u << 20, 0, uint32_t(size >> 20)});
+  REQUIRE(h.ok());
+  for (uint32_t u = 0; u < uint32_t(size >> 20); ++u) {
+    INFO("MiB " << u);
+    CHECK(h->digests[u] == DigestOf(image.data() + (uint64_t(u) << 20), 1u << 20));
+  }
+  // A rollback to before the zeros puts the data back.
+  REQUIRE((*v)->Rollback(after_data).ok());
+  REQUIRE(ReplicaFile(&env, opts.dir, size) == image_after_data);
 }
 
 TEST_CASE("digests of a request spanning many store windows equal the image's", "[volume][digest]") {
