@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "common/log.h"
 #include "common/metrics.h"
@@ -76,6 +77,51 @@ class BatchOverlay {
   std::map<uint64_t, Ext> m_;
 };
 
+// What the replica read as zeros before the batch: disjoint ranges [start,
+// end) learnt from File::NextData (SEEK_DATA) as step 1 of apply asks. The
+// records of a batch at scattered offsets of a sparse replica then cost a few
+// seeks instead of one each, and a zero record over a range that was a hole
+// needs no hole punched. Valid until the batch writes the replica.
+class KnownHoles {
+ public:
+  explicit KnownHoles(const File* replica) : replica_(replica) {}
+
+  // True when [off, off + n) read as zeros before the batch; asks the replica
+  // unless what was learnt already answers.
+  Result<bool> IsHole(uint64_t off, uint64_t n) {
+    if (Covers(off, n)) return true;
+    CDP_ASSIGN_OR_RETURN(uint64_t data, replica_->NextData(off));
+    if (data > off) Add(off, data);
+    return data >= off + n;
+  }
+
+  // From what was learnt only: true when [off, off + n) is known to read as zeros.
+  bool Covers(uint64_t off, uint64_t n) const {
+    auto it = m_.upper_bound(off);
+    if (it == m_.begin()) return false;
+    return std::prev(it)->second >= off + n;
+  }
+
+ private:
+  void Add(uint64_t start, uint64_t end) {
+    auto it = m_.upper_bound(start);
+    if (it != m_.begin() && std::prev(it)->second >= start) {
+      it = std::prev(it);
+      start = it->first;
+      end = std::max(end, it->second);
+      it = m_.erase(it);
+    }
+    while (it != m_.end() && it->first <= end) {
+      end = std::max(end, it->second);
+      it = m_.erase(it);
+    }
+    m_[start] = end;
+  }
+
+  const File* replica_;
+  std::map<uint64_t, uint64_t> m_;  // start -> end
+};
+
 bool IsSealedKind(proto::RecordKind k) {
   return k == proto::RecordKind::kSealed || k == proto::RecordKind::kSealedZero;
 }
@@ -117,12 +163,12 @@ ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected =
 }  // namespace
 
 Status ReplicaVolume::ZeroReplica(uint64_t offset, uint64_t len) {
-  digests_->Forget(offset, len);
   Status s = replica_->PunchHole(offset, len);
   if (s.ok()) {
     digests_->Zeroed(offset, len);
     return s;
   }
+  digests_->Forget(offset, len);  // the punch may have changed part of the range
   static const std::vector<uint8_t> zeros(kZeroChunk, 0);
   while (len > 0) {
     uint64_t n = std::min(len, kZeroChunk);
@@ -385,6 +431,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   };
   std::vector<Chunk> chunks;
   std::vector<ReadOp> reads;
+  KnownHoles holes(replica_.get());
   size_t next_rec = first;
   uint64_t next_done = 0;
   while (next_rec < recs.size()) {
@@ -405,10 +452,10 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
       // sync onto a fresh replica reads nothing (reading a hole costs the
       // kernel a zeroed page-cache page per 4 KiB: most of the master
       // target's CPU in that case).
-      CDP_ASSIGN_OR_RETURN(uint64_t data, replica_->NextData(off));
+      CDP_ASSIGN_OR_RETURN(bool hole, holes.IsHole(off, n));
       next_done += n;
       const bool last = next_done == r.length;
-      chunks.push_back(Chunk{next_rec, off, n, last, data >= off + n, window});
+      chunks.push_back(Chunk{next_rec, off, n, last, hole, window});
       window += n;
       if (last) {
         ++next_rec;
@@ -450,7 +497,9 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   }
   // 4. The replica (sync point 2): the batch's final image, `overlay`, as
   // disjoint extents. Zeros first (holes punched), then every data extent in
-  // one batched write (replica_io.h).
+  // one batched write (replica_io.h). Zeros where step 1 found a hole are
+  // there already (nothing has written the replica since), and the digest
+  // store's entries for them stay right.
   bool replica_dirty = false;
   std::vector<WriteOp> writes;
   Status zs;
@@ -458,7 +507,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
     replica_dirty = true;
     if (data) {
       writes.push_back(WriteOp{off, ByteSpan(data, len)});
-    } else if (zs.ok()) {
+    } else if (zs.ok() && !holes.Covers(off, len)) {
       zs = ZeroReplica(off, len);
     }
   });

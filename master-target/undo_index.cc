@@ -179,7 +179,18 @@ Status UndoIndex::Insert(std::span<const UndoEntry> entries) {
   if (entries.empty()) return Status::OK();
   uint32_t max_len = 0;
   std::vector<std::pair<uint64_t, uint64_t>> regions;  // (region, max seq), sorted by region after the loop
-  for (const UndoEntry& e : entries) {
+  // In key order, so that the records of a batch that share a page of `undo`
+  // change it in one run: in journal order, records at scattered offsets
+  // each took a page that the small writer cache (kIndexCacheKiB) had
+  // spilled to the WAL back from it, and spilled it again.
+  std::vector<const UndoEntry*> order;
+  order.reserve(entries.size());
+  for (const UndoEntry& e : entries) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const UndoEntry* a, const UndoEntry* b) {
+    return a->offset != b->offset ? a->offset < b->offset : a->seq < b->seq;
+  });
+  for (const UndoEntry* p : order) {
+    const UndoEntry& e = *p;
     CDP_RETURN_IF_ERROR(insert_->Reset());
     CDP_RETURN_IF_ERROR(insert_->BindAll(e.offset, e.seq, int64_t(e.length), int64_t(e.kind), e.segment,
                                          e.file_offset, int64_t(e.crc), e.time_us));

@@ -20,8 +20,12 @@ extern "C" size_t __sanitizer_get_current_allocated_bytes();
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "common/clock.h"
@@ -894,6 +898,113 @@ TEST_CASE("apply does not read the holes of the replica, and journals them as ze
   REQUIRE(ReadImage(**v, 2) == ref.ImageAt(2));
 }
 
+namespace {
+
+// Counts NextData and PunchHole calls on files whose path ends in `suffix`.
+class HoleCountingEnv final : public EnvWrapper {
+ public:
+  HoleCountingEnv(Env* base, std::string suffix) : EnvWrapper(base), suffix_(std::move(suffix)) {}
+  Result<std::unique_ptr<File>> Open(const std::string& p, const OpenOptions& o) override {
+    CDP_ASSIGN_OR_RETURN(auto f, EnvWrapper::Open(p, o));
+    if (p.size() < suffix_.size() || p.compare(p.size() - suffix_.size(), suffix_.size(), suffix_) != 0) return f;
+    return std::unique_ptr<File>(new Counted(std::move(f), this));
+  }
+  std::atomic<uint64_t> next_data{0}, punches{0};
+
+ private:
+  class Counted final : public FileWrapper {
+   public:
+    Counted(std::unique_ptr<File> f, HoleCountingEnv* env) : FileWrapper(std::move(f)), env_(env) {}
+    Result<uint64_t> NextData(uint64_t offset) const override {
+      ++env_->next_data;
+      return FileWrapper::NextData(offset);
+    }
+    Status PunchHole(uint64_t offset, uint64_t len) override {
+      ++env_->punches;
+      return FileWrapper::PunchHole(offset, len);
+    }
+
+   private:
+    HoleCountingEnv* env_;
+  };
+  std::string suffix_;
+};
+
+}  // namespace
+
+TEST_CASE("zero records over holes of the replica cost a few seeks per batch and punch nothing", "[volume][sparse]") {
+  TempDir tmp;
+  auto posix = NewPosixEnv();
+  HoleCountingEnv env(posix.get(), "/replica.img");
+  ManualClock clock;
+  const uint64_t size = 16u << 20, blocks = size / 4096;
+  auto opts = Opts(&env, &clock, tmp.path() + "/i.db", 4 << 20);
+  opts.dir = tmp.path() + "/vol1";
+  VolumeIdentity id = Ident(size);
+  auto v = ReplicaVolume::Open(opts, &id);
+  REQUIRE(v.ok());
+  Bytes image(size, 0);
+  std::mt19937_64 rng(21);
+  uint64_t seq = 0;
+  auto apply = [&](const std::vector<proto::Record>& b) {
+    for (const proto::Record& r : b) {
+      if (r.kind == proto::RecordKind::kData) {
+        std::copy(r.data.begin(), r.data.end(), image.begin() + long(r.offset));
+      } else {
+        std::fill(image.begin() + long(r.offset), image.begin() + long(r.offset + r.length), uint8_t{0});
+      }
+    }
+    auto out = (*v)->ApplyBatch(b);
+    REQUIRE(out.ok());
+    REQUIRE(out->ack);
+  };
+  // Data at 64 scattered blocks.
+  std::vector<uint64_t> data_blocks;
+  std::vector<proto::Record> b1;
+  for (int i = 0; i < 64; ++i) {
+    data_blocks.push_back(rng() % blocks);
+    Bytes d(4096);
+    for (auto& x : d) x = uint8_t(rng() | 1);
+    b1.push_back(DataRecord(++seq, data_blocks.back() * 4096, d));
+  }
+  apply(b1);
+  const uint64_t after_data = seq;
+  const Bytes image_after_data = image;
+  // 4096 zero records at random blocks, most of them holes, some over the
+  // data, some twice: each batch asks where the data is a few times (one
+  // seek per record before), and punches only where the replica held data.
+  env.next_data = 0;
+  env.punches = 0;
+  std::vector<proto::Record> b2;
+  std::set<uint64_t> zeroed;
+  for (int i = 0; i < 4096; ++i) {
+    const uint64_t blk = i % 64 == 0 ? data_blocks[size_t(i / 64)] : rng() % blocks;
+    zeroed.insert(blk);
+    b2.push_back(ZeroRecord(++seq, blk * 4096, 4096, i % 2 == 1));
+  }
+  apply(b2);
+  const std::set<uint64_t> data_set(data_blocks.begin(), data_blocks.end());
+  uint64_t over_data = 0;
+  for (uint64_t blk : zeroed) over_data += data_set.count(blk);
+  INFO("NextData calls: " << env.next_data.load() << ", punches: " << env.punches.load());
+  CHECK(env.next_data.load() < 4096 / 4);  // a few per gap between data blocks (about 370)
+  CHECK(env.punches.load() == over_data);
+  REQUIRE(ReplicaFile(&env, opts.dir, size) == image);
+  // Every point reads right, and the digests follow (the store kept the
+  // entries of the holes, which did not change).
+  REQUIRE(ReadImage(**v, after_data) == image_after_data);
+  REQUIRE(ReadImage(**v, seq) == image);
+  auto h = (*v)->Digests({1u << 20, 0, uint32_t(size >> 20)});
+  REQUIRE(h.ok());
+  for (uint32_t u = 0; u < uint32_t(size >> 20); ++u) {
+    INFO("MiB " << u);
+    CHECK(h->digests[u] == DigestOf(image.data() + (uint64_t(u) << 20), 1u << 20));
+  }
+  // A rollback to before the zeros puts the data back.
+  REQUIRE((*v)->Rollback(after_data).ok());
+  REQUIRE(ReplicaFile(&env, opts.dir, size) == image_after_data);
+}
+
 TEST_CASE("digests of a request spanning many store windows equal the image's", "[volume][digest]") {
   TempDir tmp;
   auto env = NewMemEnv();
@@ -966,8 +1077,8 @@ double MemoryInUse(Env* env) {
 
 }  // namespace
 
-TEST_CASE("memory does not grow with the undo journal: 10^6 undo records cost less than 16 MiB of anonymous RSS (of "
-          "heap under ASan), and every point still reads right",
+TEST_CASE("memory does not grow with the undo journal: with 10^7 undo records anonymous RSS (heap under ASan) grows "
+          "less than 16 MiB and stays under 64 MiB plus 1 MiB for the volume, and every point still reads right",
           "[volume][scale]") {
   TempDir tmp;
   auto env = NewPosixEnv();
@@ -981,20 +1092,35 @@ TEST_CASE("memory does not grow with the undo journal: 10^6 undo records cost le
   o.point_interval_us = 0;
   const VolumeIdentity id = Ident(uint64_t(1) << 32);  // 4 GiB, sparse
   auto rss_mib = [&] { return MemoryInUse(env.get()) / (1 << 20); };
+#if !CDP_UNDER_ASAN && defined(__GLIBC__)
+  // The heap that earlier tests in this process freed and glibc kept (over
+  // 100 MiB when the whole binary runs) goes back to the system first, so
+  // that the absolute value below is this test's; whatever apply frees and
+  // glibc keeps from here on counts, as it would in an MT.
+  malloc_trim(0);
+#endif
   const double rss0 = rss_mib();
   REQUIRE(rss0 > 0);
   auto v = ReplicaVolume::Open(o, &id);
   REQUIRE(v.ok());
-  // 4 KiB zero records at random blocks (the journal holds headers only),
-  // then one data record per batch at block 0 with the batch number.
+  // 4 KiB zero records (the journal holds headers only) at random blocks of
+  // a hot set of 2048 blocks spread over the volume, then one data record per
+  // batch at block 0 with the batch number. Memory is the same for records at
+  // random blocks of the whole volume, but there each record costs the undo
+  // index a page of its own (offset-major keys): about 170 s here for 10^7,
+  // where a hot set lets a batch's records share their pages.
   std::mt19937_64 rng(3);
   const uint64_t blocks = id.size / 4096;
-  constexpr uint64_t kBatches = 61, kPerBatch = 16384;
+  constexpr uint64_t kBatches = 611, kPerBatch = 16384, kHotBlocks = 2048;
+  std::vector<uint64_t> hot(kHotBlocks);
+  for (uint64_t& h : hot) h = 1 + rng() % (blocks - 1);
   uint64_t seq = 0;
   std::vector<uint64_t> batch_end;
+  const auto t_apply = std::chrono::steady_clock::now();
   for (uint64_t b = 0; b < kBatches; ++b) {
     std::vector<proto::Record> recs;
-    for (uint64_t i = 0; i < kPerBatch; ++i) recs.push_back(ZeroRecord(++seq, (1 + rng() % (blocks - 1)) * 4096, 4096));
+    recs.reserve(kPerBatch + 1);
+    for (uint64_t i = 0; i < kPerBatch; ++i) recs.push_back(ZeroRecord(++seq, hot[rng() % kHotBlocks] * 4096, 4096));
     recs.push_back(DataRecord(++seq, 0, Bytes(4096, uint8_t(b + 1))));
     auto out = (*v)->ApplyBatch(recs);
     REQUIRE(out.ok());
@@ -1002,7 +1128,9 @@ TEST_CASE("memory does not grow with the undo journal: 10^6 undo records cost le
     batch_end.push_back(seq);
   }
   const uint64_t records = (*v)->GetStatus().undo_records;
-  CHECK(records == kBatches * (kPerBatch + 1));
+  REQUIRE(records == kBatches * (kPerBatch + 1));
+  REQUIRE(records >= 10'000'000);
+  INFO("applied in " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_apply).count() << " s");
   // Block 0 as of each batch's end, and before the first.
   Bytes block(4096);
   REQUIRE((*v)->ReadAt(0, 0, 4096, block.data()).ok());
@@ -1011,17 +1139,32 @@ TEST_CASE("memory does not grow with the undo journal: 10^6 undo records cost le
     REQUIRE((*v)->ReadAt(batch_end[b], 0, 4096, block.data()).ok());
     CHECK(block == Bytes(4096, uint8_t(b + 1)));
   }
-  const double grown = rss_mib() - rss0;
-  INFO("RSS grew " << grown << " MiB for " << records << " undo records");
-  CHECK(grown < 16.0);  // the in-memory index took about 100 MiB for as many
+  // A hot block as of the first point: zeros (never written with data).
+  REQUIRE((*v)->ReadAt(batch_end[0], hot[0] * 4096, 4096, block.data()).ok());
+  CHECK(block == Bytes(4096, 0));
+  // The issue's target: an MT's RSS at most 64 MiB plus 1 MiB per protected
+  // volume, whatever the journal length. This process is an MT with one
+  // volume and its test harness; the pages of the binary and its libraries
+  // are not counted (RssAnon), nor the kernel's page cache of the index.
+  // Growth: the in-memory index this replaced took about 100 MiB for 10^6.
+  constexpr double kTargetMiB = 64 + 1;
+  const double after_apply = rss_mib();
+  INFO("before " << rss0 << " MiB, after " << records << " undo records " << after_apply << " MiB");
+  CHECK(after_apply - rss0 < 16.0);
+  CHECK(after_apply < kTargetMiB);
   // A restart reads nothing of the journal to answer.
   v->reset();
-  auto t0 = std::chrono::steady_clock::now();
+  const auto t_open = std::chrono::steady_clock::now();
   v = ReplicaVolume::Open(o, nullptr);
   REQUIRE(v.ok());
-  INFO("reopen took " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
+  INFO("reopen took " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_open).count() << " s");
   CHECK((*v)->GetStatus().undo_records == records);
   REQUIRE((*v)->ReadAt(batch_end[30], 0, 4096, block.data()).ok());
   CHECK(block == Bytes(4096, uint8_t(31)));
-  CHECK(rss_mib() - rss0 < 16.0);
+  const double after_reopen = rss_mib();
+  INFO("after reopen " << after_reopen << " MiB");
+  CHECK(after_reopen - rss0 < 16.0);
+  CHECK(after_reopen < kTargetMiB);
+  WARN("10^7 undo records: RSS " << rss0 << " MiB before, " << after_apply << " after apply, " << after_reopen
+                                 << " after reopen");
 }
