@@ -504,11 +504,12 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   std::vector<WriteOp> writes;
   Status zs;
   overlay.ForEach([&](uint64_t off, uint64_t len, const uint8_t* data) {
-    replica_dirty = true;
     if (data) {
       writes.push_back(WriteOp{off, ByteSpan(data, len)});
+      replica_dirty = true;
     } else if (zs.ok() && !holes.Covers(off, len)) {
       zs = ZeroReplica(off, len);
+      replica_dirty = true;
     }
   });
   CDP_RETURN_IF_ERROR(zs);
