@@ -1121,3 +1121,27 @@ TEST_CASE("failback: the plan is the journal after the point plus the provider's
   REQUIRE(std::get_if<proto::Ack>(&m) != nullptr);
   CHECK(v->state() == VolumeState::kReplicating);
 }
+
+TEST_CASE("one master target per data_dir: a second one is refused while the first runs, and starts once it stopped",
+          "[server]") {
+  TempDir dir;
+  Daemon first(dir.path());
+  auto env = NewPosixEnv();
+  MasterTargetOptions o;
+  o.env = env.get();
+  o.clock = SystemClock::Get();
+  o.data_dir = dir.path();
+  o.tenants = {{"acme", "s3cret-acme"}};
+  o.listen = {"127.0.0.1", 0};
+  o.control.port = 0;
+  o.nbd.port = 0;
+  {
+    MasterTarget second(o);
+    const Status s = second.Start();
+    CHECK(s.code() == Code::kBusy);
+    CHECK(s.message().find("LOCK is locked by another holder") != std::string::npos);
+  }
+  first.mt->Stop();
+  MasterTarget third(o);
+  CHECK(third.Start().ok());
+}

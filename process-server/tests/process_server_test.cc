@@ -185,6 +185,21 @@ TEST_CASE("agent contract: open, ack, duplicates, gap, unknown volume, reopen", 
   CHECK(Expect<cdp::proto::VolumeOpenReply>(*ch).durable_seq == 4);
 }
 
+TEST_CASE("one process server per spool_dir: a second one is refused while the first runs", "[server]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ps::ProcessServer first(Options(env.get()));
+  REQUIRE(first.Start().ok());
+  {
+    cdp::ps::ProcessServer second(Options(env.get()));
+    const cdp::Status s = second.Start();
+    CHECK(s.code() == cdp::Code::kBusy);
+    CHECK(s.message().find("/ps/spool/LOCK is locked by another holder") != std::string::npos);
+  }
+  first.Stop();
+  cdp::ps::ProcessServer third(Options(env.get()));
+  CHECK(third.Start().ok());
+}
+
 TEST_CASE("agent contract: a wrong secret or an unknown tenant is refused", "[server]") {
   auto env = cdp::NewMemEnv();
   cdp::ps::ProcessServer ps(Options(env.get()));
