@@ -49,6 +49,16 @@ class CountingEnv : public EnvWrapper {
 
 Bytes Fill(size_t n, uint8_t v) { return Bytes(n, v); }
 
+// Opens `path` through `env`, creating it.
+std::unique_ptr<File> Create(Env* env, const std::string& path) {
+  OpenOptions o;
+  o.create = true;
+  auto f = env->Open(path, o);
+  INFO(path << ": " << f.status().ToString());
+  REQUIRE(f.ok());
+  return std::move(*f);
+}
+
 Bytes ReadAll(File* f) {
   auto size = f->Size();
   REQUIRE(size.ok());
@@ -105,13 +115,13 @@ TEST_CASE("file cache: reopening applies neither create, exclusive nor truncate 
   FileCacheEnv cache(mem.get(), 1);
   OpenOptions o;
   o.create = o.exclusive = o.truncate = true;
-  auto a = cache.Open("/a", o);
-  REQUIRE(a.ok());
-  REQUIRE((*a)->Write(0, Fill(4096, 7)).ok());
-  auto b = cache.Open("/b", o);  // closes /a
-  REQUIRE(b.ok());
+  auto opened = cache.Open("/a", o);
+  REQUIRE(opened.ok());
+  auto a = std::move(*opened);
+  REQUIRE(a->Write(0, Fill(4096, 7)).ok());
+  auto b = Create(&cache, "/b");  // closes /a
   CHECK(cache.open_files() == 1);
-  CHECK(ReadAll(a->get()) == Fill(4096, 7));
+  CHECK(ReadAll(a.get()) == Fill(4096, 7));
   CHECK(cache.reopens() == 1);
 }
 
@@ -120,25 +130,21 @@ TEST_CASE("file cache: writes not synced when the cache closes a file are synced
   auto mem = NewMemEnv();
   FaultEnv fault(mem.get());
   FileCacheEnv cache(&fault, 1);
-  OpenOptions o;
-  o.create = true;
-  auto a = cache.Open("/a", o);
-  REQUIRE(a.ok());
+  auto a = Create(&cache, "/a");
   REQUIRE(fault.SyncDir("/").ok());
-  REQUIRE((*a)->Write(0, Fill(8192, 1)).ok());
+  REQUIRE(a->Write(0, Fill(8192, 1)).ok());
   const uint64_t syncs = fault.CallCount(FaultEnv::Op::kSync);
-  auto b = cache.Open("/b", o);  // closes /a: syncs it first
-  REQUIRE(b.ok());
+  auto b = Create(&cache, "/b");  // closes /a: syncs it first
   CHECK(fault.CallCount(FaultEnv::Op::kSync) == syncs + 1);
   // A clean file is closed without a sync.
-  REQUIRE((*b)->Sync().ok());
+  REQUIRE(b->Sync().ok());
   REQUIRE(fault.SyncDir("/").ok());
-  REQUIRE((*a)->Write(8192, Fill(4096, 2)).ok());  // reopens /a, closes /b (clean)
+  REQUIRE(a->Write(8192, Fill(4096, 2)).ok());  // reopens /a, closes /b (clean)
   CHECK(fault.CallCount(FaultEnv::Op::kSync) == syncs + 2);
   // A Sync through the reopened file covers what was written before the close.
-  REQUIRE((*a)->Sync().ok());
-  b->reset();
-  a->reset();
+  REQUIRE(a->Sync().ok());
+  b.reset();
+  a.reset();
   REQUIRE(fault.DropUnsyncedData().ok());
   auto again = mem->Open("/a", {});
   REQUIRE(again.ok());
@@ -153,19 +159,15 @@ TEST_CASE("file cache: a failed sync at close is returned by every later Sync of
   auto mem = NewMemEnv();
   FaultEnv fault(mem.get());
   FileCacheEnv cache(&fault, 1);
-  OpenOptions o;
-  o.create = true;
-  auto a = cache.Open("/a", o);
-  REQUIRE(a.ok());
-  REQUIRE((*a)->Write(0, Fill(4096, 1)).ok());
+  auto a = Create(&cache, "/a");
+  REQUIRE(a->Write(0, Fill(4096, 1)).ok());
   fault.InjectError(FaultEnv::Op::kSync, EIO);
-  auto b = cache.Open("/b", o);  // the close of /a fails its sync
-  REQUIRE(b.ok());
+  auto b = Create(&cache, "/b");  // the close of /a fails its sync
   fault.ClearErrors();
-  const Status s1 = (*a)->Sync();
+  const Status s1 = a->Sync();
   CHECK(s1.code() == Code::kIOError);
-  CHECK((*a)->Sync().code() == Code::kIOError);
-  CHECK((*b)->Sync().ok());
+  CHECK(a->Sync().code() == Code::kIOError);
+  CHECK(b->Sync().ok());
 }
 
 TEST_CASE("file cache: a file removed or renamed over while its handle is closed still reads its own bytes",
@@ -173,30 +175,25 @@ TEST_CASE("file cache: a file removed or renamed over while its handle is closed
   auto mem = NewMemEnv();
   CountingEnv count(mem.get());
   FileCacheEnv cache(&count, 1);
-  OpenOptions o;
-  o.create = true;
-  auto a = cache.Open("/a", o);
-  REQUIRE(a.ok());
-  REQUIRE((*a)->Write(0, Fill(100, 1)).ok());
-  auto c = cache.Open("/c", o);
-  REQUIRE(c.ok());
-  REQUIRE((*c)->Write(0, Fill(50, 3)).ok());
-  auto b = cache.Open("/b", o);  // /a and /c are closed now
-  REQUIRE(b.ok());
-  REQUIRE((*b)->Write(0, Fill(70, 2)).ok());
+  auto a = Create(&cache, "/a");
+  REQUIRE(a->Write(0, Fill(100, 1)).ok());
+  auto c = Create(&cache, "/c");
+  REQUIRE(c->Write(0, Fill(50, 3)).ok());
+  auto b = Create(&cache, "/b");  // /a and /c are closed now
+  REQUIRE(b->Write(0, Fill(70, 2)).ok());
   CHECK(count.open.load() == 1);
 
   REQUIRE(cache.Remove("/a").ok());
   CHECK(!cache.Exists("/a"));
-  CHECK(ReadAll(a->get()) == Fill(100, 1));
+  CHECK(ReadAll(a.get()) == Fill(100, 1));
   REQUIRE(cache.Rename("/c", "/b").ok());  // over /b, whose handle is open
-  CHECK(ReadAll(b->get()) == Fill(70, 2));
-  CHECK(ReadAll(c->get()) == Fill(50, 3));
+  CHECK(ReadAll(b.get()) == Fill(70, 2));
+  CHECK(ReadAll(c.get()) == Fill(50, 3));
   // Pinned files stay open, and are not counted against the bound.
   CHECK(cache.open_files() == 3);
-  a->reset();
-  b->reset();
-  c->reset();
+  a.reset();
+  b.reset();
+  c.reset();
   CHECK(count.open.load() == 0);
   CHECK(cache.open_files() == 0);
 }
