@@ -8,6 +8,7 @@
 
 #include "common/control_token.h"
 #include "common/daemon.h"
+#include "common/file_cache_env.h"
 #include "common/host_port.h"
 
 namespace cdp::agent {
@@ -189,8 +190,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   ao.sender.max_inflight = std::max(1, vm["max_inflight"].as<int>());
   ao.ps_connections = vm["ps_connections"].as<int>();
   ao.max_open_files = vm["max_open_files"].as<size_t>();
-  if (ao.max_open_files > 0 && ao.max_open_files < 16)
-    return Status::InvalidArgument("'max_open_files' must be 0 (no bound) or at least 16");
+  CDP_RETURN_IF_ERROR(CheckMaxOpenFiles(ao.max_open_files));
   if (ao.ps_connections < 1 || ao.ps_connections > 64)
     return Status::InvalidArgument("'ps_connections' must be 1..64, not " + std::to_string(ao.ps_connections));
   ao.sender.resync.fill_target = vm["resync_fill_target"].as<ByteSize>().bytes;

@@ -1,5 +1,6 @@
 #include "common/file_cache_env.h"
 
+#include <string>
 #include <utility>
 
 namespace cdp {
@@ -126,6 +127,12 @@ class FileCacheEnv::CachedFile final : public File {
   std::list<CachedFile*>::iterator lru_it_;
   std::multimap<std::string, CachedFile*>::iterator path_it_;
 };
+
+Status CheckMaxOpenFiles(size_t max_open_files) {
+  if (max_open_files == 0 || max_open_files >= kMinMaxOpenFiles) return Status::OK();
+  return Status::InvalidArgument("'max_open_files' must be 0 (no bound) or at least " +
+                                 std::to_string(kMinMaxOpenFiles));
+}
 
 FileCacheEnv::FileCacheEnv(Env* base, size_t max_open) : EnvWrapper(base), max_open_(max_open < 1 ? 1 : max_open) {}
 

@@ -50,6 +50,11 @@
 
 namespace cdp {
 
+// The daemons' `max_open_files` key: 0 (no cache, no bound) or at least
+// kMinMaxOpenFiles; kInvalidArgument naming the key otherwise.
+inline constexpr size_t kMinMaxOpenFiles = 16;
+Status CheckMaxOpenFiles(size_t max_open_files);
+
 class FileCacheEnv : public EnvWrapper {
  public:
   // `base` must outlive this Env, and this Env every File opened through it.

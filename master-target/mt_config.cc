@@ -2,6 +2,7 @@
 
 #include "common/control_token.h"
 #include "common/daemon.h"
+#include "common/file_cache_env.h"
 #include "common/host_port.h"
 #include "common/protocol.h"
 #include "storage/ceph_env.h"
@@ -148,8 +149,7 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   }
   o.replica_direct_io = replica_io == "direct";
   o.max_open_files = vm["max_open_files"].as<size_t>();
-  if (o.max_open_files > 0 && o.max_open_files < 16)
-    return Status::InvalidArgument("max_open_files must be 0 (no bound) or at least 16");
+  CDP_RETURN_IF_ERROR(CheckMaxOpenFiles(o.max_open_files));
   o.journal_zstd_level = vm["journal_compression"].as<int>();
   if (o.journal_zstd_level < 0 || o.journal_zstd_level > 19)
     return Status::InvalidArgument("journal_compression must be 0..19");

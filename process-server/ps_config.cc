@@ -3,6 +3,7 @@
 #include "common/codec.h"
 #include "common/control_token.h"
 #include "common/daemon.h"
+#include "common/file_cache_env.h"
 #include "common/host_port.h"
 
 #include <tuple>
@@ -163,8 +164,7 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
   if (o.connections < 1 || o.connections > 64) return Status::InvalidArgument("'connections' must be 1..64");
   o.compress_threads = vars["compress_threads"].as<int>();
   o.max_open_files = vars["max_open_files"].as<size_t>();
-  if (o.max_open_files > 0 && o.max_open_files < 16)
-    return Status::InvalidArgument("'max_open_files' must be 0 (no bound) or at least 16");
+  CDP_RETURN_IF_ERROR(CheckMaxOpenFiles(o.max_open_files));
   if (o.compress_threads < 0 || o.compress_threads > 256)
     return Status::InvalidArgument("'compress_threads' must be 0..256");
   o.throttle.default_mbps = vars["throttle_mbps"].as<double>();
