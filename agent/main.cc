@@ -17,6 +17,7 @@ int Fail(const std::string& msg) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cdp::TuneMalloc();  // keep freed data-path buffers (common/daemon.h)
   cdp::StopSignals signals;
   cdp::RaiseOpenFileLimit();  // descriptors grow with volumes (common/daemon.h)
   cdp::ConfigOptions co;

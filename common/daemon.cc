@@ -1,5 +1,6 @@
 #include "common/daemon.h"
 
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <csignal>
@@ -26,6 +27,12 @@ uint64_t RaiseOpenFileLimit() {
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
   }
   return uint64_t(lim.rlim_cur);
+}
+
+bool TuneMalloc() {
+  const bool threshold = ::mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+  const bool trim = ::mallopt(M_TRIM_THRESHOLD, 64 << 20) == 1;
+  return threshold && trim;
 }
 
 int StopSignals::Wait(const std::function<void()>& on_hup) {

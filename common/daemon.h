@@ -40,6 +40,20 @@ class StopSignals {
 // when it is already the hard limit).
 uint64_t RaiseOpenFileLimit();
 
+// Keeps the data path's freed buffers for reuse. By default glibc serves a
+// buffer over 128 KiB (a frame, a batch, a record of a resync run) with its
+// own mmap and gives the memory back at free, or trims an arena's free top
+// back to the kernel with madvise; the next buffer then faults its pages in
+// and zeroes them again. Shipping 2 GiB through a process server spent more
+// CPU on those faults than on TLS (docs/benchmarks.md, "Initial sync").
+// Raises the mmap threshold to 32 MiB (the largest glibc takes) and the trim
+// threshold to 64 MiB: buffers up to 32 MiB come from the arenas and stay
+// there once freed. Peak memory is what it was (every buffer is capped by the
+// protocol's and the daemon's own limits); the resident size no longer drops
+// below that peak after it. Call first thing in main(). False when glibc
+// refused a setting.
+bool TuneMalloc();
+
 // The caps on a daemon's peer connections (common/listener.h), from the config
 // keys `max_connections` (all peers) and `max_connections_per_peer` (one IP
 // address), both 1..65536; AddConnectionCapOptions declares them.

@@ -11,6 +11,7 @@
 #include "process-server/process_server.h"
 
 int main(int argc, char** argv) {
+  cdp::TuneMalloc();  // keep freed data-path buffers (common/daemon.h)
   cdp::StopSignals signals;
   cdp::RaiseOpenFileLimit();  // descriptors grow with volumes (common/daemon.h)
 
