@@ -137,40 +137,46 @@ Status EncodeBatch(const WriteBatch& wb, Bytes& out) {
   for (const Record& rec : wb.records) raw_size += kRecordHeaderSize + rec.data.size();
   if (raw_size > kMaxBatchRaw) return Invalid("record block larger than kMaxBatchRaw");
 
-  Bytes block;
-  block.reserve(size_t(raw_size));
+  // The record block is written in place, after the batch header; it is
+  // replaced by its compressed form only when that is smaller.
+  const size_t start = out.size();
+  out.reserve(start + kBatchHeaderSize + size_t(raw_size));
+  PutFixed32(out, wb.volume_id);
+  PutU8(out, uint8_t(Codec::kNone));  // set below
+  PutFixed32(out, uint32_t(raw_size));
+  PutFixed32(out, uint32_t(wb.records.size()));
+  const size_t block_at = out.size();
   uint64_t expected = 0;
   for (const Record& rec : wb.records) {
     Status s = CheckRecord(rec.seq, rec.offset, rec.length, rec.kind, rec.data, expected);
     if (!s.ok()) return Invalid(s.message());
     expected = rec.seq + 1;
     if (expected == 0) return Invalid("record sequence overflows");
-    PutFixed64(block, rec.seq);
-    PutFixed64(block, rec.offset);
-    PutFixed32(block, rec.length);
-    PutU8(block, uint8_t(rec.kind));
-    PutFixed64(block, rec.timestamp_us);
-    PutFixed32(block, uint32_t(rec.data.size()));
-    PutBytes(block, rec.data);
+    PutFixed64(out, rec.seq);
+    PutFixed64(out, rec.offset);
+    PutFixed32(out, rec.length);
+    PutU8(out, uint8_t(rec.kind));
+    PutFixed64(out, rec.timestamp_us);
+    PutFixed32(out, uint32_t(rec.data.size()));
+    PutBytes(out, rec.data);
   }
 
   Codec codec = wb.codec;
-  Bytes compressed;
   if (codec != Codec::kNone) {
     std::unique_ptr<cdp::Codec> c = NewCodec(codec, wb.level);
     if (!c) return Invalid("codec unavailable");
-    CDP_RETURN_IF_ERROR(c->Compress(block, &compressed));
+    Bytes compressed;
+    CDP_RETURN_IF_ERROR(c->Compress(ByteSpan(out).subspan(block_at), &compressed));
     // Incompressible data travels raw: the receiver then skips a useless pass.
-    if (compressed.size() >= block.size()) codec = Codec::kNone;
+    if (compressed.size() < raw_size) {
+      out.resize(block_at);
+      PutBytes(out, compressed);
+    } else {
+      codec = Codec::kNone;
+    }
   }
-  const Bytes& body = codec == Codec::kNone ? block : compressed;
-  if (kBatchHeaderSize + body.size() > kMaxPayload) return Invalid("write batch larger than kMaxPayload");
-  out.reserve(kBatchHeaderSize + body.size());
-  PutFixed32(out, wb.volume_id);
-  PutU8(out, uint8_t(codec));
-  PutFixed32(out, uint32_t(block.size()));
-  PutFixed32(out, uint32_t(wb.records.size()));
-  PutBytes(out, body);
+  out[start + 4] = uint8_t(codec);
+  if (out.size() - start > kMaxPayload) return Invalid("write batch larger than kMaxPayload");
   return Status::OK();
 }
 
@@ -813,7 +819,7 @@ DecodeOutcome DecodeFrame(ByteSpan input, Frame* out, uint32_t max_payload) {
   out->type = MsgType(h[5]);
   out->flags = flags;
   out->sequence = DecodeFixed64(h + 12);
-  out->payload.assign(h + kHeaderSize, h + kHeaderSize + length);
+  out->payload = ByteSpan(h + kHeaderSize, length);
   o.state = DecodeState::kComplete;
   o.consumed = kHeaderSize + length;
   return o;

@@ -316,11 +316,13 @@ using Message = std::variant<Hello, Challenge, Auth, AuthResult, VolumeOpen, Vol
 MsgType TypeOf(const Message& m);
 
 // A decoded frame whose header and CRC were checked; payload not yet parsed.
+// A decoded frame. Its payload views the bytes DecodeFrame was given (no copy:
+// a receiver parses it where it arrived), so it is valid while they are.
 struct Frame {
   MsgType type{};
   uint16_t flags = 0;
   uint64_t sequence = 0;
-  Bytes payload;
+  ByteSpan payload;
 };
 
 enum class DecodeState { kComplete, kNeedMore, kBad };
@@ -333,7 +335,7 @@ struct DecodeOutcome {
 
 // Looks at the bytes received so far. On kComplete fills *out and says how many
 // bytes it used; on kNeedMore consumes nothing; on kBad the stream must be dropped.
-// `max_payload` (<= kMaxPayload) is checked before the payload is copied.
+// `max_payload` (<= kMaxPayload) is checked before the payload's CRC is.
 DecodeOutcome DecodeFrame(ByteSpan input, Frame* out, uint32_t max_payload = kMaxPayload);
 
 // Parses a frame's payload into its message. Validates every field (names,

@@ -60,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size >= 1) {
     Frame fr;
     fr.type = MsgType(data[0] % 14);  // includes the invalid type 0
-    fr.payload.assign(data + 1, data + size);
+    fr.payload = ByteSpan(data + 1, size - 1);
     Result<Message> m = ParseMessage(fr);
     // 3. Round trip of whatever parsed.
     if (m.ok()) CheckRoundTrip(*m);

@@ -582,7 +582,7 @@ TEST_CASE("a sealed volume open carries a flags byte, an unsealed one is encoded
   // Unknown flag bits and bytes after the flags are refused.
   Frame fr;
   REQUIRE(DecodeFrame(*sealed, &fr).state == DecodeState::kComplete);
-  Bytes p = fr.payload;
+  Bytes p(fr.payload.begin(), fr.payload.end());
   p.back() = 3;
   CHECK(DecodeAndParse(FrameOf(MsgType::kVolumeOpen, p)).status().message().find("unknown flags") !=
         std::string::npos);

@@ -266,8 +266,8 @@ TEST_CASE("agent contract: a malformed frame closes the connection and spools no
       cdp::proto::Frame f;
       auto d = cdp::proto::DecodeFrame(inbuf, &f);
       if (d.state == cdp::proto::DecodeState::kComplete) {
+        auto m = cdp::proto::ParseMessage(f);  // f views inbuf
         inbuf.erase(inbuf.begin(), inbuf.begin() + long(d.consumed));
-        auto m = cdp::proto::ParseMessage(f);
         REQUIRE(m.ok());
         return *m;
       }
