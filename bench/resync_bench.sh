@@ -234,7 +234,7 @@ scenario2() {
 }
 
 scenario3() {
-  local d=$BENCH_DIR/s3 a t0 t1 t2 t3 sent check ncheck ours ref r res cpu
+  local d=$BENCH_DIR/s3 a p t0 t1 t2 t3 sent check ncheck ours ref r res cpu
   say "3: initial sync of $HUMAN of random data"
   mkdir -p "$d"
   random_image "$d/source.img" "$SIZE" 3
@@ -249,6 +249,7 @@ scenario3() {
   echo "$a" >"$d/agent-status.json"
   sent=$(field "$a" bytes_sent)
   cpu=$(daemon_cpu)
+  p=$(ps_get /v1/volumes)
   check=$(same "$d/source.img" "$(replica)")
   cluster_down
   say "3: nbdcopy between two nbdkit file exports (reference)"
@@ -262,7 +263,7 @@ scenario3() {
   r=$(awk -v a="$ours" -v b="$ref" 'BEGIN {printf "%.3f", a / b}')
   res=$(awk -v r="$r" -v c="$check" 'BEGIN {
     if (c != "identical") print "**replica differs**"; else print (r >= 0.8 ? "met" : "missed") }')
-  echo "| 3 initial sync, random data, over loopback (TLS ${TLS:-on}) | $HUMAN | $(secs "$t0" "$t1") | $(mb "$sent") | nbdcopy, nbdkit file -> nbdkit file | $(secs "$t2" "$t3") | $(mb "$SIZE") | rate ${r}x ($ours / $ref MB/s) | >= 0.8x | $res | replica $check; $(hash_retries) unanswered hash requests; read $(mb "$(field "$a" resync_read_bytes)"); CPU: $cpu; nbdcopy result $ncheck |"
+  echo "| 3 initial sync, random data, over loopback (TLS ${TLS:-on}) | $HUMAN | $(secs "$t0" "$t1") | $(mb "$sent") | nbdcopy, nbdkit file -> nbdkit file | $(secs "$t2" "$t3") | $(mb "$SIZE") | rate ${r}x ($ours / $ref MB/s) | >= 0.8x | $res | replica $check; $(hash_retries) unanswered hash requests; read $(mb "$(field "$a" resync_read_bytes)"); CPU: $cpu; PS spool read back from files $(mb "$(field "$p" spool_read_file_bytes)") of $(mb "$(field "$p" spool_read_bytes)"); nbdcopy result $ncheck |"
   bench_rm "$d"
 }
 

@@ -77,6 +77,8 @@ json::value ProcessServer::VolumesJson() {
         {"spool_disk_bytes", s.disk_bytes},
         {"spool_segments", s.segments},
         {"spool_syncs", s.syncs},
+        {"spool_read_bytes", s.read_bytes},
+        {"spool_read_file_bytes", s.read_file_bytes},
         {"busy", s.busy},
         {"busy_nacks", c.busy_nacks.load()},
         {"bytes_in", c.bytes_in.load()},

@@ -332,6 +332,8 @@ AppendResult Spool::Append(std::vector<proto::Record> records) {
   bool rolled = false;
   Segment fresh;
   std::vector<IndexEntry> entries;
+  Bytes buf;
+  uint64_t recent_pos = 0;
   uint64_t old_size = active.size;
   if (group_last >= group_first) {
     uint64_t active_next = have_active ? (active.last_seq ? active.last_seq : active.first_seq - 1) + 1 : 0;
@@ -341,7 +343,6 @@ AppendResult Spool::Append(std::vector<proto::Record> records) {
     }
     Segment& target = rolled ? fresh : active;
     if (s.ok()) {
-      Bytes buf;
       buf.reserve(group_bytes);
       uint64_t pos = target.size;
       for (Writer* x : group) {
@@ -360,6 +361,7 @@ AppendResult Spool::Append(std::vector<proto::Record> records) {
         }
       }
       s = target.log->Append(buf).status();
+      recent_pos = pos;
       if (s.ok()) s = target.log->Sync();
       if (s.ok()) {
         target.size += buf.size();
@@ -394,6 +396,15 @@ AppendResult Spool::Append(std::vector<proto::Record> records) {
     }
     durable_seq_ = std::max(durable_seq_, group_last);
     syncs_++;
+    if (!buf.empty() && buf.size() <= opt_.recent_bytes) {
+      recent_bytes_ += buf.size();
+      recent_.push_back(
+          Recent{target.first_seq, recent_pos, group_last, std::make_shared<const Bytes>(std::move(buf))});
+      while (recent_bytes_ > opt_.recent_bytes) {
+        recent_bytes_ -= recent_.front().bytes->size();
+        recent_.pop_front();
+      }
+    }
   }
   if (poison) closed_ = true;
   if (rolled && !s.ok()) {
@@ -421,6 +432,8 @@ Result<std::vector<proto::Record>> Spool::Read(uint64_t from_seq, uint64_t max_b
   struct Piece {
     std::shared_ptr<File> file;
     IndexEntry e;
+    std::shared_ptr<const Bytes> recent;  // holds the record at `at`, when kept
+    size_t at = 0;
   };
   std::vector<Piece> pieces;
   {
@@ -431,43 +444,64 @@ Result<std::vector<proto::Record>> Spool::Read(uint64_t from_seq, uint64_t max_b
                               std::to_string(index_.front().seq) + ")");
     size_t pos = size_t(from_seq - index_.front().seq);
     uint64_t bytes = 0;
+    auto r = recent_.begin();
     for (size_t i = pos; i < index_.size() && (pieces.empty() || bytes < max_bytes); ++i) {
       const IndexEntry& e = index_[i];
       auto it = segments_.find(e.segment_first);
       if (it == segments_.end()) return Status::NotFound("spool: segment of seq " + std::to_string(e.seq));
-      pieces.push_back(Piece{it->second.log->file(), e});
+      Piece p{it->second.log->file(), e, nullptr, 0};
+      while (r != recent_.end() && r->last_seq < e.seq) ++r;
+      if (r != recent_.end() && r->segment_first == e.segment_first && r->offset <= e.offset &&
+          e.offset + e.size <= r->offset + r->bytes->size()) {
+        p.recent = r->bytes;
+        p.at = size_t(e.offset - r->offset);
+      }
+      pieces.push_back(std::move(p));
       bytes += e.size;
     }
   }
+  uint64_t from_file = 0;
   std::vector<proto::Record> out;
   out.reserve(pieces.size());
   size_t i = 0;
   Bytes buf;
   while (i < pieces.size()) {
-    // One read covering the run of adjacent records in the same file.
+    // A record kept in memory is decoded there; otherwise one read covers the
+    // run of adjacent records in the same file that are not.
     size_t j = i + 1;
-    while (j < pieces.size() && pieces[j].file == pieces[i].file &&
-           pieces[j].e.offset == pieces[j - 1].e.offset + pieces[j - 1].e.size)
-      ++j;
+    ByteSpan src;
     uint64_t start = pieces[i].e.offset;
-    uint64_t len = pieces[j - 1].e.offset + pieces[j - 1].e.size - start;
-    buf.resize(len);
-    CDP_RETURN_IF_ERROR(pieces[i].file->Read(start, len, buf.data()));
+    if (pieces[i].recent) {
+      src = ByteSpan(*pieces[i].recent).subspan(pieces[i].at, pieces[i].e.size);
+    } else {
+      while (j < pieces.size() && !pieces[j].recent && pieces[j].file == pieces[i].file &&
+             pieces[j].e.offset == pieces[j - 1].e.offset + pieces[j - 1].e.size)
+        ++j;
+      uint64_t len = pieces[j - 1].e.offset + pieces[j - 1].e.size - start;
+      buf.resize(len);
+      CDP_RETURN_IF_ERROR(pieces[i].file->Read(start, len, buf.data()));
+      src = buf;
+      from_file += len;
+    }
     for (size_t k = i; k < j; ++k) {
       proto::Record r;
-      if (!DecodeSpoolRecord(ByteSpan(buf).subspan(pieces[k].e.offset - start, pieces[k].e.size), &r) ||
+      if (!DecodeSpoolRecord(src.subspan(pieces[k].e.offset - start, pieces[k].e.size), &r) ||
           r.seq != pieces[k].e.seq) {
         Status c = Status::Corruption("spool: record seq " + std::to_string(pieces[k].e.seq) +
                                       " failed its check in " + pieces[k].file->path());
         c.MarkDataLoss();
         Report(c);
-        if (!out.empty()) return out;  // the good prefix; the next call reports again
+        if (!out.empty()) break;  // the good prefix; the next call reports again
         return c;
       }
       out.push_back(std::move(r));
     }
+    if (out.size() < j) break;
     i = j;
   }
+  std::lock_guard<std::mutex> l(mu_);
+  for (size_t k = 0; k < out.size(); ++k) read_bytes_ += pieces[k].e.size;
+  read_file_bytes_ += from_file;
   return out;
 }
 
@@ -481,6 +515,10 @@ Status Spool::Release(uint64_t seq) {
     if (seq > durable_seq_) seq = durable_seq_;
     if (seq <= released_seq_) return Status::OK();
     released_seq_ = seq;
+    while (!recent_.empty() && recent_.front().last_seq <= seq) {
+      recent_bytes_ -= recent_.front().bytes->size();
+      recent_.pop_front();
+    }
     while (!index_.empty() && index_.front().seq <= seq) {
       backlog_bytes_ -= std::min<uint64_t>(backlog_bytes_, index_.front().size);
       index_.pop_front();
@@ -551,6 +589,8 @@ SpoolStats Spool::stats() const {
   s.disk_bytes = disk_bytes_;
   s.segments = segments_.size();
   s.syncs = syncs_;
+  s.read_bytes = read_bytes_;
+  s.read_file_bytes = read_file_bytes_;
   s.appended_batches = batches_;
   s.queued_writers = writers_.size();
   s.busy = busy_;

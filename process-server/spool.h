@@ -26,7 +26,12 @@
 // `resume_fraction` of the quota (hysteresis, so the agent is not flapped).
 //
 // Shipping: Read() returns durable records from a sequence on, re-checking each
-// record's CRC (a record that fails is never returned: kCorruption). Release(n)
+// record's CRC (a record that fails is never returned: kCorruption). The bytes
+// of the latest group commits stay in memory, up to `recent_bytes` per spool
+// (not released, newest kept), and Read() decodes records from there instead
+// of reading them back from the file: a master target that keeps up is fed
+// without a read. A group larger than `recent_bytes` is not kept. Damage to
+// the file under a kept group is found by recovery, not by Read(). Release(n)
 // is called when the master target acknowledged n durably; it deletes every
 // segment whose records are all <= n (never the active segment). With several
 // copies (process-server/spooled_volume.h) n is the lowest sequence every copy
@@ -74,6 +79,9 @@ inline constexpr size_t kRecordHeaderSize = seglog::kFrameSize + 32;
 // A data record's bytes, or a sealed one's blocks and MACs.
 inline constexpr uint32_t kMaxSpoolRecordData = proto::kMaxRecordLength + uint32_t(proto::SealMacBytes(proto::kMaxRecordLength));
 
+// The bytes of recent group commits a spool keeps for Read() (see above).
+inline constexpr uint64_t kRecentBytes = 16u << 20;
+
 struct SpoolOptions {
   Env* env = nullptr;        // must outlive the Spool
   Clock* clock = nullptr;    // must outlive the Spool; ages of records
@@ -81,6 +89,7 @@ struct SpoolOptions {
   uint64_t segment_bytes = 16u << 20;  // roll to a new segment past this size
   uint64_t quota_bytes = 0;            // backlog limit; 0 = unlimited
   double resume_fraction = 0.9;        // after kBusy, accept again at this fill
+  uint64_t recent_bytes = kRecentBytes;  // recent group commits kept for Read (0: none)
   // Called (from Open or Read) for every corruption found; may be empty.
   std::function<void(const Status&)> on_corruption;
 };
@@ -117,6 +126,8 @@ struct SpoolStats {
   uint64_t disk_bytes = 0;       // bytes of all segment files
   uint64_t segments = 0;
   uint64_t syncs = 0;            // group commits done
+  uint64_t read_bytes = 0;       // record bytes Read() returned...
+  uint64_t read_file_bytes = 0;  // ...of which it read back from segment files
   uint64_t appended_batches = 0;
   uint64_t queued_writers = 0;   // Append() calls waiting or being written
   bool busy = false;             // refusing for quota
@@ -177,6 +188,12 @@ class Spool {
     uint64_t end_bytes;      // bytes_indexed_ after this entry: backlogs above a seq in O(1)
   };
   struct Writer;
+  struct Recent {  // the bytes of one group commit, as written
+    uint64_t segment_first;
+    uint64_t offset;   // in the segment file
+    uint64_t last_seq;
+    std::shared_ptr<const Bytes> bytes;
+  };
 
   explicit Spool(const SpoolOptions& options);
   Status Recover(SpoolRecovery* rec);
@@ -198,6 +215,10 @@ class Spool {
   uint64_t bytes_indexed_ = 0;            // every entry's size ever pushed on index_
   uint64_t disk_bytes_ = 0;
   uint64_t syncs_ = 0;
+  std::deque<Recent> recent_;             // ascending; bytes total <= kRecentBytes
+  uint64_t recent_bytes_ = 0;
+  uint64_t read_bytes_ = 0;
+  uint64_t read_file_bytes_ = 0;
   uint64_t batches_ = 0;
   bool busy_ = false;
   bool closed_ = false;

@@ -230,6 +230,42 @@ TEST_CASE("spool truncates a torn tail and keeps everything before it", "[spool]
   CHECK(SameRecord(all[3], r4));
 }
 
+TEST_CASE("spool keeps its latest group commits in memory and Read takes them from there", "[spool]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ManualClock clock;
+  auto opts = Opts(env.get(), &clock);
+  opts.recent_bytes = 64 * 1024;
+  auto sp = cdp::ps::Spool::Open(opts);
+  REQUIRE(sp.ok());
+  std::vector<Record> written;
+  for (uint64_t g = 0; g < 10; ++g) {
+    auto b = Batch(1 + 4 * g, 4, 4096);
+    written.insert(written.end(), b.begin(), b.end());
+    REQUIRE((*sp)->Append(b).status.ok());
+  }
+  // A group is 4 records of kRecordHeaderSize + 4096 bytes: the last 3 fit in 64 KiB.
+  constexpr uint64_t kGroup = 4 * (cdp::ps::kRecordHeaderSize + 4096);
+  auto r = (*sp)->Read(1, 1 << 20);
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 40);
+  for (size_t i = 0; i < 40; ++i) CHECK(SameRecord((*r)[i], written[i]));
+  CHECK((*sp)->stats().read_bytes == 10 * kGroup);
+  CHECK((*sp)->stats().read_file_bytes == 7 * kGroup);
+  // Released groups are dropped; the rest still reads from memory.
+  REQUIRE((*sp)->Release(36).ok());
+  r = (*sp)->Read(37, 1 << 20);
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(SameRecord((*r)[i], written[36 + i]));
+  CHECK((*sp)->stats().read_file_bytes == 7 * kGroup);
+  // A group larger than recent_bytes is not kept.
+  REQUIRE((*sp)->Append(Batch(41, 20, 4096)).status.ok());
+  r = (*sp)->Read(41, 1 << 20);
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 20);
+  CHECK((*sp)->stats().read_file_bytes == 7 * kGroup + 20 * (cdp::ps::kRecordHeaderSize + 4096));
+}
+
 TEST_CASE("spool detects a flipped byte and never returns that record", "[spool]") {
   auto env = cdp::NewMemEnv();
   cdp::ManualClock clock;
@@ -237,6 +273,8 @@ TEST_CASE("spool detects a flipped byte and never returns that record", "[spool]
   auto opts = Opts(env.get(), &clock);
   opts.segment_bytes = 1 << 20;
   opts.on_corruption = [&](const cdp::Status& s) { reported.push_back(s); };
+  const bool keep = GENERATE(true, false);
+  opts.recent_bytes = keep ? cdp::ps::kRecentBytes : 0;
   auto sp = cdp::ps::Spool::Open(opts);
   REQUIRE(sp.ok());
   REQUIRE((*sp)->Append(Batch(1, 4)).status.ok());
@@ -251,7 +289,17 @@ TEST_CASE("spool detects a flipped byte and never returns that record", "[spool]
     b ^= 0x20;
     REQUIRE((*f)->Write(at, ByteSpan(&b, 1)).ok());
   }
-  SECTION("while running: Read stops before it and reports") {
+  SECTION("while running: Read stops before it and reports (or, the group kept in memory, returns it as written)") {
+    if (keep) {
+      auto r = (*sp)->Read(1, 1 << 20);
+      REQUIRE(r.ok());
+      REQUIRE(r->size() == 4);
+      CHECK(SameRecord((*r)[1], Batch(1, 4)[1]));
+      CHECK((*sp)->stats().read_file_bytes == 0);
+      CHECK((*sp)->stats().read_bytes == 4 * (cdp::ps::kRecordHeaderSize + 512));
+      CHECK(reported.empty());
+      return;
+    }
     auto r = (*sp)->Read(1, 1 << 20);
     REQUIRE(r.ok());
     REQUIRE(r->size() == 1);
