@@ -293,7 +293,7 @@ Result<uint64_t> CaptureDevice::ShipRange(uint64_t offset, uint32_t len) {
   if (!queue_->HasRoomLocked(len)) return uint64_t(0);
   CDP_RETURN_IF_ERROR(file_->Read(offset, len, buf.data()));
   const bool zero = IsAllZero(buf.data(), buf.size());
-  uint64_t seq = queue_->AppendResyncLocked(offset, len, zero ? ByteSpan() : ByteSpan(buf));
+  uint64_t seq = queue_->AppendResyncLocked(offset, len, zero ? Bytes() : std::move(buf));
   if (seq != 0) bitmap_->NoteShipped(offset, len, seq);
   return seq;
 }

@@ -103,7 +103,7 @@ uint64_t CaptureQueue::AppendTagLocked(std::string_view name) {
   return PushLocked(std::move(r));
 }
 
-uint64_t CaptureQueue::AppendResyncLocked(uint64_t offset, uint32_t length, ByteSpan data) {
+uint64_t CaptureQueue::AppendResyncLocked(uint64_t offset, uint32_t length, Bytes data) {
   if (!HasRoomLocked(data.size())) return 0;
   QueuedRecord r;
   r.offset = offset;
@@ -113,7 +113,7 @@ uint64_t CaptureQueue::AppendResyncLocked(uint64_t offset, uint32_t length, Byte
   } else {
     r.kind = proto::RecordKind::kData;
     r.has_data = true;
-    r.data = std::make_shared<const Bytes>(data.begin(), data.end());
+    r.data = std::make_shared<const Bytes>(std::move(data));
   }
   return PushLocked(std::move(r));
 }

@@ -113,10 +113,11 @@ class CaptureQueue {
   // Queues a kTag record (any mode but bitmap; the caller checks consistency).
   // Returns its sequence, or 0 in bitmap mode.
   uint64_t AppendTagLocked(std::string_view name);
-  // Queues a resync range: `data` (length bytes) as a data record, or, when
-  // `data` is empty, a kZero record of `length` bytes. Returns 0 (nothing
-  // queued) unless in data mode and the data fits in the data limit.
-  uint64_t AppendResyncLocked(uint64_t offset, uint32_t length, ByteSpan data);
+  // Queues a resync range: `data` (length bytes, kept as it is: no copy) as a
+  // data record, or, when `data` is empty, a kZero record of `length` bytes.
+  // Returns 0 (nothing queued) unless in data mode and the data fits in the
+  // data limit.
+  uint64_t AppendResyncLocked(uint64_t offset, uint32_t length, Bytes data);
   CaptureMode ModeLocked() const { return st_.mode; }
   bool HasRoomLocked(uint64_t len) const;
   // The last sequence assigned (0: none yet).
