@@ -147,6 +147,17 @@ class ZstdCodec final : public Codec {
 
 }  // namespace
 
+bool SampleCompresses(Codec& codec, ByteSpan data) {
+  if (data.size() <= kSampleMin) return true;
+  Bytes sample;
+  sample.reserve(kSampleSlice * kSampleSlices);
+  const size_t stride = (data.size() - kSampleSlice) / (kSampleSlices - 1);
+  for (size_t i = 0; i < kSampleSlices; ++i) PutBytes(sample, data.subspan(i * stride, kSampleSlice));
+  Bytes out;
+  if (!codec.Compress(sample, &out).ok()) return true;  // let the real pass say
+  return out.size() + sample.size() / 32 <= sample.size();
+}
+
 std::unique_ptr<Codec> NewCodec(proto::Codec id, int level) {
   switch (id) {
     case proto::Codec::kNone:

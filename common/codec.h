@@ -34,6 +34,18 @@ class Codec {
 // ignored for lz4 and none. Returns nullptr for an id outside proto::Codec.
 std::unique_ptr<Codec> NewCodec(proto::Codec id, int level = 0);
 
+// Whether compressing `data` looks worth it, judged by a sample as btrfs's
+// compression heuristic does: kSampleSlices slices of kSampleSlice bytes
+// spread evenly over the data, compressed together, must shrink by at least
+// 1/32. Data up to kSampleMin bytes is not sampled (true). The sample costs
+// about 1/32 of compressing a 1 MiB block, where a block of random or
+// encrypted data costs a full pass for nothing. Data compressible only at
+// places the sample missed travels raw: the price of the shortcut.
+inline constexpr size_t kSampleSlice = 4096;
+inline constexpr size_t kSampleSlices = 8;
+inline constexpr size_t kSampleMin = 64 * 1024;
+bool SampleCompresses(Codec& codec, ByteSpan data);
+
 // "none", "lz4", "zstd" <-> proto::Codec.
 Result<proto::Codec> ParseCodecName(std::string_view name);
 std::string_view CodecName(proto::Codec id);

@@ -165,10 +165,12 @@ Status EncodeBatch(const WriteBatch& wb, Bytes& out) {
   if (codec != Codec::kNone) {
     std::unique_ptr<cdp::Codec> c = NewCodec(codec, wb.level);
     if (!c) return Invalid("codec unavailable");
+    // Incompressible data travels raw: the receiver then skips a useless pass,
+    // and a sample spares the sender one (common/codec.h).
+    const ByteSpan block = ByteSpan(out).subspan(block_at);
     Bytes compressed;
-    CDP_RETURN_IF_ERROR(c->Compress(ByteSpan(out).subspan(block_at), &compressed));
-    // Incompressible data travels raw: the receiver then skips a useless pass.
-    if (compressed.size() < raw_size) {
+    if (SampleCompresses(*c, block)) CDP_RETURN_IF_ERROR(c->Compress(block, &compressed));
+    if (!compressed.empty() && compressed.size() < raw_size) {
       out.resize(block_at);
       PutBytes(out, compressed);
     } else {

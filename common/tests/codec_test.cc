@@ -212,6 +212,55 @@ TEST_CASE("codecs round-trip zeros, mixed, random and empty data", "[codec]") {
   }
 }
 
+TEST_CASE("a sample tells incompressible data from compressible", "[codec]") {
+  auto zstd = NewCodec(proto::Codec::kZstd, 1);
+  auto lz4 = NewCodec(proto::Codec::kLz4);
+  for (Codec* c : {zstd.get(), lz4.get()}) {
+    INFO(CodecName(c->id()));
+    CHECK_FALSE(SampleCompresses(*c, RandomBytes(1 << 20, 7)));
+    CHECK(SampleCompresses(*c, MixedBytes(1 << 20, 8)));
+    CHECK(SampleCompresses(*c, Bytes(1 << 20, 0)));
+    // Up to kSampleMin bytes are not judged by a sample.
+    CHECK(SampleCompresses(*c, RandomBytes(kSampleMin, 9)));
+    CHECK_FALSE(SampleCompresses(*c, RandomBytes(kSampleMin + 1, 9)));
+    // Random data with zeros after it: a slice of zeros is enough.
+    Bytes half = RandomBytes(1 << 20, 10);
+    std::fill(half.begin() + (1 << 19), half.end(), 0);
+    CHECK(SampleCompresses(*c, half));
+  }
+}
+
+TEST_CASE("a WriteBatch of random data travels raw and round-trips", "[codec]") {
+  proto::WriteBatch b;
+  b.volume_id = 3;
+  b.codec = proto::Codec::kZstd;
+  b.level = 1;
+  for (uint64_t i = 0; i < 4; ++i) {
+    proto::Record r;
+    r.seq = 10 + i;
+    r.offset = i << 18;
+    r.length = 1u << 18;
+    r.kind = proto::RecordKind::kData;
+    r.data = RandomBytes(r.length, 20 + i);
+    b.records.push_back(std::move(r));
+  }
+  Result<Bytes> raw = proto::EncodeMessage(b, 1);
+  REQUIRE(raw.ok());
+  proto::Frame f;
+  REQUIRE(proto::DecodeFrame(*raw, &f).state == proto::DecodeState::kComplete);
+  Result<proto::Message> back = proto::ParseMessage(f);
+  REQUIRE(back.ok());
+  const auto& got = std::get<proto::WriteBatch>(*back);
+  CHECK(got.codec == proto::Codec::kNone);  // the sample said raw
+  REQUIRE(got.records.size() == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(got.records[i].data == b.records[i].data);
+  // Text-like data of the same size is compressed.
+  for (auto& r : b.records) r.data = MixedBytes(r.length, r.seq);
+  Result<Bytes> packed = proto::EncodeMessage(b, 2);
+  REQUIRE(packed.ok());
+  CHECK(packed->size() < raw->size() / 2);
+}
+
 TEST_CASE("codec refuses a declared size above kMaxBatchRaw", "[codec]") {
   for (proto::Codec id : {proto::Codec::kNone, proto::Codec::kLz4, proto::Codec::kZstd}) {
     auto codec = NewCodec(id);
