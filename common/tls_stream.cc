@@ -7,6 +7,7 @@
 #include <openssl/x509.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "common/log.h"
@@ -44,10 +45,79 @@ Result<TlsPeer> PeerOf(SSL* ssl) {
   return p;
 }
 
+// The BIOs under an SSL: ciphertext in from `in` (filled by the reader),
+// ciphertext out to `pending` (taken by the writer). A memory BIO would copy
+// every byte once more each way, in and out of its own buffer. Guarded by the
+// stream's mutex, as OpenSSL only calls these from SSL calls made under it,
+// except the bytes of `in` at and after `in_end`, which Feed() fills without
+// it (nobody else touches them).
+struct Pipe {
+  std::vector<uint8_t> in;
+  size_t in_start = 0;  // [in_start, in_end): received, not yet taken by OpenSSL
+  size_t in_end = 0;
+  std::vector<uint8_t> pending;
+};
+
+int PipeWrite(BIO* b, const char* data, int len) {
+  BIO_clear_retry_flags(b);
+  if (len <= 0) return 0;
+  auto* p = static_cast<Pipe*>(BIO_get_data(b));
+  p->pending.insert(p->pending.end(), data, data + len);
+  return len;
+}
+
+int PipeRead(BIO* b, char* out, int len) {
+  BIO_clear_retry_flags(b);
+  auto* p = static_cast<Pipe*>(BIO_get_data(b));
+  const size_t avail = p->in_end - p->in_start;
+  if (avail == 0) {  // "wait for more", not end of stream
+    BIO_set_retry_read(b);
+    return -1;
+  }
+  const size_t n = std::min(avail, size_t(std::max(len, 0)));
+  std::memcpy(out, p->in.data() + p->in_start, n);
+  p->in_start += n;
+  return int(n);
+}
+
+long PipeCtrl(BIO* b, int cmd, long, void*) {
+  auto* p = static_cast<Pipe*>(BIO_get_data(b));
+  switch (cmd) {
+    case BIO_CTRL_FLUSH:
+      return 1;
+    case BIO_CTRL_PENDING:
+      return long(p->in_end - p->in_start);
+    case BIO_CTRL_WPENDING:
+      return long(p->pending.size());
+    default:
+      return 0;
+  }
+}
+
+int PipeCreate(BIO* b) {
+  BIO_set_init(b, 1);
+  return 1;
+}
+
+const BIO_METHOD* PipeMethod() {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "opencdp-tls-pipe");
+    if (m == nullptr) return m;
+    BIO_meth_set_write(m, PipeWrite);
+    BIO_meth_set_read(m, PipeRead);
+    BIO_meth_set_ctrl(m, PipeCtrl);
+    BIO_meth_set_create(m, PipeCreate);
+    return m;
+  }();
+  return method;
+}
+
 class TlsStream final : public ByteStream {
  public:
   TlsStream(std::unique_ptr<ByteStream> next, std::shared_ptr<const TlsContext> context)
-      : next_(std::move(next)), context_(std::move(context)), rbuf_(kHandshakeReadChunk) {}
+      : next_(std::move(next)), context_(std::move(context)) {
+    pipe_.in.resize(kHandshakeReadChunk);
+  }
 
   ~TlsStream() override {
     if (ssl_ != nullptr) SSL_free(ssl_);  // frees both BIOs
@@ -56,19 +126,17 @@ class TlsStream final : public ByteStream {
   Status Init(TlsSide side) {
     ssl_ = SSL_new(context_->native());
     if (ssl_ == nullptr) return Status::IOError("SSL_new: " + pki::OpenSslErrors());
-    BIO* rbio = BIO_new(BIO_s_mem());
-    BIO* wbio = BIO_new(BIO_s_mem());
+    const BIO_METHOD* method = PipeMethod();
+    BIO* rbio = method != nullptr ? BIO_new(method) : nullptr;
+    BIO* wbio = method != nullptr ? BIO_new(method) : nullptr;
     if (rbio == nullptr || wbio == nullptr) {
       BIO_free(rbio);
       BIO_free(wbio);
       return Status::IOError("BIO_new: " + pki::OpenSslErrors());
     }
-    // An empty input BIO means "wait for more", not end of stream.
-    BIO_set_mem_eof_return(rbio, -1);
-    BIO_set_mem_eof_return(wbio, -1);
+    BIO_set_data(rbio, &pipe_);
+    BIO_set_data(wbio, &pipe_);
     SSL_set_bio(ssl_, rbio, wbio);
-    rbio_ = rbio;
-    wbio_ = wbio;
     if (side == TlsSide::kClient) SSL_set_connect_state(ssl_);
     else SSL_set_accept_state(ssl_);
     return Status::OK();
@@ -104,7 +172,7 @@ class TlsStream final : public ByteStream {
     Result<TlsPeer> who = PeerOf(ssl_);
     if (!who.ok()) return who.status().WithContext("TLS handshake with " + peer());
     peer_id_ = std::move(*who);
-    rbuf_.resize(kReadChunk);
+    pipe_.in.resize(kReadChunk);  // keeps what arrived after the handshake
     return Status::OK();
   }
 
@@ -156,26 +224,38 @@ class TlsStream final : public ByteStream {
   const TlsPeer* tls_peer() const override { return &peer_id_; }
 
  private:
-  // Appends what OpenSSL wrote to the outgoing BIO to out_. Caller holds mu_
-  // and is the writer (or the handshake).
+  // Moves what OpenSSL wrote to out_ (no copy when out_ is empty, as it is
+  // between sends). Caller holds mu_ and is the writer (or the handshake).
   void TakeOutput() {
-    const size_t pending = BIO_ctrl_pending(wbio_);
-    if (pending == 0) return;
-    const size_t at = out_.size();
-    out_.resize(at + pending);
-    const int got = BIO_read(wbio_, out_.data() + at, int(pending));
-    out_.resize(at + size_t(std::max(got, 0)));
+    if (out_.empty()) {
+      out_.swap(pipe_.pending);
+    } else {
+      out_.insert(out_.end(), pipe_.pending.begin(), pipe_.pending.end());
+      pipe_.pending.clear();
+    }
   }
 
-  // Reads ciphertext from the next stream (without the lock) and hands it to
-  // OpenSSL. Reader only (or the handshake).
+  // Reads ciphertext from the next stream (without the lock) into the free
+  // end of the input buffer, where OpenSSL reads it. Reader only (or the
+  // handshake). OpenSSL asks for more only once it took what was there but
+  // part of one record (at most kHandshakeReadChunk), so after the taken
+  // bytes are dropped there is always room.
   Status Feed(Deadline deadline) {
-    Result<size_t> got = next_->ReadSome(std::span<uint8_t>(rbuf_.data(), rbuf_.size()), deadline);
+    size_t at = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pipe_.in_start > 0) {
+        std::memmove(pipe_.in.data(), pipe_.in.data() + pipe_.in_start, pipe_.in_end - pipe_.in_start);
+        pipe_.in_end -= pipe_.in_start;
+        pipe_.in_start = 0;
+      }
+      at = pipe_.in_end;
+      if (at == pipe_.in.size()) return Status::IOError(peer() + ": TLS: input buffer full");
+    }
+    Result<size_t> got = next_->ReadSome(std::span<uint8_t>(pipe_.in.data() + at, pipe_.in.size() - at), deadline);
     if (!got.ok()) return got.status();
     std::lock_guard<std::mutex> lock(mu_);
-    if (BIO_write(rbio_, rbuf_.data(), int(*got)) != int(*got)) {
-      return Status::IOError(peer() + ": TLS: buffering input failed");
-    }
+    pipe_.in_end += *got;
     return Status::OK();
   }
 
@@ -197,11 +277,9 @@ class TlsStream final : public ByteStream {
 
   const std::unique_ptr<ByteStream> next_;
   const std::shared_ptr<const TlsContext> context_;
-  std::mutex mu_;  // guards ssl_ and its BIOs; never held across a blocking call
+  std::mutex mu_;  // guards ssl_ and pipe_; never held across a blocking call
   SSL* ssl_ = nullptr;
-  BIO* rbio_ = nullptr;  // owned by ssl_
-  BIO* wbio_ = nullptr;  // owned by ssl_
-  std::vector<uint8_t> rbuf_;  // reader only
+  Pipe pipe_;                  // under ssl_'s BIOs (see Pipe)
   std::vector<uint8_t> out_;   // writer only
   TlsPeer peer_id_;            // set by Handshake(), then constant
 };
