@@ -30,6 +30,7 @@
 #   3 initial sync of SIZE_GIB of random data: time from agent start until
 #     replica == source; rate against `nbdcopy` between two `nbdkit file`
 #     exports (Unix sockets) of the same images. Target >= 0.8x nbdcopy's rate.
+#     Each side starts settled: nothing dirty in the page cache, the source in it.
 #   4 `cdpctl verify VOLUME --json` of a synced SIZE_GIB volume while
 #     `cdp-loadgen churn` writes CHURN_MBS MB/s (random 64 KiB writes) through
 #     the agent's NBD tap: duration, source read rate (size / duration) and the
@@ -161,6 +162,10 @@ PY
 # hash_retries: the agent's resync pauses after a hash request the replica did not answer.
 hash_retries() { grep -c 'could not answer a hash request' "$CLUSTER_DIR/agent.log" || true; }
 same() { cmp -s "$1" "$2" && echo identical || echo MISMATCH; }
+# settle FILE: the same start for each side of a comparison: no dirty pages
+# left by what ran before (their writeback would slow whatever runs next: the
+# nbdcopy reference took 1.7 to 6.6 s depending on it), FILE in the page cache.
+settle() { sync; cat "$1" >/dev/null; }
 field() { echo "$1" | json_num "$2"; }
 mb() { awk -v b="$1" 'BEGIN {printf "%.1f MB", b / 1e6}'; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", b - a}'; }
@@ -239,6 +244,7 @@ scenario3() {
   mkdir -p "$d"
   random_image "$d/source.img" "$SIZE" 3
   cluster_up "$d"
+  settle "$d/source.img"
   bench_perf_start s3
   t0=$(now)
   agent_up "$VOL=$d/source.img"
@@ -254,6 +260,7 @@ scenario3() {
   cluster_down
   say "3: nbdcopy between two nbdkit file exports (reference)"
   truncate -s "$SIZE" "$d/copy.img"
+  settle "$d/source.img"
   t2=$(now)
   nbdcopy -- [ nbdkit -r file "$d/source.img" ] [ nbdkit file "$d/copy.img" ]
   t3=$(now)

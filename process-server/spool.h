@@ -126,8 +126,8 @@ struct SpoolStats {
   uint64_t disk_bytes = 0;       // bytes of all segment files
   uint64_t segments = 0;
   uint64_t syncs = 0;            // group commits done
-  uint64_t read_bytes = 0;       // record bytes Read() returned...
-  uint64_t read_file_bytes = 0;  // ...of which it read back from segment files
+  uint64_t read_bytes = 0;       // bytes (as spooled: header + data) of the records Read() returned...
+  uint64_t read_file_bytes = 0;  // ...and the bytes it read back from segment files for them
   uint64_t appended_batches = 0;
   uint64_t queued_writers = 0;   // Append() calls waiting or being written
   bool busy = false;             // refusing for quota
