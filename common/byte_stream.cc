@@ -213,6 +213,21 @@ Result<std::unique_ptr<ByteStream>> ConnectTcpStream(const std::string& host, ui
   });
   if (!in_time) return Status::Unavailable(what + ": timed out after " + std::to_string(timeout.count()) + " ms");
   if (ec) return FromAsioError(ec, what);
+  // TCP simultaneous open: with nothing listening on a port of this host, a
+  // connect() that draws that same port as its source connects to itself.
+  // The socket would hold the port, and the daemon restarting there could not
+  // bind it, for as long as we kept retrying.
+  boost::system::error_code lec, rec;
+  const auto local = socket.local_endpoint(lec);
+  const auto remote = socket.remote_endpoint(rec);
+  if (!lec && !rec && local == remote) {
+    boost::system::error_code ignored;
+    // Reset, not closed: no TIME_WAIT left on the port. (An explicit close:
+    // asio's destructor would drop the linger option first.)
+    socket.set_option(asio::socket_base::linger(true, 0), ignored);
+    socket.close(ignored);
+    return Status::Unavailable(what + ": connected to itself (nothing listens there)");
+  }
   return MakeSocketStream(std::move(socket));
 }
 

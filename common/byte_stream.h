@@ -95,7 +95,8 @@ Result<std::unique_ptr<ByteStream>> MakeSocketStream(Listener::Connection& conne
 
 // Resolves `host` and connects to the first address that answers, all within
 // `timeout`. kUnavailable (retryable) if the name does not resolve, nothing
-// answers in time or the connection is refused.
+// answers in time, the connection is refused, or the socket connected to
+// itself (source port = destination port, nothing listening).
 Result<std::unique_ptr<ByteStream>> ConnectTcpStream(const std::string& host, uint16_t port,
                                                      std::chrono::milliseconds timeout);
 // The same over a unix-domain stream socket at `path` (kUnavailable also when

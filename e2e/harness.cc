@@ -132,7 +132,7 @@ bool Cluster::Start() {
 }
 
 bool Cluster::StartOne(Which w) {
-  Status s = c_.StartOne(w);
+  Status s = c_.Restart(w);
   if (!s.ok()) why_ = s.ToString();
   return s.ok();
 }

@@ -214,6 +214,18 @@ Status LocalCluster::StartOne(Role r) {
   return WaitReady(r, std::chrono::seconds(30));
 }
 
+Status LocalCluster::Restart(Role r) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    Status s = StartOne(r);
+    if (s.ok() || s.message().find("Address already in use") == std::string::npos ||
+        std::chrono::steady_clock::now() >= deadline)
+      return s;
+    // The polling period of a condition with a deadline (the port is freed).
+    std::this_thread::sleep_for(Millis(100));
+  }
+}
+
 Status LocalCluster::WaitReady(Role r, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {

@@ -88,6 +88,9 @@ class LocalCluster {
   // Starts one daemon (with the existing configs) and waits (30 s) until it
   // answers /status.
   Status StartOne(Role r);
+  // StartOne again on the ports it had: while another socket still holds one
+  // ("Address already in use"), tries again, for up to 30 s.
+  Status Restart(Role r);
   // kill -9, and waits for the death.
   Status Kill9(Role r);
   // SIGTERM, agent first, then PS and MT; SIGKILL after `grace` each.

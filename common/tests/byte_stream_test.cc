@@ -2,6 +2,9 @@
 // (throttle, fault), alone and under a FrameChannel.
 #include <catch2/catch.hpp>
 
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -9,6 +12,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <future>
 #include <string>
 #include <thread>
@@ -115,6 +120,73 @@ TEST_CASE("TCP transport round-trips bytes both ways", "[stream]") {
   REQUIRE(srv.ok());
   CHECK((*client)->peer().rfind("127.0.0.1:", 0) == 0);
   CheckRoundTrip(**client, **srv);
+}
+
+// In a network namespace of its own whose only ephemeral port is kPort,
+// connecting to kPort (nothing listening) draws kPort as the source port: TCP
+// simultaneous open connects the socket to itself. Root only (unshare).
+TEST_CASE("TCP connect refuses a socket connected to itself, so the port stays free to bind", "[stream]") {
+  constexpr uint16_t kPort = 40000;
+  std::string failure;
+  std::thread t([&] {
+    // A net namespace is per thread: this thread's sockets and its view of
+    // /proc/sys/net are the new namespace's.
+    if (::unshare(CLONE_NEWNET) != 0) {
+      failure = std::string("unshare(CLONE_NEWNET): ") + std::strerror(errno);
+      return;
+    }
+    int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+    ifreq ifr{};
+    std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+    bool up = fd >= 0 && ::ioctl(fd, SIOCGIFFLAGS, &ifr) == 0 && (ifr.ifr_flags |= IFF_UP) &&
+              ::ioctl(fd, SIOCSIFFLAGS, &ifr) == 0;
+    if (fd >= 0) ::close(fd);
+    if (!up) {
+      failure = "cannot bring lo up";
+      return;
+    }
+    std::ofstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    range << kPort << " " << kPort << "\n";
+    range.close();
+    if (!range) {
+      failure = "cannot set ip_local_port_range";
+      return;
+    }
+    asio::io_context ctx;
+    const tcp::endpoint there(asio::ip::make_address("127.0.0.1"), kPort);
+    {
+      // Positive control: a plain socket does connect to itself here.
+      tcp::socket raw(ctx);
+      boost::system::error_code ec;
+      raw.connect(there, ec);
+      if (ec || raw.local_endpoint() != raw.remote_endpoint()) {
+        failure = "the kernel did not connect a socket to itself: the test proves nothing";
+        return;
+      }
+      raw.set_option(asio::socket_base::linger(true, 0));  // reset: the port is free again at once
+      raw.close();  // (asio's destructor would drop the linger option first)
+    }
+    auto c = ConnectTcpStream("127.0.0.1", kPort, milliseconds(2000));
+    if (c.ok()) {
+      failure = "ConnectTcpStream kept a socket connected to itself";
+      return;
+    }
+    if (c.status().code() != Code::kUnavailable || c.status().message().find("connected to itself") == std::string::npos) {
+      failure = "unexpected error: " + c.status().ToString();
+      return;
+    }
+    // The refused socket is closed: a daemon can listen on the port at once.
+    tcp::acceptor a(ctx);
+    boost::system::error_code ec;
+    a.open(tcp::v4(), ec);
+    if (!ec) a.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) a.bind(there, ec);
+    if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) failure = "bind after the refused connect: " + ec.message();
+  });
+  t.join();
+  INFO(failure);
+  CHECK(failure.empty());
 }
 
 TEST_CASE("unix transport round-trips bytes both ways", "[stream]") {
