@@ -54,6 +54,13 @@ class BatchOverlay {
     for (const auto& [off, e] : m_) fn(off, e.end - off, e.data);
   }
 
+  // Whether any extent overlaps [off, off + len).
+  bool Touches(uint64_t off, uint64_t len) const {
+    auto it = m_.upper_bound(off);
+    if (it != m_.begin() && std::prev(it)->second.end > off) return true;
+    return it != m_.end() && it->first < off + len;
+  }
+
   void Patch(uint64_t off, uint64_t len, uint8_t* buf) const {
     const uint64_t end = off + len;
     auto it = m_.upper_bound(off);
@@ -465,20 +472,26 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
     if (chunks.empty()) break;
     old.resize(window);
     for (const Chunk& c : chunks) {
-      if (c.hole) {
-        std::fill(old.begin() + c.buf_off, old.begin() + c.buf_off + c.n, uint8_t{0});
-      } else {
-        reads.push_back(ReadOp{c.off, c.n, old.data() + c.buf_off});
-        read_bytes += c.n;
-      }
+      if (c.hole) continue;  // zeros: filled below only if the batch wrote there
+      reads.push_back(ReadOp{c.off, c.n, old.data() + c.buf_off});
+      read_bytes += c.n;
     }
     CDP_RETURN_IF_ERROR(replica_io_->Read(reads));
     for (const Chunk& c : chunks) {
       const proto::Record& r = recs[c.rec];
       uint8_t* buf = old.data() + c.buf_off;
-      overlay.Patch(c.off, c.n, buf);
       size_t at = jbuf.size();
-      UndoKind kind = EncodeOldData(r.seq, c.off, wall, ByteSpan(buf, c.n), o_.journal_zstd_level, &jbuf);
+      UndoKind kind;
+      if (c.hole && !overlay.Touches(c.off, c.n)) {
+        // Zeros, known without filling a buffer and scanning it (an initial
+        // sync onto a fresh replica is all this).
+        EncodeUndoRecord(UndoKind::kZeroes, r.seq, c.off, c.n, wall, ByteSpan(), &jbuf);
+        kind = UndoKind::kZeroes;
+      } else {
+        if (c.hole) std::memset(buf, 0, c.n);
+        overlay.Patch(c.off, c.n, buf);
+        kind = EncodeOldData(r.seq, c.off, wall, ByteSpan(buf, c.n), o_.journal_zstd_level, &jbuf);
+      }
       pend.push_back(Pending{UndoEntry{r.seq, c.off, c.n, kind, 0, 0, DecodeFixed32(jbuf.data() + at), wall}, at});
       if (jbuf.size() >= kJournalFlushBytes) CDP_RETURN_IF_ERROR(flush_buf());
       if (c.last) {
