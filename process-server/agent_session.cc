@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <list>
 #include <optional>
+#include <set>
 #include <thread>
 #include <variant>
 
@@ -80,7 +82,26 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
   } disarm{relays, &ch};
   std::optional<proto::Message> carry;  // received while coalescing, handled next
   Status pending;                       // a receive error met while coalescing
+  // A WriteBatch is appended and answered on a thread of its own while the
+  // next one is received: receiving (decrypting, decoding) overlaps the
+  // spool's write and fdatasync. One at a time, and every other message
+  // waits for it, so replies keep their order. Declared after everything it
+  // uses: on any return its future's destructor waits for it.
+  using Appended = std::pair<Status, std::set<SpooledVolume*>>;  // and the volumes it found fenced
+  std::future<Appended> appending;
+  auto finish_append = [&]() -> Status {
+    if (!appending.valid()) return Status::OK();
+    Appended a = appending.get();
+    fenced_here.insert(a.second.begin(), a.second.end());
+    return a.first;
+  };
   while (!stopping.load()) {
+    if (appending.valid() && appending.wait_for(Millis(0)) == std::future_status::ready) {
+      if (Status s = finish_append(); !s.ok()) {
+        log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, s.ToString());
+        return;
+      }
+    }
     // A fence lifted (the MT's failover undone): close, so that the agent
     // reopens the volume at once instead of at its next connection.
     for (SpooledVolume* v : fenced_here) {
@@ -137,7 +158,17 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
         replies++;
       }
     }
-    Status s = Handle(ch, tenant, handles, next_id, relays, msg, replies, &fenced_here);
+    Status s = finish_append();
+    if (s.ok() && std::holds_alternative<proto::WriteBatch>(msg)) {
+      appending = std::async(std::launch::async, [this, &ch, &tenant, &handles, &next_id, relays, replies,
+                                                  m = std::move(msg)]() mutable {
+        Appended a;
+        a.first = Handle(ch, tenant, handles, next_id, relays, m, replies, &a.second);
+        return a;
+      });
+      continue;
+    }
+    if (s.ok()) s = Handle(ch, tenant, handles, next_id, relays, msg, replies, &fenced_here);
     if (!s.ok()) {
       log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, s.ToString());
       return;
