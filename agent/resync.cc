@@ -29,7 +29,16 @@ ResyncStats Resync::Stats() const {
 
 void Resync::Wait(std::chrono::milliseconds max) {
   std::unique_lock lk(mu_);
-  cv_.wait_for(lk, max, [&] { return !answers_.empty(); });
+  cv_.wait_for(lk, max, [&] { return !answers_.empty() || kicked_; });
+  kicked_ = false;
+}
+
+void Resync::Kick() {
+  {
+    std::lock_guard lk(mu_);
+    kicked_ = true;
+  }
+  cv_.notify_all();
 }
 
 void Resync::Abort() {

@@ -45,7 +45,7 @@
 // asked again after behind_retry_ms with the same min_seq.
 //
 // Thread safety: Step/Wait/Abort/SetFloor from the resync thread only;
-// Stats() from any thread; the HashFn's callback from any thread.
+// Stats() and Kick() from any thread; the HashFn's callback from any thread.
 #pragma once
 
 #include <condition_variable>
@@ -116,6 +116,9 @@ class Resync {
   Result<bool> Step();
   // Waits up to `max` for an answer (or Abort).
   void Wait(std::chrono::milliseconds max);
+  // Ends a Wait now, or the next one at once: the process server acknowledged
+  // records, so resync records held back by `fill_target` may go (any thread).
+  void Kick();
   // Drops the work in flight (stopping); answers arriving later are ignored.
   void Abort();
   // Nothing in flight and nothing flagged.
@@ -186,6 +189,7 @@ class Resync {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Answer> answers_;
+  bool kicked_ = false;  // Kick() since the last Wait
   ResyncStats st_;
 };
 

@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "agent/resync.h"
 #include "agent/tests/test_peer.h"
 #include "common/fault_env.h"
 #include "common/block_digest.h"
@@ -377,6 +378,30 @@ TEST_CASE("the resync keeps at most its fill target queued: live writes keep the
   REQUIRE(dev->queue().Stats().to_metadata == 0);
   REQUIRE(peer.Image() == expect);
   sender.Stop();
+}
+
+TEST_CASE("a kick ends the resync's wait for hash answers, once: an acknowledgement lets held records go at once",
+          "[sender][resync]") {
+  auto env = cdp::NewMemEnv();
+  MakeBacking(env.get(), "/d/vol.img", cdp::Bytes(kMiB, 0));
+  auto dev = OpenDevice(env.get());
+  // No hash request is ever answered: only a kick ends a wait early.
+  cdp::agent::Resync resync(dev.get(), cdp::agent::ResyncOptions{},
+                            [](const cdp::proto::HashRequest&, cdp::agent::Resync::HashCallback) {});
+  using Clock = std::chrono::steady_clock;
+  // Kicked before it waits, and kicked while it waits (whichever comes first).
+  for (int round = 0; round < 2; ++round) {
+    const auto t0 = Clock::now();
+    std::thread kicker([&] { resync.Kick(); });
+    if (round == 0) kicker.join();
+    resync.Wait(60s);
+    if (round == 1) kicker.join();
+    REQUIRE(Clock::now() - t0 < 30s);
+  }
+  // The kick was used up: the next wait lasts its whole time.
+  const auto t0 = Clock::now();
+  resync.Wait(50ms);
+  REQUIRE(Clock::now() - t0 >= 50ms);
 }
 
 TEST_CASE("an encrypted volume ships only sealed blocks: the peer holds the sealed source, every block opens, and "
