@@ -865,18 +865,34 @@ TEST_CASE("a corrupt undo record is detected by reads and never applied by rollb
   REQUIRE(img[100] == second[100]);  // the corrupt bytes were not written to the replica
 }
 
-TEST_CASE("apply does not read the holes of the replica, and journals them as zeros", "[volume][sparse]") {
+namespace {
+
+// A fresh (sparse) 8 MiB replica on the real file system, counting what
+// apply reads from it.
+struct SparseReplica {
+  static constexpr uint64_t kSize = 8u << 20;
   TempDir tmp;
-  auto env = NewPosixEnv();
+  std::unique_ptr<Env> env = NewPosixEnv();
   ManualClock clock;
-  const uint64_t size = 8u << 20;
-  auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db", 4 << 20);
-  opts.dir = tmp.path() + "/vol1";
-  auto reads = std::make_shared<metrics::Counter>();
-  opts.metrics.disk_read_bytes = reads;
-  VolumeIdentity id = Ident(size);
-  auto v = ReplicaVolume::Open(opts, &id);
-  REQUIRE(v.ok());
+  VolumeOptions opts = Opts(env.get(), &clock, tmp.path() + "/i.db", 4 << 20);
+  std::shared_ptr<metrics::Counter> reads = std::make_shared<metrics::Counter>();
+  std::unique_ptr<ReplicaVolume> volume;
+
+  SparseReplica() {
+    opts.dir = tmp.path() + "/vol1";
+    opts.metrics.disk_read_bytes = reads;
+    VolumeIdentity id = Ident(kSize);
+    auto v = ReplicaVolume::Open(opts, &id);
+    REQUIRE(v.ok());
+    volume = std::move(*v);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("apply does not read the holes of the replica, and journals them as zeros", "[volume][sparse]") {
+  SparseReplica r;
+  const uint64_t size = r.kSize;
   Reference ref(size);
   std::mt19937_64 rng(8);
   Bytes d(2u << 20);
@@ -884,33 +900,24 @@ TEST_CASE("apply does not read the holes of the replica, and journals them as ze
   // Onto the fresh (sparse) replica: nothing read.
   std::vector<proto::Record> b1{DataRecord(1, 1u << 20, d), FlushRecord(2)};
   ref.Apply(b1);
-  REQUIRE((*v)->ApplyBatch(b1)->ack);
-  REQUIRE(reads->Value() == 0);
+  REQUIRE(r.volume->ApplyBatch(b1)->ack);
+  REQUIRE(r.reads->Value() == 0);
   // Over data written before: read (the old bytes go into the journal).
   Bytes e(8192, 5);
   std::vector<proto::Record> b2{DataRecord(3, (1u << 20) + 4096, e), FlushRecord(4)};
   ref.Apply(b2);
-  REQUIRE((*v)->ApplyBatch(b2)->ack);
-  REQUIRE(reads->Value() == 8192);
-  REQUIRE(ReplicaFile(env.get(), opts.dir, size) == ref.image());
+  REQUIRE(r.volume->ApplyBatch(b2)->ack);
+  REQUIRE(r.reads->Value() == 8192);
+  REQUIRE(ReplicaFile(r.env.get(), r.opts.dir, size) == ref.image());
   // Every point reads back exactly, the one before the first write included.
-  REQUIRE(ReadImage(**v, 0) == Bytes(size, 0));
-  REQUIRE(ReadImage(**v, 2) == ref.ImageAt(2));
+  REQUIRE(ReadImage(*r.volume, 0) == Bytes(size, 0));
+  REQUIRE(ReadImage(*r.volume, 2) == ref.ImageAt(2));
 }
 
 TEST_CASE("a record over a hole that an earlier record of its batch wrote journals that record's bytes, not zeros",
           "[volume][sparse]") {
-  TempDir tmp;
-  auto env = NewPosixEnv();
-  ManualClock clock;
-  const uint64_t size = 8u << 20;
-  auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db", 4 << 20);
-  opts.dir = tmp.path() + "/vol1";
-  auto reads = std::make_shared<metrics::Counter>();
-  opts.metrics.disk_read_bytes = reads;
-  VolumeIdentity id = Ident(size);
-  auto v = ReplicaVolume::Open(opts, &id);
-  REQUIRE(v.ok());
+  SparseReplica r;
+  const uint64_t size = r.kSize;
   Reference ref(size);
   // All on the fresh (sparse) replica, in one batch: 2 overwrites part of 1,
   // 4 part of the zeros of 3 and part of 2, 5 covers untouched holes only.
@@ -922,13 +929,13 @@ TEST_CASE("a record over a hole that an earlier record of its batch wrote journa
                                DataRecord(6, 6u << 20, Bytes(4096, 6)),
                                FlushRecord(7)};
   ref.Apply(b);
-  REQUIRE((*v)->ApplyBatch(b)->ack);
-  REQUIRE(reads->Value() == 0);
-  const bool replica_equal = ReplicaFile(env.get(), opts.dir, size) == ref.image();
+  REQUIRE(r.volume->ApplyBatch(b)->ack);
+  REQUIRE(r.reads->Value() == 0);
+  const bool replica_equal = ReplicaFile(r.env.get(), r.opts.dir, size) == ref.image();
   REQUIRE(replica_equal);
   for (uint64_t point = 0; point <= 7; ++point) {
     INFO("point " << point);
-    const bool equal = ReadImage(**v, point) == ref.ImageAt(point);  // (not 8 MiB printed on failure)
+    const bool equal = ReadImage(*r.volume, point) == ref.ImageAt(point);  // (not 8 MiB printed on failure)
     CHECK(equal);
   }
 }
