@@ -18,6 +18,10 @@ namespace {
 
 using Millis = std::chrono::milliseconds;
 
+// A WriteBatch of at least this much data is appended on a thread of its own
+// while the session receives the next (see Serve).
+constexpr uint64_t kOverlapBytes = 1u << 20;
+
 // A write record lies inside the volume, and is sealed exactly when the
 // volume is (a sealed volume's blocks never travel in the clear).
 bool RecordInVolume(const proto::Record& r, const proto::VolumeOpen& v) {
@@ -82,8 +86,8 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
   } disarm{relays, &ch};
   std::optional<proto::Message> carry;  // received while coalescing, handled next
   Status pending;                       // a receive error met while coalescing
-  // A WriteBatch is appended and answered on a thread of its own while the
-  // next one is received: receiving (decrypting, decoding) overlaps the
+  // A large WriteBatch is appended and answered on a thread of its own while
+  // the next one is received: receiving (decrypting, decoding) overlaps the
   // spool's write and fdatasync. One at a time, and every other message
   // waits for it, so replies keep their order. Declared after everything it
   // uses: on any return its future's destructor waits for it.
@@ -132,11 +136,11 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
       msg = std::move(*m);
     }
     int replies = 1;
+    uint64_t bytes = 0;  // of a WriteBatch's records, coalesced
     if (auto* b = std::get_if<proto::WriteBatch>(&msg)) {
       // Batches the agent pipelined and that are already here, contiguous
       // with this one, go into the same spool append (one fdatasync); each
       // still gets its own reply.
-      uint64_t bytes = 0;
       for (const auto& r : b->records) bytes += r.data.size();
       while (replies < 64 && !b->records.empty() && bytes < (32u << 20)) {
         auto r = ch.Receive(Millis(0));
@@ -159,7 +163,9 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
       }
     }
     Status s = finish_append();
-    if (s.ok() && std::holds_alternative<proto::WriteBatch>(msg)) {
+    // (A small batch is appended here: a thread per batch would cost more
+    // than the overlap gains when there are thousands a second.)
+    if (s.ok() && bytes >= kOverlapBytes) {
       appending = std::async(std::launch::async, [this, &ch, &tenant, &handles, &next_id, relays, replies,
                                                   m = std::move(msg)]() mutable {
         Appended a;
