@@ -7,6 +7,7 @@
 #include <list>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <variant>
 
@@ -166,13 +167,18 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
     // (A small batch is appended here: a thread per batch would cost more
     // than the overlap gains when there are thousands a second.)
     if (s.ok() && bytes >= kOverlapBytes) {
-      appending = std::async(std::launch::async, [this, &ch, &tenant, &handles, &next_id, relays, replies,
-                                                  m = std::move(msg)]() mutable {
+      auto batch = std::make_shared<proto::Message>(std::move(msg));
+      auto task = [this, &ch, &tenant, &handles, &next_id, relays, replies, batch] {
         Appended a;
-        a.first = Handle(ch, tenant, handles, next_id, relays, m, replies, &a.second);
+        a.first = Handle(ch, tenant, handles, next_id, relays, *batch, replies, &a.second);
         return a;
-      });
-      continue;
+      };
+      try {
+        appending = std::async(std::launch::async, task);
+        continue;
+      } catch (const std::system_error&) {
+        msg = std::move(*batch);  // no thread to be had: appended here, as below
+      }
     }
     if (s.ok()) s = Handle(ch, tenant, handles, next_id, relays, msg, replies, &fenced_here);
     if (!s.ok()) {
