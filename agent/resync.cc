@@ -33,12 +33,14 @@ void Resync::Wait(std::chrono::milliseconds max) {
   kicked_ = false;
 }
 
-void Resync::Kick() {
+bool Resync::Kick() {
   {
     std::lock_guard lk(mu_);
+    if (st_.inflight_bytes == 0) return false;
     kicked_ = true;
   }
   cv_.notify_all();
+  return true;
 }
 
 void Resync::Abort() {

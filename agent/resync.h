@@ -116,9 +116,10 @@ class Resync {
   Result<bool> Step();
   // Waits up to `max` for an answer (or Abort).
   void Wait(std::chrono::milliseconds max);
-  // Ends a Wait now, or the next one at once: the process server acknowledged
-  // records, so resync records held back by `fill_target` may go (any thread).
-  void Kick();
+  // The process server acknowledged records: if resync records are in flight
+  // (so more may be held back by `fill_target`), ends a Wait now, or the
+  // next one at once, and returns true (any thread).
+  bool Kick();
   // Drops the work in flight (stopping); answers arriving later are ignored.
   void Abort();
   // Nothing in flight and nothing flagged.

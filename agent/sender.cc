@@ -236,8 +236,7 @@ void Sender::Acked(uint64_t durable) {
   dev_->bitmap().SetAcked(dev_->queue().acked_seq());
   // The resync may be holding records back for fill_target: they may go now,
   // not at the end of its wait for hash answers.
-  resync_engine_->Kick();
-  if (driver_ != nullptr) driver_->Wake();
+  if (resync_engine_->Kick() && driver_ != nullptr) driver_->Wake();
 }
 
 void Sender::Shipped(const proto::WriteBatch& batch, uint64_t wire_bytes) {

@@ -380,22 +380,49 @@ TEST_CASE("the resync keeps at most its fill target queued: live writes keep the
   sender.Stop();
 }
 
-TEST_CASE("a kick ends the resync's wait for hash answers, once: an acknowledgement lets held records go at once",
+TEST_CASE("an acknowledgement kicks the resync only while its records are in flight: the kick ends its wait, once",
           "[sender][resync]") {
   auto env = cdp::NewMemEnv();
-  MakeBacking(env.get(), "/d/vol.img", cdp::Bytes(kMiB, 0));
+  MakeBacking(env.get(), "/d/vol.img", Random(4 * kMiB, 41));
   auto dev = OpenDevice(env.get());
-  // No hash request is ever answered: only a kick ends a wait early.
-  cdp::agent::Resync resync(dev.get(), cdp::agent::ResyncOptions{},
-                            [](const cdp::proto::HashRequest&, cdp::agent::Resync::HashCallback) {});
+  {
+    auto lk = dev->queue().Lock();
+    dev->bitmap().MarkAllCompare();
+  }
+  cdp::agent::ResyncOptions ro;
+  ro.fill_target = kMiB;
+  // The replica reads zeros everywhere, answered at once: every block differs.
+  cdp::agent::Resync resync(dev.get(), ro,
+                            [&](const cdp::proto::HashRequest& req, cdp::agent::Resync::HashCallback done) {
+                              cdp::proto::HashResponse r;
+                              r.region_size = req.region_size;
+                              r.first_region = req.first_region;
+                              const uint64_t units = (4 * kMiB + req.region_size - 1) / req.region_size;
+                              r.hashes.assign(std::min<uint64_t>(req.count, units - req.first_region),
+                                              cdp::kZeroDigest);
+                              r.seq = req.min_seq;
+                              done(r);
+                            });
+  // Nothing in flight: an acknowledgement has nothing to release (no wake-ups
+  // for volumes with no resync).
+  REQUIRE_FALSE(resync.Kick());
+  // Nobody acknowledges: the resync stops at its fill target.
+  REQUIRE(WaitUntil([&] {
+    auto did = resync.Step();
+    REQUIRE(did.ok());
+    return !*did && resync.Stats().inflight_bytes > 0;
+  }));
+  REQUIRE(resync.Stats().inflight_bytes <= ro.fill_target);
   using Clock = std::chrono::steady_clock;
   // Kicked before it waits, and kicked while it waits (whichever comes first).
   for (int round = 0; round < 2; ++round) {
     const auto t0 = Clock::now();
-    std::thread kicker([&] { resync.Kick(); });
+    bool kicked = false;
+    std::thread kicker([&] { kicked = resync.Kick(); });
     if (round == 0) kicker.join();
     resync.Wait(60s);
     if (round == 1) kicker.join();
+    REQUIRE(kicked);
     REQUIRE(Clock::now() - t0 < 30s);
   }
   // The kick was used up: the next wait lasts its whole time.
