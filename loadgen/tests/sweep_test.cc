@@ -3,7 +3,11 @@
 #include <boost/json.hpp>
 
 #include "common/env.h"
+#include "common/clock.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
 #include "loadgen/sweep.h"
+#include "loadgen/sweep_run.h"
 
 using namespace cdp;
 using namespace cdp::loadgen;
@@ -145,6 +149,28 @@ std::vector<std::vector<std::string>> ReadCsv(const std::string& path) {
 }
 
 }  // namespace
+
+TEST_CASE("regression: a process server that has not exported its backlog yet is not drained", "[sweep]") {
+  // The sweep under ASan began a sample before the agent had opened its
+  // volume at the PS: "drained" then, the sample lacked cdp_ps_bytes_in_total.
+  metrics::Registry agent, ps, mt;
+  agent.AddComputed("cdp_agent_queue_bytes", "Queued", metrics::Type::kGauge, [] { return 0.0; });
+  std::vector<std::unique_ptr<http::Server>> servers;
+  SweepTargets t;
+  for (auto [reg, url] : {std::pair{&agent, &t.agent_metrics}, {&ps, &t.ps_metrics}, {&mt, &t.mt_metrics}}) {
+    http::ServerOptions so;
+    so.registry = reg;
+    servers.push_back(std::make_unique<http::Server>(so));
+    REQUIRE(servers.back()->Start().ok());
+    *url = "http://127.0.0.1:" + std::to_string(servers.back()->port()) + "/metrics";
+  }
+  Status s = WaitDrained(t, 300'000, SystemClock::Get());
+  CHECK(s.IsBusy());
+  CHECK(s.message().find("cdp_ps_backlog_bytes not exported") != std::string::npos);
+  ps.AddComputed("cdp_ps_backlog_bytes", "Backlog", metrics::Type::kGauge, [] { return 0.0; });
+  CHECK(WaitDrained(t, 10'000'000, SystemClock::Get()).ok());
+  for (auto& srv : servers) srv->Stop();
+}
 
 TEST_CASE("cdp-loadgen sweep --local: real daemons, both phases, every column present and non-negative",
           "[sweep][e2e]") {
