@@ -17,6 +17,9 @@ namespace {
 
 using Millis = std::chrono::milliseconds;
 
+// A daemon failed to start because another socket holds one of its ports.
+bool PortTaken(const Status& s) { return s.message().find("Address already in use") != std::string::npos; }
+
 Status WriteText(const std::string& path, const std::string& text) {
   return WriteFileAtomic(DefaultEnv(), path, ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
 }
@@ -198,7 +201,7 @@ Status LocalCluster::Start() {
     if (s.ok()) s = StartOne(Role::kProcessServer);
     if (s.ok()) s = StartOne(Role::kAgent);
     if (s.ok()) return s;
-    if (attempt == 2 || s.message().find("Address already in use") == std::string::npos) return s;
+    if (attempt == 2 || !PortTaken(s)) return s;
     for (Role r : {Role::kAgent, Role::kProcessServer, Role::kMasterTarget}) process(r).Stop(SIGKILL, Millis(0));
   }
 }
@@ -218,9 +221,7 @@ Status LocalCluster::Restart(Role r) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   for (;;) {
     Status s = StartOne(r);
-    if (s.ok() || s.message().find("Address already in use") == std::string::npos ||
-        std::chrono::steady_clock::now() >= deadline)
-      return s;
+    if (s.ok() || !PortTaken(s) || std::chrono::steady_clock::now() >= deadline) return s;
     // The polling period of a condition with a deadline (the port is freed).
     std::this_thread::sleep_for(Millis(100));
   }

@@ -94,18 +94,16 @@ Status WaitDrained(const SweepTargets& t, uint64_t timeout_us, const Clock* cloc
     // PS yet) is not "drained": a sample begun then would lack it.
     auto q = s.agent.find("cdp_agent_queue_bytes");
     auto b = s.ps.find("cdp_ps_backlog_bytes");
-    const bool known = q != s.agent.end() && b != s.ps.end();
-    double queue = q == s.agent.end() ? 0 : q->second, backlog = b == s.ps.end() ? 0 : b->second;
-    if (known && queue == 0 && backlog == 0) return Status::OK();
+    const char* missing = q == s.agent.end() ? "cdp_agent_queue_bytes"
+                          : b == s.ps.end()    ? "cdp_ps_backlog_bytes"
+                                               : nullptr;
+    if (missing == nullptr && q->second == 0 && b->second == 0) return Status::OK();
     if (clock->NowMicros() >= deadline) {
-      if (!known) {
-        return Status::Busy("not drained after " + std::to_string(timeout_us / 1000000) + " s: " +
-                            (q == s.agent.end() ? "cdp_agent_queue_bytes" : "cdp_ps_backlog_bytes") +
-                            " not exported (is the volume open at the process server?)");
-      }
-      return Status::Busy("not drained after " + std::to_string(timeout_us / 1000000) + " s: agent queue " +
-                          std::to_string(uint64_t(queue)) + " bytes, PS backlog " + std::to_string(uint64_t(backlog)) +
-                          " bytes");
+      const std::string state =
+          missing != nullptr ? std::string(missing) + " not exported (is the volume open at the process server?)"
+                             : "agent queue " + std::to_string(uint64_t(q->second)) + " bytes, PS backlog " +
+                                   std::to_string(uint64_t(b->second)) + " bytes";
+      return Status::Busy("not drained after " + std::to_string(timeout_us / 1000000) + " s: " + state);
     }
     SleepMicros(200'000);
   }
