@@ -82,11 +82,14 @@ bench_rm() { [ "${KEEP:-0}" = 1 ] || rm -rf "$1"; }
 # bench_perf_start NAME / bench_perf_stop: with PERF=DIR set, a system-wide
 # `perf record -g` of the measured part of a scenario goes to DIR/NAME.data
 # (read it with `perf report -i DIR/NAME.data`); without PERF, nothing.
+# PERF_ARGS replaces `-g` (e.g. "--call-graph dwarf,16384 -F 499" for stacks
+# through code built without frame pointers).
 BENCH_PERF_PID=""
 bench_perf_start() {
   [ -n "${PERF:-}" ] || return 0
   mkdir -p "$PERF"
-  perf record -q -a -g -o "$PERF/$1.data" >/dev/null 2>&1 &
+  # shellcheck disable=SC2086
+  perf record -q -a ${PERF_ARGS:--g} -o "$PERF/$1.data" >/dev/null 2>&1 &
   BENCH_PERF_PID=$!
   BENCH_EXTRA_PIDS+=("$BENCH_PERF_PID")
 }

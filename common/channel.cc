@@ -88,8 +88,10 @@ Status FrameChannel::Send(const proto::Message& m, uint64_t* wire_bytes) {
     std::lock_guard<std::mutex> lock(error_mu_);
     return error_;
   }
-  Result<Bytes> payload = proto::EncodePayload(m);
-  if (!payload.ok()) return payload.status().WithContext(peer_);
+  // Gathered: the data of a batch's large records goes out from where it is.
+  proto::PayloadPieces payload;
+  Status encoded = proto::EncodePayloadPieces(m, &payload);
+  if (!encoded.ok()) return encoded.WithContext(peer_);
 
   std::lock_guard<std::mutex> lock(send_mu_);
   if (broken()) {
@@ -97,8 +99,11 @@ Status FrameChannel::Send(const proto::Message& m, uint64_t* wire_bytes) {
     return error_;
   }
   std::array<uint8_t, proto::kHeaderSize> header;
-  proto::EncodeHeader(proto::TypeOf(m), 0, next_send_seq_, *payload, header.data());
-  const std::array<ByteSpan, 2> buffers{ByteSpan(header), ByteSpan(*payload)};
+  proto::EncodeHeader(proto::TypeOf(m), 0, next_send_seq_, payload.pieces, header.data());
+  std::vector<ByteSpan> buffers;
+  buffers.reserve(1 + payload.pieces.size());
+  buffers.emplace_back(header);
+  buffers.insert(buffers.end(), payload.pieces.begin(), payload.pieces.end());
   Status s = stream_->WriteAll(buffers, SteadyClock::now() + options_.send_timeout);
   if (closed_.load(std::memory_order_acquire)) return Fail(Status::Aborted(peer_ + ": channel closed"));
   if (s.IsBusy()) {
@@ -106,8 +111,8 @@ Status FrameChannel::Send(const proto::Message& m, uint64_t* wire_bytes) {
                                     std::to_string(options_.send_timeout.count()) + " ms"));
   }
   if (!s.ok()) return Fail(std::move(s));
-  bytes_sent_.fetch_add(header.size() + payload->size(), std::memory_order_relaxed);
-  if (wire_bytes != nullptr) *wire_bytes = header.size() + payload->size();
+  bytes_sent_.fetch_add(header.size() + payload.size, std::memory_order_relaxed);
+  if (wire_bytes != nullptr) *wire_bytes = header.size() + payload.size;
   ++next_send_seq_;
   frames_sent_.fetch_add(1, std::memory_order_relaxed);
   return Status::OK();

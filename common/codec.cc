@@ -147,12 +147,26 @@ class ZstdCodec final : public Codec {
 
 }  // namespace
 
-bool SampleCompresses(Codec& codec, ByteSpan data) {
-  if (data.size() <= kSampleMin) return true;
+bool SampleCompresses(Codec& codec, ByteSpan data) { return SampleCompresses(codec, std::span(&data, 1)); }
+
+bool SampleCompresses(Codec& codec, std::span<const ByteSpan> pieces) {
+  size_t size = 0;
+  for (ByteSpan p : pieces) size += p.size();
+  if (size <= kSampleMin) return true;
   Bytes sample;
   sample.reserve(kSampleSlice * kSampleSlices);
-  const size_t stride = (data.size() - kSampleSlice) / (kSampleSlices - 1);
-  for (size_t i = 0; i < kSampleSlices; ++i) PutBytes(sample, data.subspan(i * stride, kSampleSlice));
+  const size_t stride = (size - kSampleSlice) / (kSampleSlices - 1);
+  size_t piece = 0, piece_at = 0;  // the piece holding offset piece_at..
+  for (size_t i = 0; i < kSampleSlices; ++i) {
+    size_t at = i * stride, want = kSampleSlice;
+    while (want > 0) {
+      while (at >= piece_at + pieces[piece].size()) piece_at += pieces[piece++].size();
+      const size_t n = std::min(want, piece_at + pieces[piece].size() - at);
+      PutBytes(sample, pieces[piece].subspan(at - piece_at, n));
+      at += n;
+      want -= n;
+    }
+  }
   Bytes out;
   if (!codec.Compress(sample, &out).ok()) return true;  // let the real pass say
   return out.size() + sample.size() / 32 <= sample.size();

@@ -45,6 +45,8 @@ inline constexpr size_t kSampleSlice = 4096;
 inline constexpr size_t kSampleSlices = 8;
 inline constexpr size_t kSampleMin = 64 * 1024;
 bool SampleCompresses(Codec& codec, ByteSpan data);
+// The same, of the concatenation of `pieces`.
+bool SampleCompresses(Codec& codec, std::span<const ByteSpan> pieces);
 
 // "none", "lz4", "zstd" <-> proto::Codec.
 Result<proto::Codec> ParseCodecName(std::string_view name);

@@ -129,18 +129,33 @@ Status CheckRecord(uint64_t seq, uint64_t offset, uint32_t length, RecordKind ki
   return Status::InvalidArgument("unknown record kind");
 }
 
-Status EncodeBatch(const WriteBatch& wb, Bytes& out) {
+// Appends the payload of `wb` to `out`. With `pieces`, the data of records of
+// kInPlaceData bytes or more is not copied: *pieces receives the payload as
+// spans of `out` (from its size on entry) and of those records' data, unless
+// the batch is compressed (then one span of `out`).
+Status EncodeBatch(const WriteBatch& wb, Bytes& out, std::vector<ByteSpan>* pieces = nullptr) {
   if (wb.records.empty()) return Invalid("empty write batch");
   if (wb.records.size() > kMaxRecords) return Invalid("more than kMaxRecords records");
   if (uint8_t(wb.codec) > uint8_t(Codec::kZstd)) return Invalid("unknown codec");
-  uint64_t raw_size = 0;
-  for (const Record& rec : wb.records) raw_size += kRecordHeaderSize + rec.data.size();
+  auto in_place = [&](const Record& rec) { return pieces != nullptr && rec.data.size() >= kInPlaceData; };
+  uint64_t raw_size = 0, own_size = 0;
+  for (const Record& rec : wb.records) {
+    raw_size += kRecordHeaderSize + rec.data.size();
+    own_size += kRecordHeaderSize + (in_place(rec) ? 0 : rec.data.size());
+  }
   if (raw_size > kMaxBatchRaw) return Invalid("record block larger than kMaxBatchRaw");
 
   // The record block is written in place, after the batch header; it is
-  // replaced by its compressed form only when that is smaller.
+  // replaced by its compressed form only when that is smaller. Reserved
+  // whole: the pieces point into `out`.
   const size_t start = out.size();
-  out.reserve(start + kBatchHeaderSize + size_t(raw_size));
+  out.reserve(start + kBatchHeaderSize + size_t(own_size));
+  if (pieces != nullptr) pieces->clear();
+  size_t run = start;  // the part of `out` not yet a piece
+  auto cut = [&] {
+    if (out.size() > run) pieces->emplace_back(out.data() + run, out.size() - run);
+    run = out.size();
+  };
   PutFixed32(out, wb.volume_id);
   PutU8(out, uint8_t(Codec::kNone));  // set below
   PutFixed32(out, uint32_t(raw_size));
@@ -158,8 +173,14 @@ Status EncodeBatch(const WriteBatch& wb, Bytes& out) {
     PutU8(out, uint8_t(rec.kind));
     PutFixed64(out, rec.timestamp_us);
     PutFixed32(out, uint32_t(rec.data.size()));
-    PutBytes(out, rec.data);
+    if (in_place(rec)) {
+      cut();
+      pieces->emplace_back(rec.data);
+    } else {
+      PutBytes(out, rec.data);
+    }
   }
+  if (pieces != nullptr) cut();
 
   Codec codec = wb.codec;
   if (codec != Codec::kNone) {
@@ -167,18 +188,34 @@ Status EncodeBatch(const WriteBatch& wb, Bytes& out) {
     if (!c) return Invalid("codec unavailable");
     // Incompressible data travels raw: the receiver then skips a useless pass,
     // and a sample spares the sender one (common/codec.h).
-    const ByteSpan block = ByteSpan(out).subspan(block_at);
-    Bytes compressed;
-    if (SampleCompresses(*c, block)) CDP_RETURN_IF_ERROR(c->Compress(block, &compressed));
+    std::vector<ByteSpan> block{ByteSpan(out).subspan(block_at)};
+    if (pieces != nullptr) {
+      block = *pieces;
+      block.front() = block.front().subspan(kBatchHeaderSize);
+    }
+    Bytes flat, compressed;
+    if (SampleCompresses(*c, block)) {
+      if (block.size() > 1) {
+        flat.reserve(size_t(raw_size));
+        for (ByteSpan b : block) PutBytes(flat, b);
+      }
+      CDP_RETURN_IF_ERROR(c->Compress(block.size() > 1 ? ByteSpan(flat) : block.front(), &compressed));
+    }
     if (!compressed.empty() && compressed.size() < raw_size) {
       out.resize(block_at);
       PutBytes(out, compressed);
+      if (pieces != nullptr) pieces->assign(1, ByteSpan(out).subspan(start));
     } else {
       codec = Codec::kNone;
     }
   }
   out[start + 4] = uint8_t(codec);
-  if (out.size() - start > kMaxPayload) return Invalid("write batch larger than kMaxPayload");
+  uint64_t size = out.size() - start;
+  if (pieces != nullptr) {
+    size = 0;
+    for (ByteSpan b : *pieces) size += b.size();
+  }
+  if (size > kMaxPayload) return Invalid("write batch larger than kMaxPayload");
   return Status::OK();
 }
 
@@ -758,6 +795,20 @@ bool ValidName(std::string_view name) {
   return true;
 }
 
+Status EncodePayloadPieces(const Message& m, PayloadPieces* out) {
+  out->own.clear();
+  out->size = 0;
+  if (const auto* wb = std::get_if<WriteBatch>(&m)) {
+    CDP_RETURN_IF_ERROR(EncodeBatch(*wb, out->own, &out->pieces));
+  } else {
+    CDP_RETURN_IF_ERROR(std::visit(PayloadEncoder{out->own}, m));
+    out->pieces.assign(1, ByteSpan(out->own));
+  }
+  for (ByteSpan b : out->pieces) out->size += b.size();
+  if (out->size > kMaxPayload) return Invalid("payload larger than kMaxPayload");
+  return Status::OK();
+}
+
 Result<Bytes> EncodePayload(const Message& m) {
   Bytes payload;
   Status s = std::visit(PayloadEncoder{payload}, m);
@@ -766,16 +817,23 @@ Result<Bytes> EncodePayload(const Message& m) {
   return payload;
 }
 
-void EncodeHeader(MsgType type, uint16_t flags, uint64_t sequence, ByteSpan payload, uint8_t* h) {
+void EncodeHeader(MsgType type, uint16_t flags, uint64_t sequence, std::span<const ByteSpan> payload, uint8_t* h) {
+  size_t size = 0;
+  for (ByteSpan b : payload) size += b.size();
   EncodeFixed32(h, kMagic);
   h[4] = kVersion;
   h[5] = uint8_t(type);
   EncodeFixed16(h + 6, flags);
-  EncodeFixed32(h + 8, uint32_t(payload.size()));
+  EncodeFixed32(h + 8, uint32_t(size));
   EncodeFixed64(h + 12, sequence);
   EncodeFixed32(h + 20, 0);
-  uint32_t crc = crc32c::Extend(crc32c::Value(h, kHeaderSize), payload.data(), payload.size());
+  uint32_t crc = crc32c::Value(h, kHeaderSize);
+  for (ByteSpan b : payload) crc = crc32c::Extend(crc, b.data(), b.size());
   EncodeFixed32(h + 20, crc);
+}
+
+void EncodeHeader(MsgType type, uint16_t flags, uint64_t sequence, ByteSpan payload, uint8_t* h) {
+  EncodeHeader(type, flags, sequence, std::span<const ByteSpan>(&payload, 1), h);
 }
 
 Result<Bytes> EncodeMessage(const Message& m, uint64_t sequence) {

@@ -353,9 +353,28 @@ Result<Bytes> EncodeMessage(const Message& m, uint64_t sequence);
 // the frame sequence inside it.
 Result<Bytes> EncodePayload(const Message& m);
 
-// Writes the kHeaderSize-byte header of a frame carrying `payload` into
-// header[0, kHeaderSize), CRC included. `payload.size()` must be <= kMaxPayload.
+// The payload as pieces, for a gathered write that does not copy record data:
+// in a WriteBatch that travels uncompressed (codec kNone, or a sample says
+// compression would not pay: the same decision as EncodePayload's), the data
+// of each record of kInPlaceData bytes or more is referenced where it is, in
+// the message; everything else is encoded into `own`. The pieces concatenated
+// are EncodePayload's bytes; they are valid while the message is alive and
+// unchanged and `own` untouched.
+inline constexpr size_t kInPlaceData = 64 * 1024;
+struct PayloadPieces {
+  Bytes own;
+  std::vector<ByteSpan> pieces;  // spans of `own` and of the message's records
+  size_t size = 0;               // of the payload
+};
+// Same failures as EncodePayload.
+Status EncodePayloadPieces(const Message& m, PayloadPieces* out);
+
+// Writes the kHeaderSize-byte header of a frame carrying `payload` (or the
+// concatenation of its pieces) into header[0, kHeaderSize), CRC included. The
+// payload's size must be <= kMaxPayload.
 void EncodeHeader(MsgType type, uint16_t flags, uint64_t sequence, ByteSpan payload,
+                  uint8_t* header);
+void EncodeHeader(MsgType type, uint16_t flags, uint64_t sequence, std::span<const ByteSpan> payload,
                   uint8_t* header);
 
 // Tenant, volume, client and tag names: 1..kMaxNameLength bytes of

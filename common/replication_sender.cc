@@ -330,7 +330,10 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
     handle = st.handle;
     inflight = !st.inflight.empty();
   }
-  proto::WriteBatch b;
+  // Built in place in the message that is sent: a WriteBatch passed as a
+  // Message would be copied, record data and all, into a temporary.
+  proto::Message msg{std::in_place_type<proto::WriteBatch>};
+  proto::WriteBatch& b = std::get<proto::WriteBatch>(msg);
   auto read = [&] {
     b.records.clear();
     return st.src->Read(from, opt_.frame_bytes, opt_.frame_records, &b.records);
@@ -365,7 +368,7 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
     st.sent_max = std::max(st.sent_max, last);
   }
   uint64_t wire = 0;
-  CDP_RETURN_IF_ERROR(s.ch->Send(b, &wire));
+  CDP_RETURN_IF_ERROR(s.ch->Send(msg, &wire));
   *sent = true;
   s.last_tx_us = opt_.clock->NowMicros();
   {

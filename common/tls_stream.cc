@@ -197,7 +197,16 @@ class TlsStream final : public ByteStream {
     }
   }
 
+  // Encrypts the buffers in chunks of at most kWriteChunk; the ciphertext goes
+  // down once kWriteChunk of it gathered (small buffers share a write) and at
+  // the end.
   Status WriteAll(std::span<const ByteSpan> bufs, Deadline deadline) override {
+    auto flush = [&] {
+      ByteSpan span(out_.data(), out_.size());
+      Status s = next_->WriteAll(std::span<const ByteSpan>(&span, 1), deadline);
+      out_.clear();
+      return s;
+    };
     for (ByteSpan b : bufs) {
       size_t off = 0;
       while (off < b.size()) {
@@ -205,21 +214,24 @@ class TlsStream final : public ByteStream {
         {
           std::lock_guard<std::mutex> lock(mu_);
           ERR_clear_error();
+          // OpenSSL appends to what gathered (after anything the reader's
+          // SSL calls left), not to a buffer copied onto it afterwards.
+          TakeOutput();
+          pipe_.pending.swap(out_);
           size_t written = 0;
-          if (SSL_write_ex(ssl_, b.data() + off, n, &written) != 1 || written != n) {
+          const bool ok = SSL_write_ex(ssl_, b.data() + off, n, &written) == 1 && written == n;
+          out_.swap(pipe_.pending);
+          if (!ok) {
             int e = SSL_get_error(ssl_, 0);
+            out_.clear();
             return Status::IOError(peer() + ": TLS write: " + Describe(e));
           }
-          TakeOutput();
         }
         off += n;
-        ByteSpan span(out_.data(), out_.size());
-        Status s = next_->WriteAll(std::span<const ByteSpan>(&span, 1), deadline);
-        out_.clear();
-        if (!s.ok()) return s;
+        if (out_.size() >= kWriteChunk) CDP_RETURN_IF_ERROR(flush());
       }
     }
-    return Status::OK();
+    return out_.empty() ? Status::OK() : flush();
   }
 
   void Shutdown() override { next_->Shutdown(); }

@@ -230,6 +230,34 @@ TEST_CASE("a sample tells incompressible data from compressible", "[codec]") {
   }
 }
 
+TEST_CASE("a sample of pieces judges exactly what a sample of their concatenation does", "[codec]") {
+  auto zstd = NewCodec(proto::Codec::kZstd, 1);
+  // Random data with one run of zeros, which a slice hits or misses
+  // depending on the size: slices that straddle a cut must gather the same
+  // bytes, or the verdicts differ for some cut.
+  Bytes data = RandomBytes(300'000, 11);
+  std::fill(data.begin() + 150'000, data.begin() + 156'000, 0);
+  std::mt19937_64 rng(12);
+  int compresses = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t size = kSampleMin + 1 + rng() % (data.size() - kSampleMin - 1);
+    const ByteSpan whole = ByteSpan(data).first(size);
+    std::vector<ByteSpan> pieces;
+    for (size_t at = 0; at < size;) {
+      const size_t n = std::min<size_t>(size - at, rng() % 3 == 0 ? 0 : 1 + rng() % 20'000);
+      pieces.push_back(whole.subspan(at, n));  // empty pieces too
+      at += n;
+    }
+    const bool flat = SampleCompresses(*zstd, whole);
+    compresses += flat ? 1 : 0;
+    INFO("trial " << trial << ", size " << size << ", " << pieces.size() << " pieces");
+    CHECK(SampleCompresses(*zstd, std::span<const ByteSpan>(pieces)) == flat);
+  }
+  // Both verdicts occur, so the comparison above can fail.
+  CHECK(compresses > 0);
+  CHECK(compresses < 200);
+}
+
 TEST_CASE("a WriteBatch of random data travels raw and round-trips", "[codec]") {
   proto::WriteBatch b;
   b.volume_id = 3;

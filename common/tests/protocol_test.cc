@@ -313,6 +313,77 @@ TEST_CASE("incompressible batches travel uncompressed", "[protocol]") {
   CHECK(std::get<WriteBatch>(*back).records[0].data == wb.records[0].data);
 }
 
+TEST_CASE("payload pieces are EncodePayload's bytes, with large uncompressed record data referenced in place",
+          "[protocol]") {
+  // Records below, at and above kInPlaceData, data and not.
+  auto batch = [](Codec codec, bool random) {
+    WriteBatch wb;
+    wb.volume_id = 9;
+    wb.codec = codec;
+    wb.level = 1;
+    uint64_t seq = 40;
+    for (size_t len : {size_t(4096), kInPlaceData - 1, kInPlaceData, size_t(0), size_t(1) << 20, size_t(512)}) {
+      if (len == 0) {
+        wb.records.push_back({seq++, 0, 8192, RecordKind::kZero, 5, {}});
+        continue;
+      }
+      wb.records.push_back({seq, seq * 4096, uint32_t(len), RecordKind::kData, 5,
+                            random ? PseudoRandom(len, seq) : Text(len)});
+      ++seq;
+    }
+    return wb;
+  };
+  struct Case {
+    Codec codec;
+    bool random;
+    bool in_place;  // expected: uncompressed on the wire
+  };
+  for (const Case& c : {Case{Codec::kNone, false, true}, Case{Codec::kNone, true, true},
+                        Case{Codec::kZstd, true, true}, Case{Codec::kLz4, true, true},
+                        Case{Codec::kZstd, false, false}}) {
+    INFO("codec " << int(c.codec) << (c.random ? ", random data" : ", text"));
+    const Message m = batch(c.codec, c.random);
+    const WriteBatch& wb = std::get<WriteBatch>(m);
+    Result<Bytes> flat = EncodePayload(m);
+    REQUIRE(flat.ok());
+    PayloadPieces p;
+    REQUIRE(EncodePayloadPieces(m, &p).ok());
+    Bytes joined;
+    for (ByteSpan b : p.pieces) joined.insert(joined.end(), b.begin(), b.end());
+    const bool same = joined == *flat;
+    CHECK(same);
+    CHECK(p.size == flat->size());
+    // Exactly the records of kInPlaceData bytes or more are referenced, not copied.
+    size_t referenced = 0;
+    for (ByteSpan b : p.pieces) {
+      for (const Record& r : wb.records) {
+        if (!r.data.empty() && b.data() == r.data.data() && b.size() == r.data.size()) ++referenced;
+      }
+    }
+    CHECK(referenced == (c.in_place ? 2u : 0u));
+    CHECK(p.pieces.size() == (c.in_place ? 5u : 1u));
+    // The header over the pieces is the header over the flat payload.
+    uint8_t h1[kHeaderSize], h2[kHeaderSize];
+    EncodeHeader(MsgType::kWriteBatch, 0, 3, *flat, h1);
+    EncodeHeader(MsgType::kWriteBatch, 0, 3, p.pieces, h2);
+    CHECK(std::memcmp(h1, h2, kHeaderSize) == 0);
+  }
+  // Any other message is one piece, its whole payload.
+  for (const Message& m : EveryMessage()) {
+    if (std::holds_alternative<WriteBatch>(m)) continue;
+    PayloadPieces p;
+    REQUIRE(EncodePayloadPieces(m, &p).ok());
+    REQUIRE(p.pieces.size() == 1);
+    CHECK(Bytes(p.pieces[0].begin(), p.pieces[0].end()) == *EncodePayload(m));
+  }
+  // And it refuses what EncodePayload refuses.
+  WriteBatch empty;
+  PayloadPieces p;
+  Status refused = EncodePayloadPieces(empty, &p);
+  CHECK(refused.code() == Code::kInvalidArgument);
+  CHECK(refused.message() == "cannot encode: empty write batch");
+}
+
 TEST_CASE("the decoder fed one byte at a time yields the same frames", "[protocol]") {
   Bytes stream;
   std::vector<Bytes> frames;
