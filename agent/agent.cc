@@ -460,6 +460,8 @@ boost::json::value Agent::StatusJson() const {
       v["resync_shipped_bytes"] = ss.resync.shipped_bytes;
       v["resync_shipped_blocks"] = ss.resync.shipped_blocks;
       v["resync_read_bytes"] = ss.resync.read_bytes;
+      v["resync_inflight_bytes"] = ss.resync.inflight_bytes;
+      v["resync_fill_window_bytes"] = ss.resync.fill_window_bytes;
       v["last_error"] = ss.last_error;
       v["fenced"] = ss.fenced;
     } else {

@@ -48,7 +48,9 @@ po::options_description AgentConfigDescription() {
       ("max_open_files", value<size_t>()->default_value(1000),
        "backing files, bitmaps and branch stores open at once, whatever the number of volumes (0 = no bound)")
       ("resync_fill_target", value<ByteSize>()->default_value(ByteSize{8u << 20}),
-       "resync data queued, not yet acknowledged (at most budget/2: the rest is for live writes)")
+       "resync data queued, not yet acknowledged, at least (at most budget/2: the rest is for live writes)")
+      ("resync_plan_ahead", value<Duration>()->default_value(Duration{100'000}),
+       "the resync window grows to what was acknowledged in this time, up to budget/2 (0 = fill target only)")
       ("resync_max_rate", value<ByteSize>()->default_value(ByteSize{0}), "resync bytes per second (0 = no cap)")
       ("resync_requests", value<int>()->default_value(64), "resync hash requests in flight")
       ("control", value<std::string>()->default_value("127.0.0.1:9100"), "control/metrics HTTP host:port ('none' = off)")
@@ -198,6 +200,8 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
     return Status::InvalidArgument("resync_fill_target must be 64KiB..budget/2 (" + std::to_string(ao.budget / 2) +
                                    " bytes)");
   }
+  ao.sender.resync.fill_max = ao.budget / 2;
+  ao.sender.resync.plan_ahead_ms = vm["resync_plan_ahead"].as<Duration>().millis();
   ao.sender.resync.max_rate = vm["resync_max_rate"].as<ByteSize>().bytes;
   ao.sender.resync.max_requests = vm["resync_requests"].as<int>();
   if (ao.sender.resync.max_requests < 1 || ao.sender.resync.max_requests > 128) {

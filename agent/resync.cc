@@ -11,6 +11,9 @@ Resync::Resync(CaptureDevice* device, ResyncOptions opts, HashFn hash)
   if (opts_.clock == nullptr) opts_.clock = SystemClock::Get();
   if (opts_.batch_regions == 0) opts_.batch_regions = 1;
   if (opts_.max_requests < 1) opts_.max_requests = 1;
+  opts_.fill_max = std::max(opts_.fill_max, opts_.fill_target);
+  window_ = opts_.fill_target;
+  st_.fill_window_bytes = window_;
 }
 
 void Resync::SetFloor(uint64_t seq) { floor_ = seq; }
@@ -266,10 +269,25 @@ void Resync::Finish(uint64_t region) {
 bool Resync::ShipSome(Status* error) {
   const uint64_t acked = dev_->queue().acked_seq();
   uint64_t inflight = 0;
-  while (!queued_.empty() && queued_.front().first <= acked) queued_.pop_front();
+  while (!queued_.empty() && queued_.front().first <= acked) {
+    window_acked_ += queued_.front().second;
+    queued_.pop_front();
+  }
   for (const auto& q : queued_) inflight += q.second;
   bool did = false;
   const uint64_t now = opts_.clock->NowMicros();
+  // The window: what was acknowledged in the last plan-ahead, measured over a
+  // quarter of it (see resync.h).
+  const uint64_t plan_us = opts_.plan_ahead_ms * 1000;
+  if (window_since_us_ == 0 || plan_us == 0) {
+    window_since_us_ = now;
+    window_acked_ = 0;
+  } else if (now - window_since_us_ >= plan_us / 4) {
+    const double per_plan = double(window_acked_) * double(plan_us) / double(now - window_since_us_);
+    window_ = uint64_t(std::clamp(per_plan, double(opts_.fill_target), double(opts_.fill_max)));
+    window_since_us_ = now;
+    window_acked_ = 0;
+  }
   if (opts_.max_rate > 0) {
     const uint64_t elapsed = rate_refill_us_ == 0 ? 0 : now - rate_refill_us_;
     rate_refill_us_ = now;
@@ -278,7 +296,7 @@ bool Resync::ShipSome(Status* error) {
   }
   while (!runs_.empty()) {
     const Run run = runs_.front();
-    if (inflight > 0 && inflight + run.length > opts_.fill_target) break;
+    if (inflight > 0 && inflight + run.length > window_) break;
     if (opts_.max_rate > 0 && rate_tokens_ < std::min<uint64_t>(run.length, opts_.max_rate)) break;
     auto seq = dev_->ShipRange(run.offset, run.length);
     if (!seq.ok()) {
@@ -302,6 +320,7 @@ bool Resync::ShipSome(Status* error) {
   }
   std::lock_guard lk(mu_);
   st_.inflight_bytes = inflight;
+  st_.fill_window_bytes = window_;
   return did;
 }
 

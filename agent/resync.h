@@ -33,11 +33,17 @@
 // not captured (bitmap mode) bumps the region's epoch and the region is
 // compared again.
 //
-// Rate controller, in the spirit of DRBD's c-fill-target: resync records
-// queued but not yet acknowledged by the process server are kept under
-// `fill_target` bytes, so live writes never wait behind more than that, and
-// the queue never leaves data mode on the resync's account; `max_rate`
-// (bytes/s, 0 = none) caps the resync further.
+// Rate controller, in the spirit of DRBD's c-plan-ahead and c-fill-target:
+// resync records queued but not yet acknowledged by the process server are
+// kept under a window, so live writes never wait behind more than that, and
+// the queue never leaves data mode on the resync's account. The window is what
+// the process server acknowledged of the resync in the last `plan_ahead_ms`
+// (measured over a quarter of it), at least `fill_target` and at most
+// `fill_max`: a live write waits about plan_ahead_ms behind the resync on a
+// fast link, and fill_target's worth on a slow one. Each measurement grows a
+// full window by plan_ahead / round trip, so it grows while the round trip is
+// shorter than the plan-ahead and the link has room. `max_rate` (bytes/s, 0 =
+// none) caps the resync further.
 //
 // A request that cannot be answered (master target unreachable, connection
 // lost) drops the work in flight (its regions stay flagged) and pauses the
@@ -67,7 +73,9 @@ namespace cdp::agent {
 struct ResyncOptions {
   uint32_t batch_regions = 64;      // regions per first-level HashRequest
   int max_requests = 64;            // HashRequests in flight (the PS takes 256 per connection)
-  uint64_t fill_target = 8u << 20;  // resync bytes queued, not yet acknowledged
+  uint64_t fill_target = 8u << 20;  // resync bytes queued, not yet acknowledged: at least...
+  uint64_t fill_max = 0;            // ...and at most (below fill_target: fill_target)
+  uint64_t plan_ahead_ms = 100;     // the window: what was acknowledged in this time (0: fill_target)
   uint64_t max_rate = 0;            // resync bytes per second (0 = no cap)
   uint64_t retry_min_ms = 100;      // pause after a request that was not answered...
   uint64_t retry_max_ms = 5'000;    // ...doubling up to this
@@ -92,6 +100,7 @@ struct ResyncStats {
   uint64_t read_bytes = 0;        // read from the backing store for digests
   uint64_t skipped_bytes = 0;     // holes not read
   uint64_t inflight_bytes = 0;    // resync records queued, not yet acknowledged
+  uint64_t fill_window_bytes = 0; // the most inflight_bytes may be now (see the rate controller)
   std::string last_error;
 };
 
@@ -182,6 +191,9 @@ class Resync {
   uint64_t next_ticket_ = 1;
   uint64_t pause_until_us_ = 0;
   uint64_t backoff_ms_ = 0;
+  uint64_t window_ = 0;                      // the fill window (bytes)
+  uint64_t window_acked_ = 0;                // resync bytes acknowledged since...
+  uint64_t window_since_us_ = 0;             // ...this time
   uint64_t rate_tokens_ = 0;                 // max_rate bucket (bytes)
   uint64_t rate_refill_us_ = 0;
   uint64_t pass_start_us_ = 0;

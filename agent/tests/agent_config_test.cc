@@ -37,7 +37,7 @@ TEST_CASE("agent config: keys, addresses, secret file, log", "[config]") {
                 "volume = db=/dev/vdb\nvolume = logs=/srv/logs.img\nexport_name = db=prod-db\n"
                 "nbd_listen = none\nnbd_unix = /run/cdp.sock\nps = [fd00::7]:7401\ntenant = acme\n"
                 "secret_file = /secret\nclient_id = host1\ncontrol = 127.0.0.1:0\nregion_size = 64KiB\n"
-                "resync_fill_target = 4MiB\nresync_max_rate = 50MiB\nresync_requests = 4\n"
+                "resync_fill_target = 4MiB\nresync_max_rate = 50MiB\nresync_requests = 4\nresync_plan_ahead = 250ms\n"
                 "[log]\nlevel = debug\nfile = /var/log/a.log\n",
                 &lo);
   REQUIRE(o.ok());
@@ -56,6 +56,8 @@ TEST_CASE("agent config: keys, addresses, secret file, log", "[config]") {
   CHECK(o->control.port == 0);
   CHECK(o->region_size == 65536);
   CHECK(o->sender.resync.fill_target == 4u << 20);
+  CHECK(o->sender.resync.fill_max == 32u << 20);  // half the default budget
+  CHECK(o->sender.resync.plan_ahead_ms == 250);
   CHECK(o->sender.resync.max_rate == 50u << 20);
   CHECK(o->sender.resync.max_requests == 4);
   CHECK(lo.level == "debug");

@@ -431,6 +431,80 @@ TEST_CASE("an acknowledgement kicks the resync only while its records are in fli
   REQUIRE(Clock::now() - t0 >= 50ms);
 }
 
+TEST_CASE("the resync window grows to what was acknowledged in the plan-ahead, within fill target and max",
+          "[sender][resync]") {
+  auto env = cdp::NewMemEnv();
+  MakeBacking(env.get(), "/d/vol.img", Random(64 * kMiB, 43));
+  auto dev = OpenDevice(env.get());
+  {
+    auto lk = dev->queue().Lock();
+    dev->bitmap().MarkAllCompare();
+  }
+  cdp::ManualClock clock(1'000'000);
+  cdp::agent::ResyncOptions ro;
+  ro.fill_target = kMiB;
+  ro.fill_max = 8 * kMiB;
+  ro.plan_ahead_ms = 100;
+  ro.clock = &clock;
+  // The replica reads zeros everywhere, answered at once: every block differs.
+  cdp::agent::Resync resync(dev.get(), ro,
+                            [&](const cdp::proto::HashRequest& req, cdp::agent::Resync::HashCallback done) {
+                              cdp::proto::HashResponse r;
+                              r.region_size = req.region_size;
+                              r.first_region = req.first_region;
+                              const uint64_t units = (64 * kMiB + req.region_size - 1) / req.region_size;
+                              r.hashes.assign(std::min<uint64_t>(req.count, units - req.first_region),
+                                              cdp::kZeroDigest);
+                              r.seq = req.min_seq;
+                              done(r);
+                            });
+  // Steps until the resync holds back (nothing more until an acknowledgement).
+  auto settle = [&] {
+    for (int i = 0; i < 10'000; ++i) {
+      auto did = resync.Step();
+      REQUIRE(did.ok());
+      if (!*did) return;
+    }
+    FAIL("the resync never settled");
+  };
+  auto ack_all = [&] { dev->queue().Ack(dev->queue().next_seq() - 1); };
+  settle();
+  REQUIRE(resync.Stats().fill_window_bytes == kMiB);
+  REQUIRE(resync.Stats().inflight_bytes > 0);
+  REQUIRE(resync.Stats().inflight_bytes <= kMiB);
+  // The process server acknowledges a whole window every 10 ms, 100 MiB/s:
+  // 10 MiB in the plan-ahead, so the window grows to its max.
+  for (int round = 0; round < 3; ++round) {
+    ack_all();
+    clock.Advance(10'000);
+    settle();
+  }
+  CHECK(resync.Stats().fill_window_bytes == 8 * kMiB);
+  CHECK(resync.Stats().inflight_bytes > 7 * kMiB);
+  CHECK(resync.Stats().inflight_bytes <= 8 * kMiB);
+  // 8 MiB acknowledged in 50 ms: 16 MiB in the plan-ahead, still the max.
+  ack_all();
+  clock.Advance(50'000);
+  settle();
+  CHECK(resync.Stats().fill_window_bytes == 8 * kMiB);
+  // 8 MiB in 200 ms: 4 MiB in the plan-ahead.
+  ack_all();
+  clock.Advance(200'000);
+  settle();
+  CHECK(resync.Stats().fill_window_bytes == 4 * kMiB);
+  CHECK(resync.Stats().inflight_bytes <= 4 * kMiB);
+  // Nothing acknowledged for a quarter of the plan-ahead: back to the fill target.
+  clock.Advance(25'000);
+  settle();
+  CHECK(resync.Stats().fill_window_bytes == kMiB);
+  const uint64_t held = resync.Stats().inflight_bytes;
+  ack_all();
+  settle();  // no time passed: no measurement, the window stays
+  CHECK(resync.Stats().fill_window_bytes == kMiB);
+  CHECK(resync.Stats().inflight_bytes <= kMiB);
+  CHECK(held > kMiB);
+}
+
 TEST_CASE("an encrypted volume ships only sealed blocks: the peer holds the sealed source, every block opens, and "
           "partial writes travel as whole blocks",
           "[sender][sealed]") {
