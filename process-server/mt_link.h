@@ -60,7 +60,7 @@ struct MtLinkOptions {
   int index = 0;                 // which of the tenant's connections (for logs)
   size_t copy = 0;               // which copy of its volumes this link ships (0: the primary MT)
   uint64_t frame_bytes = 1u << 20;
-  int max_inflight = 8;
+  int max_inflight = 32;
   // Compression/sending threads of this link (the compression pool): volumes
   // are spread over them round-robin; one volume is always shipped by one
   // thread, so its frames stay in order.

@@ -95,7 +95,7 @@ struct ProcessServerOptions {
   int level = 1;
   std::map<std::string, std::pair<proto::Codec, int>> volume_codecs;  // "tenant/volume" -> codec, level
   uint64_t frame_bytes = 1u << 20;    // raw record bytes per shipped frame
-  int max_inflight = 8;               // frames per volume not yet acknowledged
+  int max_inflight = 32;              // frames per volume not yet acknowledged
   std::map<std::string, int> volume_inflight;  // "tenant/volume" -> its own max_inflight (LoRS threads)
   int connections = 1;                // MT connections per tenant
   ConnectionCaps connection_caps;     // agent connections (the data listener)

@@ -28,7 +28,7 @@ po::options_description ProcessServerConfigDescription() {
       ("level", po::value<int>()->default_value(1), "zstd level 1..19")
       ("volume_codec", po::value<std::vector<std::string>>()->composing(), "TENANT/VOLUME=CODEC[:LEVEL] (repeatable)")
       ("frame_size", po::value<ByteSize>()->default_value(ByteSize{1u << 20}), "raw bytes per shipped frame")
-      ("inflight", po::value<int>()->default_value(8), "frames in flight per volume")
+      ("inflight", po::value<int>()->default_value(32), "frames in flight per volume")
       ("volume_inflight", po::value<std::vector<std::string>>()->composing(),
        "TENANT/VOLUME=N: that volume's frames in flight to each MT (LoRS threads; repeatable)")
       ("connections", po::value<int>()->default_value(1), "master target connections per tenant")

@@ -21,7 +21,7 @@
 //   level = 1                        zstd level (1..19)
 //   volume_codec = TENANT/VOLUME=zstd:3   per-volume override (repeatable)
 //   frame_size = 1MiB                raw record bytes per shipped frame
-//   inflight = 8                     frames per volume awaiting the MT's ack
+//   inflight = 32                    frames per volume awaiting the MT's ack
 //   volume_inflight = TENANT/VOLUME=N   per-volume override (LoRS "threads"; repeatable)
 //   connections = 1                  MT connections per tenant
 //   compress_threads = 0             compression pool per tenant (0 = CPU cores)

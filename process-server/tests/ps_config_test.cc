@@ -107,6 +107,12 @@ TEST_CASE("process server config: volume_inflight sets one volume's window (LoRS
   CHECK(o->volume_inflight.at("a/db") == 32);
   CHECK(o->volume_inflight.at("a/logs") == 2);
   CHECK(o->volume_inflight.size() == 2);
+  // Default: 32 frames (of 1 MiB) per volume, enough to keep a master target
+  // that acknowledges after an fdatasync busy on a fast link.
+  auto d = Load("tenant = a:b\n");
+  REQUIRE(d.ok());
+  CHECK(d->max_inflight == 32);
+  CHECK(d->frame_bytes == (1u << 20));
 }
 
 TEST_CASE("process server config: TLS is on by default and needs its three files", "[config][tls]") {
