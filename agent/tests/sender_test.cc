@@ -380,6 +380,20 @@ TEST_CASE("the resync keeps at most its fill target queued: live writes keep the
   sender.Stop();
 }
 
+// A HashFn for a replica of `size` bytes that reads zeros everywhere,
+// answering at once.
+cdp::agent::Resync::HashFn ZeroReplica(uint64_t size) {
+  return [size](const cdp::proto::HashRequest& req, cdp::agent::Resync::HashCallback done) {
+    cdp::proto::HashResponse r;
+    r.region_size = req.region_size;
+    r.first_region = req.first_region;
+    const uint64_t units = (size + req.region_size - 1) / req.region_size;
+    r.hashes.assign(std::min<uint64_t>(req.count, units - req.first_region), cdp::kZeroDigest);
+    r.seq = req.min_seq;
+    done(r);
+  };
+}
+
 TEST_CASE("an acknowledgement kicks the resync only while its records are in flight: the kick ends its wait, once",
           "[sender][resync]") {
   auto env = cdp::NewMemEnv();
@@ -392,17 +406,7 @@ TEST_CASE("an acknowledgement kicks the resync only while its records are in fli
   cdp::agent::ResyncOptions ro;
   ro.fill_target = kMiB;
   // The replica reads zeros everywhere, answered at once: every block differs.
-  cdp::agent::Resync resync(dev.get(), ro,
-                            [&](const cdp::proto::HashRequest& req, cdp::agent::Resync::HashCallback done) {
-                              cdp::proto::HashResponse r;
-                              r.region_size = req.region_size;
-                              r.first_region = req.first_region;
-                              const uint64_t units = (4 * kMiB + req.region_size - 1) / req.region_size;
-                              r.hashes.assign(std::min<uint64_t>(req.count, units - req.first_region),
-                                              cdp::kZeroDigest);
-                              r.seq = req.min_seq;
-                              done(r);
-                            });
+  cdp::agent::Resync resync(dev.get(), ro, ZeroReplica(4 * kMiB));
   // Nothing in flight: an acknowledgement has nothing to release (no wake-ups
   // for volumes with no resync).
   REQUIRE_FALSE(resync.Kick());
@@ -447,17 +451,7 @@ TEST_CASE("the resync window grows to what was acknowledged in the plan-ahead, w
   ro.plan_ahead_ms = 100;
   ro.clock = &clock;
   // The replica reads zeros everywhere, answered at once: every block differs.
-  cdp::agent::Resync resync(dev.get(), ro,
-                            [&](const cdp::proto::HashRequest& req, cdp::agent::Resync::HashCallback done) {
-                              cdp::proto::HashResponse r;
-                              r.region_size = req.region_size;
-                              r.first_region = req.first_region;
-                              const uint64_t units = (64 * kMiB + req.region_size - 1) / req.region_size;
-                              r.hashes.assign(std::min<uint64_t>(req.count, units - req.first_region),
-                                              cdp::kZeroDigest);
-                              r.seq = req.min_seq;
-                              done(r);
-                            });
+  cdp::agent::Resync resync(dev.get(), ro, ZeroReplica(64 * kMiB));
   // Steps until the resync holds back (nothing more until an acknowledgement).
   auto settle = [&] {
     for (int i = 0; i < 10'000; ++i) {
