@@ -298,4 +298,71 @@ Result<uint64_t> CaptureDevice::ShipRange(uint64_t offset, uint32_t len) {
   return seq;
 }
 
+Result<CaptureDevice::NonZeroShip> CaptureDevice::ShipNonZero(uint64_t offset, uint32_t len) {
+  if (len == 0 || len > proto::kMaxRecordLength || offset > size_ || len > size_ - offset) {
+    return Status::OutOfRange("resync range outside the volume");
+  }
+  if (opts_.sealer) return Status::InvalidArgument("a sealed volume is compared sealed, block by block");
+  NonZeroShip out;
+  const uint64_t end = offset + len;
+  // A range wholly in a hole costs one seek: no buffer, no lock (a write
+  // that fills the hole meanwhile is captured, and replicated, itself).
+  CDP_ASSIGN_OR_RETURN(uint64_t first_data, file_->NextData(offset));
+  if (first_data >= end) {
+    out.skipped = len;
+    return out;
+  }
+  const size_t leaves = (len + kLeafSize - 1) / kLeafSize;
+  std::vector<uint8_t> read_leaf(leaves, 0);  // 1: read (else a hole: zeros)
+  Bytes buf(len);
+  auto lk = queue_->Lock();
+  constexpr uint64_t kChunk = 256 * 1024;  // between two looks for a hole
+  for (uint64_t pos = offset; pos < end;) {
+    CDP_ASSIGN_OR_RETURN(uint64_t data, file_->NextData(pos));
+    const uint64_t zero_end = std::min(end, data / kLeafSize * kLeafSize);
+    if (zero_end > pos) {
+      out.skipped += zero_end - pos;
+      pos = zero_end;
+      continue;
+    }
+    const uint64_t n = std::min(end - pos, kChunk);
+    CDP_RETURN_IF_ERROR(file_->Read(pos, n, buf.data() + (pos - offset)));
+    out.read += n;
+    for (uint64_t p = pos; p < pos + n; p += kLeafSize) read_leaf[(p - offset) / kLeafSize] = 1;
+    pos += n;
+  }
+  auto nonzero = [&](size_t k) {
+    const size_t b = k * kLeafSize;
+    return read_leaf[k] != 0 && !IsAllZero(buf.data() + b, std::min<size_t>(kLeafSize, len - b));
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> runs;  // [begin, end) in the range
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < leaves;) {
+    if (!nonzero(i)) {
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < leaves && nonzero(j)) ++j;
+    runs.emplace_back(uint64_t(i) * kLeafSize, std::min<uint64_t>(uint64_t(j) * kLeafSize, len));
+    bytes += runs.back().second - runs.back().first;
+    i = j;
+  }
+  // Every record of the range, or none (and the next try reads it again).
+  if (!runs.empty() && !queue_->HasRoomLocked(bytes + (runs.size() - 1) * CaptureQueue::kEntryOverhead)) {
+    return NonZeroShip{.room = false};
+  }
+  for (const auto& [b, e] : runs) {
+    // The whole range in one record keeps the buffer (no copy).
+    Bytes data = (b == 0 && e == len) ? std::move(buf) : Bytes(buf.begin() + long(b), buf.begin() + long(e));
+    const uint64_t seq = queue_->AppendResyncLocked(offset + b, uint32_t(e - b), std::move(data));
+    if (seq == 0) return Status::Aborted("resync record refused after its room was checked");
+    bitmap_->NoteShipped(offset + b, e - b, seq);
+    out.last_seq = seq;
+    ++out.records;
+    out.bytes += e - b;
+  }
+  return out;
+}
+
 }  // namespace cdp::agent

@@ -105,6 +105,22 @@ class CaptureDevice final : public BlockDevice {
   // (retry after acknowledgements). The bitmap keeps the regions dirty until
   // the record is acknowledged; their resync state is the caller's.
   Result<uint64_t> ShipRange(uint64_t offset, uint32_t len);
+  // What a resync ships where the replica reads zeros, in one read: under the
+  // capture lock, reads [offset, offset+len) (len <= the record cap; holes of
+  // the backing file are not read) and queues its non-zero 4 KiB blocks as
+  // resync data records, one per run of adjacent ones (zero blocks need
+  // nothing there). room false: the queue has no room for them now, nothing
+  // queued (retry after acknowledgements; read and skipped are then 0). Not
+  // for a sealed volume, whose blocks are compared sealed (kInvalidArgument).
+  struct NonZeroShip {
+    bool room = true;
+    uint64_t last_seq = 0;  // of the last record queued (0: none)
+    uint64_t records = 0;
+    uint64_t bytes = 0;     // of the records queued
+    uint64_t read = 0;      // bytes read
+    uint64_t skipped = 0;   // bytes of holes, not read
+  };
+  Result<NonZeroShip> ShipNonZero(uint64_t offset, uint32_t len);
   // Online verify (docs/agent.md, "Verify"): the digests of the `unit`-byte
   // units (common/block_digest.h) covering [offset, offset+len) (clipped to
   // the volume; `offset` a multiple of `unit`) as they were at one sequence

@@ -233,6 +233,28 @@ Status Resync::Handle(const Request& r, const proto::HashResponse& resp) {
     Region& g = regions_.at(region);
     const int pending_before = g.pending;
     const size_t descend_before = descend.size();
+    if (first_level && !g.ready && hi > lo) {
+      if (resp.hashes[lo - r.first] == kZeroDigest) {
+        // The replica reads zeros: what differs is exactly our non-zero
+        // blocks, found as they are shipped, read once (no digests). It
+        // counts as differing until then (Finish corrects it).
+        g.scan = true;
+        const uint64_t off = region * rs, end = off + RegionBytes(region);
+        for (uint64_t o = off; o < end; o += proto::kMaxRecordLength) {
+          runs_.push_back(Run{o, uint32_t(std::min<uint64_t>(proto::kMaxRecordLength, end - o)), region, true});
+          ++g.pending;
+        }
+        continue;
+      }
+      DigestStats ds;
+      Status s = ReadLeaves({region}, &ds);
+      {
+        std::lock_guard lk(mu_);
+        st_.read_bytes += ds.bytes_read;
+        st_.skipped_bytes += ds.bytes_skipped;
+      }
+      if (!s.ok()) return s.WithContext("resync read");
+    }
     if (hi > lo) {
       for (uint64_t u : Compare(region, r.unit, lo, std::span(resp.hashes).subspan(lo - r.first, hi - lo))) {
         descend.emplace_back(u, region);
@@ -258,6 +280,11 @@ void Resync::Finish(uint64_t region) {
   auto it = regions_.find(region);
   if (it == regions_.end() || it->second.pending != 0) return;
   // A bitmap-mode write flagged it meanwhile: it stays flagged and is compared again.
+  if (it->second.scan && !it->second.scan_shipped) {  // nothing differed after all
+    std::lock_guard lk(mu_);
+    ++st_.regions_equal;
+    --st_.regions_differ;
+  }
   const bool done = dev_->bitmap().ResyncDoneAt(region, it->second.epoch);
   regions_.erase(it);
   if (done) {
@@ -298,22 +325,43 @@ bool Resync::ShipSome(Status* error) {
     const Run run = runs_.front();
     if (inflight > 0 && inflight + run.length > window_) break;
     if (opts_.max_rate > 0 && rate_tokens_ < std::min<uint64_t>(run.length, opts_.max_rate)) break;
-    auto seq = dev_->ShipRange(run.offset, run.length);
-    if (!seq.ok()) {
-      *error = seq.status().WithContext("resync read");
-      return did;
+    uint64_t seq = 0, bytes = run.length, records = 1;
+    if (run.scan) {
+      auto shipped = dev_->ShipNonZero(run.offset, run.length);
+      if (!shipped.ok()) {
+        *error = shipped.status().WithContext("resync read");
+        return did;
+      }
+      if (!shipped->room) break;  // no room in the queue now
+      seq = shipped->last_seq;
+      bytes = shipped->bytes;
+      records = shipped->records;
+      if (auto it = regions_.find(run.region); it != regions_.end() && records > 0) it->second.scan_shipped = true;
+      std::lock_guard lk(mu_);
+      st_.read_bytes += shipped->read;
+      st_.skipped_bytes += shipped->skipped;
+    } else {
+      auto shipped = dev_->ShipRange(run.offset, run.length);
+      if (!shipped.ok()) {
+        *error = shipped.status().WithContext("resync read");
+        return did;
+      }
+      if (*shipped == 0) break;  // no room in the queue now
+      seq = *shipped;
     }
-    if (*seq == 0) break;  // no room in the queue now
     runs_.pop_front();
     did = true;
-    queued_.emplace_back(*seq, run.length);
-    inflight += run.length;
-    if (opts_.max_rate > 0) rate_tokens_ -= std::min<uint64_t>(rate_tokens_, run.length);
+    if (records > 0) {
+      queued_.emplace_back(seq, bytes);
+      inflight += bytes;
+    }
+    if (opts_.max_rate > 0) rate_tokens_ -= std::min<uint64_t>(rate_tokens_, bytes);
     {
       std::lock_guard lk(mu_);
-      st_.shipped_records += 1;
-      st_.shipped_bytes += run.length;
-      st_.shipped_blocks += (run.length + kLeafSize - 1) / kLeafSize;
+      st_.shipped_records += records;
+      st_.shipped_bytes += bytes;
+      // Scan records are runs of whole blocks (the volume's last may be short).
+      st_.shipped_blocks += (bytes + kLeafSize - 1) / kLeafSize;
     }
     auto it = regions_.find(run.region);
     if (it != regions_.end() && --it->second.pending == 0) Finish(run.region);
@@ -394,8 +442,10 @@ Result<bool> Resync::Step() {
     while (int(out_.size() + later_.size()) < opts_.max_requests) {
       if (!PickRegions()) break;
       did = true;
-      // Local digests of the run just picked, read after its request went
-      // out (the master target hashes meanwhile).
+      // A sealed volume: local digests of the run just picked, read after
+      // its request went out (the master target hashes meanwhile). Others
+      // read them once the answer tells which regions need them (Handle).
+      if (dev_->sealer() == nullptr) continue;
       std::vector<uint64_t> fresh;
       for (auto& [reg, g] : regions_) {
         if (!g.ready) fresh.push_back(reg);

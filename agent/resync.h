@@ -11,8 +11,11 @@
 //     |  queue are compared once they are applied, not before)
 //   HashRequest{unit = region, min_seq}  ----> PS ----> MT: digests of the
 //     |                                        replica at a seq >= min_seq
-//   meanwhile: local leaf digests of the run (holes skipped, zeros flagged)
-//     |
+//     |  (a sealed volume: meanwhile, local leaf digests of the run)
+//   a region the replica reads as zeros -> its non-zero blocks are shipped,
+//     read once (CaptureDevice::ShipNonZero: holes skipped, zero blocks
+//     dropped); no digest is needed
+//   other regions -> local leaf digests (holes skipped, zeros flagged), then
 //   equal region -> done (if no bitmap-mode write flagged it meanwhile)
 //   differing region -> HashRequest for its 64 KiB units, then for the 4 KiB
 //     leaves of each differing 64 KiB unit (unit / 16 per level); a unit
@@ -97,7 +100,7 @@ struct ResyncStats {
   uint64_t shipped_blocks = 0;    // 4 KiB leaves queued as resync records
   uint64_t shipped_bytes = 0;     // bytes those records cover
   uint64_t shipped_records = 0;
-  uint64_t read_bytes = 0;        // read from the backing store for digests
+  uint64_t read_bytes = 0;        // read from the backing store for digests (and for zero-replica regions)
   uint64_t skipped_bytes = 0;     // holes not read
   uint64_t inflight_bytes = 0;    // resync records queued, not yet acknowledged
   uint64_t fill_window_bytes = 0; // the most inflight_bytes may be now (see the rate controller)
@@ -141,6 +144,8 @@ class Resync {
     std::vector<proto::Hash128> leaves;  // local leaf digests
     int pending = 0;          // requests out + runs waiting to be queued
     bool ready = false;       // local digests computed
+    bool scan = false;        // the replica reads zeros: its non-zero blocks are shipped
+    bool scan_shipped = false;  // ...and there were some
   };
   struct Request {            // one HashRequest in flight or waiting
     uint32_t unit = 0;
@@ -158,6 +163,7 @@ class Resync {
     uint64_t offset = 0;
     uint32_t length = 0;
     uint64_t region = 0;
+    bool scan = false;        // its non-zero blocks only (CaptureDevice::ShipNonZero)
   };
 
   bool PickRegions();                        // starts a first-level request

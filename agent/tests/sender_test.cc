@@ -4,6 +4,7 @@
 #include "agent/sender.h"
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <set>
@@ -13,6 +14,7 @@
 #include "agent/tests/test_peer.h"
 #include "common/fault_env.h"
 #include "common/block_digest.h"
+#include "common/env_wrapper.h"
 #include "common/seal.h"
 #include "common/tests/test_util.h"
 
@@ -497,6 +499,75 @@ TEST_CASE("the resync window grows to what was acknowledged in the plan-ahead, w
   CHECK(resync.Stats().fill_window_bytes == kMiB);
   CHECK(resync.Stats().inflight_bytes <= kMiB);
   CHECK(held > kMiB);
+}
+
+namespace {
+
+// Counts the bytes read from files whose path ends in "vol.img".
+class CountingEnv final : public cdp::EnvWrapper {
+ public:
+  explicit CountingEnv(cdp::Env* base) : EnvWrapper(base) {}
+  cdp::Result<std::unique_ptr<cdp::File>> Open(const std::string& path, const cdp::OpenOptions& opts) override {
+    CDP_ASSIGN_OR_RETURN(std::unique_ptr<cdp::File> f, EnvWrapper::Open(path, opts));
+    if (!path.ends_with("vol.img")) return f;
+    return std::unique_ptr<cdp::File>(new Counting(std::move(f), &read_));
+  }
+  uint64_t read() const { return read_.load(); }
+
+ private:
+  class Counting final : public cdp::FileWrapper {
+   public:
+    Counting(std::unique_ptr<cdp::File> f, std::atomic<uint64_t>* read) : FileWrapper(std::move(f)), read_(read) {}
+    cdp::Status Read(uint64_t offset, size_t n, uint8_t* buf) const override {
+      *read_ += n;
+      return FileWrapper::Read(offset, n, buf);
+    }
+    cdp::Result<size_t> ReadUpTo(uint64_t offset, size_t n, uint8_t* buf) const override {
+      auto got = FileWrapper::ReadUpTo(offset, n, buf);
+      if (got.ok()) *read_ += *got;
+      return got;
+    }
+
+   private:
+    std::atomic<uint64_t>* read_;
+  };
+  std::atomic<uint64_t> read_{0};
+};
+
+}  // namespace
+
+TEST_CASE("initial sync to a replica of zeros reads each block once and ships exactly the non-zero blocks",
+          "[sender][resync]") {
+  auto mem = cdp::NewMemEnv();
+  CountingEnv env(mem.get());
+  const uint64_t size = 16 * kMiB;
+  cdp::Bytes src = Random(size, 51);
+  std::fill(src.begin() + long(2 * kMiB), src.begin() + long(3 * kMiB), 0);  // region 2: zeros
+  for (uint64_t block : {3, 4, 100}) {                                        // region 5: three zero blocks
+    std::fill_n(src.begin() + long(5 * kMiB + block * 4096), 4096, 0);
+  }
+  MakeBacking(mem.get(), "/d/vol.img", src);
+  TestPeer peer("t1", "s3cret", size);  // reads zeros everywhere
+  auto dev = OpenDevice(&env);
+  const uint64_t read_before = env.read();
+  Sender sender(dev.get(), Opts(peer));
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return Drained(*dev, peer); }));
+  sender.Stop();
+  const bool same = peer.Image() == src;
+  CHECK(same);
+  auto ss = sender.Stats();
+  // Once, not once for digests and again to ship (MemEnv knows no holes).
+  CHECK(env.read() - read_before == size);
+  CHECK(ss.resync.read_bytes == size);
+  CHECK(ss.resync.shipped_blocks == 4096 - 256 - 3);
+  // A record per region, but three in region 5 (blocks 0-2, 5-99, 101-255).
+  CHECK(ss.resync.shipped_records == 14 + 3);
+  CHECK(peer.count(cdp::proto::RecordKind::kData) == 14 + 3);
+  CHECK(peer.count(cdp::proto::RecordKind::kZero) == 0);
+  CHECK(ss.resync.regions_compared == 16);
+  CHECK(ss.resync.regions_equal == 1);
+  CHECK(ss.resync.regions_differ == 15);
 }
 
 TEST_CASE("an encrypted volume ships only sealed blocks: the peer holds the sealed source, every block opens, and "
