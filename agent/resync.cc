@@ -262,6 +262,11 @@ Status Resync::Handle(const Request& r, const proto::HashResponse& resp) {
     }
     if (g.pending == pending_before && descend.size() == descend_before) ++equal;  // nothing differs
   }
+  if (first_level) {
+    // Digests are read once answers tell which regions need them while the
+    // replica reads as zeros, else ahead, beside the master target's hashing.
+    lazy_ = std::all_of(resp.hashes.begin(), resp.hashes.end(), [](const proto::Hash128& h) { return h == kZeroDigest; });
+  }
   Descend(r.unit, descend, r.min_seq);
   for (uint64_t region : r.regions) {
     auto it = regions_.find(region);
@@ -442,16 +447,27 @@ Result<bool> Resync::Step() {
     while (int(out_.size() + later_.size()) < opts_.max_requests) {
       if (!PickRegions()) break;
       did = true;
-      // A sealed volume: local digests of the run just picked, read after
-      // its request went out (the master target hashes meanwhile). Others
-      // read them once the answer tells which regions need them (Handle).
-      if (dev_->sealer() == nullptr) continue;
-      std::vector<uint64_t> fresh;
-      for (auto& [reg, g] : regions_) {
-        if (!g.ready) fresh.push_back(reg);
-      }
+      // Local digests of the run just picked, read after its request went
+      // out (the master target hashes meanwhile); but while the replica
+      // answers zeros (an initial sync), once the answer tells which regions
+      // need them (Handle): those it reads as zeros need none. A sealed
+      // volume always reads them here.
+      if (lazy_ && dev_->sealer() == nullptr) continue;
+      // Every region without digests: the run just picked, and those picked
+      // while the replica answered zeros and not answered yet, read run by
+      // contiguous run (ReadLeaves reads from the first to the last).
       DigestStats ds;
-      Status s = ReadLeaves(fresh, &ds);
+      Status s;
+      std::vector<uint64_t> fresh;
+      for (auto it = regions_.begin(); s.ok() && it != regions_.end(); ++it) {
+        if (it->second.ready) continue;
+        if (!fresh.empty() && it->first != fresh.back() + 1) {
+          s = ReadLeaves(fresh, &ds);
+          fresh.clear();
+        }
+        fresh.push_back(it->first);
+      }
+      if (s.ok()) s = ReadLeaves(fresh, &ds);
       {
         std::lock_guard lk(mu_);
         st_.read_bytes += ds.bytes_read;

@@ -11,11 +11,12 @@
 //     |  queue are compared once they are applied, not before)
 //   HashRequest{unit = region, min_seq}  ----> PS ----> MT: digests of the
 //     |                                        replica at a seq >= min_seq
-//     |  (a sealed volume: meanwhile, local leaf digests of the run)
-//   a region the replica reads as zeros -> its non-zero blocks are shipped,
-//     read once (CaptureDevice::ShipNonZero: holes skipped, zero blocks
-//     dropped); no digest is needed
-//   other regions -> local leaf digests (holes skipped, zeros flagged), then
+//     |  meanwhile: local leaf digests of the run, unless the last answer
+//     |  was all zeros (an initial sync; a sealed volume always reads them)
+//   digests not read yet: a region the replica reads as zeros -> its
+//     non-zero blocks are shipped, read once (CaptureDevice::ShipNonZero:
+//     holes skipped, zero blocks dropped), no digest needed; any other
+//     region -> its local leaf digests now (holes skipped, zeros flagged)
 //   equal region -> done (if no bitmap-mode write flagged it meanwhile)
 //   differing region -> HashRequest for its 64 KiB units, then for the 4 KiB
 //     leaves of each differing 64 KiB unit (unit / 16 per level); a unit
@@ -203,6 +204,7 @@ class Resync {
   uint64_t rate_tokens_ = 0;                 // max_rate bucket (bytes)
   uint64_t rate_refill_us_ = 0;
   uint64_t pass_start_us_ = 0;
+  bool lazy_ = true;                         // the last first-level answer was all zeros (see Step)
 
   // Answers from the transport's threads.
   mutable std::mutex mu_;

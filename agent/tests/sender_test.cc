@@ -570,6 +570,65 @@ TEST_CASE("initial sync to a replica of zeros reads each block once and ships ex
   CHECK(ss.resync.regions_differ == 15);
 }
 
+TEST_CASE("the resync reads digests once answers come while the replica reads zeros, else ahead of them",
+          "[sender][resync]") {
+  auto env = cdp::NewMemEnv();
+  MakeBacking(env.get(), "/d/vol.img", Random(16 * kMiB, 61));
+  auto dev = OpenDevice(env.get());
+  {
+    auto lk = dev->queue().Lock();
+    dev->bitmap().MarkAllCompare();
+  }
+  // Region digests as a replica equal to the source holds them.
+  auto leaves = dev->LeafDigests(0, 16 * kMiB, nullptr);
+  REQUIRE(leaves.ok());
+  auto region_digest = [&](uint64_t region) {
+    return cdp::UnitDigest(std::span<const cdp::proto::Hash128>(*leaves).subspan(region * 256, 256));
+  };
+  // Answers are held until the test gives them.
+  std::vector<std::pair<cdp::proto::HashRequest, cdp::agent::Resync::HashCallback>> held;
+  cdp::agent::ResyncOptions ro;
+  ro.batch_regions = 1;
+  ro.max_requests = 2;
+  cdp::agent::Resync resync(dev.get(), ro,
+                            [&](const cdp::proto::HashRequest& req, cdp::agent::Resync::HashCallback done) {
+                              held.emplace_back(req, std::move(done));
+                            });
+  auto answer = [&](bool zeros) {
+    REQUIRE_FALSE(held.empty());
+    auto [req, done] = std::move(held.front());
+    held.erase(held.begin());
+    cdp::proto::HashResponse r;
+    r.region_size = req.region_size;
+    r.first_region = req.first_region;
+    r.hashes.push_back(zeros ? cdp::kZeroDigest : region_digest(req.first_region));
+    r.seq = req.min_seq;
+    done(r);
+    REQUIRE(resync.Step().ok());
+  };
+  REQUIRE(resync.Step().ok());
+  REQUIRE(held.size() == 2);
+  // Nothing known of the replica yet: no digests read ahead.
+  CHECK(resync.Stats().read_bytes == 0);
+  // Region 0 reads as zeros: it is read once, as it is shipped, and the next
+  // request (region 2) goes out without reading ahead.
+  answer(true);
+  CHECK(resync.Stats().read_bytes == kMiB);
+  CHECK(resync.Stats().shipped_bytes == kMiB);
+  CHECK(held.size() == 2);
+  // Region 1 holds data (equal to ours): its digests are read now, and ahead
+  // of their answers those of region 2 and of the next request (region 3).
+  answer(false);
+  CHECK(resync.Stats().regions_equal == 1);
+  REQUIRE(held.size() == 2);
+  CHECK(resync.Stats().read_bytes == 4 * kMiB);
+  // Region 2's answer: its digests were read already; region 4's are read ahead.
+  answer(false);
+  CHECK(resync.Stats().read_bytes == 5 * kMiB);
+  CHECK(resync.Stats().regions_equal == 2);
+  CHECK(resync.Stats().shipped_bytes == kMiB);
+}
+
 TEST_CASE("an encrypted volume ships only sealed blocks: the peer holds the sealed source, every block opens, and "
           "partial writes travel as whole blocks",
           "[sender][sealed]") {
