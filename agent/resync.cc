@@ -284,12 +284,12 @@ Status Resync::Handle(const Request& r, const proto::HashResponse& resp) {
 void Resync::Finish(uint64_t region) {
   auto it = regions_.find(region);
   if (it == regions_.end() || it->second.pending != 0) return;
-  // A bitmap-mode write flagged it meanwhile: it stays flagged and is compared again.
   if (it->second.scan && !it->second.scan_shipped) {  // nothing differed after all
     std::lock_guard lk(mu_);
     ++st_.regions_equal;
     --st_.regions_differ;
   }
+  // A bitmap-mode write flagged it meanwhile: it stays flagged and is compared again.
   const bool done = dev_->bitmap().ResyncDoneAt(region, it->second.epoch);
   regions_.erase(it);
   if (done) {
@@ -454,13 +454,14 @@ Result<bool> Resync::Step() {
       // volume always reads them here.
       if (lazy_ && dev_->sealer() == nullptr) continue;
       // Every region without digests: the run just picked, and those picked
-      // while the replica answered zeros and not answered yet, read run by
-      // contiguous run (ReadLeaves reads from the first to the last).
+      // while the replica answered zeros and not answered yet (not those
+      // answered zeros: they need none), read run by contiguous run
+      // (ReadLeaves reads from the first to the last).
       DigestStats ds;
       Status s;
       std::vector<uint64_t> fresh;
       for (auto it = regions_.begin(); s.ok() && it != regions_.end(); ++it) {
-        if (it->second.ready) continue;
+        if (it->second.ready || it->second.scan) continue;
         if (!fresh.empty() && it->first != fresh.back() + 1) {
           s = ReadLeaves(fresh, &ds);
           fresh.clear();
