@@ -382,6 +382,16 @@ TEST_CASE("the resync keeps at most its fill target queued: live writes keep the
   sender.Stop();
 }
 
+// A device over `size` random bytes (`seed`) whose every region is flagged
+// for a compare.
+std::shared_ptr<CaptureDevice> FlaggedDevice(cdp::Env* env, uint64_t size, uint32_t seed) {
+  MakeBacking(env, "/d/vol.img", Random(size, seed));
+  auto dev = OpenDevice(env);
+  auto lk = dev->queue().Lock();
+  dev->bitmap().MarkAllCompare();
+  return dev;
+}
+
 // A HashFn for a replica of `size` bytes that reads zeros everywhere,
 // answering at once.
 cdp::agent::Resync::HashFn ZeroReplica(uint64_t size) {
@@ -399,12 +409,7 @@ cdp::agent::Resync::HashFn ZeroReplica(uint64_t size) {
 TEST_CASE("an acknowledgement kicks the resync only while its records are in flight: the kick ends its wait, once",
           "[sender][resync]") {
   auto env = cdp::NewMemEnv();
-  MakeBacking(env.get(), "/d/vol.img", Random(4 * kMiB, 41));
-  auto dev = OpenDevice(env.get());
-  {
-    auto lk = dev->queue().Lock();
-    dev->bitmap().MarkAllCompare();
-  }
+  auto dev = FlaggedDevice(env.get(), 4 * kMiB, 41);
   cdp::agent::ResyncOptions ro;
   ro.fill_target = kMiB;
   // The replica reads zeros everywhere, answered at once: every block differs.
@@ -440,12 +445,7 @@ TEST_CASE("an acknowledgement kicks the resync only while its records are in fli
 TEST_CASE("the resync window grows to what was acknowledged in the plan-ahead, within fill target and max",
           "[sender][resync]") {
   auto env = cdp::NewMemEnv();
-  MakeBacking(env.get(), "/d/vol.img", Random(64 * kMiB, 43));
-  auto dev = OpenDevice(env.get());
-  {
-    auto lk = dev->queue().Lock();
-    dev->bitmap().MarkAllCompare();
-  }
+  auto dev = FlaggedDevice(env.get(), 64 * kMiB, 43);
   cdp::ManualClock clock(1'000'000);
   cdp::agent::ResyncOptions ro;
   ro.fill_target = kMiB;
@@ -573,12 +573,7 @@ TEST_CASE("initial sync to a replica of zeros reads each block once and ships ex
 TEST_CASE("the resync reads digests once answers come while the replica reads zeros, else ahead of them",
           "[sender][resync]") {
   auto env = cdp::NewMemEnv();
-  MakeBacking(env.get(), "/d/vol.img", Random(16 * kMiB, 61));
-  auto dev = OpenDevice(env.get());
-  {
-    auto lk = dev->queue().Lock();
-    dev->bitmap().MarkAllCompare();
-  }
+  auto dev = FlaggedDevice(env.get(), 16 * kMiB, 61);
   // Region digests as a replica equal to the source holds them.
   auto leaves = dev->LeafDigests(0, 16 * kMiB, nullptr);
   REQUIRE(leaves.ok());
