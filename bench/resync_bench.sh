@@ -13,7 +13,8 @@
 # TIMEOUT=3600 (seconds, each wait), TLS=on, TMPDIR=/var/tmp (where the images go),
 # KEEP=1 (keep the scratch directory: images, logs, status), PERF=DIR (a
 # system-wide `perf record -g` of the measured part of scenarios 1 and 3 into
-# DIR/s1.data, DIR/s3.data).
+# DIR/s1.data, DIR/s3.data; PERF_ARGS="--call-graph dwarf,16384 -F 299"
+# replaces -g for stacks through libraries built without frame pointers).
 #
 #   1 resync after a full-resync restart: a replicated image of random data;
 #     agent stopped; CHANGE_PCT % of its 4 KiB blocks rewritten at random
