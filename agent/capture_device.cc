@@ -313,8 +313,7 @@ Result<CaptureDevice::NonZeroShip> CaptureDevice::ShipNonZero(uint64_t offset, u
     return out;
   }
   const size_t leaves = (len + kLeafSize - 1) / kLeafSize;
-  std::vector<uint8_t> read_leaf(leaves, 0);  // 1: read (else a hole: zeros)
-  Bytes buf(len);
+  Bytes buf(len);  // zeros where holes are not read
   auto lk = queue_->Lock();
   constexpr uint64_t kChunk = 256 * 1024;  // between two looks for a hole
   for (uint64_t pos = offset; pos < end;) {
@@ -328,12 +327,11 @@ Result<CaptureDevice::NonZeroShip> CaptureDevice::ShipNonZero(uint64_t offset, u
     const uint64_t n = std::min(end - pos, kChunk);
     CDP_RETURN_IF_ERROR(file_->Read(pos, n, buf.data() + (pos - offset)));
     out.read += n;
-    for (uint64_t p = pos; p < pos + n; p += kLeafSize) read_leaf[(p - offset) / kLeafSize] = 1;
     pos += n;
   }
   auto nonzero = [&](size_t k) {
     const size_t b = k * kLeafSize;
-    return read_leaf[k] != 0 && !IsAllZero(buf.data() + b, std::min<size_t>(kLeafSize, len - b));
+    return !IsAllZero(buf.data() + b, std::min<size_t>(kLeafSize, len - b));
   };
   std::vector<std::pair<uint64_t, uint64_t>> runs;  // [begin, end) in the range
   uint64_t bytes = 0;

@@ -126,11 +126,18 @@ bool Resync::PickRegions() {
   return true;
 }
 
-Status Resync::ReadLeaves(const std::vector<uint64_t>& regions, DigestStats* stats) {
+Status Resync::ReadLeaves(const std::vector<uint64_t>& regions) {
   if (regions.empty()) return Status::OK();
   const uint32_t rs = dev_->bitmap().region_size();
   const uint64_t first = regions.front(), count = regions.back() - first + 1;  // one contiguous run
-  CDP_ASSIGN_OR_RETURN(auto leaves, dev_->LeafDigests(first * rs, count * rs, stats));
+  DigestStats ds;
+  auto read = dev_->LeafDigests(first * rs, count * rs, &ds);
+  {
+    std::lock_guard lk(mu_);
+    st_.read_bytes += ds.bytes_read;
+    st_.skipped_bytes += ds.bytes_skipped;
+  }
+  CDP_ASSIGN_OR_RETURN(auto leaves, std::move(read));
   const size_t per = rs / kLeafSize;
   for (uint64_t reg : regions) {
     const size_t b = size_t(reg - first) * per;
@@ -246,13 +253,7 @@ Status Resync::Handle(const Request& r, const proto::HashResponse& resp) {
         }
         continue;
       }
-      DigestStats ds;
-      Status s = ReadLeaves({region}, &ds);
-      {
-        std::lock_guard lk(mu_);
-        st_.read_bytes += ds.bytes_read;
-        st_.skipped_bytes += ds.bytes_skipped;
-      }
+      Status s = ReadLeaves({region});
       if (!s.ok()) return s.WithContext("resync read");
     }
     if (hi > lo) {
@@ -457,23 +458,17 @@ Result<bool> Resync::Step() {
       // while the replica answered zeros and not answered yet (not those
       // answered zeros: they need none), read run by contiguous run
       // (ReadLeaves reads from the first to the last).
-      DigestStats ds;
       Status s;
       std::vector<uint64_t> fresh;
       for (auto it = regions_.begin(); s.ok() && it != regions_.end(); ++it) {
         if (it->second.ready || it->second.scan) continue;
         if (!fresh.empty() && it->first != fresh.back() + 1) {
-          s = ReadLeaves(fresh, &ds);
+          s = ReadLeaves(fresh);
           fresh.clear();
         }
         fresh.push_back(it->first);
       }
-      if (s.ok()) s = ReadLeaves(fresh, &ds);
-      {
-        std::lock_guard lk(mu_);
-        st_.read_bytes += ds.bytes_read;
-        st_.skipped_bytes += ds.bytes_skipped;
-      }
+      if (s.ok()) s = ReadLeaves(fresh);
       if (!s.ok()) {
         DropAll(s);
         return s.WithContext("resync read");

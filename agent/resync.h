@@ -169,7 +169,8 @@ class Resync {
 
   bool PickRegions();                        // starts a first-level request
   // Local leaf digests of a contiguous run of picked regions.
-  Status ReadLeaves(const std::vector<uint64_t>& regions, DigestStats* stats);
+  // (Counts the bytes read and skipped in the stats.)
+  Status ReadLeaves(const std::vector<uint64_t>& regions);
   void Send(Request r);
   Status Handle(const Request& r, const proto::HashResponse& resp);
   // Compares the region's units [first_unit, +remote.size()) of `unit` bytes:
