@@ -276,10 +276,14 @@ Status ClientHandshake(FrameChannel& ch, proto::Role role, const std::string& te
 
   std::span<const uint8_t> binding;
   if (const TlsPeer* tls = ch.tls_peer()) {
-    const char* want = role == proto::Role::kAgent ? "ps" : role == proto::Role::kProcessServer ? "mt" : "";
-    if (tls->role != want) {
+    // A direct agent's server is a master target (see channel.h).
+    const bool agent = role == proto::Role::kAgent;
+    const bool fits = agent ? (tls->role == "ps" || tls->role == "mt")
+                            : role == proto::Role::kProcessServer && tls->role == "mt";
+    if (!fits) {
       return Abort(ch, Status::PermissionDenied(ch.peer() + ": server certificate '" + tls->name + "' has role '" +
-                                                tls->role + "', expected '" + want + "'"));
+                                                tls->role + "', expected " +
+                                                (agent ? "'ps' (or 'mt' for a direct agent)" : "'mt'")));
     }
     binding = std::span<const uint8_t>(tls->binding.data(), tls->binding.size());
   }

@@ -62,8 +62,10 @@
 //   - both proofs include the session's channel binding (common/auth.h);
 //   - the server refuses (as "authentication failed") a Hello whose tenant is
 //     not the certificate's tenant or whose role is not the certificate's role;
-//   - the client refuses a server whose certificate is not the next hop's role
-//     (an agent talks to a "ps", a process server to an "mt").
+//   - the client refuses a server whose certificate is not the next hop's role:
+//     a process server talks to an "mt"; an agent to a "ps", or to an "mt"
+//     directly (the master target admits it only for a tenant listed in its
+//     `direct_agents`; without that it refuses the agent's certificate).
 #pragma once
 
 #include <atomic>

@@ -93,6 +93,7 @@ loadgen::LocalClusterOptions LocalOptions(const ClusterOptions& o, const std::st
   l.mt_extra_config = o.mt_extra_config;
   l.ps_extra_config = o.ps_extra_config;
   l.agent_extra_config = o.agent_extra_config;
+  l.direct_agent = o.direct_agent;
   return l;
 }
 

@@ -86,6 +86,7 @@ struct ClusterOptions {
   std::string agent_budget = "64MiB";
   std::string point_interval = "1s";  // MT crash-consistent point interval
   std::string mt_extra_config, ps_extra_config, agent_extra_config;  // more config lines (loadgen/local_cluster.h)
+  bool direct_agent = false;  // the agent ships straight to the MT (loadgen/local_cluster.h)
 };
 
 using Which = loadgen::Role;

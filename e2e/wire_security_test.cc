@@ -325,6 +325,26 @@ TEST_CASE("wire: a tenant-B certificate cannot open or resume tenant A's volumes
   CHECK(cdp::e2e::Sha256File(c.replica_path()) == cdp::e2e::Sha256File(c.source_path()));
 }
 
+TEST_CASE("wire: a direct agent (its tenant in the MT's direct_agents) replicates straight to the MT over TLS",
+          "[e2e][security][tls]") {
+  // Regression: the agent refused every server certificate but a "ps", so a
+  // tenant the MT lets in directly could not use it with TLS on.
+  cdp::e2e::ClusterOptions o;
+  o.direct_agent = true;
+  Cluster c(o);
+  INFO(c.why());
+  REQUIRE(c.Start());  // the initial sync went through the MT alone
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 5, 2, 20, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  REQUIRE(c.WaitDrained());
+  CHECK(cdp::e2e::Sha256File(c.replica_path()) == cdp::e2e::Sha256File(c.source_path()));
+  // Nothing went through the process server.
+  auto ps = c.StatusOf(Which::kProcessServer);
+  REQUIRE(ps);
+  CHECK(ps->at("volumes").as_array().empty());
+}
+
 TEST_CASE("wire: a man in the middle flipping one TLS byte breaks the link, nothing corrupt is applied, "
           "replication resumes to an identical replica",
           "[e2e][security][tls]") {

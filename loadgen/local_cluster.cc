@@ -156,6 +156,7 @@ Status LocalCluster::WriteConfigs() {
                    "\ntenant = " + o_.tenant + ":" + o_.secret + "\n" + TlsKeys("mt") +
                    (o_.tls ? "" : "nbd_tls = off\n") + (o_.control_auth ? "" : "control_auth = off\n");
   if (!o_.point_interval.empty()) mt += "point_interval = " + o_.point_interval + "\n";
+  if (o_.direct_agent) mt += "direct_agents = " + o_.tenant + "\n";
   mt += o_.mt_extra_config + "[log]\nlevel = " + o_.log_level + "\n";
   std::string ps = "# written by the local cluster (loadgen/local_cluster.h)\nlisten = " + Loopback(ps_data_) +
                    "\ncontrol = " + Loopback(ps_ctl_) + "\nmt = " + Loopback(mt_data_) + "\ntenant = " + o_.tenant +
@@ -164,7 +165,7 @@ Status LocalCluster::WriteConfigs() {
   if (o_.compress_threads > 0) ps += "compress_threads = " + std::to_string(o_.compress_threads) + "\n";
   ps += o_.ps_extra_config + "[log]\nlevel = " + o_.log_level + "\n";
   std::string ag = "# written by the local cluster (loadgen/local_cluster.h)\nvolume = " + o_.volume + "=" +
-                   source_path() + "\nnbd_listen = none\nnbd_unix = " + agent_nbd_socket() + "\nps = " + Loopback(ps_data_) +
+                   source_path() + "\nnbd_listen = none\nnbd_unix = " + agent_nbd_socket() + "\nps = " + Loopback(o_.direct_agent ? mt_data_ : ps_data_) +
                    "\ntenant = " + o_.tenant + "\nsecret_file = " + Path("etc/agent.secret") +
                    "\nclient_id = " + o_.client_id + "\nbitmap_dir = " + Path("agent") +
                    "\ncontrol = " + Loopback(agent_ctl_) + "\n" + TlsKeys("agent") + (o_.control_auth ? "" : "control_auth = off\n");

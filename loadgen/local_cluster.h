@@ -58,6 +58,10 @@ struct LocalClusterOptions {
   // Control tokens (the product's default): each daemon makes its admin token
   // at first start in its state directory (token_path()); token() reads it.
   bool control_auth = true;
+  // The agent ships straight to the master target (its `ps` is the MT's data
+  // port; the MT lists the tenant in `direct_agents`). The process server
+  // still starts, and stays idle.
+  bool direct_agent = false;
   // More config lines ("key = value\n"...) for one daemon, e.g. a second
   // tenant at the MT or a freeze_command at the agent (tests).
   std::string mt_extra_config, ps_extra_config, agent_extra_config;

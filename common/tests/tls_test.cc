@@ -343,10 +343,24 @@ TEST_CASE("tls: the frame handshake takes tenant and role from the certificates"
   CHECK(role.client.code() == cdp::Code::kPermissionDenied);
   REQUIRE_FALSE(role.server.ok());
 
-  // An agent refuses a server whose certificate is not a process server's.
-  auto wrong_server = attempt(agent_a, mt, cdp::proto::Role::kAgent, "acme", "acme-secret");
+  // An agent talks to a process server, or directly to a master target (whose
+  // own policy, direct_agents, decides whether to admit it: not this test's
+  // generic server).
+  auto direct = attempt(agent_a, mt, cdp::proto::Role::kAgent, "acme", "acme-secret");
+  CHECK(direct.client.ok());
+  REQUIRE(direct.server.ok());
+  CHECK(direct.peer.role == cdp::proto::Role::kAgent);
+
+  // An agent refuses a server whose certificate is another agent's.
+  auto wrong_server = attempt(agent_a, agent_b, cdp::proto::Role::kAgent, "acme", "acme-secret");
   CHECK(wrong_server.client.code() == cdp::Code::kPermissionDenied);
-  CHECK(wrong_server.client.message().find("expected 'ps'") != std::string::npos);
+  CHECK(wrong_server.client.message().find("has role 'agent', expected 'ps' (or 'mt' for a direct agent)") !=
+        std::string::npos);
+
+  // A process server refuses any server but a master target.
+  auto ps_to_ps = attempt(ps, ps, cdp::proto::Role::kProcessServer, "acme", "acme-secret");
+  CHECK(ps_to_ps.client.code() == cdp::Code::kPermissionDenied);
+  CHECK(ps_to_ps.client.message().find("has role 'ps', expected 'mt'") != std::string::npos);
 }
 
 TEST_CASE("tls: proofs are bound to the TLS session", "[tls][auth]") {
