@@ -14,7 +14,9 @@
 #                               the environment's MT_ARGS and PS_ARGS (e.g.
 #                               "--max_open_files 128") come first
 #   agent_up VOLUME=PATH [AGENT_ARGS...]   the agent (DIR/agent: bitmaps, nbd.sock); the
-#                               environment's AGENT_ARGS (e.g. "--resync_requests 32") come first
+#                               environment's AGENT_ARGS (e.g. "--resync_requests 32") come first;
+#                               it ships to the PS, or to the port AGENT_TO (a direct
+#                               agent: AGENT_TO=$MT_DATA with the MT's --direct_agents bench)
 #   agent_down / cluster_down   SIGTERM and wait (the agent saves its bitmap)
 #   agent_get PATH / ps_get PATH / mt_get PATH   GET with the daemon's admin token
 #   bench_rm DIR                removes DIR unless KEEP=1 (then the scratch directory
@@ -182,7 +184,7 @@ agent_up() {
   local vol=$1
   shift
   # shellcheck disable=SC2046
-  "$AGENT" --volume "$vol" --nbd_unix "$CLUSTER_DIR/agent/nbd.sock" --ps 127.0.0.1:$PS_DATA --tenant bench \
+  "$AGENT" --volume "$vol" --nbd_unix "$CLUSTER_DIR/agent/nbd.sock" --ps 127.0.0.1:${AGENT_TO:-$PS_DATA} --tenant bench \
     --secret $BENCH_SECRET --bitmap_dir "$CLUSTER_DIR/agent" --control 127.0.0.1:$AG_CTL \
     --log.file "$CLUSTER_DIR/agent.log" $(tls_args agent) ${AGENT_ARGS:-} "$@" >/dev/null &
   AG_PID=$!

@@ -10,10 +10,10 @@
 # SIZE_GIB is the image size of scenarios 1, 3 and 4 (a number of GiB, or a size
 # such as 256M for a quick check of the script). Environment: SPARSE_SIZE=64G
 # (scenario 2), CHANGE_PCT=1 (scenario 1), CHURN_MBS=20 (scenario 4),
-# TIMEOUT=3600 (seconds, each wait), TLS=on, TMPDIR=/var/tmp (where the images go),
+# TIMEOUT=3600 (seconds, each wait), TLS=on, S3_DIRECT=1, TMPDIR=/var/tmp (where the images go),
 # KEEP=1 (keep the scratch directory: images, logs, status), PERF=DIR (a
 # system-wide `perf record -g` of the measured part of scenarios 1 and 3 into
-# DIR/s1.data, DIR/s3.data; PERF_ARGS="--call-graph dwarf,16384 -F 299"
+# DIR/s1.data, DIR/s3.data, DIR/s3direct.data; PERF_ARGS="--call-graph dwarf,16384 -F 299"
 # replaces -g for stacks through libraries built without frame pointers).
 #
 #   1 resync after a full-resync restart: a replicated image of random data;
@@ -32,8 +32,13 @@
 #     replica == source; rate against `nbdcopy` between two `nbdkit file`
 #     exports (Unix sockets) of the same images. Target >= 0.8x nbdcopy's rate.
 #     Each side starts settled: nothing dirty in the page cache, the source in it.
-#     With TLS on, a second reference in the notes: the same nbdcopy with both
-#     exports requiring TLS (like for like: two encrypted hops each).
+#     A second row (S3_DIRECT=0 skips it): the same sync with the agent shipping
+#     straight to the master target (direct_agents: one hop, no spool). More
+#     references in the notes: with TLS on, the same nbdcopy with both exports
+#     requiring TLS (like for like: two encrypted hops each); `nbdcopy --flush`
+#     and `dd oflag=direct conv=fsync` of the image, what a durable copy costs
+#     on this disk (our replica is durable before it is acknowledged; plain
+#     nbdcopy's destination is in the page cache).
 #   4 `cdpctl verify VOLUME --json` of a synced SIZE_GIB volume while
 #     `cdp-loadgen churn` writes CHURN_MBS MB/s (random 64 KiB writes) through
 #     the agent's NBD tap: duration, source read rate (size / duration) and the
@@ -162,8 +167,9 @@ while True:
 PY
   [ $rc = 0 ] || bench_die "$1: see above"
 }
-# hash_retries: the agent's resync pauses after a hash request the replica did not answer.
-hash_retries() { grep -c 'could not answer a hash request' "$CLUSTER_DIR/agent.log" || true; }
+# hash_retries [LOG]: the agent's resync pauses after a hash request the replica
+# did not answer (LOG: default the running cluster's agent log).
+hash_retries() { grep -c 'could not answer a hash request' "${1:-$CLUSTER_DIR/agent.log}" || true; }
 same() { cmp -s "$1" "$2" && echo identical || echo MISMATCH; }
 # settle FILE: the same start for each side of a comparison: no dirty pages
 # left by what ran before (their writeback would slow whatever runs next: the
@@ -241,38 +247,74 @@ scenario2() {
   bench_rm "$d"
 }
 
-scenario3() {
-  local d=$BENCH_DIR/s3 a p t0 t1 t2 t3 sent check ncheck ours ref r res cpu tref
-  say "3: initial sync of $HUMAN of random data"
-  mkdir -p "$d"
-  random_image "$d/source.img" "$SIZE" 3
-  cluster_up "$d"
+# sync3 DIR NAME [direct]: the initial sync of DIR/source.img onto a fresh
+# cluster in DIR (removed after), the agent shipping to the PS, or with
+# `direct` straight to the MT (a direct agent: the tenant in the MT's
+# direct_agents). Sets T0 T1 (agent start, then replica == source as
+# wait_synced sees it), SENT, CPU, CHECK, READ (resync_read_bytes), SPOOL
+# (what the PS's spool read back from files, of all it read); keeps the
+# agent's log as DIR/NAME-agent.log; `perf record` into NAME.data.
+sync3() {
+  local d=$1 a p
+  if [ "${3:-}" = direct ]; then MT_ARGS="${MT_ARGS:-} --direct_agents bench" cluster_up "$d"; AGENT_TO=$MT_DATA
+  else cluster_up "$d"; fi
   settle "$d/source.img"
-  bench_perf_start s3
-  t0=$(now)
+  bench_perf_start "$2"
+  T0=$(now)
   agent_up "$VOL=$d/source.img"
-  wait_synced "3: initial sync"
-  t1=$(now)
+  wait_synced "3: initial sync ($2)"
+  T1=$(now)
   bench_perf_stop
   a=$(agent_get /status)
-  echo "$a" >"$d/agent-status.json"
-  sent=$(field "$a" bytes_sent)
-  cpu=$(daemon_cpu)
+  echo "$a" >"$d/$2-agent-status.json"
+  SENT=$(field "$a" bytes_sent) READ=$(field "$a" resync_read_bytes)
+  CPU=$(daemon_cpu)
   p=$(ps_get /v1/volumes)
-  check=$(same "$d/source.img" "$(replica)")
+  SPOOL="$(mb "$(field "$p" spool_read_file_bytes)") of $(mb "$(field "$p" spool_read_bytes)")"
+  CHECK=$(same "$d/source.img" "$(replica)")
+  cp "$CLUSTER_DIR/agent.log" "$d/$2-agent.log"
   cluster_down
+  AGENT_TO=""
+  rm -rf "${d:?}/mt" "$d/spool" "$d/agent"
+}
+
+# fresh3 DIR: an empty DIR/copy.img, the source settled.
+fresh3() { rm -f "$1/copy.img"; truncate -s "$SIZE" "$1/copy.img"; settle "$1/source.img"; }
+
+# row3 LABEL T0 T1 SENT CHECK REF_T0 REF_T1 NOTES: one Markdown row, rate against the reference.
+row3() {
+  local r res
+  r=$(awk -v s="$SIZE" -v a="$(secs "$2" "$3")" -v b="$(secs "$6" "$7")" 'BEGIN {
+    printf "%.3fx (%.1f / %.1f MB/s)", b / a, s / 1e6 / a, s / 1e6 / b }')
+  res=$(awk -v r="${r%%x*}" -v c="$5" 'BEGIN {
+    if (c != "identical") print "**replica differs**"; else print (r >= 0.8 ? "met" : "missed") }')
+  echo "| $1 | $HUMAN | $(secs "$2" "$3") | $(mb "$4") | nbdcopy, nbdkit file -> nbdkit file | $(secs "$6" "$7") | $(mb "$SIZE") | rate $r | >= 0.8x | $res | $8 |"
+}
+
+scenario3() {
+  local d=$BENCH_DIR/s3 t2 t3 ncheck tref="" t6 t7 t8 t9 refs
+  local p_t0 p_t1 p_sent p_check p_notes
+  say "3: initial sync of $HUMAN of random data, agent -> PS -> MT"
+  mkdir -p "$d"
+  random_image "$d/source.img" "$SIZE" 3
+  sync3 "$d" s3
+  p_t0=$T0 p_t1=$T1 p_sent=$SENT p_check=$CHECK
+  p_notes="replica $CHECK; $(hash_retries "$d/s3-agent.log") unanswered hash requests; read $(mb "$READ"); CPU: $CPU; PS spool read back from files $SPOOL"
   say "3: nbdcopy between two nbdkit file exports (reference)"
-  truncate -s "$SIZE" "$d/copy.img"
-  settle "$d/source.img"
+  fresh3 "$d"
   t2=$(now)
   nbdcopy -- [ nbdkit -r file "$d/source.img" ] [ nbdkit file "$d/copy.img" ]
   t3=$(now)
   ncheck=$(same "$d/source.img" "$d/copy.img")
+  # The other topology the product has: a direct agent (one hop, no spool).
+  if [ "${S3_DIRECT:-1}" = 1 ]; then
+    say "3: the same initial sync, agent -> MT directly (direct_agents)"
+    sync3 "$d" s3direct direct
+  fi
   # Like for like when our links are encrypted: the same copy with both
   # exports requiring TLS (nbds+unix; nbdkit and libnbd use GnuTLS), two
   # encrypted hops as ours has. The client does not verify the server: the
   # cost measured is the encryption's.
-  tref=""
   if [ "${TLS:-on}" = on ]; then
     say "3: nbdcopy over TLS between two nbdkit file exports (reference, like for like)"
     local td=$d/nbdtls t4 t5 uri
@@ -280,9 +322,7 @@ scenario3() {
     cp "$BENCH_DIR/pki/ca.crt" "$td/ca-cert.pem"
     cp "$BENCH_DIR/pki/mt.crt" "$td/server-cert.pem"
     cp "$BENCH_DIR/pki/mt.key" "$td/server-key.pem"
-    rm -f "$d/copy.img"
-    truncate -s "$SIZE" "$d/copy.img"
-    settle "$d/source.img"
+    fresh3 "$d"
     nbdkit -U "$td/src.sock" -P "$td/src.pid" --tls=require --tls-certificates="$td" -r file "$d/source.img"
     nbdkit -U "$td/dst.sock" -P "$td/dst.pid" --tls=require --tls-certificates="$td" file "$d/copy.img"
     BENCH_EXTRA_PIDS+=("$(cat "$td/src.pid")" "$(cat "$td/dst.pid")")
@@ -291,16 +331,29 @@ scenario3() {
     nbdcopy "$(uri src)" "$(uri dst)"
     t5=$(now)
     kill "$(cat "$td/src.pid")" "$(cat "$td/dst.pid")"
-    tref=$(awk -v s="$SIZE" -v t="$(secs "$t4" "$t5")" -v o="$(secs "$t0" "$t1")" 'BEGIN {
-      printf "nbdcopy over TLS %.2f s, rate %.3fx", t, t / o }')
-    tref="$tref, result $(same "$d/source.img" "$d/copy.img"); "
+    tref="nbdcopy over TLS $(secs "$t4" "$t5") s ($(same "$d/source.img" "$d/copy.img")); "
   fi
-  ours=$(awk -v s="$SIZE" -v t="$(secs "$t0" "$t1")" 'BEGIN {printf "%.1f", s / 1e6 / t}')
-  ref=$(awk -v s="$SIZE" -v t="$(secs "$t2" "$t3")" 'BEGIN {printf "%.1f", s / 1e6 / t}')
-  r=$(awk -v a="$ours" -v b="$ref" 'BEGIN {printf "%.3f", a / b}')
-  res=$(awk -v r="$r" -v c="$check" 'BEGIN {
-    if (c != "identical") print "**replica differs**"; else print (r >= 0.8 ? "met" : "missed") }')
-  echo "| 3 initial sync, random data, over loopback (TLS ${TLS:-on}) | $HUMAN | $(secs "$t0" "$t1") | $(mb "$sent") | nbdcopy, nbdkit file -> nbdkit file | $(secs "$t2" "$t3") | $(mb "$SIZE") | rate ${r}x ($ours / $ref MB/s) | >= 0.8x | $res | ${tref}replica $check; $(hash_retries) unanswered hash requests; read $(mb "$(field "$a" resync_read_bytes)"); CPU: $cpu; PS spool read back from files $(mb "$(field "$p" spool_read_file_bytes)") of $(mb "$(field "$p" spool_read_bytes)"); nbdcopy result $ncheck |"
+  # What a durable copy costs on this disk: nbdcopy ending with a flush of
+  # its destination, and one O_DIRECT write of the image (dd, then fsync).
+  # The master target acknowledges only a durable replica (and the PS only a
+  # durable spool): dd's time is a floor for any durable copy here, and
+  # nbdcopy's time / dd's the best rate ratio a durable copy could reach
+  # against the plain nbdcopy reference.
+  say "3: nbdcopy --flush, and dd oflag=direct (durable references)"
+  fresh3 "$d"
+  t6=$(now)
+  nbdcopy --flush -- [ nbdkit -r file "$d/source.img" ] [ nbdkit file "$d/copy.img" ]
+  t7=$(now)
+  fresh3 "$d"
+  t8=$(now)
+  dd if="$d/source.img" of="$d/copy.img" bs=8M oflag=direct conv=fsync,notrunc status=none
+  t9=$(now)
+  refs="${tref}nbdcopy --flush $(secs "$t6" "$t7") s; dd oflag=direct $(secs "$t8" "$t9") s, at best $(awk -v n="$(secs "$t2" "$t3")" -v f="$(secs "$t8" "$t9")" 'BEGIN {printf "%.2f", n / f}')x of nbdcopy's rate for one durable copy; nbdcopy result $ncheck"
+  row3 "3 initial sync, random data, over loopback (TLS ${TLS:-on}), agent -> PS -> MT" "$p_t0" "$p_t1" "$p_sent" "$p_check" "$t2" "$t3" "$refs; $p_notes"
+  if [ "${S3_DIRECT:-1}" = 1 ]; then
+    row3 "3 the same, agent -> MT directly (direct_agents)" "$T0" "$T1" "$SENT" "$CHECK" "$t2" "$t3" \
+      "replica $CHECK; $(hash_retries "$d/s3direct-agent.log") unanswered hash requests; read $(mb "$READ"); CPU: $CPU"
+  fi
   bench_rm "$d"
 }
 
