@@ -32,7 +32,8 @@ po::options_description AgentConfigDescription() {
        "close an attached NBD client idle this long (0 = never)")
       ("nbd_max_connections", value<int>()->default_value(256), "NBD connections at most (1..65536)")
       ("nbd_workers", value<int>()->default_value(2), "threads executing NBD requests")
-      ("ps", value<std::string>()->default_value("127.0.0.1:7400"), "process server host:port")
+      ("ps", value<std::string>()->default_value("127.0.0.1:7400"),
+       "process server host:port (a direct agent: the master target's)")
       ("tenant", value<std::string>()->default_value(""), "tenant name")
       ("secret", value<std::string>()->default_value(""), "tenant secret")
       ("secret_file", value<std::string>()->default_value(""), "file holding the tenant secret")

@@ -164,8 +164,9 @@ Status LocalCluster::WriteConfigs() {
                    "\nlevel = " + std::to_string(o_.level) + "\n" + TlsKeys("ps") + (o_.control_auth ? "" : "control_auth = off\n");
   if (o_.compress_threads > 0) ps += "compress_threads = " + std::to_string(o_.compress_threads) + "\n";
   ps += o_.ps_extra_config + "[log]\nlevel = " + o_.log_level + "\n";
+  const uint16_t agent_to = o_.direct_agent ? mt_data_ : ps_data_;
   std::string ag = "# written by the local cluster (loadgen/local_cluster.h)\nvolume = " + o_.volume + "=" +
-                   source_path() + "\nnbd_listen = none\nnbd_unix = " + agent_nbd_socket() + "\nps = " + Loopback(o_.direct_agent ? mt_data_ : ps_data_) +
+                   source_path() + "\nnbd_listen = none\nnbd_unix = " + agent_nbd_socket() + "\nps = " + Loopback(agent_to) +
                    "\ntenant = " + o_.tenant + "\nsecret_file = " + Path("etc/agent.secret") +
                    "\nclient_id = " + o_.client_id + "\nbitmap_dir = " + Path("agent") +
                    "\ncontrol = " + Loopback(agent_ctl_) + "\n" + TlsKeys("agent") + (o_.control_auth ? "" : "control_auth = off\n");
