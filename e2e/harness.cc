@@ -138,6 +138,18 @@ bool Cluster::StartOne(Which w) {
   return s.ok();
 }
 
+bool Cluster::Stop(Which w) {
+  Status s = c_.Stop(w, std::chrono::seconds(20));
+  if (!s.ok()) why_ = s.ToString();
+  return s.ok();
+}
+
+bool Cluster::SetDirectAgent(bool direct) {
+  Status s = c_.SetDirectAgent(direct);
+  if (!s.ok()) why_ = s.ToString();
+  return s.ok();
+}
+
 bool Cluster::Kill9(Which w) {
   Status s = c_.Kill9(w);
   if (!s.ok()) why_ = s.ToString();

@@ -107,6 +107,12 @@ class Cluster {
   // kill -9 of one daemon; returns once it is dead (Restart starts it again).
   bool Kill9(Which w);
   bool Restart(Which w) { return StartOne(w); }
+  // SIGTERM to one daemon; returns once it exited cleanly.
+  bool Stop(Which w);
+  // Points the agent at the MT (true) or at the PS (false) from its next
+  // start, and the MT lets the tenant's agents in from its next start
+  // (LocalCluster::SetDirectAgent).
+  bool SetDirectAgent(bool direct);
   // Graceful stop (SIGTERM) of every daemon, agent first.
   void StopAll() { c_.StopAll(std::chrono::seconds(20)); }
 

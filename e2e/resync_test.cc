@@ -5,6 +5,7 @@
 #include <boost/json.hpp>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "e2e/harness.h"
@@ -59,4 +60,84 @@ TEST_CASE("kill -9 of the agent during a resync: it resumes from its cursor and 
   INFO(c.why());
   REQUIRE(drained);
   REQUIRE(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
+}
+
+namespace {
+
+// The volume `name` in a daemon's volume list (`key` holds the name), or nullopt.
+std::optional<boost::json::object> VolumeIn(const std::optional<boost::json::value>& status, const char* key,
+                                            const std::string& name) {
+  if (!status) return std::nullopt;
+  for (const auto& v : status->at("volumes").as_array()) {
+    if (v.as_object().at(key).as_string() == name) return v.as_object();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("upstream: an agent re-pointed from the PS to the MT is refused until re-protected, the backlog at the "
+          "PS is applied first, and the replica ends equal to the source",
+          "[e2e][resync]") {
+  // Regression: the MT took the re-pointed agent's stream, whose sequence
+  // numbers followed what the MT had applied; the records still in the PS's
+  // spool were never applied (or skipped as duplicates once the PS came
+  // back), the cluster looked drained and the replica differed from the source.
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  const uint64_t size = c.options().volume_size;
+  const std::string vol = c.options().volume;
+  auto mt_volume = [&](const char* key) -> std::string {
+    std::optional<boost::json::object> v = VolumeIn(c.StatusOf(Which::kMasterTarget), "volume", vol);
+    return !v ? std::string() : boost::json::serialize(v->at(key));
+  };
+  CHECK(mt_volume("upstream") == "\"process server 'local-ps'\"");
+  // A backlog at the process server: the MT is down while the application
+  // writes, and the PS acknowledges every record (durable in its spool).
+  REQUIRE(c.Kill9(Which::kMasterTarget));
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 21, 4, 40, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  REQUIRE(WaitFor([&] { return c.AgentU64("acked_seq") + 1 == c.AgentU64("next_seq"); }, std::chrono::seconds(60)));
+  REQUIRE(c.Stop(Which::kAgent));
+  REQUIRE(c.Kill9(Which::kProcessServer));
+  // The operator points the agent straight at the MT: refused, with the way out.
+  REQUIRE(c.SetDirectAgent(true));
+  REQUIRE(c.Restart(Which::kMasterTarget));
+  REQUIRE(c.Restart(Which::kAgent));
+  std::string last_error;
+  const bool refused = WaitFor(
+      [&] {
+        std::optional<boost::json::object> v = VolumeIn(c.StatusOf(Which::kAgent), "name", vol);
+        if (v) last_error = std::string(v->at("last_error").as_string());
+        return last_error.find("replicates through process server 'local-ps' in generation 1") != std::string::npos;
+      },
+      std::chrono::seconds(30));
+  INFO(last_error);
+  REQUIRE(refused);
+  CHECK(last_error.find("cdpctl reprotect " + vol) != std::string::npos);
+  // The application keeps writing meanwhile.
+  w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 22, 1, 10, 256 << 10, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  // The old PS comes back: its backlog is the volume's history, and applied.
+  REQUIRE(c.Restart(Which::kProcessServer));
+  REQUIRE(WaitFor(
+      [&] {
+        std::optional<boost::json::object> v = VolumeIn(c.StatusOf(Which::kProcessServer), "volume", vol);
+        return v && boost::json::value_to<uint64_t>(v->at("backlog_records")) == 0 &&
+               v->at("mt_acked_seq") == v->at("spool_durable_seq");
+      },
+      std::chrono::seconds(60)));
+  // The move is a re-protect: the agent compares every region with the replica.
+  auto rp = c.Cdpctl({"reprotect", vol});
+  INFO(rp.output);
+  REQUIRE(rp.exit_code == 0);
+  const bool drained = c.WaitDrained();
+  INFO(c.why());
+  REQUIRE(drained);
+  CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
+  CHECK(mt_volume("upstream") == "\"agent 'e2e-agent'\"");
+  CHECK(mt_volume("generation") == "2");
 }

@@ -252,6 +252,19 @@ Status LocalCluster::Kill9(Role r) {
   return Status::OK();
 }
 
+Status LocalCluster::Stop(Role r, std::chrono::milliseconds grace) {
+  if (!process(r).Running()) return Status::NotFound(std::string(Name(r)) + " is not running");
+  const int st = process(r).Stop(SIGTERM, grace);
+  if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+    return Status::Aborted(std::string(Name(r)) + " did not exit cleanly on SIGTERM (status " + std::to_string(st) + ")");
+  return Status::OK();
+}
+
+Status LocalCluster::SetDirectAgent(bool direct) {
+  o_.direct_agent = direct;
+  return WriteConfigs();
+}
+
 void LocalCluster::StopAll(std::chrono::milliseconds grace) {
   for (Role r : {Role::kAgent, Role::kProcessServer, Role::kMasterTarget}) process(r).Stop(SIGTERM, grace);
 }

@@ -97,6 +97,12 @@ class LocalCluster {
   Status Restart(Role r);
   // kill -9, and waits for the death.
   Status Kill9(Role r);
+  // SIGTERM to one daemon (SIGKILL after `grace`): a graceful stop.
+  Status Stop(Role r, std::chrono::milliseconds grace = std::chrono::seconds(10));
+  // Points the agent at the MT (true) or the PS (false) from its next start:
+  // rewrites the configs (the MT's lists the tenant in `direct_agents` when
+  // true, from the MT's next start). Running daemons are not touched.
+  Status SetDirectAgent(bool direct);
   // SIGTERM, agent first, then PS and MT; SIGKILL after `grace` each.
   void StopAll(std::chrono::milliseconds grace = std::chrono::seconds(10));
   bool Running(Role r);

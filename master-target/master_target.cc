@@ -125,7 +125,8 @@ Status MasterTarget::Impl::LoadVolumes() {
 }
 
 Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> MasterTarget::Impl::OpenVolume(const std::string& tenant,
-                                                                       const proto::VolumeOpen& m) {
+                                                                       const proto::VolumeOpen& m,
+                                                                       const Upstream& from) {
   VolumeIdentity id;
   id.name = m.name;
   id.size = m.size;
@@ -185,7 +186,7 @@ Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> MasterTarget::Impl::O
       log->info("{} created: {} bytes, block size {}", log::Where{m.name, tenant, 0}, m.size, m.block_size);
     }
   }
-  CDP_ASSIGN_OR_RETURN(ApplyOutcome out, e->volume->CheckOpen(id));
+  CDP_ASSIGN_OR_RETURN(ApplyOutcome out, e->volume->CheckOpen(id, from));
   return std::make_pair(e, out);
 }
 

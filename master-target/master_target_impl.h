@@ -122,9 +122,11 @@ struct MasterTarget::Impl {
 
   Status LoadVolumes();
 
-  // VolumeOpen: find or create, then check identity.
+  // VolumeOpen from `from`: find or create, then check identity and upstream
+  // (ReplicaVolume::CheckOpen).
   Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> OpenVolume(const std::string& tenant,
-                                                                         const proto::VolumeOpen& m);
+                                                                         const proto::VolumeOpen& m,
+                                                                         const Upstream& from);
 
   // One process-server connection, start to end (its own thread: the Listener's).
   void Serve(FrameChannel& ch);

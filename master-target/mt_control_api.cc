@@ -36,6 +36,8 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"history_seq", st.applied_seq},
                       {"seq_base", st.seq_base},
                       {"reprotect_armed", st.reprotect_armed},
+                      // the peer this generation replicates through ("" before its first open)
+                      {"upstream", st.upstream.name.empty() ? std::string() : st.upstream.Describe()},
                       {"horizon_seq", st.horizon_seq},
                       {"journal_bytes", st.journal_bytes},
                       {"journal_segments", st.journal_segments},

@@ -42,6 +42,10 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
   }
   connections->Add(1);
   log->info("{} tenant {} connected ({})", log::Where{"", peer_addr, 0}, *tenant, peer.client_id);
+  // Who the volumes opened here replicate through: the certificate's name
+  // (authenticated) with TLS, the client_id without.
+  const Upstream upstream{peer.role == proto::Role::kProcessServer ? "ps" : "agent",
+                          peer.tls ? peer.cert_name : peer.client_id};
   std::map<uint32_t, std::shared_ptr<VolEntry>> handles;
   std::map<uint32_t, uint64_t> opened_generation;  // volume id -> the generation this session opened
   uint32_t next_id = 1;
@@ -78,7 +82,7 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
     }
     Status s;
     if (auto* vo = std::get_if<proto::VolumeOpen>(&*m)) {
-      auto r = OpenVolume(*tenant, *vo);
+      auto r = OpenVolume(*tenant, *vo, upstream);
       if (!r.ok()) {
         log->error("{} volume open failed: {}", log::Where{vo->name, peer_addr, 0}, r.status().ToString());
         s = nack(0, proto::NackReason::kInternal, r.status().ToString());

@@ -199,7 +199,7 @@ Status ReplicaVolume::HealLocked() {
   return Status::OK();
 }
 
-Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id) {
+Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id, const Upstream& from) {
   std::lock_guard<std::mutex> lk(apply_mu_);
   CDP_RETURN_IF_ERROR(HealLocked());
   // Another disk under this name never replaces the replica or its history.
@@ -234,9 +234,31 @@ Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id) {
     }
     CDP_RETURN_IF_ERROR(Reprotect(id.generation));
   }
+  if (upstream_generation_ == id_.generation && !(upstream_ == from)) {
+    return Nack(proto::NackReason::kPermissionDenied,
+                "volume " + id_.name + " replicates through " + upstream_.Describe() + " in generation " +
+                    std::to_string(id_.generation) + ", not through " + from.Describe() +
+                    ": records still held there would interleave with this stream. To move the volume, re-protect "
+                    "it (cdpctl reprotect " + id_.name + "): the old path is fenced and every region is compared");
+  }
+  if (upstream_generation_ != id_.generation) CDP_RETURN_IF_ERROR(BindUpstream(from));
   ApplyOutcome o;
   o.durable_seq = applied_.load() - seq_base_.load();
   return o;
+}
+
+Status ReplicaVolume::BindUpstream(const Upstream& from) {
+  CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("INSERT OR REPLACE INTO upstream(id, generation, role, name) VALUES(1, ?1, ?2, ?3)"));
+  CDP_RETURN_IF_ERROR(st.BindAll(id_.generation, from.role, from.name));
+  CDP_RETURN_IF_ERROR(st.Run());
+  {
+    std::lock_guard<std::mutex> lk(meta_mu_);
+    upstream_generation_ = id_.generation;
+    upstream_ = from;
+  }
+  log::Get("mt.volume")->info("{} generation {} replicates through {}", log::Where{id_.name, "", applied_.load()},
+                              id_.generation, from.Describe());
+  return Status::OK();
 }
 
 Result<uint64_t> ReplicaVolume::ArmReprotect() {

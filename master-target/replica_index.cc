@@ -56,6 +56,11 @@ CREATE TABLE IF NOT EXISTS sealing(
   id INTEGER PRIMARY KEY CHECK (id = 1),
   unit INTEGER NOT NULL,
   mac_size INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS upstream(
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  generation INTEGER NOT NULL,
+  role TEXT NOT NULL,
+  name TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS points(
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   seq INTEGER NOT NULL,
@@ -168,6 +173,19 @@ Status ReplicaVolume::LoadIndex() {
       return Status::Corruption(o_.index_path + ": sealing of " + std::to_string(st.ColumnInt64(0)) + "-byte blocks with " +
                                 std::to_string(st.ColumnInt64(1)) + "-byte MACs is not this version's");
   }
+  uint64_t upstream_generation = 0;
+  Upstream upstream;
+  {
+    // CreateIndexSchema made the table for indexes older than it: such a
+    // volume is bound by its next open.
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT generation, role, name FROM upstream WHERE id = 1"));
+    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (row) {
+      upstream_generation = uint64_t(st.ColumnInt64(0));
+      upstream.role = st.ColumnText(1);
+      upstream.name = st.ColumnText(2);
+    }
+  }
   std::optional<FailoverInfo> failover;
   {
     // CreateIndexSchema made the table for indexes older than failover.
@@ -191,6 +209,8 @@ Status ReplicaVolume::LoadIndex() {
   }
   std::lock_guard<std::mutex> lk(meta_mu_);
   failover_ = failover;
+  upstream_generation_ = upstream_generation;
+  upstream_ = std::move(upstream);
   segments_.clear();
   {
     CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(

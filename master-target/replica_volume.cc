@@ -145,6 +145,10 @@ std::optional<ApplyStall> ReplicaVolume::stall() const {
   return stall_;
 }
 
+std::string Upstream::Describe() const {
+  return (role == "ps" ? "process server '" : role + " '") + name + "'";
+}
+
 uint64_t DeviceSize(const VolumeIdentity& id) { return id.size + (id.sealed ? proto::SealMacBytes(id.size) : 0); }
 
 Status ReplicaVolume::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
@@ -366,6 +370,7 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   }
   std::lock_guard<std::mutex> lk(meta_mu_);
   s.state = state_;
+  if (upstream_generation_ == generation_.load()) s.upstream = upstream_;
   for (const auto& [seg, si] : segments_) s.journal_bytes += si.bytes;
   s.journal_segments = segments_.size();
   s.points = points_.size();

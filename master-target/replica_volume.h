@@ -148,6 +148,17 @@ struct VolumeIdentity {
 // Bytes of the replica file: the volume, then the MACs of a sealed one.
 uint64_t DeviceSize(const VolumeIdentity& id);
 
+// The peer a volume's records come from: a process server, or an agent of a
+// tenant in `direct_agents`. Known by its certificate's name with TLS, by its
+// client_id without (docs/operations.md, "Moving a volume to another upstream").
+struct Upstream {
+  std::string role;  // "ps" | "agent"
+  std::string name;
+  bool operator==(const Upstream&) const = default;
+  // "process server 'NAME'" / "agent 'NAME'"
+  std::string Describe() const;
+};
+
 // A sealed volume's records as the plain writes apply journals: each sealed
 // record of recs[first..] becomes its blocks (data, or zeros) at its range
 // and its MACs as data at volume_size + 16 * block, both under the record's
@@ -275,6 +286,7 @@ struct VolumeStatus {
   uint64_t rollback_to = 0;        // failed-over: the point rolled back to
   uint64_t seq_base = 0;           // see ReplicaVolume::seq_base()
   uint64_t reprotect_armed = 0;    // the generation an operator allowed, 0: none
+  Upstream upstream;               // the generation's upstream (empty before its first open)
   std::optional<FailoverInfo> failover;  // a promoted failover
   std::optional<ApplyStall> stall;       // set while apply is stalled (see StallCause)
 };
@@ -328,12 +340,21 @@ class ReplicaVolume {
   ReplicaVolume(const ReplicaVolume&) = delete;
   ReplicaVolume& operator=(const ReplicaVolume&) = delete;
 
-  // Checks a VolumeOpen against this volume. OK: same uuid, size and
-  // generation, or the armed re-protect generation (see above); durable_seq is
-  // a wire sequence. Otherwise an outcome with ack=false: kWrongGeneration for
-  // another uuid, size or block size, a lower generation or a failed-over
-  // volume; kPermissionDenied for a higher generation nobody armed.
-  Result<ApplyOutcome> CheckOpen(const VolumeIdentity& id);
+  // Checks a VolumeOpen from `from` against this volume. OK: same uuid, size
+  // and generation, or the armed re-protect generation (see above); durable_seq
+  // is a wire sequence. Otherwise an outcome with ack=false: kWrongGeneration
+  // for another uuid, size or block size, a lower generation or a failed-over
+  // volume; kPermissionDenied for a higher generation nobody armed, and for
+  // another upstream than the generation's.
+  //
+  // One upstream per generation: the first open of a generation binds it to
+  // `from` (persisted). Sequence numbers are the upstream's; records another
+  // upstream still holds (a process server's spool) would interleave with a
+  // second one's under the same numbers, or be silently skipped as
+  // duplicates. Moving a volume is a re-protect: the next generation binds
+  // its first opener, the old one's streams are fenced (a lower generation)
+  // and the agent compares every region.
+  Result<ApplyOutcome> CheckOpen(const VolumeIdentity& id, const Upstream& from);
 
   // An operator's re-protect: the next VolumeOpen with generation()+1 will be
   // accepted (once; until the daemon restarts). Returns that generation.
@@ -533,12 +554,19 @@ class ReplicaVolume {
   // disk may refuse even the undo) tries the undo again, and works again
   // once it succeeds; any other broken_ needs a reopen. apply_mu_ held.
   Status HealLocked();
+  // Binds the current generation to `from` (the upstream table, then the
+  // members); apply_mu_ held.
+  Status BindUpstream(const Upstream& from);
   // Sets (failure) or clears (ok) the stall and its gauges; apply_mu_ held.
   void NoteApply(const Status& s);
   std::atomic<uint64_t> applied_{0};
   std::atomic<uint64_t> seq_base_{0};    // history seq of the generation's wire seq 0
   std::atomic<uint64_t> generation_{0};  // id_.generation, for readers without apply_mu_
   std::atomic<uint64_t> reprotect_armed_{0};  // written under apply_mu_: the generation an operator allowed
+  // The generation the upstream was bound in, and the upstream; written under
+  // apply_mu_ and meta_mu_, read under either.
+  uint64_t upstream_generation_ = 0;
+  Upstream upstream_;
 
   // Readers (exports) take index_mu_ shared across the index lookup and the
   // reads it leads to; the apply thread takes it exclusive only to change the

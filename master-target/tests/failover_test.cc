@@ -19,6 +19,9 @@ using namespace cdp::mt::testing;
 
 namespace {
 
+// The upstream every open of these tests comes from.
+const cdp::mt::Upstream kPs{"ps", "test-ps"};
+
 constexpr uint64_t kVolSize = 256 * 1024;
 constexpr uint32_t kBlock = 4096;
 
@@ -122,7 +125,7 @@ TEST_CASE("failover: the state persists across reopen, fences the old primary, a
       "failed over: volume vol1 failed over at the master target (point " + std::to_string(tag_id) +
       ", sequence 3); this stream is fenced and nothing of it is applied (an operator may undo: cdpctl failover vol1 "
       "--undo)";
-  auto o = p.v->CheckOpen(Protected::kIdent());
+  auto o = p.v->CheckOpen(Protected::kIdent(), kPs);
   REQUIRE(o.ok());
   REQUIRE_FALSE(o->ack);
   CHECK(o->reason == proto::NackReason::kWrongGeneration);
@@ -154,7 +157,7 @@ TEST_CASE("failover: the state persists across reopen, fences the old primary, a
   CHECK(info->point_id == tag_id);
   CHECK_FALSE(info->committed);
   CHECK(p.v->GetStatus().failover->point_seq == 3);
-  o = p.v->CheckOpen(Protected::kIdent());
+  o = p.v->CheckOpen(Protected::kIdent(), kPs);
   REQUIRE((o.ok() && !o->ack && o->message == fence));
 
   // Undo: protecting again, replication resumes where it stood.
@@ -167,7 +170,7 @@ TEST_CASE("failover: the state persists across reopen, fences the old primary, a
   u = p.v->UndoFailover();
   REQUIRE(u.ok());
   CHECK_FALSE(*u);
-  o = p.v->CheckOpen(Protected::kIdent());
+  o = p.v->CheckOpen(Protected::kIdent(), kPs);
   REQUIRE((o.ok() && o->ack && o->durable_seq == 6));
   p.Apply({DataRecord(7, 0, Bytes(kBlock, 0x77))});
   CHECK(ReplicaFile(p.env.get()) == p.ref.image());

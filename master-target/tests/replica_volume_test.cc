@@ -47,6 +47,9 @@ using namespace cdp::mt::testing;
 
 namespace {
 
+// The upstream every open of these tests comes from.
+const cdp::mt::Upstream kPs{"ps", "test-ps"};
+
 constexpr uint64_t kVolSize = 256 * 1024;
 
 VolumeIdentity Ident(uint64_t size = kVolSize, uint64_t gen = 1) {
@@ -602,6 +605,67 @@ TEST_CASE("bad records are nacked with nothing of the batch applied", "[volume][
   }
 }
 
+TEST_CASE("VolumeOpen: one upstream per generation, kept across a reopen, and a re-protect binds the next one",
+          "[volume][generation]") {
+  // Regression: an agent re-pointed from a process server straight at the MT
+  // (or at another PS) was accepted, renumbered its records after what the MT
+  // had applied, and the records still in the old spool were lost or skipped
+  // as duplicates: the replica differed from the source with nothing to say so.
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  auto opts = Opts(env.get(), &clock, tmp.path() + "/i.db");
+  auto v = ReplicaVolume::Open(opts, &kIdent);
+  REQUIRE(v.ok());
+  CHECK((*v)->GetStatus().upstream.name.empty());
+  const Upstream other_ps{"ps", "ps-b"};
+  const Upstream agent{"agent", "host-1"};
+  CHECK(other_ps.Describe() == "process server 'ps-b'");
+  CHECK(agent.Describe() == "agent 'host-1'");
+  auto o = (*v)->CheckOpen(kIdent, kPs);
+  REQUIRE((o.ok() && o->ack));
+  CHECK((*v)->GetStatus().upstream == kPs);
+  REQUIRE((*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 1))})->ack);
+  auto refused = [&](const Upstream& u, const std::string& bound) {
+    auto r = (*v)->CheckOpen(kIdent, u);
+    REQUIRE(r.ok());
+    CHECK(!r->ack);
+    CHECK(r->reason == proto::NackReason::kPermissionDenied);
+    CHECK(r->message == "volume " + kIdent.name + " replicates through " + bound + " in generation 1, not through " +
+                            u.Describe() +
+                            ": records still held there would interleave with this stream. To move the volume, "
+                            "re-protect it (cdpctl reprotect " + kIdent.name +
+                            "): the old path is fenced and every region is compared");
+  };
+  refused(other_ps, "process server 'test-ps'");
+  refused(agent, "process server 'test-ps'");
+  CHECK((*v)->applied_seq() == 1);
+  // Kept across a reopen.
+  v->reset();
+  v = ReplicaVolume::Open(opts, nullptr);
+  REQUIRE(v.ok());
+  CHECK((*v)->GetStatus().upstream == kPs);
+  refused(agent, "process server 'test-ps'");
+  o = (*v)->CheckOpen(kIdent, kPs);
+  REQUIRE((o.ok() && o->ack && o->durable_seq == 1));
+  // A re-protect: generation 2 binds its first opener; the old upstream's
+  // generation is fenced, and its new one refused.
+  REQUIRE((*v)->ArmReprotect().ok());
+  o = (*v)->CheckOpen(Ident(kVolSize, 2), agent);
+  REQUIRE((o.ok() && o->ack));
+  CHECK((*v)->GetStatus().upstream == agent);
+  o = (*v)->CheckOpen(kIdent, kPs);
+  REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
+  o = (*v)->CheckOpen(Ident(kVolSize, 2), kPs);
+  REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kPermissionDenied));
+  v->reset();
+  v = ReplicaVolume::Open(opts, nullptr);
+  REQUIRE(v.ok());
+  CHECK((*v)->GetStatus().upstream == agent);
+  o = (*v)->CheckOpen(Ident(kVolSize, 2), agent);
+  REQUIRE((o.ok() && o->ack && o->durable_seq == 0));
+}
+
 TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[volume][generation]") {
   TempDir tmp;
   auto env = NewMemEnv();
@@ -611,18 +675,18 @@ TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[v
   REQUIRE(v.ok());
   REQUIRE((*v)->ApplyBatch({DataRecord(1, 0, Bytes(4096, 1)), FlushRecord(2), DataRecord(3, 0, Bytes(512, 3))})->ack);
 
-  auto same = (*v)->CheckOpen(kIdent);
+  auto same = (*v)->CheckOpen(kIdent, kPs);
   REQUIRE((same.ok() && same->ack && same->durable_seq == 3));
   VolumeIdentity other = kIdent;
   other.uuid[3] = 1;
-  auto o = (*v)->CheckOpen(other);
+  auto o = (*v)->CheckOpen(other, kPs);
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
   VolumeIdentity bigger = kIdent;
   bigger.size *= 2;
-  o = (*v)->CheckOpen(bigger);
+  o = (*v)->CheckOpen(bigger, kPs);
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
   VolumeIdentity older = Ident(kVolSize, 0);
-  o = (*v)->CheckOpen(older);
+  o = (*v)->CheckOpen(older, kPs);
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
 
   // A higher generation from the wire, nobody having armed it: refused, nothing dropped.
@@ -630,28 +694,28 @@ TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[v
   REQUIRE(points_before > 0);
   const auto journal_before = JournalRecords(env.get(), "/t/vol1");
   VolumeIdentity next = Ident(kVolSize, 2);
-  o = (*v)->CheckOpen(next);
+  o = (*v)->CheckOpen(next, kPs);
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kPermissionDenied));
   CHECK(o->message == "generation 2 > 1: re-protect is an operator command (cdpctl reprotect at the master target)");
   VolumeIdentity huge = Ident(kVolSize, ~uint64_t(0));
-  o = (*v)->CheckOpen(huge);
+  o = (*v)->CheckOpen(huge, kPs);
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kPermissionDenied));
   CHECK((*v)->ListPoints().size() == points_before);
   CHECK(JournalRecords(env.get(), "/t/vol1") == journal_before);
   CHECK((*v)->identity().generation == 1);
 
   REQUIRE((*v)->Rollback(2).ok());
-  o = (*v)->CheckOpen(kIdent);
+  o = (*v)->CheckOpen(kIdent, kPs);
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
   // Re-protect, armed by the operator: generation 2 follows history sequence 2
   // on the replica as it is; every point is kept.
   auto armed = (*v)->ArmReprotect();
   REQUIRE(armed.ok());
   REQUIRE(*armed == 2);
-  o = (*v)->CheckOpen(Ident(kVolSize, 3));  // only the next generation
+  o = (*v)->CheckOpen(Ident(kVolSize, 3), kPs);  // only the next generation
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kPermissionDenied));
   const size_t points_at_reprotect = (*v)->ListPoints().size();
-  o = (*v)->CheckOpen(next);
+  o = (*v)->CheckOpen(next, kPs);
   REQUIRE((o.ok() && o->ack && o->durable_seq == 0));
   REQUIRE((*v)->state() == VolumeState::kReplicating);
   REQUIRE((*v)->seq_base() == 2);
@@ -667,7 +731,7 @@ TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[v
   REQUIRE((*v)->identity().generation == 2);
   REQUIRE((*v)->seq_base() == 2);
   REQUIRE((*v)->applied_seq() == 4);
-  o = (*v)->CheckOpen(next);
+  o = (*v)->CheckOpen(next, kPs);
   REQUIRE((o.ok() && o->ack && o->durable_seq == 2));  // wire sequence of generation 2
   CHECK(ReadImage(**v, 2)[0] == 1);
   Bytes img = ReplicaFile(env.get(), "/t/vol1", kVolSize);

@@ -21,6 +21,9 @@ using namespace cdp::mt::testing;
 
 namespace {
 
+// The upstream every open of these tests comes from.
+const cdp::mt::Upstream kPs{"ps", "test-ps"};
+
 constexpr uint64_t kSize = 256 * 1024;  // 64 blocks
 
 VolumeIdentity SealedIdent() {
@@ -198,7 +201,7 @@ TEST_CASE("sealed volume: plain writes are refused, and a stream of the other se
   CHECK((*v)->applied_seq() == 0);
   VolumeIdentity plain = id;
   plain.sealed = false;
-  auto co = (*v)->CheckOpen(plain);
+  auto co = (*v)->CheckOpen(plain, kPs);
   REQUIRE(co.ok());
   CHECK(!co->ack);
   CHECK(co->reason == proto::NackReason::kWrongGeneration);
