@@ -464,6 +464,8 @@ boost::json::value Agent::StatusJson() const {
       v["resync_fill_window_bytes"] = ss.resync.fill_window_bytes;
       v["last_error"] = ss.last_error;
       v["fenced"] = ss.fenced;
+      // times the server's resume point showed it lost acknowledged records (a full resync each)
+      v["history_lost"] = ss.history_lost;
     } else {
       v["connected"] = false;
       v["resync_remaining"] = d->bitmap().ResyncCount();

@@ -9,9 +9,15 @@ namespace cdp::agent {
 namespace {
 
 constexpr uint64_t kMagic = 0x3150'4d42'4450'4443ull;  // "CDPDBMP1"
-constexpr uint32_t kVersion = 1;
-constexpr size_t kHeaderSize = 56;
+constexpr uint32_t kVersion = 2;
+constexpr size_t kHeaderSize = 64;    // version 2: version 1's header, then acked_seq
+constexpr uint32_t kVersion1 = 1;
+constexpr size_t kHeaderSizeV1 = 56;  // read, then rewritten as version 2 (Load)
 constexpr size_t kSlotAlign = 4096;
+
+size_t SlotSize(size_t header_size, size_t bits_len) {
+  return ((header_size + bits_len + 4 + kSlotAlign - 1) / kSlotAlign) * kSlotAlign;
+}
 
 // In ondisk_: while a slot write is in progress, a bit is set only if it is set
 // both in the newest image on disk and in the image being written (bits being
@@ -24,7 +30,7 @@ DirtyBitmap::DirtyBitmap(const Options& opts)
       region_size_(opts.region_size),
       region_count_((opts.volume_size + opts.region_size - 1) / opts.region_size) {
   size_t bits_len = (region_count_ + 7) / 8;
-  slot_size_ = ((kHeaderSize + bits_len + 4 + kSlotAlign - 1) / kSlotAlign) * kSlotAlign;
+  slot_size_ = SlotSize(kHeaderSize, bits_len);
   ondisk_.assign(bits_len, 0);
   last_seq_.assign(region_count_, 0);
   pins_.assign(region_count_, 0);
@@ -62,7 +68,7 @@ Status DirtyBitmap::CreateFresh() {
   // Every region needs a comparison with the replica: the initial sync.
   std::vector<uint8_t> bits(ondisk_.size(), 0);
   for (uint64_t r = 0; r < region_count_; ++r) bits[r >> 3] |= uint8_t(1u << (r & 7));
-  CDP_RETURN_IF_ERROR(WriteImage(bits, 1, 0));
+  CDP_RETURN_IF_ERROR(WriteImage(bits, 1, 0, 0));
   CDP_RETURN_IF_ERROR(opts_.env->SyncDir(DirName(opts_.path)));
   ondisk_ = bits;
   counter_ = 1;
@@ -71,61 +77,94 @@ Status DirtyBitmap::CreateFresh() {
   return Status::OK();
 }
 
-Status DirtyBitmap::Load() {
-  CDP_ASSIGN_OR_RETURN(file_, opts_.env->Open(opts_.path, OpenOptions{}));
-  CDP_ASSIGN_OR_RETURN(uint64_t size, file_->Size());
-  if (size < 2 * slot_size_) {
-    // A file of another geometry (or cut short): find out which for the message.
-    Bytes hdr(kHeaderSize);
-    if (size >= kHeaderSize && file_->Read(0, kHeaderSize, hdr.data()).ok() &&
-        DecodeFixed64(hdr.data()) == kMagic) {
-      return Status::InvalidArgument("dirty bitmap " + opts_.path + " was written for another volume geometry");
-    }
-    return Status::Corruption("dirty bitmap " + opts_.path + ": file too short");
-  }
+// The newest valid image of one format version in `file`, if any.
+struct DirtyBitmap::Image {
+  std::vector<uint8_t> bits;
+  uint64_t counter = 0;
+  uint64_t cursor = 0;
+  uint64_t acked = 0;
+};
+
+Status DirtyBitmap::ReadImage(uint32_t version, std::optional<Image>* out, bool* geometry_mismatch) {
+  const size_t header = version == kVersion ? kHeaderSize : kHeaderSizeV1;
   const size_t bits_len = ondisk_.size();
-  bool found = false;
-  bool geometry_mismatch = false;
-  Bytes best;
-  uint64_t best_counter = 0, best_cursor = 0;
+  const size_t slot_size = SlotSize(header, bits_len);
+  CDP_ASSIGN_OR_RETURN(uint64_t size, file_->Size());
+  if (size < 2 * slot_size) return Status::OK();
   for (int slot = 0; slot < 2; ++slot) {
-    Bytes buf(kHeaderSize + bits_len + 4);
-    if (!file_->Read(uint64_t(slot) * slot_size_, buf.size(), buf.data()).ok()) continue;
-    uint32_t stored = DecodeFixed32(buf.data() + kHeaderSize + bits_len);
-    if (crc32c::Value(buf.data(), kHeaderSize + bits_len) != stored) continue;
-    if (DecodeFixed64(buf.data()) != kMagic || DecodeFixed32(buf.data() + 8) != kVersion) continue;
+    Bytes buf(header + bits_len + 4);
+    if (!file_->Read(uint64_t(slot) * slot_size, buf.size(), buf.data()).ok()) continue;
+    uint32_t stored = DecodeFixed32(buf.data() + header + bits_len);
+    if (crc32c::Value(buf.data(), header + bits_len) != stored) continue;
+    if (DecodeFixed64(buf.data()) != kMagic || DecodeFixed32(buf.data() + 8) != version) continue;
     if (DecodeFixed32(buf.data() + 12) != region_size_ || DecodeFixed64(buf.data() + 16) != opts_.volume_size ||
         DecodeFixed64(buf.data() + 24) != region_count_ || DecodeFixed32(buf.data() + 48) != bits_len) {
-      geometry_mismatch = true;
+      *geometry_mismatch = true;
       continue;
     }
     uint64_t counter = DecodeFixed64(buf.data() + 32);
-    if (!found || counter > best_counter) {
-      found = true;
-      best_counter = counter;
-      best_cursor = DecodeFixed64(buf.data() + 40);
-      best.assign(buf.begin() + kHeaderSize, buf.begin() + kHeaderSize + bits_len);
+    if (!*out || counter > (*out)->counter) {
+      Image im;
+      im.counter = counter;
+      im.cursor = DecodeFixed64(buf.data() + 40);
+      im.acked = version == kVersion ? DecodeFixed64(buf.data() + 56) : 0;
+      im.bits.assign(buf.begin() + header, buf.begin() + header + bits_len);
+      *out = std::move(im);
     }
   }
-  if (!found) {
+  return Status::OK();
+}
+
+Status DirtyBitmap::Load() {
+  CDP_ASSIGN_OR_RETURN(file_, opts_.env->Open(opts_.path, OpenOptions{}));
+  std::optional<Image> best;
+  bool geometry_mismatch = false;
+  CDP_RETURN_IF_ERROR(ReadImage(kVersion, &best, &geometry_mismatch));
+  bool v1 = false;
+  if (!best) {
+    CDP_RETURN_IF_ERROR(ReadImage(kVersion1, &best, &geometry_mismatch));
+    v1 = best.has_value();
+  }
+  if (!best) {
     if (geometry_mismatch) {
       return Status::InvalidArgument("dirty bitmap " + opts_.path + " was written for another volume geometry");
     }
-    return Status::Corruption("dirty bitmap " + opts_.path + ": no valid slot");
+    // A file of another geometry cut short, or ours damaged: find out which for the message.
+    Bytes hdr(kHeaderSizeV1);
+    CDP_ASSIGN_OR_RETURN(uint64_t size, file_->Size());
+    if (size < 2 * slot_size_ && size >= kHeaderSizeV1 && file_->Read(0, kHeaderSizeV1, hdr.data()).ok() &&
+        DecodeFixed64(hdr.data()) == kMagic) {
+      return Status::InvalidArgument("dirty bitmap " + opts_.path + " was written for another volume geometry");
+    }
+    return Status::Corruption("dirty bitmap " + opts_.path + (size < 2 * slot_size_ ? ": file too short" : ": no valid slot"));
   }
-  ondisk_ = best;
-  counter_ = best_counter;
-  cursor_ = persisted_cursor_ = best_cursor;
+  ondisk_ = best->bits;
+  counter_ = best->counter;
+  cursor_ = persisted_cursor_ = best->cursor;
+  loaded_acked_ = best->acked;
   for (uint64_t r = 0; r < region_count_; ++r) {
     if (OnDiskLocked(r)) {
       resync_[r] = uint8_t(Resync::kCompare);
       ++resync_count_;
     }
   }
+  if (v1) {
+    // Rewritten as version 2, whole (its slots may be larger): a crash leaves
+    // the old file or the new one. Version 1 kept no acknowledged sequence: 0.
+    Bytes file(2 * slot_size_, 0);
+    Bytes image = EncodeImage(ondisk_, counter_ + 1, cursor_, 0);
+    std::copy(image.begin(), image.end(), file.begin() + ptrdiff_t(((counter_ + 1) % 2) * slot_size_));
+    file_.reset();
+    CDP_RETURN_IF_ERROR(WriteFileAtomic(opts_.env, opts_.path, ByteSpan(file.data(), file.size()))
+                            .WithContext("dirty bitmap " + opts_.path + ": rewriting version 1 as version 2"));
+    ++counter_;
+    CDP_ASSIGN_OR_RETURN(file_, opts_.env->Open(opts_.path, OpenOptions{}));
+  }
   return Status::OK();
 }
 
-Status DirtyBitmap::WriteImage(const std::vector<uint8_t>& bits, uint64_t counter, uint64_t cursor) {
+Bytes DirtyBitmap::EncodeImage(const std::vector<uint8_t>& bits, uint64_t counter, uint64_t cursor,
+                               uint64_t acked) const {
   Bytes buf;
   buf.reserve(kHeaderSize + bits.size() + 4);
   PutFixed64(buf, kMagic);
@@ -137,8 +176,14 @@ Status DirtyBitmap::WriteImage(const std::vector<uint8_t>& bits, uint64_t counte
   PutFixed64(buf, cursor);
   PutFixed32(buf, uint32_t(bits.size()));
   PutFixed32(buf, 0);
+  PutFixed64(buf, acked);
   PutBytes(buf, ByteSpan(bits.data(), bits.size()));
   PutFixed32(buf, crc32c::Value(buf.data(), buf.size()));
+  return buf;
+}
+
+Status DirtyBitmap::WriteImage(const std::vector<uint8_t>& bits, uint64_t counter, uint64_t cursor, uint64_t acked) {
+  Bytes buf = EncodeImage(bits, counter, cursor, acked);
   CDP_RETURN_IF_ERROR(file_->Write((counter % 2) * slot_size_, ByteSpan(buf.data(), buf.size())));
   return file_->Sync();
 }
@@ -148,9 +193,11 @@ bool DirtyBitmap::WantedDirtyLocked(uint64_t r) const {
 }
 
 Status DirtyBitmap::PersistWriting(std::unique_lock<std::mutex>& lk, std::vector<uint8_t> image) {
-  uint64_t counter = counter_ + 1, cursor = cursor_;
+  // Before the server's first resume point in this process our sequences are
+  // provisional: the images keep the acknowledged sequence they were loaded with.
+  uint64_t counter = counter_ + 1, cursor = cursor_, acked = resumed_ ? acked_ : loaded_acked_;
   lk.unlock();
-  Status s = WriteImage(image, counter, cursor);
+  Status s = WriteImage(image, counter, cursor, acked);
   lk.lock();
   writing_ = false;
   ++write_round_;
@@ -265,7 +312,15 @@ void DirtyBitmap::ForgetAll() {
   }
   resync_count_ = 0;
   acked_ = 0;
+  resumed_ = true;  // a new generation: its sequences start again
   cursor_ = 0;
+}
+
+bool DirtyBitmap::Resumed(uint64_t durable) {
+  std::lock_guard lk(mu_);
+  const bool lost = !resumed_ && durable < loaded_acked_;
+  resumed_ = true;
+  return lost;
 }
 
 Result<size_t> DirtyBitmap::Checkpoint() {

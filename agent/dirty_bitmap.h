@@ -87,10 +87,20 @@ class DirtyBitmap {
   // Every region needs a hash comparison (a full resync, e.g. after the process
   // server lost acknowledged data). Takes effect in memory; persisted by Checkpoint.
   void MarkAllCompare();
+  // The server's resume point `durable` at a contact, in its numbering (the
+  // numbering SetAcked uses from then on). Every image carries the highest
+  // acknowledged sequence, so each region cleared on disk was acknowledged at
+  // or below it. True, at the first call of this process only, when `durable`
+  // is below the sequence the loaded image carried: the server lost records
+  // it had acknowledged to an earlier process, whose regions may be clean on
+  // disk (the caller compares everything). Until this first call, images keep
+  // the loaded sequence.
+  bool Resumed(uint64_t durable);
   // The source equals the replica of a new generation (re-protect after a
   // failback): nothing captured, acknowledged or flagged is remembered (epochs
-  // move, so a compare in flight cannot finish a region). Takes effect in
-  // memory; the next Checkpoint clears the regions on disk.
+  // move, so a compare in flight cannot finish a region), and the new
+  // generation's sequences start at 0. Takes effect in memory; the next
+  // Checkpoint clears the regions on disk.
   void ForgetAll();
 
   // Clears regions that are clean (see above), persists the image if it
@@ -130,10 +140,16 @@ class DirtyBitmap {
 
  private:
   explicit DirtyBitmap(const Options& opts);
+  struct Image;
   Status Load();
+  // The newest valid image of format `version` (1 or 2) into *out (left
+  // empty when none); *geometry_mismatch set when a valid image of another
+  // geometry was seen.
+  Status ReadImage(uint32_t version, std::optional<Image>* out, bool* geometry_mismatch);
   Status CreateFresh();
+  Bytes EncodeImage(const std::vector<uint8_t>& bits, uint64_t counter, uint64_t cursor, uint64_t acked) const;
   // Writes `bits` to the next slot and syncs. mu_ must NOT be held.
-  Status WriteImage(const std::vector<uint8_t>& bits, uint64_t counter, uint64_t cursor);
+  Status WriteImage(const std::vector<uint8_t>& bits, uint64_t counter, uint64_t cursor, uint64_t acked);
   // The one writer (writing_ set by the caller, `lk` held on mu_): writes `image`
   // with mu_ released, then records the outcome (on-disk image, counter, cursor,
   // last error), clears writing_ and wakes waiters. Returns with `lk` held.
@@ -162,6 +178,8 @@ class DirtyBitmap {
   uint64_t cursor_ = 0;
   uint64_t persisted_cursor_ = 0;
   uint64_t acked_ = 0;
+  uint64_t loaded_acked_ = 0;    // the acknowledged sequence of the image loaded at Open
+  bool resumed_ = false;         // Resumed() or ForgetAll() ran: images carry acked_
   uint64_t persists_ = 0;
   uint64_t resync_count_ = 0;    // regions whose resync_ is not kNone
   std::vector<uint8_t> ondisk_;  // bit per region: dirty in the newest image (see .cc)

@@ -179,12 +179,18 @@ Result<uint64_t> Sender::Resume(uint64_t durable, repl::ResumeCause cause) {
     contacted_ = true;
   }
   auto renumber = [this](uint64_t old_acked, uint64_t new_acked) { dev_->bitmap().Renumber(old_acked, new_acked); };
-  if (!q.Resume(durable, renumber) && !first_contact) {
+  const bool in_window = q.Resume(durable, renumber);
+  // Below what it acknowledged to an earlier process of ours (the bitmap's
+  // persisted sequence): the server lost records whose regions may be clean.
+  const bool lost_since_restart = dev_->bitmap().Resumed(durable);
+  if ((!in_window && !first_contact) || lost_since_restart) {
     // Outside our window. On the first contact of this process that is normal
     // (our numbers were provisional); later it means the server's history and
     // ours disagree: everything is compared again.
-    log::Get("agent")->error("{} process server resumes at {} outside our window: full resync",
-                             log::Where{dev_->volume(), opts_.ps.host, durable}, durable);
+    log::Get("agent")->error("{} process server resumes at {} {}: full resync",
+                             log::Where{dev_->volume(), opts_.ps.host, durable}, durable,
+                             lost_since_restart ? "below what it acknowledged before this agent started"
+                                                : "outside our window");
     dev_->bitmap().MarkAllCompare();
     std::lock_guard lk(mu_);
     ++st_.history_lost;

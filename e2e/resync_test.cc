@@ -141,3 +141,33 @@ TEST_CASE("upstream: an agent re-pointed from the PS to the MT is refused until 
   CHECK(mt_volume("upstream") == "\"agent 'e2e-agent'\"");
   CHECK(mt_volume("generation") == "2");
 }
+
+TEST_CASE("history: a process server that lost its spool while the agent was down is detected at the "
+          "agent's next start, and every region is compared",
+          "[e2e][resync][crash]") {
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  const uint64_t size = c.options().volume_size;
+  const std::string vol = c.options().volume;
+  // A backlog at the process server, acknowledged to the agent, its regions
+  // cleared from the agent's bitmap.
+  REQUIRE(c.Kill9(Which::kMasterTarget));
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 31, 4, 40, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  REQUIRE(WaitFor([&] { return c.AgentU64("acked_seq") + 1 == c.AgentU64("next_seq") && c.AgentU64("dirty_regions") == 0; },
+                  std::chrono::seconds(60)));
+  // The agent stops (a reboot); meanwhile the process server loses its spool.
+  REQUIRE(c.Stop(Which::kAgent));
+  REQUIRE(c.Kill9(Which::kProcessServer));
+  std::filesystem::remove_all(c.Path("ps/spool/" + c.options().tenant));
+  REQUIRE(c.Restart(Which::kMasterTarget));
+  REQUIRE(c.Restart(Which::kProcessServer));
+  REQUIRE(c.Restart(Which::kAgent));
+  const bool drained = c.WaitDrained();
+  INFO(c.why());
+  REQUIRE(drained);
+  CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
+  CHECK(c.AgentU64("history_lost") == 1);
+}

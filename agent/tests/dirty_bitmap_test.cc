@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 
+#include "common/coding.h"
+#include "common/crc32c.h"
 #include "common/fault_env.h"
 
 using cdp::agent::DirtyBitmap;
@@ -178,4 +180,134 @@ TEST_CASE("a failed mark is reported and releases its pins", "[bitmap][fault]") 
   REQUIRE(bm->MarkAndPin(0, 4096).ok());
   REQUIRE(bm->DirtyCount() == 1);
   REQUIRE(bm->MarkAndPin(16 * kMiB, 1).code() == cdp::Code::kOutOfRange);
+}
+
+TEST_CASE("every image carries the acknowledged sequence, and a resume below it after a restart is history lost",
+          "[bitmap][history]") {
+  auto env = cdp::NewMemEnv();
+  REQUIRE(env->CreateDirs("/bm").ok());
+  {
+    auto bm = std::move(*DirtyBitmap::Open(Opts(env.get())));
+    REQUIRE(!bm->Resumed(0));  // a new bitmap: nothing acknowledged before
+    CleanAll(*bm);
+    REQUIRE(bm->MarkAndPin(3 * kMiB, 4096).ok());
+    bm->Assign(3 * kMiB, 4096, 40);
+    bm->SetAcked(40);
+    REQUIRE(*bm->Checkpoint() == 0);  // hot
+    REQUIRE(*bm->Checkpoint() == 1);  // region 3 cleared in an image that says 40
+    REQUIRE(!bm->Resumed(10));        // a later contact of this process: the queue's window decides
+  }
+  {
+    auto bm = std::move(*DirtyBitmap::Open(Opts(env.get())));
+    REQUIRE(bm->ResyncCount() == 0);
+    // Images written before the server speaks keep 40: a crash now must not forget it.
+    REQUIRE(bm->MarkAndPin(5 * kMiB, 4096).ok());
+    bm->Assign(5 * kMiB, 4096, 1);
+  }
+  {
+    auto bm = std::move(*DirtyBitmap::Open(Opts(env.get())));
+    REQUIRE(bm->Resumed(39));   // the server lost record 40, acknowledged earlier
+    REQUIRE(!bm->Resumed(39));  // once per process
+    bm->MarkAllCompare();
+    bm->Renumber(0, 39);
+    REQUIRE(bm->Checkpoint().ok());
+  }
+  {
+    // The compare is on disk with the server's new numbering: no second alarm.
+    auto bm = std::move(*DirtyBitmap::Open(Opts(env.get())));
+    REQUIRE(bm->ResyncCount() == 16);
+    REQUIRE(!bm->Resumed(39));
+  }
+  {
+    auto bm = std::move(*DirtyBitmap::Open(Opts(env.get())));
+    REQUIRE(!bm->Resumed(50));  // at or above: nothing lost
+    bm->ForgetAll();            // a new generation numbers from 0 again
+    REQUIRE(bm->Checkpoint().ok());
+  }
+  auto bm = std::move(*DirtyBitmap::Open(Opts(env.get())));
+  REQUIRE(!bm->Resumed(0));
+}
+
+namespace {
+
+// A version 1 image (56-byte header, no acknowledged sequence), as the
+// agents before version 2 wrote it.
+cdp::Bytes V1Image(uint64_t counter, uint64_t cursor, const std::vector<uint64_t>& dirty) {
+  cdp::Bytes buf;
+  cdp::PutFixed64(buf, 0x31504d4244504443ull);
+  cdp::PutFixed32(buf, 1);
+  cdp::PutFixed32(buf, uint32_t(kMiB));
+  cdp::PutFixed64(buf, 16 * kMiB);
+  cdp::PutFixed64(buf, 16);
+  cdp::PutFixed64(buf, counter);
+  cdp::PutFixed64(buf, cursor);
+  cdp::PutFixed32(buf, 2);
+  cdp::PutFixed32(buf, 0);
+  uint8_t bits[2] = {0, 0};
+  for (uint64_t r : dirty) bits[r / 8] |= uint8_t(1u << (r % 8));
+  cdp::PutBytes(buf, cdp::ByteSpan(bits, 2));
+  cdp::PutFixed32(buf, cdp::crc32c::Value(buf.data(), buf.size()));
+  return buf;
+}
+
+}  // namespace
+
+TEST_CASE("a version 1 bitmap is read, rewritten as version 2 whole, and keeps its regions and cursor",
+          "[bitmap][fault]") {
+  auto mem = cdp::NewMemEnv();
+  REQUIRE(mem->CreateDirs("/bm").ok());
+  {
+    cdp::Bytes file(2 * 4096, 0);
+    cdp::Bytes older = V1Image(2, 0, {});
+    cdp::Bytes newer = V1Image(3, 7, {2, 5});
+    std::copy(older.begin(), older.end(), file.begin());
+    std::copy(newer.begin(), newer.end(), file.begin() + 4096);
+    REQUIRE(cdp::WriteFileAtomic(mem.get(), "/bm/vol.bitmap", cdp::ByteSpan(file.data(), file.size())).ok());
+  }
+  cdp::FaultEnv fault(mem.get());
+  {
+    auto bm = DirtyBitmap::Open(Opts(&fault));
+    INFO(bm.status().ToString());
+    REQUIRE(bm.ok());
+    CHECK(ResyncRegions(**bm) == std::vector<uint64_t>{2, 5});
+    CHECK((*bm)->cursor() == 7);
+    CHECK(!(*bm)->Resumed(0));
+  }
+  // The rewrite is durable (a power cut right after the open keeps it) and of version 2.
+  REQUIRE(fault.DropUnsyncedData().ok());
+  {
+    auto f = std::move(*fault.Open("/bm/vol.bitmap", cdp::OpenOptions{}));
+    uint8_t hdr[12];
+    REQUIRE(f->Read(0, 12, hdr).ok());  // counter 4: slot 0
+    CHECK(cdp::DecodeFixed32(hdr + 8) == 2);
+  }
+  auto bm = DirtyBitmap::Open(Opts(&fault));
+  REQUIRE(bm.ok());
+  CHECK(ResyncRegions(**bm) == std::vector<uint64_t>{2, 5});
+  CHECK((*bm)->cursor() == 7);
+}
+
+TEST_CASE("a power cut at every sync point of the version 1 rewrite leaves a readable bitmap", "[bitmap][fault]") {
+  for (uint64_t n = 0;; ++n) {
+    INFO("crash after sync " << n);
+    auto mem = cdp::NewMemEnv();
+    REQUIRE(mem->CreateDirs("/bm").ok());
+    {
+      cdp::Bytes file(2 * 4096, 0);
+      cdp::Bytes image = V1Image(1, 3, {0, 9, 15});
+      std::copy(image.begin(), image.end(), file.begin() + 4096);
+      REQUIRE(cdp::WriteFileAtomic(mem.get(), "/bm/vol.bitmap", cdp::ByteSpan(file.data(), file.size())).ok());
+    }
+    cdp::FaultEnv fault(mem.get());
+    fault.SetCrashAfterSyncs(n);
+    (void)DirtyBitmap::Open(Opts(&fault));
+    const bool finished = !fault.crashed();
+    REQUIRE(fault.DropUnsyncedData().ok());
+    auto bm = DirtyBitmap::Open(Opts(&fault));
+    INFO(bm.status().ToString());
+    REQUIRE(bm.ok());
+    CHECK(ResyncRegions(**bm) == std::vector<uint64_t>{0, 9, 15});
+    CHECK((*bm)->cursor() == 3);
+    if (finished) break;
+  }
 }
