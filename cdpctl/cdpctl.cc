@@ -308,8 +308,12 @@ int Rollback(const Options& o, const std::string& volume, const std::string& poi
 }
 
 // Re-protect: the master target accepts the next generation (history
-// kept), then the agent moves to it. Re-running it after an interruption
-// finishes the job (the agent ignores a generation it is at already).
+// kept), the process server lets it replace the volume's spool (once that
+// delivered what it holds), then the agent moves to it. A PS that has no
+// spool of the volume (a direct agent, or a move to another PS) answers 404
+// and is left out; one that cannot be reached fails the command before the
+// agent moves. Re-running it after an interruption finishes the job (the
+// agent ignores a generation it is at already).
 int Reprotect(const Options& o, const std::string& volume, std::ostream& out, std::ostream& err) {
   json::object b{{"volume", volume}};
   if (!o.tenant.empty()) b["tenant"] = o.tenant;
@@ -317,15 +321,31 @@ int Reprotect(const Options& o, const std::string& volume, std::ostream& out, st
   if (!c.reached || c.status != 200) return Fail(err, "reprotect " + volume, c);
   const json::object& r = c.body.as_object();
   const uint64_t gen = uint64_t(Num(r, "generation"));
+  Call p = Http(o, o.ps, "POST", "/v1/reprotect", b);
+  const bool via_ps = p.reached && p.status == 200;
+  if (!via_ps && !(p.reached && p.status == 404))
+    return Fail(err, "reprotect " + volume + " at the process server", p);
+  if (via_ps && uint64_t(Num(p.body.as_object(), "generation")) != gen) {
+    err << "reprotect " << volume << ": the process server's spool would move to generation "
+        << uint64_t(Num(p.body.as_object(), "generation")) << ", the master target allows " << gen << "\n";
+    return 1;
+  }
   Call a = Http(o, o.agent, "POST", "/v1/reprotect", json::object{{"volume", volume}, {"generation", gen}});
   if (!a.reached || a.status != 200) return Fail(err, "reprotect " + volume + " at the agent", a);
   if (o.json) {
-    out << json::serialize(json::object{{"master_target", c.body}, {"agent", a.body}}) << "\n";
+    out << json::serialize(json::object{{"master_target", c.body},
+                                        {"process_server", via_ps ? p.body : json::value(nullptr)},
+                                        {"agent", a.body}})
+        << "\n";
     return 0;
   }
   out << "volume " << volume << ": re-protected as generation " << gen << "; the agent replicates again ("
       << Str(a.body.as_object(), "phase") << "); the " << uint64_t(Num(r, "points"))
       << " recovery points of earlier generations are kept until retention expires them\n";
+  if (via_ps) {
+    if (uint64_t n = uint64_t(Num(p.body.as_object(), "undelivered_records")); n > 0)
+      out << "  the process server delivers the " << n << " records it still holds first\n";
+  }
   return 0;
 }
 

@@ -83,6 +83,7 @@ TEST_CASE("Control ports: tokens, Host, content type, tenant scope, freeze hook"
       CHECK(Call(c.agent_control(), "POST", "/v1/repair", token,
                  R"({"volume":")" + vol + R"(","offset":0,"length":4096})").status == 401);
       CHECK(Call(c.ps_control(), "POST", "/v1/throttle", token, R"({"mbps":10})").status == 401);
+      CHECK(Call(c.ps_control(), "POST", "/v1/reprotect", token, R"({"volume":")" + vol + "\"}").status == 401);
       CHECK(Call(c.mt_control(), "POST", "/v1/export", token, R"({"volume":")" + vol + R"(","seq":1})").status == 401);
       CHECK(Call(c.mt_control(), "POST", "/v1/rollback", token, R"({"volume":")" + vol + R"(","seq":1})").status == 401);
       CHECK(Call(c.mt_control(), "GET", "/status", token).status == 401);

@@ -171,3 +171,72 @@ TEST_CASE("history: a process server that lost its spool while the agent was dow
   CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
   CHECK(c.AgentU64("history_lost") == 1);
 }
+
+TEST_CASE("history: a master target that lost its replica stalls the PS with resync needed, and a re-protect "
+          "seeds it again equal to the source",
+          "[e2e][resync][crash]") {
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  const uint64_t size = c.options().volume_size;
+  const std::string vol = c.options().volume;
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 41, 3, 40, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  REQUIRE(c.WaitDrained());
+  // The provider's disk is replaced: the volume's replica, journal and index are gone.
+  REQUIRE(c.Kill9(Which::kMasterTarget));
+  REQUIRE(std::filesystem::remove_all(c.Path("mt/tenants/" + c.options().tenant + "/volumes/" + vol)) > 0);
+  REQUIRE(c.Restart(Which::kMasterTarget));
+  // New writes after the loss; the PS cannot serve the new replica from its spool.
+  w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 42, 1, 10, 256 << 10, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  std::string stalled;
+  const bool needs_resync = WaitFor(
+      [&] {
+        std::optional<boost::json::object> v = VolumeIn(c.StatusOf(Which::kProcessServer), "volume", vol);
+        if (v) stalled = std::string(v->at("stalled").as_string());
+        return stalled.find("resync needed") != std::string::npos;
+      },
+      std::chrono::seconds(30));
+  INFO(stalled);
+  REQUIRE(needs_resync);
+  // Seeding it again is a re-protect: the agent compares every region.
+  auto rp = c.Cdpctl({"reprotect", vol});
+  INFO(rp.output);
+  REQUIRE(rp.exit_code == 0);
+  const bool drained = c.WaitDrained();
+  INFO(c.why());
+  REQUIRE(drained);
+  CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
+}
+
+TEST_CASE("reprotect of a protecting volume through the PS: the next generation compares every region and "
+          "replication goes on",
+          "[e2e][resync]") {
+  // Regression: the PS refused the agent's next generation for ever unless
+  // the MT fenced the volume, so this re-protect stopped replication.
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  const uint64_t size = c.options().volume_size;
+  const std::string vol = c.options().volume;
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 51, 2, 30, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  auto rp = c.Cdpctl({"reprotect", vol});
+  INFO(rp.output);
+  REQUIRE(rp.exit_code == 0);
+  w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 52, 2, 30, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  const bool drained = c.WaitDrained();
+  INFO(c.why());
+  REQUIRE(drained);
+  CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
+  std::optional<boost::json::object> mv = VolumeIn(c.StatusOf(Which::kMasterTarget), "volume", vol);
+  REQUIRE(mv);
+  CHECK(boost::json::value_to<uint64_t>(mv->at("generation")) == 2);
+  CHECK(mv->at("upstream").as_string() == "process server 'local-ps'");
+}

@@ -68,8 +68,16 @@
 //     streams. kNotFailingBack and the MT's kFailed pass through.
 //  Re-protect (generation switch): after failback the MT keeps fencing the
 //     old generation G until `cdpctl reprotect`, and the agent then opens
-//     G+1. A VolumeOpen with a generation higher than the spool's is accepted
-//     only while that spool is fenced (SpooledVolume::fenced()); the PS then
+//     G+1 (also `cdpctl reprotect` of a protecting volume: a re-seed, or a
+//     move to another upstream). A VolumeOpen with a generation higher than
+//     the spool's is accepted while that spool is fenced
+//     (SpooledVolume::fenced()), and the next generation an operator armed
+//     at this PS (POST /v1/reprotect, which cdpctl reprotect calls) once the
+//     spool has nothing left to deliver (every copy acknowledged everything,
+//     or is lost: SpooledVolume::NothingToDeliver; before that ->
+//     Nack{kWrongGeneration} "...; generation G still has records to deliver
+//     to the master target, the new one is taken once they are", and the
+//     agent retries); the PS then
 //     retires the old spool without deleting anything: its stream leaves the
 //     MT link, the spool is closed, its directory is renamed to
 //     "<dir>.gen<G>.retired-<unix seconds>" (the parent directory synced), a
@@ -77,9 +85,11 @@
 //     G+1 is created and opened at the MT like any new stream (the MT takes
 //     it once re-protect is armed there). A kill -9 before the rename leaves
 //     the old spool (the next open switches again), after it the new one is
-//     created from nothing; the start-up scan skips retired directories. A
-//     higher generation on a spool that is not fenced, or a lower one ->
-//     Nack{kWrongGeneration} as before.
+//     created from nothing; the start-up scan skips retired directories.
+//     Another higher generation on a spool that is not fenced -> Nack{
+//     kWrongGeneration} "wrong generation: spool has G, agent sent H; a
+//     re-protect is an operator command (cdpctl reprotect)"; a lower one ->
+//     "wrong generation: spool has G, agent sent H".
 //  A malformed frame (bad CRC, bad payload, wrong frame sequence) or an
 //  unexpected message type closes that connection with a logged reason;
 //  nothing of it is spooled.

@@ -169,11 +169,25 @@ Result<SpooledVolume*> ProcessServer::Impl::GetVolume(const std::string& tenant,
     if (open == nullptr || open->generation == have) return it->second.get();
     const std::string fence = it->second->fenced();
     // Re-protect: a higher generation replaces a spool the MT fences (failed
-    // over, or failed back and not yet re-protected). Anything else is refused.
-    if (open->generation < have || fence.empty())
+    // over, or failed back and not yet re-protected). The next generation an
+    // operator armed here (cdpctl reprotect) replaces one with nothing left
+    // that a master target could take (everything acknowledged, or every copy
+    // lost: resync needed); until then the agent is refused and tries again,
+    // the old generation's records are delivered first. An agent's word alone
+    // never replaces a spool.
+    const std::string refused =
+        "wrong generation: spool has " + std::to_string(have) + ", agent sent " + std::to_string(open->generation);
+    if (open->generation < have) return Status::InvalidArgument(refused);
+    auto armed = reprotect_armed.find(key);
+    if (fence.empty() && (armed == reprotect_armed.end() || armed->second != open->generation))
+      return Status::InvalidArgument(refused + "; a re-protect is an operator command (cdpctl reprotect)");
+    if (fence.empty() && !it->second->NothingToDeliver())
       return Status::InvalidArgument("wrong generation: spool has " + std::to_string(have) + ", agent sent " +
-                                     std::to_string(open->generation));
-    CDP_RETURN_IF_ERROR(RetireSpoolLocked(key, fence));
+                                     std::to_string(open->generation) + "; generation " + std::to_string(have) +
+                                     " still has records to deliver to the master target, the new one is taken "
+                                     "once they are");
+    CDP_RETURN_IF_ERROR(RetireSpoolLocked(key, fence.empty() ? "armed by the operator, nothing left to deliver" : fence));
+    reprotect_armed.erase(key);
   }
   auto [codec, level] = CodecFor(key);
   std::vector<std::string> copies;
@@ -219,9 +233,8 @@ Status ProcessServer::Impl::RetireSpoolLocked(const std::string& key, const std:
     log->error("{} retiring the spool of generation {}: {}", log::Where{key, "", st.durable_seq}, gen, s.ToString());
     return s.WithContext("retiring the spool of generation " + std::to_string(gen));
   }
-  log->warn("{} re-protect: the agent opened a newer generation while generation {} is fenced by the master target "
-            "({}); its spool ({} records never delivered, up to seq {}) is retired to {}; nothing was deleted, the "
-            "operator may delete that directory",
+  log->warn("{} re-protect: the agent opened a newer generation than {} ({}); its spool ({} records never "
+            "delivered, up to seq {}) is retired to {}; nothing was deleted, the operator may delete that directory",
             log::Where{key, "", st.durable_seq}, gen, fence, st.backlog_records, st.durable_seq, to);
   retired.push_back(std::move(it->second));
   volumes.erase(it);
@@ -443,6 +456,26 @@ void ProcessServer::Stop() {
   std::lock_guard<std::mutex> l(im.mu);
   for (auto& [k, v] : im.volumes) v->Close();  // persists the copy cursors
   spool_lock_.reset();  // the spool is free for another server
+}
+
+Result<ProcessServer::ReprotectArm> ProcessServer::ArmReprotect(const std::string& tenant, const std::string& volume) {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  SpooledVolume* v = nullptr;
+  for (const auto& [key, vol] : impl_->volumes) {
+    if (vol->name() != volume || (!tenant.empty() && vol->tenant() != tenant)) continue;
+    if (v != nullptr) return Status::InvalidArgument("volume " + volume + " is in several tenants: name the tenant");
+    v = vol.get();
+  }
+  if (v == nullptr) return Status::NotFound("no volume " + (tenant.empty() ? volume : tenant + "/" + volume));
+  ReprotectArm a;
+  a.tenant = v->tenant();
+  a.generation = v->open_message().generation + 1;
+  a.undelivered_records = v->NothingToDeliver() ? 0 : v->spool().stats().backlog_records;
+  impl_->reprotect_armed[v->key()] = a.generation;
+  impl_->log->warn("{} re-protect armed by the operator: generation {} replaces the spool once it has nothing left "
+                   "to deliver ({} records now)",
+                   log::Where{v->key(), "", v->spool().durable_seq()}, a.generation, a.undelivered_records);
+  return a;
 }
 
 Result<uint64_t> ProcessServer::MtAckedSeq(const std::string& tenant, const std::string& volume) {

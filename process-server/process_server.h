@@ -144,6 +144,20 @@ class ProcessServer {
   boost::json::value VolumesJson();
   boost::json::value StatusJson();
 
+  // An operator's re-protect (cdpctl reprotect, POST /v1/reprotect): the
+  // volume's next generation may replace its spool once the spool has
+  // nothing left to deliver (GetVolume in process_server_impl.h). Once,
+  // until the daemon restarts, like the master target's. `tenant` "" finds
+  // the volume by name in any tenant (kInvalidArgument when two have it).
+  // Returns the generation allowed; kNotFound when no spool of the volume is
+  // open here (it does not replicate through this PS).
+  struct ReprotectArm {
+    std::string tenant;
+    uint64_t generation = 0;
+    uint64_t undelivered_records = 0;  // still to deliver before the switch
+  };
+  Result<ReprotectArm> ArmReprotect(const std::string& tenant, const std::string& volume);
+
   // Test and tool hooks.
   Throttle& throttle() { return *throttle_; }
   // Spool stats of one volume; kNotFound if it is not open.

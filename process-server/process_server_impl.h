@@ -44,6 +44,8 @@ struct ProcessServer::Impl {
   // Volumes whose spool was retired by a generation switch: kept alive for
   // the sessions and links that may still hold them; nothing ships them.
   std::vector<std::unique_ptr<SpooledVolume>> retired;
+  // "tenant/volume" -> the generation an operator allowed (ArmReprotect).
+  std::map<std::string, uint64_t> reprotect_armed;
   // [copy][tenant] -> the tenant's links to that copy's MT (copy 0: the primary).
   std::vector<std::map<std::string, std::vector<std::unique_ptr<MtLink>>>> links;
   std::vector<std::pair<std::string, metrics::Labels>> series;       // registered computed metrics
@@ -74,7 +76,9 @@ struct ProcessServer::Impl {
   std::vector<CopyStatus> CopyStatuses(SpooledVolume* v);
 
   // Opens or finds the volume; ok also for a reopen by the agent. A higher
-  // generation than the spool's, while the MT fences that spool, retires it
+  // generation than the spool's, while the MT fences that spool, or the next
+  // generation an operator armed (ProcessServer::ArmReprotect) once the spool
+  // has nothing left to deliver (SpooledVolume::NothingToDeliver), retires it
   // first (RetireSpoolLocked) and creates the new generation's spool;
   // otherwise another generation is kInvalidArgument ("wrong generation").
   Result<SpooledVolume*> GetVolume(const std::string& tenant, const proto::VolumeOpen* open, const std::string& name);

@@ -48,6 +48,21 @@ Status ProcessServer::StartControl() {
     opt_.throttle = t;
     return http::Response::Json(200, json::object{{"limit_mbps", throttle_->CurrentMbps()}});
   });
+  im.http->Route("POST", "/v1/reprotect", [this](const http::Request& r) {
+    auto p = http::Params::Of(r, {"volume", "tenant"});
+    if (!p.ok()) return http::ErrorResponse(p.status());
+    auto volume = p->String("volume");
+    auto tenant = p->String("tenant");
+    if (!volume.ok()) return http::ErrorResponse(volume.status());
+    if (!tenant.ok()) return http::ErrorResponse(tenant.status());
+    if (!*volume) return http::Response::Error(400, "give 'volume'");
+    auto a = ArmReprotect(tenant->value_or(""), **volume);
+    if (!a.ok()) return http::ErrorResponse(a.status());
+    return http::Response::Json(200, json::object{{"tenant", a->tenant},
+                                                  {"volume", **volume},
+                                                  {"generation", a->generation},
+                                                  {"undelivered_records", a->undelivered_records}});
+  });
   CDP_RETURN_IF_ERROR(im.http->Start());
   control_port_ = im.http->port();
   return Status::OK();

@@ -194,6 +194,14 @@ uint64_t SpooledVolume::ReleasableSeq() const {
   return low == std::numeric_limits<uint64_t>::max() ? released : low;
 }
 
+bool SpooledVolume::NothingToDeliver() const {
+  const uint64_t durable = spool_->durable_seq();
+  std::lock_guard<std::mutex> l(mu_);
+  for (const CopyState& c : copies_)
+    if (!c.lost && c.acked < durable) return false;
+  return true;
+}
+
 std::vector<CopyState> SpooledVolume::CopyStates() const {
   std::lock_guard<std::mutex> l(mu_);
   return copies_;

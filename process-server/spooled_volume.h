@@ -137,6 +137,10 @@ class SpooledVolume {
   // sequence when there is none.
   uint64_t ReleasableSeq() const;
   std::vector<CopyState> CopyStates() const;
+  // No copy can still be served anything of this spool: each one acknowledged
+  // everything spooled, or is lost (resync needed). A re-protect may then
+  // retire the spool without leaving a record undelivered that could be.
+  bool NothingToDeliver() const;
   // Writes copies.meta now (two or more copies; ok otherwise or when closed).
   Status PersistCursors();
   // Persists the cursors and closes the spool (Spool::Close); nothing of the

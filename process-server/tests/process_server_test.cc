@@ -890,6 +890,95 @@ TEST_CASE("failback relay: the MT unreachable, over the cap or its connection lo
   CHECK(silent.requests() == 8);
 }
 
+TEST_CASE("re-protect of a protecting volume: the next generation, armed by the operator, waits until the spool "
+          "delivered everything, then retires it and ships once the MT allows it",
+          "[server][generation]") {
+  // Regression: a re-protect through a PS was refused for ever ("wrong
+  // generation: spool has 1, agent sent 2") unless the MT fenced the spool:
+  // `cdpctl reprotect` of a protecting volume stopped its replication.
+  cdp::testing::ScratchDir dir;
+  auto mt_env = cdp::NewPosixEnv();
+  std::optional<cdp::mt::MasterTarget> mt;
+  mt.emplace(MtOptions(dir.path(), mt_env.get()));
+  REQUIRE(mt->Start().ok());
+  const uint16_t mt_port = mt->port();
+  auto env = cdp::NewMemEnv();
+  auto o = Options(env.get());
+  o.mt.port = mt_port;
+  cdp::ps::ProcessServer ps(o);
+  REQUIRE(ps.Start().ok());
+  auto agent = AgentConnect(ps.agent_port());
+  REQUIRE(agent->Send(Vol("db1")).ok());
+  const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+  REQUIRE(agent->Send(Batch(id, 1, 3)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
+  REQUIRE(cdp::testing::WaitUntil(
+      [&] {
+        auto v = mt->FindVolume("acme", "db1");
+        return v && v->applied_seq() == 3;
+      },
+      30s, 20ms));
+  // The MT goes away: 4..5 are spooled and not delivered.
+  mt.reset();
+  REQUIRE(agent->Send(Batch(id, 4, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
+  auto open_gen = [&](uint64_t gen) {
+    auto c = AgentConnect(ps.agent_port());
+    REQUIRE(c->Send(Vol("db1", gen)).ok());
+    return c;
+  };
+  auto refused = [&](uint64_t gen, const std::string& message) {
+    auto c = open_gen(gen);
+    auto n = Expect<cdp::proto::Nack>(*c);
+    CHECK(n.reason == cdp::proto::NackReason::kWrongGeneration);
+    CHECK(n.message == message);
+  };
+  // The agent's word alone changes nothing.
+  refused(2, "wrong generation: spool has 1, agent sent 2; a re-protect is an operator command (cdpctl reprotect)");
+  CHECK(ps.ArmReprotect("acme", "nope").status().code() == cdp::Code::kNotFound);
+  auto arm = ps.ArmReprotect("", "db1");
+  REQUIRE(arm.ok());
+  CHECK(arm->tenant == "acme");
+  CHECK(arm->generation == 2);
+  CHECK(arm->undelivered_records == 2);
+  refused(3, "wrong generation: spool has 1, agent sent 3; a re-protect is an operator command (cdpctl reprotect)");
+  refused(2,
+          "wrong generation: spool has 1, agent sent 2; generation 1 still has records to deliver to the master "
+          "target, the new one is taken once they are");
+  // The MT is back (same data, same port): 4..5 are delivered, then generation 2 is taken.
+  auto mo = MtOptions(dir.path(), mt_env.get());
+  mo.listen.port = mt_port;
+  mt.emplace(mo);
+  REQUIRE(mt->Start().ok());
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
+  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt->FindVolume("acme", "db1")) && vol->applied_seq() == 5; },
+                                  30s, 20ms));
+  std::unique_ptr<cdp::FrameChannel> agent2;
+  cdp::proto::VolumeOpenReply reply;
+  REQUIRE(cdp::testing::WaitUntil(
+      [&] {
+        auto c = open_gen(2);
+        auto m = c->Receive(10s);
+        if (!m.ok() || !std::holds_alternative<cdp::proto::VolumeOpenReply>(*m)) return false;
+        reply = std::get<cdp::proto::VolumeOpenReply>(*m);
+        agent2 = std::move(c);
+        return true;
+      },
+      30s, 20ms));
+  CHECK(reply.durable_seq == 0);
+  auto names = env->ListDir("/ps/spool/acme");
+  REQUIRE(names.ok());
+  REQUIRE(names->size() == 2);
+  CHECK((*names)[1].rfind("db1.gen1.retired-", 0) == 0);
+  // Spooled now, applied once the operator allows generation 2 at the MT.
+  REQUIRE(agent2->Send(Batch(reply.volume_id, 1, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent2).durable_seq == 2);
+  CHECK(vol->identity().generation == 1);
+  REQUIRE(vol->ArmReprotect().value() == 2);
+  REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 7; }, 30s, 20ms));
+  CHECK(vol->identity().generation == 2);
+}
+
 TEST_CASE("re-protect: a higher generation is refused while the spool is not fenced, once the MT fences it the old "
           "spool is retired (renamed, kept), the new generation ships after ArmReprotect, a restart skips the "
           "retired directory",
@@ -918,7 +1007,8 @@ TEST_CASE("re-protect: a higher generation is refused while the spool is not fen
   std::shared_ptr<cdp::mt::ReplicaVolume> vol;
   REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt.FindVolume("acme", "db1")) && vol->applied_seq() == 3; },
                                   30s, 20ms));
-  // Not fenced: a higher generation is refused as before, a lower one too.
+  // Not fenced, not armed by the operator: a higher generation is refused
+  // though everything was delivered, a lower one too.
   for (uint64_t gen : {2, 0}) {
     auto c = AgentConnect(ps->agent_port());
     REQUIRE(c->Send(Vol("db1", gen)).ok());
