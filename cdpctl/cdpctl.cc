@@ -311,9 +311,12 @@ int Rollback(const Options& o, const std::string& volume, const std::string& poi
 // kept), the process server lets it replace the volume's spool (once that
 // delivered what it holds), then the agent moves to it. A PS that has no
 // spool of the volume (a direct agent, or a move to another PS) answers 404
-// and is left out; one that cannot be reached fails the command before the
-// agent moves. Re-running it after an interruption finishes the job (the
-// agent ignores a generation it is at already).
+// and is left out; none answering at --ps (a site of direct agents) is left
+// out with a note: if the volume does replicate through it, its refusal names
+// cdpctl reprotect, and running it again finishes the job. Any other PS
+// error fails the command before the agent moves. Re-running it after an
+// interruption finishes the job (the agent ignores a generation it is at
+// already, the MT arms the same one until it is opened).
 int Reprotect(const Options& o, const std::string& volume, std::ostream& out, std::ostream& err) {
   json::object b{{"volume", volume}};
   if (!o.tenant.empty()) b["tenant"] = o.tenant;
@@ -323,8 +326,12 @@ int Reprotect(const Options& o, const std::string& volume, std::ostream& out, st
   const uint64_t gen = uint64_t(Num(r, "generation"));
   Call p = Http(o, o.ps, "POST", "/v1/reprotect", b);
   const bool via_ps = p.reached && p.status == 200;
-  if (!via_ps && !(p.reached && p.status == 404))
+  if (!p.reached) {
+    err << "note: no process server answered at " << o.ps.host << ":" << o.ps.port << " (" << p.error
+        << "); left out. If " << volume << " replicates through one, run this again once it answers\n";
+  } else if (!via_ps && p.status != 404) {
     return Fail(err, "reprotect " + volume + " at the process server", p);
+  }
   if (via_ps && uint64_t(Num(p.body.as_object(), "generation")) != gen) {
     err << "reprotect " << volume << ": the process server's spool would move to generation "
         << uint64_t(Num(p.body.as_object(), "generation")) << ", the master target allows " << gen << "\n";

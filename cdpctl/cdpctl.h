@@ -30,7 +30,7 @@
 //                                   what differs while the provider runs, then
 //                                   a final pass with its export quiesced
 //     branches                      the original site's saved failback branches
-//     reprotect VOLUME              the next generation at the MT and the agent (history kept)
+//     reprotect VOLUME              the next generation at the MT, the PS and the agent (history kept)
 //     token issue|revoke --tenant T tenant control tokens at the master target (admin)
 //     token list                    tenants holding tokens
 //

@@ -343,6 +343,19 @@ TEST_CASE("wire: a direct agent (its tenant in the MT's direct_agents) replicate
   auto ps = c.StatusOf(Which::kProcessServer);
   REQUIRE(ps);
   CHECK(ps->at("volumes").as_array().empty());
+  // A site of direct agents may run no process server: cdpctl reprotect
+  // leaves it out with a note, and the volume goes on in generation 2.
+  REQUIRE(c.Stop(Which::kProcessServer));
+  auto rp = c.Cdpctl({"reprotect", c.options().volume});
+  INFO(rp.output);
+  REQUIRE(rp.exit_code == 0);
+  CHECK(rp.output.find("note: no process server answered at") != std::string::npos);
+  w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 6, 1, 20, 0, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  REQUIRE(c.WaitDrained());
+  CHECK(cdp::e2e::Sha256File(c.replica_path()) == cdp::e2e::Sha256File(c.source_path()));
+  CHECK(c.AgentU64("generation") == 2);
 }
 
 TEST_CASE("wire: a man in the middle flipping one TLS byte breaks the link, nothing corrupt is applied, "
