@@ -74,6 +74,33 @@ std::optional<boost::json::object> VolumeIn(const std::optional<boost::json::val
   return std::nullopt;
 }
 
+// Writes (RandomWrites, `seed`) while the MT is down, and waits until the
+// PS acknowledged every record and the agent's bitmap cleared their
+// regions: a backlog held only in the PS's spool.
+void BacklogAtPs(Cluster& c, uint32_t seed) {
+  REQUIRE(c.Kill9(Which::kMasterTarget));
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, seed, 4, 40, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  REQUIRE(WaitFor([&] { return c.AgentU64("acked_seq") + 1 == c.AgentU64("next_seq") && c.AgentU64("dirty_regions") == 0; },
+                  std::chrono::seconds(60)));
+}
+
+// Waits until the cluster drained, then: replica == source.
+void DrainedEqual(Cluster& c) {
+  const bool drained = c.WaitDrained();
+  INFO(c.why());
+  REQUIRE(drained);
+  CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
+}
+
+// cdpctl reprotect VOLUME succeeds.
+void Reprotect(Cluster& c) {
+  auto rp = c.Cdpctl({"reprotect", c.options().volume});
+  INFO(rp.output);
+  REQUIRE(rp.exit_code == 0);
+}
+
 }  // namespace
 
 TEST_CASE("upstream: an agent re-pointed from the PS to the MT is refused until re-protected, the backlog at the "
@@ -95,11 +122,7 @@ TEST_CASE("upstream: an agent re-pointed from the PS to the MT is refused until 
   CHECK(mt_volume("upstream") == "\"process server 'local-ps'\"");
   // A backlog at the process server: the MT is down while the application
   // writes, and the PS acknowledges every record (durable in its spool).
-  REQUIRE(c.Kill9(Which::kMasterTarget));
-  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 21, 4, 40, 1 << 20, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
-  REQUIRE(WaitFor([&] { return c.AgentU64("acked_seq") + 1 == c.AgentU64("next_seq"); }, std::chrono::seconds(60)));
+  BacklogAtPs(c, 21);
   REQUIRE(c.Stop(Which::kAgent));
   REQUIRE(c.Kill9(Which::kProcessServer));
   // The operator points the agent straight at the MT: refused, with the way out.
@@ -118,7 +141,7 @@ TEST_CASE("upstream: an agent re-pointed from the PS to the MT is refused until 
   REQUIRE(refused);
   CHECK(last_error.find("cdpctl reprotect " + vol) != std::string::npos);
   // The application keeps writing meanwhile.
-  w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 22, 1, 10, 256 << 10, c.dir());
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 22, 1, 10, 256 << 10, c.dir());
   INFO(w);
   REQUIRE(w.empty());
   // The old PS comes back: its backlog is the volume's history, and applied.
@@ -131,13 +154,8 @@ TEST_CASE("upstream: an agent re-pointed from the PS to the MT is refused until 
       },
       std::chrono::seconds(60)));
   // The move is a re-protect: the agent compares every region with the replica.
-  auto rp = c.Cdpctl({"reprotect", vol});
-  INFO(rp.output);
-  REQUIRE(rp.exit_code == 0);
-  const bool drained = c.WaitDrained();
-  INFO(c.why());
-  REQUIRE(drained);
-  CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
+  Reprotect(c);
+  DrainedEqual(c);
   CHECK(mt_volume("upstream") == "\"agent 'e2e-agent'\"");
   CHECK(mt_volume("generation") == "2");
 }
@@ -148,16 +166,10 @@ TEST_CASE("history: a process server that lost its spool while the agent was dow
   Cluster c;
   INFO(c.why());
   REQUIRE(c.Start());
-  const uint64_t size = c.options().volume_size;
   const std::string vol = c.options().volume;
   // A backlog at the process server, acknowledged to the agent, its regions
   // cleared from the agent's bitmap.
-  REQUIRE(c.Kill9(Which::kMasterTarget));
-  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 31, 4, 40, 1 << 20, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
-  REQUIRE(WaitFor([&] { return c.AgentU64("acked_seq") + 1 == c.AgentU64("next_seq") && c.AgentU64("dirty_regions") == 0; },
-                  std::chrono::seconds(60)));
+  BacklogAtPs(c, 31);
   // The agent stops (a reboot); meanwhile the process server loses its spool.
   REQUIRE(c.Stop(Which::kAgent));
   REQUIRE(c.Kill9(Which::kProcessServer));
@@ -165,10 +177,7 @@ TEST_CASE("history: a process server that lost its spool while the agent was dow
   REQUIRE(c.Restart(Which::kMasterTarget));
   REQUIRE(c.Restart(Which::kProcessServer));
   REQUIRE(c.Restart(Which::kAgent));
-  const bool drained = c.WaitDrained();
-  INFO(c.why());
-  REQUIRE(drained);
-  CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
+  DrainedEqual(c);
   CHECK(c.AgentU64("history_lost") == 1);
 }
 
@@ -203,13 +212,8 @@ TEST_CASE("history: a master target that lost its replica stalls the PS with res
   INFO(stalled);
   REQUIRE(needs_resync);
   // Seeding it again is a re-protect: the agent compares every region.
-  auto rp = c.Cdpctl({"reprotect", vol});
-  INFO(rp.output);
-  REQUIRE(rp.exit_code == 0);
-  const bool drained = c.WaitDrained();
-  INFO(c.why());
-  REQUIRE(drained);
-  CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
+  Reprotect(c);
+  DrainedEqual(c);
 }
 
 TEST_CASE("reprotect of a protecting volume through the PS: the next generation compares every region and "
@@ -225,16 +229,11 @@ TEST_CASE("reprotect of a protecting volume through the PS: the next generation 
   std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 51, 2, 30, 1 << 20, c.dir());
   INFO(w);
   REQUIRE(w.empty());
-  auto rp = c.Cdpctl({"reprotect", vol});
-  INFO(rp.output);
-  REQUIRE(rp.exit_code == 0);
+  Reprotect(c);
   w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 52, 2, 30, 1 << 20, c.dir());
   INFO(w);
   REQUIRE(w.empty());
-  const bool drained = c.WaitDrained();
-  INFO(c.why());
-  REQUIRE(drained);
-  CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
+  DrainedEqual(c);
   std::optional<boost::json::object> mv = VolumeIn(c.StatusOf(Which::kMasterTarget), "volume", vol);
   REQUIRE(mv);
   CHECK(boost::json::value_to<uint64_t>(mv->at("generation")) == 2);
