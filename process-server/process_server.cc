@@ -182,8 +182,7 @@ Result<SpooledVolume*> ProcessServer::Impl::GetVolume(const std::string& tenant,
     if (fence.empty() && (armed == reprotect_armed.end() || armed->second != open->generation))
       return Status::InvalidArgument(refused + "; a re-protect is an operator command (cdpctl reprotect)");
     if (fence.empty() && !it->second->NothingToDeliver())
-      return Status::InvalidArgument("wrong generation: spool has " + std::to_string(have) + ", agent sent " +
-                                     std::to_string(open->generation) + "; generation " + std::to_string(have) +
+      return Status::InvalidArgument(refused + "; generation " + std::to_string(have) +
                                      " still has records to deliver to the master target, the new one is taken "
                                      "once they are");
     CDP_RETURN_IF_ERROR(RetireSpoolLocked(key, fence.empty() ? "armed by the operator, nothing left to deliver" : fence));
