@@ -22,9 +22,10 @@ class MtLink::SpoolSource final : public repl::RecordSource {
       // claims what it never received: releasing them would lose them.
       if (durable > spool.durable_seq()) {
         if (spool.stats().backlog_records > 0) {
-          return Status::Corruption("master target claims sequence " + std::to_string(durable) +
-                                    " beyond the spool's last " + std::to_string(spool.durable_seq()) +
-                                    " while records are unshipped: nothing released");
+          Status beyond = Status::Corruption("master target claims sequence " + std::to_string(durable) +
+                                             " beyond the spool's last " + std::to_string(spool.durable_seq()) +
+                                             " while records are unshipped: nothing released");
+          return beyond.MarkDataLoss();
         }
         spool.SetFloor(durable);
       }
@@ -52,7 +53,7 @@ class MtLink::SpoolSource final : public repl::RecordSource {
   void Acked(uint64_t durable) override { v_->SetCopyAcked(copy_, durable); }
 
   void Stalled(const Status& why) override {
-    v_->SetStalled(copy_, why.ok() ? "" : why.message());
+    v_->SetStalled(copy_, why.ok() ? "" : why.message(), why.data_loss());
     if (why.ok()) v_->SetFenced(copy_, "");
   }
 

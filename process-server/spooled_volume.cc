@@ -157,6 +157,7 @@ void SpooledVolume::SetCopyAcked(size_t copy, uint64_t seq) {
     std::lock_guard<std::mutex> l(mu_);
     if (copy >= copies_.size() || seq <= copies_[copy].acked) return;
     copies_[copy].acked = seq;
+    copies_[copy].undeliverable = false;  // it took records again
     if (copy == 0) counters_.mt_acked.store(seq);
     dirty_ = true;
   }
@@ -198,7 +199,7 @@ bool SpooledVolume::NothingToDeliver() const {
   const uint64_t durable = spool_->durable_seq();
   std::lock_guard<std::mutex> l(mu_);
   for (const CopyState& c : copies_)
-    if (!c.lost && c.acked < durable) return false;
+    if (!c.lost && !c.undeliverable && c.acked < durable) return false;
   return true;
 }
 
@@ -255,9 +256,13 @@ void SpooledVolume::Close() {
   spool_->Close();
 }
 
-void SpooledVolume::SetStalled(size_t copy, std::string reason) {
+void SpooledVolume::SetStalled(size_t copy, std::string reason, bool undeliverable) {
   std::lock_guard<std::mutex> l(mu_);
-  if (copy < copies_.size()) copies_[copy].stalled = std::move(reason);
+  if (copy >= copies_.size()) return;
+  // Undeliverable until the copy acknowledges more: a reconnect clears the
+  // stall until the link reads the bad record again.
+  if (!reason.empty() && undeliverable) copies_[copy].undeliverable = true;
+  copies_[copy].stalled = std::move(reason);
 }
 
 void SpooledVolume::SetFenced(size_t copy, std::string message) {

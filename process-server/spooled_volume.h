@@ -78,6 +78,11 @@ struct CopyState {
   uint64_t acked = 0;    // highest sequence it acknowledged durable (its cursor)
   bool lost = false;     // the spool can no longer serve it (resync needed)
   std::string stalled;   // why its shipping stopped ("" while it ships)
+  // Stalled at records this spool cannot give it: a record failed its check,
+  // or its MT stands beyond the spool while records wait (the spool lost
+  // some). Nothing more of this spool can be delivered to it. Kept while the
+  // stall clears at a reconnect; cleared when the copy acknowledges more.
+  bool undeliverable = false;
   std::string fenced;    // its MT's "failed over" refusal, "" otherwise
 };
 
@@ -138,8 +143,9 @@ class SpooledVolume {
   uint64_t ReleasableSeq() const;
   std::vector<CopyState> CopyStates() const;
   // No copy can still be served anything of this spool: each one acknowledged
-  // everything spooled, or is lost (resync needed). A re-protect may then
-  // retire the spool without leaving a record undelivered that could be.
+  // everything spooled, is lost (resync needed), or is stalled undeliverable.
+  // A re-protect may then retire the spool without leaving a record
+  // undelivered that could be.
   bool NothingToDeliver() const;
   // Writes copies.meta now (two or more copies; ok otherwise or when closed).
   Status PersistCursors();
@@ -148,7 +154,8 @@ class SpooledVolume {
   void Close();
 
   // Why shipping of copy `copy` stopped ("" while it ships); set by its link.
-  void SetStalled(size_t copy, std::string reason);
+  // `undeliverable`: see CopyState.
+  void SetStalled(size_t copy, std::string reason, bool undeliverable = false);
   void SetStalled(std::string reason) { SetStalled(0, std::move(reason)); }
   // Every stalled copy's reason ("" when none): the primary's alone with one
   // copy, else "mt HOST:PORT: reason; ...".
