@@ -323,6 +323,11 @@ bool DirtyBitmap::Resumed(uint64_t durable) {
   return lost;
 }
 
+uint64_t DirtyBitmap::KnownAcked() const {
+  std::lock_guard lk(mu_);
+  return resumed_ ? acked_ : std::max(acked_, loaded_acked_);
+}
+
 Result<size_t> DirtyBitmap::Checkpoint() {
   std::unique_lock lk(mu_);
   cv_.wait(lk, [&] { return !writing_; });

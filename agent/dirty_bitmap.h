@@ -96,6 +96,12 @@ class DirtyBitmap {
   // disk (the caller compares everything). Until this first call, images keep
   // the loaded sequence.
   bool Resumed(uint64_t durable);
+  // The highest sequence known acknowledged, in the server's numbering: the
+  // loaded image's until the first Resumed() of this process, SetAcked's
+  // after it (0 after ForgetAll). The agent sends it in its VolumeOpen
+  // (proto::VolumeOpen::acked_seq), so that a server that lost those records
+  // learns it before it answers.
+  uint64_t KnownAcked() const;
   // The source equals the replica of a new generation (re-protect after a
   // failback): nothing captured, acknowledged or flagged is remembered (epochs
   // move, so a compare in flight cannot finish a region), and the new

@@ -167,6 +167,7 @@ proto::VolumeOpen Sender::OpenMessage() {
   vo.uuid = VolumeUuid(vo.name);
   vo.generation = generation_.load();
   vo.sealed = dev_->sealer() != nullptr;
+  vo.acked_seq = dev_->bitmap().KnownAcked();
   return vo;
 }
 

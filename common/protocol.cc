@@ -20,6 +20,7 @@ constexpr uint16_t kKnownFlags = 0;
 constexpr uint32_t kMinBlockSize = 512;
 constexpr uint32_t kMaxBlockSize = 1u << 20;
 constexpr uint8_t kVolumeOpenSealed = 1;   // VolumeOpen flags bit 0
+constexpr uint8_t kVolumeOpenAcked = 2;    // VolumeOpen flags bit 1: acked_seq follows
 constexpr uint32_t kMinRegionSize = 4096;  // the digest leaf (common/block_digest.h)
 constexpr uint32_t kMaxRegionSize = 1u << 30;
 
@@ -356,10 +357,10 @@ struct PayloadEncoder {
     PutFixed32(b, m.block_size);
     PutArray(b, m.uuid);
     PutFixed64(b, m.generation);
-    if (m.sealed) {
-      if (m.size % kSealUnit != 0) return Invalid("a sealed volume's size must be a multiple of 4 KiB");
-      PutU8(b, kVolumeOpenSealed);
-    }
+    if (m.sealed && m.size % kSealUnit != 0) return Invalid("a sealed volume's size must be a multiple of 4 KiB");
+    const uint8_t flags = uint8_t((m.sealed ? kVolumeOpenSealed : 0) | (m.acked_seq != 0 ? kVolumeOpenAcked : 0));
+    if (flags != 0) PutU8(b, flags);
+    if (m.acked_seq != 0) PutFixed64(b, m.acked_seq);
     return Status::OK();
   }
   Status operator()(const VolumeOpenReply& m) {
@@ -525,8 +526,12 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
       if (m.size == 0 || m.size % m.block_size != 0) return Bad("volume open: bad size");
       if (r.remaining() > 0) {
         uint8_t flags = 0;
-        if (!r.GetU8(&flags) || r.remaining() != 0) return Bad("volume open: bytes after the flags");
-        if ((flags & ~kVolumeOpenSealed) != 0) return Bad("volume open: unknown flags");
+        if (!r.GetU8(&flags)) return Bad("truncated volume open");
+        if ((flags & ~(kVolumeOpenSealed | kVolumeOpenAcked)) != 0) return Bad("volume open: unknown flags");
+        if (flags == 0) return Bad("volume open: a flags byte with no flag");
+        if ((flags & kVolumeOpenAcked) != 0 && (!r.GetFixed64(&m.acked_seq) || m.acked_seq == 0))
+          return Bad("volume open: bad acknowledged sequence");
+        if (r.remaining() != 0) return Bad("volume open: bytes after the flags");
         m.sealed = (flags & kVolumeOpenSealed) != 0;
         if (m.sealed && m.size % kSealUnit != 0) return Bad("volume open: sealed size not a multiple of 4 KiB");
       }

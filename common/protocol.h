@@ -106,6 +106,14 @@ struct VolumeOpen {
   // (size a multiple of kSealUnit). On the wire a flags byte after the
   // generation (bit 0), sent only when set, so unsealed opens are unchanged.
   bool sealed = false;
+  // Agent -> process server: the highest sequence the agent knows was
+  // acknowledged for this generation (its dirty bitmap's, across restarts);
+  // 0 = none or unknown. A server whose spool holds less lost records it had
+  // acknowledged and must learn where the master target stands before it
+  // answers (docs/formats/protocol.md, "Acknowledged sequence"). Flags bit 1,
+  // then 8 bytes; sent only when non-zero. A hint, never trusted as a
+  // position: it only makes the server wait.
+  uint64_t acked_seq = 0;
 };
 
 struct VolumeOpenReply {

@@ -239,3 +239,42 @@ TEST_CASE("reprotect of a protecting volume through the PS: the next generation 
   CHECK(boost::json::value_to<uint64_t>(mv->at("generation")) == 2);
   CHECK(mv->at("upstream").as_string() == "process server 'local-ps'");
 }
+
+TEST_CASE("history: a process server that lost its spool while the agent and the master target were down: "
+          "new writes before the MT returns still reach the replica",
+          "[e2e][resync][crash]") {
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 51, 3, 40, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  REQUIRE(c.WaitDrained());
+  // A site outage: everything stops; the process server's spool is lost.
+  REQUIRE(c.Stop(Which::kAgent));
+  REQUIRE(c.Kill9(Which::kMasterTarget));
+  REQUIRE(c.Kill9(Which::kProcessServer));
+  std::filesystem::remove_all(c.Path("ps/spool/" + c.options().tenant));
+  // The agent and the PS come back first; the application writes. The PS
+  // answers the agent's open only once the MT has said where the volume
+  // stands (regression: it answered 0, the agent numbered these writes with
+  // numbers the MT had applied, and replication stopped for good: "master
+  // target claims sequence 150 beyond the spool's last 92").
+  REQUIRE(c.Restart(Which::kProcessServer));
+  REQUIRE(c.Restart(Which::kAgent));
+  w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 52, 2, 40, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  std::string last_error;
+  const bool deferred = WaitFor(
+      [&] {
+        std::optional<boost::json::object> v = VolumeIn(c.StatusOf(Which::kAgent), "name", c.options().volume);
+        if (v) last_error = std::string(v->at("last_error").as_string());
+        return last_error.find("its spool lost records") != std::string::npos;
+      },
+      std::chrono::seconds(30));
+  INFO(last_error);
+  REQUIRE(deferred);
+  REQUIRE(c.Restart(Which::kMasterTarget));
+  DrainedEqual(c);
+}

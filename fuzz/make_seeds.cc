@@ -34,6 +34,8 @@ std::vector<Message> Samples() {
   v.push_back(vo);
   vo.sealed = true;  // a sealed volume's open carries its flags byte
   v.push_back(vo);
+  vo.acked_seq = 4411;  // and an agent's acknowledged sequence after it
+  v.push_back(vo);
   v.push_back(VolumeOpenReply{1, 10});
   for (Codec codec : {Codec::kNone, Codec::kLz4, Codec::kZstd}) {
     WriteBatch wb;

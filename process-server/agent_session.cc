@@ -206,7 +206,28 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
     }
     SpooledVolume* vol = *v;
     uint64_t durable = vol->spool().durable_seq();
-    if (MtLink* link = LinkFor(tenant, o->name)) {
+    if (o->acked_seq > durable) {
+      // The agent was acknowledged more than this spool holds: it lost records
+      // (its disk replaced, a damaged segment dropped at recovery). The master
+      // targets may hold some of them, numbered; the agent numbers its next
+      // records after the answer, so it waits until every copy has said where
+      // it stands: answered with less, the agent would number writes the MT
+      // has already applied under those numbers, and the MT would skip them.
+      Result<uint64_t> top = LearnPosition(vol);
+      if (!top.ok()) {
+        const std::string why = "the process server holds volume " + o->name + " up to seq " +
+                                std::to_string(durable) + " but acknowledged up to " + std::to_string(o->acked_seq) +
+                                " (its spool lost records); it answers once every master target has said where the "
+                                "volume stands, so that no sequence is used twice: " + top.status().message();
+        log->error("{} open deferred: {}", log::Where{vol->key(), ch.peer(), durable}, why);
+        return ch.Send(MakeNack(0, proto::NackReason::kBusy, 0, why));
+      }
+      if (*top > durable) vol->spool().SetFloor(*top);
+      durable = vol->spool().durable_seq();
+      log->warn("{} the spool lost records it had acknowledged (up to {}); the master targets stand at {}: the agent "
+                "resumes after {}",
+                log::Where{vol->key(), ch.peer(), durable}, o->acked_seq, *top, durable);
+    } else if (MtLink* link = LinkFor(tenant, o->name)) {
       auto mt = link->WaitOpened(vol, Millis(opt->mt_open_wait_ms));
       if (mt.ok() && *mt > durable && vol->spool().stats().backlog_records > 0) {
         // Ahead of records it never received: a lie (or a replaced MT); the

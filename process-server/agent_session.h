@@ -17,7 +17,11 @@
 //     master target (it waits at most `mt_open_wait` for the MT's answer) and
 //     replies VolumeOpenReply{volume_id, durable_seq}, where durable_seq is the
 //     highest sequence durable in the spool, or the MT's applied sequence if that
-//     is higher. volume_id is valid on this connection only. An invalid name,
+//     is higher. An `acked_seq` above the spool's durable sequence (the spool
+//     lost records it acknowledged) makes the PS wait for every copy's MT and
+//     answer with the highest of theirs, or Nack{kBusy} while one has not
+//     answered (docs/formats/protocol.md, "Acknowledged sequence").
+//     volume_id is valid on this connection only. An invalid name,
 //     or one containing ".retired-" (kRetiredMark) -> Nack{kBadRecord}; a
 //     generation different from the one the spool was made for ->
 //     Nack{kWrongGeneration}, except a higher one while the MT fences the

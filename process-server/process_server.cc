@@ -1,6 +1,7 @@
 #include "process-server/process_server.h"
 
 #include <boost/json.hpp>
+#include <optional>
 
 #include "common/codec.h"
 #include "process-server/ps_control_api.h"
@@ -17,6 +18,19 @@ MtLink* ProcessServer::Impl::LinkFor(const std::string& tenant, const std::strin
   auto& v = it->second;
   size_t h = std::hash<std::string>{}(volume);
   return v[h % v.size()].get();
+}
+
+Result<uint64_t> ProcessServer::Impl::LearnPosition(SpooledVolume* v) {
+  uint64_t top = 0;
+  const std::vector<CopyState> copies = v->CopyStates();
+  for (size_t c = 0; c < copies.size(); ++c) {
+    MtLink* link = LinkFor(v->tenant(), v->name(), c);
+    if (link == nullptr) return Status::Unavailable("no link to copy " + std::to_string(c) + "'s master target");
+    Result<uint64_t> d = link->WaitOpened(v, std::chrono::milliseconds(opt->mt_open_wait_ms));
+    if (!d.ok()) return d.status().WithContext("master target " + copies[c].mt);
+    top = std::max(top, *d);
+  }
+  return top;
 }
 
 std::vector<HostPort> ProcessServer::Impl::Targets() const {
@@ -192,9 +206,16 @@ Result<SpooledVolume*> ProcessServer::Impl::GetVolume(const std::string& tenant,
   std::vector<std::string> copies;
   const std::vector<HostPort> targets = Targets();
   for (size_t c = 0; c < CopiesFor(key); ++c) copies.push_back(targets[c].ToString());
+  // The agent's acknowledged sequence is a hint for one answer (agent_session.cc):
+  // neither kept in the spool's metadata nor sent on to the master target.
+  std::optional<proto::VolumeOpen> kept;
+  if (open != nullptr) {
+    kept = *open;
+    kept->acked_seq = 0;
+  }
   CDP_ASSIGN_OR_RETURN(std::unique_ptr<SpooledVolume> v,
-                       SpooledVolume::Open(SpoolOpts(tenant, name), tenant, open, codec, level, copies,
-                                           opt->cursor_sync_ms));
+                       SpooledVolume::Open(SpoolOpts(tenant, name), tenant, kept ? &*kept : nullptr, codec, level,
+                                           copies, opt->cursor_sync_ms));
   if (auto it = opt->volume_inflight.find(key); it != opt->volume_inflight.end()) v->set_max_inflight(it->second);
   SpooledVolume* raw = v.get();
   volumes[key] = std::move(v);

@@ -67,6 +67,10 @@ struct ProcessServer::Impl {
   size_t CopiesFor(const std::string& key) const;
   // New durable records: wakes the volume's link of every copy.
   void NotifyLinks(SpooledVolume* v);
+  // Where the volume stands at every copy's master target (waiting at most
+  // `mt_open_wait` for each): the highest durable sequence among them;
+  // kUnavailable with the reason when a copy has not answered, or has none.
+  Result<uint64_t> LearnPosition(SpooledVolume* v);
 
   std::pair<proto::Codec, int> CodecFor(const std::string& key);
 

@@ -182,7 +182,8 @@ TEST_CASE("a failed mark is reported and releases its pins", "[bitmap][fault]") 
   REQUIRE(bm->MarkAndPin(16 * kMiB, 1).code() == cdp::Code::kOutOfRange);
 }
 
-TEST_CASE("every image carries the acknowledged sequence, and a resume below it after a restart is history lost",
+TEST_CASE("every image carries the acknowledged sequence, KnownAcked tells it, and a resume below it after a "
+          "restart is history lost",
           "[bitmap][history]") {
   auto env = cdp::NewMemEnv();
   REQUIRE(env->CreateDirs("/bm").ok());
@@ -193,6 +194,7 @@ TEST_CASE("every image carries the acknowledged sequence, and a resume below it 
     REQUIRE(bm->MarkAndPin(3 * kMiB, 4096).ok());
     bm->Assign(3 * kMiB, 4096, 40);
     bm->SetAcked(40);
+    CHECK(bm->KnownAcked() == 40);  // what the next VolumeOpen tells the server
     REQUIRE(*bm->Checkpoint() == 0);  // hot
     REQUIRE(*bm->Checkpoint() == 1);  // region 3 cleared in an image that says 40
     REQUIRE(!bm->Resumed(10));        // a later contact of this process: the queue's window decides
@@ -200,6 +202,7 @@ TEST_CASE("every image carries the acknowledged sequence, and a resume below it 
   {
     auto bm = std::move(*DirtyBitmap::Open(Opts(env.get())));
     REQUIRE(bm->ResyncCount() == 0);
+    CHECK(bm->KnownAcked() == 40);  // across the restart, before the server speaks
     // Images written before the server speaks keep 40: a crash now must not forget it.
     REQUIRE(bm->MarkAndPin(5 * kMiB, 4096).ok());
     bm->Assign(5 * kMiB, 4096, 1);
@@ -210,6 +213,7 @@ TEST_CASE("every image carries the acknowledged sequence, and a resume below it 
     REQUIRE(!bm->Resumed(39));  // once per process
     bm->MarkAllCompare();
     bm->Renumber(0, 39);
+    CHECK(bm->KnownAcked() == 39);  // the server's numbering from now on
     REQUIRE(bm->Checkpoint().ok());
   }
   {
@@ -222,6 +226,7 @@ TEST_CASE("every image carries the acknowledged sequence, and a resume below it 
     auto bm = std::move(*DirtyBitmap::Open(Opts(env.get())));
     REQUIRE(!bm->Resumed(50));  // at or above: nothing lost
     bm->ForgetAll();            // a new generation numbers from 0 again
+    CHECK(bm->KnownAcked() == 0);
     REQUIRE(bm->Checkpoint().ok());
   }
   auto bm = std::move(*DirtyBitmap::Open(Opts(env.get())));

@@ -654,7 +654,7 @@ TEST_CASE("a sealed volume open carries a flags byte, an unsealed one is encoded
   Frame fr;
   REQUIRE(DecodeFrame(*sealed, &fr).state == DecodeState::kComplete);
   Bytes p(fr.payload.begin(), fr.payload.end());
-  p.back() = 3;
+  p.back() = 5;  // bit 2: unknown
   CHECK(DecodeAndParse(FrameOf(MsgType::kVolumeOpen, p)).status().message().find("unknown flags") !=
         std::string::npos);
   p.back() = 1;
@@ -664,6 +664,47 @@ TEST_CASE("a sealed volume open carries a flags byte, an unsealed one is encoded
   vo.block_size = 512;
   vo.size = 4096 + 512;
   CHECK(!EncodeMessage(vo, 1).ok());
+}
+
+TEST_CASE("a volume open carries the agent's acknowledged sequence after the flags, only when it has one",
+          "[protocol]") {
+  VolumeOpen vo;
+  vo.name = "vol";
+  vo.size = 1 << 20;
+  vo.generation = 2;
+  Result<Bytes> plain = EncodeMessage(vo, 1);
+  vo.acked_seq = 0x0102030405060708ull;
+  Result<Bytes> acked = EncodeMessage(vo, 1);
+  vo.sealed = true;
+  Result<Bytes> both = EncodeMessage(vo, 1);
+  REQUIRE((plain.ok() && acked.ok() && both.ok()));
+  CHECK(acked->size() == plain->size() + 9);
+  CHECK(both->size() == plain->size() + 9);
+  for (const Bytes* f : {&*acked, &*both}) {
+    Result<Message> back = DecodeAndParse(*f);
+    REQUIRE(back.ok());
+    CHECK(std::get<VolumeOpen>(*back).acked_seq == 0x0102030405060708ull);
+    CHECK(std::get<VolumeOpen>(*back).sealed == (f == &*both));
+  }
+  CHECK(std::get<VolumeOpen>(DecodeAndParse(*plain).value()).acked_seq == 0);
+  Frame fr;
+  REQUIRE(DecodeFrame(*acked, &fr).state == DecodeState::kComplete);
+  const Bytes p(fr.payload.begin(), fr.payload.end());
+  auto refused = [](Bytes payload) {
+    Result<Message> m = DecodeAndParse(FrameOf(MsgType::kVolumeOpen, payload));
+    return m.ok() ? std::string("accepted") : m.status().message();
+  };
+  // Truncated, zero, followed by more bytes, or a flags byte with no flag: refused.
+  CHECK(refused(Bytes(p.begin(), p.end() - 1)).find("bad acknowledged sequence") != std::string::npos);
+  Bytes zero = p;
+  std::fill(zero.end() - 8, zero.end(), uint8_t{0});
+  CHECK(refused(zero).find("bad acknowledged sequence") != std::string::npos);
+  Bytes more = p;
+  more.push_back(0);
+  CHECK(refused(more).find("bytes after the flags") != std::string::npos);
+  Bytes no_flag(p.begin(), p.end() - 8);
+  no_flag.back() = 0;
+  CHECK(refused(no_flag).find("a flags byte with no flag") != std::string::npos);
 }
 
 TEST_CASE("sealed records round-trip and count their MACs as work", "[protocol]") {

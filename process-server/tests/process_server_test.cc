@@ -979,6 +979,178 @@ TEST_CASE("re-protect of a protecting volume: the next generation, armed by the 
   CHECK(vol->identity().generation == 2);
 }
 
+namespace {
+
+// A process server on `env` (a disk of its own) shipping to the MT at `mt_port`.
+std::unique_ptr<cdp::ps::ProcessServer> StartPs(cdp::Env* env, uint16_t mt_port) {
+  auto o = Options(env);
+  o.mt.port = mt_port;
+  auto ps = std::make_unique<cdp::ps::ProcessServer>(o);
+  REQUIRE(ps->Start().ok());
+  return ps;
+}
+
+// Opens `name` at generation `gen` with the agent's acknowledged sequence
+// `acked` until the PS answers with a VolumeOpenReply (30 s at most).
+std::pair<std::unique_ptr<cdp::FrameChannel>, cdp::proto::VolumeOpenReply> OpenWhenAnswered(
+    uint16_t port, const std::string& name, uint64_t gen, uint64_t acked) {
+  std::unique_ptr<cdp::FrameChannel> ch;
+  cdp::proto::VolumeOpenReply reply;
+  const bool answered = cdp::testing::WaitUntil(
+      [&] {
+        auto c = AgentConnect(port);
+        auto vo = Vol(name, gen);
+        vo.acked_seq = acked;
+        if (!c->Send(vo).ok()) return false;
+        auto m = c->Receive(10s);
+        if (!m.ok() || !std::holds_alternative<cdp::proto::VolumeOpenReply>(*m)) return false;
+        reply = std::get<cdp::proto::VolumeOpenReply>(*m);
+        ch = std::move(c);
+        return true;
+      },
+      30s, 20ms);
+  REQUIRE(answered);
+  return {std::move(ch), reply};
+}
+
+}  // namespace
+
+TEST_CASE("a spool that lost records it had acknowledged answers the agent once the master target said where the "
+          "volume stands",
+          "[server][history]") {
+  // Regression: after a site outage in which the process server's spool was
+  // lost, the agent came back before the master target; the PS answered its
+  // open with 0 and the agent numbered its next writes from 1, numbers the MT
+  // had already applied to other writes. The link stalled for ever ("master
+  // target claims sequence 150 beyond the spool's last 92"), and once the
+  // spool had passed the MT, the MT would have skipped them.
+  cdp::testing::ScratchDir dir;
+  auto mt_env = cdp::NewPosixEnv();
+  std::optional<cdp::mt::MasterTarget> mt;
+  mt.emplace(MtOptions(dir.path(), mt_env.get()));
+  REQUIRE(mt->Start().ok());
+  const uint16_t mt_port = mt->port();
+  auto env = cdp::NewMemEnv();
+  auto env2 = cdp::NewMemEnv();  // the PS's new disk (outlives the PS that uses it)
+  auto ps = StartPs(env.get(), mt_port);
+  {
+    auto agent = AgentConnect(ps->agent_port());
+    REQUIRE(agent->Send(Vol("db1")).ok());
+    const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+    REQUIRE(agent->Send(Batch(id, 1, 5)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
+  }
+  REQUIRE(cdp::testing::WaitUntil(
+      [&] {
+        auto v = mt->FindVolume("acme", "db1");
+        return v && v->applied_seq() == 5;
+      },
+      30s, 20ms));
+  // The outage: both go down, the PS comes back on a new disk, the MT not yet.
+  ps.reset();
+  mt.reset();
+  ps = StartPs(env2.get(), mt_port);
+  {
+    auto c = AgentConnect(ps->agent_port());
+    auto vo = Vol("db1");
+    vo.acked_seq = 5;
+    REQUIRE(c->Send(vo).ok());
+    auto n = Expect<cdp::proto::Nack>(*c);
+    CHECK(n.reason == cdp::proto::NackReason::kBusy);
+    CHECK(n.message.rfind("the process server holds volume db1 up to seq 0 but acknowledged up to 5 (its spool lost "
+                          "records); it answers once every master target has said where the volume stands, so that "
+                          "no sequence is used twice: master target 127.0.0.1:" + std::to_string(mt_port) + ": ",
+                          0) == 0);
+  }
+  // The MT is back: the agent resumes after what it applied, and its next
+  // writes are applied.
+  auto mo = MtOptions(dir.path(), mt_env.get());
+  mo.listen.port = mt_port;
+  mt.emplace(mo);
+  REQUIRE(mt->Start().ok());
+  auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 5);
+  CHECK(reply.durable_seq == 5);
+  REQUIRE(agent->Send(Batch(reply.volume_id, 6, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 7);
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
+  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt->FindVolume("acme", "db1")) && vol->applied_seq() == 7; },
+                                  30s, 20ms));
+}
+
+TEST_CASE("a spool record that fails its check stalls the copy as undeliverable, and a re-protect takes the next "
+          "generation",
+          "[server][generation]") {
+  // Regression: the PS waited for the damaged generation to deliver every
+  // record before it took the armed next one, which it never could: a
+  // re-protect of a volume with a damaged spool record wedged it.
+  cdp::testing::ScratchDir dir;
+  auto mt_env = cdp::NewPosixEnv();
+  std::optional<cdp::mt::MasterTarget> mt;
+  mt.emplace(MtOptions(dir.path(), mt_env.get()));
+  REQUIRE(mt->Start().ok());
+  const uint16_t mt_port = mt->port();
+  auto env = cdp::NewMemEnv();
+  auto ps = StartPs(env.get(), mt_port);
+  auto agent = AgentConnect(ps->agent_port());
+  REQUIRE(agent->Send(Vol("db1")).ok());
+  const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+  REQUIRE(agent->Send(Batch(id, 1, 3)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
+  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt->FindVolume("acme", "db1")) && vol->applied_seq() == 3; },
+                                  30s, 20ms));
+  // The MT goes away; 20 MiB are spooled in one group, too large to be kept
+  // in memory, so the link reads them back from the file.
+  vol.reset();
+  mt.reset();
+  REQUIRE(agent->Send(Batch(id, 4, 20, 1 << 20)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 23);
+  // One byte of record 19's data rots on the PS's disk.
+  auto names = env->ListDir("/ps/spool/acme/db1");
+  REQUIRE(names.ok());
+  std::string seg;
+  for (const auto& n : *names)  // the last segment (names sort by first sequence)
+    if (n.size() > 4 && n.compare(n.size() - 4, 4, cdp::ps::kSpoolSegmentSuffix) == 0)
+      seg = std::max(seg, "/ps/spool/acme/db1/" + n);
+  REQUIRE(!seg.empty());
+  {
+    auto f = env->Open(seg, {});
+    REQUIRE(f.ok());
+    auto size = (*f)->Size();
+    REQUIRE(size.ok());
+    const uint64_t at = *size - (5u << 20);
+    uint8_t b = 0;
+    REQUIRE((*f)->Read(at, 1, &b).ok());
+    b ^= 0x20;
+    REQUIRE((*f)->Write(at, cdp::ByteSpan(&b, 1)).ok());
+  }
+  auto mo = MtOptions(dir.path(), mt_env.get());
+  mo.listen.port = mt_port;
+  mt.emplace(mo);
+  REQUIRE(mt->Start().ok());
+  auto stalled = [&] {
+    auto r = cdp::http::HttpRequest("127.0.0.1", ps->control_port(), "GET", "/v1/volumes");
+    REQUIRE(r.ok());
+    return std::string(boost::json::parse(r->body).at("volumes").as_array().at(0).at("stalled").as_string());
+  };
+  REQUIRE(cdp::testing::WaitUntil([&] { return stalled().find("failed its check") != std::string::npos; }, 30s,
+                                  20ms));
+  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt->FindVolume("acme", "db1")) && vol->applied_seq() == 18; },
+                                  30s, 20ms));
+  // The operator re-protects: nothing more can be delivered, so the next
+  // generation is taken at once.
+  auto arm = ps->ArmReprotect("acme", "db1");
+  REQUIRE(arm.ok());
+  CHECK(arm->undelivered_records == 0);
+  REQUIRE(vol->ArmReprotect().value() == 2);
+  auto [agent2, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 2, 0);
+  CHECK(reply.durable_seq == 0);
+  REQUIRE(agent2->Send(Batch(reply.volume_id, 1, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent2).durable_seq == 2);
+  REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 20; }, 30s, 20ms));
+  CHECK(vol->identity().generation == 2);
+}
+
 TEST_CASE("re-protect: a higher generation is refused while the spool is not fenced, once the MT fences it the old "
           "spool is retired (renamed, kept), the new generation ships after ArmReprotect, a restart skips the "
           "retired directory",
