@@ -1077,8 +1077,8 @@ TEST_CASE("a spool that lost records it had acknowledged answers the agent once 
                                   30s, 20ms));
 }
 
-TEST_CASE("a spool record that fails its check stalls the copy as undeliverable, and a re-protect takes the next "
-          "generation",
+TEST_CASE("a spool record that fails its check stalls the copy as undeliverable, and a re-protect, or a restart of "
+          "the PS, gets the volume going again",
           "[server][generation]") {
   // Regression: the PS waited for the damaged generation to deliver every
   // record before it took the armed next one, which it never could: a
@@ -1137,18 +1137,29 @@ TEST_CASE("a spool record that fails its check stalls the copy as undeliverable,
                                   20ms));
   REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt->FindVolume("acme", "db1")) && vol->applied_seq() == 18; },
                                   30s, 20ms));
-  // The operator re-protects: nothing more can be delivered, so the next
-  // generation is taken at once.
-  auto arm = ps->ArmReprotect("acme", "db1");
-  REQUIRE(arm.ok());
-  CHECK(arm->undelivered_records == 0);
-  REQUIRE(vol->ArmReprotect().value() == 2);
-  auto [agent2, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 2, 0);
-  CHECK(reply.durable_seq == 0);
-  REQUIRE(agent2->Send(Batch(reply.volume_id, 1, 2)).ok());
-  CHECK(Expect<cdp::proto::Ack>(*agent2).durable_seq == 2);
-  REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 20; }, 30s, 20ms));
-  CHECK(vol->identity().generation == 2);
+  SECTION("the operator re-protects: nothing more can be delivered, so the next generation is taken at once") {
+    auto arm = ps->ArmReprotect("acme", "db1");
+    REQUIRE(arm.ok());
+    CHECK(arm->undelivered_records == 0);
+    REQUIRE(vol->ArmReprotect().value() == 2);
+    auto [agent2, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 2, 0);
+    CHECK(reply.durable_seq == 0);
+    REQUIRE(agent2->Send(Batch(reply.volume_id, 1, 2)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*agent2).durable_seq == 2);
+    REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 20; }, 30s, 20ms));
+    CHECK(vol->identity().generation == 2);
+  }
+  SECTION("or the PS restarts: recovery drops the bad record and every later one, the agent resumes after 18") {
+    agent.reset();
+    ps.reset();
+    ps = StartPs(env.get(), mt_port);
+    auto [agent2, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 23);
+    CHECK(reply.durable_seq == 18);
+    REQUIRE(agent2->Send(Batch(reply.volume_id, 19, 2)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*agent2).durable_seq == 20);
+    REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 20; }, 30s, 20ms));
+    CHECK(stalled().empty());
+  }
 }
 
 TEST_CASE("re-protect: a higher generation is refused while the spool is not fenced, once the MT fences it the old "
