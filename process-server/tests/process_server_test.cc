@@ -890,21 +890,50 @@ TEST_CASE("failback relay: the MT unreachable, over the cap or its connection lo
   CHECK(silent.requests() == 8);
 }
 
+namespace {
+
+// A real master target in a scratch directory that can go away (Stop) and
+// come back on the same port with the same data (Start).
+struct RestartableMt {
+  cdp::testing::ScratchDir dir;
+  std::unique_ptr<cdp::Env> env = cdp::NewPosixEnv();
+  std::optional<cdp::mt::MasterTarget> mt;
+  uint16_t port = 0;
+
+  RestartableMt() { Start(); }
+  void Start() {
+    auto mo = MtOptions(dir.path(), env.get());
+    mo.listen.port = port;
+    mt.emplace(mo);
+    REQUIRE(mt->Start().ok());
+    port = mt->port();
+  }
+  void Stop() { mt.reset(); }
+  cdp::mt::MasterTarget* operator->() { return &*mt; }
+  // Waits until the MT applied exactly `seq` of acme/db1; that volume.
+  std::shared_ptr<cdp::mt::ReplicaVolume> WaitApplied(uint64_t seq) {
+    std::shared_ptr<cdp::mt::ReplicaVolume> vol;
+    const bool applied =
+        cdp::testing::WaitUntil([&] { return (vol = mt->FindVolume("acme", "db1")) && vol->applied_seq() == seq; },
+                                30s, 20ms);
+    INFO("applied " << (vol ? vol->applied_seq() : 0) << ", waiting for " << seq);
+    REQUIRE(applied);
+    return vol;
+  }
+};
+
+}  // namespace
+
 TEST_CASE("re-protect of a protecting volume: the next generation, armed by the operator, waits until the spool "
           "delivered everything, then retires it and ships once the MT allows it",
           "[server][generation]") {
   // Regression: a re-protect through a PS was refused for ever ("wrong
   // generation: spool has 1, agent sent 2") unless the MT fenced the spool:
   // `cdpctl reprotect` of a protecting volume stopped its replication.
-  cdp::testing::ScratchDir dir;
-  auto mt_env = cdp::NewPosixEnv();
-  std::optional<cdp::mt::MasterTarget> mt;
-  mt.emplace(MtOptions(dir.path(), mt_env.get()));
-  REQUIRE(mt->Start().ok());
-  const uint16_t mt_port = mt->port();
+  RestartableMt mt;
   auto env = cdp::NewMemEnv();
   auto o = Options(env.get());
-  o.mt.port = mt_port;
+  o.mt.port = mt.port;
   cdp::ps::ProcessServer ps(o);
   REQUIRE(ps.Start().ok());
   auto agent = AgentConnect(ps.agent_port());
@@ -912,14 +941,9 @@ TEST_CASE("re-protect of a protecting volume: the next generation, armed by the 
   const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
   REQUIRE(agent->Send(Batch(id, 1, 3)).ok());
   CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
-  REQUIRE(cdp::testing::WaitUntil(
-      [&] {
-        auto v = mt->FindVolume("acme", "db1");
-        return v && v->applied_seq() == 3;
-      },
-      30s, 20ms));
+  mt.WaitApplied(3);
   // The MT goes away: 4..5 are spooled and not delivered.
-  mt.reset();
+  mt.Stop();
   REQUIRE(agent->Send(Batch(id, 4, 2)).ok());
   CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
   auto open_gen = [&](uint64_t gen) {
@@ -946,13 +970,8 @@ TEST_CASE("re-protect of a protecting volume: the next generation, armed by the 
           "wrong generation: spool has 1, agent sent 2; generation 1 still has records to deliver to the master "
           "target, the new one is taken once they are");
   // The MT is back (same data, same port): 4..5 are delivered, then generation 2 is taken.
-  auto mo = MtOptions(dir.path(), mt_env.get());
-  mo.listen.port = mt_port;
-  mt.emplace(mo);
-  REQUIRE(mt->Start().ok());
-  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
-  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt->FindVolume("acme", "db1")) && vol->applied_seq() == 5; },
-                                  30s, 20ms));
+  mt.Start();
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(5);
   std::unique_ptr<cdp::FrameChannel> agent2;
   cdp::proto::VolumeOpenReply reply;
   REQUIRE(cdp::testing::WaitUntil(
@@ -1024,15 +1043,10 @@ TEST_CASE("a spool that lost records it had acknowledged answers the agent once 
   // had already applied to other writes. The link stalled for ever ("master
   // target claims sequence 150 beyond the spool's last 92"), and once the
   // spool had passed the MT, the MT would have skipped them.
-  cdp::testing::ScratchDir dir;
-  auto mt_env = cdp::NewPosixEnv();
-  std::optional<cdp::mt::MasterTarget> mt;
-  mt.emplace(MtOptions(dir.path(), mt_env.get()));
-  REQUIRE(mt->Start().ok());
-  const uint16_t mt_port = mt->port();
+  RestartableMt mt;
   auto env = cdp::NewMemEnv();
   auto env2 = cdp::NewMemEnv();  // the PS's new disk (outlives the PS that uses it)
-  auto ps = StartPs(env.get(), mt_port);
+  auto ps = StartPs(env.get(), mt.port);
   {
     auto agent = AgentConnect(ps->agent_port());
     REQUIRE(agent->Send(Vol("db1")).ok());
@@ -1040,16 +1054,11 @@ TEST_CASE("a spool that lost records it had acknowledged answers the agent once 
     REQUIRE(agent->Send(Batch(id, 1, 5)).ok());
     CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
   }
-  REQUIRE(cdp::testing::WaitUntil(
-      [&] {
-        auto v = mt->FindVolume("acme", "db1");
-        return v && v->applied_seq() == 5;
-      },
-      30s, 20ms));
+  mt.WaitApplied(5);
   // The outage: both go down, the PS comes back on a new disk, the MT not yet.
   ps.reset();
-  mt.reset();
-  ps = StartPs(env2.get(), mt_port);
+  mt.Stop();
+  ps = StartPs(env2.get(), mt.port);
   {
     auto c = AgentConnect(ps->agent_port());
     auto vo = Vol("db1");
@@ -1059,22 +1068,17 @@ TEST_CASE("a spool that lost records it had acknowledged answers the agent once 
     CHECK(n.reason == cdp::proto::NackReason::kBusy);
     CHECK(n.message.rfind("the process server holds volume db1 up to seq 0 but acknowledged up to 5 (its spool lost "
                           "records); it answers once every master target has said where the volume stands, so that "
-                          "no sequence is used twice: master target 127.0.0.1:" + std::to_string(mt_port) + ": ",
+                          "no sequence is used twice: master target 127.0.0.1:" + std::to_string(mt.port) + ": ",
                           0) == 0);
   }
   // The MT is back: the agent resumes after what it applied, and its next
   // writes are applied.
-  auto mo = MtOptions(dir.path(), mt_env.get());
-  mo.listen.port = mt_port;
-  mt.emplace(mo);
-  REQUIRE(mt->Start().ok());
+  mt.Start();
   auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 5);
   CHECK(reply.durable_seq == 5);
   REQUIRE(agent->Send(Batch(reply.volume_id, 6, 2)).ok());
   CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 7);
-  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
-  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt->FindVolume("acme", "db1")) && vol->applied_seq() == 7; },
-                                  30s, 20ms));
+  mt.WaitApplied(7);
 }
 
 TEST_CASE("a spool record that fails its check stalls the copy as undeliverable, and a re-protect, or a restart of "
@@ -1083,26 +1087,18 @@ TEST_CASE("a spool record that fails its check stalls the copy as undeliverable,
   // Regression: the PS waited for the damaged generation to deliver every
   // record before it took the armed next one, which it never could: a
   // re-protect of a volume with a damaged spool record wedged it.
-  cdp::testing::ScratchDir dir;
-  auto mt_env = cdp::NewPosixEnv();
-  std::optional<cdp::mt::MasterTarget> mt;
-  mt.emplace(MtOptions(dir.path(), mt_env.get()));
-  REQUIRE(mt->Start().ok());
-  const uint16_t mt_port = mt->port();
+  RestartableMt mt;
   auto env = cdp::NewMemEnv();
-  auto ps = StartPs(env.get(), mt_port);
+  auto ps = StartPs(env.get(), mt.port);
   auto agent = AgentConnect(ps->agent_port());
   REQUIRE(agent->Send(Vol("db1")).ok());
   const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
   REQUIRE(agent->Send(Batch(id, 1, 3)).ok());
   CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
-  std::shared_ptr<cdp::mt::ReplicaVolume> vol;
-  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt->FindVolume("acme", "db1")) && vol->applied_seq() == 3; },
-                                  30s, 20ms));
+  mt.WaitApplied(3);
   // The MT goes away; 20 MiB are spooled in one group, too large to be kept
   // in memory, so the link reads them back from the file.
-  vol.reset();
-  mt.reset();
+  mt.Stop();
   REQUIRE(agent->Send(Batch(id, 4, 20, 1 << 20)).ok());
   CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 23);
   // One byte of record 19's data rots on the PS's disk.
@@ -1124,10 +1120,7 @@ TEST_CASE("a spool record that fails its check stalls the copy as undeliverable,
     b ^= 0x20;
     REQUIRE((*f)->Write(at, cdp::ByteSpan(&b, 1)).ok());
   }
-  auto mo = MtOptions(dir.path(), mt_env.get());
-  mo.listen.port = mt_port;
-  mt.emplace(mo);
-  REQUIRE(mt->Start().ok());
+  mt.Start();
   auto stalled = [&] {
     auto r = cdp::http::HttpRequest("127.0.0.1", ps->control_port(), "GET", "/v1/volumes");
     REQUIRE(r.ok());
@@ -1135,8 +1128,7 @@ TEST_CASE("a spool record that fails its check stalls the copy as undeliverable,
   };
   REQUIRE(cdp::testing::WaitUntil([&] { return stalled().find("failed its check") != std::string::npos; }, 30s,
                                   20ms));
-  REQUIRE(cdp::testing::WaitUntil([&] { return (vol = mt->FindVolume("acme", "db1")) && vol->applied_seq() == 18; },
-                                  30s, 20ms));
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(18);
   SECTION("the operator re-protects: nothing more can be delivered, so the next generation is taken at once") {
     auto arm = ps->ArmReprotect("acme", "db1");
     REQUIRE(arm.ok());
@@ -1152,7 +1144,7 @@ TEST_CASE("a spool record that fails its check stalls the copy as undeliverable,
   SECTION("or the PS restarts: recovery drops the bad record and every later one, the agent resumes after 18") {
     agent.reset();
     ps.reset();
-    ps = StartPs(env.get(), mt_port);
+    ps = StartPs(env.get(), mt.port);
     auto [agent2, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 23);
     CHECK(reply.durable_seq == 18);
     REQUIRE(agent2->Send(Batch(reply.volume_id, 19, 2)).ok());
