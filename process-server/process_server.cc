@@ -67,6 +67,7 @@ std::vector<CopyStatus> ProcessServer::Impl::CopyStatuses(SpooledVolume* v) {
     s.lag_bytes = b.bytes;
     s.lag_seconds = b.oldest_timestamp_us && b.oldest_timestamp_us < now ? double(now - b.oldest_timestamp_us) / 1e6 : 0;
     s.lost = c.lost;
+    s.undeliverable = c.undeliverable;
     MtLink* link = LinkFor(v->tenant(), v->name(), i);
     s.link = link ? link->state() : std::string("none");
     s.stalled = c.stalled;

@@ -70,6 +70,7 @@ struct CopyStatus {
   uint64_t lag_bytes = 0;
   double lag_seconds = 0;       // age of the oldest record it has not acknowledged (0: none)
   bool lost = false;            // the spool cannot serve it (resync needed)
+  bool undeliverable = false;   // stalled at records the spool cannot give it (CopyState)
   std::string link;             // its link's state
   std::string stalled;
   std::string fenced;

@@ -120,6 +120,7 @@ json::value ProcessServer::VolumesJson() {
           {"lag_bytes", cs.lag_bytes},
           {"lag_seconds", cs.lag_seconds},
           {"lost", cs.lost},
+          {"undeliverable", cs.undeliverable},
           {"link", cs.link},
           {"stalled", cs.stalled},
           {"fenced", cs.fenced},

@@ -1129,6 +1129,13 @@ TEST_CASE("a spool record that fails its check stalls the copy as undeliverable,
   REQUIRE(cdp::testing::WaitUntil([&] { return stalled().find("failed its check") != std::string::npos; }, 30s,
                                   20ms));
   std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(18);
+  {
+    auto r = cdp::http::HttpRequest("127.0.0.1", ps->control_port(), "GET", "/v1/volumes");
+    REQUIRE(r.ok());
+    const auto copy = boost::json::parse(r->body).at("volumes").at(0).at("copies").at(0);
+    CHECK(copy.at("undeliverable").as_bool());
+    CHECK(!copy.at("lost").as_bool());
+  }
   SECTION("the operator re-protects: nothing more can be delivered, so the next generation is taken at once") {
     auto arm = ps->ArmReprotect("acme", "db1");
     REQUIRE(arm.ok());
