@@ -408,7 +408,11 @@ Result<bool> Resync::Step() {
                                 std::to_string(int(a.response->status)) + ")");
     } else {
       why = Handle(r, *a.response);
-      if (why.ok()) backoff_ms_ = 0;
+      if (why.ok() && backoff_ms_ != 0) {
+        backoff_ms_ = 0;
+        std::lock_guard lk(mu_);
+        st_.last_error.clear();  // answered again: the pause is over
+      }
     }
     if (!why.ok()) {
       DropAll(why);

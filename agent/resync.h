@@ -105,7 +105,7 @@ struct ResyncStats {
   uint64_t skipped_bytes = 0;     // holes not read
   uint64_t inflight_bytes = 0;    // resync records queued, not yet acknowledged
   uint64_t fill_window_bytes = 0; // the most inflight_bytes may be now (see the rate controller)
-  std::string last_error;
+  std::string last_error;         // why hash requests are paused; cleared at the next answer
 };
 
 class Resync {

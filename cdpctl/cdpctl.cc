@@ -150,7 +150,11 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
                     Secs(Num(x, "rpo_lag_seconds", -1)).c_str(), Bytes(Num(x, "queue_bytes")).c_str(),
                     Bytes(Num(x, "captured_bytes")).c_str(), Bytes(Num(x, "bytes_sent")).c_str(), resync.c_str());
       out << line;
-      if (std::string fenced = Str(x, "fenced"); !fenced.empty()) out << "    FENCED: " << fenced << "\n";
+      if (std::string fenced = Str(x, "fenced"); !fenced.empty()) {
+        out << "    FENCED: " << fenced << "\n";
+      } else if (std::string e = Str(x, "last_error"); !e.empty()) {
+        out << "    LAST ERROR: " << e << "\n";  // why it is not shipping (cleared once it ships)
+      }
       if (std::string phase = Str(x, "phase"); !phase.empty() && phase != "protecting")
         out << "    " << phase << " (generation " << uint64_t(Num(x, "generation")) << "): " << Str(x, "write_fence")
             << "\n";
@@ -172,7 +176,15 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
       // Copies to several master targets: each one's own lag (the backlog
       // above is the slowest copy's).
       const json::value* cv = x.if_contains("copies");
-      if (cv && cv->is_array() && cv->as_array().size() > 1) {
+      const bool per_copy = cv && cv->is_array() && cv->as_array().size() > 1;
+      if (!per_copy) {  // one copy: its state on the volume
+        if (std::string f = Str(x, "fenced"); !f.empty()) {
+          out << "    FENCED: " << f << "\n";
+        } else if (std::string st = Str(x, "stalled"); !st.empty()) {
+          out << "    STALLED: " << st << "\n";
+        }
+      }
+      if (per_copy) {
         for (const auto& c : cv->as_array()) {
           if (!c.is_object()) continue;
           const json::object& y = c.as_object();

@@ -211,6 +211,10 @@ TEST_CASE("history: a master target that lost its replica stalls the PS with res
       std::chrono::seconds(30));
   INFO(stalled);
   REQUIRE(needs_resync);
+  // cdpctl status shows the stall under the PS's volume.
+  auto st = c.Cdpctl({"status"});
+  INFO(st.output);
+  CHECK(st.output.find("    STALLED: " + stalled + "\n") != std::string::npos);
   // Seeding it again is a re-protect: the agent compares every region.
   Reprotect(c);
   DrainedEqual(c);
@@ -275,6 +279,11 @@ TEST_CASE("history: a process server that lost its spool while the agent and the
       std::chrono::seconds(30));
   INFO(last_error);
   REQUIRE(deferred);
+  // cdpctl status says why the volume does not ship.
+  auto st = c.Cdpctl({"status"});
+  INFO(st.output);
+  CHECK(st.output.find("    LAST ERROR: ") != std::string::npos);
+  CHECK(st.output.find("its spool lost records") != std::string::npos);
   REQUIRE(c.Restart(Which::kMasterTarget));
   DrainedEqual(c);
 }
