@@ -214,7 +214,7 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
       // it stands: answered with less, the agent would number writes the MT
       // has already applied under those numbers, and the MT would skip them.
       Result<uint64_t> top = LearnPosition(vol);
-      if (!top.ok()) {
+      if (!top.ok() && vol->fenced().empty()) {  // a fence is answered as such below
         const std::string why = "the process server holds volume " + o->name + " up to seq " +
                                 std::to_string(durable) + " but acknowledged up to " + std::to_string(o->acked_seq) +
                                 " (its spool lost records); it answers once every master target has said where the "
@@ -222,11 +222,13 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
         log->error("{} open deferred: {}", log::Where{vol->key(), ch.peer(), durable}, why);
         return ch.Send(MakeNack(0, proto::NackReason::kBusy, 0, why));
       }
-      if (*top > durable) vol->spool().SetFloor(*top);
-      durable = vol->spool().durable_seq();
-      log->warn("{} the spool lost records it had acknowledged (up to {}); the master targets stand at {}: the agent "
-                "resumes after {}",
-                log::Where{vol->key(), ch.peer(), durable}, o->acked_seq, *top, durable);
+      if (top.ok()) {
+        if (*top > durable) vol->spool().SetFloor(*top);
+        durable = vol->spool().durable_seq();
+        log->warn("{} the spool lost records it had acknowledged (up to {}); the master targets stand at {}: the "
+                  "agent resumes after {}",
+                  log::Where{vol->key(), ch.peer(), durable}, o->acked_seq, *top, durable);
+      }
     } else if (MtLink* link = LinkFor(tenant, o->name)) {
       auto mt = link->WaitOpened(vol, Millis(opt->mt_open_wait_ms));
       if (mt.ok() && *mt > durable && vol->spool().stats().backlog_records > 0) {
