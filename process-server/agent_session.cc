@@ -224,6 +224,7 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
       }
       if (top.ok()) {
         if (*top > durable) vol->spool().SetFloor(*top);
+        vol->ClearBeyond();  // nothing is numbered at or below the floor from now on
         durable = vol->spool().durable_seq();
         log->warn("{} the spool lost records it had acknowledged (up to {}); the master targets stand at {}: the "
                   "agent resumes after {}",

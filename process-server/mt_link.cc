@@ -20,8 +20,18 @@ class MtLink::SpoolSource final : public repl::RecordSource {
       // The master target may be ahead of an empty spool (the spool was
       // lost): continue after it. Ahead of records the spool still holds, it
       // claims what it never received: releasing them would lose them.
+      if (v_->beyond(copy_)) {
+        // Records spooled since may reuse numbers the MT holds: resuming after
+        // `durable` would skip them (agent_session.cc learns the floor first).
+        Status again = Status::Corruption(
+            "master target stood beyond the spool while records were unshipped; records spooled since may reuse its "
+            "sequence numbers: refused until the agent's open learns every master target's position, or cdpctl "
+            "reprotect");
+        return again.MarkDataLoss();
+      }
       if (durable > spool.durable_seq()) {
         if (spool.stats().backlog_records > 0) {
+          v_->SetBeyond(copy_);
           Status beyond = Status::Corruption("master target claims sequence " + std::to_string(durable) +
                                              " beyond the spool's last " + std::to_string(spool.durable_seq()) +
                                              " while records are unshipped: nothing released");

@@ -265,6 +265,21 @@ void SpooledVolume::SetStalled(size_t copy, std::string reason, bool undeliverab
   copies_[copy].stalled = std::move(reason);
 }
 
+void SpooledVolume::SetBeyond(size_t copy) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (copy < copies_.size()) copies_[copy].beyond = true;
+}
+
+bool SpooledVolume::beyond(size_t copy) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return copy < copies_.size() && copies_[copy].beyond;
+}
+
+void SpooledVolume::ClearBeyond() {
+  std::lock_guard<std::mutex> l(mu_);
+  for (CopyState& c : copies_) c.beyond = false;
+}
+
 void SpooledVolume::SetFenced(size_t copy, std::string message) {
   std::lock_guard<std::mutex> l(mu_);
   if (copy < copies_.size()) copies_[copy].fenced = std::move(message);

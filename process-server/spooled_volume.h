@@ -83,6 +83,12 @@ struct CopyState {
   // some). Nothing more of this spool can be delivered to it. Kept while the
   // stall clears at a reconnect; cleared when the copy acknowledges more.
   bool undeliverable = false;
+  // Its MT answered an open with a sequence beyond the spool while the spool
+  // held records: records numbered since may carry numbers the MT applied to
+  // other writes, so the copy is refused (in this process) even once the
+  // spool passes that sequence, until the floor is learned from every MT
+  // (ClearBeyond) or a re-protect retires the spool.
+  bool beyond = false;
   std::string fenced;    // its MT's "failed over" refusal, "" otherwise
 };
 
@@ -137,6 +143,10 @@ class SpooledVolume {
   // lost, when the spool released records above `durable` (it cannot serve
   // the copy: resync needed); true otherwise (lost cleared).
   bool SetCopyOpened(size_t copy, uint64_t durable);
+  // CopyState::beyond of copy `copy`: set, read; ClearBeyond clears every copy's.
+  void SetBeyond(size_t copy);
+  bool beyond(size_t copy) const;
+  void ClearBeyond();
   // The lowest cursor of the copies the spool can serve (not lost, not below
   // the released sequence: what the spool may release); the released
   // sequence when there is none.

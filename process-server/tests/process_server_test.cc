@@ -1081,6 +1081,62 @@ TEST_CASE("a spool that lost records it had acknowledged answers the agent once 
   mt.WaitApplied(7);
 }
 
+TEST_CASE("a master target beyond the spool's records stays refused once the spool passes it, until a re-protect",
+          "[server][history]") {
+  // Regression: an agent that sent no acknowledged sequence (its first
+  // acknowledgement was lost with the spool) numbered new writes 1..3, which
+  // the MT (at 5) had applied to other writes. The link refused to resume,
+  // but once the spool passed 5 it resumed after 5: the new 1..5 were
+  // skipped, silently.
+  RestartableMt mt;
+  auto env = cdp::NewMemEnv();
+  auto env2 = cdp::NewMemEnv();
+  auto ps = StartPs(env.get(), mt.port);
+  {
+    auto agent = AgentConnect(ps->agent_port());
+    REQUIRE(agent->Send(Vol("db1")).ok());
+    const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+    REQUIRE(agent->Send(Batch(id, 1, 5)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
+  }
+  mt.WaitApplied(5);
+  ps.reset();
+  mt.Stop();
+  ps = StartPs(env2.get(), mt.port);
+  auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 0);
+  REQUIRE(reply.durable_seq == 0);
+  REQUIRE(agent->Send(Batch(reply.volume_id, 1, 3)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
+  mt.Start();
+  auto copy = [&] {
+    auto r = cdp::http::HttpRequest("127.0.0.1", ps->control_port(), "GET", "/v1/volumes");
+    REQUIRE(r.ok());
+    return boost::json::parse(r->body).at("volumes").at(0).at("copies").at(0).as_object();
+  };
+  auto stalled_with = [&](const std::string& text) {
+    return cdp::testing::WaitUntil(
+        [&] { return std::string(copy().at("stalled").as_string()).find(text) != std::string::npos; }, 30s, 20ms);
+  };
+  REQUIRE(stalled_with("master target claims sequence 5 beyond the spool's last 3"));
+  // The spool passes 5; the next open is refused all the same.
+  REQUIRE(agent->Send(Batch(reply.volume_id, 4, 4)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 7);
+  REQUIRE(stalled_with("records spooled since may reuse its sequence numbers"));
+  CHECK(copy().at("undeliverable").as_bool());
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(5);
+  // A re-protect gets the volume going: the next generation compares everything.
+  auto arm = ps->ArmReprotect("acme", "db1");
+  REQUIRE(arm.ok());
+  CHECK(arm->undelivered_records == 0);
+  REQUIRE(vol->ArmReprotect().value() == 2);
+  auto [agent2, reply2] = OpenWhenAnswered(ps->agent_port(), "db1", 2, 0);
+  CHECK(reply2.durable_seq == 0);
+  REQUIRE(agent2->Send(Batch(reply2.volume_id, 1, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent2).durable_seq == 2);
+  REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 7; }, 30s, 20ms));
+  CHECK(vol->identity().generation == 2);
+}
+
 TEST_CASE("a spool record that fails its check stalls the copy as undeliverable, and a re-protect, or a restart of "
           "the PS, gets the volume going again",
           "[server][generation]") {
