@@ -1032,6 +1032,24 @@ std::pair<std::unique_ptr<cdp::FrameChannel>, cdp::proto::VolumeOpenReply> OpenW
   return {std::move(ch), reply};
 }
 
+// Replicates 1..5 of acme/db1 through a PS on `disk` to `mt`; then a site
+// outage: both go down, the PS comes back on `new_disk` (its spool lost), the
+// MT stays down. The new PS.
+std::unique_ptr<cdp::ps::ProcessServer> OutageLosingTheSpool(RestartableMt& mt, cdp::Env* disk, cdp::Env* new_disk) {
+  auto ps = StartPs(disk, mt.port);
+  {
+    auto agent = AgentConnect(ps->agent_port());
+    REQUIRE(agent->Send(Vol("db1")).ok());
+    const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
+    REQUIRE(agent->Send(Batch(id, 1, 5)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
+  }
+  mt.WaitApplied(5);
+  ps.reset();
+  mt.Stop();
+  return StartPs(new_disk, mt.port);
+}
+
 }  // namespace
 
 TEST_CASE("a spool that lost records it had acknowledged answers the agent once the master target said where the "
@@ -1046,19 +1064,7 @@ TEST_CASE("a spool that lost records it had acknowledged answers the agent once 
   RestartableMt mt;
   auto env = cdp::NewMemEnv();
   auto env2 = cdp::NewMemEnv();  // the PS's new disk (outlives the PS that uses it)
-  auto ps = StartPs(env.get(), mt.port);
-  {
-    auto agent = AgentConnect(ps->agent_port());
-    REQUIRE(agent->Send(Vol("db1")).ok());
-    const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
-    REQUIRE(agent->Send(Batch(id, 1, 5)).ok());
-    CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
-  }
-  mt.WaitApplied(5);
-  // The outage: both go down, the PS comes back on a new disk, the MT not yet.
-  ps.reset();
-  mt.Stop();
-  ps = StartPs(env2.get(), mt.port);
+  auto ps = OutageLosingTheSpool(mt, env.get(), env2.get());
   {
     auto c = AgentConnect(ps->agent_port());
     auto vo = Vol("db1");
@@ -1090,19 +1096,8 @@ TEST_CASE("a master target beyond the spool's records stays refused once the spo
   // skipped, silently.
   RestartableMt mt;
   auto env = cdp::NewMemEnv();
-  auto env2 = cdp::NewMemEnv();
-  auto ps = StartPs(env.get(), mt.port);
-  {
-    auto agent = AgentConnect(ps->agent_port());
-    REQUIRE(agent->Send(Vol("db1")).ok());
-    const uint32_t id = Expect<cdp::proto::VolumeOpenReply>(*agent).volume_id;
-    REQUIRE(agent->Send(Batch(id, 1, 5)).ok());
-    CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
-  }
-  mt.WaitApplied(5);
-  ps.reset();
-  mt.Stop();
-  ps = StartPs(env2.get(), mt.port);
+  auto env2 = cdp::NewMemEnv();  // the PS's new disk (outlives the PS that uses it)
+  auto ps = OutageLosingTheSpool(mt, env.get(), env2.get());
   auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 0);
   REQUIRE(reply.durable_seq == 0);
   REQUIRE(agent->Send(Batch(reply.volume_id, 1, 3)).ok());
