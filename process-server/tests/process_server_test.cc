@@ -1050,6 +1050,23 @@ std::unique_ptr<cdp::ps::ProcessServer> OutageLosingTheSpool(RestartableMt& mt, 
   return StartPs(new_disk, mt.port);
 }
 
+// The operator re-protects acme/db1 (PS, then MT) while the PS has nothing
+// it can still deliver: generation 2 is taken at once, its records 1..2 are
+// applied after what the MT held.
+void ReprotectWithNothingUndelivered(cdp::ps::ProcessServer& ps, cdp::mt::ReplicaVolume& vol) {
+  const uint64_t before = vol.applied_seq();
+  auto arm = ps.ArmReprotect("acme", "db1");
+  REQUIRE(arm.ok());
+  CHECK(arm->undelivered_records == 0);
+  REQUIRE(vol.ArmReprotect().value() == 2);
+  auto [agent, reply] = OpenWhenAnswered(ps.agent_port(), "db1", 2, 0);
+  CHECK(reply.durable_seq == 0);
+  REQUIRE(agent->Send(Batch(reply.volume_id, 1, 2)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 2);
+  REQUIRE(cdp::testing::WaitUntil([&] { return vol.applied_seq() == before + 2; }, 30s, 20ms));
+  CHECK(vol.identity().generation == 2);
+}
+
 }  // namespace
 
 TEST_CASE("a spool that lost records it had acknowledged answers the agent once the master target said where the "
@@ -1120,16 +1137,7 @@ TEST_CASE("a master target beyond the spool's records stays refused once the spo
   CHECK(copy().at("undeliverable").as_bool());
   std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(5);
   // A re-protect gets the volume going: the next generation compares everything.
-  auto arm = ps->ArmReprotect("acme", "db1");
-  REQUIRE(arm.ok());
-  CHECK(arm->undelivered_records == 0);
-  REQUIRE(vol->ArmReprotect().value() == 2);
-  auto [agent2, reply2] = OpenWhenAnswered(ps->agent_port(), "db1", 2, 0);
-  CHECK(reply2.durable_seq == 0);
-  REQUIRE(agent2->Send(Batch(reply2.volume_id, 1, 2)).ok());
-  CHECK(Expect<cdp::proto::Ack>(*agent2).durable_seq == 2);
-  REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 7; }, 30s, 20ms));
-  CHECK(vol->identity().generation == 2);
+  ReprotectWithNothingUndelivered(*ps, *vol);
 }
 
 TEST_CASE("a spool record that fails its check stalls the copy as undeliverable, and a re-protect, or a restart of "
@@ -1188,16 +1196,7 @@ TEST_CASE("a spool record that fails its check stalls the copy as undeliverable,
     CHECK(!copy.at("lost").as_bool());
   }
   SECTION("the operator re-protects: nothing more can be delivered, so the next generation is taken at once") {
-    auto arm = ps->ArmReprotect("acme", "db1");
-    REQUIRE(arm.ok());
-    CHECK(arm->undelivered_records == 0);
-    REQUIRE(vol->ArmReprotect().value() == 2);
-    auto [agent2, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 2, 0);
-    CHECK(reply.durable_seq == 0);
-    REQUIRE(agent2->Send(Batch(reply.volume_id, 1, 2)).ok());
-    CHECK(Expect<cdp::proto::Ack>(*agent2).durable_seq == 2);
-    REQUIRE(cdp::testing::WaitUntil([&] { return vol->applied_seq() == 20; }, 30s, 20ms));
-    CHECK(vol->identity().generation == 2);
+    ReprotectWithNothingUndelivered(*ps, *vol);
   }
   SECTION("or the PS restarts: recovery drops the bad record and every later one, the agent resumes after 18") {
     agent.reset();
