@@ -74,6 +74,37 @@ std::optional<boost::json::object> VolumeIn(const std::optional<boost::json::val
   return std::nullopt;
 }
 
+// Waits (30 s at most) until the string `field` of volume `name` in daemon
+// `w`'s status (the volume named by `key`) contains `text`; its last value.
+std::string WaitFieldContains(Cluster& c, Which w, const char* key, const std::string& name, const char* field,
+                              const std::string& text) {
+  std::string value;
+  const bool found = WaitFor(
+      [&] {
+        std::optional<boost::json::object> v = VolumeIn(c.StatusOf(w), key, name);
+        if (v) value = std::string(v->at(field).as_string());
+        return value.find(text) != std::string::npos;
+      },
+      std::chrono::seconds(30));
+  INFO(field << ": " << value);
+  REQUIRE(found);
+  return value;
+}
+
+// Waits (30 s at most) until `cdpctl status` prints `text` (a daemon's
+// error can be cleared for a moment while it reconnects).
+void WaitStatusShows(Cluster& c, const std::string& text) {
+  std::string out;
+  const bool shown = WaitFor(
+      [&] {
+        out = c.Cdpctl({"status"}).output;
+        return out.find(text) != std::string::npos;
+      },
+      std::chrono::seconds(30));
+  INFO(out);
+  REQUIRE(shown);
+}
+
 // Writes (RandomWrites, `seed`) while the MT is down, and waits until the
 // PS acknowledged every record and the agent's bitmap cleared their
 // regions: a backlog held only in the PS's spool.
@@ -129,16 +160,8 @@ TEST_CASE("upstream: an agent re-pointed from the PS to the MT is refused until 
   REQUIRE(c.SetDirectAgent(true));
   REQUIRE(c.Restart(Which::kMasterTarget));
   REQUIRE(c.Restart(Which::kAgent));
-  std::string last_error;
-  const bool refused = WaitFor(
-      [&] {
-        std::optional<boost::json::object> v = VolumeIn(c.StatusOf(Which::kAgent), "name", vol);
-        if (v) last_error = std::string(v->at("last_error").as_string());
-        return last_error.find("replicates through process server 'local-ps' in generation 1") != std::string::npos;
-      },
-      std::chrono::seconds(30));
-  INFO(last_error);
-  REQUIRE(refused);
+  const std::string last_error = WaitFieldContains(c, Which::kAgent, "name", vol, "last_error",
+                                                   "replicates through process server 'local-ps' in generation 1");
   CHECK(last_error.find("cdpctl reprotect " + vol) != std::string::npos);
   // The application keeps writing meanwhile.
   std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 22, 1, 10, 256 << 10, c.dir());
@@ -201,20 +224,9 @@ TEST_CASE("history: a master target that lost its replica stalls the PS with res
   w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 42, 1, 10, 256 << 10, c.dir());
   INFO(w);
   REQUIRE(w.empty());
-  std::string stalled;
-  const bool needs_resync = WaitFor(
-      [&] {
-        std::optional<boost::json::object> v = VolumeIn(c.StatusOf(Which::kProcessServer), "volume", vol);
-        if (v) stalled = std::string(v->at("stalled").as_string());
-        return stalled.find("resync needed") != std::string::npos;
-      },
-      std::chrono::seconds(30));
-  INFO(stalled);
-  REQUIRE(needs_resync);
+  const std::string stalled = WaitFieldContains(c, Which::kProcessServer, "volume", vol, "stalled", "resync needed");
   // cdpctl status shows the stall under the PS's volume.
-  auto st = c.Cdpctl({"status"});
-  INFO(st.output);
-  CHECK(st.output.find("    STALLED: " + stalled + "\n") != std::string::npos);
+  WaitStatusShows(c, "    STALLED: " + stalled + "\n");
   // Seeding it again is a re-protect: the agent compares every region.
   Reprotect(c);
   DrainedEqual(c);
@@ -269,21 +281,10 @@ TEST_CASE("history: a process server that lost its spool while the agent and the
   w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 52, 2, 40, 1 << 20, c.dir());
   INFO(w);
   REQUIRE(w.empty());
-  std::string last_error;
-  const bool deferred = WaitFor(
-      [&] {
-        std::optional<boost::json::object> v = VolumeIn(c.StatusOf(Which::kAgent), "name", c.options().volume);
-        if (v) last_error = std::string(v->at("last_error").as_string());
-        return last_error.find("its spool lost records") != std::string::npos;
-      },
-      std::chrono::seconds(30));
-  INFO(last_error);
-  REQUIRE(deferred);
+  WaitFieldContains(c, Which::kAgent, "name", c.options().volume, "last_error", "its spool lost records");
   // cdpctl status says why the volume does not ship.
-  auto st = c.Cdpctl({"status"});
-  INFO(st.output);
-  CHECK(st.output.find("    LAST ERROR: ") != std::string::npos);
-  CHECK(st.output.find("its spool lost records") != std::string::npos);
+  WaitStatusShows(c, "    LAST ERROR: ");
+  WaitStatusShows(c, "its spool lost records");
   REQUIRE(c.Restart(Which::kMasterTarget));
   DrainedEqual(c);
 }
