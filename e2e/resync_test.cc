@@ -74,6 +74,15 @@ std::optional<boost::json::object> VolumeIn(const std::optional<boost::json::val
   return std::nullopt;
 }
 
+// Random writes through the cluster's NBD export (cdp::e2e::RandomWrites with
+// this seed, rounds, writes per round and nbdcopy bytes); they succeed.
+void Write(Cluster& c, uint32_t seed, int rounds, int writes, uint64_t nbdcopy_bytes) {
+  const std::string w =
+      cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, seed, rounds, writes, nbdcopy_bytes, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+}
+
 // Waits (30 s at most) until the string `field` of volume `name` in daemon
 // `w`'s status (the volume named by `key`) contains `text`; its last value.
 std::string WaitFieldContains(Cluster& c, Which w, const char* key, const std::string& name, const char* field,
@@ -110,9 +119,7 @@ void WaitStatusShows(Cluster& c, const std::string& text) {
 // regions: a backlog held only in the PS's spool.
 void BacklogAtPs(Cluster& c, uint32_t seed) {
   REQUIRE(c.Kill9(Which::kMasterTarget));
-  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, seed, 4, 40, 1 << 20, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
+  Write(c, seed, 4, 40, 1 << 20);
   REQUIRE(WaitFor([&] { return c.AgentU64("acked_seq") + 1 == c.AgentU64("next_seq") && c.AgentU64("dirty_regions") == 0; },
                   std::chrono::seconds(60)));
 }
@@ -144,7 +151,6 @@ TEST_CASE("upstream: an agent re-pointed from the PS to the MT is refused until 
   Cluster c;
   INFO(c.why());
   REQUIRE(c.Start());
-  const uint64_t size = c.options().volume_size;
   const std::string vol = c.options().volume;
   auto mt_volume = [&](const char* key) -> std::string {
     std::optional<boost::json::object> v = VolumeIn(c.StatusOf(Which::kMasterTarget), "volume", vol);
@@ -164,9 +170,7 @@ TEST_CASE("upstream: an agent re-pointed from the PS to the MT is refused until 
                                                    "replicates through process server 'local-ps' in generation 1");
   CHECK(last_error.find("cdpctl reprotect " + vol) != std::string::npos);
   // The application keeps writing meanwhile.
-  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 22, 1, 10, 256 << 10, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
+  Write(c, 22, 1, 10, 256 << 10);
   // The old PS comes back: its backlog is the volume's history, and applied.
   REQUIRE(c.Restart(Which::kProcessServer));
   REQUIRE(WaitFor(
@@ -210,20 +214,15 @@ TEST_CASE("history: a master target that lost its replica stalls the PS with res
   Cluster c;
   INFO(c.why());
   REQUIRE(c.Start());
-  const uint64_t size = c.options().volume_size;
   const std::string vol = c.options().volume;
-  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 41, 3, 40, 1 << 20, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
+  Write(c, 41, 3, 40, 1 << 20);
   REQUIRE(c.WaitDrained());
   // The provider's disk is replaced: the volume's replica, journal and index are gone.
   REQUIRE(c.Kill9(Which::kMasterTarget));
   REQUIRE(std::filesystem::remove_all(c.Path("mt/tenants/" + c.options().tenant + "/volumes/" + vol)) > 0);
   REQUIRE(c.Restart(Which::kMasterTarget));
   // New writes after the loss; the PS cannot serve the new replica from its spool.
-  w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 42, 1, 10, 256 << 10, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
+  Write(c, 42, 1, 10, 256 << 10);
   const std::string stalled = WaitFieldContains(c, Which::kProcessServer, "volume", vol, "stalled", "resync needed");
   // cdpctl status shows the stall under the PS's volume.
   WaitStatusShows(c, "    STALLED: " + stalled + "\n");
@@ -240,15 +239,10 @@ TEST_CASE("reprotect of a protecting volume through the PS: the next generation 
   Cluster c;
   INFO(c.why());
   REQUIRE(c.Start());
-  const uint64_t size = c.options().volume_size;
   const std::string vol = c.options().volume;
-  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 51, 2, 30, 1 << 20, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
+  Write(c, 51, 2, 30, 1 << 20);
   Reprotect(c);
-  w = cdp::e2e::RandomWrites(c.nbd_uri(), size, 52, 2, 30, 1 << 20, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
+  Write(c, 52, 2, 30, 1 << 20);
   DrainedEqual(c);
   std::optional<boost::json::object> mv = VolumeIn(c.StatusOf(Which::kMasterTarget), "volume", vol);
   REQUIRE(mv);
@@ -262,9 +256,7 @@ TEST_CASE("history: a process server that lost its spool while the agent and the
   Cluster c;
   INFO(c.why());
   REQUIRE(c.Start());
-  std::string w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 51, 3, 40, 1 << 20, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
+  Write(c, 51, 3, 40, 1 << 20);
   REQUIRE(c.WaitDrained());
   // A site outage: everything stops; the process server's spool is lost.
   REQUIRE(c.Stop(Which::kAgent));
@@ -278,9 +270,7 @@ TEST_CASE("history: a process server that lost its spool while the agent and the
   // target claims sequence 150 beyond the spool's last 92").
   REQUIRE(c.Restart(Which::kProcessServer));
   REQUIRE(c.Restart(Which::kAgent));
-  w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 52, 2, 40, 1 << 20, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
+  Write(c, 52, 2, 40, 1 << 20);
   WaitFieldContains(c, Which::kAgent, "name", c.options().volume, "last_error", "its spool lost records");
   // cdpctl status says why the volume does not ship.
   WaitStatusShows(c, "    LAST ERROR: ");
