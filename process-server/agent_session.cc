@@ -224,7 +224,10 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
       }
       if (top.ok()) {
         if (*top > durable) vol->spool().SetFloor(*top);
-        vol->ClearBeyond();  // nothing is numbered at or below the floor from now on
+        // Nothing is numbered at or below the floor from now on.
+        if (Status cleared = vol->ClearBeyond(); !cleared.ok())
+          log->error("{} {}: the copies stay refused after a restart of the process server (cdpctl reprotect)",
+                     log::Where{vol->key(), ch.peer(), *top}, cleared.ToString());
         durable = vol->spool().durable_seq();
         log->warn("{} the spool lost records it had acknowledged (up to {}); the master targets stand at {}: the "
                   "agent resumes after {}",

@@ -31,7 +31,9 @@ class MtLink::SpoolSource final : public repl::RecordSource {
       }
       if (durable > spool.durable_seq()) {
         if (spool.stats().backlog_records > 0) {
-          v_->SetBeyond(copy_);
+          if (Status kept = v_->SetBeyond(copy_); !kept.ok())
+            log::Get("ps.link")->error("{} the refusal of copy {} is not persisted (a restart would forget it): {}",
+                                       log::Where{v_->key(), "", durable}, copy_, kept.ToString());
           Status beyond = Status::Corruption("master target claims sequence " + std::to_string(durable) +
                                              " beyond the spool's last " + std::to_string(spool.durable_seq()) +
                                              " while records are unshipped: nothing released");

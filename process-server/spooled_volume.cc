@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <utility>
 
 #include "common/crc32c.h"
 #include "common/log.h"
@@ -86,6 +87,40 @@ Result<std::vector<std::pair<std::string, uint64_t>>> DecodeCopiesMeta(ByteSpan 
   return out;
 }
 
+Bytes EncodeBeyondMeta(const std::vector<std::string>& copies) {
+  Bytes b;
+  PutFixed32(b, kBeyondMagic);
+  PutFixed32(b, kBeyondVersion);
+  PutFixed32(b, uint32_t(copies.size()));
+  for (const std::string& name : copies) {
+    PutFixed32(b, uint32_t(name.size()));
+    PutBytes(b, std::string_view(name));
+  }
+  PutFixed32(b, crc32c::Value(b.data(), b.size()));
+  return b;
+}
+
+Result<std::vector<std::string>> DecodeBeyondMeta(ByteSpan data) {
+  auto bad = [] { return Status::Corruption("beyond.meta: bad record"); };
+  if (data.size() < 4) return bad();
+  if (crc32c::Value(data.data(), data.size() - 4) != DecodeFixed32(data.data() + data.size() - 4))
+    return Status::Corruption("beyond.meta: checksum mismatch");
+  ByteReader r(data.first(data.size() - 4));
+  uint32_t magic = 0, version = 0, count = 0;
+  if (!r.GetFixed32(&magic) || magic != kBeyondMagic || !r.GetFixed32(&version) || version != kBeyondVersion ||
+      !r.GetFixed32(&count) || count > 64)
+    return bad();
+  std::vector<std::string> out;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t len = 0;
+    ByteSpan name;
+    if (!r.GetFixed32(&len) || len > 1024 || !r.GetSpan(len, &name)) return bad();
+    out.emplace_back(name.begin(), name.end());
+  }
+  if (!r.empty()) return bad();
+  return out;
+}
+
 Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& spool_options, const std::string& tenant,
                                              const proto::VolumeOpen* open, proto::Codec codec, int level,
                                              const std::vector<std::string>& copies, uint64_t cursor_sync_ms) {
@@ -140,11 +175,29 @@ Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& s
     if (!cur.ok()) return cur.status().WithContext(copies_path);
     for (const auto& [name, acked] : *cur) stored[name] = acked;
   }
+  // Copies refused before a restart stay refused (a damaged file: all of them).
+  std::vector<std::string> beyond;
+  bool all_beyond = false;
+  const std::string beyond_path = JoinPath(spool_options.dir, kBeyondFile);
+  if (env->Exists(beyond_path)) {
+    Result<Bytes> data = ReadWholeFile(env, beyond_path);
+    Result<std::vector<std::string>> names_beyond = data.ok() ? DecodeBeyondMeta(*data) : data.status();
+    if (names_beyond.ok()) {
+      beyond = *names_beyond;
+    } else {
+      all_beyond = true;
+      log::Get("ps")->error("{} {}: every copy stays refused until the agent's open learns every master target's "
+                            "position, or cdpctl reprotect",
+                            log::Where{tenant + "/" + v->open_.name, "", 0},
+                            names_beyond.status().WithContext(beyond_path).ToString());
+    }
+  }
   for (const std::string& name : names) {
     CopyState c;
     c.mt = name;
     c.acked = released;
     if (auto it = stored.find(name); it != stored.end()) c.acked = std::max(c.acked, it->second);
+    c.beyond = all_beyond || std::find(beyond.begin(), beyond.end(), name) != beyond.end();
     v->copies_.push_back(std::move(c));
   }
   v->counters_.mt_acked.store(v->copies_[0].acked);
@@ -265,9 +318,13 @@ void SpooledVolume::SetStalled(size_t copy, std::string reason, bool undeliverab
   copies_[copy].stalled = std::move(reason);
 }
 
-void SpooledVolume::SetBeyond(size_t copy) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (copy < copies_.size()) copies_[copy].beyond = true;
+Status SpooledVolume::SetBeyond(size_t copy) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (copy >= copies_.size() || copies_[copy].beyond) return Status::OK();
+    copies_[copy].beyond = true;
+  }
+  return PersistBeyond();
 }
 
 bool SpooledVolume::beyond(size_t copy) const {
@@ -275,9 +332,30 @@ bool SpooledVolume::beyond(size_t copy) const {
   return copy < copies_.size() && copies_[copy].beyond;
 }
 
-void SpooledVolume::ClearBeyond() {
-  std::lock_guard<std::mutex> l(mu_);
-  for (CopyState& c : copies_) c.beyond = false;
+Status SpooledVolume::ClearBeyond() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    bool any = false;
+    for (CopyState& c : copies_) any = std::exchange(c.beyond, false) || any;
+    if (!any) return Status::OK();
+  }
+  return PersistBeyond();
+}
+
+Status SpooledVolume::PersistBeyond() {
+  std::lock_guard<std::mutex> pl(persist_mu_);
+  if (closed_) return Status::OK();
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const CopyState& c : copies_)
+      if (c.beyond) names.push_back(c.mt);
+  }
+  const std::string path = JoinPath(dir_, kBeyondFile);
+  if (!names.empty()) return WriteFileAtomic(env_, path, EncodeBeyondMeta(names));
+  if (!env_->Exists(path)) return Status::OK();
+  CDP_RETURN_IF_ERROR(env_->Remove(path));
+  return env_->SyncDir(dir_);
 }
 
 void SpooledVolume::SetFenced(size_t copy, std::string message) {

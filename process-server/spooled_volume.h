@@ -32,6 +32,14 @@
 //   count x { name_len u32 | name (the MT's host:port) | acked u64 } | crc32c u32
 // Cursors are matched by name, so reordering the `mt` keys keeps them.
 //
+// beyond.meta (version 1), written with WriteFileAtomic when a copy becomes
+// "beyond" (CopyState::beyond), removed when ClearBeyond clears it:
+//   magic u32 "CDPB" | version u32 = 1 | count u32 |
+//   count x { name_len u32 | name (the MT's host:port, "" with one copy) } | crc32c u32
+// so that a restart of the process server keeps refusing those copies. A
+// damaged file marks every copy beyond (the refusal is never dropped on a
+// guess).
+//
 // Thread safety: the spool is thread-safe; counters are atomics; the copy
 // cursors are guarded by a mutex; the rest is immutable after Open().
 #pragma once
@@ -57,6 +65,9 @@ inline constexpr uint8_t kMetaSealed = 1;  // the optional flags byte of a seale
 inline constexpr uint32_t kCopiesMagic = 0x43504443;  // "CDPC"
 inline constexpr uint32_t kCopiesVersion = 1;
 inline constexpr char kCopiesFile[] = "copies.meta";
+inline constexpr uint32_t kBeyondMagic = 0x42504443;  // "CDPB"
+inline constexpr uint32_t kBeyondVersion = 1;
+inline constexpr char kBeyondFile[] = "beyond.meta";
 
 // A spool retired by a generation switch (re-protect) keeps its files in a
 // sibling directory "<volume>.gen<G>.retired-<unix seconds>" until an
@@ -71,6 +82,9 @@ Result<proto::VolumeOpen> DecodeVolumeMeta(ByteSpan data);
 // copies.meta: (MT name, acknowledged sequence) per copy.
 Bytes EncodeCopiesMeta(const std::vector<std::pair<std::string, uint64_t>>& cursors);
 Result<std::vector<std::pair<std::string, uint64_t>>> DecodeCopiesMeta(ByteSpan data);
+// beyond.meta: the names of the copies that are beyond.
+Bytes EncodeBeyondMeta(const std::vector<std::string>& copies);
+Result<std::vector<std::string>> DecodeBeyondMeta(ByteSpan data);
 
 // One copy of a volume as the control API shows it.
 struct CopyState {
@@ -85,9 +99,9 @@ struct CopyState {
   bool undeliverable = false;
   // Its MT answered an open with a sequence beyond the spool while the spool
   // held records: records numbered since may carry numbers the MT applied to
-  // other writes, so the copy is refused (in this process) even once the
+  // other writes, so the copy is refused (across restarts) even once the
   // spool passes that sequence, until the floor is learned from every MT
-  // (ClearBeyond) or a re-protect retires the spool.
+  // (ClearBeyond) or a re-protect retires the spool. Persisted in beyond.meta.
   bool beyond = false;
   std::string fenced;    // its MT's "failed over" refusal, "" otherwise
 };
@@ -143,10 +157,12 @@ class SpooledVolume {
   // lost, when the spool released records above `durable` (it cannot serve
   // the copy: resync needed); true otherwise (lost cleared).
   bool SetCopyOpened(size_t copy, uint64_t durable);
-  // CopyState::beyond of copy `copy`: set, read; ClearBeyond clears every copy's.
-  void SetBeyond(size_t copy);
+  // CopyState::beyond of copy `copy`: set, read; ClearBeyond clears every
+  // copy's. Both rewrite beyond.meta when it changes; an error writing it is
+  // returned (the state in memory has changed all the same).
+  Status SetBeyond(size_t copy);
   bool beyond(size_t copy) const;
-  void ClearBeyond();
+  Status ClearBeyond();
   // The lowest cursor of the copies the spool can serve (not lost, not below
   // the released sequence: what the spool may release); the released
   // sequence when there is none.
@@ -184,6 +200,8 @@ class SpooledVolume {
   // Releases the spool up to ReleasableSeq() and persists the cursors when
   // cursor_sync_ms has passed; mu_ not held.
   void AfterCursorMove();
+  // Writes beyond.meta from copies_ (removes it when no copy is beyond).
+  Status PersistBeyond();
 
   std::string tenant_;
   proto::VolumeOpen open_;
@@ -201,7 +219,7 @@ class SpooledVolume {
   std::vector<CopyState> copies_;  // mu_
   uint64_t persisted_us_ = 0;      // mu_: when copies.meta was last written
   bool dirty_ = false;             // mu_: cursors moved since
-  std::mutex persist_mu_;          // one writer of copies.meta at a time; held by Close
+  std::mutex persist_mu_;          // one writer of copies.meta (and of beyond.meta) at a time; held by Close
   bool closed_ = false;            // persist_mu_
 };
 

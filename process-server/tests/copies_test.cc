@@ -6,6 +6,7 @@
 
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/fault_env.h"
 #include "process-server/ps_config.h"
 #include "process-server/spool.h"
 #include "process-server/spooled_volume.h"
@@ -345,4 +346,103 @@ TEST_CASE("copies config: repeated mt keys, copies and volume_copies", "[copies]
   CHECK(load("mt = a.example:7500\nvolume_copies = acme/v=0\n").status().code() == cdp::Code::kInvalidArgument);
   CHECK(load("mt = a.example:7500\nvolume_copies = v=1\n").status().code() == cdp::Code::kInvalidArgument);
   CHECK(load("mt = a.example\n").status().code() == cdp::Code::kInvalidArgument);
+}
+
+bool Beyond(const cdp::ps::SpooledVolume& v, size_t copy) { return v.CopyStates().at(copy).beyond; }
+
+TEST_CASE("copies: a copy refused as beyond the spool stays refused after a restart, by MT name, until cleared",
+          "[copies][history]") {
+  // Regression: the refusal lived in memory only, so a restart of the PS
+  // resumed the copy after the MT's position and skipped the records the
+  // spool had numbered since it lost its own (process_server_test.cc).
+  auto env = cdp::NewMemEnv();
+  cdp::ManualClock clock;
+  const std::string path = std::string(kDir) + "/" + cdp::ps::kBeyondFile;
+  {
+    auto v = OpenVolume(env.get(), &clock, kTwo);
+    CHECK_FALSE(env->Exists(path));
+    REQUIRE(v->SetBeyond(1).ok());
+    auto names = cdp::ps::DecodeBeyondMeta(cdp::ReadWholeFile(env.get(), path).value());
+    REQUIRE(names.ok());
+    CHECK(*names == std::vector<std::string>{kTwo[1]});
+  }
+  {
+    // Reopened with the MTs the other way round: the refusal follows the name.
+    auto v = OpenVolume(env.get(), &clock, {kTwo[1], kTwo[0]}, 0, /*create=*/false);
+    CHECK(Beyond(*v, 0));
+    CHECK_FALSE(Beyond(*v, 1));
+    REQUIRE(v->ClearBeyond().ok());
+    CHECK_FALSE(Beyond(*v, 0));
+    CHECK_FALSE(env->Exists(path));
+  }
+  {
+    auto v = OpenVolume(env.get(), &clock, kTwo, 0, false);
+    CHECK_FALSE(Beyond(*v, 0));
+    CHECK_FALSE(Beyond(*v, 1));
+    // One copy: its name is "".
+    REQUIRE(v->SetBeyond(0).ok());
+  }
+  SECTION("a damaged file refuses every copy, never guesses the refusal away") {
+    cdp::Bytes bad = cdp::ReadWholeFile(env.get(), path).value();
+    bad[9] ^= 1;
+    REQUIRE(cdp::WriteFileAtomic(env.get(), path, bad).ok());
+    auto v = OpenVolume(env.get(), &clock, kTwo, 0, false);
+    CHECK(Beyond(*v, 0));
+    CHECK(Beyond(*v, 1));
+  }
+  SECTION("a single copy's refusal is kept too") {
+    auto one = cdp::NewMemEnv();
+    {
+      auto v = OpenVolume(one.get(), &clock, {});
+      REQUIRE(v->SetBeyond(0).ok());
+    }
+    auto v = OpenVolume(one.get(), &clock, {}, 0, false);
+    CHECK(Beyond(*v, 0));
+    CHECK(cdp::ps::DecodeBeyondMeta(cdp::ReadWholeFile(one.get(), path).value()).value() ==
+          std::vector<std::string>{""});
+  }
+}
+
+TEST_CASE("copies: a refusal reported kept survives a power cut at any point, a clearing reported done too",
+          "[copies][history][fault]") {
+  cdp::ManualClock clock;
+  uint64_t runs = 0;
+  for (uint64_t n = 0;; ++n) {
+    auto mem = cdp::NewMemEnv();
+    {
+      auto v = OpenVolume(mem.get(), &clock, kTwo);  // created before the faults start
+      v->Close();
+    }
+    cdp::FaultEnv fault(mem.get());
+    fault.SetCrashAfterSyncs(n);
+    bool set = false, cleared = false, set_again = false;
+    {
+      cdp::proto::VolumeOpen vol = Vol();
+      auto v = cdp::ps::SpooledVolume::Open(Opts(&fault, &clock), "acme", &vol, cdp::proto::Codec::kNone, 0, kTwo);
+      if (v.ok()) {
+        set = (*v)->SetBeyond(0).ok();
+        if (set) cleared = (*v)->ClearBeyond().ok();
+        if (cleared) set_again = (*v)->SetBeyond(1).ok();
+      }
+    }
+    const bool finished = !fault.crashed();
+    REQUIRE(fault.DropUnsyncedData().ok());
+    fault.ClearErrors();
+    auto v = OpenVolume(&fault, &clock, kTwo, 0, false);
+    // What each call reported done is what the restart finds; a call cut
+    // short may have taken effect or not.
+    if (set_again) CHECK(Beyond(*v, 1));
+    if (cleared) {
+      CHECK_FALSE(Beyond(*v, 0));
+    } else if (set) {
+      CHECK(Beyond(*v, 0));
+    }
+    ++runs;
+    if (finished) {
+      CHECK(set_again);
+      break;
+    }
+    REQUIRE(n < 100);
+  }
+  CHECK(runs > 3);
 }

@@ -1136,6 +1136,14 @@ TEST_CASE("a master target beyond the spool's records stays refused once the spo
   REQUIRE(stalled_with("records spooled since may reuse its sequence numbers"));
   CHECK(copy().at("undeliverable").as_bool());
   std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(5);
+  SECTION("a restart of the PS keeps refusing (beyond.meta): it would resume after 5 and skip the new 1..5") {
+    agent.reset();
+    ps.reset();
+    ps = StartPs(env2.get(), mt.port);
+    REQUIRE(stalled_with("records spooled since may reuse its sequence numbers"));
+    CHECK(copy().at("undeliverable").as_bool());
+    CHECK(vol->applied_seq() == 5);
+  }
   // A re-protect gets the volume going: the next generation compares everything.
   ReprotectWithNothingUndelivered(*ps, *vol);
 }
