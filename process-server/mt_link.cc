@@ -24,23 +24,36 @@ class MtLink::SpoolSource final : public repl::RecordSource {
         // Records spooled since may reuse numbers the MT holds: resuming after
         // `durable` would skip them (agent_session.cc learns the floor first).
         Status again = Status::Corruption(
-            "master target stood beyond the spool while records were unshipped; records spooled since may reuse its "
-            "sequence numbers: refused until the agent's open learns every master target's position, or cdpctl "
-            "reprotect");
+            "master target holds sequence numbers this spool may have given to other records (it stood beyond the "
+            "spool while records were unshipped, or answered first after a new spool numbered records): records "
+            "spooled since may reuse its sequence numbers: refused until the agent's open learns every master "
+            "target's position, or cdpctl reprotect");
         return again.MarkDataLoss();
       }
       if (durable > spool.durable_seq()) {
         if (spool.stats().backlog_records > 0) {
-          if (Status kept = v_->SetBeyond(copy_); !kept.ok())
-            log::Get("ps.link")->error("{} the refusal of copy {} is not persisted (a restart would forget it): {}",
-                                       log::Where{v_->key(), "", durable}, copy_, kept.ToString());
+          KeepRefused(durable);
           Status beyond = Status::Corruption("master target claims sequence " + std::to_string(durable) +
                                              " beyond the spool's last " + std::to_string(spool.durable_seq()) +
                                              " while records are unshipped: nothing released");
           return beyond.MarkDataLoss();
         }
         spool.SetFloor(durable);
+      } else if (v_->unanchored(copy_) && durable > spool.stats().released_seq) {
+        // The first answer since the spool was created, and the MT holds
+        // sequences this spool has numbered records with: records numbered
+        // before that MT answered (a spool lost, a volume moved here while
+        // its MT was down). Resuming after `durable` would skip them.
+        const SpoolStats st = spool.stats();
+        KeepRefused(durable);
+        Status reused = Status::Corruption(
+            "master target stands at seq " + std::to_string(durable) + ", but this spool numbered records " +
+            std::to_string(st.released_seq + 1) + ".." + std::to_string(spool.durable_seq()) +
+            " before that master target answered (the spool is new: it was lost, or the volume moved to this "
+            "process server): they may reuse its sequence numbers; refused until cdpctl reprotect");
+        return reused.MarkDataLoss();
       }
+      CDP_RETURN_IF_ERROR(v_->SetAnchored(copy_));
       // This copy's cursor is now the MT's word; the spool releases what
       // every copy has (SpooledVolume).
       if (!v_->SetCopyOpened(copy_, durable)) {
@@ -87,6 +100,13 @@ class MtLink::SpoolSource final : public repl::RecordSource {
   void Rewound(uint64_t frames) override { v_->counters().resent_frames.fetch_add(frames); }
 
  private:
+  // The copy stays refused from now on (CopyState::beyond).
+  void KeepRefused(uint64_t durable) {
+    if (Status kept = v_->SetBeyond(copy_); !kept.ok())
+      log::Get("ps.link")->error("{} the refusal of copy {} is not persisted (a restart would forget it): {}",
+                                 log::Where{v_->key(), "", durable}, copy_, kept.ToString());
+  }
+
   SpooledVolume* const v_;
   const size_t copy_;
 };

@@ -87,10 +87,10 @@ Result<std::vector<std::pair<std::string, uint64_t>>> DecodeCopiesMeta(ByteSpan 
   return out;
 }
 
-Bytes EncodeBeyondMeta(const std::vector<std::string>& copies) {
+Bytes EncodeCopyList(const CopyList& list, const std::vector<std::string>& copies) {
   Bytes b;
-  PutFixed32(b, kBeyondMagic);
-  PutFixed32(b, kBeyondVersion);
+  PutFixed32(b, list.magic);
+  PutFixed32(b, kCopyListVersion);
   PutFixed32(b, uint32_t(copies.size()));
   for (const std::string& name : copies) {
     PutFixed32(b, uint32_t(name.size()));
@@ -100,14 +100,14 @@ Bytes EncodeBeyondMeta(const std::vector<std::string>& copies) {
   return b;
 }
 
-Result<std::vector<std::string>> DecodeBeyondMeta(ByteSpan data) {
-  auto bad = [] { return Status::Corruption("beyond.meta: bad record"); };
+Result<std::vector<std::string>> DecodeCopyList(const CopyList& list, ByteSpan data) {
+  auto bad = [&] { return Status::Corruption(std::string(list.file) + ": bad record"); };
   if (data.size() < 4) return bad();
   if (crc32c::Value(data.data(), data.size() - 4) != DecodeFixed32(data.data() + data.size() - 4))
-    return Status::Corruption("beyond.meta: checksum mismatch");
+    return Status::Corruption(std::string(list.file) + ": checksum mismatch");
   ByteReader r(data.first(data.size() - 4));
   uint32_t magic = 0, version = 0, count = 0;
-  if (!r.GetFixed32(&magic) || magic != kBeyondMagic || !r.GetFixed32(&version) || version != kBeyondVersion ||
+  if (!r.GetFixed32(&magic) || magic != list.magic || !r.GetFixed32(&version) || version != kCopyListVersion ||
       !r.GetFixed32(&count) || count > 64)
     return bad();
   std::vector<std::string> out;
@@ -121,11 +121,42 @@ Result<std::vector<std::string>> DecodeBeyondMeta(ByteSpan data) {
   return out;
 }
 
+namespace {
+
+// Whether copy `name` is listed in `list`'s file in `dir` (every copy when
+// the file is damaged: logged).
+class CopyListOnDisk {
+ public:
+  CopyListOnDisk(Env* env, const std::string& dir, const CopyList& list, const std::string& key) {
+    const std::string path = JoinPath(dir, list.file);
+    if (!env->Exists(path)) return;
+    Result<Bytes> data = ReadWholeFile(env, path);
+    Result<std::vector<std::string>> names = data.ok() ? DecodeCopyList(list, *data) : data.status();
+    if (names.ok()) {
+      names_ = std::move(*names);
+      return;
+    }
+    all_ = true;
+    log::Get("ps")->error("{} {}: taken as naming every copy", log::Where{key, "", 0},
+                          names.status().WithContext(path).ToString());
+  }
+  bool Lists(const std::string& name) const {
+    return all_ || std::find(names_.begin(), names_.end(), name) != names_.end();
+  }
+
+ private:
+  std::vector<std::string> names_;
+  bool all_ = false;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& spool_options, const std::string& tenant,
                                              const proto::VolumeOpen* open, proto::Codec codec, int level,
                                              const std::vector<std::string>& copies, uint64_t cursor_sync_ms) {
   Env* env = spool_options.env;
   std::string meta_path = JoinPath(spool_options.dir, "volume.meta");
+  const std::vector<std::string> names = copies.empty() ? std::vector<std::string>{""} : copies;
   std::unique_ptr<SpooledVolume> v(new SpooledVolume());
   v->tenant_ = tenant;
   v->codec_ = codec;
@@ -147,6 +178,10 @@ Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& s
     if (open == nullptr) return Status::NotFound("no volume.meta in " + spool_options.dir);
     v->open_ = *open;
     CDP_RETURN_IF_ERROR(env->CreateDirs(spool_options.dir));
+    // A new spool: no copy's MT has answered yet. Written first, so that no
+    // volume.meta stands without it.
+    CDP_RETURN_IF_ERROR(WriteFileAtomic(env, JoinPath(spool_options.dir, kAnchorList.file),
+                                        EncodeCopyList(kAnchorList, names)));
     CDP_RETURN_IF_ERROR(WriteFileAtomic(env, meta_path, EncodeVolumeMeta(*open)));
   }
   // A sealed volume's blocks are ciphertext: compressing them costs CPU and saves nothing.
@@ -166,7 +201,6 @@ Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& s
   // Nothing above the released sequence was released: every copy had
   // acknowledged it. A persisted cursor may only raise that.
   const uint64_t released = v->spool_->stats().released_seq;
-  const std::vector<std::string> names = copies.empty() ? std::vector<std::string>{""} : copies;
   std::map<std::string, uint64_t> stored;
   const std::string copies_path = JoinPath(spool_options.dir, kCopiesFile);
   if (names.size() > 1 && env->Exists(copies_path)) {
@@ -175,29 +209,16 @@ Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& s
     if (!cur.ok()) return cur.status().WithContext(copies_path);
     for (const auto& [name, acked] : *cur) stored[name] = acked;
   }
-  // Copies refused before a restart stay refused (a damaged file: all of them).
-  std::vector<std::string> beyond;
-  bool all_beyond = false;
-  const std::string beyond_path = JoinPath(spool_options.dir, kBeyondFile);
-  if (env->Exists(beyond_path)) {
-    Result<Bytes> data = ReadWholeFile(env, beyond_path);
-    Result<std::vector<std::string>> names_beyond = data.ok() ? DecodeBeyondMeta(*data) : data.status();
-    if (names_beyond.ok()) {
-      beyond = *names_beyond;
-    } else {
-      all_beyond = true;
-      log::Get("ps")->error("{} {}: every copy stays refused until the agent's open learns every master target's "
-                            "position, or cdpctl reprotect",
-                            log::Where{tenant + "/" + v->open_.name, "", 0},
-                            names_beyond.status().WithContext(beyond_path).ToString());
-    }
-  }
+  // Copies refused before a restart stay refused.
+  const CopyListOnDisk beyond(env, spool_options.dir, kBeyondList, tenant + "/" + v->open_.name);
+  const CopyListOnDisk unanchored(env, spool_options.dir, kAnchorList, tenant + "/" + v->open_.name);
   for (const std::string& name : names) {
     CopyState c;
     c.mt = name;
     c.acked = released;
     if (auto it = stored.find(name); it != stored.end()) c.acked = std::max(c.acked, it->second);
-    c.beyond = all_beyond || std::find(beyond.begin(), beyond.end(), name) != beyond.end();
+    c.beyond = beyond.Lists(name);
+    c.unanchored = unanchored.Lists(name);
     v->copies_.push_back(std::move(c));
   }
   v->counters_.mt_acked.store(v->copies_[0].acked);
@@ -324,7 +345,7 @@ Status SpooledVolume::SetBeyond(size_t copy) {
     if (copy >= copies_.size() || copies_[copy].beyond) return Status::OK();
     copies_[copy].beyond = true;
   }
-  return PersistBeyond();
+  return PersistCopyList(kBeyondList, &CopyState::beyond);
 }
 
 bool SpooledVolume::beyond(size_t copy) const {
@@ -339,20 +360,46 @@ Status SpooledVolume::ClearBeyond() {
     for (CopyState& c : copies_) any = std::exchange(c.beyond, false) || any;
     if (!any) return Status::OK();
   }
-  return PersistBeyond();
+  return PersistCopyList(kBeyondList, &CopyState::beyond);
 }
 
-Status SpooledVolume::PersistBeyond() {
+bool SpooledVolume::unanchored(size_t copy) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return copy < copies_.size() && copies_[copy].unanchored;
+}
+
+Status SpooledVolume::SetAnchored(size_t copy) {
+  // Cleared in memory only once the file no longer names the copy: a restart
+  // must not find it unanchored after its MT's answer was acted upon.
+  std::lock_guard<std::mutex> pl(persist_mu_);
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (copy >= copies_.size() || !copies_[copy].unanchored) return Status::OK();
+    for (size_t i = 0; i < copies_.size(); ++i)
+      if (i != copy && copies_[i].unanchored) names.push_back(copies_[i].mt);
+  }
+  if (!closed_) CDP_RETURN_IF_ERROR(WriteCopyList(kAnchorList, names));
+  std::lock_guard<std::mutex> l(mu_);
+  copies_[copy].unanchored = false;
+  return Status::OK();
+}
+
+Status SpooledVolume::PersistCopyList(const CopyList& list, bool CopyState::*member) {
   std::lock_guard<std::mutex> pl(persist_mu_);
   if (closed_) return Status::OK();
   std::vector<std::string> names;
   {
     std::lock_guard<std::mutex> l(mu_);
     for (const CopyState& c : copies_)
-      if (c.beyond) names.push_back(c.mt);
+      if (c.*member) names.push_back(c.mt);
   }
-  const std::string path = JoinPath(dir_, kBeyondFile);
-  if (!names.empty()) return WriteFileAtomic(env_, path, EncodeBeyondMeta(names));
+  return WriteCopyList(list, names);
+}
+
+Status SpooledVolume::WriteCopyList(const CopyList& list, const std::vector<std::string>& names) {
+  const std::string path = JoinPath(dir_, list.file);
+  if (!names.empty()) return WriteFileAtomic(env_, path, EncodeCopyList(list, names));
   if (!env_->Exists(path)) return Status::OK();
   CDP_RETURN_IF_ERROR(env_->Remove(path));
   return env_->SyncDir(dir_);

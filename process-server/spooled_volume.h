@@ -32,13 +32,16 @@
 //   count x { name_len u32 | name (the MT's host:port) | acked u64 } | crc32c u32
 // Cursors are matched by name, so reordering the `mt` keys keeps them.
 //
-// beyond.meta (version 1), written with WriteFileAtomic when a copy becomes
-// "beyond" (CopyState::beyond), removed when ClearBeyond clears it:
-//   magic u32 "CDPB" | version u32 = 1 | count u32 |
+// Two files name copies, each written with WriteFileAtomic while it names
+// one and removed (then the directory synced) when it names none, so that a
+// restart of the process server keeps their refusals:
+//   beyond.meta  the copies refused as "beyond" the spool (CopyState::beyond);
+//   anchor.meta  the copies whose MT has not answered an open since the spool
+//                was created (CopyState::unanchored); written before
+//                volume.meta when the spool is created.
+// Both: magic u32 ("CDPB", "CDPA") | version u32 = 1 | count u32 |
 //   count x { name_len u32 | name (the MT's host:port, "" with one copy) } | crc32c u32
-// so that a restart of the process server keeps refusing those copies. A
-// damaged file marks every copy beyond (the refusal is never dropped on a
-// guess).
+// A damaged file names every copy (a refusal is never dropped on a guess).
 //
 // Thread safety: the spool is thread-safe; counters are atomics; the copy
 // cursors are guarded by a mutex; the rest is immutable after Open().
@@ -65,9 +68,14 @@ inline constexpr uint8_t kMetaSealed = 1;  // the optional flags byte of a seale
 inline constexpr uint32_t kCopiesMagic = 0x43504443;  // "CDPC"
 inline constexpr uint32_t kCopiesVersion = 1;
 inline constexpr char kCopiesFile[] = "copies.meta";
-inline constexpr uint32_t kBeyondMagic = 0x42504443;  // "CDPB"
-inline constexpr uint32_t kBeyondVersion = 1;
-inline constexpr char kBeyondFile[] = "beyond.meta";
+// beyond.meta and anchor.meta (above).
+struct CopyList {
+  uint32_t magic;
+  const char* file;
+};
+inline constexpr uint32_t kCopyListVersion = 1;
+inline constexpr CopyList kBeyondList{0x42504443, "beyond.meta"};  // "CDPB"
+inline constexpr CopyList kAnchorList{0x41504443, "anchor.meta"};  // "CDPA"
 
 // A spool retired by a generation switch (re-protect) keeps its files in a
 // sibling directory "<volume>.gen<G>.retired-<unix seconds>" until an
@@ -82,9 +90,9 @@ Result<proto::VolumeOpen> DecodeVolumeMeta(ByteSpan data);
 // copies.meta: (MT name, acknowledged sequence) per copy.
 Bytes EncodeCopiesMeta(const std::vector<std::pair<std::string, uint64_t>>& cursors);
 Result<std::vector<std::pair<std::string, uint64_t>>> DecodeCopiesMeta(ByteSpan data);
-// beyond.meta: the names of the copies that are beyond.
-Bytes EncodeBeyondMeta(const std::vector<std::string>& copies);
-Result<std::vector<std::string>> DecodeBeyondMeta(ByteSpan data);
+// beyond.meta, anchor.meta: the names of the copies listed.
+Bytes EncodeCopyList(const CopyList& list, const std::vector<std::string>& copies);
+Result<std::vector<std::string>> DecodeCopyList(const CopyList& list, ByteSpan data);
 
 // One copy of a volume as the control API shows it.
 struct CopyState {
@@ -103,6 +111,12 @@ struct CopyState {
   // spool passes that sequence, until the floor is learned from every MT
   // (ClearBeyond) or a re-protect retires the spool. Persisted in beyond.meta.
   bool beyond = false;
+  // Its MT has not answered an open since this spool was created (a new
+  // volume, a spool lost, a volume moved here): the spool may number records
+  // its MT already holds under the same numbers, so the first answer decides
+  // whether the copy can be served (process-server/mt_link.cc). Persisted in
+  // anchor.meta.
+  bool unanchored = false;
   std::string fenced;    // its MT's "failed over" refusal, "" otherwise
 };
 
@@ -163,6 +177,11 @@ class SpooledVolume {
   Status SetBeyond(size_t copy);
   bool beyond(size_t copy) const;
   Status ClearBeyond();
+  // CopyState::unanchored of copy `copy`: read; SetAnchored clears it once
+  // anchor.meta no longer names it (an error writing it is returned, and the
+  // copy stays unanchored).
+  bool unanchored(size_t copy) const;
+  Status SetAnchored(size_t copy);
   // The lowest cursor of the copies the spool can serve (not lost, not below
   // the released sequence: what the spool may release); the released
   // sequence when there is none.
@@ -200,8 +219,11 @@ class SpooledVolume {
   // Releases the spool up to ReleasableSeq() and persists the cursors when
   // cursor_sync_ms has passed; mu_ not held.
   void AfterCursorMove();
-  // Writes beyond.meta from copies_ (removes it when no copy is beyond).
-  Status PersistBeyond();
+  // Writes `list` naming the copies whose `member` is set (removes it when
+  // none is).
+  Status PersistCopyList(const CopyList& list, bool CopyState::*member);
+  // Writes `list` naming `names` (removes it when empty); persist_mu_ held.
+  Status WriteCopyList(const CopyList& list, const std::vector<std::string>& names);
 
   std::string tenant_;
   proto::VolumeOpen open_;

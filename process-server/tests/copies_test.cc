@@ -357,12 +357,12 @@ TEST_CASE("copies: a copy refused as beyond the spool stays refused after a rest
   // spool had numbered since it lost its own (process_server_test.cc).
   auto env = cdp::NewMemEnv();
   cdp::ManualClock clock;
-  const std::string path = std::string(kDir) + "/" + cdp::ps::kBeyondFile;
+  const std::string path = std::string(kDir) + "/" + cdp::ps::kBeyondList.file;
   {
     auto v = OpenVolume(env.get(), &clock, kTwo);
     CHECK_FALSE(env->Exists(path));
     REQUIRE(v->SetBeyond(1).ok());
-    auto names = cdp::ps::DecodeBeyondMeta(cdp::ReadWholeFile(env.get(), path).value());
+    auto names = cdp::ps::DecodeCopyList(cdp::ps::kBeyondList, cdp::ReadWholeFile(env.get(), path).value());
     REQUIRE(names.ok());
     CHECK(*names == std::vector<std::string>{kTwo[1]});
   }
@@ -398,7 +398,7 @@ TEST_CASE("copies: a copy refused as beyond the spool stays refused after a rest
     }
     auto v = OpenVolume(one.get(), &clock, {}, 0, false);
     CHECK(Beyond(*v, 0));
-    CHECK(cdp::ps::DecodeBeyondMeta(cdp::ReadWholeFile(one.get(), path).value()).value() ==
+    CHECK(cdp::ps::DecodeCopyList(cdp::ps::kBeyondList, cdp::ReadWholeFile(one.get(), path).value()).value() ==
           std::vector<std::string>{""});
   }
 }
@@ -440,6 +440,81 @@ TEST_CASE("copies: a refusal reported kept survives a power cut at any point, a 
     ++runs;
     if (finished) {
       CHECK(set_again);
+      break;
+    }
+    REQUIRE(n < 100);
+  }
+  CHECK(runs > 3);
+}
+
+TEST_CASE("copies: a new spool names every copy unanchored until its MT answers, across restarts",
+          "[copies][history]") {
+  auto env = cdp::NewMemEnv();
+  cdp::ManualClock clock;
+  const std::string path = std::string(kDir) + "/" + cdp::ps::kAnchorList.file;
+  {
+    auto v = OpenVolume(env.get(), &clock, kTwo);
+    CHECK(v->unanchored(0));
+    CHECK(v->unanchored(1));
+    auto names = cdp::ps::DecodeCopyList(cdp::ps::kAnchorList, cdp::ReadWholeFile(env.get(), path).value());
+    REQUIRE(names.ok());
+    CHECK(*names == kTwo);
+    REQUIRE(v->SetAnchored(0).ok());
+  }
+  {
+    // The agent's open of the existing spool (a restart) creates nothing new.
+    auto v = OpenVolume(env.get(), &clock, kTwo);
+    CHECK_FALSE(v->unanchored(0));
+    CHECK(v->unanchored(1));
+    REQUIRE(v->SetAnchored(1).ok());
+    CHECK_FALSE(env->Exists(path));
+  }
+  auto v = OpenVolume(env.get(), &clock, kTwo, 0, false);
+  CHECK_FALSE(v->unanchored(0));
+  CHECK_FALSE(v->unanchored(1));
+}
+
+TEST_CASE("copies: a copy stays unanchored when anchor.meta cannot be rewritten, and a power cut never finds it "
+          "unanchored once it was reported anchored",
+          "[copies][history][fault]") {
+  cdp::ManualClock clock;
+  {
+    auto mem = cdp::NewMemEnv();
+    cdp::FaultEnv fault(mem.get());
+    auto v = OpenVolume(&fault, &clock, kTwo);
+    fault.InjectError(cdp::FaultEnv::Op::kRename, ENOSPC);
+    CHECK(v->SetAnchored(0).code() == cdp::Code::kNoSpace);
+    CHECK(v->unanchored(0));
+    fault.ClearErrors();
+    REQUIRE(v->SetAnchored(0).ok());
+    CHECK_FALSE(v->unanchored(0));
+  }
+  uint64_t runs = 0;
+  for (uint64_t n = 0;; ++n) {
+    auto mem = cdp::NewMemEnv();
+    cdp::FaultEnv fault(mem.get());
+    fault.SetCrashAfterSyncs(n);
+    bool created = false, anchored = false;
+    {
+      cdp::proto::VolumeOpen vol = Vol();
+      auto v = cdp::ps::SpooledVolume::Open(Opts(&fault, &clock), "acme", &vol, cdp::proto::Codec::kNone, 0, kTwo);
+      created = v.ok();
+      if (created) anchored = (*v)->SetAnchored(1).ok();
+    }
+    const bool finished = !fault.crashed();
+    REQUIRE(fault.DropUnsyncedData().ok());
+    fault.ClearErrors();
+    if (fault.Exists(std::string(kDir) + "/volume.meta")) {
+      // A spool that exists after the cut was created with anchor.meta.
+      auto v = OpenVolume(&fault, &clock, kTwo, 0, false);
+      CHECK(v->unanchored(0));
+      CHECK(v->unanchored(1) == !anchored);
+    } else {
+      CHECK_FALSE(created);
+    }
+    ++runs;
+    if (finished) {
+      CHECK(anchored);
       break;
     }
     REQUIRE(n < 100);

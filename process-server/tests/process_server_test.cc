@@ -1148,6 +1148,63 @@ TEST_CASE("a master target beyond the spool's records stays refused once the spo
   ReprotectWithNothingUndelivered(*ps, *vol);
 }
 
+TEST_CASE("a new spool that numbered records before its master target answered is refused, even when the master "
+          "target stands below the spool's last record",
+          "[server][history]") {
+  // Regression: the spool was lost while the MT (at 5) was down; the agent,
+  // with no acknowledged sequence to send, was answered 0 and numbered new
+  // writes 1..7. When the MT came back the link resumed after 5: the new
+  // records 1..5 were never applied, silently.
+  RestartableMt mt;
+  auto env = cdp::NewMemEnv();
+  auto env2 = cdp::NewMemEnv();
+  auto ps = OutageLosingTheSpool(mt, env.get(), env2.get());
+  auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 0);
+  REQUIRE(reply.durable_seq == 0);
+  REQUIRE(agent->Send(Batch(reply.volume_id, 1, 7)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 7);
+  mt.Start();
+  auto copy = [&] {
+    auto r = cdp::http::HttpRequest("127.0.0.1", ps->control_port(), "GET", "/v1/volumes");
+    REQUIRE(r.ok());
+    return boost::json::parse(r->body).at("volumes").at(0).at("copies").at(0).as_object();
+  };
+  auto stalled_with = [&](const std::string& text) {
+    return cdp::testing::WaitUntil(
+        [&] { return std::string(copy().at("stalled").as_string()).find(text) != std::string::npos; }, 30s, 20ms);
+  };
+  REQUIRE(stalled_with("master target stands at seq 5, but this spool numbered records 1..7 before that master "
+                       "target answered"));
+  CHECK(copy().at("undeliverable").as_bool());
+  std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(5);
+  // Still refused at the next connection, and after a restart of the PS.
+  agent.reset();
+  ps.reset();
+  ps = StartPs(env2.get(), mt.port);
+  REQUIRE(stalled_with("records spooled since may reuse its sequence numbers"));
+  CHECK(vol->applied_seq() == 5);
+  ReprotectWithNothingUndelivered(*ps, *vol);
+}
+
+TEST_CASE("a new volume's spool is anchored by its master target's first answer: records numbered while the MT "
+          "was down are delivered",
+          "[server][history]") {
+  // The other side of the rule above: a volume new to both, protected while
+  // its MT is down, is not refused when the MT answers 0.
+  RestartableMt mt;
+  mt.Stop();
+  auto env = cdp::NewMemEnv();
+  auto ps = StartPs(env.get(), mt.port);
+  auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 0);
+  REQUIRE(reply.durable_seq == 0);
+  REQUIRE(agent->Send(Batch(reply.volume_id, 1, 4)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 4);
+  CHECK(env->Exists("/ps/spool/acme/db1/anchor.meta"));
+  mt.Start();
+  mt.WaitApplied(4);
+  CHECK_FALSE(env->Exists("/ps/spool/acme/db1/anchor.meta"));
+}
+
 TEST_CASE("a spool record that fails its check stalls the copy as undeliverable, and a re-protect, or a restart of "
           "the PS, gets the volume going again",
           "[server][generation]") {
