@@ -1094,14 +1094,30 @@ TEST_CASE("a spool that lost records it had acknowledged answers the agent once 
                           "no sequence is used twice: master target 127.0.0.1:" + std::to_string(mt.port) + ": ",
                           0) == 0);
   }
-  // The MT is back: the agent resumes after what it applied, and its next
-  // writes are applied.
   mt.Start();
-  auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 5);
-  CHECK(reply.durable_seq == 5);
-  REQUIRE(agent->Send(Batch(reply.volume_id, 6, 2)).ok());
-  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 7);
-  mt.WaitApplied(7);
+  SECTION("the MT is back: the agent resumes after what it applied, and its next writes are applied") {
+    auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 5);
+    CHECK(reply.durable_seq == 5);
+    REQUIRE(agent->Send(Batch(reply.volume_id, 6, 2)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 7);
+    mt.WaitApplied(7);
+  }
+  SECTION("the MT is back with the volume failed over: the agent's open gets the fence, not the wait") {
+    REQUIRE(mt->Failover("acme", "db1", 5, 0).ok());
+    cdp::proto::Nack n;
+    REQUIRE(cdp::testing::WaitUntil(
+        [&] {
+          auto c = AgentConnect(ps->agent_port());
+          auto vo = Vol("db1");
+          vo.acked_seq = 5;
+          if (!c->Send(vo).ok()) return false;
+          n = Expect<cdp::proto::Nack>(*c);
+          return n.reason != cdp::proto::NackReason::kBusy;
+        },
+        30s, 20ms));
+    CHECK(cdp::proto::IsFailedOverNack(n));
+    CHECK(n.message.rfind("failed over: volume db1 failed over", 0) == 0);
+  }
 }
 
 TEST_CASE("a master target beyond the spool's records stays refused once the spool passes it, until a re-protect",
