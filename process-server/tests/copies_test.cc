@@ -350,6 +350,15 @@ TEST_CASE("copies config: repeated mt keys, copies and volume_copies", "[copies]
 
 bool Beyond(const cdp::ps::SpooledVolume& v, size_t copy) { return v.CopyStates().at(copy).beyond; }
 
+// The copies `list`'s file in kDir names.
+std::vector<std::string> Listed(cdp::Env* env, const cdp::ps::CopyList& list) {
+  auto data = cdp::ReadWholeFile(env, std::string(kDir) + "/" + list.file);
+  REQUIRE(data.ok());
+  auto names = cdp::ps::DecodeCopyList(list, *data);
+  REQUIRE(names.ok());
+  return *names;
+}
+
 TEST_CASE("copies: a copy refused as beyond the spool stays refused after a restart, by MT name, until cleared",
           "[copies][history]") {
   // Regression: the refusal lived in memory only, so a restart of the PS
@@ -362,9 +371,7 @@ TEST_CASE("copies: a copy refused as beyond the spool stays refused after a rest
     auto v = OpenVolume(env.get(), &clock, kTwo);
     CHECK_FALSE(env->Exists(path));
     REQUIRE(v->SetBeyond(1).ok());
-    auto names = cdp::ps::DecodeCopyList(cdp::ps::kBeyondList, cdp::ReadWholeFile(env.get(), path).value());
-    REQUIRE(names.ok());
-    CHECK(*names == std::vector<std::string>{kTwo[1]});
+    CHECK(Listed(env.get(), cdp::ps::kBeyondList) == std::vector<std::string>{kTwo[1]});
   }
   {
     // Reopened with the MTs the other way round: the refusal follows the name.
@@ -379,8 +386,7 @@ TEST_CASE("copies: a copy refused as beyond the spool stays refused after a rest
     auto v = OpenVolume(env.get(), &clock, kTwo, 0, false);
     CHECK_FALSE(Beyond(*v, 0));
     CHECK_FALSE(Beyond(*v, 1));
-    // One copy: its name is "".
-    REQUIRE(v->SetBeyond(0).ok());
+    REQUIRE(v->SetBeyond(0).ok());  // for the sections below
   }
   SECTION("a damaged file refuses every copy, never guesses the refusal away") {
     cdp::Bytes bad = cdp::ReadWholeFile(env.get(), path).value();
@@ -398,8 +404,7 @@ TEST_CASE("copies: a copy refused as beyond the spool stays refused after a rest
     }
     auto v = OpenVolume(one.get(), &clock, {}, 0, false);
     CHECK(Beyond(*v, 0));
-    CHECK(cdp::ps::DecodeCopyList(cdp::ps::kBeyondList, cdp::ReadWholeFile(one.get(), path).value()).value() ==
-          std::vector<std::string>{""});
+    CHECK(Listed(one.get(), cdp::ps::kBeyondList) == std::vector<std::string>{""});  // one copy's name
   }
 }
 
@@ -456,9 +461,7 @@ TEST_CASE("copies: a new spool names every copy unanchored until its MT answers,
     auto v = OpenVolume(env.get(), &clock, kTwo);
     CHECK(v->unanchored(0));
     CHECK(v->unanchored(1));
-    auto names = cdp::ps::DecodeCopyList(cdp::ps::kAnchorList, cdp::ReadWholeFile(env.get(), path).value());
-    REQUIRE(names.ok());
-    CHECK(*names == kTwo);
+    CHECK(Listed(env.get(), cdp::ps::kAnchorList) == kTwo);
     REQUIRE(v->SetAnchored(0).ok());
   }
   {

@@ -1067,6 +1067,34 @@ void ReprotectWithNothingUndelivered(cdp::ps::ProcessServer& ps, cdp::mt::Replic
   CHECK(vol.identity().generation == 2);
 }
 
+// After OutageLosingTheSpool: the agent, with no acknowledged sequence to
+// send, is answered 0 and numbers `n` new writes 1..n; then the MT returns.
+// The PS.
+std::unique_ptr<cdp::ps::ProcessServer> NewWritesBeforeTheMtReturns(RestartableMt& mt, cdp::Env* disk,
+                                                                    cdp::Env* new_disk, uint64_t n) {
+  auto ps = OutageLosingTheSpool(mt, disk, new_disk);
+  auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 0);
+  REQUIRE(reply.durable_seq == 0);
+  REQUIRE(agent->Send(Batch(reply.volume_id, 1, n)).ok());
+  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == n);
+  mt.Start();
+  return ps;
+}
+
+// The first copy of the PS's only volume, as /v1/volumes shows it.
+boost::json::object FirstCopy(cdp::ps::ProcessServer& ps) {
+  auto r = cdp::http::HttpRequest("127.0.0.1", ps.control_port(), "GET", "/v1/volumes");
+  REQUIRE(r.ok());
+  return boost::json::parse(r->body).at("volumes").at(0).at("copies").at(0).as_object();
+}
+
+// Waits (30 s at most) until that copy's `stalled` contains `text`.
+bool FirstCopyStalledWith(cdp::ps::ProcessServer& ps, const std::string& text) {
+  return cdp::testing::WaitUntil(
+      [&] { return std::string(FirstCopy(ps).at("stalled").as_string()).find(text) != std::string::npos; }, 30s,
+      20ms);
+}
+
 }  // namespace
 
 TEST_CASE("a spool that lost records it had acknowledged answers the agent once the master target said where the "
@@ -1130,34 +1158,23 @@ TEST_CASE("a master target beyond the spool's records stays refused once the spo
   RestartableMt mt;
   auto env = cdp::NewMemEnv();
   auto env2 = cdp::NewMemEnv();  // the PS's new disk (outlives the PS that uses it)
-  auto ps = OutageLosingTheSpool(mt, env.get(), env2.get());
-  auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 0);
-  REQUIRE(reply.durable_seq == 0);
-  REQUIRE(agent->Send(Batch(reply.volume_id, 1, 3)).ok());
-  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 3);
-  mt.Start();
-  auto copy = [&] {
-    auto r = cdp::http::HttpRequest("127.0.0.1", ps->control_port(), "GET", "/v1/volumes");
-    REQUIRE(r.ok());
-    return boost::json::parse(r->body).at("volumes").at(0).at("copies").at(0).as_object();
-  };
-  auto stalled_with = [&](const std::string& text) {
-    return cdp::testing::WaitUntil(
-        [&] { return std::string(copy().at("stalled").as_string()).find(text) != std::string::npos; }, 30s, 20ms);
-  };
-  REQUIRE(stalled_with("master target claims sequence 5 beyond the spool's last 3"));
+  auto ps = NewWritesBeforeTheMtReturns(mt, env.get(), env2.get(), 3);
+  REQUIRE(FirstCopyStalledWith(*ps, "master target claims sequence 5 beyond the spool's last 3"));
   // The spool passes 5; the next open is refused all the same.
-  REQUIRE(agent->Send(Batch(reply.volume_id, 4, 4)).ok());
-  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 7);
-  REQUIRE(stalled_with("records spooled since may reuse its sequence numbers"));
-  CHECK(copy().at("undeliverable").as_bool());
+  {
+    auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 0);
+    REQUIRE(reply.durable_seq == 3);
+    REQUIRE(agent->Send(Batch(reply.volume_id, 4, 4)).ok());
+    CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 7);
+  }
+  REQUIRE(FirstCopyStalledWith(*ps, "records spooled since may reuse its sequence numbers"));
+  CHECK(FirstCopy(*ps).at("undeliverable").as_bool());
   std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(5);
   SECTION("a restart of the PS keeps refusing (beyond.meta): it would resume after 5 and skip the new 1..5") {
-    agent.reset();
     ps.reset();
     ps = StartPs(env2.get(), mt.port);
-    REQUIRE(stalled_with("records spooled since may reuse its sequence numbers"));
-    CHECK(copy().at("undeliverable").as_bool());
+    REQUIRE(FirstCopyStalledWith(*ps, "records spooled since may reuse its sequence numbers"));
+    CHECK(FirstCopy(*ps).at("undeliverable").as_bool());
     CHECK(vol->applied_seq() == 5);
   }
   // A re-protect gets the volume going: the next generation compares everything.
@@ -1174,30 +1191,15 @@ TEST_CASE("a new spool that numbered records before its master target answered i
   RestartableMt mt;
   auto env = cdp::NewMemEnv();
   auto env2 = cdp::NewMemEnv();
-  auto ps = OutageLosingTheSpool(mt, env.get(), env2.get());
-  auto [agent, reply] = OpenWhenAnswered(ps->agent_port(), "db1", 1, 0);
-  REQUIRE(reply.durable_seq == 0);
-  REQUIRE(agent->Send(Batch(reply.volume_id, 1, 7)).ok());
-  CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 7);
-  mt.Start();
-  auto copy = [&] {
-    auto r = cdp::http::HttpRequest("127.0.0.1", ps->control_port(), "GET", "/v1/volumes");
-    REQUIRE(r.ok());
-    return boost::json::parse(r->body).at("volumes").at(0).at("copies").at(0).as_object();
-  };
-  auto stalled_with = [&](const std::string& text) {
-    return cdp::testing::WaitUntil(
-        [&] { return std::string(copy().at("stalled").as_string()).find(text) != std::string::npos; }, 30s, 20ms);
-  };
-  REQUIRE(stalled_with("master target stands at seq 5, but this spool numbered records 1..7 before that master "
-                       "target answered"));
-  CHECK(copy().at("undeliverable").as_bool());
+  auto ps = NewWritesBeforeTheMtReturns(mt, env.get(), env2.get(), 7);
+  REQUIRE(FirstCopyStalledWith(*ps, "master target stands at seq 5, but this spool numbered records 1..7 before "
+                                    "that master target answered"));
+  CHECK(FirstCopy(*ps).at("undeliverable").as_bool());
   std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(5);
-  // Still refused at the next connection, and after a restart of the PS.
-  agent.reset();
+  // Still refused after a restart of the PS.
   ps.reset();
   ps = StartPs(env2.get(), mt.port);
-  REQUIRE(stalled_with("records spooled since may reuse its sequence numbers"));
+  REQUIRE(FirstCopyStalledWith(*ps, "records spooled since may reuse its sequence numbers"));
   CHECK(vol->applied_seq() == 5);
   ReprotectWithNothingUndelivered(*ps, *vol);
 }
