@@ -206,7 +206,10 @@ Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
       ++st->rewinds;
     }
     ++stats_.connects;
-    stats_.last_error.clear();
+    // The last error stays until a volume opens: a refused open ends the
+    // session again, and clearing it here would hide the refusal while the
+    // peer takes its time to answer the next one.
+    if (streams_.empty()) stats_.last_error.clear();
     connected_ = true;
   }
   log_->info("{} connected to the {} at {}", opt_.label, opt_.peer_name, ch->peer());
@@ -484,6 +487,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
         const bool was_stalled = !st.stalled.ok();
         st.stalled = Status::OK();
         if (resume(st, r->durable_seq, ResumeCause::kOpen)) {
+          stats_.last_error.clear();
           if (was_stalled) after.push_back([&st] { st.src->Stalled(Status::OK()); });
           log_->info("{} {} opened at the {} (volume id {}), resuming after seq {}", opt_.label,
                     log::Where{st.name, peer, r->durable_seq}, opt_.peer_name, r->volume_id, r->durable_seq);

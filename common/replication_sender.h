@@ -127,7 +127,7 @@ struct LinkStats {
   uint64_t disconnects = 0;
   uint64_t busy_nacks = 0;
   uint64_t gap_nacks = 0;
-  std::string last_error;  // why the last connection attempt or session ended
+  std::string last_error;  // why the last connection attempt or session ended; kept until a volume opens
 };
 
 class ReplicationSender {

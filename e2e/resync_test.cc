@@ -100,8 +100,8 @@ std::string WaitFieldContains(Cluster& c, Which w, const char* key, const std::s
   return value;
 }
 
-// Waits (30 s at most) until `cdpctl status` prints `text` (a daemon's
-// error can be cleared for a moment while it reconnects).
+// Waits (30 s at most) until `cdpctl status` prints `text` (the error shows
+// once the daemon met it, which may take a round of reconnecting).
 void WaitStatusShows(Cluster& c, const std::string& text) {
   std::string out;
   const bool shown = WaitFor(

@@ -7,10 +7,12 @@
 
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -123,6 +125,9 @@ class VectorSource final : public RecordSource {
 class ScriptedPeer {
  public:
   std::set<std::string> refuse_open;     // answered Nack{0, kWrongGeneration}
+  // A refusal is answered this long after the open (a PS that waits for its
+  // MT before it answers).
+  std::chrono::milliseconds refuse_after{0};
   std::set<std::string> fence_open;      // the same, as failed over (proto::kFailedOverText)
   std::map<std::string, int> busy_first;  // the first N batches of a volume are busy
   std::map<std::string, uint64_t> durable;  // per volume; preset = the peer is ahead
@@ -177,6 +182,11 @@ class ScriptedPeer {
     std::lock_guard l(mu_);
     return opens_[v];
   }
+  // Opens of `v` are answered from now on.
+  void Accept(const std::string& v) {
+    std::lock_guard l(mu_);
+    refuse_open.erase(v);
+  }
   int calls() {
     std::lock_guard l(mu_);
     return calls_;
@@ -212,9 +222,14 @@ class ScriptedPeer {
       Status s;
       if (mute && !std::holds_alternative<proto::VolumeOpen>(*m)) continue;
       if (auto* vo = std::get_if<proto::VolumeOpen>(&*m)) {
-        std::lock_guard l(mu_);
+        std::unique_lock l(mu_);
         ++opens_[vo->name];
         if (refuse_open.count(vo->name)) {
+          if (refuse_after.count() > 0) {
+            l.unlock();
+            std::this_thread::sleep_for(refuse_after);  // a slow peer, not a synchronization
+            l.lock();
+          }
           s = ch.Send(proto::Nack{0, proto::NackReason::kWrongGeneration, 0, "generation 1 is not 2"});
         } else if (fence_open.count(vo->name)) {
           s = ch.Send(proto::Nack{0, proto::NackReason::kWrongGeneration, 0, "failed over: volume " + vo->name});
@@ -660,6 +675,37 @@ TEST_CASE("replication sender: an answer of the wrong type for a request_id is a
   REQUIRE(WaitUntil([&] { return calls.count(0) == 1; }, 10s));
   CHECK(calls.first(0).status().code() == cdp::Code::kUnavailable);  // failed with the session it ended
   REQUIRE(WaitUntil([&] { return sender.Stats().disconnects >= 1; }, 10s));
+}
+
+TEST_CASE("replication sender: a refused open stays the last error while the next session waits for its answer, "
+          "until a volume opens",
+          "[replication]") {
+  // Regression: every new session cleared the last error, so while a PS
+  // deferred the agent's next open (it waits for its master target) the
+  // agent's status showed no error at all, most of the time.
+  ScriptedPeer peer;
+  peer.refuse_open.insert("bad");
+  peer.refuse_after = 200ms;
+  VectorSource bad("bad", 20);
+  ReplicationSender sender(Options(peer.port()));
+  sender.AddStream(&bad);
+  sender.Start();
+  const std::string refusal = "test peer refused the volume: wrong generation: generation 1 is not 2";
+  REQUIRE(WaitUntil([&] { return peer.opens("bad") >= 2; }, 20s, 1ms));
+  int empty = 0, looks = 0;
+  REQUIRE(WaitUntil(
+      [&] {
+        ++looks;
+        if (sender.Stats().last_error.find(refusal) == std::string::npos) ++empty;
+        return peer.opens("bad") >= 4;
+      },
+      20s, 5ms));
+  CHECK(looks > 40);  // the sessions waited 3 x 200 ms for their answers
+  CHECK(empty == 0);
+  // The volume opens: the error is gone.
+  peer.Accept("bad");
+  REQUIRE(WaitUntil([&] { return bad.Acked() == 20; }, 20s));
+  CHECK(sender.Stats().last_error.empty());
 }
 
 TEST_CASE("replication sender: a session whose every stream is stalled is kept while calls are made, and ended "
