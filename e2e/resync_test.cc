@@ -278,3 +278,41 @@ TEST_CASE("history: a process server that lost its spool while the agent and the
   REQUIRE(c.Restart(Which::kMasterTarget));
   DrainedEqual(c);
 }
+
+TEST_CASE("history: a site outage that lost the process server's spool and the agent's bitmap: writes numbered "
+          "before the MT returns are refused, never skipped, and a re-protect makes the replica equal",
+          "[e2e][resync][crash]") {
+  // Regression: with nothing acknowledged to tell the PS (its bitmap was
+  // lost too), the agent was answered 0 and numbered its new writes from 1,
+  // past the MT's position; when the MT returned the PS resumed after that
+  // position and the writes under those numbers were never applied.
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  const std::string vol = c.options().volume;
+  Write(c, 61, 1, 5, 0);
+  REQUIRE(c.WaitDrained());
+  const uint64_t mt_at = c.AgentU64("acked_seq");
+  // A site outage: everything stops; the PS's spool and the agent's bitmap are lost.
+  REQUIRE(c.Stop(Which::kAgent));
+  REQUIRE(c.Kill9(Which::kMasterTarget));
+  REQUIRE(c.Kill9(Which::kProcessServer));
+  std::filesystem::remove_all(c.Path("ps/spool/" + c.options().tenant));
+  REQUIRE(std::filesystem::remove(c.Path("agent/" + vol + ".bitmap")));
+  REQUIRE(c.Restart(Which::kProcessServer));
+  REQUIRE(c.Restart(Which::kAgent));
+  // More writes than the MT holds, all spooled, before the MT comes back.
+  Write(c, 62, 3, 40, 1 << 20);
+  REQUIRE(WaitFor([&] { return c.AgentU64("acked_seq") + 1 == c.AgentU64("next_seq"); }, std::chrono::seconds(60)));
+  const uint64_t spooled = c.AgentU64("acked_seq");
+  INFO("the MT holds up to " << mt_at << ", the new spool up to " << spooled);
+  REQUIRE(spooled > mt_at);
+  REQUIRE(c.Restart(Which::kMasterTarget));
+  const std::string stalled =
+      WaitFieldContains(c, Which::kProcessServer, "volume", vol, "stalled",
+                        "master target stands at seq " + std::to_string(mt_at) +
+                            ", but this spool numbered records 1.." + std::to_string(spooled));
+  WaitStatusShows(c, "    STALLED: " + stalled + "\n");
+  Reprotect(c);
+  DrainedEqual(c);
+}
