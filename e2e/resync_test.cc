@@ -132,6 +132,15 @@ void DrainedEqual(Cluster& c) {
   CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
 }
 
+// A site outage: everything stops (the agent cleanly, the MT and the PS
+// with kill -9), and the process server's spool is lost.
+void SiteOutageLosingTheSpool(Cluster& c) {
+  REQUIRE(c.Stop(Which::kAgent));
+  REQUIRE(c.Kill9(Which::kMasterTarget));
+  REQUIRE(c.Kill9(Which::kProcessServer));
+  std::filesystem::remove_all(c.Path("ps/spool/" + c.options().tenant));
+}
+
 // cdpctl reprotect VOLUME succeeds.
 void Reprotect(Cluster& c) {
   auto rp = c.Cdpctl({"reprotect", c.options().volume});
@@ -258,11 +267,7 @@ TEST_CASE("history: a process server that lost its spool while the agent and the
   REQUIRE(c.Start());
   Write(c, 51, 3, 40, 1 << 20);
   REQUIRE(c.WaitDrained());
-  // A site outage: everything stops; the process server's spool is lost.
-  REQUIRE(c.Stop(Which::kAgent));
-  REQUIRE(c.Kill9(Which::kMasterTarget));
-  REQUIRE(c.Kill9(Which::kProcessServer));
-  std::filesystem::remove_all(c.Path("ps/spool/" + c.options().tenant));
+  SiteOutageLosingTheSpool(c);
   // The agent and the PS come back first; the application writes. The PS
   // answers the agent's open only once the MT has said where the volume
   // stands (regression: it answered 0, the agent numbered these writes with
@@ -293,12 +298,8 @@ TEST_CASE("history: a site outage that lost the process server's spool and the a
   Write(c, 61, 1, 5, 0);
   REQUIRE(c.WaitDrained());
   const uint64_t mt_at = c.AgentU64("acked_seq");
-  // A site outage: everything stops; the PS's spool and the agent's bitmap are lost.
-  REQUIRE(c.Stop(Which::kAgent));
-  REQUIRE(c.Kill9(Which::kMasterTarget));
-  REQUIRE(c.Kill9(Which::kProcessServer));
-  std::filesystem::remove_all(c.Path("ps/spool/" + c.options().tenant));
-  REQUIRE(std::filesystem::remove(c.Path("agent/" + vol + ".bitmap")));
+  SiteOutageLosingTheSpool(c);
+  REQUIRE(std::filesystem::remove(c.Path("agent/" + vol + ".bitmap")));  // lost too
   REQUIRE(c.Restart(Which::kProcessServer));
   REQUIRE(c.Restart(Which::kAgent));
   // More writes than the MT holds, all spooled, before the MT comes back.
