@@ -1095,6 +1095,16 @@ bool FirstCopyStalledWith(cdp::ps::ProcessServer& ps, const std::string& text) {
       20ms);
 }
 
+// Restarts the PS on `disk`: its first copy is refused again (the refusal
+// was kept), and the MT still stands at `applied`.
+void RestartStillRefused(std::unique_ptr<cdp::ps::ProcessServer>& ps, cdp::Env* disk, RestartableMt& mt,
+                         cdp::mt::ReplicaVolume& vol, uint64_t applied) {
+  ps.reset();
+  ps = StartPs(disk, mt.port);
+  REQUIRE(FirstCopyStalledWith(*ps, "records spooled since may reuse its sequence numbers"));
+  CHECK(vol.applied_seq() == applied);
+}
+
 }  // namespace
 
 TEST_CASE("a spool that lost records it had acknowledged answers the agent once the master target said where the "
@@ -1171,11 +1181,8 @@ TEST_CASE("a master target beyond the spool's records stays refused once the spo
   CHECK(FirstCopy(*ps).at("undeliverable").as_bool());
   std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(5);
   SECTION("a restart of the PS keeps refusing (beyond.meta): it would resume after 5 and skip the new 1..5") {
-    ps.reset();
-    ps = StartPs(env2.get(), mt.port);
-    REQUIRE(FirstCopyStalledWith(*ps, "records spooled since may reuse its sequence numbers"));
+    RestartStillRefused(ps, env2.get(), mt, *vol, 5);
     CHECK(FirstCopy(*ps).at("undeliverable").as_bool());
-    CHECK(vol->applied_seq() == 5);
   }
   // A re-protect gets the volume going: the next generation compares everything.
   ReprotectWithNothingUndelivered(*ps, *vol);
@@ -1197,10 +1204,7 @@ TEST_CASE("a new spool that numbered records before its master target answered i
   CHECK(FirstCopy(*ps).at("undeliverable").as_bool());
   std::shared_ptr<cdp::mt::ReplicaVolume> vol = mt.WaitApplied(5);
   // Still refused after a restart of the PS.
-  ps.reset();
-  ps = StartPs(env2.get(), mt.port);
-  REQUIRE(FirstCopyStalledWith(*ps, "records spooled since may reuse its sequence numbers"));
-  CHECK(vol->applied_seq() == 5);
+  RestartStillRefused(ps, env2.get(), mt, *vol, 5);
   ReprotectWithNothingUndelivered(*ps, *vol);
 }
 
