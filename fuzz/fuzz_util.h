@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 #include <vector>
@@ -39,9 +40,12 @@ inline Bytes JoinFiles(const std::vector<Bytes>& files) {
   return out;
 }
 
-// A broken property: abort() so that libFuzzer reports and saves the input.
-inline void Check(bool ok) {
-  if (!ok) std::abort();
+// A broken property: says which (file and line of the call) and abort()s, so
+// that libFuzzer reports and saves the input.
+inline void Check(bool ok, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  if (ok) return;
+  std::fprintf(stderr, "fuzz: property broken at %s:%d\n", file, line);
+  std::abort();
 }
 
 }  // namespace cdp::fuzz
