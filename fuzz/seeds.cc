@@ -13,6 +13,7 @@
 #include "fuzz/fuzz_util.h"
 #include "master-target/journal.h"
 #include "process-server/spool.h"
+#include "process-server/spool_meta.h"
 
 using namespace cdp;
 
@@ -177,6 +178,24 @@ void Spool(const std::string& dir) {
   Write(dir, "floor-jump", fuzz::JoinFiles({segment(1, 2, false), segment(10, 2, false), segment(12, 0, false)}));
 }
 
+// A selector byte (spool_meta_fuzz.cc: the file, and whether the harness adds
+// the CRC), then the file.
+void SpoolMeta(const std::string& dir) {
+  proto::VolumeOpen open;
+  open.name = "db";
+  open.size = 1 << 30;
+  open.uuid[0] = 7;
+  open.generation = 2;
+  Write(dir, "volume", Cat(Bytes{0x00}, ps::EncodeVolumeMeta(open)));
+  open.sealed = true;
+  Bytes sealed = ps::EncodeVolumeMeta(open);
+  sealed.resize(sealed.size() - 4);  // the harness adds the CRC
+  Write(dir, "volume-sealed-crc", Cat(Bytes{0x04}, sealed));
+  Write(dir, "copies", Cat(Bytes{0x01}, ps::EncodeCopiesMeta({{"mt-a:10809", 17}, {"mt-b:10809", 5}})));
+  Write(dir, "beyond", Cat(Bytes{0x02}, ps::EncodeCopyList(ps::kBeyondList, {"mt-b:10809"})));
+  Write(dir, "anchor-one-copy", Cat(Bytes{0x03}, ps::EncodeCopyList(ps::kAnchorList, {""})));
+}
+
 void Journal(const std::string& dir) {
   auto segment = [](uint64_t number, uint64_t first_seq, int count) {
     Bytes b = mt::EncodeSegmentHeader(mt::SegmentHeader{number, first_seq});
@@ -221,6 +240,7 @@ int main(int argc, char** argv) {
   Config(root + "/config");
   SegmentLog(root + "/segment_log");
   Spool(root + "/spool");
+  SpoolMeta(root + "/spool_meta");
   Journal(root + "/journal");
   return g_ok ? 0 : 1;
 }

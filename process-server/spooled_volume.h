@@ -1,11 +1,8 @@
 // SpooledVolume: one (tenant, volume) at the process server: its spool, the
 // VolumeOpen it was created with (persisted as volume.meta beside the spool so
 // the backlog can be shipped after a restart before the agent reconnects), its
-// codec, and its counters.
-//
-// volume.meta (docs/formats/spool.md, version 1), written with WriteFileAtomic:
-//   magic u32 "CDPM" | version u32 = 1 | name_len u32 | name | size u64 |
-//   block_size u32 | uuid[16] | generation u64 | crc32c u32 (over all before)
+// codec, and its counters. The bytes of volume.meta, copies.meta,
+// beyond.meta and anchor.meta: process-server/spool_meta.h.
 //
 // Copies: the volume ships to one or more master targets (copy 0 is the
 // primary: the MT of `mt`, or the first of several `mt` keys). Each copy has
@@ -27,11 +24,6 @@
 // (SetCopyOpened). With one copy nothing more is written: the spool's first
 // segment is the cursor, as before.
 //
-// copies.meta (version 1), written with WriteFileAtomic:
-//   magic u32 "CDPC" | version u32 = 1 | count u32 |
-//   count x { name_len u32 | name (the MT's host:port) | acked u64 } | crc32c u32
-// Cursors are matched by name, so reordering the `mt` keys keeps them.
-//
 // Two files name copies, each written with WriteFileAtomic while it names
 // one and removed (then the directory synced) when it names none, so that a
 // restart of the process server keeps their refusals:
@@ -39,8 +31,6 @@
 //   anchor.meta  the copies whose MT has not answered an open since the spool
 //                was created (CopyState::unanchored); written before
 //                volume.meta when the spool is created.
-// Both: magic u32 ("CDPB", "CDPA") | version u32 = 1 | count u32 |
-//   count x { name_len u32 | name (the MT's host:port, "" with one copy) } | crc32c u32
 // A damaged file names every copy (a refusal is never dropped on a guess).
 //
 // Thread safety: the spool is thread-safe; counters are atomics; the copy
@@ -59,23 +49,9 @@
 #include "common/env.h"
 #include "common/protocol.h"
 #include "process-server/spool.h"
+#include "process-server/spool_meta.h"
 
 namespace cdp::ps {
-
-inline constexpr uint32_t kMetaMagic = 0x4d504443;  // "CDPM"
-inline constexpr uint32_t kMetaVersion = 1;
-inline constexpr uint8_t kMetaSealed = 1;  // the optional flags byte of a sealed volume
-inline constexpr uint32_t kCopiesMagic = 0x43504443;  // "CDPC"
-inline constexpr uint32_t kCopiesVersion = 1;
-inline constexpr char kCopiesFile[] = "copies.meta";
-// beyond.meta and anchor.meta (above).
-struct CopyList {
-  uint32_t magic;
-  const char* file;
-};
-inline constexpr uint32_t kCopyListVersion = 1;
-inline constexpr CopyList kBeyondList{0x42504443, "beyond.meta"};  // "CDPB"
-inline constexpr CopyList kAnchorList{0x41504443, "anchor.meta"};  // "CDPA"
 
 // A spool retired by a generation switch (re-protect) keeps its files in a
 // sibling directory "<volume>.gen<G>.retired-<unix seconds>" until an
@@ -83,16 +59,6 @@ inline constexpr CopyList kAnchorList{0x41504443, "anchor.meta"};  // "CDPA"
 // may not name a volume with the mark.
 inline constexpr std::string_view kRetiredMark = ".retired-";
 inline bool IsRetiredSpoolName(std::string_view name) { return name.find(kRetiredMark) != std::string_view::npos; }
-
-Bytes EncodeVolumeMeta(const proto::VolumeOpen& open);
-Result<proto::VolumeOpen> DecodeVolumeMeta(ByteSpan data);
-
-// copies.meta: (MT name, acknowledged sequence) per copy.
-Bytes EncodeCopiesMeta(const std::vector<std::pair<std::string, uint64_t>>& cursors);
-Result<std::vector<std::pair<std::string, uint64_t>>> DecodeCopiesMeta(ByteSpan data);
-// beyond.meta, anchor.meta: the names of the copies listed.
-Bytes EncodeCopyList(const CopyList& list, const std::vector<std::string>& copies);
-Result<std::vector<std::string>> DecodeCopyList(const CopyList& list, ByteSpan data);
 
 // One copy of a volume as the control API shows it.
 struct CopyState {
