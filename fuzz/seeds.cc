@@ -136,11 +136,6 @@ void SegmentLog(const std::string& dir) {
   Bytes torn = Cat(Bytes{0x0b}, seg);
   torn.resize(torn.size() - 5);
   Write(dir, "torn", torn);
-  // A zstd record whose CRC holds but whose bytes are no zstd frame: read as
-  // corruption (found by a long run of the journal target, session 20).
-  Bytes garbage = mt::EncodeSegmentHeader(mt::SegmentHeader{2, 1});
-  mt::EncodeUndoRecord(mt::UndoKind::kZstd, 1, 0, 4096, 17, Bytes(33, 0x5a), &garbage);
-  Write(dir, "zstd-not-a-frame", Cat(Bytes{0x02}, garbage));
 }
 
 void Spool(const std::string& dir) {
