@@ -214,28 +214,8 @@ TEST_CASE("old data is journalled as zeroes, zstd or as it is, and reads back th
     Bytes slice(10);
     CHECK(ReadUndoSlice(**f, got[1].first, got[1].second, 0, 10, slice.data()).IsCorruption());
   }
-  SECTION("a frame of another length is refused, though its CRC matches") {
-    // A record that claims 64 KiB but holds the frame of 32 KiB.
-    Bytes short_rec, half(text.begin(), text.begin() + (32 << 10));
-    auto codec = NewCodec(proto::Codec::kZstd, 1);
-    Bytes frame;
-    REQUIRE(codec->Compress(half, &frame).ok());
-    EncodeUndoRecord(UndoKind::kZstd, 6, 0, uint32_t(text.size()), 15, frame, &short_rec);
-    REQUIRE((*w)->Append(short_rec, 6).ok());
-    std::vector<std::pair<UndoHeader, UndoLocation>> all;
-    auto s = ScanSegment(**f, 1, 0, true, UINT64_MAX, [&](const UndoHeader& h, const UndoLocation& l) {
-      all.emplace_back(h, l);
-      return Status::OK();
-    });
-    REQUIRE(s.ok());
-    REQUIRE(all.size() == 6);
-    Bytes data(text.size());
-    CHECK(ReadUndoData(**f, all[5].first, all[5].second, data.data()).IsCorruption());
-  }
-  SECTION("bytes that are no zstd frame are refused, though their CRC matches, by a read and by a slice") {
-    // Found by a long run of the journal fuzz target (fuzz/seeds.cc "zstd-not-a-frame").
-    Bytes rec;
-    EncodeUndoRecord(UndoKind::kZstd, 6, 0, 4096, 15, Bytes(33, 0x5a), &rec);
+  // Appends `rec` as the sixth record; what a verifying scan then finds of it.
+  auto append_sixth = [&](const Bytes& rec) {
     REQUIRE((*w)->Append(rec, 6).ok());
     std::vector<std::pair<UndoHeader, UndoLocation>> all;
     auto s = ScanSegment(**f, 1, 0, true, UINT64_MAX, [&](const UndoHeader& h, const UndoLocation& l) {
@@ -244,11 +224,29 @@ TEST_CASE("old data is journalled as zeroes, zstd or as it is, and reads back th
     });
     REQUIRE(s.ok());
     REQUIRE(all.size() == 6);
+    return all[5];
+  };
+  SECTION("a frame of another length is refused, though its CRC matches") {
+    // A record that claims 64 KiB but holds the frame of 32 KiB.
+    Bytes short_rec, half(text.begin(), text.begin() + (32 << 10));
+    auto codec = NewCodec(proto::Codec::kZstd, 1);
+    Bytes frame;
+    REQUIRE(codec->Compress(half, &frame).ok());
+    EncodeUndoRecord(UndoKind::kZstd, 6, 0, uint32_t(text.size()), 15, frame, &short_rec);
+    const auto [h, loc] = append_sixth(short_rec);
+    Bytes data(text.size());
+    CHECK(ReadUndoData(**f, h, loc, data.data()).IsCorruption());
+  }
+  SECTION("bytes that are no zstd frame are refused, though their CRC matches, by a read and by a slice") {
+    // Found by a long run of the journal fuzz target (fuzz/seeds.cc "zstd-not-a-frame").
+    Bytes rec;
+    EncodeUndoRecord(UndoKind::kZstd, 6, 0, 4096, 15, Bytes(33, 0x5a), &rec);
+    const auto [h, loc] = append_sixth(rec);
     Bytes data(4096);
-    const Status whole = ReadUndoData(**f, all[5].first, all[5].second, data.data());
+    const Status whole = ReadUndoData(**f, h, loc, data.data());
     CHECK(whole.IsCorruption());
     CHECK(whole.ToString().find("does not decompress to its 4096 bytes") != std::string::npos);
-    CHECK(ReadUndoSlice(**f, all[5].first, all[5].second, 100, 10, data.data()).IsCorruption());
+    CHECK(ReadUndoSlice(**f, h, loc, 100, 10, data.data()).IsCorruption());
   }
 }
 
