@@ -276,8 +276,10 @@ int Points(const Options& o, const std::string& volume, std::ostream& out, std::
         std::strftime(tb, sizeof tb, "%Y-%m-%d %H:%M:%S", std::gmtime(&t));
         when = tb;
       }
+      const json::value* rb = p.if_contains("rolled_back");
+      const std::string name = Str(p, "name") + (rb && rb->is_bool() && rb->as_bool() ? " [rolled back]" : "");
       std::snprintf(line, sizeof line, "  %6.0f %-16s %12.0f  %-26s %s\n", Num(p, "id"), Str(p, "kind").c_str(),
-                    Num(p, "seq"), when.c_str(), Str(p, "name").c_str());
+                    Num(p, "seq"), when.c_str(), name.c_str());
       out << line;
     }
   }
@@ -305,17 +307,20 @@ json::object PointArg(const std::string& volume, const std::string& point, const
   return b;
 }
 
-int Rollback(const Options& o, const std::string& volume, const std::string& point, std::ostream& out,
-             std::ostream& err) {
-  Call c = Http(o, o.mt, "POST", "/v1/rollback", PointArg(volume, point, o));
+int Rollback(const Options& o, const std::string& volume, const std::string& point, bool discard_history,
+             std::ostream& out, std::ostream& err) {
+  json::object body = PointArg(volume, point, o);
+  if (discard_history) body["discard_history"] = true;
+  Call c = Http(o, o.mt, "POST", "/v1/rollback", body);
   if (!c.reached || c.status != 200) return Fail(err, "rollback " + volume, c);
   if (o.json) {
     out << json::serialize(c.body) << "\n";
     return 0;
   }
   const json::object& b = c.body.as_object();
-  out << "volume " << volume << " rolled back to sequence " << uint64_t(Num(b, "applied_seq")) << "; state "
-      << Str(b, "state") << "\n";
+  out << "volume " << volume << " rolled back to sequence " << uint64_t(Num(b, "rollback_to")) << "; state "
+      << Str(b, "state") << "; " << uint64_t(Num(b, "rolled_back_points"))
+      << " later points kept on the rolled-back branch (cdpctl points)\n";
   return 0;
 }
 
@@ -1021,7 +1026,7 @@ int Token(const Options& o, const std::vector<std::string>& args, std::ostream& 
 
 constexpr const char* kUsage =
     "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
-    "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT |\n"
+    "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT [--discard-history] |\n"
     "  export VOLUME@POINT [--writable | --key-file F] | unexport EXPORT |\n"
     "  keys init --out FILE | keys show FILE |\n"
     "  resolve cdp://TENANT/VOLUME@POINT [--key-file F]   (export VOLUME@POINT takes the URI too) |\n"
@@ -1153,7 +1158,9 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   if (cmd == "status" && args.size() == 1) return Status(o, out, err);
   if (cmd == "tag" && args.size() == 2) return Tag(o, args[1], out, err);
   if (cmd == "points" && args.size() == 2) return Points(o, args[1], out, err);
-  if (cmd == "rollback" && args.size() == 4 && args[2] == "--to") return Rollback(o, args[1], args[3], out, err);
+  if (cmd == "rollback" && (args.size() == 4 || (args.size() == 5 && args[4] == "--discard-history")) &&
+      args[2] == "--to")
+    return Rollback(o, args[1], args[3], args.size() == 5, out, err);
   if (cmd == "export" && (args.size() == 2 || (args.size() == 3 && args[2] == "--writable"))) {
     return Export(o, args[1], args.size() == 3, out, err);
   }

@@ -150,6 +150,12 @@ bool Cluster::SetDirectAgent(bool direct) {
   return s.ok();
 }
 
+bool Cluster::SetMtExtraConfig(const std::string& lines) {
+  Status s = c_.SetMtExtraConfig(lines);
+  if (!s.ok()) why_ = s.ToString();
+  return s.ok();
+}
+
 bool Cluster::Kill9(Which w) {
   Status s = c_.Kill9(w);
   if (!s.ok()) why_ = s.ToString();

@@ -113,6 +113,8 @@ class Cluster {
   // start, and the MT lets the tenant's agents in from its next start
   // (LocalCluster::SetDirectAgent).
   bool SetDirectAgent(bool direct);
+  // The master target's extra config lines from its next start on.
+  bool SetMtExtraConfig(const std::string& lines);
   // Graceful stop (SIGTERM) of every daemon, agent first.
   void StopAll() { c_.StopAll(std::chrono::seconds(20)); }
 

@@ -265,6 +265,11 @@ Status LocalCluster::SetDirectAgent(bool direct) {
   return WriteConfigs();
 }
 
+Status LocalCluster::SetMtExtraConfig(std::string lines) {
+  o_.mt_extra_config = std::move(lines);
+  return WriteConfigs();
+}
+
 void LocalCluster::StopAll(std::chrono::milliseconds grace) {
   for (Role r : {Role::kAgent, Role::kProcessServer, Role::kMasterTarget}) process(r).Stop(SIGTERM, grace);
 }

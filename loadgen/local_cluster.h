@@ -103,6 +103,8 @@ class LocalCluster {
   // rewrites the configs (the MT's lists the tenant in `direct_agents` when
   // true, from the MT's next start). Running daemons are not touched.
   Status SetDirectAgent(bool direct);
+  // Replaces the master target's extra config lines (the next start reads them).
+  Status SetMtExtraConfig(std::string lines);
   // SIGTERM, agent first, then PS and MT; SIGKILL after `grace` each.
   void StopAll(std::chrono::milliseconds grace = std::chrono::seconds(10));
   bool Running(Role r);

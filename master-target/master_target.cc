@@ -1,5 +1,6 @@
 #include "master-target/master_target.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 
@@ -55,6 +56,11 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
   vo.index_path = JoinPath(vo.dir, "index.db");
   if (store_vfs) vo.index_vfs = store_vfs->name();
   vo.segment_bytes = o.segment_bytes;
+  // Retention drops whole closed segments: under a small budget they must be
+  // a small part of it, or the current segment alone would fill the budget
+  // and, inside the history lock, stall apply for good.
+  if (o.retention.max_bytes != 0)
+    vo.segment_bytes = std::min(vo.segment_bytes, std::max<uint64_t>(1u << 20, o.retention.max_bytes / 8));
   auto level = o.tenant_journal_zstd_level.find(tenant);
   vo.journal_zstd_level = level == o.tenant_journal_zstd_level.end() ? o.journal_zstd_level : level->second;
   vo.point_interval_us = o.point_interval_us;
@@ -63,6 +69,9 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
   vo.retention = o.retention;
   if (auto age = o.volume_max_age_us.find(tenant + "/" + name); age != o.volume_max_age_us.end())
     vo.retention.max_age_us = age->second;
+  if (auto lock = o.tenant_lock_us.find(tenant); lock != o.tenant_lock_us.end()) vo.retention.lock_us = lock->second;
+  if (auto lock = o.volume_lock_us.find(tenant + "/" + name); lock != o.volume_lock_us.end())
+    vo.retention.lock_us = lock->second;
   metrics::Labels l{{"tenant", tenant}, {"volume", name}};
   auto& r = mt->registry_;
   vo.metrics.bytes_applied = r.GetCounter("cdp_mt_applied_bytes_total", "Change bytes applied to the replica", l);
@@ -85,6 +94,11 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
   io.push_back({"cause", "io_error"});
   vo.metrics.stalled_no_space = r.GetGauge("cdp_mt_apply_stalled", kStalledHelp, ns);
   vo.metrics.stalled_io_error = r.GetGauge("cdp_mt_apply_stalled", kStalledHelp, io);
+  metrics::Labels hl = l;
+  hl.push_back({"cause", "history_lock"});
+  vo.metrics.stalled_history_lock = r.GetGauge("cdp_mt_apply_stalled", kStalledHelp, hl);
+  vo.metrics.history_lock_seconds = r.GetGauge(
+      "cdp_mt_history_lock_seconds", "The history lock in force: no recovery point younger than this is dropped", l);
   // The retention budget, for alerts on the journal's use of it (packaging/prometheus).
   r.GetGauge("cdp_mt_retention_max_bytes", "Retention policy: undo journal bytes kept at most (0: no limit)", l)
       ->Set(int64_t(o.retention.max_bytes));

@@ -103,10 +103,18 @@ struct MasterTargetOptions {
   // volume keeps its ~9 files open and sqlite opens the index itself.
   size_t max_open_files = 1000;
   uint64_t point_interval_us = 5'000'000;
-  RetentionPolicy retention;
+  // The history lock (retention.lock_us, master-target/history_lock.h) is
+  // 24 h unless the admin configures it.
+  RetentionPolicy retention{0, 0, kDefaultHistoryLockUs};
+  static constexpr uint64_t kDefaultHistoryLockUs = 24ull * 3600 * 1'000'000;
   // Per volume ("TENANT/VOLUME"): the oldest point kept, in place of
   // retention.max_age_us (LoRS's "duration"; volume_retention in the config).
   std::map<std::string, uint64_t> volume_max_age_us;
+  // The history lock per tenant ("TENANT") and per volume ("TENANT/VOLUME"),
+  // in place of retention.lock_us (tenant_retention_lock,
+  // volume_retention_lock); the volume's wins.
+  std::map<std::string, uint64_t> tenant_lock_us;
+  std::map<std::string, uint64_t> volume_lock_us;
   uint64_t retention_check_us = 10'000'000;
   uint32_t handshake_timeout_ms = 10'000;
   // TLS on the data listener (common/tls_stream.h). The config's default is

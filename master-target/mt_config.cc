@@ -41,6 +41,13 @@ po::options_description MasterTargetConfigDescription() {
       ("volume_retention", po::value<std::vector<std::string>>()->composing(),
        "TENANT/VOLUME=DURATION: that volume keeps points younger than DURATION instead (repeatable)")
       ("retention.max_bytes", po::value<ByteSize>(), "journal size limit per volume (unset: none)")
+      ("retention.lock", po::value<Duration>()->default_value(Duration{MasterTargetOptions::kDefaultHistoryLockUs}),
+       "history lock: no point younger than this is dropped, whatever the byte budget, a token or a peer asks "
+       "(apply stops instead); a shorter value takes effect only after the old one has passed (0: no lock)")
+      ("tenant_retention_lock", po::value<std::vector<std::string>>()->composing(),
+       "TENANT=DURATION: that tenant's volumes have this history lock instead (repeatable)")
+      ("volume_retention_lock", po::value<std::vector<std::string>>()->composing(),
+       "TENANT/VOLUME=DURATION: that volume has this history lock instead (repeatable)")
       ("retention.check_interval", po::value<Duration>()->default_value(Duration{10'000'000}),
        "how often retention runs")
       ("log.level", po::value<std::string>()->default_value(""), "trace, debug, info, warn, error")
@@ -172,21 +179,30 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   if (vm.count("retention.max_age")) o.retention.max_age_us = vm["retention.max_age"].as<Duration>().micros;
   if (vm.count("retention.max_bytes")) o.retention.max_bytes = vm["retention.max_bytes"].as<ByteSize>().bytes;
   o.retention_check_us = vm["retention.check_interval"].as<Duration>().micros;
-  if (vm.count("volume_retention")) {
-    for (const auto& q : vm["volume_retention"].as<std::vector<std::string>>()) {
+  // "KEY = [TENANT/]NAME=DURATION" entries (volume_retention, *_retention_lock).
+  const auto durations = [&](const std::string& key, bool per_volume,
+                             std::map<std::string, uint64_t>* out) -> Status {
+    if (!vm.count(key)) return Status::OK();
+    for (const auto& q : vm[key].as<std::vector<std::string>>()) {
       const auto slash = q.find('/'), eq = q.find('=');
-      const auto bad = [&q](const std::string& why) {
-        return Status::InvalidArgument("bad volume_retention '" + q + "': " + why);
+      const auto bad = [&](const std::string& why) {
+        return Status::InvalidArgument("bad " + key + " '" + q + "': " + why);
       };
-      if (slash == std::string::npos || eq == std::string::npos || eq < slash) return bad("want TENANT/VOLUME=DURATION");
-      const std::string tenant = q.substr(0, slash), volume = q.substr(slash + 1, eq - slash - 1);
+      if (eq == std::string::npos || (per_volume && (slash == std::string::npos || eq < slash)))
+        return bad(per_volume ? "want TENANT/VOLUME=DURATION" : "want TENANT=DURATION");
+      const std::string tenant = q.substr(0, per_volume ? slash : eq);
       if (!o.tenants.count(tenant)) return bad("no tenant " + tenant);
-      if (!proto::ValidName(volume)) return bad("invalid volume name");
+      if (per_volume && !proto::ValidName(q.substr(slash + 1, eq - slash - 1))) return bad("invalid volume name");
       auto d = ParseDuration(q.substr(eq + 1));
       if (!d.ok()) return bad(d.status().message());
-      o.volume_max_age_us[tenant + "/" + volume] = d->micros;
+      (*out)[q.substr(0, eq)] = d->micros;
     }
-  }
+    return Status::OK();
+  };
+  CDP_RETURN_IF_ERROR(durations("volume_retention", true, &o.volume_max_age_us));
+  o.retention.lock_us = vm["retention.lock"].as<Duration>().micros;
+  CDP_RETURN_IF_ERROR(durations("tenant_retention_lock", false, &o.tenant_lock_us));
+  CDP_RETURN_IF_ERROR(durations("volume_retention_lock", true, &o.volume_lock_us));
   if (log != nullptr) {
     log->level = vm["log.level"].as<std::string>();
     log->file = vm["log.file"].as<std::string>();

@@ -16,7 +16,9 @@ json::object PointJson(const RecoveryPoint& p) {
                       {"seq", p.seq},
                       {"time_us", p.time_us},
                       {"kind", PointKindName(p.kind)},
-                      {"name", p.name}};
+                      {"name", p.name},
+                      // a rollback to an earlier point rewound past it; still exportable
+                      {"rolled_back", p.rolled_back}};
 }
 
 }  // namespace
@@ -49,7 +51,12 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"stall", StallJson(st)},
                       // this volume's policy (volume_retention overrides the age per volume)
                       {"retention_max_bytes", e.volume->retention().max_bytes},
-                      {"retention_max_age_seconds", e.volume->retention().max_age_us / 1'000'000}};
+                      {"retention_max_age_seconds", e.volume->retention().max_age_us / 1'000'000},
+                      // the history lock in force: no point younger than it is dropped
+                      {"history_lock_seconds", st.lock_us / 1'000'000},
+                      // a shortened lock: when the longer one being waited out ends (0: none)
+                      {"history_lock_pending_until_us", st.lock_pending_until_us},
+                      {"rolled_back_points", st.rolled_back_points}};
 }
 
 json::value MasterTarget::Impl::StallJson(const VolumeStatus& st) {
@@ -196,11 +203,18 @@ void MasterTarget::Impl::AddRoutes() {
     });
   });
   http->Route("POST", "/v1/rollback", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "point", "tag", "seq"}, [&](const http::Params& p) -> Result<http::Response> {
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "discard_history"},
+                      [&](const http::Params& p) -> Result<http::Response> {
+      // A rollback keeps what it rewinds (a tenant may ask it); discarding
+      // that branch is the admin's alone, and never inside the history lock.
+      CDP_ASSIGN_OR_RETURN(std::optional<bool> discard, p.Bool("discard_history"));
+      if (discard.value_or(false) && !r.caller.admin)
+        return Status::PermissionDenied("discard_history needs the admin token");
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p));
-      CDP_RETURN_IF_ERROR(e->volume->Rollback(seq));
-      log->warn("{} rolled back to sequence {} (failed over)", log::Where{e->name, "control", seq}, seq);
+      CDP_RETURN_IF_ERROR(e->volume->Rollback(seq, discard.value_or(false)));
+      log->warn("{} rolled back to sequence {} (failed over){}", log::Where{e->name, "control", seq}, seq,
+                discard.value_or(false) ? "; the rolled-back branch discarded by the admin" : "");
       return http::Response::Json(200, VolumeJson(*e));
     });
   });

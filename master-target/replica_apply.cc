@@ -330,6 +330,10 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
                 "expected sequence " + std::to_string(applied + 1) + ", got " + std::to_string(recs[first].seq),
                 applied + 1);
   }
+  {
+    CDP_ASSIGN_OR_RETURN(std::optional<ApplyOutcome> locked, CheckHistoryLock());
+    if (locked) return *locked;
+  }
   if (uint64_t work = proto::BatchWork(std::span<const proto::Record>(recs).subspan(first));
       work > o_.max_batch_work) {
     return Nack(proto::NackReason::kBadRecord, "batch asks " + std::to_string(work) + " bytes of work, over the cap of " +
@@ -398,8 +402,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
   return out;
 }
 
-void ReplicaVolume::NoteApply(const Status& s) {
-  StallCause cause = StallCause::kNone;
+void ReplicaVolume::NoteApply(const Status& s, StallCause cause) {
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
     if (s.ok()) {
@@ -409,7 +412,7 @@ void ReplicaVolume::NoteApply(const Status& s) {
                                   StallCauseName(stall_->cause));
       stall_.reset();
     } else {
-      cause = s.IsNoSpace() ? StallCause::kNoSpace : StallCause::kIOError;
+      if (cause == StallCause::kNone) cause = s.IsNoSpace() ? StallCause::kNoSpace : StallCause::kIOError;
       if (!stall_ || stall_->cause != cause) stall_ = ApplyStall{cause, "", o_.clock->WallMicros(), 0};
       stall_->message = s.ToString();
       ++stall_->failures;
@@ -417,6 +420,8 @@ void ReplicaVolume::NoteApply(const Status& s) {
   }
   if (o_.metrics.stalled_no_space) o_.metrics.stalled_no_space->Set(cause == StallCause::kNoSpace ? 1 : 0);
   if (o_.metrics.stalled_io_error) o_.metrics.stalled_io_error->Set(cause == StallCause::kIOError ? 1 : 0);
+  if (o_.metrics.stalled_history_lock)
+    o_.metrics.stalled_history_lock->Set(cause == StallCause::kHistoryLock ? 1 : 0);
 }
 
 Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out) {

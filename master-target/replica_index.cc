@@ -61,6 +61,12 @@ CREATE TABLE IF NOT EXISTS upstream(
   generation INTEGER NOT NULL,
   role TEXT NOT NULL,
   name TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rollbacks(
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  to_seq INTEGER NOT NULL,
+  from_seq INTEGER NOT NULL,
+  end_seq INTEGER NOT NULL,
+  time_us INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS points(
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   seq INTEGER NOT NULL,
@@ -245,6 +251,18 @@ Status ReplicaVolume::LoadIndex() {
       points_.push_back(std::move(p));
     }
   }
+  rollbacks_.clear();
+  {
+    // CreateIndexSchema made the table for indexes older than non-destructive rollback.
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT to_seq, from_seq, end_seq, time_us FROM rollbacks ORDER BY id"));
+    for (;;) {
+      CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+      if (!row) break;
+      rollbacks_.push_back(RollbackInfo{uint64_t(st.ColumnInt64(0)), uint64_t(st.ColumnInt64(1)),
+                                        uint64_t(st.ColumnInt64(2)), uint64_t(st.ColumnInt64(3))});
+    }
+  }
+  MarkRolledBack();
   return Status::OK();
 }
 

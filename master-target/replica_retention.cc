@@ -10,6 +10,10 @@ namespace cdp::mt {
 
 Result<RetentionResult> ReplicaVolume::ApplyRetention() {
   std::lock_guard<std::mutex> lk(apply_mu_);
+  return ApplyRetentionLocked();
+}
+
+Result<RetentionResult> ReplicaVolume::ApplyRetentionLocked() {
   RetentionResult res;
   res.horizon_seq = horizon_;
   const RetentionPolicy& pol = o_.retention;
@@ -17,32 +21,38 @@ Result<RetentionResult> ReplicaVolume::ApplyRetention() {
   if (pol.max_age_us == 0 && pol.max_bytes == 0) return res;
   const uint64_t wall = o_.clock->WallMicros();
   const uint64_t cur = writer_->segment();
-  std::map<uint64_t, SegmentInfo> segs;
+  std::vector<SegmentInfo> segs;
   std::vector<RecoveryPoint> points;
   std::multiset<uint64_t> pins;
   {
     std::lock_guard<std::mutex> mk(meta_mu_);
-    segs = segments_;
+    for (const auto& [seg, si] : segments_) segs.push_back(si);
     points = points_;
     pins = pins_;
   }
+  // need(p): the bytes of every segment holding a record newer than p, the
+  // current one included. Segments and points both ascend by sequence, so
+  // one pass over each (the current segment is the last).
+  std::vector<uint64_t> suffix(segs.size() + 1, 0);
+  for (size_t i = segs.size(); i-- > 0;) suffix[i] = suffix[i + 1] + segs[i].bytes;
   uint64_t promised_min = std::numeric_limits<uint64_t>::max();
+  size_t first_needed = 0;  // the first segment with a record newer than the point
   for (const RecoveryPoint& p : points) {
-    bool time_ok = pol.max_age_us == 0 || p.time_us + pol.max_age_us >= wall;
-    uint64_t need = 0;
-    for (const auto& [seg, si] : segs) {
-      if (seg == cur || si.max_seq > p.seq) need += si.bytes;
-    }
-    bool bytes_ok = pol.max_bytes == 0 || need <= pol.max_bytes;
-    if (time_ok && bytes_ok) promised_min = std::min(promised_min, p.seq);
+    while (first_needed < segs.size() && segs[first_needed].segment != cur && segs[first_needed].max_seq <= p.seq)
+      ++first_needed;
+    const bool time_ok = pol.max_age_us == 0 || p.time_us + pol.max_age_us >= wall;
+    const bool bytes_ok = pol.max_bytes == 0 || suffix[first_needed] <= pol.max_bytes;
+    const bool locked = lock_.Holds(p.time_us, wall);
+    if ((time_ok && bytes_ok) || locked) promised_min = std::min(promised_min, p.seq);
+    if (locked && !bytes_ok) res.locked_over_budget = true;
   }
   for (uint64_t pin : pins) promised_min = std::min(promised_min, pin);
   if (failover_) promised_min = std::min(promised_min, failover_->point_seq);
   uint64_t last_dropped = 0, new_horizon = horizon_;
-  for (const auto& [seg, si] : segs) {
-    if (seg == cur || si.max_seq > promised_min) break;
-    res.dropped_segments.push_back(seg);
-    last_dropped = seg;
+  for (const SegmentInfo& si : segs) {
+    if (si.segment == cur || si.max_seq > promised_min) break;
+    res.dropped_segments.push_back(si.segment);
+    last_dropped = si.segment;
     new_horizon = std::max(new_horizon, si.max_seq);
   }
   if (res.dropped_segments.empty()) return res;
@@ -103,9 +113,48 @@ Result<RetentionResult> ReplicaVolume::ApplyRetention() {
   return res;
 }
 
-void ReplicaVolume::SetRetention(const RetentionPolicy& policy) {
+Status ReplicaVolume::SetRetention(const RetentionPolicy& policy) {
   std::lock_guard<std::mutex> lk(apply_mu_);
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    CDP_RETURN_IF_ERROR(lock_.Configure(*db_, policy.lock_us, o_.clock->WallMicros()));
+  }
   o_.retention = policy;
+  UpdateGauges();
+  return Status::OK();
+}
+
+Result<std::optional<ApplyOutcome>> ReplicaVolume::CheckHistoryLock() {
+  const RetentionPolicy& pol = o_.retention;
+  if (pol.max_bytes == 0 || lock_.EffectiveUs(o_.clock->WallMicros()) == 0) return std::optional<ApplyOutcome>();
+  uint64_t jbytes = 0;
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    for (const auto& [seg, si] : segments_) jbytes += si.bytes;
+  }
+  if (jbytes <= pol.max_bytes) return std::optional<ApplyOutcome>();
+  CDP_ASSIGN_OR_RETURN(RetentionResult r, ApplyRetentionLocked());
+  if (!r.locked_over_budget) return std::optional<ApplyOutcome>();
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    jbytes = 0;
+    for (const auto& [seg, si] : segments_) jbytes += si.bytes;
+  }
+  ApplyOutcome out;
+  out.ack = false;
+  out.reason = proto::NackReason::kBusy;
+  out.message = "LOCKED: journal full inside the history lock (" + std::to_string(jbytes) + " journal bytes > " +
+                "retention.max_bytes " + std::to_string(pol.max_bytes) + "; the lock keeps every point younger than " +
+                std::to_string(lock_.EffectiveUs(o_.clock->WallMicros()) / 1'000'000) +
+                " s): apply waits for the lock window to move on or a larger budget";
+  out.expected_seq = applied_.load() + 1;
+  NoteApply(Status::Busy(out.message), StallCause::kHistoryLock);
+  return std::optional<ApplyOutcome>(out);
+}
+
+std::vector<RollbackInfo> ReplicaVolume::Rollbacks() const {
+  std::lock_guard<std::mutex> mk(meta_mu_);
+  return rollbacks_;
 }
 
 RetentionPolicy ReplicaVolume::retention() const {

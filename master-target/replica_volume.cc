@@ -28,11 +28,14 @@ const char* StallCauseName(StallCause c) {
     case StallCause::kNone: return "";
     case StallCause::kNoSpace: return "no space";
     case StallCause::kIOError: return "I/O error";
+    case StallCause::kHistoryLock: return "history lock";
   }
   return "unknown";
 }
 
 std::string ShownState(const VolumeStatus& st) {
+  if (st.state == VolumeState::kReplicating && st.stall && st.stall->cause == StallCause::kHistoryLock)
+    return "LOCKED: journal full inside the history lock";
   if (st.state == VolumeState::kReplicating && st.stall) return std::string("stalled: ") + StallCauseName(st.stall->cause);
   return StateName(st.state);
 }
@@ -93,6 +96,10 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
     CDP_RETURN_IF_ERROR(CreateFiles(*create));
   }
   CDP_RETURN_IF_ERROR(LoadIndex());
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    CDP_ASSIGN_OR_RETURN(lock_, HistoryLock::Load(*db_, o_.retention.lock_us, o_.clock->WallMicros(), id_.name));
+  }
   CDP_ASSIGN_OR_RETURN(undo_, UndoIndex::Open(db_.get(), o_.index_path, DeviceSize(id_), o_.index_vfs));
   OpenOptions ro;
   CDP_ASSIGN_OR_RETURN(replica_, o_.env->Open(ReplicaPath(), ro));
@@ -379,6 +386,10 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   s.reprotect_armed = reprotect_armed_.load();
   s.failover = failover_;
   s.stall = stall_;
+  const uint64_t now = o_.clock->WallMicros();
+  s.lock_us = lock_.EffectiveUs(now);
+  s.lock_pending_until_us = lock_.pending_until_us(now);
+  for (const RecoveryPoint& p : points_) s.rolled_back_points += p.rolled_back ? 1 : 0;
   return s;
 }
 
@@ -386,15 +397,17 @@ void ReplicaVolume::UpdateGauges() {
   const VolumeMetrics& m = o_.metrics;
   uint64_t jbytes = 0;
   size_t npoints = 0;
-  uint64_t oldest = 0;
+  uint64_t oldest = 0, lock_us = 0;
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
     for (const auto& [seg, si] : segments_) jbytes += si.bytes;
     npoints = points_.size();
     if (!points_.empty()) oldest = points_.front().time_us;
+    lock_us = lock_.EffectiveUs(o_.clock->WallMicros());
   }
   if (m.journal_bytes) m.journal_bytes->Set(int64_t(jbytes));
   if (m.points) m.points->Set(int64_t(npoints));
+  if (m.history_lock_seconds) m.history_lock_seconds->Set(int64_t(lock_us / 1'000'000));
   if (m.applied_seq) m.applied_seq->Set(int64_t(applied_.load()));
   if (m.retention_span_seconds) {
     uint64_t now = o_.clock->WallMicros();

@@ -118,6 +118,7 @@
 #include "common/sqlite.h"
 #include "common/status.h"
 #include "master-target/digest_store.h"
+#include "master-target/history_lock.h"
 #include "master-target/journal.h"
 #include "master-target/replica_io.h"
 #include "master-target/undo_index.h"
@@ -173,9 +174,14 @@ const char* StateName(VolumeState s);
 // and its sender resends it after a pause (nack kInternal): until one applies,
 // the volume is stalled, and the cause is shown with its state. Not persisted
 // (a restart starts unstalled; the next failure stalls it again).
-enum class StallCause { kNone = 0, kNoSpace = 1, kIOError = 2 };
+// kHistoryLock: the journal is over its byte budget (retention.max_bytes) and
+// what retention would drop to make room is inside the history lock
+// (master-target/history_lock.h): apply refuses batches (Nack kBusy, the
+// sender holds and retries; the process server's spool absorbs the backlog)
+// until the lock window moves on or the admin raises the budget.
+enum class StallCause { kNone = 0, kNoSpace = 1, kIOError = 2, kHistoryLock = 3 };
 // "no space" (ENOSPC, EDQUOT, a full sqlite: Status kNoSpace), "I/O error"
-// (anything else), "" for kNone.
+// (anything else), "history lock", "" for kNone.
 const char* StallCauseName(StallCause c);
 struct ApplyStall {
   StallCause cause = StallCause::kNone;
@@ -203,12 +209,31 @@ struct RecoveryPoint {
   uint64_t time_us = 0;   // wall-clock micros when the point was applied
   PointKind kind = PointKind::kCrash;
   std::string name;       // tag name; "" for crash-consistent points
+  // On a rolled-back branch: a rollback to an earlier point rewound the
+  // replica past it. Still listed and exportable (the rollback journaled what
+  // it overwrote) until retention and the history lock let it go.
+  bool rolled_back = false;
+};
+
+// A rollback (Rollback()), persisted in the index's `rollbacks` table. The
+// points with to_seq < seq <= from_seq are its branch. The records from_seq+1
+// .. end_seq are the rollback itself: the blocks it rewound, journaled as
+// new history, ending with the tag "rollback-to-<to_seq>" (end_seq 0: in
+// progress).
+struct RollbackInfo {
+  uint64_t to_seq = 0;
+  uint64_t from_seq = 0;
+  uint64_t end_seq = 0;
+  uint64_t time_us = 0;
 };
 
 // Both limits are maxima; 0 = unlimited. See ApplyRetention() for the promise.
+// lock_us: the history lock (master-target/history_lock.h; 0: none), which
+// neither limit can cut.
 struct RetentionPolicy {
   uint64_t max_age_us = 0;
   uint64_t max_bytes = 0;
+  uint64_t lock_us = 0;
 };
 
 // Counters a daemon exports (common/metrics.h). Null pointers are skipped.
@@ -225,6 +250,9 @@ struct VolumeMetrics {
   // 1 while apply is stalled for that cause, else 0 (cdp_mt_apply_stalled{cause=...}).
   std::shared_ptr<metrics::Gauge> stalled_no_space;
   std::shared_ptr<metrics::Gauge> stalled_io_error;
+  std::shared_ptr<metrics::Gauge> stalled_history_lock;
+  // The history lock in force, in seconds (cdp_mt_history_lock_seconds).
+  std::shared_ptr<metrics::Gauge> history_lock_seconds;
 };
 
 struct VolumeOptions {
@@ -256,6 +284,9 @@ struct VolumeOptions {
   // A rollback undoes this many sequences at a time, newest first (its
   // memory: the undo index entries of one window).
   uint64_t rollback_window = 16384;
+  // A rollback writes the image at its point back in batches of about this
+  // many bytes (its memory; each batch is one apply).
+  uint64_t rollback_batch_bytes = 8u << 20;
   // Fault injection for tests: called just before the sqlite commit of a
   // batch; a non-ok Status aborts the batch there (as a crash before commit).
   std::function<Status()> before_commit;
@@ -289,6 +320,9 @@ struct VolumeStatus {
   Upstream upstream;               // the generation's upstream (empty before its first open)
   std::optional<FailoverInfo> failover;  // a promoted failover
   std::optional<ApplyStall> stall;       // set while apply is stalled (see StallCause)
+  uint64_t lock_us = 0;                  // the history lock in force
+  uint64_t lock_pending_until_us = 0;    // a shortened lock: when the longer one ends (0: none)
+  size_t rolled_back_points = 0;         // points on a rolled-back branch
 };
 
 // The state as the operator reads it (/v1/volumes, /status, cdpctl status):
@@ -300,6 +334,9 @@ struct RetentionResult {
   std::vector<uint64_t> dropped_segments;
   std::vector<int64_t> dropped_points;   // ids of points broken by the dropped segments
   uint64_t horizon_seq = 0;
+  // The journal is over max_bytes and a point inside the history lock keeps
+  // the bytes that would bring it under: apply stalls (kHistoryLock).
+  bool locked_over_budget = false;
 };
 
 // Journal segment bookkeeping (also the sqlite `segments` rows).
@@ -391,9 +428,18 @@ class ReplicaVolume {
   Result<std::unique_ptr<PointPin>> Pin(uint64_t point_seq);
 
   // Rewinds the replica to `point_seq` (a recovery point's seq, or any seq
-  // between horizon and applied), then the volume is failed over.
+  // between horizon and applied), then the volume is failed over. Nothing is
+  // lost: the blocks changed after the point are written back to their image
+  // at the point as new history (journaled like any batch, in batches of
+  // bounded memory), so every later point stays listed (rolled_back) and
+  // exportable, and the replica's image at the end equals the point's. A
+  // crash in the middle finishes the rollback at the next Open.
+  // discard_history: then forgets the points of the branch (retention can
+  // drop their journal); kAlreadyExists, with nothing done, when any of them
+  // is inside the history lock. Callers check that only an admin asks it.
   // kBusy while exports are pinned; kOutOfRange for an unreachable seq.
-  Status Rollback(uint64_t point_seq);
+  Status Rollback(uint64_t point_seq, bool discard_history = false);
+  std::vector<RollbackInfo> Rollbacks() const;
 
   // Failover (see the states above). Failover: the volume becomes failed-over
   // at `point_seq` (the caller has created and synced the promoted export's
@@ -443,10 +489,13 @@ class ReplicaVolume {
   // is promised when it is younger than max_age (or max_age is 0) and the
   // journal bytes it needs (every segment holding a record newer than it,
   // the current one included) fit in max_bytes (or max_bytes is 0); a pinned
-  // point, and the point of a standing failover, is always promised. Points broken by a drop are deleted.
+  // point, the point of a standing failover, and a point inside the history
+  // lock are always promised. Points broken by a drop are deleted.
   Result<RetentionResult> ApplyRetention();
-  // Replaces the retention policy (takes effect at the next ApplyRetention).
-  void SetRetention(const RetentionPolicy& policy);
+  // Replaces the retention policy (takes effect at the next ApplyRetention;
+  // the lock as HistoryLock::Configure says). The lock's sqlite Status on
+  // failure (then the old policy stays).
+  Status SetRetention(const RetentionPolicy& policy);
   RetentionPolicy retention() const;
 
   // Block digests (common/block_digest.h) of units [first, first+count) of
@@ -501,7 +550,15 @@ class ReplicaVolume {
   // there and reopens the writer.
   Status RecoverUncommitted(bool undo = true);
   Status RebuildUndoIndex();
+  // Writes the image at rollback_to_ back over every block changed after it,
+  // as new history, then ends the rollback (apply_mu_ held).
   Status FinishRollback();
+  Result<RetentionResult> ApplyRetentionLocked();
+  // Refuses a batch while the journal is over budget inside the lock
+  // (retention run in place first); nullopt: go on. apply_mu_ held.
+  Result<std::optional<ApplyOutcome>> CheckHistoryLock();
+  // Marks points_ on a rolled-back branch (meta_mu_ held).
+  void MarkRolledBack();
   // The Nack text of the old generation's stream after a failback.
   std::string FailedBackMessage() const;
   // The Nack text of a fenced stream (failover_ set, apply_mu_ held).
@@ -558,7 +615,8 @@ class ReplicaVolume {
   // members); apply_mu_ held.
   Status BindUpstream(const Upstream& from);
   // Sets (failure) or clears (ok) the stall and its gauges; apply_mu_ held.
-  void NoteApply(const Status& s);
+  // `cause` kNone: the failure's Status tells (no space, or an I/O error).
+  void NoteApply(const Status& s, StallCause cause = StallCause::kNone);
   std::atomic<uint64_t> applied_{0};
   std::atomic<uint64_t> seq_base_{0};    // history seq of the generation's wire seq 0
   std::atomic<uint64_t> generation_{0};  // id_.generation, for readers without apply_mu_
@@ -588,6 +646,8 @@ class ReplicaVolume {
   std::vector<RecoveryPoint> points_;  // ascending id (== ascending seq)
   std::multiset<uint64_t> pins_;
   std::optional<ApplyStall> stall_;
+  HistoryLock lock_;                   // apply_mu_ (+ meta_mu_ for readers)
+  std::vector<RollbackInfo> rollbacks_;  // meta_mu_
 };
 
 }  // namespace cdp::mt

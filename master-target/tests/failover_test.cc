@@ -141,7 +141,7 @@ TEST_CASE("failover: the state persists across reopen, fences the old primary, a
   CHECK(p.v->Rollback(3).code() == Code::kInvalidArgument);
   CHECK(p.v->ArmReprotect().status().code() == Code::kInvalidArgument);
   // Retention keeps the promoted point even when the policy would drop it.
-  p.v->SetRetention(RetentionPolicy{0, 1});
+  REQUIRE(p.v->SetRetention(RetentionPolicy{0, 1}).ok());
   REQUIRE(p.v->ApplyRetention().ok());
   Bytes img(kVolSize);
   REQUIRE(p.v->ReadAt(3, 0, kVolSize, img.data()).ok());

@@ -453,8 +453,21 @@ TEST_CASE("control API: volumes, points, export, rollback, hashes", "[server][co
   Http(cport, "POST", "/v1/unexport", json::serialize(json::object{{"export", name}}), 200);
   Http(cport, "POST", "/v1/unexport", json::serialize(json::object{{"export", name}}), 404);
 
+  // Discarding the history after the point: inside the history lock (24 h
+  // by default), refused, and nothing done.
+  std::string discard = body;
+  discard.insert(discard.size() - 1, ",\"discard_history\":true");
+  Http(cport, "POST", "/v1/rollback", discard, 409);
   auto rb = Http(cport, "POST", "/v1/rollback", body, 200);
   REQUIRE(std::string(rb.at("state").as_string()) == "failed-over");
+  // Every point is still listed, the later ones as rolled back.
+  auto after = Http(cport, "GET", "/v1/points?volume=vm1", "", 200).at("points").as_array();
+  REQUIRE(after.size() == arr.size() + 1);  // and the rollback's own tag
+  for (size_t i = 0; i < arr.size(); ++i) {
+    REQUIRE(after[i].at("id") == arr[i].at("id"));
+    REQUIRE(after[i].at("rolled_back").as_bool() == (arr[i].at("seq").to_number<uint64_t>() > mid.at("seq").to_number<uint64_t>()));
+  }
+  REQUIRE(rb.at("rolled_back_points").to_number<uint64_t>() == arr.size() - arr.size() / 2 - 1);
   uint64_t seq = mid.at("seq").to_number<uint64_t>();
   REQUIRE(ReadFile(VolumeDir(p.dir.path(), "acme", "vm1") + "/replica.img") == p.gen.ImageAt(seq));
   // Replication of a failed-over volume is refused until re-protected.

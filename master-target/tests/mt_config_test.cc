@@ -76,6 +76,14 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
   CHECK(r->retention.max_age_us == 86'400'000'000ull);
   CHECK(r->volume_max_age_us.at("acme/db") == 30 * 86'400'000'000ull);
   CHECK(r->volume_max_age_us.at("acme/logs") == 7'200'000'000ull);
+  // The history lock: 24 h unless configured; per tenant and per volume.
+  CHECK(r->retention.lock_us == 24 * 3'600'000'000ull);
+  auto lk = Load(env.get(), "tenant = acme:a\ntenant = beta:b\ntenant_retention_lock = beta=7d\n"
+                            "volume_retention_lock = acme/db=0s\n[retention]\nlock = 2h\n");
+  REQUIRE(lk.ok());
+  CHECK(lk->retention.lock_us == 7'200'000'000ull);
+  CHECK(lk->tenant_lock_us.at("beta") == 7 * 86'400'000'000ull);
+  CHECK(lk->volume_lock_us.at("acme/db") == 0);
 }
 
 TEST_CASE("master target config: every bad value names its key or line", "[config]") {
@@ -102,6 +110,12 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
         "bad volume_retention 'acme/db': want TENANT/VOLUME=DURATION");
   CHECK(Error(env.get(), "tenant = acme:a\nvolume_retention = acme/../x=1d\n") ==
         "bad volume_retention 'acme/../x=1d': invalid volume name");
+  CHECK(Error(env.get(), "tenant = acme:a\ntenant_retention_lock = other=1d\n") ==
+        "bad tenant_retention_lock 'other=1d': no tenant other");
+  CHECK(Error(env.get(), "tenant = acme:a\ntenant_retention_lock = acme\n") ==
+        "bad tenant_retention_lock 'acme': want TENANT=DURATION");
+  CHECK(Error(env.get(), "tenant = acme:a\nvolume_retention_lock = acme/db\n") ==
+        "bad volume_retention_lock 'acme/db': want TENANT/VOLUME=DURATION");
   CHECK(Error(env.get(), "max_batch_work = 1MiB\n") == "'max_batch_work' must be 32MiB..64GiB");
   CHECK(Error(env.get(), "control = none\nnbd = none\nmax_connections_per_peer = 0\n") ==
         "'max_connections_per_peer' must be 1..65536");
