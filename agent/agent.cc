@@ -75,6 +75,7 @@ Status Agent::Start() {
     o.bitmap_path = JoinPath(opts_.bitmap_dir, v.name + ".bitmap");
     o.budget = opts_.budget;
     o.region_size = opts_.region_size;
+    o.anomaly = opts_.anomaly;
     auto dev = CaptureDevice::Open(o);
     if (!dev.ok()) {
       devices_.clear();
@@ -439,6 +440,8 @@ boost::json::value Agent::StatusJson() const {
     v["to_metadata"] = qs.to_metadata;
     v["to_bitmap"] = qs.to_bitmap;
     v["to_data"] = qs.to_data;
+    v["anomalies"] = qs.anomalies;  // possible ransomware seen (agent/anomaly_detector.h)
+    v["last_anomaly"] = qs.last_anomaly;
     v["dirty_regions"] = d->bitmap().DirtyCount();
     v["region_count"] = d->bitmap().region_count();
     if (i < sites_.size()) {
@@ -495,6 +498,9 @@ void Agent::RegisterMetrics(size_t i) {
                         [q] { return double(q().records); }, l);
   registry_.AddComputed("cdp_agent_flushes_suppressed_total", "FLUSHes with no recovery point (degraded modes)",
                         Type::kCounter, [q] { return double(q().flushes_suppressed); }, l);
+  registry_.AddComputed("cdp_agent_anomalies_total",
+                        "Possible ransomware: jumps in change rate made of incompressible writes (anomaly records sent)",
+                        Type::kCounter, [q] { return double(q().anomalies); }, l);
   for (auto [to, pick] : std::vector<std::pair<std::string, int>>{{"metadata", 1}, {"bitmap", 2}, {"data", 0}}) {
     metrics::Labels lt = l;
     lt.emplace_back("to", to);

@@ -76,6 +76,9 @@ struct AgentOptions {
   NbdServerOptions nbd;          // listeners (tcp_port / unix_path)
   std::string bitmap_dir = "/var/lib/opencdp/agent";
   uint64_t budget = 64ull << 20;   // per volume
+  // Ransomware detection on every volume (agent/anomaly_detector.h; the
+  // config's anomaly.* keys).
+  AnomalyOptions anomaly;
   uint32_t region_size = 1u << 20;
   SenderOptions sender;          // PS address, tenant, secret, batching
   // Connections to the process server, at most: the volumes are spread over

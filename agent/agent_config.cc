@@ -40,6 +40,20 @@ po::options_description AgentConfigDescription() {
       ("client_id", value<std::string>()->default_value(""), "agent id sent to the process server (default: host name)")
       ("capture_only", value<bool>()->default_value(false), "do not connect to a process server (tap benchmarks)")
       ("budget", value<ByteSize>()->default_value(ByteSize{64ull << 20}), "capture queue memory per volume")
+      ("anomaly.enabled", value<bool>()->default_value(true),
+       "ransomware detection: a jump in change rate made of incompressible writes (docs/operations.md)")
+      ("anomaly.sample_every", value<uint32_t>()->default_value(16), "compress 1 written 4 KiB block in N (1..4096)")
+      ("anomaly.window", value<Duration>()->default_value(Duration{1'000'000}), "detection window (10ms..1h)")
+      ("anomaly.learning_windows", value<uint32_t>()->default_value(30), "windows learned before anything can fire")
+      ("anomaly.run_windows", value<uint32_t>()->default_value(3), "suspect windows in a row that fire (1..1000)")
+      ("anomaly.rate_factor", value<double>()->default_value(3.0), "a window is suspect at this x the baseline rate (>= 1)")
+      ("anomaly.min_rate", value<ByteSize>()->default_value(ByteSize{1u << 20}),
+       "and at least this many bytes per second")
+      ("anomaly.min_incompressible", value<double>()->default_value(0.8),
+       "and at least this fraction of its sampled blocks incompressible (0..1)")
+      ("anomaly.incompressible_delta", value<double>()->default_value(0.3),
+       "and that fraction at least this much above the baseline's (0..1)")
+      ("anomaly.holdoff", value<Duration>()->default_value(Duration{60'000'000}), "quiet time after an anomaly")
       ("region_size", value<ByteSize>()->default_value(ByteSize{1u << 20}), "dirty bitmap region size")
       ("bitmap_dir", value<std::string>()->default_value("/var/lib/opencdp/agent"), "directory of the dirty bitmaps")
       ("batch_bytes", value<ByteSize>()->default_value(ByteSize{4u << 20}), "data bytes per write batch")
@@ -157,6 +171,28 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
     return Status::InvalidArgument("'nbd_max_connections' must be 1..65536");
   ao.nbd.worker_threads = std::max(1, vm["nbd_workers"].as<int>());
   ao.budget = vm["budget"].as<ByteSize>().bytes;
+  {
+    AnomalyOptions& a = ao.anomaly;
+    a.enabled = vm["anomaly.enabled"].as<bool>();
+    a.sample_every = vm["anomaly.sample_every"].as<uint32_t>();
+    a.window_us = vm["anomaly.window"].as<Duration>().micros;
+    a.learning_windows = vm["anomaly.learning_windows"].as<uint32_t>();
+    a.run_windows = vm["anomaly.run_windows"].as<uint32_t>();
+    a.rate_factor = vm["anomaly.rate_factor"].as<double>();
+    a.min_rate = vm["anomaly.min_rate"].as<ByteSize>().bytes;
+    a.min_incompressible = vm["anomaly.min_incompressible"].as<double>();
+    a.incompressible_delta = vm["anomaly.incompressible_delta"].as<double>();
+    a.holdoff_us = vm["anomaly.holdoff"].as<Duration>().micros;
+    if (a.sample_every < 1 || a.sample_every > 4096) return Status::InvalidArgument("'anomaly.sample_every' must be 1..4096");
+    if (a.window_us < 10'000 || a.window_us > 3'600'000'000ull)
+      return Status::InvalidArgument("'anomaly.window' must be 10ms..1h");
+    if (a.run_windows < 1 || a.run_windows > 1000) return Status::InvalidArgument("'anomaly.run_windows' must be 1..1000");
+    if (!(a.rate_factor >= 1.0)) return Status::InvalidArgument("'anomaly.rate_factor' must be at least 1");
+    if (!(a.min_incompressible >= 0.0 && a.min_incompressible <= 1.0))
+      return Status::InvalidArgument("'anomaly.min_incompressible' must be 0..1");
+    if (!(a.incompressible_delta >= 0.0 && a.incompressible_delta <= 1.0))
+      return Status::InvalidArgument("'anomaly.incompressible_delta' must be 0..1");
+  }
   uint64_t region = vm["region_size"].as<ByteSize>().bytes;
   if (region < 4096 || region > (1u << 30) || (region & (region - 1)) != 0)
     return Status::InvalidArgument("region_size must be a power of two in 4KiB..1GiB");

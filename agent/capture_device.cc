@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/hash.h"
+#include "common/log.h"
 
 namespace cdp::agent {
 namespace {
@@ -40,6 +41,7 @@ CaptureDevice::CaptureDevice(const Options& opts, std::unique_ptr<File> file, ui
                              std::unique_ptr<DirtyBitmap> bitmap)
     : opts_(opts), file_(std::move(file)), size_(size), bitmap_(std::move(bitmap)) {
   queue_ = std::make_unique<CaptureQueue>(CaptureQueue::Options{opts.volume, opts.budget, opts.clock});
+  if (opts.anomaly && opts.anomaly->enabled) detector_ = std::make_unique<AnomalyDetector>(*opts.anomaly);
 }
 
 BlockDeviceFeatures CaptureDevice::features() const {
@@ -113,14 +115,26 @@ Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
     }
     if (widen) {
       CDP_RETURN_IF_ERROR(QueueBlocksLocked(BlockFloor(offset), BlockCeil(offset + len) - BlockFloor(offset)));
+      DetectLocked(offset, data, queue_->LastSeqLocked());
     } else {
       uint64_t seq = queue_->AppendLocked(proto::RecordKind::kData, offset, uint32_t(len), data, std::move(copy));
       if (seq != 0) bitmap_->Assign(offset, len, seq);
       else bitmap_->AssignResync(offset, len);
+      DetectLocked(offset, data, seq);
     }
   }
   if (fua) return SyncBacking();
   return Status::OK();
+}
+
+void CaptureDevice::DetectLocked(uint64_t offset, ByteSpan data, uint64_t seq) {
+  if (!detector_) return;
+  std::optional<Anomaly> a = detector_->OnWrite(offset, data, opts_.clock->NowMicros(), seq);
+  if (!a) return;
+  const uint64_t at = queue_->AppendAnomalyLocked(a->clean_seq, a->message);
+  log::Get("agent")->warn("{} possible ransomware: {}; the image after sequence {} is kept as suspect-clean{}",
+                          log::Where{opts_.volume, "", at}, a->message, a->clean_seq,
+                          at == 0 ? " (NOT sent: bitmap mode)" : "");
 }
 
 Status CaptureDevice::ApplyRange(proto::RecordKind kind, uint64_t offset, uint64_t len, bool punch) {

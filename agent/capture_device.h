@@ -29,8 +29,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <optional>
 #include <vector>
 
+#include "agent/anomaly_detector.h"
 #include "agent/capture_queue.h"
 #include "agent/dirty_bitmap.h"
 #include "common/block_digest.h"
@@ -68,6 +70,10 @@ class CaptureDevice final : public BlockDevice {
     uint32_t block_size = 4096;     // advertised to NBD clients
     // Tenant-side encryption: seal every block with these keys (null: plain).
     std::shared_ptr<const seal::BlockSealer> sealer;
+    // Ransomware detection on the plaintext writes (agent/anomaly_detector.h;
+    // nullopt: off). An anomaly is queued as a kAnomaly record right after
+    // the write that closed the window that fired.
+    std::optional<AnomalyOptions> anomaly;
   };
 
   // Opens the backing store and the dirty bitmap. Fails with kInvalidArgument
@@ -179,6 +185,10 @@ class CaptureDevice final : public BlockDevice {
   uint64_t size_;
   std::unique_ptr<DirtyBitmap> bitmap_;
   std::unique_ptr<CaptureQueue> queue_;
+  std::unique_ptr<AnomalyDetector> detector_;  // capture lock; null: detection off
+  // Capture lock held: tells the detector of a write queued as `seq`, and
+  // queues the anomaly it reports.
+  void DetectLocked(uint64_t offset, ByteSpan data, uint64_t seq);
   std::mutex sync_mu_;
   mutable std::mutex fence_mu_;
   std::string fence_;  // SetWriteFence

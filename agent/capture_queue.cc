@@ -103,6 +103,17 @@ uint64_t CaptureQueue::AppendTagLocked(std::string_view name) {
   return PushLocked(std::move(r));
 }
 
+uint64_t CaptureQueue::AppendAnomalyLocked(uint64_t clean_seq, std::string_view message) {
+  if (st_.mode == CaptureMode::kBitmap) return 0;
+  QueuedRecord r;
+  r.kind = proto::RecordKind::kAnomaly;
+  const uint64_t back = next_seq_ - std::min(clean_seq, next_seq_ - 1);
+  r.data = std::make_shared<const Bytes>(proto::EncodeAnomaly(back, message));  // offset = length = 0
+  ++st_.anomalies;
+  st_.last_anomaly = std::string(message);
+  return PushLocked(std::move(r));
+}
+
 uint64_t CaptureQueue::AppendResyncLocked(uint64_t offset, uint32_t length, Bytes data) {
   if (!HasRoomLocked(data.size())) return 0;
   QueuedRecord r;

@@ -82,6 +82,8 @@ struct CaptureQueueStats {
   uint64_t to_bitmap = 0;
   uint64_t to_data = 0;
   uint64_t bitmap_mode_ops = 0;  // writes that were not queued (bitmap mode)
+  uint64_t anomalies = 0;        // anomaly records queued (agent/anomaly_detector.h)
+  std::string last_anomaly;      // the last one's message ("" : none)
 };
 
 class CaptureQueue {
@@ -113,6 +115,11 @@ class CaptureQueue {
   // Queues a kTag record (any mode but bitmap; the caller checks consistency).
   // Returns its sequence, or 0 in bitmap mode.
   uint64_t AppendTagLocked(std::string_view name);
+  // Queues a kAnomaly record (proto::EncodeAnomaly) naming the image after
+  // `clean_seq` (<= the last sequence; 0: the start) as suspect-clean, with
+  // the detector's message. Returns its sequence, or 0 in bitmap mode (the
+  // write order is lost there: nothing to point at).
+  uint64_t AppendAnomalyLocked(uint64_t clean_seq, std::string_view message);
   // Queues a resync range: `data` (length bytes, kept as it is: no copy) as a
   // data record, or, when `data` is empty, a kZero record of `length` bytes.
   // Returns 0 (nothing queued) unless in data mode and the data fits in the

@@ -215,6 +215,10 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
         out << "    APPLY STALLED (" << Str(st, "cause") << "), " << uint64_t(Num(st, "failures"))
             << " failed attempt(s): " << Str(st, "message") << "\n";
       }
+      if (uint64_t open = uint64_t(Num(x, "anomalies_open")); open > 0) {
+        out << "    ANOMALY: possible ransomware at the protected host (" << open
+            << " open; cdpctl anomalies " << Str(x, "volume") << "): " << Str(x, "last_anomaly") << "\n";
+      }
       if (const json::value* fv = x.if_contains("failover"); fv && fv->is_object()) {
         const json::object& f = fv->as_object();
         out << "    failed over to point " << uint64_t(Num(f, "point")) << " (sequence " << uint64_t(Num(f, "history_seq"))
@@ -305,6 +309,58 @@ json::object PointArg(const std::string& volume, const std::string& point, const
     b["tag"] = point;
   }
   return b;
+}
+
+// `cdpctl anomalies VOLUME [--ack ID]`: the possible ransomware attacks the
+// agent saw, each with its suspect-clean point; --ack (admin) releases one.
+int Anomalies(const Options& o, const std::string& volume, const std::string& ack, std::ostream& out,
+              std::ostream& err) {
+  if (!ack.empty()) {
+    json::object body{{"volume", volume}};
+    if (!o.tenant.empty()) body["tenant"] = o.tenant;
+    int64_t id = 0;
+    auto [p, ec] = std::from_chars(ack.data(), ack.data() + ack.size(), id);
+    if (ec != std::errc() || p != ack.data() + ack.size()) {
+      err << "cdpctl: --ack takes an anomaly id (cdpctl anomalies " << volume << ")\n";
+      return 2;
+    }
+    body["id"] = id;
+    Call c = Http(o, o.mt, "POST", "/v1/anomalies/ack", body);
+    if (!c.reached || c.status != 200) return Fail(err, "anomalies " + volume + " --ack " + ack, c);
+    if (o.json) {
+      out << json::serialize(c.body) << "\n";
+      return 0;
+    }
+    out << "anomaly " << ack << " of " << volume
+        << (Str(c.body.as_object(), "changed") == "yes" ? " acknowledged: its suspect-clean point is no longer held\n"
+                                                         : " was already acknowledged\n");
+    return 0;
+  }
+  Call c = Http(o, o.mt, "GET", "/v1/anomalies?volume=" + Q(volume) + TenantParam(o));
+  if (!c.reached || c.status != 200) return Fail(err, "anomalies " + volume, c);
+  if (o.json) {
+    out << json::serialize(c.body) << "\n";
+    return 0;
+  }
+  const json::object& b = c.body.as_object();
+  out << "volume " << Str(b, "volume") << " (tenant " << Str(b, "tenant") << ")\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "  %4s %-20s %8s %12s  %-12s %s\n", "ID", "TIME (UTC)", "POINT", "CLEAN SEQ", "STATE",
+                "WHAT");
+  out << line;
+  if (const json::value* list = b.if_contains("anomalies"); list && list->is_array()) {
+    for (const auto& v : list->as_array()) {
+      const json::object& a = v.as_object();
+      std::time_t t = std::time_t(Num(a, "time_us") / 1e6);
+      char tb[64];
+      std::strftime(tb, sizeof tb, "%Y-%m-%d %H:%M:%S", std::gmtime(&t));
+      const std::string state = Str(a, "acknowledged") == "yes" ? "acknowledged" : Str(a, "held") == "yes" ? "HELD" : "expired";
+      std::snprintf(line, sizeof line, "  %4.0f %-20s %8.0f %12.0f  %-12s ", Num(a, "id"), tb, Num(a, "point"),
+                    Num(a, "clean_seq"), state.c_str());
+      out << line << Str(a, "message") << "\n";
+    }
+  }
+  return 0;
 }
 
 int Rollback(const Options& o, const std::string& volume, const std::string& point, bool discard_history,
@@ -1027,6 +1083,7 @@ int Token(const Options& o, const std::vector<std::string>& args, std::ostream& 
 constexpr const char* kUsage =
     "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
     "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT [--discard-history] |\n"
+    "  anomalies VOLUME [--ack ID] |\n"
     "  export VOLUME@POINT [--writable | --key-file F] | unexport EXPORT |\n"
     "  keys init --out FILE | keys show FILE |\n"
     "  resolve cdp://TENANT/VOLUME@POINT [--key-file F]   (export VOLUME@POINT takes the URI too) |\n"
@@ -1158,6 +1215,8 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   if (cmd == "status" && args.size() == 1) return Status(o, out, err);
   if (cmd == "tag" && args.size() == 2) return Tag(o, args[1], out, err);
   if (cmd == "points" && args.size() == 2) return Points(o, args[1], out, err);
+  if (cmd == "anomalies" && args.size() == 2) return Anomalies(o, args[1], "", out, err);
+  if (cmd == "anomalies" && args.size() == 4 && args[2] == "--ack") return Anomalies(o, args[1], args[3], out, err);
   if (cmd == "rollback" && (args.size() == 4 || (args.size() == 5 && args[4] == "--discard-history")) &&
       args[2] == "--to")
     return Rollback(o, args[1], args[3], args.size() == 5, out, err);

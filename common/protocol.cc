@@ -83,7 +83,7 @@ bool IsPullKind(RecordKind k) {
   return k == RecordKind::kData || k == RecordKind::kZero || k == RecordKind::kSealed || k == RecordKind::kSealedZero;
 }
 
-bool KnownKind(uint8_t k) { return k >= uint8_t(RecordKind::kData) && k <= uint8_t(RecordKind::kSealedZero); }
+bool KnownKind(uint8_t k) { return k >= uint8_t(RecordKind::kData) && k <= uint8_t(RecordKind::kAnomaly); }
 
 // Checks one record's fields (shared by encoder and parser). `expected_seq` is
 // 0 for the first record of a batch (any sequence >= 1), else the required one.
@@ -126,6 +126,14 @@ Status CheckRecord(uint64_t seq, uint64_t offset, uint32_t length, RecordKind ki
         return Status::InvalidArgument("tag record with an invalid name");
       }
       return Status::OK();
+    case RecordKind::kAnomaly: {
+      if (offset != 0 || length != 0) return Status::InvalidArgument("anomaly record with a range");
+      uint64_t back = 0;
+      std::string message;
+      if (!DecodeAnomaly(data, &back, &message)) return Status::InvalidArgument("bad anomaly record");
+      if (back > seq) return Status::InvalidArgument("anomaly record points before the volume's first record");
+      return Status::OK();
+    }
   }
   return Status::InvalidArgument("unknown record kind");
 }
@@ -757,6 +765,22 @@ std::string_view NackReasonName(NackReason r) {
     case NackReason::kCorruption: return "corruption";
   }
   return "unknown";
+}
+
+Bytes EncodeAnomaly(uint64_t back, std::string_view message) {
+  message = message.substr(0, kMaxAnomalyText);
+  Bytes out(8 + message.size());
+  EncodeFixed64(out.data(), back);
+  std::copy(message.begin(), message.end(), out.begin() + 8);
+  return out;
+}
+
+bool DecodeAnomaly(ByteSpan data, uint64_t* back, std::string* message) {
+  if (data.size() < 8 || data.size() > 8 + kMaxAnomalyText) return false;
+  *back = DecodeFixed64(data.data());
+  if (*back == 0) return false;
+  message->assign(reinterpret_cast<const char*>(data.data()) + 8, data.size() - 8);
+  return true;
 }
 
 bool IsWriteKind(RecordKind k) {

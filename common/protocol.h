@@ -134,7 +134,20 @@ enum class RecordKind : uint8_t {
   // neither on another.
   kSealed = 6,      // `data` = the stored blocks (`length` bytes) | their MACs
   kSealedZero = 7,  // the range reads as zeros; `data` = the MACs of its zero blocks
+  // The agent's ransomware detector fired (agent/anomaly_detector.h) at this
+  // place in the write order; offset = length = 0; `data` = EncodeAnomaly().
+  // The master target keeps the image `back` records before it as a
+  // suspect-clean point, pinned.
+  kAnomaly = 8,
 };
+
+// An anomaly record's data: `back` (>= 1: the suspect-clean image is the one
+// after record seq - back), fixed64, then the detector's message (UTF-8, at
+// most kMaxAnomalyText bytes).
+inline constexpr size_t kMaxAnomalyText = 512;
+Bytes EncodeAnomaly(uint64_t back, std::string_view message);
+// False when `data` is not an anomaly record's (too short or long, back 0).
+bool DecodeAnomaly(ByteSpan data, uint64_t* back, std::string* message);
 
 inline constexpr uint32_t kSealUnit = 4096;   // bytes per sealed block (= seal::kUnit)
 inline constexpr uint32_t kSealMacSize = 16;  // bytes per block MAC (= seal::kMacSize)

@@ -97,6 +97,9 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
   metrics::Labels hl = l;
   hl.push_back({"cause", "history_lock"});
   vo.metrics.stalled_history_lock = r.GetGauge("cdp_mt_apply_stalled", kStalledHelp, hl);
+  vo.anomaly_hold_us = o.anomaly_hold_us;
+  vo.metrics.anomalies_open = r.GetGauge(
+      "cdp_mt_anomalies_open", "Possible ransomware seen by the agent, not acknowledged: suspect-clean points held", l);
   vo.metrics.history_lock_seconds = r.GetGauge(
       "cdp_mt_history_lock_seconds", "The history lock in force: no recovery point younger than this is dropped", l);
   // The retention budget, for alerts on the journal's use of it (packaging/prometheus).

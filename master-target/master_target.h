@@ -115,6 +115,9 @@ struct MasterTargetOptions {
   // volume_retention_lock); the volume's wins.
   std::map<std::string, uint64_t> tenant_lock_us;
   std::map<std::string, uint64_t> volume_lock_us;
+  // An anomaly's suspect-clean point is kept at least this long unless the
+  // admin acknowledges it (anomaly_hold).
+  uint64_t anomaly_hold_us = 7ull * 86'400'000'000;
   uint64_t retention_check_us = 10'000'000;
   uint32_t handshake_timeout_ms = 10'000;
   // TLS on the data listener (common/tls_stream.h). The config's default is

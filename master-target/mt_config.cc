@@ -44,6 +44,9 @@ po::options_description MasterTargetConfigDescription() {
       ("retention.lock", po::value<Duration>()->default_value(Duration{MasterTargetOptions::kDefaultHistoryLockUs}),
        "history lock: no point younger than this is dropped, whatever the byte budget, a token or a peer asks "
        "(apply stops instead); a shorter value takes effect only after the old one has passed (0: no lock)")
+      ("anomaly_hold", po::value<Duration>()->default_value(Duration{7ull * 86'400'000'000}),
+       "a possible ransomware attack's suspect-clean point is kept at least this long, unless the admin "
+       "acknowledges it (cdpctl anomalies VOLUME --ack ID)")
       ("tenant_retention_lock", po::value<std::vector<std::string>>()->composing(),
        "TENANT=DURATION: that tenant's volumes have this history lock instead (repeatable)")
       ("volume_retention_lock", po::value<std::vector<std::string>>()->composing(),
@@ -201,6 +204,7 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   };
   CDP_RETURN_IF_ERROR(durations("volume_retention", true, &o.volume_max_age_us));
   o.retention.lock_us = vm["retention.lock"].as<Duration>().micros;
+  o.anomaly_hold_us = vm["anomaly_hold"].as<Duration>().micros;
   CDP_RETURN_IF_ERROR(durations("tenant_retention_lock", false, &o.tenant_lock_us));
   CDP_RETURN_IF_ERROR(durations("volume_retention_lock", true, &o.volume_lock_us));
   if (log != nullptr) {

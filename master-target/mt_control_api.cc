@@ -56,7 +56,10 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"history_lock_seconds", st.lock_us / 1'000'000},
                       // a shortened lock: when the longer one being waited out ends (0: none)
                       {"history_lock_pending_until_us", st.lock_pending_until_us},
-                      {"rolled_back_points", st.rolled_back_points}};
+                      {"rolled_back_points", st.rolled_back_points},
+                      // possible ransomware (GET /v1/anomalies): suspect-clean points held
+                      {"anomalies_open", st.anomalies_open},
+                      {"last_anomaly", st.last_anomaly}};
 }
 
 json::value MasterTarget::Impl::StallJson(const VolumeStatus& st) {
@@ -384,6 +387,37 @@ void MasterTarget::Impl::AddRoutes() {
   failback_step("/v1/failback/finish", [this](VolEntry& e) -> Result<json::object> {
     CDP_ASSIGN_OR_RETURN(auto out, mt->FinishFailback(e.tenant, e.name));
     return json::object{{"changed", out.changed}, {"blocks", out.blocks}, {"failback_seq", out.seq}};
+  });
+  // Ransomware anomalies the agents saw: a tenant lists its own; only the
+  // admin acknowledges one (which releases its suspect-clean point's hold).
+  http->Route("GET", "/v1/anomalies", [this](const http::Request& r) {
+    return WithParams(r, {"tenant", "volume"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      const uint64_t now = o.clock->WallMicros();
+      json::array list;
+      for (const AnomalyEvent& a : e->volume->Anomalies()) {
+        list.push_back(json::object{{"id", a.id},
+                                    {"seq", a.seq},
+                                    {"clean_seq", a.clean_seq},
+                                    {"point", a.point_id},
+                                    {"time_us", a.time_us},
+                                    {"message", a.message},
+                                    {"acknowledged", a.acknowledged},
+                                    {"held", a.Holds(now)},
+                                    {"hold_until_us", a.hold_until_us}});
+      }
+      return http::Response::Json(200, json::object{{"tenant", e->tenant}, {"volume", e->name}, {"anomalies", list}});
+    });
+  });
+  http->Route("POST", "/v1/anomalies/ack", [this](const http::Request& r) {
+    if (!r.caller.admin) return NeedsAdmin(r);
+    return WithParams(r, {"tenant", "volume", "id"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
+      CDP_ASSIGN_OR_RETURN(std::optional<int64_t> id, p.Int("id"));
+      if (!id) return Status::InvalidArgument("missing 'id'");
+      CDP_ASSIGN_OR_RETURN(bool changed, e->volume->AcknowledgeAnomaly(*id));
+      return http::Response::Json(200, json::object{{"tenant", e->tenant}, {"volume", e->name}, {"changed", changed}});
+    });
   });
   // Re-protect (an operator's command, never a peer's): the next VolumeOpen
   // with the next generation is accepted; every recovery point is kept.

@@ -379,6 +379,14 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
         if (!proto::ValidName(std::string_view(reinterpret_cast<const char*>(r.data.data()), r.data.size())))
           return Nack(proto::NackReason::kBadRecord, at + "bad tag name");
         break;
+      case proto::RecordKind::kAnomaly: {
+        uint64_t back = 0;
+        std::string message;
+        if (r.offset != 0 || r.length != 0 || !proto::DecodeAnomaly(r.data, &back, &message) ||
+            back > r.seq - seq_base_.load())
+          return Nack(proto::NackReason::kBadRecord, at + "bad anomaly record");
+        break;
+      }
       default:
         return Nack(proto::NackReason::kBadRecord, at + "unknown kind");
     }
@@ -565,8 +573,10 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   }
   if (replica_dirty) CDP_RETURN_IF_ERROR(replica_->Sync());
 
-  // 5. Recovery points of this batch.
+  // 5. Recovery points of this batch, and the suspect-clean points of its
+  // anomalies (older than the batch: they take their place by sequence).
   std::vector<RecoveryPoint> new_points;
+  std::vector<AnomalyEvent> new_anomalies;
   uint64_t last_crash = 0;
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
@@ -587,6 +597,20 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
     } else if (r.kind == proto::RecordKind::kTag) {
       new_points.push_back(RecoveryPoint{0, r.seq, wall, PointKind::kTag,
                                          std::string(reinterpret_cast<const char*>(r.data.data()), r.data.size())});
+    } else if (r.kind == proto::RecordKind::kAnomaly) {
+      AnomalyEvent a;
+      uint64_t back = 0;
+      (void)proto::DecodeAnomaly(r.data, &back, &a.message);  // checked by ApplyBatch
+      a.seq = r.seq;
+      a.clean_seq = std::max(r.seq - std::min(back, r.seq), horizon_);
+      a.point_id = int64_t(new_points.size());  // CommitBatch makes it the point's id
+      a.time_us = wall;
+      a.hold_until_us = wall + o_.anomaly_hold_us;
+      new_points.push_back(RecoveryPoint{0, a.clean_seq, wall, PointKind::kTag, "suspect-clean"});
+      log::Get("mt.volume")->warn("{} possible ransomware at the protected host: {}; the image at sequence {} is "
+                                  "kept as the point suspect-clean",
+                                  log::Where{id_.name, "", r.seq}, a.message, a.clean_seq);
+      new_anomalies.push_back(std::move(a));
     }
   }
 
@@ -621,12 +645,17 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
 
   if (o_.before_commit) CDP_RETURN_IF_ERROR(o_.before_commit());
   // 7. Commit point.
-  CDP_RETURN_IF_ERROR(CommitBatch(last_seq, new_seg, new_off, touched, added, &new_points));
+  CDP_RETURN_IF_ERROR(CommitBatch(last_seq, new_seg, new_off, touched, added, &new_points, &new_anomalies));
   // 8. Publish.
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
     for (const auto& [seg, si] : touched) segments_[seg] = si;
-    for (auto& p : new_points) points_.push_back(std::move(p));
+    for (auto& p : new_points) {
+      auto at = std::upper_bound(points_.begin(), points_.end(), p.seq,
+                                 [](uint64_t seq, const RecoveryPoint& q) { return seq < q.seq; });
+      points_.insert(at, std::move(p));
+    }
+    for (auto& a : new_anomalies) anomalies_.push_back(std::move(a));
   }
   committed_segment_ = new_seg;
   committed_offset_ = new_off;

@@ -67,6 +67,15 @@ CREATE TABLE IF NOT EXISTS rollbacks(
   from_seq INTEGER NOT NULL,
   end_seq INTEGER NOT NULL,
   time_us INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS anomalies(
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  seq INTEGER NOT NULL,
+  clean_seq INTEGER NOT NULL,
+  point_id INTEGER NOT NULL,
+  time_us INTEGER NOT NULL,
+  message TEXT NOT NULL,
+  acknowledged INTEGER NOT NULL,
+  hold_until_us INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS points(
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   seq INTEGER NOT NULL,
@@ -238,7 +247,7 @@ Status ReplicaVolume::LoadIndex() {
     return Status::Corruption(o_.index_path + ": committed journal segment is not in the index");
   points_.clear();
   {
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT id, seq, time_us, kind, name FROM points ORDER BY id"));
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT id, seq, time_us, kind, name FROM points ORDER BY seq, id"));
     for (;;) {
       CDP_ASSIGN_OR_RETURN(bool row, st.Step());
       if (!row) break;
@@ -263,12 +272,31 @@ Status ReplicaVolume::LoadIndex() {
     }
   }
   MarkRolledBack();
+  anomalies_.clear();
+  {
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
+        "SELECT id, seq, clean_seq, point_id, time_us, message, acknowledged, hold_until_us FROM anomalies ORDER BY id"));
+    for (;;) {
+      CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+      if (!row) break;
+      AnomalyEvent a;
+      a.id = st.ColumnInt64(0);
+      a.seq = uint64_t(st.ColumnInt64(1));
+      a.clean_seq = uint64_t(st.ColumnInt64(2));
+      a.point_id = st.ColumnInt64(3);
+      a.time_us = uint64_t(st.ColumnInt64(4));
+      a.message = st.ColumnText(5);
+      a.acknowledged = st.ColumnInt64(6) != 0;
+      a.hold_until_us = uint64_t(st.ColumnInt64(7));
+      anomalies_.push_back(std::move(a));
+    }
+  }
   return Status::OK();
 }
 
 Status ReplicaVolume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
                            const std::map<uint64_t, SegmentInfo>& touched, const std::vector<UndoEntry>& undo,
-                           std::vector<RecoveryPoint>* new_points) {
+                           std::vector<RecoveryPoint>* new_points, std::vector<AnomalyEvent>* new_anomalies) {
   CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
   CDP_RETURN_IF_ERROR(undo_->Insert(undo));
   CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
@@ -290,6 +318,18 @@ Status ReplicaVolume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, u
       CDP_RETURN_IF_ERROR(ins.BindAll(p.seq, p.time_us, int64_t(p.kind), p.name));
       CDP_RETURN_IF_ERROR(ins.Run());
       p.id = db_->LastInsertRowId();
+    }
+  }
+  if (!new_anomalies->empty()) {
+    CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare(
+        "INSERT INTO anomalies(seq, clean_seq, point_id, time_us, message, acknowledged, hold_until_us)"
+        " VALUES(?1, ?2, ?3, ?4, ?5, 0, ?6)"));
+    for (AnomalyEvent& a : *new_anomalies) {
+      a.point_id = (*new_points)[size_t(a.point_id)].id;
+      CDP_RETURN_IF_ERROR(ins.Reset());
+      CDP_RETURN_IF_ERROR(ins.BindAll(a.seq, a.clean_seq, a.point_id, a.time_us, a.message, a.hold_until_us));
+      CDP_RETURN_IF_ERROR(ins.Run());
+      a.id = db_->LastInsertRowId();
     }
   }
   CDP_RETURN_IF_ERROR(tx.Commit());

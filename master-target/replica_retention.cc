@@ -29,6 +29,10 @@ Result<RetentionResult> ReplicaVolume::ApplyRetentionLocked() {
     for (const auto& [seg, si] : segments_) segs.push_back(si);
     points = points_;
     pins = pins_;
+    // A suspect-clean point is held for anomaly_hold unless acknowledged.
+    for (const AnomalyEvent& a : anomalies_) {
+      if (a.Holds(wall)) pins.insert(a.clean_seq);
+    }
   }
   // need(p): the bytes of every segment holding a record newer than p, the
   // current one included. Segments and points both ascend by sequence, so

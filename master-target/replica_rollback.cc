@@ -36,6 +36,12 @@ Status ReplicaVolume::Rollback(uint64_t point_seq, bool discard_history) {
                                        std::to_string(lock_.EffectiveUs(wall) / 1'000'000) +
                                        " s); its history cannot be discarded before the lock lets it go");
       }
+      for (const AnomalyEvent& a : anomalies_) {
+        if (a.Holds(wall) && a.clean_seq > point_seq && a.clean_seq <= from)
+          return Status::AlreadyExists(id_.name + ": the suspect-clean point of anomaly " + std::to_string(a.id) +
+                                       " is after sequence " + std::to_string(point_seq) +
+                                       "; acknowledge the anomaly before discarding its history");
+      }
     }
   }
   if (point_seq < horizon_ || point_seq > from)

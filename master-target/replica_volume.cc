@@ -390,7 +390,37 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   s.lock_us = lock_.EffectiveUs(now);
   s.lock_pending_until_us = lock_.pending_until_us(now);
   for (const RecoveryPoint& p : points_) s.rolled_back_points += p.rolled_back ? 1 : 0;
+  for (const AnomalyEvent& a : anomalies_) s.anomalies_open += a.Holds(now) ? 1 : 0;
+  if (!anomalies_.empty()) s.last_anomaly = anomalies_.back().message;
   return s;
+}
+
+std::vector<AnomalyEvent> ReplicaVolume::Anomalies() const {
+  std::lock_guard<std::mutex> lk(meta_mu_);
+  return anomalies_;
+}
+
+Result<bool> ReplicaVolume::AcknowledgeAnomaly(int64_t id) {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    auto it = std::find_if(anomalies_.begin(), anomalies_.end(), [&](const AnomalyEvent& a) { return a.id == id; });
+    if (it == anomalies_.end()) return Status::NotFound(id_.name + ": no anomaly " + std::to_string(id));
+    if (it->acknowledged) return false;
+  }
+  CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("UPDATE anomalies SET acknowledged = 1 WHERE id = ?1"));
+  CDP_RETURN_IF_ERROR(st.BindAll(id));
+  CDP_RETURN_IF_ERROR(st.Run());
+  {
+    std::lock_guard<std::mutex> mk(meta_mu_);
+    for (AnomalyEvent& a : anomalies_) {
+      if (a.id == id) a.acknowledged = true;
+    }
+  }
+  log::Get("mt.volume")->warn("{} anomaly {} acknowledged by the admin: its suspect-clean point is no longer held",
+                              log::Where{id_.name, "", applied_.load()}, id);
+  UpdateGauges();
+  return true;
 }
 
 void ReplicaVolume::UpdateGauges() {
@@ -398,13 +428,16 @@ void ReplicaVolume::UpdateGauges() {
   uint64_t jbytes = 0;
   size_t npoints = 0;
   uint64_t oldest = 0, lock_us = 0;
+  int64_t open_anomalies = 0;
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
     for (const auto& [seg, si] : segments_) jbytes += si.bytes;
     npoints = points_.size();
     if (!points_.empty()) oldest = points_.front().time_us;
     lock_us = lock_.EffectiveUs(o_.clock->WallMicros());
+    for (const AnomalyEvent& a : anomalies_) open_anomalies += a.Holds(o_.clock->WallMicros()) ? 1 : 0;
   }
+  if (m.anomalies_open) m.anomalies_open->Set(open_anomalies);
   if (m.journal_bytes) m.journal_bytes->Set(int64_t(jbytes));
   if (m.points) m.points->Set(int64_t(npoints));
   if (m.history_lock_seconds) m.history_lock_seconds->Set(int64_t(lock_us / 1'000'000));

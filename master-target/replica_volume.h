@@ -227,6 +227,24 @@ struct RollbackInfo {
   uint64_t time_us = 0;
 };
 
+// A possible ransomware attack the agent saw (a proto::RecordKind::kAnomaly
+// record; agent/anomaly_detector.h), persisted in the index's `anomalies`
+// table. Applying the record adds the point "suspect-clean" at clean_seq
+// (the image just before the suspect writes), which retention keeps until
+// hold_until_us or until an admin acknowledges the event.
+struct AnomalyEvent {
+  int64_t id = 0;
+  uint64_t seq = 0;          // the anomaly record's history sequence
+  uint64_t clean_seq = 0;    // the suspect-clean image
+  int64_t point_id = 0;      // its point
+  uint64_t time_us = 0;      // wall clock when applied
+  std::string message;       // the agent's ("change rate 52.3 MB/s (baseline ...")
+  bool acknowledged = false;
+  uint64_t hold_until_us = 0;
+  // Holds its point at `now_us`.
+  bool Holds(uint64_t now_us) const { return !acknowledged && now_us < hold_until_us; }
+};
+
 // Both limits are maxima; 0 = unlimited. See ApplyRetention() for the promise.
 // lock_us: the history lock (master-target/history_lock.h; 0: none), which
 // neither limit can cut.
@@ -253,6 +271,8 @@ struct VolumeMetrics {
   std::shared_ptr<metrics::Gauge> stalled_history_lock;
   // The history lock in force, in seconds (cdp_mt_history_lock_seconds).
   std::shared_ptr<metrics::Gauge> history_lock_seconds;
+  // Anomalies neither acknowledged nor past their hold (cdp_mt_anomalies_open).
+  std::shared_ptr<metrics::Gauge> anomalies_open;
 };
 
 struct VolumeOptions {
@@ -287,6 +307,9 @@ struct VolumeOptions {
   // A rollback writes the image at its point back in batches of about this
   // many bytes (its memory; each batch is one apply).
   uint64_t rollback_batch_bytes = 8u << 20;
+  // An anomaly's suspect-clean point is kept at least this long, whatever
+  // the retention policy, unless an admin acknowledges it.
+  uint64_t anomaly_hold_us = 7ull * 86'400'000'000;
   // Fault injection for tests: called just before the sqlite commit of a
   // batch; a non-ok Status aborts the batch there (as a crash before commit).
   std::function<Status()> before_commit;
@@ -323,6 +346,8 @@ struct VolumeStatus {
   uint64_t lock_us = 0;                  // the history lock in force
   uint64_t lock_pending_until_us = 0;    // a shortened lock: when the longer one ends (0: none)
   size_t rolled_back_points = 0;         // points on a rolled-back branch
+  size_t anomalies_open = 0;             // AnomalyEvent::Holds now
+  std::string last_anomaly;              // the newest event's message ("": none)
 };
 
 // The state as the operator reads it (/v1/volumes, /status, cdpctl status):
@@ -440,6 +465,13 @@ class ReplicaVolume {
   // kBusy while exports are pinned; kOutOfRange for an unreachable seq.
   Status Rollback(uint64_t point_seq, bool discard_history = false);
   std::vector<RollbackInfo> Rollbacks() const;
+
+  // Ransomware anomalies (AnomalyEvent), oldest first.
+  std::vector<AnomalyEvent> Anomalies() const;
+  // An admin's acknowledgement: the event's point is no longer held beyond
+  // retention. True: changed; false: already acknowledged. kNotFound for an
+  // unknown id; sqlite's Status on failure.
+  Result<bool> AcknowledgeAnomaly(int64_t id);
 
   // Failover (see the states above). Failover: the volume becomes failed-over
   // at `point_seq` (the caller has created and synced the promoted export's
@@ -580,9 +612,11 @@ class ReplicaVolume {
   // sequence, the journal position, the touched segments, the batch's undo
   // records (staged in undo_) and the new points (whose ids it fills in), in
   // one sqlite transaction. Then undo_ reads those records from the database.
+  // Each new anomaly's point_id names the index of its point in new_points
+  // on entry, and the point's id on return.
   Status CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
                      const std::map<uint64_t, SegmentInfo>& touched, const std::vector<UndoEntry>& undo,
-                     std::vector<RecoveryPoint>* new_points);
+                     std::vector<RecoveryPoint>* new_points, std::vector<AnomalyEvent>* new_anomalies);
   std::shared_ptr<File> SegmentFile(uint64_t segment) const;  // index_mu_ held
   void Unpin(uint64_t seq);
   void UpdateGauges();
@@ -643,11 +677,12 @@ class ReplicaVolume {
 
   mutable std::mutex meta_mu_;        // guards the copies below for readers
   std::map<uint64_t, SegmentInfo> segments_;
-  std::vector<RecoveryPoint> points_;  // ascending id (== ascending seq)
+  std::vector<RecoveryPoint> points_;  // ascending seq (a suspect-clean point is older than its id)
   std::multiset<uint64_t> pins_;
   std::optional<ApplyStall> stall_;
   HistoryLock lock_;                   // apply_mu_ (+ meta_mu_ for readers)
   std::vector<RollbackInfo> rollbacks_;  // meta_mu_
+  std::vector<AnomalyEvent> anomalies_;  // meta_mu_
 };
 
 }  // namespace cdp::mt

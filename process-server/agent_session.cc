@@ -26,7 +26,9 @@ constexpr uint64_t kOverlapBytes = 1u << 20;
 // A write record lies inside the volume, and is sealed exactly when the
 // volume is (a sealed volume's blocks never travel in the clear).
 bool RecordInVolume(const proto::Record& r, const proto::VolumeOpen& v) {
-  if (!proto::IsWriteKind(r.kind)) return r.kind == proto::RecordKind::kFlush || r.kind == proto::RecordKind::kTag;
+  if (!proto::IsWriteKind(r.kind))
+    return r.kind == proto::RecordKind::kFlush || r.kind == proto::RecordKind::kTag ||
+           r.kind == proto::RecordKind::kAnomaly;
   const bool sealed = r.kind == proto::RecordKind::kSealed || r.kind == proto::RecordKind::kSealedZero;
   return sealed == v.sealed && r.length > 0 && r.length <= proto::kMaxRecordLength && r.offset <= v.size &&
          r.length <= v.size - r.offset;

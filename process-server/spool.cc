@@ -33,6 +33,8 @@ bool ValidShape(proto::RecordKind kind, uint32_t length, size_t data_len) {
              data_len <= kMaxSpoolRecordData;
     case proto::RecordKind::kSealedZero:
       return length > 0 && length % proto::kSealUnit == 0 && data_len == proto::SealMacBytes(length);
+    case proto::RecordKind::kAnomaly:
+      return length == 0 && data_len >= 8 && data_len <= 8 + proto::kMaxAnomalyText;
   }
   return false;
 }
@@ -42,7 +44,7 @@ bool ValidShape(proto::RecordKind kind, uint32_t length, size_t data_len) {
 bool DecodeHead(ByteSpan head, size_t data_len, proto::Record* r) {
   const uint8_t* p = head.data();
   uint8_t kind = p[20];
-  if (kind < uint8_t(proto::RecordKind::kData) || kind > uint8_t(proto::RecordKind::kSealedZero)) return false;
+  if (kind < uint8_t(proto::RecordKind::kData) || kind > uint8_t(proto::RecordKind::kAnomaly)) return false;
   r->seq = DecodeFixed64(p);
   r->offset = DecodeFixed64(p + 8);
   r->length = DecodeFixed32(p + 16);

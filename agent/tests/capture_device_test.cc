@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <functional>
 #include <map>
+#include <random>
 
 #include "common/block_digest.h"
 #include "common/env_wrapper.h"
@@ -67,7 +68,7 @@ struct Fixture {
   cdp::ManualClock clock;
   std::shared_ptr<CaptureDevice> dev;
 
-  Fixture() {
+  explicit Fixture(std::optional<cdp::agent::AnomalyOptions> anomaly = std::nullopt) {
     REQUIRE(env.CreateDirs("/vol").ok());
     cdp::OpenOptions oo;
     oo.create = true;
@@ -82,6 +83,7 @@ struct Fixture {
     o.bitmap_path = "/vol/bitmap";
     o.budget = 16 * kMiB;
     o.region_size = 1u << 20;
+    o.anomaly = anomaly;
     auto d = CaptureDevice::Open(o);
     REQUIRE(d.ok());
     dev = *d;
@@ -208,7 +210,8 @@ TEST_CASE("verify: a region flagged for resync, or unsent metadata, is busy", "[
   }
   SECTION("provisional sequence numbers (before the first resume)") {
     Fixture g;
-    auto fresh = CaptureDevice::Open({"vol2", &g.env, &g.clock, kBacking, "/vol/bitmap2", 16 * kMiB, 1u << 20, 4096, nullptr});
+    auto fresh =
+        CaptureDevice::Open({"vol2", &g.env, &g.clock, kBacking, "/vol/bitmap2", 16 * kMiB, 1u << 20, 4096, nullptr, {}});
     REQUIRE(fresh.ok());
     for (uint64_t r = 0; r < (*fresh)->bitmap().region_count(); ++r) (*fresh)->bitmap().ResyncDone(r, 0);
     auto d = (*fresh)->DigestAtQuietPoint(0, kMiB, 1u << 20, 20, nullptr);
@@ -249,4 +252,43 @@ TEST_CASE("a write that fails half way flags its region for resync, so what land
   REQUIRE(!f.dev->WriteZeroes(3 * kMiB, 8192, false, false).ok());
   f.env.fail_writes = false;
   CHECK(f.dev->bitmap().ResyncCount() == 2);
+}
+
+TEST_CASE("capture: a jump to incompressible writes queues an anomaly record naming the last write before it",
+          "[agent][capture][anomaly]") {
+  cdp::agent::AnomalyOptions ao;
+  ao.learning_windows = 5;
+  ao.run_windows = 2;
+  ao.sample_every = 4;
+  Fixture f(ao);
+  std::mt19937_64 rng(7);
+  uint64_t clean = 0;
+  // Ten 1 s windows of 128 KiB of text-like data each, then 1 MiB of random
+  // data per window.
+  for (int w = 0; w < 10; ++w) {
+    for (int i = 0; i < 2; ++i) clean = f.Write(uint64_t(w * 2 + i) * 65536, 65536, uint8_t('a' + w));
+    f.clock.Advance(1'000'000);
+  }
+  uint64_t anomaly_seq = 0;
+  for (int w = 0; w < 4 && anomaly_seq == 0; ++w) {
+    for (int i = 0; i < 16; ++i) {
+      cdp::Bytes b(65536);
+      for (auto& x : b) x = uint8_t(rng());
+      REQUIRE(f.dev->Write(uint64_t(i) * 65536, cdp::ByteSpan(b.data(), b.size()), false).ok());
+    }
+    f.clock.Advance(1'000'000);
+    std::vector<cdp::agent::QueuedRecord> recs;
+    REQUIRE(f.dev->queue().Peek(1, 1ull << 30, 100000, &recs));
+    for (const auto& r : recs) {
+      if (r.kind != cdp::proto::RecordKind::kAnomaly) continue;
+      uint64_t back = 0;
+      std::string msg;
+      REQUIRE(cdp::proto::DecodeAnomaly(*r.data, &back, &msg));
+      CHECK(r.seq - back == clean);
+      CHECK(msg.find("incompressible") != std::string::npos);
+      anomaly_seq = r.seq;
+    }
+  }
+  REQUIRE(anomaly_seq != 0);
+  CHECK(f.dev->queue().Stats().anomalies == 1);
 }

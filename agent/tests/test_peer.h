@@ -251,6 +251,7 @@ class TestPeer {
         v.tags.emplace_back(std::string(r.data.begin(), r.data.end()), r.seq);
         break;
       case proto::RecordKind::kFlush:
+      case proto::RecordKind::kAnomaly:
         break;
       case proto::RecordKind::kSealed:
       case proto::RecordKind::kSealedZero: {

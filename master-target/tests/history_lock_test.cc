@@ -207,7 +207,7 @@ TEST_CASE("the lock survives a restart, and a shorter lock in the config drops n
   CHECK_FALSE(r->dropped_points.empty());
 }
 
-TEST_CASE("rollback keeps the branch it rewinds; only an explicit discard outside the lock forgets it",
+TEST_CASE("rollback keeps the branch it rewinds, and only an explicit discard outside the lock forgets it",
           "[lock][rollback]") {
   TempDir tmp;
   auto env = NewMemEnv();
@@ -336,4 +336,82 @@ TEST_CASE("a power cut in the middle of a rollback: after restart it completed, 
   REQUIRE(finished_once);
   CHECK(never_started > 0);
   CHECK(finished_at_restart > 4);  // cut inside the rewind's batches, and finished by the next Open
+}
+
+TEST_CASE("an anomaly record keeps the image before the attack as suspect-clean, held beyond retention until "
+          "acknowledged",
+          "[lock][anomaly]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  ManualClock clock;
+  clock.Set(1'000 * kHour);
+  // max_age 1 s and no lock: only the anomaly's hold keeps the point.
+  auto opts = LockOpts(env.get(), &clock, tmp.path() + "/i.db", RetentionPolicy{1'000'000, 0, 0});
+  opts.anomaly_hold_us = 2 * kHour;
+  const VolumeIdentity id = LockIdent();
+  auto v = ReplicaVolume::Open(opts, &id);
+  REQUIRE(v.ok());
+  Reference ref(kSize);
+  std::mt19937_64 rng(41);
+  uint64_t seq = 0;
+  REQUIRE(Write(**v, clock, ref, &seq, 3, rng));
+  // The attack: three random writes, the anomaly record names the image
+  // before them (back = 4: the record is seq + 4, the clean image seq).
+  const uint64_t clean = seq;
+  std::vector<proto::Record> attack;
+  for (int i = 0; i < 3; ++i) attack.push_back(DataRecord(seq + 1 + i, uint64_t(i) * 16384, RandomBytes(16384, i)));
+  proto::Record anomaly;
+  anomaly.seq = seq + 4;
+  anomaly.kind = proto::RecordKind::kAnomaly;
+  anomaly.data = proto::EncodeAnomaly(4, "change rate 52.3 MB/s (baseline 4.1 MB/s), 97% incompressible (baseline 31%)");
+  attack.push_back(anomaly);
+  {
+    // A record pointing before the volume's first record is refused, nothing applied.
+    std::vector<proto::Record> bad = attack;
+    bad.back().data = proto::EncodeAnomaly(seq + 5, "x");
+    auto o = (*v)->ApplyBatch(bad);
+    REQUIRE(o.ok());
+    REQUIRE_FALSE(o->ack);
+    CHECK(o->reason == proto::NackReason::kBadRecord);
+    CHECK((*v)->applied_seq() == seq);
+  }
+  ref.Apply(attack);
+  auto o = (*v)->ApplyBatch(attack);
+  REQUIRE((o.ok() && o->ack));
+  seq += 4;
+  auto anomalies = (*v)->Anomalies();
+  REQUIRE(anomalies.size() == 1);
+  CHECK(anomalies[0].clean_seq == clean);
+  CHECK(anomalies[0].seq == seq);
+  CHECK(anomalies[0].message.rfind("change rate 52.3 MB/s", 0) == 0);
+  auto point = (*v)->FindPoint(anomalies[0].point_id);
+  REQUIRE(point);
+  CHECK(point->name == "suspect-clean");
+  CHECK(point->seq == clean);
+  CHECK(Image(**v, point->seq) == ref.ImageAt(clean));
+  // The points stay in sequence order, the suspect-clean one among them.
+  const auto pts = (*v)->ListPoints();
+  for (size_t i = 1; i < pts.size(); ++i) CHECK(pts[i - 1].seq <= pts[i].seq);
+  CHECK((*v)->GetStatus().anomalies_open == 1);
+
+  // An hour on, retention (max_age 1 s) drops every other point, not it.
+  REQUIRE(Write(**v, clock, ref, &seq, 2, rng, nullptr, kHour));
+  REQUIRE((*v)->ApplyRetention().ok());
+  REQUIRE((*v)->FindPoint(anomalies[0].point_id));
+  CHECK(Image(**v, clean) == ref.ImageAt(clean));
+  // Kept across a restart.
+  v->reset();
+  v = ReplicaVolume::Open(opts, nullptr);
+  REQUIRE(v.ok());
+  REQUIRE((*v)->Anomalies().size() == 1);
+  REQUIRE((*v)->ApplyRetention().ok());
+  REQUIRE((*v)->FindPoint(anomalies[0].point_id));
+  // Acknowledged by the admin: retention may take it.
+  REQUIRE((*v)->AcknowledgeAnomaly(anomalies[0].id).value());
+  CHECK_FALSE((*v)->AcknowledgeAnomaly(anomalies[0].id).value());
+  CHECK((*v)->AcknowledgeAnomaly(99).status().code() == Code::kNotFound);
+  CHECK((*v)->GetStatus().anomalies_open == 0);
+  REQUIRE(Write(**v, clock, ref, &seq, 4, rng));  // the journal moves on a few segments
+  REQUIRE((*v)->ApplyRetention().ok());
+  CHECK_FALSE((*v)->FindPoint(anomalies[0].point_id));
 }
