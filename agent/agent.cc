@@ -442,6 +442,7 @@ boost::json::value Agent::StatusJson() const {
     v["to_data"] = qs.to_data;
     v["anomalies"] = qs.anomalies;  // possible ransomware seen (agent/anomaly_detector.h)
     v["last_anomaly"] = qs.last_anomaly;
+    v["anomaly_windows"] = d->anomaly_counters().windows;  // detection windows closed
     v["dirty_regions"] = d->bitmap().DirtyCount();
     v["region_count"] = d->bitmap().region_count();
     if (i < sites_.size()) {

@@ -85,12 +85,15 @@ std::optional<Anomaly> AnomalyDetector::CloseWindow(uint64_t end_us) {
   const uint64_t samples = samples_, last_seq = window_last_seq_;
   bytes_ = samples_ = incompressible_ = 0;
   window_last_seq_ = 0;
-  const bool suspect = learned_ >= opts_.learning_windows && samples >= opts_.min_samples &&
-                       rate >= double(opts_.min_rate) && rate >= opts_.rate_factor * base_rate_ &&
-                       frac >= std::max(opts_.min_incompressible, base_frac_ + opts_.incompressible_delta);
+  const bool incompressible =
+      samples >= opts_.min_samples && frac >= std::max(opts_.min_incompressible, base_frac_ + opts_.incompressible_delta);
+  const bool suspect = learned_ >= opts_.learning_windows && incompressible && rate >= double(opts_.min_rate) &&
+                       rate >= opts_.rate_factor * base_rate_;
   if (!suspect) {
     run_ = 0;
-    if (last_seq != 0) clean_seq_ = last_seq;
+    // A window of incompressible writes too slow to be suspect (the start of
+    // an attack in the last part of a window, say) is not clean either.
+    if (last_seq != 0 && !incompressible) clean_seq_ = last_seq;
     Learn(rate, samples, frac);
     return std::nullopt;
   }

@@ -87,9 +87,11 @@ struct Anomaly {
   double incompressible = 0;            // that window's fraction, 0..1
   double baseline_incompressible = 0;   // 0..1
   // The last sequence written before the suspect run began (OnWrite's `seq`
-  // of the last write of the last window that was not suspect; 0: none): the
-  // image after it is the suspect-clean point. Writes of a window that was
-  // partly an attack but not yet suspect are in it: it is suspect, not proven.
+  // of the last write of the last window that was neither suspect nor mostly
+  // incompressible; 0: none): the image after it is the suspect-clean point.
+  // Writes of a window that was partly an attack but too little of one to
+  // judge (under min_samples sampled blocks) are in it: it is suspect, not
+  // proven.
   uint64_t clean_seq = 0;
   // "change rate 52.3 MB/s (baseline 4.1 MB/s), 97% incompressible (baseline 31%)"
   std::string message;

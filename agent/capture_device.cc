@@ -115,21 +115,32 @@ Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
     }
     if (widen) {
       CDP_RETURN_IF_ERROR(QueueBlocksLocked(BlockFloor(offset), BlockCeil(offset + len) - BlockFloor(offset)));
-      DetectLocked(offset, data, queue_->LastSeqLocked());
+      if (detector_)
+        QueueAnomalyLocked(detector_->OnWrite(offset, data, opts_.clock->NowMicros(), queue_->LastSeqLocked()));
     } else {
       uint64_t seq = queue_->AppendLocked(proto::RecordKind::kData, offset, uint32_t(len), data, std::move(copy));
       if (seq != 0) bitmap_->Assign(offset, len, seq);
       else bitmap_->AssignResync(offset, len);
-      DetectLocked(offset, data, seq);
+      if (detector_) QueueAnomalyLocked(detector_->OnWrite(offset, data, opts_.clock->NowMicros(), seq));
     }
   }
   if (fua) return SyncBacking();
   return Status::OK();
 }
 
-void CaptureDevice::DetectLocked(uint64_t offset, ByteSpan data, uint64_t seq) {
+void CaptureDevice::TickDetector() {
   if (!detector_) return;
-  std::optional<Anomaly> a = detector_->OnWrite(offset, data, opts_.clock->NowMicros(), seq);
+  auto lk = queue_->Lock();
+  QueueAnomalyLocked(detector_->Tick(opts_.clock->NowMicros()));
+}
+
+AnomalyCounters CaptureDevice::anomaly_counters() {
+  if (!detector_) return {};
+  auto lk = queue_->Lock();
+  return detector_->counters();
+}
+
+void CaptureDevice::QueueAnomalyLocked(const std::optional<Anomaly>& a) {
   if (!a) return;
   const uint64_t at = queue_->AppendAnomalyLocked(a->clean_seq, a->message);
   log::Get("agent")->warn("{} possible ransomware: {}; the image after sequence {} is kept as suspect-clean{}",
@@ -164,7 +175,11 @@ Status CaptureDevice::ApplyRange(proto::RecordKind kind, uint64_t offset, uint64
     // Partial blocks at either end are data records of the whole block; the
     // whole blocks between stay a zero/trim range.
     const uint64_t head = BlockCeil(offset), tail = BlockFloor(end);
-    if (head > tail) return QueueBlocksLocked(BlockFloor(offset), seal::kUnit);  // inside one block
+    if (head > tail) {  // inside one block
+      CDP_RETURN_IF_ERROR(QueueBlocksLocked(BlockFloor(offset), seal::kUnit));
+      if (detector_) QueueAnomalyLocked(detector_->OnWrite(offset, {}, opts_.clock->NowMicros(), queue_->LastSeqLocked()));
+      return Status::OK();
+    }
     if (head != offset) CDP_RETURN_IF_ERROR(QueueBlocksLocked(BlockFloor(offset), seal::kUnit));
     if (tail != end) CDP_RETURN_IF_ERROR(QueueBlocksLocked(tail, seal::kUnit));
     offset = head;
@@ -177,6 +192,9 @@ Status CaptureDevice::ApplyRange(proto::RecordKind kind, uint64_t offset, uint64
     else bitmap_->AssignResync(done, n);
     done += n;
   }
+  // Zeros are no sign of encryption: the detector only learns the range's
+  // place in the write order (its last clean write).
+  if (detector_) QueueAnomalyLocked(detector_->OnWrite(offset, {}, opts_.clock->NowMicros(), queue_->LastSeqLocked()));
   return Status::OK();
 }
 

@@ -96,6 +96,12 @@ class CaptureDevice final : public BlockDevice {
   // The volume's sealer (tenant-side encryption), or null.
   const seal::BlockSealer* sealer() const { return opts_.sealer.get(); }
   CaptureQueue& queue() { return *queue_; }
+  // Ransomware detection (Options::anomaly): closes the detector's windows
+  // that have ended (a periodic call: the sender's resync loop), queuing an
+  // anomaly when one fires. A no-op when detection is off.
+  void TickDetector();
+  // The detector's counters (all 0 when detection is off).
+  AnomalyCounters anomaly_counters();
   DirtyBitmap& bitmap() { return *bitmap_; }
   // Reads the backing store (metadata-mode records, hashing).
   Status ReadBacking(uint64_t offset, size_t len, uint8_t* buf) const;
@@ -186,9 +192,8 @@ class CaptureDevice final : public BlockDevice {
   std::unique_ptr<DirtyBitmap> bitmap_;
   std::unique_ptr<CaptureQueue> queue_;
   std::unique_ptr<AnomalyDetector> detector_;  // capture lock; null: detection off
-  // Capture lock held: tells the detector of a write queued as `seq`, and
-  // queues the anomaly it reports.
-  void DetectLocked(uint64_t offset, ByteSpan data, uint64_t seq);
+  // Capture lock held: queues the anomaly the detector reported, if any.
+  void QueueAnomalyLocked(const std::optional<Anomaly>& a);
   std::mutex sync_mu_;
   mutable std::mutex fence_mu_;
   std::string fence_;  // SetWriteFence

@@ -310,6 +310,7 @@ void Sender::Checkpoint(bool force) {
 
 bool Sender::ResyncTick(bool* idle) {
   Checkpoint(false);
+  dev_->TickDetector();  // windows close on time too, not only at the next write
   {
     std::lock_guard lk(mu_);
     resync_engine_->SetFloor(floor_);

@@ -7,11 +7,17 @@
 //      equal to the source with every point still listed;
 //   2. a tenant token's rollback keeps every later point listed and
 //      exportable, byte for byte as the source was at its tag; discarding
-//      that history is 403 for the tenant and 409 for the admin inside the lock.
+//      that history is 403 for the tenant and 409 for the admin inside the lock;
+//   3. ransomware detection: compressible churn at a steady rate, then random
+//      data at 5x the rate: the agent's anomaly reaches the MT within 10 s
+//      of the switch, the suspect-clean point exports byte for byte as the
+//      source was before the switch, is held, and only the admin acknowledges it.
 #include <catch2/catch.hpp>
 
 #include <boost/json.hpp>
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "common/http_client.h"
 #include "e2e/harness.h"
@@ -75,7 +81,7 @@ Points ListPoints(const Cluster& c, const std::string& token) {
 
 }  // namespace
 
-TEST_CASE("history lock: a flood of writes through the agent drops no point inside the lock; LOCKED, then resumed",
+TEST_CASE("history lock: a flood of writes through the agent drops no point inside the lock, LOCKED, then resumed",
           "[e2e][lock]") {
   RequireClients();
   ClusterOptions o;
@@ -136,7 +142,7 @@ TEST_CASE("history lock: a flood of writes through the agent drops no point insi
   c.StopAll();
 }
 
-TEST_CASE("history lock: a tenant token's rollback keeps every later point; discarding is the admin's, never inside "
+TEST_CASE("history lock: a tenant token's rollback keeps every later point, discarding is the admin's, never inside "
           "the lock",
           "[e2e][lock][points]") {
   RequireClients();
@@ -199,5 +205,86 @@ TEST_CASE("history lock: a tenant token's rollback keeps every later point; disc
   auto pts = c.Cdpctl({"points", c.options().volume});
   INFO(pts.output);
   CHECK(pts.output.find("lock2 [rolled back]") != std::string::npos);
+  c.StopAll();
+}
+
+TEST_CASE("ransomware detection: a switch from compressible churn to random data at 5x the rate keeps the image "
+          "before it as suspect-clean",
+          "[e2e][lock][anomaly]") {
+  RequireClients();
+  ClusterOptions o;
+  // A shorter learning period than the default 30 s keeps the test short.
+  o.agent_extra_config = "[anomaly]\nlearning_windows = 8\n";
+  Cluster c(o);
+  INFO(c.why());
+  REQUIRE(c.Start());
+  const std::string admin = c.token(Which::kMasterTarget);
+  auto churn = [&](double mb_s, double compressibility, int seconds, int seed) {
+    auto r = cdp::testing::RunCommand({CDP_LOADGEN_BIN, "churn", "--target", c.nbd_uri(), "--rate",
+                                       std::to_string(mb_s), "--duration", std::to_string(seconds), "--pattern",
+                                       "random", "--compressibility", std::to_string(compressibility), "--seed",
+                                       std::to_string(seed), "--flush-every", "1MiB"},
+                                      (seconds + 60) * 1000);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  };
+  // The usual: 2 MB/s of 75%-compressible data for 16 s (learned), nothing fires.
+  churn(2, 0.75, 16, 1);
+  CHECK(c.AgentU64("anomalies") == 0);
+  // The writer is paused: the source is the image before the switch. The
+  // attack starts once two detection windows have closed since (the last
+  // ones of the usual writes stay apart from the attack's).
+  const std::string before = c.Path("before-switch.img");
+  REQUIRE(cdp::e2e::CopyFile(c.source_path(), before));
+  const uint64_t windows = c.AgentU64("anomaly_windows");
+  REQUIRE(WaitFor([&] { return c.AgentU64("anomaly_windows") >= windows + 2; }, 10s, 50ms));
+  // The attack: random data at 10 MB/s. The anomaly reaches the agent's
+  // status and the MT within 10 s of the switch.
+  const auto start = std::chrono::steady_clock::now();
+  std::thread attack([&] { churn(10, 0.0, 12, 2); });
+  const bool seen = WaitFor([&] { return c.AgentU64("anomalies") >= 1; }, 10s, 100ms);
+  const double delay = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  attack.join();
+  INFO("detection delay " << delay << " s\n" << c.Logs());
+  REQUIRE(seen);
+  CHECK(delay <= 10.0);
+  WARN("detection delay: " << delay << " s");
+  REQUIRE(c.WaitDrained());
+  Answer a = Call(c, "GET", "/v1/anomalies?volume=" + o.volume, admin);
+  REQUIRE(a.status == 200);
+  const json::value body = json::parse(a.body);
+  const auto& list = body.at("anomalies").as_array();
+  REQUIRE(list.size() == 1);
+  const int64_t id = json::value_to<int64_t>(list[0].at("id"));
+  const int64_t point = json::value_to<int64_t>(list[0].at("point"));
+  CHECK(list[0].at("held").as_bool());
+  CHECK(std::string(list[0].at("message").as_string()).find("incompressible") != std::string::npos);
+  auto st = c.Cdpctl({"status"});
+  INFO(st.output);
+  CHECK(st.output.find("ANOMALY: possible ransomware") != std::string::npos);
+  {
+    auto m = Call(c, "GET", "/metrics", admin);
+    CHECK(m.body.find("cdp_mt_anomalies_open{tenant=\"" + o.tenant + "\",volume=\"" + o.volume + "\"} 1") !=
+          std::string::npos);
+  }
+  // The suspect-clean point is the source as it was before the switch.
+  const std::string out = c.Path("suspect-clean.img");
+  const bool copied = c.CopyExport(std::to_string(point), out);
+  INFO(c.why());
+  REQUIRE(copied);
+  CHECK(cdp::e2e::Sha256File(out) == cdp::e2e::Sha256File(before));
+  // Only the admin acknowledges it.
+  auto issued = c.CdpctlJson({"--tenant", o.tenant, "token", "issue"});
+  REQUIRE(issued.has_value());
+  const std::string tenant(issued->at("token").as_string());
+  const std::string ack = R"({"volume":")" + o.volume + R"(","id":)" + std::to_string(id) + "}";
+  CHECK(Call(c, "GET", "/v1/anomalies?volume=" + o.volume, tenant).status == 200);
+  CHECK(Call(c, "POST", "/v1/anomalies/ack", tenant, ack).status == 403);
+  auto acked = c.Cdpctl({"anomalies", o.volume, "--ack", std::to_string(id)});
+  INFO(acked.output);
+  CHECK(acked.exit_code == 0);
+  auto shown = c.Cdpctl({"anomalies", o.volume});
+  INFO(shown.output);
+  CHECK(shown.output.find("acknowledged") != std::string::npos);
   c.StopAll();
 }
