@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "loadgen/data.h"
+
 using cdp::Bytes;
 using cdp::ByteSpan;
 using cdp::agent::Anomaly;
@@ -195,4 +197,57 @@ TEST_CASE("anomaly: a disabled detector never fires and samples nothing", "[anom
   CHECK(sim.fired.empty());
   CHECK(sim.det.counters().blocks_sampled == 0);
   CHECK(sim.det.counters().windows == 0);
+}
+
+// Ten simulated minutes of each workload profile loadgen drives
+// (docs/loadgen.md: its data mixes, steady, bursty, ramping and idle rates),
+// in 64 KiB writes of loadgen's own data, with the default options: no
+// anomaly. (bench/anomaly_bench.sh runs the same profiles for real through
+// the agent.)
+TEST_CASE("no anomaly in ten minutes of any loadgen workload profile", "[anomaly][profiles]") {
+  struct Profile {
+    const char* name;
+    double compressibility;
+    // MB/s at second t of 600.
+    double (*rate)(int t);
+  };
+  const Profile profiles[] = {
+      {"steady mixed (0.75)", 0.75, [](int) { return 2.0; }},
+      {"database pages (0.5)", 0.5, [](int) { return 4.0; }},
+      {"compressible copies: 30 s bursts at 8x every 2 min", 0.75,
+       [](int t) { return t % 120 < 30 ? 8.0 : 1.0; }},
+      {"a day's ramp in 10 min, 0.5 to 10 MB/s", 0.6, [](int t) { return 0.5 + 9.5 * t / 600.0; }},
+      {"an already-incompressible volume (media, encrypted) with 5x bursts", 0.0,
+       [](int t) { return t % 60 < 10 ? 15.0 : 3.0; }},
+      {"idle for 5 min, then 10 MB/s of mixed data", 0.75, [](int t) { return t < 300 ? 0.0 : 10.0; }},
+  };
+  for (const Profile& p : profiles) {
+    INFO(p.name);
+    // A pool of 8 MiB of loadgen data with the profile's mix: every write
+    // takes its next 64 KiB (the detector sees the generator's blocks).
+    cdp::loadgen::DataMix mix;
+    mix.compressibility = p.compressibility;
+    mix.seed = 37;
+    cdp::loadgen::DataGenerator gen(mix);
+    Bytes pool(8 * kMiB);
+    gen.Fill(pool.data(), pool.size());
+    AnomalyDetector d{AnomalyOptions{}};
+    size_t at = 0;
+    uint64_t offset = 0;
+    for (int t = 0; t < 600; ++t) {
+      const auto writes = uint64_t(p.rate(t) * 1e6 / kWrite);
+      for (uint64_t i = 0; i < writes; ++i) {
+        const uint64_t now = uint64_t(t) * kSec + i * kSec / std::max<uint64_t>(writes, 1);
+        auto a = d.OnWrite(offset, ByteSpan(pool.data() + at, kWrite), now);
+        INFO("second " << t << ": " << (a ? a->message : ""));
+        REQUIRE_FALSE(a);
+        at = (at + kWrite) % pool.size();
+        offset = (offset + 7 * kWrite) % (1ull << 30);
+      }
+    }
+    REQUIRE_FALSE(d.Tick(600 * kSec));
+    CHECK(d.counters().anomalies == 0);
+    CHECK(d.counters().windows >= 299);  // from the first write on
+    if (p.compressibility > 0) CHECK(d.counters().blocks_sampled > 1000);
+  }
 }
