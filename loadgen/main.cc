@@ -543,7 +543,9 @@ int CmdCluster(int argc, char** argv) {
       "pki-dir", po::value<std::string>()->default_value(""),
       "site CA and certificates (ca, mt, ps, agent .crt/.key; missing ones are made); default DIR/pki")(
       "env-file", po::value<std::string>()->default_value(""),
-      "write the endpoints here as shell assignments once every daemon answers");
+      "write the endpoints here as shell assignments once every daemon answers")(
+      "agent-set", po::value<std::vector<std::string>>()->composing(),
+      "KEY=VALUE: one more line of the agent's config, e.g. anomaly.enabled=false (repeatable)");
   LoadedConfig cfg;
   if (int rc = Load(argc, argv, d, "Starts cdp-master-target, cdp-process-server and cdp-agent on loopback, "
                                    "prints their endpoints and runs until SIGTERM or SIGINT.",
@@ -570,6 +572,14 @@ int CmdCluster(int argc, char** argv) {
   if (tls != "on" && tls != "off") return Fail("cluster", Status::InvalidArgument("--tls must be on or off"));
   o.tls = tls == "on";
   o.pki_dir = vm["pki-dir"].as<std::string>();
+  if (vm.count("agent-set")) {
+    for (const auto& kv : vm["agent-set"].as<std::vector<std::string>>()) {
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0 || kv.find('\n') != std::string::npos)
+        return Fail("cluster", Status::InvalidArgument("bad --agent-set '" + kv + "': want KEY=VALUE"));
+      o.agent_extra_config += kv.substr(0, eq) + " = " + kv.substr(eq + 1) + "\n";
+    }
+  }
   o.die_with_parent = true;  // a kill -9 of this command takes the daemons with it
   LocalCluster c(o);
   if (Status s = c.Start(); !s.ok()) return Fail("cluster", s);
