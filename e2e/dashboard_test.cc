@@ -53,8 +53,9 @@ std::string IssueToken(Cluster& c, const std::string& tenant) {
 }
 
 // Tenant beta's volume "ledger" (4 MiB): a process server of beta, with a
-// certificate of the cluster's site, opens it and applies a write, a flush
-// and a tag.
+// certificate of the cluster's site, opens it and applies a write, a flush,
+// a tag and an anomaly (the agent's ransomware detector: the page shows a
+// badge).
 void MakeBetaVolume(Cluster& c) {
   const std::string dir = c.pki_dir();
   cdp::pki::IssueOptions io;
@@ -106,13 +107,18 @@ void MakeBetaVolume(Cluster& c) {
   const std::string name = "beta-eod";
   tag.data.assign(name.begin(), name.end());
   tag.timestamp_us = now;
-  b.records = {data, flush, tag};
+  cdp::proto::Record anomaly;
+  anomaly.seq = 4;
+  anomaly.kind = cdp::proto::RecordKind::kAnomaly;
+  anomaly.data = cdp::proto::EncodeAnomaly(1, "change rate 40.0 MB/s (baseline 2.0 MB/s), 99% incompressible");
+  anomaly.timestamp_us = now;
+  b.records = {data, flush, tag, anomaly};
   REQUIRE((*ch)->Send(b).ok());
   m = (*ch)->Receive(10000ms);
   REQUIRE(m.ok());
   auto* ack = std::get_if<cdp::proto::Ack>(&*m);
   REQUIRE(ack != nullptr);
-  REQUIRE(ack->durable_seq == 3);
+  REQUIRE(ack->durable_seq == 4);
   (*ch)->Close();
 }
 
@@ -329,6 +335,9 @@ TEST_CASE("dashboard: two tenants in headless Chromium, token-gated, points as c
   SignIn(b, base, beta);
   CHECK(ShownTenants(b) == std::set<std::string>{"beta"});
   CHECK(ShownVolumes(b) == std::set<std::string>{"beta/ledger"});
+  // Its anomaly shows as a badge (and acme's volume has none).
+  CHECK(Str(Eval(b, "return document.querySelector('article.volume[data-volume=\"beta/ledger\"] .badge.anomaly')"
+                    ".dataset.anomalies;")) == "1");
 
   // The admin: both tenants; an export of B's volume made from the page.
   SignIn(b, base, admin);

@@ -95,7 +95,7 @@ function hover(node, lines) {
 // --- state badges ---
 function stateBadge(state) {
   let kind = 'ok';
-  if (state.startsWith('stalled')) kind = 'bad';
+  if (state.startsWith('stalled') || state.startsWith('LOCKED')) kind = 'bad';
   else if (state === 'failed-over' || state === 'rolling-back') kind = 'warn';
   else if (state !== 'protecting') kind = 'neutral';
   return el('span', {class: 'badge ' + kind, 'data-state': state, text: state});
@@ -228,6 +228,14 @@ function failoverBox(v) {
     ' · ' + f.provider_written_blocks + ' block(s) written at the provider');
 }
 
+// Possible ransomware (GET /v1/anomalies; cdpctl anomalies): a badge in the
+// volume's title while an event holds its suspect-clean point.
+function anomalyBadge(v) {
+  if (!v.anomalies_open) return null;
+  return el('span', {class: 'badge bad anomaly', 'data-anomalies': String(v.anomalies_open),
+                     title: v.last_anomaly, text: 'possible ransomware'});
+}
+
 function stallBox(v) {
   const s = v.stall;
   if (!s) return null;
@@ -310,7 +318,7 @@ function volumeCard(v, pts, lag, exports, port, tls, nowUs) {
   tl = timeline(key, pts, nowUs, v.failover, pick);
   const card = el('article', {class: 'volume', 'data-volume': key, 'data-tenant': v.tenant},
     el('header', {class: 'volume-head'},
-      el('div', {class: 'volume-title'}, el('h3', {text: v.volume}), stateBadge(v.state)),
+      el('div', {class: 'volume-title'}, el('h3', {text: v.volume}), stateBadge(v.state), anomalyBadge(v)),
       el('div', {class: 'volume-meta'}, `${bytes(v.size)} · block ${bytes(v.block_size)} · generation ${v.generation} · `,
         el('span', {class: 'failover-state', 'data-failover': v.failover ? (v.failover.committed ? 'committed' : 'promoted') : 'none',
                     text: v.failover ? (v.failover.committed ? 'failover committed' : 'failed over (undo possible)') : 'no failover'}))),
