@@ -44,7 +44,7 @@ TEST_CASE("the alert rules pass promtool check rules", "[e2e][monitoring]") {
   auto r = cdp::testing::RunCommand({"promtool", "check", "rules", kRules}, 60000);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  REQUIRE(r.output.find("SUCCESS: 9 rules found") != std::string::npos);
+  REQUIRE(r.output.find("SUCCESS: 11 rules found") != std::string::npos);
 }
 
 TEST_CASE("every metric the alert rules and the dashboard use is exported by a daemon", "[e2e][monitoring]") {

@@ -48,6 +48,7 @@ std::vector<Message> Samples() {
     wb.records.push_back({3, 8192, 512, RecordKind::kTrim, 7, {}});
     wb.records.push_back({4, 0, 0, RecordKind::kFlush, 8, {}});
     wb.records.push_back({5, 0, 0, RecordKind::kTag, 9, Bytes{'t', 'a', 'g'}});
+    wb.records.push_back({6, 0, 0, RecordKind::kAnomaly, 10, EncodeAnomaly(2, "99% incompressible")});
     v.push_back(wb);
     WriteBatch sealed;
     sealed.volume_id = 2;

@@ -158,6 +158,11 @@ void Spool(const std::string& dir) {
       } else if (s % 5 == 0) {
         r.kind = proto::RecordKind::kTag;
         r.data = B("tag-" + std::to_string(s));
+      } else if (s % 11 == 0) {
+        // The agent's ransomware detector fired (offset and length 0).
+        r.kind = proto::RecordKind::kAnomaly;
+        r.offset = 0;
+        r.data = proto::EncodeAnomaly(3, "change rate 9.0 MB/s (baseline 1.0 MB/s), 98% incompressible");
       } else {
         r.kind = proto::RecordKind::kData;
         r.length = 16;

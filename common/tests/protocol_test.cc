@@ -48,6 +48,8 @@ WriteBatch EveryKindBatch(Codec codec, uint64_t first_seq = 100) {
   wb.records.push_back({s++, 0, 0, RecordKind::kFlush, 1'700'000'000'000'004, {}});
   wb.records.push_back({s++, 0, 0, RecordKind::kTag, 1'700'000'000'000'005, ToBytes("before-upgrade.1")});
   wb.records.push_back({s++, 512, 1, RecordKind::kData, 1'700'000'000'000'006, Bytes{0xAB}});
+  wb.records.push_back(
+      {s++, 0, 0, RecordKind::kAnomaly, 1'700'000'000'000'007, EncodeAnomaly(3, "change rate 52.3 MB/s, 97% incompressible")});
   return wb;
 }
 
@@ -298,6 +300,33 @@ TEST_CASE("write batches with every record kind round-trip with each codec", "[p
       CHECK(f->size() < raw->size());
     }
   }
+}
+
+TEST_CASE("anomaly records: back and message round-trip, and a bad one is refused", "[protocol]") {
+  uint64_t back = 0;
+  std::string msg;
+  REQUIRE(DecodeAnomaly(EncodeAnomaly(7, "jump"), &back, &msg));
+  CHECK(back == 7);
+  CHECK(msg == "jump");
+  // The message is capped; back 0 and short data are not anomaly records.
+  REQUIRE(DecodeAnomaly(EncodeAnomaly(1, std::string(2000, 'x')), &back, &msg));
+  CHECK(msg.size() == kMaxAnomalyText);
+  CHECK_FALSE(DecodeAnomaly(EncodeAnomaly(0, "x"), &back, &msg));
+  CHECK_FALSE(DecodeAnomaly(Bytes(7, 1), &back, &msg));
+  Bytes too_long = EncodeAnomaly(1, std::string(kMaxAnomalyText, 'x'));
+  too_long.push_back('y');
+  CHECK_FALSE(DecodeAnomaly(too_long, &back, &msg));
+  auto encode = [](Record r) {
+    WriteBatch wb;
+    wb.volume_id = 1;
+    wb.records.push_back(std::move(r));
+    return EncodeMessage(wb, 1);
+  };
+  // Pointing before the volume's first record, or carrying a range: refused.
+  CHECK_FALSE(encode({5, 0, 0, RecordKind::kAnomaly, 0, EncodeAnomaly(6, "x")}).ok());
+  CHECK(encode({5, 0, 0, RecordKind::kAnomaly, 0, EncodeAnomaly(5, "x")}).ok());
+  CHECK_FALSE(encode({5, 4096, 0, RecordKind::kAnomaly, 0, EncodeAnomaly(1, "x")}).ok());
+  CHECK_FALSE(encode({5, 0, 0, RecordKind::kAnomaly, 0, Bytes{1, 2, 3}}).ok());
 }
 
 TEST_CASE("incompressible batches travel uncompressed", "[protocol]") {
