@@ -115,13 +115,12 @@ Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
     }
     if (widen) {
       CDP_RETURN_IF_ERROR(QueueBlocksLocked(BlockFloor(offset), BlockCeil(offset + len) - BlockFloor(offset)));
-      if (detector_)
-        QueueAnomalyLocked(detector_->OnWrite(offset, data, opts_.clock->NowMicros(), queue_->LastSeqLocked()));
+      DetectLocked(offset, data, queue_->LastSeqLocked());
     } else {
       uint64_t seq = queue_->AppendLocked(proto::RecordKind::kData, offset, uint32_t(len), data, std::move(copy));
       if (seq != 0) bitmap_->Assign(offset, len, seq);
       else bitmap_->AssignResync(offset, len);
-      if (detector_) QueueAnomalyLocked(detector_->OnWrite(offset, data, opts_.clock->NowMicros(), seq));
+      DetectLocked(offset, data, seq);
     }
   }
   if (fua) return SyncBacking();
@@ -138,6 +137,10 @@ AnomalyCounters CaptureDevice::anomaly_counters() {
   if (!detector_) return {};
   auto lk = queue_->Lock();
   return detector_->counters();
+}
+
+void CaptureDevice::DetectLocked(uint64_t offset, ByteSpan data, uint64_t seq) {
+  if (detector_) QueueAnomalyLocked(detector_->OnWrite(offset, data, opts_.clock->NowMicros(), seq));
 }
 
 void CaptureDevice::QueueAnomalyLocked(const std::optional<Anomaly>& a) {
@@ -177,7 +180,7 @@ Status CaptureDevice::ApplyRange(proto::RecordKind kind, uint64_t offset, uint64
     const uint64_t head = BlockCeil(offset), tail = BlockFloor(end);
     if (head > tail) {  // inside one block
       CDP_RETURN_IF_ERROR(QueueBlocksLocked(BlockFloor(offset), seal::kUnit));
-      if (detector_) QueueAnomalyLocked(detector_->OnWrite(offset, {}, opts_.clock->NowMicros(), queue_->LastSeqLocked()));
+      DetectLocked(offset, {}, queue_->LastSeqLocked());
       return Status::OK();
     }
     if (head != offset) CDP_RETURN_IF_ERROR(QueueBlocksLocked(BlockFloor(offset), seal::kUnit));
@@ -194,7 +197,7 @@ Status CaptureDevice::ApplyRange(proto::RecordKind kind, uint64_t offset, uint64
   }
   // Zeros are no sign of encryption: the detector only learns the range's
   // place in the write order (its last clean write).
-  if (detector_) QueueAnomalyLocked(detector_->OnWrite(offset, {}, opts_.clock->NowMicros(), queue_->LastSeqLocked()));
+  DetectLocked(offset, {}, queue_->LastSeqLocked());
   return Status::OK();
 }
 

@@ -192,6 +192,9 @@ class CaptureDevice final : public BlockDevice {
   std::unique_ptr<DirtyBitmap> bitmap_;
   std::unique_ptr<CaptureQueue> queue_;
   std::unique_ptr<AnomalyDetector> detector_;  // capture lock; null: detection off
+  // Capture lock held: tells the detector of a write (or, with no data, a
+  // zero/trim range) queued up to `seq`, and queues the anomaly it reports.
+  void DetectLocked(uint64_t offset, ByteSpan data, uint64_t seq);
   // Capture lock held: queues the anomaly the detector reported, if any.
   void QueueAnomalyLocked(const std::optional<Anomaly>& a);
   std::mutex sync_mu_;

@@ -134,15 +134,14 @@ Result<std::optional<ApplyOutcome>> ReplicaVolume::CheckHistoryLock() {
   uint64_t jbytes = 0;
   {
     std::lock_guard<std::mutex> mk(meta_mu_);
-    for (const auto& [seg, si] : segments_) jbytes += si.bytes;
+    jbytes = JournalBytesLocked();
   }
   if (jbytes <= pol.max_bytes) return std::optional<ApplyOutcome>();
   CDP_ASSIGN_OR_RETURN(RetentionResult r, ApplyRetentionLocked());
   if (!r.locked_over_budget) return std::optional<ApplyOutcome>();
   {
     std::lock_guard<std::mutex> mk(meta_mu_);
-    jbytes = 0;
-    for (const auto& [seg, si] : segments_) jbytes += si.bytes;
+    jbytes = JournalBytesLocked();
   }
   ApplyOutcome out;
   out.ack = false;

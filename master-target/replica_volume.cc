@@ -378,7 +378,7 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   std::lock_guard<std::mutex> lk(meta_mu_);
   s.state = state_;
   if (upstream_generation_ == generation_.load()) s.upstream = upstream_;
-  for (const auto& [seg, si] : segments_) s.journal_bytes += si.bytes;
+  s.journal_bytes = JournalBytesLocked();
   s.journal_segments = segments_.size();
   s.points = points_.size();
   s.active_exports = pins_.size();
@@ -393,6 +393,12 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   for (const AnomalyEvent& a : anomalies_) s.anomalies_open += a.Holds(now) ? 1 : 0;
   if (!anomalies_.empty()) s.last_anomaly = anomalies_.back().message;
   return s;
+}
+
+uint64_t ReplicaVolume::JournalBytesLocked() const {
+  uint64_t bytes = 0;
+  for (const auto& [seg, si] : segments_) bytes += si.bytes;
+  return bytes;
 }
 
 std::vector<AnomalyEvent> ReplicaVolume::Anomalies() const {
@@ -431,7 +437,7 @@ void ReplicaVolume::UpdateGauges() {
   int64_t open_anomalies = 0;
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
-    for (const auto& [seg, si] : segments_) jbytes += si.bytes;
+    jbytes = JournalBytesLocked();
     npoints = points_.size();
     if (!points_.empty()) oldest = points_.front().time_us;
     lock_us = lock_.EffectiveUs(o_.clock->WallMicros());

@@ -591,6 +591,8 @@ class ReplicaVolume {
   Result<std::optional<ApplyOutcome>> CheckHistoryLock();
   // Marks points_ on a rolled-back branch (meta_mu_ held).
   void MarkRolledBack();
+  // The journal's bytes, every segment (meta_mu_ held).
+  uint64_t JournalBytesLocked() const;
   // The Nack text of the old generation's stream after a failback.
   std::string FailedBackMessage() const;
   // The Nack text of a fenced stream (failover_ set, apply_mu_ held).
