@@ -140,6 +140,7 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
                    (journal = JournalBytes(*tenant)) >= o.max_journal_bytes_per_tenant) {
           log->warn("{} batch held: tenant {} journal cap reached ({} bytes)",
                     log::Where{it->second->name, peer_addr, vol.applied_seq() + 1 - base}, *tenant, journal);
+          vol.NoteTenantCapHold("tenant journal cap " + std::to_string(o.max_journal_bytes_per_tenant) + " bytes reached");
           s = reply([&] {
             return nack(wb->volume_id, proto::NackReason::kBusy,
                         "tenant journal cap reached: " + std::to_string(journal) + " bytes of undo journal >= " +

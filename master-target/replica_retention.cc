@@ -155,6 +155,12 @@ Result<std::optional<ApplyOutcome>> ReplicaVolume::CheckHistoryLock() {
   return std::optional<ApplyOutcome>(out);
 }
 
+void ReplicaVolume::NoteTenantCapHold(const std::string& why) {
+  std::lock_guard<std::mutex> lk(apply_mu_);
+  if (lock_.EffectiveUs(o_.clock->WallMicros()) == 0) return;
+  NoteApply(Status::Busy("LOCKED: journal full inside the history lock (" + why + ")"), StallCause::kHistoryLock);
+}
+
 std::vector<RollbackInfo> ReplicaVolume::Rollbacks() const {
   std::lock_guard<std::mutex> mk(meta_mu_);
   return rollbacks_;

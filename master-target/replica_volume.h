@@ -524,6 +524,11 @@ class ReplicaVolume {
   // point, the point of a standing failover, and a point inside the history
   // lock are always promised. Points broken by a drop are deleted.
   Result<RetentionResult> ApplyRetention();
+  // The tenant's journal cap (max_journal_bytes_per_tenant) holds this
+  // volume's batches (`why`, the nack's text): inside a history lock that is
+  // the lock stall (retention can free only what the lock lets go), shown as
+  // such until a batch applies again; without a lock, nothing is shown.
+  void NoteTenantCapHold(const std::string& why);
   // Replaces the retention policy (takes effect at the next ApplyRetention;
   // the lock as HistoryLock::Configure says). The lock's sqlite Status on
   // failure (then the old policy stays).

@@ -771,6 +771,10 @@ TEST_CASE("tenant journal cap: a tenant whose undo journal reached max_journal_b
   INFO(n->message);
   CHECK(n->message.find("tenant journal cap reached") != std::string::npos);
   CHECK(n->message.find("(max_journal_bytes_per_tenant); retry after retention") != std::string::npos);
+  // Inside the history lock (24 h by default) retention cannot free it: the
+  // volume says so, as for its own byte budget.
+  CHECK(ShownState(vol->GetStatus()) == "LOCKED: journal full inside the history lock");
+  CHECK(vol->GetStatus().stall->cause == StallCause::kHistoryLock);
   CHECK(vol->applied_seq() == seq);
   CHECK(vol->ListPoints().size() == points);
   // A duplicate is still acknowledged, and another tenant is not held by acme's journal.
