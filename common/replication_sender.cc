@@ -33,6 +33,10 @@ struct ReplicationSender::Stream {
   bool opened = false;      // the open was answered (and the source resumed)
   bool removed = false;     // RemoveStream: never opened, read or told anything again
   bool fenced_open = false; // this connection's open was refused as failed over
+  // The refusal is failed over and source->Fenced has not returned yet: the
+  // refusal is not answered to WaitOpened before the source has recorded the
+  // fence (a PS must never open an agent's volume in between).
+  bool fence_pending = false;
   bool resuming = false;    // the reader is telling the source where the peer stands
   Status open_error;        // the peer refused the open
   Status stalled;           // not ok: shipping stopped until the next connection
@@ -524,7 +528,15 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
         log_->error("{} {} {}", opt_.label, log::Where{o.name, peer, 0}, o.open_error.message());
         if (proto::IsFailedOverNack(*n)) {
           o.fenced_open = true;
-          after.push_back([src = o.src, msg = n->message] { src->Fenced(msg); });
+          o.fence_pending = true;
+          after.push_back([this, &o, msg = n->message] {
+            o.src->Fenced(msg);
+            {
+              std::lock_guard<std::mutex> fl(mu_);
+              o.fence_pending = false;
+            }
+            cv_.notify_all();
+          });
         }
         Stall(o, o.open_error);
       }
@@ -634,8 +646,9 @@ Result<uint64_t> ReplicationSender::WaitOpened(StreamId id, std::chrono::millise
   // be unreachable.
   if (!connected_.load() && !stats_.last_error.empty() && !st.opened)
     return Status::Unavailable(opt_.peer_name + " not reachable: " + stats_.last_error);
-  bool ok = cv_.wait_for(l, timeout, [&] { return stop_.load() || st.opened || !st.open_error.ok(); });
-  if (!st.open_error.ok()) return st.open_error;
+  bool ok = cv_.wait_for(
+      l, timeout, [&] { return stop_.load() || st.opened || (!st.open_error.ok() && !st.fence_pending); });
+  if (!st.open_error.ok() && !st.fence_pending) return st.open_error;
   if (!ok || !st.opened) return Status::Unavailable(opt_.peer_name + " not reachable");
   return st.open_durable;
 }

@@ -165,7 +165,9 @@ class ReplicationSender {
   // Waits at most `timeout` until the peer answered the stream's VolumeOpen on
   // the current connection. The peer's durable sequence; kUnavailable when not
   // connected in time (at once if the last attempt failed), or the refusal as
-  // kPermissionDenied.
+  // kPermissionDenied. A failed-over refusal is answered only once
+  // source.Fenced has returned, so a caller that sees it finds the fence
+  // recorded (a PS never answers an agent's open in between).
   Result<uint64_t> WaitOpened(StreamId id, std::chrono::milliseconds timeout);
 
   // Sends `request` for the stream (volume_id and request_id are filled in

@@ -275,3 +275,52 @@ TEST_CASE("failover fences the old primary, and undo before a commit resumes rep
   REQUIRE(a);
   CHECK(Text(*a, "fenced").empty());
 }
+
+// Issue 38 F1: after a failover, the original site's PS restarts (and its
+// agent with an empty queue). The PS answered the agent's open in the
+// instant before it recorded the MT's fence, and the agent never showed
+// FENCED. Twenty rounds; every one must end with the agent fenced.
+TEST_CASE("failover: twenty restarts of the old site's process server and agent each end with the agent FENCED",
+          "[e2e][failover]") {
+  RequireClients();
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  const std::string vol = c.options().volume;
+  std::string w = RandomWrites(c.nbd_uri(), c.options().volume_size, 31, 2, 20, 1 << 20, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  REQUIRE(c.Cdpctl({"tag", "t1"}).exit_code == 0);
+  bool drained = c.WaitDrained();
+  INFO(c.why());
+  REQUIRE(drained);
+  auto f = c.Cdpctl({"failover", vol, "--to", "t1"});
+  INFO(f.output);
+  REQUIRE(f.exit_code == 0);
+  const std::string prefix = "failed over: volume " + vol + " failed over at the master target";
+  auto fenced = [&] {
+    auto a = VolumeStatus(c, Which::kAgent);
+    return a && Text(*a, "fenced").rfind(prefix, 0) == 0;
+  };
+  REQUIRE(WaitFor(fenced, 60s));
+  int rounds_fenced = 0;
+  for (int round = 0; round < 20; ++round) {
+    INFO("round " << round);
+    REQUIRE(c.Kill9(Which::kProcessServer));
+    REQUIRE(c.Kill9(Which::kAgent));
+    REQUIRE(c.Restart(Which::kProcessServer));
+    REQUIRE(c.Restart(Which::kAgent));
+    bool got = WaitFor(fenced, 30s);
+    if (!got) {
+      INFO(c.Logs());
+      CHECK(got);
+      break;
+    }
+    CHECK(c.AgentU64("queue_records") == 0);  // nothing queued: only the open can tell it
+    ++rounds_fenced;
+  }
+  CHECK(rounds_fenced == 20);
+  auto st = c.Cdpctl({"status"});
+  INFO(st.output);
+  CHECK(st.output.find("FENCED: failed over") != std::string::npos);
+}

@@ -73,6 +73,23 @@ void MasterTarget::Impl::Serve(FrameChannel& ch) {
                 log::Where{(*lifted)->name, peer_addr, 0});
       break;
     }
+    // A volume failed over (or back) while open here: the peer is told now,
+    // not at its next batch, so that a PS (and its agent) with nothing
+    // queued shows the fence too (issue 38 F1).
+    Status told;
+    for (const auto& [vid, e] : handles) {
+      if (!told.ok()) break;
+      if (std::find(fenced_here.begin(), fenced_here.end(), e) != fenced_here.end()) continue;
+      if (std::string fence = e->volume->Fence(); !fence.empty()) {
+        log->warn("{} fenced while open: {}", log::Where{e->name, peer_addr, 0}, fence);
+        fenced_here.push_back(e);
+        told = nack(vid, proto::NackReason::kWrongGeneration, fence);
+      }
+    }
+    if (!told.ok()) {
+      log->info("{} send failed: {}", log::Where{"", peer_addr, 0}, told.ToString());
+      break;
+    }
     auto m = inbox.Pop(std::chrono::milliseconds(500));
     if (!m.ok()) {
       if (m.status().IsBusy()) continue;

@@ -8,19 +8,27 @@
 
 namespace cdp::mt {
 
-std::string ReplicaVolume::FencedMessage() const {
-  std::string point = failover_->point_id != 0 ? "point " + std::to_string(failover_->point_id) + ", " : "";
+std::string ReplicaVolume::FencedMessage() const { return FencedMessage(*failover_); }
+
+std::string ReplicaVolume::FencedMessage(const FailoverInfo& f) const {
+  std::string point = f.point_id != 0 ? "point " + std::to_string(f.point_id) + ", " : "";
   return std::string(proto::kFailedOverText) + ": volume " + id_.name + " failed over at the master target (" + point +
-         "sequence " + std::to_string(failover_->point_seq - seq_base_.load()) +
+         "sequence " + std::to_string(f.point_seq - seq_base_.load()) +
          "); this stream is fenced and nothing of it is applied" +
-         (failover_->committed ? " (the failover is committed)"
+         (f.committed ? " (the failover is committed)"
                                : " (an operator may undo: cdpctl failover " + id_.name + " --undo)");
 }
 
 std::string ReplicaVolume::FailedBackMessage() const {
   return std::string(proto::kFailedOverText) + ": volume " + id_.name +
-         " was failed back from the master target; generation " + std::to_string(id_.generation) +
+         " was failed back from the master target; generation " + std::to_string(generation()) +
          " is fenced until the operator re-protects it (cdpctl reprotect " + id_.name + ")";
+}
+
+std::string ReplicaVolume::Fence() const {
+  if (std::optional<FailoverInfo> f = failover()) return FencedMessage(*f);
+  if (state() == VolumeState::kFailedBack) return FailedBackMessage();
+  return "";
 }
 
 std::optional<FailoverInfo> ReplicaVolume::failover() const {

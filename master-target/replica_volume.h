@@ -492,6 +492,11 @@ class ReplicaVolume {
   // recreates it).
   Result<bool> UndoFailover();
   std::optional<FailoverInfo> failover() const;
+  // The "failed over" refusal (proto::IsFailedOverNack) the stream of this
+  // volume gets now: failed over, or failed back; "" while it replicates.
+  // Sessions tell it to a peer that has the volume open, so that a peer with
+  // nothing to send learns of the fence too.
+  std::string Fence() const;
 
   // Failback (the states above; the pull itself is driven by the original
   // site's agent through MasterTarget::FailbackPlan / Pull).
@@ -600,8 +605,10 @@ class ReplicaVolume {
   uint64_t JournalBytesLocked() const;
   // The Nack text of the old generation's stream after a failback.
   std::string FailedBackMessage() const;
-  // The Nack text of a fenced stream (failover_ set, apply_mu_ held).
+  // The Nack text of a fenced stream (failover_ set, apply_mu_ held), or of
+  // failover `f`.
   std::string FencedMessage() const;
+  std::string FencedMessage(const FailoverInfo& f) const;
   // Moves to generation `gen` keeping everything (apply_mu_ held).
   Status Reprotect(uint64_t gen);
   Status UndoEntries(const std::vector<UndoEntry>& entries);

@@ -109,6 +109,23 @@ void ProcessServer::Impl::Serve(FrameChannel& ch) {
         return;
       }
     }
+    // A fence learned after the agent opened the volume (the MT answered
+    // the link's open later than this session's): told to the agent now, as
+    // a batch would be refused, so that an agent with nothing queued shows
+    // FENCED too. `handles` is the append task's while one runs.
+    if (!appending.valid()) {
+      for (const auto& [id, v] : handles) {
+        if (fenced_here.count(v)) continue;
+        if (std::string fence = v->fenced(); !fence.empty()) {
+          log->warn("{} fenced while open: {}", log::Where{v->key(), ch.peer(), 0}, fence);
+          fenced_here.insert(v);
+          if (Status sent = ch.Send(MakeNack(id, proto::NackReason::kWrongGeneration, 0, fence)); !sent.ok()) {
+            log->warn("peer={} tenant={} closing connection: {}", ch.peer(), tenant, sent.ToString());
+            return;
+          }
+        }
+      }
+    }
     // A fence lifted (the MT's failover undone): close, so that the agent
     // reopens the volume at once instead of at its next connection.
     for (SpooledVolume* v : fenced_here) {

@@ -418,6 +418,7 @@ Status ProcessServer::Start() {
   for (auto& site : im.links)
     for (auto& [t, v] : site)
       for (auto& l : v) l->Start();
+  im.cursor_flusher = std::thread([&im] { im.FlushCursors(); });
 
   // Agent listener.
   Listener::Options lo;
@@ -456,6 +457,22 @@ Status ProcessServer::Start() {
   return Status::OK();
 }
 
+void ProcessServer::Impl::FlushCursors() {
+  const auto period = std::chrono::milliseconds(std::max<uint64_t>(opt->cursor_sync_ms, 10));
+  std::unique_lock<std::mutex> l(mu);
+  while (!stopping.load()) {
+    flusher_cv.wait_for(l, period, [&] { return stopping.load(); });
+    if (stopping.load()) break;
+    std::vector<SpooledVolume*> vols;
+    for (auto& [k, v] : volumes) vols.push_back(v.get());
+    l.unlock();  // volumes are never erased from the map while the server runs
+    for (SpooledVolume* v : vols)
+      if (Status s = v->PersistCursorsIfMoved(); !s.ok())
+        log->warn("{} copy cursors not persisted: {}", log::Where{v->key(), "", 0}, s.ToString());
+    l.lock();
+  }
+}
+
 Status ProcessServer::ReloadTls() {
   if (!impl_ || !impl_->tls) return Status::OK();
   return impl_->tls->Reload();
@@ -471,6 +488,11 @@ void ProcessServer::Stop() {
     for (auto& [t, v] : site)
       for (auto& l : v) l->Stop();              // wakes sessions waiting on the master target
   if (im.listener) im.listener->Stop();       // joins the agent threads
+  {
+    std::lock_guard<std::mutex> l(im.mu);  // stopping was set: the flusher sees it under mu
+  }
+  im.flusher_cv.notify_all();
+  if (im.cursor_flusher.joinable()) im.cursor_flusher.join();
   if (opt_.registry != nullptr)
     for (auto& [name, labels] : im.series) opt_.registry->RemoveSeries(name, labels);
   im.series.clear();

@@ -54,6 +54,11 @@ struct ProcessServer::Impl {
   std::unique_ptr<Listener> listener;  // agents, one thread each
 
   std::atomic<bool> stopping{false};
+  // Writes each volume's copy cursors once cursor_sync_ms after they last
+  // moved (spooled_volume.h), so a kill -9 forgets at most that much.
+  std::thread cursor_flusher;
+  std::condition_variable flusher_cv;  // with mu: stopping
+  void FlushCursors();
 
   std::shared_ptr<ControlTokens> control_tokens;  // null with control_auth off
   std::unique_ptr<http::Server> http;

@@ -91,7 +91,7 @@ Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& s
   const uint64_t released = v->spool_->stats().released_seq;
   std::map<std::string, uint64_t> stored;
   const std::string copies_path = JoinPath(spool_options.dir, kCopiesFile);
-  if (names.size() > 1 && env->Exists(copies_path)) {
+  if (env->Exists(copies_path)) {
     CDP_ASSIGN_OR_RETURN(Bytes data, ReadWholeFile(env, copies_path));
     auto cur = DecodeCopiesMeta(data);
     if (!cur.ok()) return cur.status().WithContext(copies_path);
@@ -111,6 +111,14 @@ Result<std::unique_ptr<SpooledVolume>> SpooledVolume::Open(const SpoolOptions& s
   }
   v->counters_.mt_acked.store(v->copies_[0].acked);
   v->persisted_us_ = v->clock_->NowMicros();
+  // What every copy acknowledged before the restart is released now, not at
+  // the MTs' next answer: a fenced or unreachable MT may not answer for a
+  // long time, and its records would count as backlog (and widen a
+  // failback's compare) meanwhile.
+  if (const uint64_t low = v->ReleasableSeq(); low > released) {
+    if (Status s = v->spool_->Release(low); !s.ok())
+      log::Get("ps")->warn("{} spool release at open: {}", log::Where{v->key(), "", low}, s.ToString());
+  }
   return v;
 }
 
@@ -178,7 +186,6 @@ void SpooledVolume::AfterCursorMove() {
     if (Status s = spool_->Release(release); !s.ok())
       log::Get("ps.link")->warn("{} spool release: {}", log::Where{key(), "", release}, s.ToString());
   }
-  if (copies_.size() < 2) return;  // the spool's first segment is the one cursor
   {
     std::lock_guard<std::mutex> l(mu_);
     const uint64_t now = clock_->NowMicros();
@@ -189,8 +196,15 @@ void SpooledVolume::AfterCursorMove() {
     log::Get("ps.link")->warn("{} copy cursors not persisted: {}", log::Where{key(), "", release}, s.ToString());
 }
 
+Status SpooledVolume::PersistCursorsIfMoved() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!dirty_) return Status::OK();
+  }
+  return PersistCursors();
+}
+
 Status SpooledVolume::PersistCursors() {
-  if (copies_.size() < 2) return Status::OK();
   std::lock_guard<std::mutex> pl(persist_mu_);
   if (closed_) return Status::OK();
   std::vector<std::pair<std::string, uint64_t>> cur;

@@ -14,15 +14,18 @@
 // lost its replica, or an MT added to an existing volume) is "lost": it stalls
 // ("resync needed") and no longer holds the spool back.
 //
-// With two or more copies the cursors are persisted in copies.meta beside
-// volume.meta (docs/formats/spool.md), written with WriteFileAtomic at most
-// every `cursor_sync_ms` as they advance, and on Close(). A persisted cursor
-// is a lower bound (it never runs ahead of the MT's acknowledgement); at open
-// a cursor is at least the spool's released sequence (nothing above it was
-// released, so every copy had acknowledged it). The truth is each MT's
-// VolumeOpenReply after a (re)connection, which resets that copy's cursor
-// (SetCopyOpened). With one copy nothing more is written: the spool's first
-// segment is the cursor, as before.
+// The cursors are persisted in copies.meta beside volume.meta
+// (docs/formats/spool.md), written with WriteFileAtomic at most every
+// `cursor_sync_ms` as they advance, by the process server's flusher once
+// that long after the last move (PersistCursorsIfMoved), and on Close(). A
+// persisted cursor is a lower bound (it never runs ahead of the MT's
+// acknowledgement); at open a cursor is at least the spool's released
+// sequence (nothing above it was released, so every copy had acknowledged
+// it), and the spool is released at once up to the lowest persisted cursor,
+// so that a restart shows the true backlog even while an MT does not answer
+// (issue 38 F2: the active segment's shipped records counted as backlog). The
+// truth is each MT's VolumeOpenReply after a (re)connection, which resets that
+// copy's cursor (SetCopyOpened).
 //
 // Two files name copies, each written with WriteFileAtomic while it names
 // one and removed (then the directory synced) when it names none, so that a
@@ -158,8 +161,10 @@ class SpooledVolume {
   // A re-protect may then retire the spool without leaving a record
   // undelivered that could be.
   bool NothingToDeliver() const;
-  // Writes copies.meta now (two or more copies; ok otherwise or when closed).
+  // Writes copies.meta now (ok when closed); PersistCursorsIfMoved only when
+  // a cursor moved since it was last written.
   Status PersistCursors();
+  Status PersistCursorsIfMoved();
   // Persists the cursors and closes the spool (Spool::Close); nothing of the
   // volume writes to its directory afterwards. Idempotent.
   void Close();

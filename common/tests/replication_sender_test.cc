@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -100,6 +102,15 @@ class VectorSource final : public RecordSource {
     std::lock_guard l(mu_);
     rewound += frames;
   }
+  void Fenced(const std::string& message) override {
+    if (fence_hook) fence_hook();  // runs before the fence is recorded
+    std::lock_guard l(mu_);
+    fences.push_back(message);
+  }
+  size_t Fences() {
+    std::lock_guard l(mu_);
+    return fences.size();
+  }
 
   uint64_t Acked() {
     std::lock_guard l(mu_);
@@ -114,6 +125,8 @@ class VectorSource final : public RecordSource {
   uint64_t rewound = 0;
   std::vector<std::pair<uint64_t, ResumeCause>> resumes;
   std::vector<Status> stalls;
+  std::vector<std::string> fences;
+  std::function<void()> fence_hook;  // set before the sender starts
 
  private:
   const std::string name_;
@@ -784,6 +797,39 @@ TEST_CASE("replication sender: a session whose streams were all refused at open 
   std::lock_guard l(src.mu_);
   REQUIRE(src.stalls.size() == 1);
   CHECK(src.stalls[0].message() == "test peer refused the volume: wrong generation: failed over: volume fenced");
+}
+
+// Issue 38 F1: WaitOpened answered the refusal while Fenced was still queued,
+// so the PS opened an agent's volume it was about to fence. The hook holds
+// Fenced until WaitOpened returns (or a deadline passes): on the old code
+// WaitOpened returned first and found no fence recorded.
+TEST_CASE("replication sender: a failed-over refusal reaches WaitOpened only after the source recorded the fence",
+          "[replication][failback]") {
+  ScriptedPeer peer;
+  peer.fence_open.insert("fenced");
+  VectorSource src("fenced", 10);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool waiter_returned = false;
+  src.fence_hook = [&] {
+    std::unique_lock l(mu);
+    cv.wait_for(l, 500ms, [&] { return waiter_returned; });
+  };
+  ReplicationSender sender(Options(peer.port()));
+  auto id = sender.AddStream(&src);
+  sender.Start();
+  auto r = sender.WaitOpened(id, 10s);
+  const size_t fences_when_answered = src.Fences();
+  {
+    std::lock_guard l(mu);
+    waiter_returned = true;
+  }
+  cv.notify_all();
+  REQUIRE(r.status().code() == cdp::Code::kPermissionDenied);
+  CHECK(fences_when_answered == 1);
+  REQUIRE(WaitUntil([&] { return src.Fences() == 1; }, 10s));
+  std::lock_guard l(src.mu_);
+  CHECK(src.fences[0] == "failed over: volume fenced");
 }
 
 TEST_CASE("replication sender: Reconnect ends a fenced session, and the next connection opens the stream again",
