@@ -448,12 +448,19 @@ boost::json::value Agent::StatusJson() const {
     if (i < sites_.size()) {
       v["generation"] = sites_[i]->shown_generation.load();
       v["phase"] = std::string(SitePhaseName(SitePhase(sites_[i]->shown_phase.load())));
+      const VolumeSite& st = *sites_[i];
+      v["failback"] = json::object{{"passes", st.fb_passes.load()},
+                                   {"compared_bytes", st.fb_compared_bytes.load()},
+                                   {"pulled_bytes", st.fb_pulled_bytes.load()},
+                                   {"wire_bytes_in", st.fb_wire_in.load()},
+                                   {"wire_bytes_out", st.fb_wire_out.load()}};
     }
     v["write_fence"] = d->write_fence();
     v["encrypted"] = d->sealer() != nullptr;  // tenant-side encryption: blocks leave sealed
     if (i < senders_.size()) {
       auto ss = senders_[i]->Stats();
       v["connected"] = ss.connected;
+      v["confirmed"] = ss.confirmed;  // false: not heard from the PS since the start; not known drained
       v["rpo_lag_seconds"] = double(ss.rpo_lag_us) / 1e6;
       v["bytes_sent"] = ss.bytes_sent;
       v["resync_remaining"] = ss.resync_remaining;
@@ -472,6 +479,7 @@ boost::json::value Agent::StatusJson() const {
       v["history_lost"] = ss.history_lost;
     } else {
       v["connected"] = false;
+      v["confirmed"] = false;
       v["resync_remaining"] = d->bitmap().ResyncCount();
     }
     vols.push_back(std::move(v));
@@ -518,6 +526,25 @@ void Agent::RegisterMetrics(size_t i) {
                         [d] { return double(d->bitmap().ResyncCount()); }, l);
   registry_.AddComputed("cdp_agent_bitmap_persists_total", "Dirty bitmap writes (each one sync)", Type::kCounter,
                         [d] { return double(d->bitmap().persist_count()); }, l);
+  if (i < sites_.size()) {
+    const VolumeSite* site = sites_[i].get();
+    registry_.AddComputed("cdp_agent_failback_passes_total", "Failback passes run", Type::kCounter,
+                          [site] { return double(site->fb_passes.load()); }, l);
+    registry_.AddComputed("cdp_agent_failback_compared_bytes_total",
+                          "Bytes compared by failback (digested here against the provider's image)", Type::kCounter,
+                          [site] { return double(site->fb_compared_bytes.load()); }, l);
+    registry_.AddComputed("cdp_agent_failback_pulled_bytes_total", "Bytes that differed and were pulled by failback",
+                          Type::kCounter, [site] { return double(site->fb_pulled_bytes.load()); }, l);
+    for (auto [dir, in] : std::vector<std::pair<std::string, bool>>{{"in", true}, {"out", false}}) {
+      metrics::Labels ld = l;
+      ld.emplace_back("direction", dir);
+      registry_.AddComputed("cdp_agent_failback_wire_bytes_total",
+                            "Failback frames on the wire: in = pulled from the PS, out = digests sent",
+                            Type::kCounter,
+                            [site, in] { return double(in ? site->fb_wire_in.load() : site->fb_wire_out.load()); },
+                            ld);
+    }
+  }
   if (!opts_.sender_enabled) return;
   Sender* snd = senders_.at(i).get();
   auto s = [snd] { return snd->Stats(); };

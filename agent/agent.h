@@ -193,6 +193,9 @@ class Agent {
       std::string export_name;  // "" when not exported
     };
     std::map<uint64_t, Branch> branches;  // by the generation that failed back
+    // Failback passes since the agent started, summed (/status "failback",
+    // cdp_agent_failback_*): what was compared, pulled and sent.
+    std::atomic<uint64_t> fb_passes{0}, fb_compared_bytes{0}, fb_pulled_bytes{0}, fb_wire_in{0}, fb_wire_out{0};
   };
   Result<size_t> VolumeIndex(const std::string& volume) const;
   std::string SitePath(size_t i) const;

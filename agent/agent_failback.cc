@@ -96,7 +96,13 @@ Result<FailbackPassStats> Agent::FailbackPass(const std::string& volume) {
   fo.client_id = opts_.sender.client_id.empty() ? "agent-failback" : opts_.sender.client_id + "-failback";
   fo.tls = tls_.get();
   fo.connect_timeout_ms = opts_.sender.connect_timeout_ms;
-  return RunFailbackPass(*devices_[i], *branch, fo);
+  CDP_ASSIGN_OR_RETURN(FailbackPassStats st, RunFailbackPass(*devices_[i], *branch, fo));
+  s.fb_passes.fetch_add(1);
+  s.fb_compared_bytes.fetch_add(st.compared_blocks * devices_[i]->preferred_block_size());
+  s.fb_pulled_bytes.fetch_add(st.pulled_bytes);
+  s.fb_wire_in.fetch_add(st.wire_bytes_in);
+  s.fb_wire_out.fetch_add(st.wire_bytes_out);
+  return st;
 }
 
 Result<SiteState> Agent::EndFailback(const std::string& volume) {

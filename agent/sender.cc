@@ -146,6 +146,7 @@ SenderStats Sender::Stats() const {
   s.gap_nacks = ls.gap_nacks;
   if (!ls.last_error.empty()) s.last_error = ls.last_error;
   s.acked_seq = q.acked_seq();
+  s.confirmed = contacted_;
   s.rpo_lag_us = 0;
   if (pending) {
     const uint64_t now = opts_.clock->WallMicros();

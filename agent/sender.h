@@ -66,7 +66,7 @@ struct SenderOptions {
   uint32_t linger_ms = 2;            // wait this long for a small batch to grow
   int max_inflight = 4;              // batches sent, not yet acknowledged
   uint64_t backoff_min_ms = 100;
-  uint64_t backoff_max_ms = 10'000;
+  uint64_t backoff_max_ms = 2'000;
   uint64_t busy_backoff_ms = 200;    // hold after a busy nack (process server over quota)
   uint64_t checkpoint_interval_ms = 1000;
   uint64_t connect_timeout_ms = 5000;
@@ -98,6 +98,11 @@ struct SenderStats {
   // failed it over: cdpctl failover), "" otherwise. Nothing is shipped then;
   // captured writes stay queued and dirty.
   std::string fenced;
+  // The process server answered this volume's open since the agent started
+  // (this generation). Until then nothing says where the far side stands:
+  // a PS that lost its spool while the agent was down is found only by that
+  // answer, so the volume is "unconfirmed", never drained (issue 38 F8).
+  bool confirmed = false;
 };
 
 // Seals a record of a sealed volume for the wire (common/seal.h): kData ->

@@ -150,8 +150,14 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
                     Secs(Num(x, "rpo_lag_seconds", -1)).c_str(), Bytes(Num(x, "queue_bytes")).c_str(),
                     Bytes(Num(x, "captured_bytes")).c_str(), Bytes(Num(x, "bytes_sent")).c_str(), resync.c_str());
       out << line;
+      const json::value* cf = x.if_contains("confirmed");
+      const bool unconfirmed = cf && cf->is_bool() && !cf->as_bool();
       if (std::string fenced = Str(x, "fenced"); !fenced.empty()) {
         out << "    FENCED: " << fenced << "\n";
+      } else if (unconfirmed) {
+        out << "    UNCONFIRMED: the process server has not answered since the agent started; the queue and RPO "
+               "shown are the agent's own, not known to be delivered\n";
+        if (std::string e = Str(x, "last_error"); !e.empty()) out << "    LAST ERROR: " << e << "\n";
       } else if (std::string e = Str(x, "last_error"); !e.empty()) {
         out << "    LAST ERROR: " << e << "\n";  // why it is not shipping (cleared once it ships)
       }
@@ -228,6 +234,18 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
       }
     }
   }
+  // Volumes on the MT's storage it cannot open (another MT holds the Ceph
+  // lock, an I/O error): it serves nothing of them.
+  if (const json::object* mo = m.body.if_object()) {
+    if (const json::value* rv = mo->if_contains("refused"); rv && rv->is_array()) {
+      for (const auto& v : rv->as_array()) {
+        if (!v.is_object()) continue;
+        const json::object& x = v.as_object();
+        out << "  REFUSED " << Str(x, "tenant") << "/" << Str(x, "volume") << " (" << Str(x, "cause")
+            << "): " << Str(x, "why") << "\n";
+      }
+    }
+  }
   if (!a.reached && !p.reached && !m.reached) {
     err << "cdpctl: no daemon answered\n";
     return 1;
@@ -290,7 +308,8 @@ int Points(const Options& o, const std::string& volume, std::ostream& out, std::
   return 0;
 }
 
-// POINT is an id from `points`, "seq:N" for an exact sequence, or a tag's name.
+// POINT is an id from `points`, "seq:N" for an exact sequence, a UTC time
+// (the newest point written at or before it), or a tag's name.
 json::object PointArg(const std::string& volume, const std::string& point, const Options& o) {
   json::object b{{"volume", volume}};
   if (!o.tenant.empty()) b["tenant"] = o.tenant;
@@ -301,8 +320,13 @@ json::object PointArg(const std::string& volume, const std::string& point, const
     if (!t.empty() && ec == std::errc() && p == t.data() + t.size()) return v;
     return json::string(t);
   };
+  // A UTC time (YYYY-MM-DDTHH:MM...): the newest point written at or before it.
+  const bool is_time = point.size() >= 10 && point[4] == '-' && point[7] == '-' &&
+                       std::all_of(point.begin(), point.begin() + 4, [](char ch) { return ch >= '0' && ch <= '9'; });
   if (point.rfind("seq:", 0) == 0) {
     b["seq"] = number(std::string_view(point).substr(4));
+  } else if (is_time) {
+    b["time"] = point;
   } else if (json::value n = number(point); n.is_int64()) {
     b["point"] = n;
   } else {
@@ -546,7 +570,7 @@ int Export(const Options& opts, const std::string& spec_or_uri, bool writable, s
   }
   size_t at = spec.find('@');
   if (at == std::string::npos || at == 0 || at + 1 == spec.size()) {
-    err << "cdpctl: export wants VOLUME@POINT (POINT: an id from 'points', or seq:N)\n";
+    err << "cdpctl: export wants VOLUME@POINT (POINT: an id from 'points', seq:N, a tag or a UTC time)\n";
     return 2;
   }
   json::object b = PointArg(spec.substr(0, at), spec.substr(at + 1), o);

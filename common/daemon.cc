@@ -61,7 +61,9 @@ Result<std::pair<std::string, std::string>> ParseTenantEntry(std::string_view li
   }
   std::string name(Trim(t.substr(0, sep)));
   std::string_view rest = t.substr(sep + 1);
-  size_t a = rest.find_first_not_of(":= \t");
+  // A CR between name and secret is white space here too, as it is at the
+  // ends: "acme \r= s" is "acme = s", not the secret "= s" (found by fuzz/mt_tenants).
+  size_t a = rest.find_first_not_of(":= \t\r");
   std::string secret = a == std::string_view::npos ? std::string() : std::string(Trim(rest.substr(a)));
   if (!proto::ValidName(name) || secret.empty()) {
     return Status::InvalidArgument("bad tenant entry for '" + name + "' (want NAME:SECRET)");

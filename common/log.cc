@@ -3,6 +3,7 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <vector>
 
@@ -73,7 +74,10 @@ Status Init(const Options& opts) {
   });
   spdlog::set_pattern(opts.pattern.empty() ? kDefaultPattern : opts.pattern, spdlog::pattern_time_type::utc);
   spdlog::set_level(level);
+  // Warnings at once; everything else at least once a second (spdlog's
+  // periodic flusher), so a kill -9 loses at most about a second of lines.
   spdlog::flush_on(spdlog::level::warn);
+  spdlog::flush_every(std::chrono::seconds(1));
   return Status::OK();
 }
 

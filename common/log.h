@@ -17,6 +17,10 @@
 // its own. Until Init() is called, loggers write to stderr at level info, or
 // CDP_LOG_LEVEL if set.
 //
+// Flushing: a warning or worse is written through at once; every line at
+// least once a second (a thread of spdlog's flushes every logger), so a
+// crash loses at most about a second of lines.
+//
 // Thread safety: Get() and every logger are thread-safe. Init() replaces the
 // sinks of existing loggers: call it at start-up, before other threads log.
 #pragma once

@@ -164,6 +164,8 @@ void ReplicationSender::Run() {
   std::mt19937_64 rng(std::random_device{}());
   std::uniform_real_distribution<double> jitter(0.5, 1.5);
   uint64_t backoff = opt_.backoff_min_ms;
+  std::string last_logged;      // the last failure logged as a warning
+  uint64_t last_logged_us = 0;  // and when
   while (!stop_.load()) {
     const Millis timeout(opt_.connect_timeout_ms);
     auto chr = Connect(opt_.host, opt_.port, timeout, {}, opt_.wrap);
@@ -182,8 +184,19 @@ void ReplicationSender::Run() {
       std::lock_guard<std::mutex> l(mu_);
       stats_.last_error = s.ToString();
     }
-    const uint64_t sleep = uint64_t(double(backoff) * jitter(rng));
-    log_->warn("{} {}:{}: {}; reconnecting in {} ms", opt_.label, opt_.host, opt_.port, s.ToString(), sleep);
+    // Jittered, never past backoff_max_ms: a returning peer is probed at
+    // least that often.
+    const uint64_t sleep = std::min<uint64_t>(uint64_t(double(backoff) * jitter(rng)), opt_.backoff_max_ms);
+    // A peer down for long is named once a minute, not at every probe.
+    const uint64_t now_us = opt_.clock->NowMicros();
+    const std::string why = s.ToString();
+    if (why != last_logged || now_us - last_logged_us >= 60'000'000) {
+      log_->warn("{} {}:{}: {}; reconnecting in {} ms", opt_.label, opt_.host, opt_.port, why, sleep);
+      last_logged = why;
+      last_logged_us = now_us;
+    } else {
+      log_->debug("{} {}:{}: {}; reconnecting in {} ms", opt_.label, opt_.host, opt_.port, why, sleep);
+    }
     SleepMs(sleep);
     backoff = std::min(backoff * 2, opt_.backoff_max_ms);
   }

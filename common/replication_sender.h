@@ -110,8 +110,12 @@ struct SenderOptions {
   int max_inflight = 8;             // frames per stream sent, not yet acknowledged (RecordSource::max_inflight overrides)
   int workers = 1;                  // sending threads (the compression pool)
   uint64_t connect_timeout_ms = 5000;  // connect, and the handshake
+  // Reconnect back-off: doubles from min to max, jittered by 0.5..1.5 and
+  // never longer than max, so a returning peer is back within max (+ the
+  // connect) however long it was gone (issue 38 F6: 30 s had kept a returned
+  // MT idle for most of its catch-up).
   uint64_t backoff_min_ms = 100;
-  uint64_t backoff_max_ms = 30'000;
+  uint64_t backoff_max_ms = 2'000;
   uint64_t busy_hold_ms = 200;
   uint64_t internal_hold_ms = 1000;
   uint64_t heartbeat_ms = 10'000;   // a Heartbeat when nothing was sent for this long

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <boost/json.hpp>
 #include <catch2/catch.hpp>
+#include <ctime>
 #include <fstream>
 #include <thread>
 
@@ -286,6 +287,44 @@ TEST_CASE(
   CHECK(Sha256File(ea) == tag_sum);
   CHECK(Sha256File(eb) == tag_sum);
   CHECK(tag_sum != src);  // writes after the tag: the export is not just the final image
+
+  // Issue 38 F4: points carry the host's time, so B, which applied most of
+  // them late, lists the same points as A: same ids, sequences, times.
+  auto key = [](const json::value& p) {
+    const json::object& o = p.as_object();
+    return json::serialize(json::object{{"id", o.at("id")}, {"seq", o.at("seq")}, {"time_us", o.at("time_us")},
+                                        {"kind", o.at("kind")}, {"name", o.at("name")}});
+  };
+  const json::array& la = pa->at("points").as_array();
+  const json::array& lb = pb->at("points").as_array();
+  REQUIRE(la.size() == lb.size());
+  size_t later_at_b = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    CHECK(key(la[i]) == key(lb[i]));
+    if (lb[i].at("applied_us").to_number<uint64_t>() > la[i].at("applied_us").to_number<uint64_t>()) ++later_at_b;
+  }
+  CHECK(ida == idb);
+  CHECK(later_at_b > 0);  // B applied them later, yet lists the host's times
+  // VOLUME@TIME (the tag's own time, UTC to the microsecond) names the tag at both.
+  uint64_t tag_us = 0;
+  for (const auto& p : la)
+    if (p.at("name") == "before-b-down") tag_us = p.at("time_us").to_number<uint64_t>();
+  REQUIRE(tag_us > 0);
+  std::time_t secs = std::time_t(tag_us / 1'000'000);
+  char when[64];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", std::gmtime(&secs));
+  char frac[16];
+  std::snprintf(frac, sizeof frac, ".%06lluZ", static_cast<unsigned long long>(tag_us % 1'000'000));
+  const std::string at = std::string(when) + frac;
+  const std::string ta = c.Path("export-a-time.img"), tb = c.Path("export-b-time.img");
+  copied_a = c.CopyExport(at, ta);
+  INFO(c.why() << " at " << at);
+  REQUIRE(copied_a);
+  copied_b = b.CopyExport(c, at, tb, &why);
+  INFO(why);
+  REQUIRE(copied_b);
+  CHECK(Sha256File(ta) == tag_sum);
+  CHECK(Sha256File(tb) == tag_sum);
 }
 
 TEST_CASE("two copies: kill -9 of the process server during two-copy shipping loses no record at either MT",

@@ -190,10 +190,13 @@ bool Cluster::WaitDrained(std::chrono::milliseconds timeout) {
         uint64_t records = u(*av, "queue_records"), dirty = u(*av, "dirty_regions");
         uint64_t resync = u(*av, "resync_remaining");
         std::string mode(av->at("mode").as_string());
+        // Not drained before the PS answered the agent's open (issue 38 F8).
+        const json::value* cf = av->if_contains("confirmed");
+        const bool confirmed = cf != nullptr && cf->is_bool() && cf->as_bool();
         last = "agent last_seq " + std::to_string(last_seq) + " acked " + std::to_string(acked) + " queue_records " +
                std::to_string(records) + " dirty " + std::to_string(dirty) + " resync " + std::to_string(resync) +
-               " mode " + mode + "; mt applied " + std::to_string(applied);
-        return records == 0 && resync == 0 && dirty == 0 && acked == last_seq && applied == last_seq &&
+               " mode " + mode + (confirmed ? "" : " unconfirmed") + "; mt applied " + std::to_string(applied);
+        return confirmed && records == 0 && resync == 0 && dirty == 0 && acked == last_seq && applied == last_seq &&
                mode == "data";
       },
       timeout, std::chrono::milliseconds(100));

@@ -211,10 +211,24 @@ TEST_CASE("history: a process server that lost its spool while the agent was dow
   REQUIRE(c.Kill9(Which::kProcessServer));
   std::filesystem::remove_all(c.Path("ps/spool/" + c.options().tenant));
   REQUIRE(c.Restart(Which::kMasterTarget));
-  REQUIRE(c.Restart(Which::kProcessServer));
+  // Issue 38 F8: the agent starts before the process server answers. Its
+  // queue is empty and everything it sent was acknowledged, yet the far side
+  // lost records: until the PS answers, the volume is unconfirmed, never
+  // drained (it was shown drained, RPO 0, while the replica lacked them).
   REQUIRE(c.Restart(Which::kAgent));
+  std::optional<boost::json::object> a = VolumeIn(c.StatusOf(Which::kAgent), "name", vol);
+  REQUIRE(a);
+  CHECK(a->at("confirmed") == false);
+  CHECK(boost::json::value_to<uint64_t>(a->at("queue_records")) == 0);
+  CHECK_FALSE(c.WaitDrained(std::chrono::seconds(2)));
+  WaitStatusShows(c, "UNCONFIRMED: the process server has not answered since the agent started");
+  REQUIRE(c.Restart(Which::kProcessServer));
   DrainedEqual(c);
   CHECK(c.AgentU64("history_lost") == 1);
+  a = VolumeIn(c.StatusOf(Which::kAgent), "name", vol);
+  REQUIRE(a);
+  CHECK(a->at("confirmed") == true);
+  CHECK(c.Cdpctl({"status"}).output.find("UNCONFIRMED") == std::string::npos);
 }
 
 TEST_CASE("history: a master target that lost its replica stalls the PS with resync needed, and a re-protect "

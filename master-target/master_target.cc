@@ -110,6 +110,32 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
   return vo;
 }
 
+void MasterTarget::Impl::NoteRefusedLocked(const std::string& tenant, const std::string& name, const Status& why) {
+  Refusal r;
+  r.tenant = tenant;
+  r.volume = name;
+  r.cause = why.message().find(" is locked by ") != std::string::npos ? "locked" : "error";
+  r.message = why.ToString();
+  const std::string key = Key(tenant, name);
+  if (auto it = refused.find(key); it != refused.end() && it->second.cause != r.cause)
+    ClearRefusedLocked(tenant, name);
+  mt->registry_
+      .GetGauge("cdp_mt_volume_refused", "1 while this MT cannot open a volume on its storage, by cause",
+                metrics::Labels{{"tenant", tenant}, {"volume", name}, {"cause", r.cause}})
+      ->Set(1);
+  refused[key] = std::move(r);
+}
+
+void MasterTarget::Impl::ClearRefusedLocked(const std::string& tenant, const std::string& name) {
+  auto it = refused.find(Key(tenant, name));
+  if (it == refused.end()) return;
+  mt->registry_
+      .GetGauge("cdp_mt_volume_refused", "1 while this MT cannot open a volume on its storage, by cause",
+                metrics::Labels{{"tenant", tenant}, {"volume", name}, {"cause", it->second.cause}})
+      ->Set(0);
+  refused.erase(it);
+}
+
 Status MasterTarget::Impl::LoadVolumes() {
   for (const auto& [tenant, secret] : o.tenants) {
     std::string vdir = JoinPath(JoinPath(JoinPath(store_root, "tenants"), tenant), "volumes");
@@ -127,6 +153,8 @@ Status MasterTarget::Impl::LoadVolumes() {
       auto v = ReplicaVolume::Open(VolOpts(tenant, n), nullptr);
       if (!v.ok()) {
         log->error("{} cannot open volume: {}", log::Where{n, tenant, 0}, v.status().ToString());
+        std::lock_guard<std::mutex> lk(vol_mu);
+        NoteRefusedLocked(tenant, n, v.status());
         continue;
       }
       auto e = std::make_shared<VolEntry>();
@@ -185,6 +213,7 @@ Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> MasterTarget::Impl::O
       }
       CDP_RETURN_IF_ERROR(store->CreateDirs(dir));
       auto v = ReplicaVolume::Open(VolOpts(tenant, m.name), &id);
+      if (!v.ok() && v.status().code() != Code::kInvalidArgument) NoteRefusedLocked(tenant, m.name, v.status());
       if (!v.ok()) {
         if (v.status().code() == Code::kInvalidArgument) {
           ApplyOutcome bad;
@@ -200,6 +229,7 @@ Result<std::pair<std::shared_ptr<VolEntry>, ApplyOutcome>> MasterTarget::Impl::O
       e->name = m.name;
       e->volume = std::shared_ptr<ReplicaVolume>(std::move(*v));
       volumes[Key(tenant, m.name)] = e;
+      ClearRefusedLocked(tenant, m.name);
       log->info("{} created: {} bytes, block size {}", log::Where{m.name, tenant, 0}, m.size, m.block_size);
     }
   }

@@ -72,6 +72,18 @@ struct MasterTarget::Impl {
 
   std::mutex vol_mu;
   std::map<std::string, std::shared_ptr<VolEntry>> volumes;  // "tenant/name"
+  // Volumes on this MT's storage that it could not open, and why (issue 38
+  // F7: an MT the Ceph lock refused looked healthy, with no volumes). Shown
+  // in /status, cdpctl status and cdp_mt_volume_refused{cause}; cleared when
+  // the volume opens. Under vol_mu.
+  struct Refusal {
+    std::string tenant, volume;
+    std::string cause;    // "locked" (another MT holds it), "error"
+    std::string message;
+  };
+  std::map<std::string, Refusal> refused;  // "tenant/name"
+  void NoteRefusedLocked(const std::string& tenant, const std::string& name, const Status& why);
+  void ClearRefusedLocked(const std::string& tenant, const std::string& name);
 
   std::unique_ptr<TlsCredentials> tls;  // null with tls = off
   std::unique_ptr<Listener> listener;  // process servers, one thread each

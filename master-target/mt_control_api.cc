@@ -14,7 +14,8 @@ namespace {
 json::object PointJson(const RecoveryPoint& p) {
   return json::object{{"id", p.id},
                       {"seq", p.seq},
-                      {"time_us", p.time_us},
+                      {"time_us", p.time_us},        // when the protected host wrote it
+                      {"applied_us", p.applied_us},  // when this MT applied it
                       {"kind", PointKindName(p.kind)},
                       {"name", p.name},
                       // a rollback to an earlier point rewound past it; still exportable
@@ -94,7 +95,11 @@ json::value MasterTarget::Impl::StatusJson() {
   json::array vols;
   std::lock_guard<std::mutex> lk(vol_mu);
   for (auto& [k, e] : volumes) vols.push_back(VolumeJson(*e));
-  return json::object{{"daemon", "cdp-master-target"}, {"storage", o.store_kind}, {"volumes", vols}};
+  json::array refusals;
+  for (const auto& [k, r] : refused)
+    refusals.push_back(json::object{{"tenant", r.tenant}, {"volume", r.volume}, {"cause", r.cause}, {"why", r.message}});
+  return json::object{
+      {"daemon", "cdp-master-target"}, {"storage", o.store_kind}, {"volumes", vols}, {"refused", refusals}};
 }
 
 Result<std::shared_ptr<VolEntry>> MasterTarget::Impl::ResolveParams(const http::Request& r, const http::Params& p) {
@@ -107,9 +112,16 @@ Result<uint64_t> MasterTarget::Impl::PointSeq(const VolEntry& e, const http::Par
   CDP_ASSIGN_OR_RETURN(auto id, p.Int("point"));
   CDP_ASSIGN_OR_RETURN(auto seq, p.Uint("seq"));
   CDP_ASSIGN_OR_RETURN(auto tag, p.String("tag"));
-  if (int(bool(id)) + int(bool(seq)) + int(bool(tag)) > 1)
-    return Status::InvalidArgument("give one of 'point', 'tag' or 'seq'");
+  CDP_ASSIGN_OR_RETURN(auto time, p.String("time"));
+  if (int(bool(id)) + int(bool(seq)) + int(bool(tag)) + int(bool(time)) > 1)
+    return Status::InvalidArgument("give one of 'point', 'tag', 'seq' or 'time'");
   if (id_out) *id_out = 0;
+  if (time) {
+    CDP_ASSIGN_OR_RETURN(uint64_t t, ParseUtcTime(*time));
+    std::optional<RecoveryPoint> found = PointAtTime(e.volume->ListPoints(), t);
+    if (!found) return Status::NotFound("no recovery point of " + e.name + " was written at or before " + *time);
+    id = found->id;
+  }
   if (tag) {
     std::optional<RecoveryPoint> found;
     int n = 0;
@@ -132,7 +144,7 @@ Result<uint64_t> MasterTarget::Impl::PointSeq(const VolEntry& e, const http::Par
     return pt->seq;
   }
   if (seq) return *seq;
-  return Status::InvalidArgument("give 'point' (an id from /v1/points), 'tag' or 'seq'");
+  return Status::InvalidArgument("give 'point' (an id from /v1/points), 'tag', 'seq' or 'time' (UTC)");
 }
 
 namespace {
@@ -206,7 +218,7 @@ void MasterTarget::Impl::AddRoutes() {
     });
   });
   http->Route("POST", "/v1/rollback", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "discard_history"},
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "time", "discard_history"},
                       [&](const http::Params& p) -> Result<http::Response> {
       // A rollback keeps what it rewinds (a tenant may ask it); discarding
       // that branch is the admin's alone, and never inside the history lock.
@@ -222,7 +234,7 @@ void MasterTarget::Impl::AddRoutes() {
     });
   });
   http->Route("POST", "/v1/export", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "writable", "keys"},
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "time", "writable", "keys"},
                       [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p));
@@ -323,7 +335,7 @@ void MasterTarget::Impl::AddRoutes() {
   // Failover (`cdpctl failover`): promote, undo, commit. Idempotent; see
   // MasterTarget::Failover.
   http->Route("POST", "/v1/failover", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "keys"},
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "time", "keys"},
                       [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       int64_t id = 0;

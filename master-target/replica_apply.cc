@@ -577,7 +577,13 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   // anomalies (older than the batch: they take their place by sequence).
   std::vector<RecoveryPoint> new_points;
   std::vector<AnomalyEvent> new_anomalies;
-  uint64_t last_crash = 0;
+  // A point carries the time the protected host wrote it (the record's
+  // capture time, from the agent's clock; issue 38 F4) and, beside it, the
+  // time it was applied here. Crash-consistent points are spaced by the
+  // host's clock too, so every copy of the volume makes the same points from
+  // the same stream, whatever its backlog was. Retention and the history
+  // lock go by the apply time: a host's clock cannot age its own history.
+  uint64_t last_crash = 0;  // host time of the newest crash-consistent point
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
     for (auto it = points_.rbegin(); it != points_.rend(); ++it) {
@@ -587,16 +593,20 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
       }
     }
   }
+  auto written = [&](const proto::Record& r) { return r.timestamp_us != 0 ? r.timestamp_us : wall; };
   for (size_t i = first; i < recs.size(); ++i) {
     const proto::Record& r = recs[i];
+    const uint64_t when = written(r);
     if (r.kind == proto::RecordKind::kFlush) {
-      if (last_crash == 0 || wall >= last_crash + o_.point_interval_us) {
-        new_points.push_back(RecoveryPoint{0, r.seq, wall, PointKind::kCrash, ""});
-        last_crash = wall;
+      // A host clock stepped back starts the spacing again.
+      if (last_crash == 0 || when >= last_crash + o_.point_interval_us || when < last_crash) {
+        new_points.push_back(RecoveryPoint{0, r.seq, when, PointKind::kCrash, "", false, wall});
+        last_crash = when;
       }
     } else if (r.kind == proto::RecordKind::kTag) {
-      new_points.push_back(RecoveryPoint{0, r.seq, wall, PointKind::kTag,
-                                         std::string(reinterpret_cast<const char*>(r.data.data()), r.data.size())});
+      new_points.push_back(RecoveryPoint{0, r.seq, when, PointKind::kTag,
+                                         std::string(reinterpret_cast<const char*>(r.data.data()), r.data.size()),
+                                         false, wall});
     } else if (r.kind == proto::RecordKind::kAnomaly) {
       AnomalyEvent a;
       uint64_t back = 0;
@@ -606,7 +616,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
       a.point_id = int64_t(new_points.size());  // CommitBatch makes it the point's id
       a.time_us = wall;
       a.hold_until_us = wall + o_.anomaly_hold_us;
-      new_points.push_back(RecoveryPoint{0, a.clean_seq, wall, PointKind::kTag, "suspect-clean"});
+      new_points.push_back(RecoveryPoint{0, a.clean_seq, when, PointKind::kTag, "suspect-clean", false, wall});
       log::Get("mt.volume")->warn("{} possible ransomware at the protected host: {}; the image at sequence {} is "
                                   "kept as the point suspect-clean",
                                   log::Where{id_.name, "", r.seq}, a.message, a.clean_seq);

@@ -81,12 +81,21 @@ CREATE TABLE IF NOT EXISTS points(
   seq INTEGER NOT NULL,
   time_us INTEGER NOT NULL,
   kind INTEGER NOT NULL,
-  name TEXT NOT NULL);
+  name TEXT NOT NULL,
+  applied_us INTEGER NOT NULL DEFAULT 0);
 )sql";
 
 }  // namespace
 
-Status CreateIndexSchema(sqlite::Db& db) { return db.Exec(kSchema); }
+Status CreateIndexSchema(sqlite::Db& db) {
+  CDP_RETURN_IF_ERROR(db.Exec(kSchema));
+  // Points made before issue 38 have no apply time (their time_us is it):
+  // the column is added with 0, read as "the same as time_us".
+  CDP_ASSIGN_OR_RETURN(auto cols, db.Prepare("SELECT 1 FROM pragma_table_info('points') WHERE name = 'applied_us'"));
+  CDP_ASSIGN_OR_RETURN(bool has, cols.Step());
+  if (has) return Status::OK();
+  return db.Exec("ALTER TABLE points ADD COLUMN applied_us INTEGER NOT NULL DEFAULT 0");
+}
 
 Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
   if (!proto::ValidName(id.name)) return Status::InvalidArgument("bad volume name");
@@ -247,7 +256,7 @@ Status ReplicaVolume::LoadIndex() {
     return Status::Corruption(o_.index_path + ": committed journal segment is not in the index");
   points_.clear();
   {
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT id, seq, time_us, kind, name FROM points ORDER BY seq, id"));
+    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT id, seq, time_us, kind, name, applied_us FROM points ORDER BY seq, id"));
     for (;;) {
       CDP_ASSIGN_OR_RETURN(bool row, st.Step());
       if (!row) break;
@@ -257,6 +266,8 @@ Status ReplicaVolume::LoadIndex() {
       p.time_us = uint64_t(st.ColumnInt64(2));
       p.kind = st.ColumnInt64(3) == int64_t(PointKind::kTag) ? PointKind::kTag : PointKind::kCrash;
       p.name = st.ColumnText(4);
+      p.applied_us = uint64_t(st.ColumnInt64(5));
+      if (p.applied_us == 0) p.applied_us = p.time_us;  // made before the column
       points_.push_back(std::move(p));
     }
   }
@@ -312,10 +323,11 @@ Status ReplicaVolume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, u
     }
   }
   if (!new_points->empty()) {
-    CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare("INSERT INTO points(seq, time_us, kind, name) VALUES(?1, ?2, ?3, ?4)"));
+    CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare(
+        "INSERT INTO points(seq, time_us, kind, name, applied_us) VALUES(?1, ?2, ?3, ?4, ?5)"));
     for (RecoveryPoint& p : *new_points) {
       CDP_RETURN_IF_ERROR(ins.Reset());
-      CDP_RETURN_IF_ERROR(ins.BindAll(p.seq, p.time_us, int64_t(p.kind), p.name));
+      CDP_RETURN_IF_ERROR(ins.BindAll(p.seq, p.time_us, int64_t(p.kind), p.name, p.applied_us));
       CDP_RETURN_IF_ERROR(ins.Run());
       p.id = db_->LastInsertRowId();
     }

@@ -44,9 +44,9 @@ Result<RetentionResult> ReplicaVolume::ApplyRetentionLocked() {
   for (const RecoveryPoint& p : points) {
     while (first_needed < segs.size() && segs[first_needed].segment != cur && segs[first_needed].max_seq <= p.seq)
       ++first_needed;
-    const bool time_ok = pol.max_age_us == 0 || p.time_us + pol.max_age_us >= wall;
+    const bool time_ok = pol.max_age_us == 0 || p.applied_us + pol.max_age_us >= wall;
     const bool bytes_ok = pol.max_bytes == 0 || suffix[first_needed] <= pol.max_bytes;
-    const bool locked = lock_.Holds(p.time_us, wall);
+    const bool locked = lock_.Holds(p.applied_us, wall);
     if ((time_ok && bytes_ok) || locked) promised_min = std::min(promised_min, p.seq);
     if (locked && !bytes_ok) res.locked_over_budget = true;
   }

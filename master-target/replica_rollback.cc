@@ -30,7 +30,7 @@ Status ReplicaVolume::Rollback(uint64_t point_seq, bool discard_history) {
     if (!pins_.empty()) return Status::Busy(id_.name + ": exports are open; remove them before a rollback");
     if (discard_history) {
       for (const RecoveryPoint& p : points_) {
-        if (p.seq > point_seq && p.seq <= from && lock_.Holds(p.time_us, wall))
+        if (p.seq > point_seq && p.seq <= from && lock_.Holds(p.applied_us, wall))
           return Status::AlreadyExists(id_.name + ": point " + std::to_string(p.id) + " after sequence " +
                                        std::to_string(point_seq) + " is inside the history lock (" +
                                        std::to_string(lock_.EffectiveUs(wall) / 1'000'000) +

@@ -206,14 +206,29 @@ const char* PointKindName(PointKind k);
 struct RecoveryPoint {
   int64_t id = 0;         // unique per volume, increasing
   uint64_t seq = 0;       // the image after applying every record <= seq
-  uint64_t time_us = 0;   // wall-clock micros when the point was applied
+  // When the protected host wrote it: the capture time of the record that
+  // made it (the agent's wall clock, micros), the MT's clock for what the MT
+  // writes itself (a rollback) and for points made before issue 38.
+  uint64_t time_us = 0;
   PointKind kind = PointKind::kCrash;
   std::string name;       // tag name; "" for crash-consistent points
   // On a rolled-back branch: a rollback to an earlier point rewound the
   // replica past it. Still listed and exportable (the rollback journaled what
   // it overwrote) until retention and the history lock let it go.
   bool rolled_back = false;
+  // When this MT applied it (its wall clock, micros): what retention and the
+  // history lock count from, so that a host's clock cannot age its history.
+  uint64_t applied_us = 0;
 };
+
+// VOLUME@TIME: the newest point (by time_us, then sequence) the protected
+// host wrote at or before `time_us`; none when every point is later.
+std::optional<RecoveryPoint> PointAtTime(const std::vector<RecoveryPoint>& points, uint64_t time_us);
+// A UTC time as an operator writes it: "YYYY-MM-DDTHH:MM:SS" or with a space
+// for the T, seconds optional, an optional fraction ".ffffff" and an
+// optional trailing "Z". Micros since the epoch; kInvalidArgument naming the
+// accepted forms otherwise.
+Result<uint64_t> ParseUtcTime(std::string_view text);
 
 // A rollback (Rollback()), persisted in the index's `rollbacks` table. The
 // points with to_seq < seq <= from_seq are its branch. The records from_seq+1

@@ -66,7 +66,7 @@ struct MtLinkOptions {
   // thread, so its frames stay in order.
   int workers = 1;
   uint64_t backoff_min_ms = 100;
-  uint64_t backoff_max_ms = 30'000;
+  uint64_t backoff_max_ms = 2'000;
   uint64_t ack_timeout_ms = 120'000;  // nothing received from the MT for this long: reconnect
   uint64_t heartbeat_ms = 10'000;
 };

@@ -113,7 +113,7 @@ struct ProcessServerOptions {
   size_t max_open_files = 1000;
   ThrottleOptions throttle;
   uint64_t backoff_min_ms = 100;
-  uint64_t backoff_max_ms = 30'000;
+  uint64_t backoff_max_ms = 2'000;
   uint64_t mt_open_wait_ms = 5'000;
   uint64_t ack_timeout_ms = 120'000;  // no MT progress with frames in flight: reconnect
   metrics::Registry* registry = nullptr;  // optional; must outlive the server

@@ -1087,6 +1087,41 @@ TEST_CASE("nbd server TLS: STARTTLS, then the certificate's tenant scopes LIST, 
   CHECK((st.st_mode & 0777) == 0660);
 }
 
+// Regression (0fc0724): DoClose freed the replies' buffers while a TLS write
+// of them was in flight, and asio's SSL engine went on encrypting them:
+// heap-use-after-free in SSL_write, seen as a master target dying under
+// make asan when a client went away mid-reply. Here the export is removed
+// (DoClose posted from another thread) while the client keeps reading 16 MiB
+// of replies, round after round: under ASan the old code fails.
+TEST_CASE("nbd server: an export removed while TLS replies are being written closes the connection with no "
+          "use of freed buffers",
+          "[nbd][tls]") {
+  TlsFixture fx;
+  FileBlockDevice::Options fo;
+  fo.create_size = 1 << 20;
+  auto dev = FileBlockDevice::Open(fx.env.get(), "/removed-mid-reply", fo);
+  REQUIRE(dev.ok());
+  for (int round = 0; round < 12; ++round) {
+    INFO("round " << round);
+    const std::string name = "acme/mid@" + std::to_string(round);
+    REQUIRE(fx.server->AddExport(name, *dev, "", "acme").ok());
+    RawClient c;
+    REQUIRE(fx.Secure(&c, *fx.pk.acme));
+    std::map<uint16_t, Bytes> got;
+    REQUIRE(c.InfoOrGo(nbd::kOptGo, name, {}, &got) == nbd::kRepAck);
+    for (uint64_t h = 1; h <= 16; ++h) REQUIRE(c.SendRequest(nbd::kCmdRead, h, 0, 1u << 20));
+    Bytes first;
+    REQUIRE(c.Recv(nbd::kSimpleReplySize + (256u << 10), &first));  // the replies are being written
+    std::thread remover([&] { CHECK(fx.server->RemoveExport(name).ok()); });
+    size_t more = 0;
+    Bytes chunk;
+    while (c.Recv(64u << 10, &chunk)) more += chunk.size();  // until the server closes
+    remover.join();
+    CHECK(more < (16u << 20));  // closed before every reply went out
+    CHECK(WaitUntil([&] { return fx.server->connection_count() == 0; }));
+  }
+}
+
 TEST_CASE("nbd server: options per connection and option reply bytes are capped", "[nbd][tls]") {
   NbdServerOptions o;
   o.max_options = 5;

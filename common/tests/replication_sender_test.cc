@@ -869,3 +869,11 @@ TEST_CASE("replication sender: a source's own window bounds its frames in flight
   CHECK(peer.received("wide") == 4);
   CHECK(peer.received("deep") == 6);
 }
+
+// Issue 38 F6: the back-off grew to 30 s, and a master target back after a
+// 12 s outage waited 12-15 s more. The default cap is 2 s, and the jitter
+// never takes a wait past the cap (replication_sender.cc Run).
+TEST_CASE("replication sender: the reconnect back-off is capped at 2 s by default", "[replication]") {
+  CHECK(cdp::repl::SenderOptions{}.backoff_min_ms == 100);
+  CHECK(cdp::repl::SenderOptions{}.backoff_max_ms == 2000);
+}

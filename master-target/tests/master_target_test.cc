@@ -1020,6 +1020,16 @@ TEST_CASE("failback: the plan is the journal after the point plus the provider's
   REQUIRE(d->mt->StartFailback("acme", "a").status().code() == Code::kInvalidArgument);
 
   REQUIRE(d->mt->Failover("acme", "a", 3, 0).ok());
+  {
+    // The session tells the PS at once that the volume it has open is fenced
+    // (issue 38 F1), once, unasked.
+    auto n = ch->Receive(kTimeout);
+    REQUIRE(n.ok());
+    auto* nack = std::get_if<proto::Nack>(&*n);
+    REQUIRE(nack != nullptr);
+    CHECK(nack->volume_id == a);
+    CHECK(proto::IsFailedOverNack(*nack));
+  }
   auto dev = d->mt->PromotedDevice("acme", "a");
   REQUIRE(dev != nullptr);
   // The provider writes blocks 0 and 7.
@@ -1161,4 +1171,51 @@ TEST_CASE("one master target per data_dir: a second one is refused while the fir
   first.mt->Stop();
   MasterTarget third(o);
   CHECK(third.Start().ok());
+}
+
+// Issue 38 F7: a volume the MT could not open (there: another MT held its
+// Ceph lock) left /status showing no volumes and no word of why.
+TEST_CASE("a volume the master target cannot open is shown refused in /status and a metric, until it opens",
+          "[server]") {
+  TempDir dir;
+  StreamGen gen(1 << 20, 5);
+  auto batches = gen.Batches(4, 6);
+  {
+    Daemon d(dir.path());
+    auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+    uint32_t vid = OpenVolume(*ch, OpenMsg("vm1", 1 << 20), 0);
+    for (auto& b : batches) REQUIRE(std::holds_alternative<proto::Ack>(Call(*ch, Batch(vid, b))));
+  }
+  const std::string index = dir.path() + "/tenants/acme/volumes/vm1/index.db";
+  const Bytes good = ReadFile(index);
+  REQUIRE(good.size() > 100);
+  {
+    std::ofstream f(index, std::ios::binary | std::ios::trunc);
+    f << std::string(4096, 'x');  // not a database
+  }
+  {
+    Daemon d(dir.path());
+    CHECK(d.mt->FindVolume("acme", "vm1") == nullptr);
+    auto st = Http(d.mt->control_port(), "GET", "/status", "", 200);
+    REQUIRE(st.at("volumes").as_array().empty());
+    const auto& refused = st.at("refused").as_array();
+    REQUIRE(refused.size() == 1);
+    CHECK(refused[0].at("tenant").as_string() == "acme");
+    CHECK(refused[0].at("volume").as_string() == "vm1");
+    CHECK(refused[0].at("cause").as_string() == "error");
+    CHECK(!refused[0].at("why").as_string().empty());
+    const std::string metrics = d.mt->registry().RenderPrometheus();
+    INFO(metrics);
+    CHECK(metrics.find("cdp_mt_volume_refused{cause=\"error\",tenant=\"acme\",volume=\"vm1\"} 1") !=
+          std::string::npos);
+  }
+  {
+    std::ofstream f(index, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(good.data()), std::streamsize(good.size()));
+  }
+  Daemon d(dir.path());
+  REQUIRE(d.mt->FindVolume("acme", "vm1") != nullptr);
+  auto st = Http(d.mt->control_port(), "GET", "/status", "", 200);
+  CHECK(st.at("refused").as_array().empty());
+  CHECK(st.at("volumes").as_array().size() == 1);
 }
