@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/daemon.h"
 #include "common/env.h"
 #include "common/log.h"
 
@@ -272,3 +273,24 @@ TEST_CASE("log levels parse and Where formats volume, peer and sequence", "[log]
 
 }  // namespace
 }  // namespace cdp
+
+// Found by fuzz/mt_tenants (issue 38): a CR between the name and the
+// separator made the separator part of the secret ("acme \r= s" gave the
+// secret "= s"); a CR is white space there as at the ends.
+TEST_CASE("tenant entries: every spelling gives the same name and secret, a CR included", "[config][tenants]") {
+  for (const char* line : {"acme:s3cret", "acme = s3cret", "acme s3cret", "acme \r= s3cret", "acme\r:s3cret\r",
+                           " acme\t=\ts3cret "}) {
+    INFO(line);
+    auto e = cdp::ParseTenantEntry(line);
+    REQUIRE(e.ok());
+    CHECK(e->first == "acme");
+    CHECK(e->second == "s3cret");
+  }
+  for (const char* bad : {"acme", "acme =", "acme \r=\r", "bad/name:s", ":s3cret"}) {
+    INFO(bad);
+    auto e = cdp::ParseTenantEntry(bad);
+    REQUIRE_FALSE(e.ok());
+    CHECK(e.status().code() == cdp::Code::kInvalidArgument);
+    CHECK(e.status().message().find("s3cret") == std::string::npos);  // the secret is never echoed
+  }
+}
