@@ -197,6 +197,25 @@ TEST_CASE("failover: the promoted point is a read-write export that survives kil
   CHECK(undo.output.find("is committed; undo is refused") != std::string::npos);
 }
 
+namespace {
+
+// Writes (RandomWrites `seed`, two passes of `count`, `flush_every`), the
+// tag t1, a drain, and a failover of the volume to t1.
+void FailOverAfterWrites(Cluster& c, uint32_t seed, int count, uint64_t flush_every) {
+  std::string w = RandomWrites(c.nbd_uri(), c.options().volume_size, seed, 2, count, flush_every, c.dir());
+  INFO(w);
+  REQUIRE(w.empty());
+  REQUIRE(c.Cdpctl({"tag", "t1"}).exit_code == 0);
+  bool drained = c.WaitDrained();
+  INFO(c.why());
+  REQUIRE(drained);
+  auto f = c.Cdpctl({"failover", c.options().volume, "--to", "t1"});
+  INFO(f.output);
+  REQUIRE(f.exit_code == 0);
+}
+
+}  // namespace
+
 TEST_CASE("failover fences the old primary, and undo before a commit resumes replication to a byte-identical replica",
           "[e2e][failover]") {
   RequireClients();
@@ -204,22 +223,13 @@ TEST_CASE("failover fences the old primary, and undo before a commit resumes rep
   INFO(c.why());
   REQUIRE(c.Start());
   const std::string vol = c.options().volume;
-  std::string w = RandomWrites(c.nbd_uri(), c.options().volume_size, 21, 2, 30, 2 << 20, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
-  REQUIRE(c.Cdpctl({"tag", "t1"}).exit_code == 0);
-  bool drained = c.WaitDrained();
-  INFO(c.why());
-  REQUIRE(drained);
-  auto f = c.Cdpctl({"failover", vol, "--to", "t1"});
-  INFO(f.output);
-  REQUIRE(f.exit_code == 0);
+  FailOverAfterWrites(c, 21, 30, 2 << 20);
   const uint64_t applied = MtApplied(c);
   REQUIRE(applied > 0);
   const std::string replica_sha = Sha256File(c.replica_path());
 
   // The old primary keeps writing: its stream is refused as failed over.
-  w = RandomWrites(c.nbd_uri(), c.options().volume_size, 22, 2, 30, 1 << 20, c.dir());
+  std::string w = RandomWrites(c.nbd_uri(), c.options().volume_size, 22, 2, 30, 1 << 20, c.dir());
   INFO(w);
   REQUIRE(w.empty());
   auto fenced = [&] {
@@ -263,7 +273,7 @@ TEST_CASE("failover fences the old primary, and undo before a commit resumes rep
   auto again = c.Cdpctl({"failover", vol, "--undo"});
   REQUIRE(again.exit_code == 0);
   CHECK(again.output == "volume " + vol + " is protecting; nothing to undo\n");
-  drained = c.WaitDrained(std::chrono::seconds(120));
+  bool drained = c.WaitDrained(std::chrono::seconds(120));
   INFO(c.why());
   REQUIRE(drained);
   CHECK(Sha256File(c.replica_path()) == Sha256File(c.source_path()));
@@ -288,16 +298,7 @@ TEST_CASE("failover: twenty restarts of the old site's process server and agent 
   INFO(c.why());
   REQUIRE(c.Start());
   const std::string vol = c.options().volume;
-  std::string w = RandomWrites(c.nbd_uri(), c.options().volume_size, 31, 2, 20, 1 << 20, c.dir());
-  INFO(w);
-  REQUIRE(w.empty());
-  REQUIRE(c.Cdpctl({"tag", "t1"}).exit_code == 0);
-  bool drained = c.WaitDrained();
-  INFO(c.why());
-  REQUIRE(drained);
-  auto f = c.Cdpctl({"failover", vol, "--to", "t1"});
-  INFO(f.output);
-  REQUIRE(f.exit_code == 0);
+  FailOverAfterWrites(c, 31, 20, 1 << 20);
   const std::string prefix = "failed over: volume " + vol + " failed over at the master target";
   auto fenced = [&] {
     auto a = VolumeStatus(c, Which::kAgent);
