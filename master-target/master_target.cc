@@ -114,7 +114,9 @@ void MasterTarget::Impl::NoteRefusedLocked(const std::string& tenant, const std:
   Refusal r;
   r.tenant = tenant;
   r.volume = name;
-  r.cause = why.message().find(" is locked by ") != std::string::npos ? "locked" : "error";
+  // kBusy: another master target holds the volume (the Ceph lock on its
+  // image or on its index, storage/ceph_env.h).
+  r.cause = why.code() == Code::kBusy ? "locked" : "error";
   r.message = why.ToString();
   const std::string key = Key(tenant, name);
   if (auto it = refused.find(key); it != refused.end() && it->second.cause != r.cause)

@@ -614,6 +614,11 @@ TEST_CASE("a volume failed over at the master target fences its agent at the PS,
   CHECK(Expect<cdp::proto::Ack>(*agent).durable_seq == 5);
   REQUIRE(cdp::testing::WaitUntil([&] { return !db1().at("fenced").as_string().empty(); }, 30s, 20ms));
   CHECK(std::string(db1().at("fenced").as_string()).rfind("failed over: volume db1 failed over", 0) == 0);
+  // The PS tells the agent unasked, within its session's receive timeout
+  // (issue 38 F1: an agent with nothing to send never learnt it otherwise).
+  auto notice = Expect<cdp::proto::Nack>(*agent);
+  CHECK(cdp::proto::IsFailedOverNack(notice));
+  CHECK(notice.volume_id == id);
   // From then on the agent's batches and opens are refused with the MT's text.
   REQUIRE(agent->Send(Batch(id, 6, 1)).ok());
   auto n = Expect<cdp::proto::Nack>(*agent);
