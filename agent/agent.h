@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Agent: the cdp-agent daemon as a library. It owns, for every protected
 // volume, a CaptureDevice (exported through one shared NbdServer) and a
 // Sender to the process server; plus the control/metrics HTTP server, every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent's configuration: option declarations for common/config.h and their
 // translation into AgentOptions (docs/agent.md lists every key).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Agent's failback steps (contract in agent.h; phases in site_state.h; the
 // pass in failback.h).
 #include <boost/json.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "agent/anomaly_detector.h"
 
 #include <lz4.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AnomalyDetector: ransomware detection on one protected volume's write
 // stream. Encryption in progress shows as a jump in the change rate made of
 // incompressible writes (the signal Zerto and NetApp ARP use), so the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BranchDevice: a read-only BlockDevice presenting the original site's image
 // as it was before failback — a filter over the live source volume (nbdkit
 // style): blocks saved in a BranchStore (agent/branch_store.h) read from the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BranchStore: the original site's saved branch during failback. Before
 // failback overwrites a block of the source volume with the provider's content,
 // the block's old content is saved here, so nothing the original site wrote

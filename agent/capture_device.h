@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CaptureDevice: the capture tap of one protected volume. A BlockDevice
 // (common/nbd_server.h) that the NbdServer exports; every WRITE, WRITE_ZEROES
 // and TRIM is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CaptureQueue: the ordered, memory-bounded queue of captured records of one
 // volume, between the capture tap (agent/capture_device.h) and the sender
 // (agent/sender.h). It owns the volume's *capture lock*: applying a write to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DirtyBitmap: the agent's persistent record of which regions (default 1 MiB)
 // of a volume may differ between the source and what the process server has
 // durably acknowledged. DRBD's activity log, in spirit:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Failback at the original site: one pass of `cdpctl failback` (runbook in
 // docs/recovery.md; the messages in common/protocol.h, "Failback"). A pass
 // brings the source volume level with the provider's promoted image wherever

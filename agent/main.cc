@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cdp-agent: protects block volumes behind an NBD capture tap and ships every
 // write to the process server. See docs/agent.md.
 #include <cstdio>

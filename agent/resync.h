@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Resync: brings the replica of one volume level with the source where the
 // dirty bitmap says it may differ (initial sync, crash recovery, bitmap-mode
 // healing, a full resync after lost history), shipping only the 4 KiB blocks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sender: ships one volume's captured records to the process server, and runs
 // the volume's resync (initial sync, crash recovery, bitmap-mode healing).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SiteState: what the original site remembers of a volume's failover story,
 // persisted per volume in <bitmap_dir>/<volume>.site (docs/formats/site-state.md),
 // replaced atomically (WriteFileAtomic) at each change:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Agent tap benchmark: fio --ioengine=nbd against the cdp-agent capture tap and
 # against `nbdkit file` on the same backing file, in the same run.
 #

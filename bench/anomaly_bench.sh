@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # anomaly_bench.sh: ransomware detection as it ships (issue #37), on the
 # product deployed by `cdp-loadgen cluster` (TLS, certificates, tokens):
 #

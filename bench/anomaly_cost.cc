@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // anomaly_cost: the CPU the agent's ransomware detector (agent/anomaly_detector.h)
 // adds per GB written, on loadgen's data (bench/anomaly_bench.sh prints it
 // beside the whole agent's CPU with detection on and off).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Flags of the C++ benchmarks under bench/: `--name VALUE` or `--name=VALUE`.
 //
 //   for (int i = 1; i < argc; ++i) {

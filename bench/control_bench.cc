@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // control_bench: latency of the operator's control operations (issue 17; the
 // metadata micro-benchmark table of the Ringer seed: mean of 1000 runs).
 //

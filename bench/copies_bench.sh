@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Copies benchmark (issue 16): the process server's shipping rate to ONE
 # master target (copies = 1) against its rate to TWO in parallel
 # (copies = 2, two `mt` keys), all daemons on this machine (loopback).

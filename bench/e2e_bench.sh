@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # End-to-end benchmark: all three daemons on this machine (loopback), one
 # volume, `cdp-loadgen churn` pushing writes through the agent's NBD export as
 # fast as the pipeline accepts them. Reports

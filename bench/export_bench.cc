@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // export_bench: read throughput and single-read latency of one NBD export, as
 // a remote reader of a recovery point feels them (issue 17; the tables of the
 // IBP/LoRS seed, Tables 5/6, and the sequential-read figure of Ringer).

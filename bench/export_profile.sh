@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # export_profile.sh: the server's work per read of a point-in-time export beside
 # `nbdkit file`, in counts that a busy machine does not disturb (the
 # investigation of issue 17: "where the export is slower than nbdkit file by

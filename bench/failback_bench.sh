@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Failback benchmark (issue #14): `cdpctl failback` of a volume against
 # `nbdcopy` of the whole promoted volume between the same endpoints (the
 # master target's NBD export -> the original site's disk), in the same run.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/lib.sh: sourced by the benchmarks that run the three daemons on this
 # machine (loopback): bench/e2e_bench.sh, bench/resync_bench.sh.
 #

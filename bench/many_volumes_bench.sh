@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Many-volumes benchmark (issue 15, "100 volumes"): the aggregate change rate
 # of N volumes through one agent, one process server and one master target
 # against the rate of one volume, all daemons on this machine (loopback), and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Micro-benchmark of the per-batch data-path primitives: CRC32C, XXH3, lz4 and
 // zstd on one encoded 1 MiB write-batch frame (256 records of 4 KiB), on the
 // realistic mixed data of loadgen/data.h and on random data, beside memcpy of the

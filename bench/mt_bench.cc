@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mt_bench: master-target apply throughput and I/O amplification.
 //
 // Applies a stream of write batches to a Volume on the POSIX Env in a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ps_bench: the process server's compress-and-ship stage, measured end to end
 // in-process: records already durable in a real spool (POSIX env, real files)
 // are read, framed, compressed by FrameChannel::Send with the volume's codec,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Resync benchmark (issue #13): the agent's block-granular resync and initial
 # sync against rsync and nbdcopy on the same images in the same run, and
 # `cdpctl verify` under load. All three daemons on this machine (loopback, TLS

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # rpo_bench.sh: RPO lag against link utilisation through `cdp-loadgen wanem` (root).
 #
 # usage: rpo_bench.sh BUILD_DIR [UTILISATIONS="30 40 50 60 70 80 90"] [SECONDS=60]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # seed_bench.sh: the seeds' remote-user measurements (issue 17), in one command:
 # bench/control_bench (control-operation latency, Ringer's table) and
 # bench/export_bench (reads of a point-in-time export beside `nbdkit file`,

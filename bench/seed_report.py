@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """seed_report.py: the tables and charts of bench/seed_bench.sh.
 
 Reads OUT_DIR/{control,chunks,seq,connect}.csv, writes OUT_DIR/*.svg (plain SVG

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // undo_bench: the master target's undo index at scale (issue #15): memory,
 // start-up time and point-in-time read rate against a volume with many undo
 // records.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cdpctl: the operator CLI. It talks to each daemon's control endpoint (JSON over
 // HTTP, common/http_server.h) and prints either human tables or the daemons'
 // JSON (--json).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cdpctl: see cdpctl/cdpctl.h.
 #include <iostream>
 #include <string>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The [ceph] tests of a Catch2 test binary: they run against the one Ceph test
 # cluster of a CTest run (scripts/ceph-micro.sh), which the fixture tests
 # storage:ceph-cluster-start / -stop (storage/tests/CMakeLists.txt) start before

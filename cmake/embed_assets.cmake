@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Turns files into a C++ source with their bytes (the dashboard's HTML, CSS,
 # JavaScript and SVG, master-target/dashboard.h): no network, no tool but CMake.
 #   cmake -DOUT=file.cc -DDIR=dir -DFILES=a.html,b.js -P embed_assets.cmake

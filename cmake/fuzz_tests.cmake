@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Short runs of every libFuzzer target (fuzz/targets.cmake) in CTest: fuzz.<name>,
 # LABELS fuzz. libFuzzer needs clang, so the targets come from a second build of
 # this tree with clang and -DCDP_FUZZ=ON in ${CMAKE_BINARY_DIR}/fuzz-clang (an

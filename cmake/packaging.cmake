@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Installation and Debian packages (`make package`, packaging/README.md).
 #
 # Every install rule of the project is here, each in one of four components,

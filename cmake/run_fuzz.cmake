@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # One short libFuzzer run, for CTest (cmake/fuzz_tests.cmake):
 #   cmake -DFUZZER=<binary> -DSEEDS=<seed dir> -DWORK=<scratch dir> -DRUNS=<n> -P run_fuzz.cmake
 # New corpus entries and any reproducer (crash-*, leak-*, oom-*, timeout-*) go

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Writes OUT (a header) with the project version and the git revision of
 # SOURCE_DIR, rewriting it only when the text changes (so only common/version.cc
 # recompiles after a commit). Run at build time by the cdp_version_info target.

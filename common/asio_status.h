@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one place where a boost::system::error_code (from Asio or Beast) becomes
 // a cdp::Status, as Status::FromErrno is for errno.
 //

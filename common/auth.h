@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Authentication primitives of the wire protocol's handshake (see
 // common/channel.h for the exchange and docs/formats/protocol.md for bytes).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BlockDevice: what an NBD export serves (common/nbd_server.h), and
 // FileBlockDevice, a device over a file or block device through the Env. The
 // agent's capture tap and the master target's point-in-time exports are

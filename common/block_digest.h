@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Block digests: how resync and online verify compare a range of a volume
 // without moving its bytes (docs/formats/protocol.md, "Block digests").
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ByteStream: a connected, reliable, ordered byte stream in both directions
 // (a TCP or unix-domain socket; later TLS), with blocking reads and writes
 // bounded by deadlines. FrameChannel (common/channel.h) speaks the frame

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FrameChannel: one connected stream socket (TCP, or a unix-domain socket)
 // speaking the OpenCDP frame protocol (common/protocol.h): Send() encodes a
 // message as a frame, Receive() returns the next message. Servers run one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Clock: the only way OpenCDP code reads time or waits, so that throttles,
 // timers and retention can be tested on a ManualClock.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Codecs: none, lz4, zstd(level), behind one interface.
 //
 // Compress() appends the compressed form of `in` to `*out`. Decompress() is

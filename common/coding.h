@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Little-endian fixed-width encoding, field by field (leveldb util/coding.h).
 // Never copy a struct onto the wire or the disk: encode each field with these.
 //

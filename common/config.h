@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Config: the one start-up configuration loader of every OpenCDP daemon.
 //
 // A daemon describes its options with Boost.Program_options, then calls

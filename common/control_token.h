@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Control tokens: who may call a daemon's control API (common/http_server.h).
 //
 // Every daemon has one admin token. It is made at first start (256 random bits

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CRC32C (Castagnoli), used to frame every wire and on-disk record.
 // Uses the SSE4.2 crc32 instruction when the CPU has it (checked once at run
 // time), else a portable table-driven implementation; both give the same value.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every daemon's main() shares: stop signals taken synchronously, and the
 // tenant credential lines of the PS and MT configs.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Env: the only way OpenCDP code reaches the file system (leveldb's Env).
 //
 // Durable structures (spool, journal, dirty bitmap, replica) are written through

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The POSIX Env: real files through pread/pwrite/fdatasync/fallocate.
 //
 // Every errno becomes a Status through Status::FromErrno with the path (and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers built on any Env, and the process-wide POSIX Env.
 #include <string>
 

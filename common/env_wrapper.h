@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EnvWrapper / FileWrapper: an Env and a File that forward every call to
 // another one (leveldb's EnvWrapper). A filter stacked on an Env -- a test
 // that holds syncs at a gate, one that fails writes half way, a benchmark

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FaultEnv: an Env wrapper that models durability exactly and injects errors
 // (leveldb's db/fault_injection_test.cc idea, generalised to pwrite, truncate,
 // punch-hole and renames).

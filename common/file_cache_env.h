@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FileCacheEnv: an Env filter that bounds how many files of its base Env are
 // open at once (leveldb's table cache, for every file), so that a daemon
 // serving thousands of volumes holds a fixed number of descriptors.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FrameInbox: receives a FrameChannel's messages on a thread of its own into a
 // bounded queue, so that a server decodes the next frames (TLS, decompression,
 // CRC, parsing) while it works on the last one, and can see which messages

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // XXH3 hashes (libxxhash): 64-bit for quick identity, 128-bit for region hashes
 // in resync and online verify. Thread safety: pure functions.
 #pragma once

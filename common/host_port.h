@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // HostPort: a network address as operators write it in configs and flags,
 // "host:port" or "[v6 address]:port", parsed in this one place for every
 // binary (daemon listeners and peers, cdpctl endpoints, loadgen URLs).

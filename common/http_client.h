@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // HTTP client: one synchronous HTTP/1.1 request, for cdpctl, loadgen and tests.
 //
 // Thread safety: HttpRequest() is reentrant; each call runs its own io_context.

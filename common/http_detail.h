@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal to common/http_server.cc and common/http_client.cc: the Beast
 // aliases and the limits both ends of our HTTP apply. Not for other users.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // HTTP routing: everything the control server (common/http_server.h) does with
 // a request between Beast's parser and the socket, as functions of their
 // inputs. The server's Session calls them; so do tests and the fuzzer

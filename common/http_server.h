@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // HTTP server: the operating and control surface of every daemon.
 //
 // One small HTTP/1.1 server (Boost.Beast over Asio, on its own io_context

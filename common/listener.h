@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Listener: the one place where OpenCDP accepts connections (nbdkit's
 // server/sockets.c is the model). It binds a TCP endpoint and/or a Unix-domain
 // socket, accepts on all of them in one poll(2) loop on its own thread, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Log: named spdlog loggers, one per component ("agent", "ps.spool", "sqlite").
 //
 //   auto log = cdp::log::Get("agent");

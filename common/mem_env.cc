@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The in-memory Env: POSIX semantics without a disk.
 //
 // Files are inodes shared by their name and by open handles: a renamed or

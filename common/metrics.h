@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Metrics: counters, gauges and histograms that a daemon exports as Prometheus
 // text (GET /metrics) and JSON (GET /metrics?format=json) through
 // common/http_server.h.

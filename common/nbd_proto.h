@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NBD protocol: constants, and pure parsers/encoders for the messages the
 // server exchanges (NetworkBlockDevice/nbd doc/proto.md). Everything here is
 // a pure function over byte spans: it knows nothing about sockets, so tests

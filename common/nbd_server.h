@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NbdServer: serves BlockDevices (common/block_device.h) over the Network
 // Block Device protocol. Connections come from the one Listener
 // (common/listener.h); the protocol parser is common/nbd_proto.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The site PKI of mutual TLS (common/tls_stream.h): one CA per site, one key
 // and certificate per daemon, made with the OpenSSL library (`cdpctl pki`).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The OpenCDP wire protocol: length-prefixed, checksummed frames carrying
 // typed messages between agent -> process server -> master target.
 // The byte-level format is documented in docs/formats/protocol.md.

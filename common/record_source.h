@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RecordSource: what a replication stream ships. One volume's records, in
 // sequence order, as the replication sender (common/replication_sender.h)
 // reads them; implemented by the agent's capture queue (agent/sender.h) and by

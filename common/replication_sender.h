@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ReplicationSender: the one replication sender. It ships the records of one
 // or more streams (volumes), each read from a RecordSource
 // (common/record_source.h), to one peer over one connection, kept alive and

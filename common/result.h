@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Result<T>: a value or a non-ok Status (an expected-like type).
 //
 //   Result<uint64_t> r = file->Size();

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RunDaemon: the one main() of the three daemons (cdp-agent,
 // cdp-process-server, cdp-master-target). Each main() is a DaemonSpec: its
 // name and config, how its options come from the config, and two hooks.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tenant-side encryption of a volume's blocks (`encryption = on` at the
 // agent; docs/encryption.md for the key hierarchy and what the provider sees,
 // docs/formats/tenant-key.md and docs/formats/protocol.md for the bytes).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Segment log: the on-disk mechanism shared by the process server's spool and
 // the master target's undo journal (leveldb's log::Writer / log::Reader idea).
 // Byte layout and version note: docs/formats/segment-log.md.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sqlite: a thin wrapper over sqlite3 for the state daemons keep (volume
 // catalogue, recovery points, tags, resync progress).
 //

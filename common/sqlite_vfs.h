@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EnvVfs: a sqlite VFS whose files are the files of a cdp::Env, so that a
 // database can live wherever an Env stores (a Ceph pool: storage/ceph_env.h;
 // an in-memory Env in tests) and not only on the local file system.

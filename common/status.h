@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Status: the outcome of an operation on the data path.
 //
 // A Status is either ok or carries a code and a message with context

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stream filters: ByteStreams that own the next stream down and forward to it,
 // in the style of nbdkit filters (filters/delay, filters/rate, filters/error).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Subprocess: the one way OpenCDP starts another program -- the agent's
 // freeze/thaw hooks, wanem's forwarder, the local cluster's daemons, and the
 // tests' commands.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Throttle: a token bucket in Mbit/s with an optional daily schedule, on a
 // cdp::Clock (so tests drive it with a ManualClock).
 //

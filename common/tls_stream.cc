@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "common/tls_stream.h"
 
 #include <openssl/bio.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TLS on the wire: mutual-certificate TLS 1.3 as one more layer of a
 // ByteStream stack (common/byte_stream.h), between the frame channel and the
 // transport (or a filter over it):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "common/version.h"
 
 #include "cdp_version_info.h"  // generated: CDP_PROJECT_VERSION, CDP_GIT_REVISION

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The version every binary reports with --version: the project version from
 // CMakeLists.txt and the git revision the build was made from ("unknown" for a
 // source tree without .git, "-dirty" appended for uncommitted changes).

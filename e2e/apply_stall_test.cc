@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A stalled apply is visible (issue 17): the master target's data directory
 // on a small real ext4 file system (a loop device; needs root), filled up
 // while replication runs. Its state says "stalled: no space" in /status and

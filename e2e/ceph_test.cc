@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // End to end on the Ceph backend (storage = ceph at the master target): the
 // real daemons over TLS, the replica, journal and index of the volume in RBD
 // images of the run's single-node test cluster (scripts/ceph-micro.sh).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every binary answers --version and --help, names an unknown option and exits
 // non-zero for it; and the dependency step finds nothing missing once `make`
 // has run it (so it never reaches apt again).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Copies to two sites (issue 16, tests 4 and 5): the process server ships the
 // volume to two real master targets in parallel, each from its own cursor in
 // the one spool (process-server/spooled_volume.h).

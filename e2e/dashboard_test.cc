@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The provider dashboard (master-target/dashboard.h) in headless Chromium,
 // driven through chromedriver (e2e/webdriver.h), against the real daemons
 // over TLS with two tenants (issue 17):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tenant-side encryption end to end (issue 16, tests 1-3; docs/encryption.md):
 // real daemons over TLS, real NBD clients. A distinctive plaintext written
 // through the agent appears nowhere at the process server or the master

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The example configuration files of docs/examples/ are real: each daemon is
 // started from its example, with only host names, ports, paths and devices
 // replaced by scratch ones, and must come up and replicate (so a key renamed in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // End-to-end failback and re-protect (issue 14): real daemons over TLS,
 // cdpctl, real NBD clients, ext4 through nbdfuse + loop.
 //   - test 1: ext4 protected; a tag; more files written at the original site

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // End-to-end failover (issue 14, first slice): real daemons over TLS, cdpctl,
 // real NBD clients.
 //   - the promoted point is a persistent read-write export: written with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A real filesystem on the protected volume: nbdfuse exposes the agent's NBD
 // export as a file, losetup makes it a block device, mkfs.ext4 + mount + a
 // tree of files + unmount, then a tag. The export of that tag, attached the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Filesystem helpers of the e2e tests: a volume's NBD export as a block
 // device (nbdfuse + losetup), undone in reverse order even when a REQUIRE
 // fails half-way, and a deterministic tree of files to write and check.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // E2E harness: runs the real daemon binaries (cdp-master-target,
 // cdp-process-server, cdp-agent) on 127.0.0.1 with free ports and a scratch
 // directory, drives them with cdpctl and real NBD clients, and waits on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The history lock and the rollback that keeps what it rewinds, on the real
 // daemons with TLS and tokens (issue #37, DESIGN.md invariants 9 and 10):
 //   1. a flood of writes through the agent (10x retention.max_bytes) drops no

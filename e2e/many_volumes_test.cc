@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Many volumes (issue 15, "100 volumes"): one agent protecting kVolumes
 // volumes through one process server and one master target, every link over
 // TLS with the cluster's own site PKI. Each volume gets writes through the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The monitoring the packages ship (packaging/prometheus, packaging/grafana):
 // the alert rules pass promtool, and every metric the rules and the dashboard
 // name is exported by a running daemon.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Security at the NBD ports, against the real daemons (loadgen/local_cluster.h)
 // with real clients (nbdinfo, libnbd):
 //   2. the agent's tap is a Unix socket of mode 0660 that an unprivileged user

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Debian packages as an operator meets them (packaging/test_packages.sh):
 // built by cpack from this build tree, lintian without errors, installed with
 // dpkg here, units verified, removed (configuration and data kept), purged

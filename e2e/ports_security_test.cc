@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Security at the control ports, against the real daemons (issue #12, tests 1
 // and 5), each with the admin token it made at its first start:
 //   1. a control POST without a token is 401 (and runs nothing), a wrong Host

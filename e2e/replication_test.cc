@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // End-to-end replication: real daemons, real NBD clients, cdpctl.
 //   invariant 3 (replica == source after catch-up), 2 and 4 (every tag point
 //   reproduces the source at that point, by export and by rollback), 1 and 6

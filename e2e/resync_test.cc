@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // End-to-end resync: the agent is killed with kill -9 in the middle of a
 // full resync and resumes where it was; the replica ends equal to the source.
 #include <catch2/catch.hpp>

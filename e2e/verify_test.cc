@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Online verify (issue #13): `cdpctl verify` against real daemons while a real
 // NBD client keeps writing reports no difference that is not there, finds the
 // one 4 KiB block rotted behind the master target's back, and --repair mends it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // WebDriver: a headless Chromium driven through chromedriver (the W3C
 // WebDriver protocol: JSON over HTTP on loopback), for the dashboard's e2e
 // test (e2e/dashboard_test.cc). Debian packages chromium and chromium-driver

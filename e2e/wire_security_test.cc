@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Security on the wire, against the real daemons running over TLS with the
 // certificates their cluster made (loadgen/local_cluster.h):
 //   1. at the PS and at the MT, a clear-text client, a certificate from another

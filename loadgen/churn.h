@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Churn: drive a target change rate (bytes per second) against a volume.
 //
 //   cdp-loadgen churn --target nbd://HOST:PORT/EXPORT|nbd+unix:///EXPORT?socket=PATH|FILE --rate MB/s --duration S

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Realistic mixed test data for load generation (and for bench/, which links
 // cdp_loadgen for it: bench depends on loadgen, never the other way round).
 //

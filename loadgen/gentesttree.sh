@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # gentesttree.sh: the seed's gentesttree.bat loop (seeds/004, appendix A) for OpenCDP.
 #
 #   :loop1

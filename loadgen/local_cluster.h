@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LocalCluster: the whole product on loopback -- a real cdp-master-target,
 // cdp-process-server and cdp-agent protecting one sparse volume, in one
 // directory, on free ports. The one local-cluster harness: the e2e tests

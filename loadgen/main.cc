@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cdp-loadgen: the change-rate tool operators use to size WAN links.
 // Subcommands: tree, churn, plan, record, sweep, wanem (docs/loadgen.md).
 #include <cerrno>

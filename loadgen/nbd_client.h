@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NbdClient: a small Network Block Device client for load generation, the
 // writing side of what common/nbd_server.h serves (NetworkBlockDevice/nbd
 // doc/proto.md; docs/formats/nbd.md lists what our server implements).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Pacer: a token bucket on a cdp::Clock that holds a byte rate.
 //
 // Tokens (bytes) accrue at `rate` per second up to `burst`. Reserve(n) takes n

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Plan: turn a churn profile into a WAN sizing report.
 //
 // Definitions (all checked by plan_test.cc against hand-computed profiles):

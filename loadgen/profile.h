@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Churn profile: bytes written per interval over time, the input of `plan`.
 //
 // CSV format (docs/loadgen.md, docs/formats/churn-profile.md), version 1:

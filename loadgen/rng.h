@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Deterministic random numbers for load generation: SplitMix64 (a small,
 // seedable generator whose output depends only on the seed and the number of
 // calls) and a Zipf sampler over [0, n) (Gray et al., "Quickly generating

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scrape: read daemons' Prometheus /metrics, and record a churn profile.
 //
 // ParsePrometheusText() reads the text exposition format 0.0.4 that

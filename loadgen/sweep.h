@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sweep: the seed's characterization experiment (seeds/004, appendix A) on
 // OpenCDP, and the tables and charts it produced.
 //

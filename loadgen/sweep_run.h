@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sweep driver: runs the seed's experiment (sweep.h) against a deployment.
 //
 //   for each size:  wait until the agent queue and PS backlog are empty

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test tree: the seed's GenerateTestTree (seeds/004, appendix A) for OpenCDP.
 //
 //   GenerateTestTree.exe <mode=0(write)|1(verify)> <size MB> <seed> <dest dir>

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # wan_bench.sh: process server -> master target goodput through `cdp-loadgen wanem` (root).
 #
 # usage: wan_bench.sh BUILD_DIR RATE_MBIT ONE_WAY_DELAY_MS CONNECTIONS [SECONDS]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # wan_deploy.sh: sourced by the WAN benchmarks (loadgen/wan_bench.sh,
 # bench/rpo_bench.sh). Starts a replicating deployment across `cdp-loadgen
 # wanem` (root): the master target in netns wan-b (10.77.0.2), the process

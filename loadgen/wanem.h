@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Wanem: an emulated WAN between two network namespaces (root only).
 //
 // This kernel has no netem, so the delay (and loss) come from a small TUN

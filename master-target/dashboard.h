@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Dashboard: the provider's web page, served by the master target's control
 // port (common/http_server.h) at /ui. Per tenant, each volume's state (a
 // stalled apply and a failover included), its RPO lag over the last hour, its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DigestStore: the leaf digests (common/block_digest.h) of a replica's current
 // image, in a file beside the replica (docs/formats/digest-store.md), kept up
 // to date as records are applied. A resync compares a volume's regions against

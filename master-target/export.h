@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PointInTimeDevice: a recovery point of a volume as an NBD BlockDevice
 // (common/nbd_server.h), served while replication goes on.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // HistoryLock: the window of a volume's recent history that nothing may drop
 // (DESIGN.md invariant 9; issue #37). A recovery point younger than the lock,
 // and the undo journal it needs, is kept whatever the byte budget, the tenant's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The undo journal of one replica volume: a segment log (common/segment_log.h)
 // holding, for every byte range a captured write overwrote, the bytes it held
 // before (an "undo record"). Byte format: docs/formats/journal.md, on top of

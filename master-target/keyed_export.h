@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KeyedExportDevice: an export of a sealed volume (tenant-side encryption,
 // common/seal.h) that serves plaintext, because the tenant handed the
 // volume's keys to it (`cdpctl export VOLUME@POINT --key-file`, or

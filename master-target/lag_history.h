@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LagHistory: the recent RPO lag of one volume at the master target, for the
 // dashboard's sparkline (GET /v1/lag, master-target/mt_control_api.h).
 //

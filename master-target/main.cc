@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cdp-master-target: the provider-side daemon. See master-target/master_target.h for
 // the protocol and control API, docs/recovery.md for operating it.
 #include "common/run_daemon.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MasterTarget: the provider-side daemon core — accepts process servers over
 // TCP, applies their write batches to per-tenant replica volumes (ReplicaVolume), and
 // serves the control API and point-in-time NBD exports.

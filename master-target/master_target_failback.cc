@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MasterTarget's failback steps (contract in master_target.h; the volume's
 // states in replica_volume.h).
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The master target daemon's shared state (MasterTarget::Impl), internal to
 // master-target/: the open volumes by tenant, the NBD exports, the listener,
 // the HTTP server, the retention thread and the metrics. Its members are

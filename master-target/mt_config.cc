@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "master-target/mt_config.h"
 
 #include "common/control_token.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The master target's configuration: option declarations for common/config.h
 // and their translation into MasterTargetOptions (docs/recovery.md and
 // docs/examples/master-target.conf show the keys).

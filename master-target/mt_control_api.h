@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Control API of the master target: the HTTP routes over the daemon's
 // volumes and exports. Implemented by MasterTarget::Impl::AddRoutes and its
 // JSON helpers (control_api.cc); the handlers run on the HTTP server's

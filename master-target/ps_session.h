@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PS session: one process-server connection at the master target, from the
 // handshake to EOF — VolumeOpen, WriteBatch, HashRequest and Heartbeat on a
 // FrameChannel. Implemented by MasterTarget::Impl::Serve (ps_session.cc),

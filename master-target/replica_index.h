@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Replica index: the sqlite half of a master-target ReplicaVolume's state — the
 // volume row (identity, applied sequence, committed journal position, horizon,
 // state), the journal segments and the recovery points. Its format is written

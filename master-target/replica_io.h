@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ReplicaIo: the batched reads and writes of apply into the replica file,
 // through two handles of it (issue #15, "random-write apply"):
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ReplicaVolume: one replicated volume at the master target — its replica file, its
 // undo journal (master-target/journal.h), its sqlite index (volume row,
 // journal segments, recovery points; docs/formats/mt-index.md) and the

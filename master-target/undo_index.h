@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // UndoIndex: the on-disk index of a volume's undo journal that answers
 // point-in-time reads: "for each byte of [offset, offset+len), which undo record
 // holds its content as of recovery point P?" — the oldest undo record with

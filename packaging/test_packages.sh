@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The Debian packages (cmake/packaging.cmake), as an operator meets them:
 # built from the build tree with cpack, checked by lintian (no errors),
 # installed with dpkg on this machine, their units checked with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Agent session: one agent connection at the process server, from the
 // handshake to EOF — VolumeOpen, WriteBatch (spooled, acked once durable),
 // HashRequest (forwarded to the master target), the failback requests

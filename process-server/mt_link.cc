@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "process-server/mt_link.h"
 
 #include "common/log.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MtLink: the process server's connection to the master target for one
 // tenant (kept alive, reconnected), shipping the spools of the volumes
 // assigned to it. Shipping is the one replication sender

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "process-server/process_server.h"
 
 #include <boost/json.hpp>

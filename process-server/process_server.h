@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ProcessServer: the enterprise-site daemon between agents and the master target.
 //
 // The agent-facing protocol is in process-server/agent_session.h, the control

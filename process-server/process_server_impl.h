@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The process server's shared state (ProcessServer::Impl), internal to
 // process-server/: the open volumes (spool + counters) by tenant, the MT links
 // per tenant, the agent listener, the HTTP server and the computed metric

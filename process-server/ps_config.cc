@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "process-server/ps_config.h"
 
 #include "common/codec.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The process server's configuration: option declarations for
 // common/config.h and their translation into ProcessServerOptions.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "process-server/ps_control_api.h"
 
 #include <boost/json.hpp>

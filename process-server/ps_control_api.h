@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Control API of the process server: the HTTP routes over its volumes and
 // throttle. Implemented by ProcessServer::StartControl, VolumesJson and
 // StatusJson (control_api.cc); the handlers run on the HTTP server's threads.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Spool: the process server's durable per-volume cache of captured writes.
 //
 // One Spool per (tenant, volume), in its own directory. It is a segment log

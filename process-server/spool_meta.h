@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The small files beside a volume's spool (docs/formats/spool.md), each one
 // record written whole with WriteFileAtomic and ending in a CRC32C of all
 // before it; what each means to the process server: spooled_volume.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SpooledVolume: one (tenant, volume) at the process server: its spool, the
 // VolumeOpen it was created with (persisted as volume.meta beside the spool so
 // the backlog can be shipped after a restart before the agent reconnects), its

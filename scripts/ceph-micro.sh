@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A single-node Ceph cluster for tests: one monitor and one OSD on memstore, bound to
 # 127.0.0.1 only, cephx on, one pool initialised for RBD. No kernel module, no systemd,
 # no root needed: every file lives under DIR, every daemon is started here and stopped here.

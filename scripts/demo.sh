@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # OpenCDP demo (`make demo`): the whole product on loopback in a temp dir.
 #
 #   bash scripts/demo.sh BUILD_DIR

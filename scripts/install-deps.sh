@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian packages OpenCDP needs, asking apt only for what is missing.
 # As root it installs them; otherwise it prints the exact command to run.
 # --check: only print what is missing (exit 1), never touch apt.

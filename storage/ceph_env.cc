@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "storage/ceph_env.h"
 
 #include <rados/librados.h>

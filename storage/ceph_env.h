@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CephEnv: an Env (common/env.h) whose files are RBD images in one Ceph pool,
 // the master target's storage backend on Ceph (docs/operations.md, "The
 // master target on a Ceph pool"). Everything the master target keeps of a

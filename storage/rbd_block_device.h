@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RbdBlockDevice: an RBD image as a BlockDevice (common/block_device.h), so
 // the NbdServer (common/nbd_server.h) can export it like a file, and every
 // layer written against BlockDevice (capture tap, copy-on-write overlay,

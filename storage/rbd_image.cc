@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "storage/rbd_image.h"
 
 #include <rados/librados.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ceph access for the master target: a connection to a cluster (RadosCluster),
 // a pool in it (RadosPool: RBD images by name, and small RADOS objects for
 // state blobs) and an open RBD image (RbdImage: read, write, discard, flush,

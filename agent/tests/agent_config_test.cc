@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent's config keys and their translation (agent/agent_config.h).
 #include "agent/agent_config.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // agent_sink: a BENCHMARK/TEST HARNESS, not shipped. Runs the test peer
 // (agent/tests/test_peer.h) as a standalone process so that bench/agent_bench.sh
 // can measure the agent with its sender active against a peer that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The whole agent: real NBD clients (nbdinfo, qemu-io, nbdcopy) against the
 // tap with a test peer behind it ([e2e]); tags across volumes with the freeze
 // hook; the device's own range checks.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AnomalyDetector: a jump in change rate made of incompressible writes fires
 // once per hold-off; what looks like normal work (already-incompressible
 // volumes, big compressible copies, slow encryptors, the learning period)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BranchStore (the original site's saved branch during failback) and
 // BranchDevice (its read-only image over the live source volume).
 #include "agent/branch_store.h"

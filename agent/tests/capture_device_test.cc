@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CaptureDevice::DigestAtQuietPoint (online verify): a range is hashed in a
 // window with no write into it, and the digests it returns are the image at
 // the sequence it names; what cannot be compared now is busy, never a digest.

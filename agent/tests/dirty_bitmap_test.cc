@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "agent/dirty_bitmap.h"
 
 #include <catch2/catch.hpp>

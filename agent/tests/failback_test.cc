@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Failback at the original site (agent/failback.h, agent/site_state.h): a
 // pass against a test peer that answers the failback messages from a known
 // provider image, the site state file, the tap's write fence, and the

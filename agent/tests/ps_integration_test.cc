@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent against the real process server library (cdp_ps), with no master
 // target behind it: every captured record becomes durable in the spool and is
 // acknowledged; hash requests cannot be answered (resync pauses, shipping goes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The capture tap + sender against a test peer (agent/tests/test_peer.h):
 // mode transitions under a slow peer, resync by hash comparison, resync after
 // a crash with a dirty bitmap.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TEST HARNESS ONLY (not shipped): a minimal process-server *peer* for the
 // agent's tests, built on the real FrameChannel + ServerHandshake. It accepts
 // agent connections on 127.0.0.1 (ephemeral port), answers VolumeOpen with its

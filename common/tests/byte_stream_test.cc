@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ByteStream transports (TCP, unix, socketpair) and the stream filters
 // (throttle, fault), alone and under a FrameChannel.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FrameChannel over loopback TCP and unix sockets, the handshake, the auth
 // primitives and the Asio error mapping.
 #include <catch2/catch.hpp>

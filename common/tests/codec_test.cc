@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CRC32C, XXH3 and codec behaviour: both CRC paths agree, known vectors,
 // round trips, and refusal of bombs, short and damaged inputs.
 #include <catch2/catch.hpp>

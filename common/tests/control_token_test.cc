@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Control tokens (common/control_token.h), request parameters (http::Params)
 // and the HTTP server's authentication of every route.
 #include <sys/stat.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Env behaviour, run identically on the POSIX Env (in a mkdtemp directory),
 // the in-memory Env and FaultEnv wrappers; then the FaultEnv durability model
 // and error injection.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GatedEnv: an Env whose File::Sync calls can be held at a gate, so that a
 // test can see what piles up behind a sync in progress (group commits).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one host:port parser every binary uses.
 #include <catch2/catch.hpp>
 

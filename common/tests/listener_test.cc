@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one listener: caps in total and per peer, EMFILE survival, both socket
 // kinds, clean stop with live connections. Real sockets on loopback.
 #include <arpa/inet.h>

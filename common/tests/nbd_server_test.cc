@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the NBD server: the pure parsers byte by byte, the server through a
 // raw socket client (exact error codes, pipelining, caps, bad handshakes),
 // and real clients (nbdinfo, qemu-io, nbdcopy) tagged [e2e].

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The site PKI (common/pki.h) seen through OpenSSL itself: file modes, the
 // X.509 contents (extensions, key, signature, serial), chain verification with
 // an X509_STORE, and IdentityOf on subjects built by hand. TLS over these

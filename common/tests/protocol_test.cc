@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Wire protocol: byte layout, round trips of every message, incremental
 // decoding, bit flips, truncation, absurd lengths and name validation.
 #include <catch2/catch.hpp>

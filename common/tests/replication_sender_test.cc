@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one replication sender against a scripted peer on loopback (the real
 // FrameChannel, handshake and listener): ordered delivery of several streams
 // over one connection, resume at the peer's durable sequence after a dropped

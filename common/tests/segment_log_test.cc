@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // common/segment_log: names, the segment header, record framing, the writer,
 // and the scanner's torn-tail vs corruption verdicts, on MemEnv and FaultEnv
 // (a crash at every sync point).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // EnvVfs: a sqlite database whose files are the files of a cdp::Env. On the
 // in-memory Env (nothing reaches the disk) and on a FaultEnv, whose power cut
 // at every sync point must leave exactly the committed transactions.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one process spawner: exit statuses, signals, exec failures named,
 // output to a file or captured, deadlines that kill the whole process group,
 // and no child left behind.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The test suite's own hygiene. CTest registers each Catch2 test by its name
 // and splits a name at ';' (a CMake list separator): such a test becomes two
 // entries that match nothing, and fails (or, before --warn NoTests, passed

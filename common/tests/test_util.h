@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test helpers: run an external command with a deadline and capture its
 // output; create a scratch directory; wait for a condition with a deadline. Used by tests that drive real clients
 // (qemu-io, nbdinfo, nbdcopy...).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The site PKI (common/pki.h) and TLS as a byte-stream layer
 // (common/tls_stream.h), over in-process stream pairs and real sockets.
 #include <sys/stat.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers for loadgen tests, on the project's (common/tests/test_util.h).
 #pragma once
 

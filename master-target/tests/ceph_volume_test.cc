@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ReplicaVolume on the Ceph backend (storage/ceph_env.h, the index through
 // sqlite's EnvVfs), against the real single-node cluster of
 // scripts/ceph-micro.sh ([ceph][e2e]): randomized apply with every point

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Failover at the master target (issue 14, first slice): the volume's
 // failed-over state and the promoted export's persistent overlay.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The history lock (master-target/history_lock.h) and the rollback that keeps
 // what it rewinds (ReplicaVolume::Rollback): DESIGN.md invariants 9 and 10,
 // issue #37.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LagHistory (master-target/lag_history.h): fixed buckets over a window, the
 // largest lag per bucket, nothing older than the window, fixed memory.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The master target daemon core on loopback: the process-server protocol
 // (handshake, VolumeOpen, WriteBatch acks/nacks, hashes, heartbeats), tenant
 // isolation, the control API, and point-in-time exports read by real NBD

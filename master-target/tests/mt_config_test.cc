@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The master target's config keys and their translation (master-target/mt_config.h).
 #include "master-target/mt_config.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test helpers for the master target: a temporary directory on the real file
 // system (sqlite needs one), record builders, and a reference model of a
 // volume that keeps the image after every sequence.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Recovery points carry the time the protected host wrote them (issue 38 F4):
 // two copies fed the same stream at different moments, in different
 // batches, list the same points with the same ids and times; retention and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ReplicaIo and apply through O_DIRECT (issue #15): byte equality against a
 // reference after random aligned and unaligned records, on a strict
 // in-memory direct Env (alignment enforced, crash at every sync point) and

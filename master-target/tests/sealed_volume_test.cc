@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A sealed volume at the master target (tenant-side encryption,
 // common/seal.h): sealed records are applied, journaled, read at every point,
 // rolled back and hashed with their MACs; the keyed export serves plaintext

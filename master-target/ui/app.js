@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The provider dashboard (master-target/dashboard.h). Everything it shows
 // comes from the control API with the tab's token (Authorization: Bearer);
 // it is redrawn every few seconds. No inline script or style (CSP): the DOM

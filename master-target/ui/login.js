@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sign-in (master-target/dashboard.h): the token typed in, or from the URL
 // fragment (#token=...), is checked by POST /ui/session, which sets the
 // session cookie for GET /ui; the page keeps it in this tab's sessionStorage

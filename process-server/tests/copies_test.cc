@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Copies at the process server (process-server/spooled_volume.h): one spool,
 // one cursor per master target; the spool releases only what every copy
 // acknowledged, the cursors persist, the quota follows the slowest copy, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // End to end through the real master target (cdp_mt, in-process) over
 // loopback TCP: an agent client streams writes into the process server, which
 // spools and ships them; the master target and then the process server are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The agent-facing contract of the process server (server.h), exercised over
 // real loopback TCP with the real channel and handshake. The master target is
 // absent here (its address refuses connections): the spool side must work alone.

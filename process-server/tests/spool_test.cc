@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "process-server/spool.h"
 #include "process-server/spooled_volume.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "storage/tests/ceph_cluster.h"
 
 #include <unistd.h>

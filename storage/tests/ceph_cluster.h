@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Ceph test cluster of a storage test process (scripts/ceph-micro.sh).
 //
 // Under CTest the cluster is started once for the whole run by the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The test cluster of scripts/ceph-micro.sh itself: what the script promises.
 #include "storage/tests/ceph_cluster.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CephEnv against the real single-node cluster of scripts/ceph-micro.sh
 // ([ceph][e2e]): the Env contract on RBD images, the size kept across
 // connections, directories, removal of an open file, fencing by the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RbdBlockDevice: an RBD image behind the BlockDevice interface, called
 // directly and exported by the NbdServer to a real client (qemu-io).
 #include "storage/rbd_block_device.h"

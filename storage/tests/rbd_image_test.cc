@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RadosCluster, RadosPool and RbdImage against the real single-node cluster
 // of scripts/ceph-micro.sh ([ceph][e2e]), plus the error mapping alone.
 #include "storage/rbd_image.h"
