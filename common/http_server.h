@@ -69,6 +69,8 @@ namespace cdp::http {
 struct Caller {
   bool admin = false;  // an admin token: every object of the daemon
   std::string tenant;  // a tenant token: only this tenant's objects ("" for admin)
+  // The one scope rule: the admin sees every tenant's objects, a tenant its own.
+  bool Sees(const std::string& owner) const { return admin || owner == tenant; }
 };
 
 struct Request {

@@ -173,7 +173,7 @@ void MasterTarget::Impl::AddRoutes() {
       json::array vols;
       std::lock_guard<std::mutex> lk(vol_mu);
       for (auto& [k, e] : volumes) {
-        if (r.caller.admin || e->tenant == r.caller.tenant) vols.push_back(VolumeJson(*e));
+        if (r.caller.Sees(e->tenant)) vols.push_back(VolumeJson(*e));
       }
       return http::Response::Json(200, json::object{{"volumes", vols}});
     });
@@ -182,7 +182,7 @@ void MasterTarget::Impl::AddRoutes() {
     return WithParams(r, {}, [&](const http::Params&) -> Result<http::Response> {
       json::array tenants;
       for (const auto& [t, secret] : o.tenants) {
-        if (r.caller.admin || t == r.caller.tenant) tenants.push_back(json::value(t));
+        if (r.caller.Sees(t)) tenants.push_back(json::value(t));
       }
       return http::Response::Json(200, json::object{{"admin", r.caller.admin},
                                                     {"tenant", r.caller.tenant},
@@ -268,7 +268,7 @@ void MasterTarget::Impl::AddRoutes() {
       if (!r.caller.admin) {
         std::lock_guard<std::mutex> lk(export_mu);
         auto it = exports.find(*name);
-        if (it == exports.end() || it->second.tenant != r.caller.tenant) return Status::NotFound("no export " + *name);
+        if (it == exports.end() || !r.caller.Sees(it->second.tenant)) return Status::NotFound("no export " + *name);
       }
       CDP_RETURN_IF_ERROR(mt->StopExport(*name));
       return http::Response::Json(200, json::object{{"removed", *name}});
@@ -279,7 +279,7 @@ void MasterTarget::Impl::AddRoutes() {
       json::array out;
       std::lock_guard<std::mutex> lk(export_mu);
       for (auto& [name, x] : exports) {
-        if (!r.caller.admin && x.tenant != r.caller.tenant) continue;
+        if (!r.caller.Sees(x.tenant)) continue;
         out.push_back(json::object{{"export", name},
                                    {"tenant", x.tenant},
                                    {"volume", x.volume},
