@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+// The HTTP client of every command and the JSON helpers (commands.h).
+#include "cdpctl/commands.h"
+
+
+#include <boost/json.hpp>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "common/control_token.h"
+#include "common/host_port.h"
+#include "common/http_client.h"
+#include "common/pki.h"
+#include "common/protocol.h"
+#include "common/seal.h"
+#include "common/version.h"
+
+namespace cdp::ctl {
+
+
+Call Http(const Options& o, const Endpoint& ep, std::string_view method, const std::string& target,
+          const json::value& body) {
+  Call c;
+  std::string payload = body.is_null() ? std::string() : json::serialize(body);
+  http::ClientOptions co;
+  co.bearer_token = ep.token;
+  auto r = http::HttpRequest(ep.host, ep.port, method, target, payload, std::chrono::milliseconds(o.timeout_ms), co);
+  if (!r.ok()) {
+    c.error = r.status().ToString();
+    return c;
+  }
+  c.reached = true;
+  c.status = r->status;
+  boost::system::error_code ec;
+  c.body = json::parse(r->body, ec);
+  if (ec) c.body = nullptr;
+  if (c.status / 100 != 2) {
+    const json::object* o2 = c.body.if_object();
+    const json::value* e = o2 ? o2->if_contains("error") : nullptr;
+    c.error = (e && e->is_string()) ? std::string(e->as_string()) : r->body;
+  }
+  return c;
+}
+
+std::string Where(const Endpoint& ep) { return ep.host + ":" + std::to_string(ep.port); }
+
+// Percent-encodes a query value.
+std::string Q(std::string_view s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if (std::isalnum(ch) || ch == '-' || ch == '_' || ch == '.' || ch == '~') {
+      out += char(ch);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", ch);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+std::string TenantParam(const Options& o) { return o.tenant.empty() ? "" : "&tenant=" + Q(o.tenant); }
+
+double Num(const json::object& o, std::string_view key, double dflt) {
+  const json::value* v = o.if_contains(key);
+  if (!v) return dflt;
+  if (v->is_double()) return v->as_double();
+  if (v->is_int64()) return double(v->as_int64());
+  if (v->is_uint64()) return double(v->as_uint64());
+  return dflt;
+}
+
+std::string Str(const json::object& o, std::string_view key, std::string dflt) {
+  const json::value* v = o.if_contains(key);
+  if (v && v->is_string()) return std::string(v->as_string());
+  if (v && v->is_bool()) return v->as_bool() ? "yes" : "no";
+  return dflt;
+}
+
+std::string Bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+
+std::string Secs(double s) {
+  char buf[32];
+  if (s < 0) return "-";
+  if (s < 120) std::snprintf(buf, sizeof buf, "%.1fs", s);
+  else if (s < 7200) std::snprintf(buf, sizeof buf, "%.0fm%02.0fs", std::floor(s / 60), std::fmod(s, 60));
+  else std::snprintf(buf, sizeof buf, "%.1fh", s / 3600);
+  return buf;
+}
+
+const json::array* Volumes(const json::value& body) {
+  const json::object* o = body.if_object();
+  if (!o) return nullptr;
+  const json::value* v = o->if_contains("volumes");
+  return v ? v->if_array() : nullptr;
+}
+
+
+int Fail(std::ostream& err, const std::string& what, const Call& c) {
+  err << "cdpctl: " << what << ": " << (c.error.empty() ? "HTTP " + std::to_string(c.status) : c.error) << "\n";
+  return 1;
+}
+
+
+}  // namespace cdp::ctl

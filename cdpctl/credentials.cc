@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+// cdpctl pki, token, keys: certificates, control tokens and the tenant key
+// file (commands.h).
+#include "cdpctl/commands.h"
+
+
+#include <boost/json.hpp>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "common/control_token.h"
+#include "common/host_port.h"
+#include "common/http_client.h"
+#include "common/pki.h"
+#include "common/protocol.h"
+#include "common/seal.h"
+#include "common/version.h"
+
+namespace cdp::ctl {
+
+// pki issue --dir DIR --role agent|ps|mt --name NAME [--out PREFIX] [--days N]   (tenant: --tenant)
+// pki show CERT
+int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args[1] == "show" && args.size() != 3) return err << "cdpctl: pki show wants one CERT file\n", 2;
+  if (args[1] == "show") {
+    std::string not_after;
+    auto id = pki::IdentityOfFile(args[2], &not_after);
+    if (!id.ok()) return err << "cdpctl: " << id.status().ToString() << "\n", 1;
+    out << "role " << pki::RoleName(id->role) << "\ntenant " << (id->tenant.empty() ? "-" : id->tenant) << "\nname "
+        << id->name << "\nnot after " << not_after << "\n";
+    return 0;
+  }
+  std::map<std::string, std::string> flags;
+  for (size_t i = 2; i < args.size(); i += 2) {
+    static const std::set<std::string> known{"--dir", "--name", "--days", "--role", "--out"};
+    if (!known.count(args[i]) || i + 1 >= args.size()) {
+      err << "cdpctl: pki: unexpected '" << args[i] << "'\n";
+      return 2;
+    }
+    flags[args[i]] = args[i + 1];
+  }
+  if (!flags.count("--dir")) return err << "cdpctl: pki " << args[1] << " needs --dir DIR\n", 2;
+  const std::string dir = flags["--dir"];
+  int days = 0;
+  if (flags.count("--days")) {
+    const std::string& d = flags["--days"];
+    auto [p, ec] = std::from_chars(d.data(), d.data() + d.size(), days);
+    if (ec != std::errc() || p != d.data() + d.size() || days < 1) {
+      return err << "cdpctl: --days must be a positive number\n", 2;
+    }
+  }
+  if (args[1] == "init") {
+    pki::CaOptions co;
+    if (flags.count("--name")) co.name = flags["--name"];
+    if (days > 0) co.valid_days = days;
+    cdp::Status s = pki::InitCa(dir, co);
+    if (!s.ok()) return err << "cdpctl: " << s.ToString() << "\n", 1;
+    out << "site CA: " << dir << "/ca.crt (key " << dir << "/ca.key, mode 0600)\n";
+    return 0;
+  }
+  if (args[1] == "issue") {
+    if (!flags.count("--role") || !flags.count("--name")) {
+      return err << "cdpctl: pki issue needs --role agent|ps|mt and --name NAME\n", 2;
+    }
+    auto role = pki::ParseRole(flags["--role"]);
+    if (!role.ok()) return err << "cdpctl: " << role.status().message() << "\n", 2;
+    if (*role == pki::CertRole::kMasterTarget && !o.tenant.empty()) {
+      return err << "cdpctl: a master target certificate has no tenant: drop --tenant\n", 2;
+    }
+    if (*role != pki::CertRole::kMasterTarget && o.tenant.empty()) {
+      return err << "cdpctl: pki issue --role " << flags["--role"] << " needs --tenant T\n", 2;
+    }
+    pki::IssueOptions io;
+    io.identity = pki::Identity{*role, o.tenant, flags["--name"]};
+    if (days > 0) io.not_after_s = int64_t(days) * 86400;
+    std::string prefix = flags.count("--out") ? flags["--out"]
+                                              : dir + "/" + flags["--role"] + "-" +
+                                                    (o.tenant.empty() ? "" : o.tenant + "-") + flags["--name"];
+    cdp::Status s = pki::Issue(dir, io, prefix + ".key", prefix + ".crt");
+    if (!s.ok()) return err << "cdpctl: " << s.ToString() << "\n", 1;
+    out << "certificate: " << prefix << ".crt (key " << prefix << ".key, mode 0600)\n";
+    return 0;
+  }
+  err << "cdpctl: pki wants init, issue or show\n";
+  return 2;
+}
+
+// Tenant control tokens at the master target (admin token needed).
+int Token(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  const std::string& sub = args[1];
+  if (sub == "list" && args.size() == 2) {
+    Call c = Http(o, o.mt, "GET", "/v1/tokens");
+    if (!c.reached || c.status != 200) return Fail(err, "token list", c);
+    if (o.json) return out << json::serialize(c.body) << "\n", 0;
+    for (const auto& kv : c.body.as_object().at("tenants").as_object()) {
+      out << kv.key() << ": " << kv.value().to_number<uint64_t>() << " token(s)\n";
+    }
+    return 0;
+  }
+  if ((sub == "issue" || sub == "revoke") && args.size() == 2) {
+    if (o.tenant.empty()) return err << "cdpctl: token " << sub << " needs --tenant T\n", 2;
+    Call c = Http(o, o.mt, "POST", sub == "issue" ? "/v1/tokens" : "/v1/tokens/revoke",
+                  json::object{{"tenant", o.tenant}});
+    if (!c.reached || c.status != 200) return Fail(err, "token " + sub, c);
+    if (o.json) return out << json::serialize(c.body) << "\n", 0;
+    if (sub == "issue") {
+      // The token alone on stdout, so `cdpctl token issue --tenant T > t.token` makes a token file.
+      out << Str(c.body.as_object(), "token") << "\n";
+      err << "cdpctl: a control token for tenant " << o.tenant
+          << " (shown once; keep it in a file of mode 0600 and give it with --token-file)\n";
+    } else {
+      out << uint64_t(Num(c.body.as_object(), "revoked")) << " token(s) of tenant " << o.tenant << " revoked\n";
+    }
+    return 0;
+  }
+  err << "cdpctl: token wants issue, revoke or list\n";
+  return 2;
+}
+
+// keys init --out FILE | keys show FILE: the tenant key file (common/seal.h).
+int Keys(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args.size() == 4 && args[1] == "init" && args[2] == "--out") {
+    auto key = seal::GenerateTenantKey();
+    if (!key.ok()) return err << "cdpctl: " << key.status().message() << "\n", 1;
+    if (::cdp::Status s = seal::SaveTenantKey(DefaultEnv(), args[3], *key); !s.ok()) {
+      err << "cdpctl: " << s.message() << "\n";
+      return 1;
+    }
+    if (o.json) {
+      out << json::serialize(json::object{{"key_file", args[3]}, {"fingerprint", key->Fingerprint()}}) << "\n";
+      return 0;
+    }
+    out << "tenant key " << key->Fingerprint() << " written to " << args[3] << " (mode 0600)\n"
+        << "  Back it up now, away from this site and from the provider: without it no encrypted replica can\n"
+        << "  ever be read again (docs/encryption.md, \"Key backup\"). cdpctl keys show FILE checks a copy.\n";
+    return 0;
+  }
+  if (args.size() == 3 && args[1] == "show") {
+    auto key = seal::LoadTenantKey(DefaultEnv(), args[2]);
+    if (!key.ok()) return err << "cdpctl: " << key.status().message() << "\n", 1;
+    if (o.json) {
+      out << json::serialize(json::object{{"key_file", args[2]}, {"fingerprint", key->Fingerprint()}}) << "\n";
+    } else {
+      out << "tenant key " << key->Fingerprint() << " (" << args[2] << ")\n";
+    }
+    return 0;
+  }
+  err << "cdpctl: keys wants 'init --out FILE' or 'show FILE'\n";
+  return 2;
+}
+
+// verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s], options in any order.
+
+}  // namespace cdp::ctl
