@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the daemons' configuration loading (common/config.h),
 // with the process server's real option set (process-server/ps_config.h).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the HTTP control server's request handling
 // (common/http_router.h, common/http_server.h).
 //

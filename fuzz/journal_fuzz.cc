@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the undo journal's readers (master-target/journal.h):
 // what the master target reads from a replica's journal directory at start-up.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes a seed corpus for protocol_fuzz into the directory given as argv[1]:
 // one complete frame of every message type (frame-<type>) and the same
 // messages in the fuzzer's "type byte + payload" form (payload-<type>).

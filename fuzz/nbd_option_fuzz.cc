@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the NBD handshake parsers (common/nbd_proto.h): what a
 // client can send before transmission.
 //

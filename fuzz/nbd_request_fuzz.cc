@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the NBD transmission phase (common/nbd_proto.h): the
 // stream of request headers a client sends after the handshake, and the
 // validation every request gets before it may touch a device.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the wire protocol (see fuzz/README.md).
 //
 // Three properties, on every input:

@@ -1,14 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes the seed corpora of the fuzz targets (fuzz/targets.cmake) except
 // protocol (fuzz/make_seeds.cc): `fuzz_seeds DIR` fills DIR/<target>/ with a
 // few well-formed inputs of each, so that short runs start past the magics and
 // CRCs. Multi-file inputs are joined with fuzz::JoinFiles.
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/sha.h>
+#include <openssl/x509.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <array>
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/nbd_proto.h"
+#include "common/pki.h"
+#include "common/protocol.h"
+#include "common/seal.h"
 #include "common/segment_log.h"
 #include "fuzz/fuzz_util.h"
 #include "master-target/journal.h"
@@ -225,6 +239,243 @@ void Journal(const std::string& dir) {
   Write(dir, "zstd-not-a-frame", Cat(Bytes{0x02}, garbage));
 }
 
+
+// ---- control_token: admin token file | tenant token file | presented token.
+
+std::string Sha256Hex(std::string_view token) {
+  uint8_t d[32];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), d);
+  static const char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : d) {
+    s += kHex[b >> 4];
+    s += kHex[b & 15];
+  }
+  return s;
+}
+
+void ControlToken(const std::string& dir) {
+  const std::string admin = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n";
+  const std::string tenants = "# tenant control tokens (SHA-256 of each token): cdpctl token issue|revoke\n"
+                              "acme " + Sha256Hex("acme-token") + "\n"
+                              "beta " + Sha256Hex("beta-token-1") + "\n"
+                              "acme " + Sha256Hex("acme-token-2") + "\n";
+  Write(dir, "admin-only", B(admin));
+  Write(dir, "tenants", fuzz::JoinFiles({B(admin), B(tenants), B("acme-token")}));
+  Write(dir, "admin-bearer", fuzz::JoinFiles({B("  admin_Token-1 \r\nsecond line\n"), B("\n  # nothing\n\n"), B("admin_Token-1")}));
+  Write(dir, "same-digest-two-tenants",
+        fuzz::JoinFiles({B(admin), B("zeta " + Sha256Hex("shared") + "\r\nalpha \t" + Sha256Hex("shared") + "\n"), B("shared")}));
+  Write(dir, "bad-line", fuzz::JoinFiles({B(admin), B("acme " + Sha256Hex("x").substr(0, 63) + "G\n"), B("x")}));
+  Write(dir, "bad-admin", fuzz::JoinFiles({B("not a token!\n"), B(""), B("")}));
+}
+
+// ---- mt_tenants: a selector byte (bit 0: the whole loader), then parts.
+
+void MtTenants(const std::string& dir) {
+  const std::string file = "# provider tenants\n\nbeta = s3cret-beta\n  gamma:s3cret-gamma  \ndelta\tsecret=with=equals\r\n";
+  Write(dir, "fast-file-and-keys",
+        Cat(Bytes{0x00}, fuzz::JoinFiles({B(file), B("tacme:s3cret-acme\nqbeta:1GiB\ncgamma:3\nlacme=30d\n"
+                                                      "racme/db1=7d\nvbeta/logs=12h30m\ndacme\n")})));
+  Write(dir, "fast-keys-only", Cat(Bytes{0x02}, fuzz::JoinFiles({B(""), B("tacme = s3cret\ntbeta s3cret-b\nqacme:10G\n"
+                                                                           "cacme:19\nlbeta=1h\nvacme/db1=0s\n")})));
+  Write(dir, "fast-bad", Cat(Bytes{0x04}, fuzz::JoinFiles({B("acme:\nbad name:x\nacme:x\nacme:y\n"), B("qnobody:1G\n")})));
+  Write(dir, "loader",
+        Cat(Bytes{0x01}, fuzz::JoinFiles({B("tls = off\nnbd_tls = off\ntenant = acme:s3cret-acme\ntenants_file = /etc/opencdp/tenants\n"
+                                            "tenant_quota = beta:1GiB\ntenant_journal_compression = acme:5\n"
+                                            "tenant_retention_lock = beta=2d\nvolume_retention = acme/db1=7d\n"
+                                            "volume_retention_lock = acme/db1=1h\ndirect_agents = beta\n"
+                                            "[retention]\nlock = 12h\nmax_age = 30d\n"),
+                                          B("--tenant=gamma:s3cret-gamma\n--storage=ceph"), B(file)})));
+  Write(dir, "loader-help", Cat(Bytes{0x03}, fuzz::JoinFiles({B("tls = off\n"), B("--help")})));
+  // Regression: a CR between the name and the separator once left the
+  // separator in the secret ("acme \r= s" gave "= s", "acme = s" gives "s"),
+  // so the line did not read as its NAME:SECRET form (found by this target,
+  // session 22).
+  Write(dir, "tenant-cr-before-separator", Cat(Bytes{0x00}, B("acme \r= s3cret-acme\n")));
+  // Regression: an ambiguous flag whose token held a Boost placeholder made
+  // what() loop forever, growing (found by this target, session 22; fixed in
+  // common/config.cc, CommandLineError).
+  Write(dir, "flag-with-placeholder",
+        Cat(Bytes{0x01}, fuzz::JoinFiles({B("tls = off\n"), B("--t=s3cret-be%original_token%e")})));
+}
+
+// ---- key_file: the tenant key file's text (also offered as volume keys).
+
+void KeyFile(const std::string& dir) {
+  seal::TenantKey key;
+  for (size_t i = 0; i < key.bytes.size(); ++i) key.bytes[i] = uint8_t(i * 7 + 1);
+  const std::string text = seal::EncodeTenantKey(key);
+  Write(dir, "key", B(text));
+  std::string upper = text;
+  for (size_t i = upper.find('\n') + 1; i < upper.size(); ++i) upper[i] = char(std::toupper(upper[i]));
+  Write(dir, "key-upper-no-newline", B(upper.substr(0, upper.size() - 1)));
+  Write(dir, "key-crlf", B(text.substr(0, text.size() - 1) + "\r\n"));
+  auto vk = seal::DeriveVolumeKeys(key, "db1");
+  if (vk.ok()) Write(dir, "volume-keys", B(seal::EncodeVolumeKeys(*vk)));
+  seal::VolumeKeys same;
+  same.data.fill(0x11);  // XTS refuses equal halves
+  same.integrity.fill(0x22);
+  Write(dir, "volume-keys-equal-halves", B(seal::EncodeVolumeKeys(same)));
+}
+
+// ---- x509_identity: DER certificates.
+
+Bytes Der(X509* cert) {
+  unsigned char* p = nullptr;
+  int n = i2d_X509(cert, &p);
+  Bytes b;
+  if (n > 0) b.assign(p, p + n);
+  OPENSSL_free(p);
+  return b;
+}
+
+// A self-signed certificate with the subject entries given (NID, ASN.1 string
+// type, value), for subjects `cdpctl pki` would never make.
+Bytes SubjectCert(const std::vector<std::tuple<int, int, std::string>>& entries) {
+  EVP_PKEY* key = EVP_EC_gen("P-256");
+  X509* cert = X509_new();
+  Bytes out;
+  if (key != nullptr && cert != nullptr) {
+    X509_set_version(cert, 2);
+    ASN1_INTEGER_set(X509_get_serialNumber(cert), 7);
+    X509_gmtime_adj(X509_getm_notBefore(cert), 0);
+    X509_gmtime_adj(X509_getm_notAfter(cert), 86400);
+    X509_NAME* name = X509_get_subject_name(cert);
+    for (const auto& [nid, type, value] : entries) {
+      X509_NAME_add_entry_by_NID(name, nid, type, reinterpret_cast<const unsigned char*>(value.data()), int(value.size()), -1, 0);
+    }
+    X509_set_issuer_name(cert, name);
+    X509_set_pubkey(cert, key);
+    if (X509_sign(cert, key, EVP_sha256()) != 0) out = Der(cert);
+  }
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  return out;
+}
+
+void X509Identity(const std::string& dir) {
+  char tmpl[] = "/tmp/cdp-fuzz-seeds-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) {
+    std::fprintf(stderr, "fuzz_seeds: mkdtemp failed\n");
+    g_ok = false;
+    return;
+  }
+  const std::string pki_dir = std::string(tmpl) + "/pki";
+  auto der_of = [](const std::string& path) {
+    Bytes b;
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      if (X509* c = PEM_read_X509(f, nullptr, nullptr, nullptr)) {
+        b = Der(c);
+        X509_free(c);
+      }
+      std::fclose(f);
+    }
+    return b;
+  };
+  if (!pki::InitCa(pki_dir, pki::CaOptions{}).ok()) g_ok = false;
+  Write(dir, "ca", der_of(pki_dir + "/ca.crt"));
+  struct Issued {
+    const char* file;
+    pki::CertRole role;
+    const char* tenant;
+    const char* name;
+  };
+  for (const Issued& i : {Issued{"agent", pki::CertRole::kAgent, "acme", "host1"},
+                          Issued{"ps", pki::CertRole::kProcessServer, "acme", "ps-1.example"},
+                          Issued{"mt", pki::CertRole::kMasterTarget, "", "mt.example"}}) {
+    pki::IssueOptions o;
+    o.identity = pki::Identity{i.role, i.tenant, i.name};
+    const std::string base = std::string(tmpl) + "/" + i.file;
+    if (!pki::Issue(pki_dir, o, base + ".key", base + ".crt").ok()) g_ok = false;
+    Write(dir, i.file, der_of(base + ".crt"));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+
+  Write(dir, "two-roles", SubjectCert({{NID_commonName, MBSTRING_UTF8, "h"}, {NID_organizationName, MBSTRING_UTF8, "acme"},
+                                       {NID_organizationalUnitName, MBSTRING_UTF8, "agent"},
+                                       {NID_organizationalUnitName, MBSTRING_UTF8, "ps"}}));
+  Write(dir, "mt-with-tenant", SubjectCert({{NID_commonName, MBSTRING_UTF8, "mt"}, {NID_organizationName, MBSTRING_UTF8, "acme"},
+                                            {NID_organizationalUnitName, MBSTRING_UTF8, "mt"}}));
+  Write(dir, "bmp-names", SubjectCert({{NID_commonName, MBSTRING_BMP, std::string("\0h\0o\0s\0t", 8)},
+                                       {NID_organizationName, V_ASN1_PRINTABLESTRING, "acme"},
+                                       {NID_organizationalUnitName, V_ASN1_T61STRING, "agent"}}));
+  Write(dir, "utf8-tenant", SubjectCert({{NID_commonName, MBSTRING_UTF8, "host"}, {NID_organizationName, MBSTRING_UTF8, "acm\xc3\xa9"},
+                                         {NID_organizationalUnitName, MBSTRING_UTF8, "ps"}}));
+}
+
+// ---- frame_handshake: a flags byte (frame_handshake_fuzz.cc), then parts.
+
+Bytes Frame(const proto::Message& m, uint64_t seq) {
+  auto b = proto::EncodeMessage(m, seq);
+  if (!b.ok()) {
+    std::fprintf(stderr, "fuzz_seeds: %s\n", b.status().ToString().c_str());
+    g_ok = false;
+  }
+  return b.ok() ? *b : Bytes();
+}
+
+void FrameHandshake(const std::string& dir) {
+  std::array<uint8_t, 32> nonce;
+  for (size_t i = 0; i < nonce.size(); ++i) nonce[i] = uint8_t(0xa0 + i);
+  const Bytes hello = Frame(proto::Hello{proto::Role::kAgent, "acme", "host1", nonce}, 1);
+  const Bytes hello_ps = Frame(proto::Hello{proto::Role::kProcessServer, "acme", "ps-1", nonce}, 1);
+  const Bytes auth = Frame(proto::Auth{}, 2);
+  const Bytes open = Frame(proto::Heartbeat{}, 3);  // what a client sends next
+  // Server side.
+  Write(dir, "server-smart", Cat(Bytes{0x20}, fuzz::JoinFiles({hello, open})));
+  Write(dir, "server-smart-tls-ps-bytewise", Cat(Bytes{0x20 | 0x04 | 0x08 | 0x01}, fuzz::JoinFiles({hello_ps, {}})));
+  Write(dir, "server-tls-mismatch", Cat(Bytes{0x20 | 0x04 | 0x02}, fuzz::JoinFiles({hello_ps, {}})));
+  Write(dir, "server-wrong-proof", Cat(Bytes{0x03}, fuzz::JoinFiles({hello, auth})));
+  Write(dir, "server-unknown-tenant",
+        Cat(Bytes{0x20}, fuzz::JoinFiles({Frame(proto::Hello{proto::Role::kControl, "beta", "c", nonce}, 1), {}})));
+  Write(dir, "server-empty-secret", Cat(Bytes{0xa0}, fuzz::JoinFiles({hello, {}})));
+  Write(dir, "server-heartbeat-before-auth", Cat(Bytes{0x00}, Frame(proto::Heartbeat{}, 1)));
+  Write(dir, "server-two-hellos", Cat(Bytes{0x22}, Cat(hello, hello)));
+  // Client side: part 1 follows the client's Hello.
+  const Bytes accepted = Frame(proto::AuthResult{true, ""}, 2);
+  Write(dir, "client-smart", Cat(Bytes{0x60}, Cat(Bytes(nonce.begin(), nonce.end()), accepted)));
+  Write(dir, "client-smart-ps-tls-mt", Cat(Bytes{0x60 | 0x80 | 0x04 | 0x10 | 0x02}, Cat(Bytes(nonce.begin(), nonce.end()), accepted)));
+  Write(dir, "client-refused", Cat(Bytes{0x61}, Cat(Bytes(nonce.begin(), nonce.end()), Frame(proto::AuthResult{false, "no"}, 2))));
+  Write(dir, "client-forged-challenge", Cat(Bytes{0x40}, Frame(proto::Challenge{nonce, nonce}, 1)));
+  Write(dir, "client-tls-wrong-role", Cat(Bytes{0x40 | 0x80 | 0x04}, Frame(proto::Challenge{nonce, nonce}, 1)));
+}
+
+// ---- nbd_server: what a client sends after the server's greeting.
+
+void NbdServerSeeds(const std::string& dir) {
+  Bytes flags;
+  nbd::PutBE32(flags, nbd::kClientFlagFixedNewstyle | nbd::kClientFlagNoZeroes);
+  auto req = [](uint16_t type, uint16_t fl, uint64_t off, uint32_t len, uint64_t handle) {
+    nbd::Request r;
+    r.type = type;
+    r.flags = fl;
+    r.handle = handle;
+    r.offset = off;
+    r.length = len;
+    return nbd::EncodeRequest(r);
+  };
+  Bytes io = Cat(req(nbd::kCmdWrite, nbd::kCmdFlagFua, 4096, 16, 1), Bytes(16, 0xab));
+  io = Cat(io, req(nbd::kCmdRead, 0, 4096, 512, 2));
+  io = Cat(io, req(nbd::kCmdWriteZeroes, nbd::kCmdFlagNoHole, 0, 8192, 3));
+  io = Cat(io, req(nbd::kCmdTrim, 0, 8192, 4096, 4));
+  io = Cat(io, req(nbd::kCmdFlush, 0, 0, 0, 5));
+  const Bytes disc = req(nbd::kCmdDisc, 0, 0, 0, 6);
+  Write(dir, "go-io-disc", Cat(Cat(Cat(flags, Option(nbd::kOptGo, InfoData("db1", {nbd::kInfoName, nbd::kInfoDescription}))), io), disc));
+  Write(dir, "export-name-io", Cat(Cat(flags, Option(nbd::kOptExportName, B("acme/db2"))), io));
+  Write(dir, "list-info-abort",
+        Cat(Cat(Cat(Cat(flags, Option(nbd::kOptList, {})), Option(nbd::kOptInfo, InfoData("ro", {nbd::kInfoDescription}))),
+                Option(nbd::kOptStructuredReply, {})),
+            Option(nbd::kOptAbort, {})));
+  Write(dir, "ro-write-refused", Cat(Cat(Cat(flags, Option(nbd::kOptGo, InfoData("ro", {}))),
+                                         Cat(req(nbd::kCmdWrite, 0, 0, 8, 9), Bytes(8, 1))),
+                                     req(nbd::kCmdRead, 0, 16384 - 8, 16, 10)));
+  Write(dir, "write-split-and-skip",
+        Cat(Cat(Cat(flags, Option(nbd::kOptGo, InfoData("", {}))), req(nbd::kCmdWrite, 0, 0, 40000, 11)), Bytes(1000, 2)));
+  Write(dir, "starttls-unsupported", Cat(Cat(flags, Option(nbd::kOptStartTls, {})), Option(nbd::kOptExportName, B("nope"))));
+  Write(dir, "big-option-skipped", Cat(Cat(flags, Option(nbd::kOptInfo, Bytes(9000, 0))), Option(nbd::kOptList, {})));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -242,5 +493,11 @@ int main(int argc, char** argv) {
   Spool(root + "/spool");
   SpoolMeta(root + "/spool_meta");
   Journal(root + "/journal");
+  ControlToken(root + "/control_token");
+  MtTenants(root + "/mt_tenants");
+  KeyFile(root + "/key_file");
+  X509Identity(root + "/x509_identity");
+  FrameHandshake(root + "/frame_handshake");
+  NbdServerSeeds(root + "/nbd_server");
   return g_ok ? 0 : 1;
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the segment log reader (common/segment_log.h), the
 // mechanism under the spool and the undo journal.
 //

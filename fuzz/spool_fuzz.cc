@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the spool's recovery (process-server/spool.h): what the
 // process server reads from its spool directory at start-up.
 //

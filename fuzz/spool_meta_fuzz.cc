@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the files beside a process server's spool
 // (process-server/spool_meta.h): volume.meta, copies.meta, beyond.meta and
 // anchor.meta, as SpooledVolume reads them from a disk that may be damaged.
