@@ -2,7 +2,7 @@
 // Agent: the cdp-agent daemon as a library. It owns, for every protected
 // volume, a CaptureDevice (exported through one shared NbdServer) and a
 // Sender to the process server; plus the control/metrics HTTP server, every
-// route behind the agent's admin token (common/control_token.h; /metrics
+// route behind the agent's admin token (common/http/control_token.h; /metrics
 // public only with metrics_public), so the freeze hook (run as the agent's
 // user) and the whole-device hashes answer only the operator:
 //
@@ -46,24 +46,24 @@
 #include "agent/failback.h"
 #include "agent/sender.h"
 #include "agent/site_state.h"
-#include "common/daemon.h"
-#include "common/file_cache_env.h"
-#include "common/control_token.h"
-#include "common/tls_stream.h"
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/host_port.h"
-#include "common/http_server.h"
-#include "common/metrics.h"
-#include "common/nbd_server.h"
+#include "common/base/clock.h"
+#include "common/base/host_port.h"
+#include "common/daemon/daemon.h"
+#include "common/daemon/metrics.h"
+#include "common/env/env.h"
+#include "common/env/file_cache_env.h"
+#include "common/http/control_token.h"
+#include "common/http/http_server.h"
+#include "common/nbd/nbd_server.h"
+#include "common/net/tls_stream.h"
 
 namespace cdp::agent {
 
 struct VolumeConfig {
-  std::string name;          // volume name (proto::ValidName)
+  std::string name;          // volume name (ValidName)
   std::string backing_path;  // backing file or block device
   std::string export_name;   // NBD export name ("" = the volume name)
-  // Tenant-side encryption (common/seal.h): every block is sealed before it
+  // Tenant-side encryption (common/crypto/seal.h): every block is sealed before it
   // leaves this host, with keys derived from AgentOptions::key_file.
   bool encrypted = false;
   // Record bytes per frame this volume ships (LoRS's "bs"); 0: batch_bytes.
@@ -88,7 +88,7 @@ struct AgentOptions {
   // grow per volume. A volume with its own frame_bytes has a link of its own.
   int ps_connections = 4;
   // Files (backing files, bitmaps, branch stores) open at once, whatever
-  // the number of volumes (common/file_cache_env.h); 0: no bound.
+  // the number of volumes (common/env/file_cache_env.h); 0: no bound.
   size_t max_open_files = 1000;
   std::string key_file;          // the tenant key file (cdpctl keys init): required by encrypted volumes
   bool sender_enabled = true;    // false: capture only (benchmarks of the tap alone)
@@ -96,10 +96,10 @@ struct AgentOptions {
   std::string freeze_command;    // run through /bin/sh -c before a tag ("" = none)
   std::string thaw_command;      // run after a tag, always
   uint64_t freeze_timeout_ms = 10'000;
-  // TLS to the process server (common/tls_stream.h). The config's default is
+  // TLS to the process server (common/net/tls_stream.h). The config's default is
   // on; options built by hand (in-process tests) are clear unless they set it.
   TlsSettings tls = TlsSettings::Off();
-  // Tokens of the control API (common/control_token.h); the admin token file
+  // Tokens of the control API (common/http/control_token.h); the admin token file
   // defaults to <bitmap_dir>/control.token. The config's default is on;
   // options built by hand are open unless they set it.
   ControlAuthSettings control_auth = ControlAuthSettings::Off();
@@ -204,7 +204,8 @@ class Agent {
   // Opens (creating it when `create`) and exports the branch of generation
   // `gen`; site mu held.
   Result<BranchStore*> OpenBranch(size_t i, uint64_t gen, bool create);
-  void RegisterFailbackRoutes();
+  void RegisterControlRoutes();   // agent_control_api.cc
+  void RegisterFailbackRoutes();  // agent_failback.cc
   http::Response HashesRoute(const http::Request& r);
   http::Response RepairRoute(const http::Request& r);
 

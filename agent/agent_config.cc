@@ -7,10 +7,10 @@
 #include <cstdlib>
 #include <map>
 
-#include "common/control_token.h"
-#include "common/daemon.h"
-#include "common/file_cache_env.h"
-#include "common/host_port.h"
+#include "common/base/host_port.h"
+#include "common/daemon/daemon.h"
+#include "common/env/file_cache_env.h"
+#include "common/http/control_token.h"
 
 namespace cdp::agent {
 
@@ -124,7 +124,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
       if (eq == std::string::npos || eq == 0 || eq + 1 == v.size())
         return Status::InvalidArgument("volume must be NAME=PATH: '" + v + "'");
       VolumeConfig vc{v.substr(0, eq), v.substr(eq + 1), ""};
-      if (!proto::ValidName(vc.name)) return Status::InvalidArgument("bad volume name '" + vc.name + "'");
+      if (!ValidName(vc.name)) return Status::InvalidArgument("bad volume name '" + vc.name + "'");
       if (auto it = exports.find(vc.name); it != exports.end()) vc.export_name = it->second;
       vc.encrypted = encrypt_all;
       if (auto it = frames.find(vc.name); it != frames.end()) vc.frame_bytes = it->second;
@@ -216,7 +216,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
     while (!ao.sender.secret.empty() && (ao.sender.secret.back() == '\n' || ao.sender.secret.back() == '\r'))
       ao.sender.secret.pop_back();
   }
-  if (ao.sender_enabled && (!proto::ValidName(ao.sender.tenant) || ao.sender.secret.empty())) {
+  if (ao.sender_enabled && (!ValidName(ao.sender.tenant) || ao.sender.secret.empty())) {
     return Status::InvalidArgument("tenant and secret (or secret_file) are required unless capture_only = true");
   }
   ao.sender.client_id = vm["client_id"].as<std::string>();
@@ -224,7 +224,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
     ao.sender.client_id = host;
-    if (!proto::ValidName(ao.sender.client_id)) ao.sender.client_id = "agent";
+    if (!ValidName(ao.sender.client_id)) ao.sender.client_id = "agent";
   }
   ao.sender.batch_bytes = std::max<uint64_t>(4096, vm["batch_bytes"].as<ByteSize>().bytes);
   ao.sender.max_inflight = std::max(1, vm["max_inflight"].as<int>());

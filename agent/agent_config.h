@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// The agent's configuration: option declarations for common/config.h and their
+// The agent's configuration: option declarations for common/daemon/config.h and their
 // translation into AgentOptions (docs/agent.md lists every key).
 //
 // Thread safety: pure functions, for start-up.
 #pragma once
 
 #include "agent/agent.h"
-#include "common/config.h"
-#include "common/log.h"
-#include "common/result.h"
+#include "common/base/log.h"
+#include "common/base/result.h"
+#include "common/daemon/config.h"
 
 namespace cdp::agent {
 

@@ -4,7 +4,7 @@
 #include <boost/json.hpp>
 
 #include "agent/agent.h"
-#include "common/log.h"
+#include "common/base/log.h"
 
 namespace cdp::agent {
 

@@ -60,7 +60,7 @@
 #include <optional>
 #include <string>
 
-#include "common/coding.h"
+#include "common/base/coding.h"
 
 namespace cdp::agent {
 

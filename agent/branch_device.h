@@ -27,8 +27,8 @@
 #include <memory>
 
 #include "agent/branch_store.h"
-#include "common/block_device.h"
-#include "common/result.h"
+#include "common/base/result.h"
+#include "common/nbd/block_device.h"
 
 namespace cdp::agent {
 

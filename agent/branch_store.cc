@@ -6,8 +6,8 @@
 #include <limits>
 #include <unordered_set>
 
-#include "common/block_device.h"
-#include "common/crc32c.h"
+#include "common/base/crc32c.h"
+#include "common/nbd/block_device.h"
 
 namespace cdp::agent {
 namespace {

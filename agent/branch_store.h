@@ -52,10 +52,10 @@
 #include <utility>
 #include <vector>
 
-#include "common/coding.h"
-#include "common/env.h"
-#include "common/result.h"
-#include "common/status.h"
+#include "common/base/coding.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
+#include "common/env/env.h"
 
 namespace cdp::agent {
 

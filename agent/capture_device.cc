@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "common/hash.h"
-#include "common/log.h"
+#include "common/base/log.h"
+#include "common/wire/hash.h"
 
 namespace cdp::agent {
 namespace {
@@ -14,7 +14,7 @@ uint64_t BlockCeil(uint64_t x) { return (x + seal::kUnit - 1) / seal::kUnit * se
 }  // namespace
 
 Result<std::shared_ptr<CaptureDevice>> CaptureDevice::Open(const Options& opts) {
-  if (!proto::ValidName(opts.volume)) return Status::InvalidArgument("bad volume name '" + opts.volume + "'");
+  if (!ValidName(opts.volume)) return Status::InvalidArgument("bad volume name '" + opts.volume + "'");
   if (opts.env == nullptr || opts.clock == nullptr) return Status::InvalidArgument("capture device: env and clock required");
   if (opts.block_size < 512 || opts.block_size > (2u << 20) || (opts.block_size & (opts.block_size - 1)) != 0) {
     return Status::InvalidArgument("capture device: block size must be a power of two in 512..2 MiB");

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // CaptureDevice: the capture tap of one protected volume. A BlockDevice
-// (common/nbd_server.h) that the NbdServer exports; every WRITE, WRITE_ZEROES
+// (common/nbd/nbd_server.h) that the NbdServer exports; every WRITE, WRITE_ZEROES
 // and TRIM is
 //
 //   1. marked in the persistent dirty bitmap (synced before the client hears
@@ -11,7 +11,7 @@
 //      its regions are flagged for a resync),
 //   4. with FUA, followed by a sync of the backing store.
 //
-// A sealed volume (Options::sealer; tenant-side encryption, common/seal.h)
+// A sealed volume (Options::sealer; tenant-side encryption, common/crypto/seal.h)
 // captures whole 4 KiB blocks: a write, zero or trim that covers part of a
 // block is captured, under the capture lock, as a data record of the whole
 // block as the backing store holds it after the write (so the record is the
@@ -36,12 +36,12 @@
 #include "agent/anomaly_detector.h"
 #include "agent/capture_queue.h"
 #include "agent/dirty_bitmap.h"
-#include "common/block_digest.h"
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/nbd_server.h"
-#include "common/protocol.h"
-#include "common/seal.h"
+#include "common/base/clock.h"
+#include "common/crypto/seal.h"
+#include "common/env/env.h"
+#include "common/nbd/nbd_server.h"
+#include "common/wire/block_digest.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::agent {
 
@@ -61,7 +61,7 @@ struct QuietDigests {
 class CaptureDevice final : public BlockDevice {
  public:
   struct Options {
-    std::string volume;             // validated name (proto::ValidName)
+    std::string volume;             // validated name (ValidName)
     Env* env = nullptr;             // must outlive the device
     const Clock* clock = nullptr;   // must outlive the device
     std::string backing_path;       // existing file or block device
@@ -108,7 +108,7 @@ class CaptureDevice final : public BlockDevice {
   Status ReadBacking(uint64_t offset, size_t len, uint8_t* buf) const;
   // Bytes of region `region` (the last one may be short).
   uint32_t RegionLength(uint64_t region) const;
-  // Leaf digests (common/block_digest.h) of [offset, offset+len) as it is
+  // Leaf digests (common/wire/block_digest.h) of [offset, offset+len) as it is
   // now; holes of the backing file (SEEK_DATA) are not read. `stats`, when
   // given, accumulates the bytes read and skipped.
   Result<std::vector<proto::Hash128>> LeafDigests(uint64_t offset, uint64_t len, DigestStats* stats) const;
@@ -135,7 +135,7 @@ class CaptureDevice final : public BlockDevice {
   };
   Result<NonZeroShip> ShipNonZero(uint64_t offset, uint32_t len);
   // Online verify (docs/agent.md, "Verify"): the digests of the `unit`-byte
-  // units (common/block_digest.h) covering [offset, offset+len) (clipped to
+  // units (common/wire/block_digest.h) covering [offset, offset+len) (clipped to
   // the volume; `offset` a multiple of `unit`) as they were at one sequence
   // S, so that the replica's image at S (the master target's /v1/hashes with
   // at_seq=S) must have the same digests. One try is a window:

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "common/log.h"
+#include "common/base/log.h"
 
 namespace cdp::agent {
 

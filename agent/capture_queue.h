@@ -43,10 +43,10 @@
 #include <string_view>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/coding.h"
-#include "common/protocol.h"
-#include "common/status.h"
+#include "common/base/clock.h"
+#include "common/base/coding.h"
+#include "common/base/status.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::agent {
 

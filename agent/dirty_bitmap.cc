@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "common/coding.h"
-#include "common/crc32c.h"
+#include "common/base/coding.h"
+#include "common/base/crc32c.h"
 
 namespace cdp::agent {
 namespace {

@@ -6,9 +6,9 @@
 #include <deque>
 #include <map>
 
-#include "common/block_digest.h"
-#include "common/clock.h"
-#include "common/log.h"
+#include "common/base/clock.h"
+#include "common/base/log.h"
+#include "common/wire/block_digest.h"
 
 namespace cdp::agent {
 

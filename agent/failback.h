@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Failback at the original site: one pass of `cdpctl failback` (runbook in
-// docs/recovery.md; the messages in common/protocol.h, "Failback"). A pass
+// docs/recovery.md; the messages in common/wire/protocol.h, "Failback"). A pass
 // brings the source volume level with the provider's promoted image wherever
 // the two may differ, moving only the blocks that do:
 //
@@ -13,7 +13,7 @@
 //        flagged for a resync (bitmap mode, or dirty at a restart)
 //     |
 //   the union, in pieces of <= kMaxPullBlocks blocks, max_requests in flight:
-//   read the piece here, digest each block (common/block_digest.h), send
+//   read the piece here, digest each block (common/wire/block_digest.h), send
 //   PullRequest{blocks, digests}
 //     |
 //   PullResponse: exactly the blocks whose provider content differs. For
@@ -42,10 +42,10 @@
 
 #include "agent/branch_store.h"
 #include "agent/capture_device.h"
-#include "common/channel.h"
-#include "common/host_port.h"
-#include "common/result.h"
-#include "common/tls_stream.h"
+#include "common/base/host_port.h"
+#include "common/base/result.h"
+#include "common/net/tls_stream.h"
+#include "common/wire/channel.h"
 
 namespace cdp::agent {
 

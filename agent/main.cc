@@ -5,7 +5,7 @@
 
 #include "agent/agent.h"
 #include "agent/agent_config.h"
-#include "common/run_daemon.h"
+#include "common/daemon/run_daemon.h"
 
 int main(int argc, char** argv) {
   using cdp::agent::Agent;

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "common/block_digest.h"
+#include "common/wire/block_digest.h"
 
 namespace cdp::agent {
 

@@ -69,9 +69,9 @@
 #include <vector>
 
 #include "agent/capture_device.h"
-#include "common/clock.h"
-#include "common/protocol.h"
-#include "common/result.h"
+#include "common/base/clock.h"
+#include "common/base/result.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::agent {
 

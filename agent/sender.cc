@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "common/hash.h"
-#include "common/log.h"
+#include "common/base/log.h"
+#include "common/wire/hash.h"
 
 namespace cdp::agent {
 
@@ -51,7 +51,7 @@ std::unique_ptr<repl::ReplicationSender> NewPsLink(SenderOptions opts) {
   return std::make_unique<repl::ReplicationSender>(LinkOptions(WithClock(opts)));
 }
 
-// Seals one record of a sealed volume (common/seal.h) in place: data becomes
+// Seals one record of a sealed volume (common/crypto/seal.h) in place: data becomes
 // kSealed (the stored blocks, then their MACs), zero and trim kSealedZero (the
 // MACs of the zero blocks); flushes and tags stay as they are.
 Status SealRecord(const seal::BlockSealer& sealer, proto::Record* r) {

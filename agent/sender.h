@@ -2,7 +2,7 @@
 // Sender: ships one volume's captured records to the process server, and runs
 // the volume's resync (initial sync, crash recovery, bitmap-mode healing).
 //
-// Shipping is the one replication sender (common/replication_sender.h: its
+// Shipping is the one replication sender (common/wire/replication_sender.h: its
 // header draws the connect / open / resume / window / gap / busy / heartbeat /
 // backoff state machine); this class is its RecordSource for the capture
 // queue, plus the resync thread. The link is the sender's own, or one shared
@@ -49,11 +49,11 @@
 
 #include "agent/capture_device.h"
 #include "agent/resync.h"
-#include "common/tls_stream.h"
-#include "common/clock.h"
-#include "common/host_port.h"
-#include "common/record_source.h"
-#include "common/replication_sender.h"
+#include "common/base/clock.h"
+#include "common/base/host_port.h"
+#include "common/net/tls_stream.h"
+#include "common/wire/record_source.h"
+#include "common/wire/replication_sender.h"
 
 namespace cdp::agent {
 
@@ -106,7 +106,7 @@ struct SenderStats {
   bool confirmed = false;
 };
 
-// Seals a record of a sealed volume for the wire (common/seal.h): kData ->
+// Seals a record of a sealed volume for the wire (common/crypto/seal.h): kData ->
 // kSealed, kZero / kTrim -> kSealedZero, others unchanged. kInvalidArgument
 // for a range that is not whole 4 KiB blocks.
 Status SealRecord(const seal::BlockSealer& sealer, proto::Record* r);

@@ -25,9 +25,9 @@
 #include <string>
 #include <string_view>
 
-#include "common/env.h"
-#include "common/result.h"
-#include "common/status.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
+#include "common/env/env.h"
 
 namespace cdp::agent {
 

@@ -13,7 +13,7 @@
 //             volume of the agent; each run a new name)
 //
 // Two ways to time each run:
-//   api     the requests from this process with common/http_client.h, the
+//   api     the requests from this process with common/http/http_client.h, the
 //           client cdpctl uses: a new TCP connection per request
 //           (Connection: close), as cdpctl.
 //   cdpctl  the cdpctl process end to end (fork, exec, the same requests,
@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 
 namespace {
 

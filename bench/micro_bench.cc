@@ -15,12 +15,12 @@
 #include <string>
 #include <string_view>
 
-#include "common/codec.h"
-#include "common/seal.h"
-#include "common/crc32c.h"
-#include "common/block_digest.h"
-#include "common/hash.h"
-#include "common/protocol.h"
+#include "common/base/crc32c.h"
+#include "common/crypto/seal.h"
+#include "common/wire/block_digest.h"
+#include "common/wire/codec.h"
+#include "common/wire/hash.h"
+#include "common/wire/protocol.h"
 #include "loadgen/data.h"
 
 namespace cdp::bench {
@@ -111,7 +111,7 @@ void BM_BlockDigest(benchmark::State& state) {
   state.SetLabel(state.range(0) == 2 ? "zeros" : state.range(0) == 0 ? "mixed" : "random");
 }
 
-// Tenant-side encryption (common/seal.h): 1 MiB of the volume sealed (AES-256-XTS
+// Tenant-side encryption (common/crypto/seal.h): 1 MiB of the volume sealed (AES-256-XTS
 // + HMAC-SHA256 per 4 KiB block, what the agent adds per byte shipped), and
 // opened again (what a keyed export adds per byte read). One core.
 std::shared_ptr<const seal::BlockSealer> BenchSealer() {

@@ -55,11 +55,11 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/env_wrapper.h"
 #include "bench/bench_flags.h"
-#include "common/sqlite_vfs.h"
+#include "common/base/clock.h"
+#include "common/env/env.h"
+#include "common/env/env_wrapper.h"
+#include "common/store/sqlite_vfs.h"
 #include "master-target/replica_volume.h"
 #include "storage/ceph_env.h"
 

@@ -30,10 +30,10 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include "common/base/log.h"
+#include "common/env/subprocess.h"
+#include "common/wire/channel.h"
 #include "loadgen/data.h"
-#include "common/channel.h"
-#include "common/log.h"
-#include "common/subprocess.h"
 #include "process-server/mt_link.h"
 #include "process-server/process_server.h"
 #include "process-server/spooled_volume.h"

@@ -31,10 +31,10 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/metrics.h"
 #include "bench/bench_flags.h"
+#include "common/base/clock.h"
+#include "common/daemon/metrics.h"
+#include "common/env/env.h"
 #include "master-target/replica_volume.h"
 
 using namespace cdp;

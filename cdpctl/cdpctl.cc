@@ -14,13 +14,12 @@
 #include <set>
 #include <thread>
 
-#include "common/control_token.h"
-#include "common/host_port.h"
-#include "common/http_client.h"
-#include "common/pki.h"
-#include "common/protocol.h"
-#include "common/seal.h"
-#include "common/version.h"
+#include "common/base/host_port.h"
+#include "common/base/version.h"
+#include "common/crypto/pki.h"
+#include "common/crypto/seal.h"
+#include "common/http/control_token.h"
+#include "common/http/http_client.h"
 
 namespace cdp::ctl {
 

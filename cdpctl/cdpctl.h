@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // cdpctl: the operator CLI. It talks to each daemon's control endpoint (JSON over
-// HTTP, common/http_server.h) and prints either human tables or the daemons'
+// HTTP, common/http/http_server.h) and prints either human tables or the daemons'
 // JSON (--json).
 //
 //   cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND ...
@@ -12,7 +12,7 @@
 //     export VOLUME@POINT --key-file F   an encrypted volume's point, decrypted
 //                                   (the volume's keys, derived here from the
 //                                   tenant key file, held by the export in memory)
-//     keys init --out FILE | keys show FILE   the tenant key file (common/seal.h)
+//     keys init --out FILE | keys show FILE   the tenant key file (common/crypto/seal.h)
 //     resolve cdp://TENANT/VOLUME@POINT [--key-file F]   a recovery point's URI:
 //                                   exports the point read-only and prints
 //                                   its NBD URI alone (export takes the URI too)
@@ -35,10 +35,10 @@
 //     token issue|revoke --tenant T tenant control tokens at the master target (admin)
 //     token list                    tenants holding tokens
 //
-//   Control tokens (common/control_token.h): --token-file F for every daemon,
+//   Control tokens (common/http/control_token.h): --token-file F for every daemon,
 //   --agent-token-file / --ps-token-file / --mt-token-file for one; else the
 //   environment: CDP_TOKEN (the token) or CDP_TOKEN_FILE (its file).
-//     pki init|issue|show ...       the site CA and the daemons' certificates (common/pki.h)
+//     pki init|issue|show ...       the site CA and the daemons' certificates (common/crypto/pki.h)
 //
 // The functions below are split from main() so that tests can run a command
 // and check its exit code and output. Thread safety: none needed (one thread).
@@ -49,14 +49,14 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace cdp::ctl {
 
 struct Endpoint {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
-  std::string token;  // control token sent to this daemon ("" = none; common/control_token.h)
+  std::string token;  // control token sent to this daemon ("" = none; common/http/control_token.h)
 };
 
 struct Options {

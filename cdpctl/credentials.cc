@@ -15,13 +15,12 @@
 #include <set>
 #include <thread>
 
-#include "common/control_token.h"
-#include "common/host_port.h"
-#include "common/http_client.h"
-#include "common/pki.h"
-#include "common/protocol.h"
-#include "common/seal.h"
-#include "common/version.h"
+#include "common/base/host_port.h"
+#include "common/base/version.h"
+#include "common/crypto/pki.h"
+#include "common/crypto/seal.h"
+#include "common/http/control_token.h"
+#include "common/http/http_client.h"
 
 namespace cdp::ctl {
 
@@ -124,7 +123,7 @@ int Token(const Options& o, const std::vector<std::string>& args, std::ostream& 
   return 2;
 }
 
-// keys init --out FILE | keys show FILE: the tenant key file (common/seal.h).
+// keys init --out FILE | keys show FILE: the tenant key file (common/crypto/seal.h).
 int Keys(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   if (args.size() == 4 && args[1] == "init" && args[2] == "--out") {
     auto key = seal::GenerateTenantKey();

@@ -15,13 +15,13 @@
 #include <set>
 #include <thread>
 
-#include "common/control_token.h"
-#include "common/host_port.h"
-#include "common/http_client.h"
-#include "common/pki.h"
-#include "common/protocol.h"
-#include "common/seal.h"
-#include "common/version.h"
+#include "common/base/host_port.h"
+#include "common/base/names.h"
+#include "common/base/version.h"
+#include "common/crypto/pki.h"
+#include "common/crypto/seal.h"
+#include "common/http/control_token.h"
+#include "common/http/http_client.h"
 
 namespace cdp::ctl {
 
@@ -231,7 +231,7 @@ bool ParsePointUri(const std::string& uri, std::string* tenant, std::string* spe
   if (uri.rfind(kScheme, 0) != 0) return false;
   const std::string rest = uri.substr(kScheme.size());
   const size_t slash = rest.find('/');
-  if (slash == std::string::npos || !proto::ValidName(rest.substr(0, slash))) return false;
+  if (slash == std::string::npos || !ValidName(rest.substr(0, slash))) return false;
   *tenant = rest.substr(0, slash);
   *spec = rest.substr(slash + 1);
   return spec->find('@') != std::string::npos;

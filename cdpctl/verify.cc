@@ -15,13 +15,12 @@
 #include <set>
 #include <thread>
 
-#include "common/control_token.h"
-#include "common/host_port.h"
-#include "common/http_client.h"
-#include "common/pki.h"
-#include "common/protocol.h"
-#include "common/seal.h"
-#include "common/version.h"
+#include "common/base/host_port.h"
+#include "common/base/version.h"
+#include "common/crypto/pki.h"
+#include "common/crypto/seal.h"
+#include "common/http/control_token.h"
+#include "common/http/http_client.h"
 
 namespace cdp::ctl {
 
@@ -39,6 +38,11 @@ namespace cdp::ctl {
 constexpr uint64_t kBlock = 4096;
 constexpr auto kReplicaWait = std::chrono::seconds(60);
 namespace {
+
+// Units in one hashes request: the agent's and the master target's control
+// routes take at most this many (proto::kMaxHashes, the wire's cap, which
+// cdpctl does not link).
+constexpr uint64_t kMaxUnitsPerRequest = 1u << 16;
 
 constexpr auto kReplicaPoll = std::chrono::milliseconds(100);
 
@@ -180,7 +184,7 @@ int Verifier::MtUnitsAt(uint64_t unit, uint64_t first, uint64_t count, uint64_t 
 bool Verifier::Compare(uint64_t unit, uint64_t first, uint64_t count, std::vector<Cmp>* out) {
   // One agent request reads at most 64 MiB (the control server answers one
   // request at a time).
-  const uint64_t page = std::clamp<uint64_t>((64ull << 20) / unit, 1, proto::kMaxHashes);
+  const uint64_t page = std::clamp<uint64_t>((64ull << 20) / unit, 1, kMaxUnitsPerRequest);
   for (uint64_t p = first; p < first + count; p += page) {
     const uint64_t n = std::min(page, first + count - p);
     std::vector<AgentUnit> src;

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # Writes OUT (a header) with the project version and the git revision of
-# SOURCE_DIR, rewriting it only when the text changes (so only common/version.cc
+# SOURCE_DIR, rewriting it only when the text changes (so only common/base/version.cc
 # recompiles after a commit). Run at build time by the cdp_version_info target.
 # A source tree without .git (a tarball) reports the revision "unknown".
 execute_process(COMMAND git -C "${SOURCE_DIR}" rev-parse --short=12 HEAD

@@ -14,7 +14,7 @@
 #include <filesystem>
 #include <optional>
 
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 #include "e2e/harness.h"
 
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/base/version.h"
 #include "common/tests/test_util.h"
-#include "common/version.h"
 
 namespace {
 

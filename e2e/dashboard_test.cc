@@ -15,12 +15,12 @@
 #include <iostream>
 #include <set>
 
-#include "common/auth.h"
-#include "common/channel.h"
-#include "common/clock.h"
-#include "common/http_client.h"
-#include "common/pki.h"
-#include "common/tls_stream.h"
+#include "common/base/clock.h"
+#include "common/crypto/auth.h"
+#include "common/crypto/pki.h"
+#include "common/http/http_client.h"
+#include "common/net/tls_stream.h"
+#include "common/wire/channel.h"
 #include "e2e/harness.h"
 #include "e2e/webdriver.h"
 

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/control_token.h"
-#include "common/pki.h"
+#include "common/crypto/pki.h"
+#include "common/http/control_token.h"
 #include "e2e/harness.h"
 
 namespace {

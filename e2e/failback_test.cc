@@ -21,7 +21,7 @@
 #include <fstream>
 #include <random>
 
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 #include "e2e/fs_util.h"
 #include "e2e/harness.h"
 

@@ -13,7 +13,7 @@
 #include <boost/json.hpp>
 #include <fstream>
 
-#include "common/coding.h"
+#include "common/base/coding.h"
 #include "e2e/harness.h"
 
 namespace {

@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 
 namespace cdp::e2e {
 namespace json = boost::json;

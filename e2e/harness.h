@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "common/subprocess.h"
+#include "common/env/subprocess.h"
 #include "common/tests/test_util.h"
 #include "loadgen/local_cluster.h"
 
@@ -58,7 +58,7 @@ bool MakeSparseFile(const std::string& path, uint64_t size);
 // Copies a file byte for byte (cp --sparse=always). False on error.
 bool CopyFile(const std::string& from, const std::string& to);
 
-// A child process (common/subprocess.h) with its stdout and stderr appended
+// A child process (common/env/subprocess.h) with its stdout and stderr appended
 // to `log`; it dies with the test process. The destructor SIGKILLs and reaps
 // it if it still runs.
 class Daemon {

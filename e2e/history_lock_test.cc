@@ -20,7 +20,7 @@
 #include <set>
 #include <thread>
 
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 #include "e2e/harness.h"
 
 namespace {

@@ -18,7 +18,7 @@
 //                   and a resync thread for the link's volumes)
 //
 // Descriptors do not grow with the number of volumes either: the three
-// daemons run with max_open_files = kMaxOpenFiles (common/file_cache_env.h),
+// daemons run with max_open_files = kMaxOpenFiles (common/env/file_cache_env.h),
 // below what 40 volumes keep open without it (about 9 each at the MT:
 // replica and its O_DIRECT handle, journal segment, digests, the index's two
 // sqlite connections with their WAL; one spool segment per written volume at
@@ -38,7 +38,7 @@
 #include <map>
 #include <string>
 
-#include "common/env.h"
+#include "common/env/env.h"
 #include "e2e/harness.h"
 
 namespace {
@@ -57,7 +57,7 @@ constexpr int kPsConnections = 4;
 constexpr uint64_t kVolumeSize = 8ull << 20;
 constexpr int kAgentThreadsPerLink = 3;
 // Files the MT's and the PS's caches keep open, and what calls in flight
-// may hold beyond them (two per calling thread: common/file_cache_env.h).
+// may hold beyond them (two per calling thread: common/env/file_cache_env.h).
 constexpr int kMaxOpenFiles = 32;
 constexpr int kCallsInFlight = 16;
 // Per agent connection (at the PS and at the agent alike): three socket

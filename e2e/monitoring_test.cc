@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 #include "common/tests/test_util.h"
 #include "e2e/harness.h"
 

@@ -25,9 +25,9 @@
 
 #include <openssl/ssl.h>
 
-#include "common/nbd_proto.h"
-#include "common/pki.h"
-#include "common/tls_stream.h"
+#include "common/crypto/pki.h"
+#include "common/nbd/nbd_proto.h"
+#include "common/net/tls_stream.h"
 #include "e2e/harness.h"
 
 namespace {

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 #include "common/tests/test_util.h"
 #include "e2e/harness.h"
 

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 #include "e2e/harness.h"
 #include "loadgen/nbd_client.h"
 

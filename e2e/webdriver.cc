@@ -7,7 +7,7 @@
 #include <boost/json.hpp>
 #include <fstream>
 
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 
 namespace cdp::e2e {
 

@@ -21,8 +21,8 @@
 #include <cstdint>
 #include <string>
 
-#include "common/result.h"
-#include "common/status.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
 #include "e2e/harness.h"
 
 namespace cdp::e2e {

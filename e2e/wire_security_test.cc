@@ -25,11 +25,11 @@
 
 #include <openssl/ssl.h>
 
-#include "common/auth.h"
-#include "common/channel.h"
-#include "common/coding.h"
-#include "common/pki.h"
-#include "common/tls_stream.h"
+#include "common/base/coding.h"
+#include "common/crypto/auth.h"
+#include "common/crypto/pki.h"
+#include "common/net/tls_stream.h"
+#include "common/wire/channel.h"
 #include "e2e/harness.h"
 
 namespace {

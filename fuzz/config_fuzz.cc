@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target for the daemons' configuration loading (common/config.h),
+// libFuzzer target for the daemons' configuration loading (common/daemon/config.h),
 // with the process server's real option set (process-server/ps_config.h).
 //
 // Input: the config file's text; after an optional kFileSeparator, command-line
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "common/config.h"
+#include "common/daemon/config.h"
 #include "fuzz/fuzz_util.h"
 #include "process-server/ps_config.h"
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the control API's token files and bearer tokens
-// (common/control_token.h): the admin token file (ReadTokenFile), the master
+// (common/http/control_token.h): the admin token file (ReadTokenFile), the master
 // target's tenant token file ("TENANT SHA256HEX" lines, read by
 // ControlTokens::Open) and a presented token (ControlTokens::Authenticate, what
 // every "Authorization: Bearer" header reaches).
@@ -25,8 +25,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/control_token.h"
-#include "common/env.h"
+#include "common/env/env.h"
+#include "common/http/control_token.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target for the frame channel's handshake (common/channel.h):
+// libFuzzer target for the frame channel's handshake (common/wire/channel.h):
 // ServerHandshake, what the process server and the master target run on every
 // connection before anything is authenticated, and ClientHandshake, what an
 // agent or a process server runs against a server that may be hostile.
@@ -40,11 +40,11 @@
 #include <string>
 #include <vector>
 
-#include "common/auth.h"
-#include "common/byte_stream.h"
-#include "common/channel.h"
-#include "common/log.h"
-#include "common/protocol.h"
+#include "common/base/log.h"
+#include "common/crypto/auth.h"
+#include "common/net/byte_stream.h"
+#include "common/wire/channel.h"
+#include "common/wire/protocol.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

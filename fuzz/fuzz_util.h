@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/coding.h"
+#include "common/base/coding.h"
 
 namespace cdp::fuzz {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the HTTP control server's request handling
-// (common/http_router.h, common/http_server.h).
+// (common/http/http_router.h, common/http/http_server.h).
 //
 // The input is the byte stream a client sends on one connection. It is parsed
 // with Beast's request_parser under the server's limits (LimitRequestParser,
@@ -20,8 +20,8 @@
 #include <cstdint>
 #include <stdexcept>
 
-#include "common/http_router.h"
-#include "common/metrics.h"
+#include "common/daemon/metrics.h"
+#include "common/http/http_router.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

@@ -3,7 +3,7 @@
 // what the master target reads from a replica's journal directory at start-up.
 //
 // Input: up to four segment files separated by fuzz::kFileSeparator, put in an
-// in-memory Env (common/env.h) under the names of the segment numbers in their
+// in-memory Env (common/env/env.h) under the names of the segment numbers in their
 // headers. Then, as ReplicaVolume's recovery does: list the directory, parse
 // the names, scan each segment with and without data verification (the second
 // up to a limit, as the committed offset bounds it), read every record's old
@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "common/env.h"
+#include "common/env/env.h"
 #include "fuzz/fuzz_util.h"
 #include "master-target/journal.h"
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target for the tenant key file (common/seal.h,
+// libFuzzer target for the tenant key file (common/crypto/seal.h,
 // docs/formats/tenant-key.md): what the agent's `key_file` and cdpctl's
 // --key-file read (ParseTenantKey, LoadTenantKey), and the 192 hex digits of
 // derived volume keys that a keyed export receives in POST /v1/export
@@ -24,8 +24,8 @@
 #include <string>
 #include <string_view>
 
-#include "common/env.h"
-#include "common/seal.h"
+#include "common/crypto/seal.h"
+#include "common/env/env.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

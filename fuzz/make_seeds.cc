@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 using namespace cdp;
 using namespace cdp::proto;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the master target's tenant lines and tenant maps:
-// ParseTenantEntry / AddTenantEntry (common/daemon.h), the `tenants_file`, and
+// ParseTenantEntry / AddTenantEntry (common/daemon/daemon.h), the `tenants_file`, and
 // the per-tenant keys of master-target/mt_config.cc (`tenant`, `tenant_quota`,
 // `tenant_journal_compression`, `tenant_retention_lock`, `volume_retention`,
 // `volume_retention_lock`, `direct_agents`) through
@@ -33,11 +33,11 @@
 #include <string_view>
 #include <vector>
 
-#include "common/config.h"
-#include "common/daemon.h"
-#include "common/env.h"
-#include "common/log.h"
-#include "common/protocol.h"
+#include "common/base/log.h"
+#include "common/daemon/config.h"
+#include "common/daemon/daemon.h"
+#include "common/env/env.h"
+#include "common/wire/protocol.h"
 #include "fuzz/fuzz_util.h"
 #include "master-target/mt_config.h"
 
@@ -79,7 +79,7 @@ void CheckEntry(std::string_view line) {
     return;
   }
   const auto& [name, secret] = *e;
-  Check(proto::ValidName(name) && Trimmed(secret));
+  Check(ValidName(name) && Trimmed(secret));
   for (const char* sep : {":", " = ", " "}) {
     auto again = ParseTenantEntry(name + sep + secret);
     Check(again.ok() && again->first == name && again->second == secret);
@@ -103,7 +103,7 @@ void CheckOptions(const mt::MasterTargetOptions& o, const po::variables_map& vm,
     }
   }
   Check(o.tenants.size() == given);
-  for (const auto& [name, secret] : o.tenants) Check(proto::ValidName(name) && Trimmed(secret));
+  for (const auto& [name, secret] : o.tenants) Check(ValidName(name) && Trimmed(secret));
   for (const auto& [name, bytes] : o.tenant_quota_bytes) Check(o.tenants.count(name) == 1);
   for (const auto& [name, level] : o.tenant_journal_zstd_level) Check(o.tenants.count(name) == 1 && level >= 0 && level <= 19);
   for (const auto& [name, us] : o.tenant_lock_us) Check(o.tenants.count(name) == 1);
@@ -111,10 +111,10 @@ void CheckOptions(const mt::MasterTargetOptions& o, const po::variables_map& vm,
     for (const auto& [key, us] : *per_volume) {
       const size_t slash = key.find('/');
       Check(slash != std::string::npos && o.tenants.count(key.substr(0, slash)) == 1 &&
-            proto::ValidName(key.substr(slash + 1)));
+            ValidName(key.substr(slash + 1)));
     }
   }
-  for (const std::string& t : o.direct_agent_tenants) Check(proto::ValidName(t));
+  for (const std::string& t : o.direct_agent_tenants) Check(ValidName(t));
   Check(o.journal_zstd_level >= 0 && o.journal_zstd_level <= 19);
 }
 

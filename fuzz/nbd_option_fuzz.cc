@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target for the NBD handshake parsers (common/nbd_proto.h): what a
+// libFuzzer target for the NBD handshake parsers (common/nbd/nbd_proto.h): what a
 // client can send before transmission.
 //
 // The input is read the way NbdServer's handshake reads a connection: 4 bytes
@@ -16,8 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/nbd_proto.h"
-#include "common/nbd_server.h"
+#include "common/nbd/nbd_proto.h"
+#include "common/nbd/nbd_server.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

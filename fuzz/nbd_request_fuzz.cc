@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target for the NBD transmission phase (common/nbd_proto.h): the
+// libFuzzer target for the NBD transmission phase (common/nbd/nbd_proto.h): the
 // stream of request headers a client sends after the handshake, and the
 // validation every request gets before it may touch a device.
 //
@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/nbd_proto.h"
+#include "common/nbd/nbd_proto.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the NBD server's connection state machine
-// (common/nbd_server.cc Connection): the handshake phases (client flags,
+// (common/nbd/nbd_server.cc Connection): the handshake phases (client flags,
 // option headers, option data, skipped options), the transmission phase
 // (request headers, WRITE payloads read in place or skipped, the worker
 // strand, DISC) and the closing paths, on the real asio sockets.
@@ -34,11 +34,11 @@
 #include <memory>
 #include <string>
 
-#include "common/block_device.h"
-#include "common/env.h"
-#include "common/log.h"
-#include "common/nbd_proto.h"
-#include "common/nbd_server.h"
+#include "common/base/log.h"
+#include "common/env/env.h"
+#include "common/nbd/block_device.h"
+#include "common/nbd/nbd_proto.h"
+#include "common/nbd/nbd_server.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

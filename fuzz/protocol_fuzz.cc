@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <variant>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace {
 

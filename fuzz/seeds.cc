@@ -19,11 +19,11 @@
 #include <tuple>
 #include <vector>
 
-#include "common/nbd_proto.h"
-#include "common/pki.h"
-#include "common/protocol.h"
-#include "common/seal.h"
-#include "common/segment_log.h"
+#include "common/crypto/pki.h"
+#include "common/crypto/seal.h"
+#include "common/nbd/nbd_proto.h"
+#include "common/store/segment_log.h"
+#include "common/wire/protocol.h"
 #include "fuzz/fuzz_util.h"
 #include "master-target/journal.h"
 #include "process-server/spool.h"
@@ -161,7 +161,7 @@ void Spool(const std::string& dir) {
       r.offset = s * 4096;
       r.timestamp_us = 1700000000000000ull + s;
       if (s % 7 == 0) {
-        // A sealed volume's records (common/seal.h): blocks then MACs, or MACs alone.
+        // A sealed volume's records (common/crypto/seal.h): blocks then MACs, or MACs alone.
         r.kind = s % 2 == 0 ? proto::RecordKind::kSealed : proto::RecordKind::kSealedZero;
         r.offset = s * 4096;
         r.length = 4096;
@@ -294,7 +294,7 @@ void MtTenants(const std::string& dir) {
   Write(dir, "tenant-cr-before-separator", Cat(Bytes{0x00}, B("acme \r= s3cret-acme\n")));
   // Regression: an ambiguous flag whose token held a Boost placeholder made
   // what() loop forever, growing (found by this target, session 22; fixed in
-  // common/config.cc, CommandLineError).
+  // common/daemon/config.cc, CommandLineError).
   Write(dir, "flag-with-placeholder",
         Cat(Bytes{0x01}, fuzz::JoinFiles({B("tls = off\n"), B("--t=s3cret-be%original_token%e")})));
 }

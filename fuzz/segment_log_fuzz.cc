@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target for the segment log reader (common/segment_log.h), the
+// libFuzzer target for the segment log reader (common/store/segment_log.h), the
 // mechanism under the spool and the undo journal.
 //
 // Input: byte 0 picks the scan options (verify or not, head size, payload cap,
 // whether the header must name the segment number, a start offset); the rest
-// is a segment file's contents, put in an in-memory Env (common/env.h) and
+// is a segment file's contents, put in an in-memory Env (common/env/env.h) and
 // read with Scan as a recovering owner does. The same bytes also go through
 // DecodeRecord as an in-memory buffer.
 //
@@ -15,8 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/env.h"
-#include "common/segment_log.h"
+#include "common/env/env.h"
+#include "common/store/segment_log.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

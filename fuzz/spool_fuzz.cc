@@ -3,7 +3,7 @@
 // process server reads from its spool directory at start-up.
 //
 // Input: up to four segment files separated by fuzz::kFileSeparator, put in an
-// in-memory Env (common/env.h) under the names the spool gives them (from the
+// in-memory Env (common/env/env.h) under the names the spool gives them (from the
 // first_seq in each header, so mutations keep matching names). Spool::Open then
 // recovers, as at start-up, and the fuzzer uses the spool as the daemon would:
 // reads every record from the oldest on, appends the next sequence, and opens
@@ -16,8 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/clock.h"
-#include "common/env.h"
+#include "common/base/clock.h"
+#include "common/env/env.h"
 #include "fuzz/fuzz_util.h"
 #include "process-server/spool.h"
 

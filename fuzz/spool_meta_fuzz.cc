@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/crc32c.h"
+#include "common/base/crc32c.h"
 #include "fuzz/fuzz_util.h"
 #include "process-server/spool_meta.h"
 
@@ -48,7 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   switch (sel & 3) {
     case 0: {
       auto r = ps::DecodeVolumeMeta(in);
-      if (r.ok()) Check(proto::ValidName(r->name));
+      if (r.ok()) Check(ValidName(r->name));
       Expect(r, in, "volume.meta", [](const proto::VolumeOpen& o) { return ps::EncodeVolumeMeta(o); });
       break;
     }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the identity a TLS peer's certificate carries
-// (common/pki.h IdentityOf): what the data path (common/tls_stream.cc), the
-// NBD server's STARTTLS (common/nbd_server.cc) and the HTTP server read from a
+// (common/crypto/pki.h IdentityOf): what the data path (common/net/tls_stream.cc), the
+// NBD server's STARTTLS (common/nbd/nbd_server.cc) and the HTTP server read from a
 // certificate the peer presented once its chain verified. The fuzzer plays a
 // CA that signs anything: the subject is read without any signature check.
 //
@@ -18,8 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/pki.h"
-#include "common/protocol.h"
+#include "common/crypto/pki.h"
+#include "common/wire/protocol.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {
@@ -47,11 +47,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     auto role = pki::ParseRole(pki::RoleName(id->role));
     Check(role.ok() && *role == id->role);
-    Check(proto::ValidName(id->name));
+    Check(ValidName(id->name));
     if (id->role == pki::CertRole::kMasterTarget) {
       Check(id->tenant.empty());
     } else {
-      Check(proto::ValidName(id->tenant));
+      Check(ValidName(id->tenant));
     }
   }
 

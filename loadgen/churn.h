@@ -24,10 +24,10 @@
 #include <memory>
 #include <string>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/result.h"
-#include "common/status.h"
+#include "common/base/clock.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
+#include "common/env/env.h"
 
 namespace cdp::loadgen {
 

@@ -31,8 +31,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "common/coding.h"
-#include "common/protocol.h"
+#include "common/base/coding.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::loadgen {
 

@@ -7,11 +7,11 @@
 
 #include <thread>
 
-#include "common/env.h"
-#include "common/host_port.h"
-#include "common/control_token.h"
-#include "common/http_client.h"
-#include "common/pki.h"
+#include "common/base/host_port.h"
+#include "common/crypto/pki.h"
+#include "common/env/env.h"
+#include "common/http/control_token.h"
+#include "common/http/http_client.h"
 
 namespace cdp::loadgen {
 namespace {

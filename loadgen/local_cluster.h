@@ -19,7 +19,7 @@
 // Start() picks free ports, writes the configs and starts MT, PS and agent in
 // that order, each answering GET /status before the next starts; a port taken
 // between the pick and the bind is retried on new ports (three attempts).
-// Daemons are started through common/subprocess.h; the destructor SIGKILLs
+// Daemons are started through common/env/subprocess.h; the destructor SIGKILLs
 // every one still running.
 //
 // Thread safety: one thread drives a LocalCluster.
@@ -29,10 +29,10 @@
 #include <cstdint>
 #include <string>
 
-#include "common/pki.h"
-#include "common/result.h"
-#include "common/status.h"
-#include "common/subprocess.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
+#include "common/crypto/pki.h"
+#include "common/env/subprocess.h"
 
 namespace cdp::loadgen {
 
@@ -53,7 +53,7 @@ struct LocalClusterOptions {
   bool die_with_parent = false;           // daemons die with this process (tests)
   // TLS on every data link (the product's default). The certificates in
   // pki_dir ("" = <dir>/pki) are used as they are; missing ones are made
-  // with common/pki.h (`cdpctl pki` does the same from the command line).
+  // with common/crypto/pki.h (`cdpctl pki` does the same from the command line).
   bool tls = true;
   std::string pki_dir;
   // Control tokens (the product's default): each daemon makes its admin token

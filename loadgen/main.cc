@@ -15,14 +15,14 @@
 
 #include <boost/json.hpp>
 
-#include "loadgen/data.h"
-#include "common/clock.h"
-#include "common/config.h"
-#include "common/control_token.h"
-#include "common/version.h"
-#include "common/env.h"
-#include "common/log.h"
+#include "common/base/clock.h"
+#include "common/base/log.h"
+#include "common/base/version.h"
+#include "common/daemon/config.h"
+#include "common/env/env.h"
+#include "common/http/control_token.h"
 #include "loadgen/churn.h"
+#include "loadgen/data.h"
 #include "loadgen/local_cluster.h"
 #include "loadgen/plan.h"
 #include "loadgen/profile.h"
@@ -295,7 +295,7 @@ int CmdRecord(int argc, char** argv) {
   const auto& vm = cfg.vars;
   auto url = ParseHttpUrl(vm["url"].as<std::string>());
   if (!url.ok()) return Fail("record", url.status());
-  // The daemon's control token, from CDP_TOKEN or CDP_TOKEN_FILE (common/control_token.h).
+  // The daemon's control token, from CDP_TOKEN or CDP_TOKEN_FILE (common/http/control_token.h).
   auto token = ClientToken("");
   if (!token.ok()) return Fail("record", token.status());
   url->token = *token;

@@ -13,8 +13,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/host_port.h"
-#include "common/nbd_proto.h"
+#include "common/base/host_port.h"
+#include "common/nbd/nbd_proto.h"
 
 namespace cdp::loadgen {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // NbdClient: a small Network Block Device client for load generation, the
-// writing side of what common/nbd_server.h serves (NetworkBlockDevice/nbd
+// writing side of what common/nbd/nbd_server.h serves (NetworkBlockDevice/nbd
 // doc/proto.md; docs/formats/nbd.md lists what our server implements).
 //
 // Handshake: fixed newstyle only. The client sends FIXED_NEWSTYLE (and
@@ -32,9 +32,9 @@
 #include <utility>
 #include <string>
 
-#include "common/coding.h"
-#include "common/result.h"
-#include "common/status.h"
+#include "common/base/coding.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
 
 namespace cdp::loadgen {
 

@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "common/clock.h"
+#include "common/base/clock.h"
 
 namespace cdp::loadgen {
 

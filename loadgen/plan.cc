@@ -8,7 +8,7 @@
 
 #include <boost/json.hpp>
 
-#include "common/codec.h"
+#include "common/wire/codec.h"
 
 namespace cdp::loadgen {
 

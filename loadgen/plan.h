@@ -33,8 +33,8 @@
 
 #include <boost/json/value.hpp>
 
-#include "common/coding.h"
-#include "common/result.h"
+#include "common/base/coding.h"
+#include "common/base/result.h"
 #include "loadgen/profile.h"
 
 namespace cdp::loadgen {

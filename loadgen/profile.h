@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/result.h"
+#include "common/base/result.h"
 
 namespace cdp::loadgen {
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "common/host_port.h"
-#include "common/http_client.h"
+#include "common/base/host_port.h"
+#include "common/http/http_client.h"
 
 namespace cdp::loadgen {
 

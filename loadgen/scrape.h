@@ -2,7 +2,7 @@
 // Scrape: read daemons' Prometheus /metrics, and record a churn profile.
 //
 // ParsePrometheusText() reads the text exposition format 0.0.4 that
-// common/metrics.h renders: comment lines, then `name{labels} value` or
+// common/daemon/metrics.h renders: comment lines, then `name{labels} value` or
 // `name value` (an optional timestamp after the value is ignored). It sums the
 // series of each metric name over all label sets (a daemon with several
 // volumes reports one series per volume), which is what the loadgen needs.
@@ -21,8 +21,8 @@
 #include <string>
 #include <string_view>
 
-#include "common/clock.h"
-#include "common/result.h"
+#include "common/base/clock.h"
+#include "common/base/result.h"
 #include "loadgen/profile.h"
 
 namespace cdp::loadgen {
@@ -38,7 +38,7 @@ struct HttpUrl {
   std::string host;
   uint16_t port = 80;
   std::string target = "/metrics";
-  std::string token;  // control token sent as a bearer ("" = none; common/control_token.h)
+  std::string token;  // control token sent as a bearer ("" = none; common/http/control_token.h)
 };
 Result<HttpUrl> ParseHttpUrl(std::string_view url);
 

@@ -33,8 +33,8 @@
 
 #include <boost/json/value.hpp>
 
-#include "common/env.h"
-#include "common/result.h"
+#include "common/base/result.h"
+#include "common/env/env.h"
 #include "loadgen/scrape.h"
 
 namespace cdp::loadgen {

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <thread>
 
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 #include "loadgen/nbd_client.h"
 #include "loadgen/tree.h"
 

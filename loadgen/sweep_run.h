@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/result.h"
+#include "common/base/clock.h"
+#include "common/base/result.h"
+#include "common/env/env.h"
 #include "loadgen/local_cluster.h"
 #include "loadgen/sweep.h"
 

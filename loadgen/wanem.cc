@@ -28,11 +28,11 @@
 #include <tuple>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/config.h"
-#include "common/env.h"
-#include "common/subprocess.h"
-#include "common/host_port.h"
+#include "common/base/clock.h"
+#include "common/base/host_port.h"
+#include "common/daemon/config.h"
+#include "common/env/env.h"
+#include "common/env/subprocess.h"
 
 extern char** environ;
 

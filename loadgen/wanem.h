@@ -34,8 +34,8 @@
 #include <deque>
 #include <string>
 
-#include "common/coding.h"
-#include "common/result.h"
+#include "common/base/coding.h"
+#include "common/base/result.h"
 #include "loadgen/rng.h"
 
 namespace cdp::loadgen {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Dashboard: the provider's web page, served by the master target's control
-// port (common/http_server.h) at /ui. Per tenant, each volume's state (a
+// port (common/http/http_server.h) at /ui. Per tenant, each volume's state (a
 // stalled apply and a failover included), its RPO lag over the last hour, its
 // undo journal against the retention budget, its recovery points on a
 // timeline, the open exports (created and removed from the page); plain HTML,
@@ -20,7 +20,7 @@
 //
 // Access (the decision lives here):
 //  - Data is read and changed only through the control API, with
-//    "Authorization: Bearer TOKEN": the same tokens (common/control_token.h)
+//    "Authorization: Bearer TOKEN": the same tokens (common/http/control_token.h)
 //    and the same tenant scoping as cdpctl. A tenant token sees its tenant's
 //    volumes only; the admin token sees every tenant. Nothing of a tenant is
 //    in the static files.
@@ -54,7 +54,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/http_server.h"
+#include "common/http/http_server.h"
 
 namespace cdp::mt {
 

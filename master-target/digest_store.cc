@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/block_digest.h"
-#include "common/coding.h"
-#include "common/crc32c.h"
+#include "common/base/coding.h"
+#include "common/base/crc32c.h"
+#include "common/wire/block_digest.h"
 
 namespace cdp::mt {
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// DigestStore: the leaf digests (common/block_digest.h) of a replica's current
+// DigestStore: the leaf digests (common/wire/block_digest.h) of a replica's current
 // image, in a file beside the replica (docs/formats/digest-store.md), kept up
 // to date as records are applied. A resync compares a volume's regions against
 // it without reading the replica: hashing a 2 GiB replica to answer a full
@@ -33,9 +33,9 @@
 #include <string>
 #include <vector>
 
-#include "common/env.h"
-#include "common/protocol.h"
-#include "common/result.h"
+#include "common/base/result.h"
+#include "common/env/env.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::mt {
 

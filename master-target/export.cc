@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/coding.h"
-#include "common/crc32c.h"
+#include "common/base/coding.h"
+#include "common/base/crc32c.h"
 
 namespace cdp::mt {
 

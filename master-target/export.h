@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // PointInTimeDevice: a recovery point of a volume as an NBD BlockDevice
-// (common/nbd_server.h), served while replication goes on.
+// (common/nbd/nbd_server.h), served while replication goes on.
 //
 // Reads return the image of the volume at the point (ReplicaVolume::ReadAt: each
 // block changed since the point comes from the oldest later undo record, the
@@ -53,8 +53,8 @@
 #include <string>
 #include <vector>
 
-#include "common/env.h"
-#include "common/nbd_server.h"
+#include "common/env/env.h"
+#include "common/nbd/nbd_server.h"
 #include "master-target/replica_volume.h"
 
 namespace cdp::mt {

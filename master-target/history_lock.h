@@ -26,9 +26,9 @@
 #include <cstdint>
 #include <string>
 
-#include "common/result.h"
-#include "common/sqlite.h"
-#include "common/status.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
+#include "common/store/sqlite.h"
 
 namespace cdp::mt {
 

@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "common/codec.h"
+#include "common/wire/codec.h"
 
 namespace cdp::mt {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The undo journal of one replica volume: a segment log (common/segment_log.h)
+// The undo journal of one replica volume: a segment log (common/store/segment_log.h)
 // holding, for every byte range a captured write overwrote, the bytes it held
 // before (an "undo record"). Byte format: docs/formats/journal.md, on top of
 // docs/formats/segment-log.md.
@@ -33,11 +33,11 @@
 #include <string>
 #include <vector>
 
-#include "common/coding.h"
-#include "common/env.h"
-#include "common/result.h"
-#include "common/segment_log.h"
-#include "common/status.h"
+#include "common/base/coding.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
+#include "common/env/env.h"
+#include "common/store/segment_log.h"
 
 namespace cdp::mt {
 
@@ -100,7 +100,7 @@ void EncodeUndoRecord(UndoKind kind, uint64_t seq, uint64_t offset, uint32_t len
 // saves at least an eighth; else kData. Returns the kind written.
 UndoKind EncodeOldData(uint64_t seq, uint64_t offset, uint64_t time_us, ByteSpan old, int zstd_level, Bytes* out);
 
-// True if every byte of `data` is zero (common/coding.h).
+// True if every byte of `data` is zero (common/base/coding.h).
 using cdp::AllZero;
 
 // Callback of ScanSegment for each valid record: its header and location.

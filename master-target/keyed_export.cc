@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/log.h"
+#include "common/base/log.h"
 
 namespace cdp::mt {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // KeyedExportDevice: an export of a sealed volume (tenant-side encryption,
-// common/seal.h) that serves plaintext, because the tenant handed the
+// common/crypto/seal.h) that serves plaintext, because the tenant handed the
 // volume's keys to it (`cdpctl export VOLUME@POINT --key-file`, or
 // `cdpctl failover VOLUME --to POINT --key-file`).
 //
@@ -35,8 +35,8 @@
 #include <mutex>
 #include <string>
 
-#include "common/nbd_server.h"
-#include "common/seal.h"
+#include "common/crypto/seal.h"
+#include "common/nbd/nbd_server.h"
 #include "master-target/export.h"
 #include "master-target/replica_volume.h"
 

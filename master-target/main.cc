@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // cdp-master-target: the provider-side daemon. See master-target/master_target.h for
 // the protocol and control API, docs/recovery.md for operating it.
-#include "common/run_daemon.h"
+#include "common/daemon/run_daemon.h"
 #include "master-target/master_target.h"
 #include "master-target/mt_config.h"
 

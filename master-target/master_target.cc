@@ -7,14 +7,14 @@
 
 #include "master-target/dashboard.h"
 #include "master-target/keyed_export.h"
-#include "master-target/mt_control_api.h"
 #include "master-target/master_target_impl.h"
+#include "master-target/mt_control_api.h"
 #include "master-target/ps_session.h"
 
 namespace cdp::mt {
 
 std::string VolumeDir(const std::string& data_dir, const std::string& tenant, const std::string& volume) {
-  if (!proto::ValidName(tenant) || !proto::ValidName(volume)) return "";
+  if (!ValidName(tenant) || !ValidName(volume)) return "";
   return JoinPath(JoinPath(JoinPath(JoinPath(data_dir, "tenants"), tenant), "volumes"), volume);
 }
 
@@ -152,7 +152,7 @@ Status MasterTarget::Impl::LoadVolumes() {
     }
     CDP_ASSIGN_OR_RETURN(auto names, store->ListDir(vdir));
     for (const auto& n : names) {
-      if (!proto::ValidName(n) || !store->Exists(JoinPath(JoinPath(vdir, n), "index.db"))) continue;
+      if (!ValidName(n) || !store->Exists(JoinPath(JoinPath(vdir, n), "index.db"))) continue;
       auto v = ReplicaVolume::Open(VolOpts(tenant, n), nullptr);
       if (!v.ok()) {
         log->error("{} cannot open volume: {}", log::Where{n, tenant, 0}, v.status().ToString());
@@ -277,7 +277,7 @@ json::array MasterTarget::Impl::RunRetention(const std::string& tenant) {
 
 Result<std::shared_ptr<VolEntry>> MasterTarget::Impl::Resolve(const http::Caller& caller, const std::string& tenant,
                                                               const std::string& volume) {
-  if (!proto::ValidName(volume)) return Status::InvalidArgument("missing or bad 'volume'");
+  if (!ValidName(volume)) return Status::InvalidArgument("missing or bad 'volume'");
   std::lock_guard<std::mutex> lk(vol_mu);
   if (!caller.admin) {
     // One answer for "not yours" and "not there": nothing tells them apart.
@@ -327,7 +327,7 @@ Status MasterTarget::Start() {
                 "will be refused and its volume stall",
                 o_.max_batch_work, proto::kMaxBatchWork);
   for (const auto& [t, s] : o_.tenants) {
-    if (!proto::ValidName(t)) return Status::InvalidArgument("bad tenant name '" + t + "'");
+    if (!ValidName(t)) return Status::InvalidArgument("bad tenant name '" + t + "'");
     if (s.empty()) return Status::InvalidArgument("tenant " + t + " has an empty secret");
   }
   m.connections = registry_.GetGauge("cdp_mt_connections", "Process server connections open");

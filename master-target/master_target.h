@@ -11,7 +11,7 @@
 //             (the promoted failover's persistent overlay, master-target/export.h)
 //        <data_dir>/tenants/<tenant>/exports/<n>.cow  (test export overlays,
 //             removed at start)
-// Every path is built from validated names (proto::ValidName) under the
+// Every path is built from validated names (ValidName) under the
 // tenant's directory; one tenant's volumes are never reachable by another.
 //
 // Lifecycle: construct -> Start() (opens every volume: crash recovery first,
@@ -34,15 +34,15 @@
 #include <thread>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/control_token.h"
-#include "common/env.h"
-#include "common/daemon.h"
-#include "common/host_port.h"
-#include "common/metrics.h"
-#include "common/seal.h"
-#include "common/result.h"
-#include "common/status.h"
+#include "common/base/clock.h"
+#include "common/base/host_port.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
+#include "common/crypto/seal.h"
+#include "common/daemon/daemon.h"
+#include "common/daemon/metrics.h"
+#include "common/env/env.h"
+#include "common/http/control_token.h"
 #include "master-target/replica_volume.h"
 
 namespace cdp {
@@ -99,7 +99,7 @@ struct MasterTargetOptions {
   // VolumeOptions::replica_direct_io of every volume (config: replica_io).
   bool replica_direct_io = true;
   // The local store (no `store`): at most this many of its files open at
-  // once (common/file_cache_env.h), whatever the number of volumes; the
+  // once (common/env/file_cache_env.h), whatever the number of volumes; the
   // index then goes through the same Env (sqlite::EnvVfs). 0: no bound, a
   // volume keeps its ~9 files open and sqlite opens the index itself.
   size_t max_open_files = 1000;
@@ -121,11 +121,11 @@ struct MasterTargetOptions {
   uint64_t anomaly_hold_us = 7ull * 86'400'000'000;
   uint64_t retention_check_us = 10'000'000;
   uint32_t handshake_timeout_ms = 10'000;
-  // TLS on the data listener (common/tls_stream.h). The config's default is
-  // on (common/daemon.h); options built by hand (in-process tests) are clear
+  // TLS on the data listener (common/net/tls_stream.h). The config's default is
+  // on (common/daemon/daemon.h); options built by hand (in-process tests) are clear
   // unless they set it.
   TlsSettings tls = TlsSettings::Off();
-  // Tokens of the control API (common/control_token.h): the admin token
+  // Tokens of the control API (common/http/control_token.h): the admin token
   // defaults to <data_dir>/control.token, tenant tokens live in
   // <data_dir>/tenant_tokens. The config's default is on; options built by
   // hand are open unless they set it.
@@ -247,7 +247,7 @@ class MasterTarget {
 };
 
 // The per-volume files directory: <data_dir>/tenants/<tenant>/volumes/<volume>.
-// Both names must be valid (proto::ValidName); returns "" otherwise.
+// Both names must be valid (ValidName); returns "" otherwise.
 std::string VolumeDir(const std::string& data_dir, const std::string& tenant, const std::string& volume);
 
 }  // namespace cdp::mt

@@ -3,7 +3,7 @@
 // states in replica_volume.h).
 #include <algorithm>
 
-#include "common/block_digest.h"
+#include "common/wire/block_digest.h"
 #include "master-target/master_target_impl.h"
 
 namespace cdp::mt {

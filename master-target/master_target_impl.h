@@ -23,16 +23,16 @@
 #include <thread>
 #include <utility>
 
-#include "common/channel.h"
-#include "common/file_cache_env.h"
-#include "common/http_server.h"
-#include "common/listener.h"
-#include "common/log.h"
-#include "common/nbd_server.h"
-#include "common/tls_stream.h"
+#include "common/base/log.h"
+#include "common/env/file_cache_env.h"
+#include "common/http/http_server.h"
+#include "common/nbd/nbd_server.h"
+#include "common/net/listener.h"
+#include "common/net/tls_stream.h"
+#include "common/store/sqlite_vfs.h"
+#include "common/wire/channel.h"
 #include "master-target/export.h"
 #include "master-target/lag_history.h"
-#include "common/sqlite_vfs.h"
 #include "master-target/master_target.h"
 
 namespace cdp::mt {

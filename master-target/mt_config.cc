@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "master-target/mt_config.h"
 
-#include "common/control_token.h"
-#include "common/daemon.h"
-#include "common/file_cache_env.h"
-#include "common/host_port.h"
-#include "common/protocol.h"
+#include "common/base/host_port.h"
+#include "common/daemon/daemon.h"
+#include "common/env/file_cache_env.h"
+#include "common/http/control_token.h"
+#include "common/wire/protocol.h"
 #include "storage/ceph_env.h"
 
 #include <tuple>
@@ -111,7 +111,7 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
     return Status::InvalidArgument("'nbd_max_connections' must be 1..65536");
   if (vm.count("direct_agents")) {
     for (const auto& t : vm["direct_agents"].as<std::vector<std::string>>()) {
-      if (!proto::ValidName(t)) return Status::InvalidArgument("'direct_agents': bad tenant name '" + t + "'");
+      if (!ValidName(t)) return Status::InvalidArgument("'direct_agents': bad tenant name '" + t + "'");
       o.direct_agent_tenants.insert(t);
     }
   }
@@ -196,7 +196,7 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
         return bad(per_volume ? "want TENANT/VOLUME=DURATION" : "want TENANT=DURATION");
       const std::string tenant = q.substr(0, per_volume ? slash : eq);
       if (!o.tenants.count(tenant)) return bad("no tenant " + tenant);
-      if (per_volume && !proto::ValidName(q.substr(slash + 1, eq - slash - 1))) return bad("invalid volume name");
+      if (per_volume && !ValidName(q.substr(slash + 1, eq - slash - 1))) return bad("invalid volume name");
       auto d = ParseDuration(q.substr(eq + 1));
       if (!d.ok()) return bad(d.status().message());
       (*out)[q.substr(0, eq)] = d->micros;

@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// The master target's configuration: option declarations for common/config.h
+// The master target's configuration: option declarations for common/daemon/config.h
 // and their translation into MasterTargetOptions (docs/recovery.md and
 // docs/examples/master-target.conf show the keys).
 //
 // Thread safety: pure functions, for start-up.
 #pragma once
 
-#include "common/config.h"
-#include "common/log.h"
-#include "common/result.h"
+#include "common/base/log.h"
+#include "common/base/result.h"
+#include "common/daemon/config.h"
 #include "master-target/master_target.h"
 
 namespace cdp::mt {

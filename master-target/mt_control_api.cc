@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "common/block_digest.h"
-#include "common/hash.h"
-#include "common/seal.h"
+#include "common/crypto/seal.h"
+#include "common/wire/block_digest.h"
+#include "common/wire/hash.h"
 
 namespace cdp::mt {
 
@@ -291,7 +291,7 @@ void MasterTarget::Impl::AddRoutes() {
       return http::Response::Json(200, json::object{{"exports", out}, {"port", nbd ? nbd->port() : 0}});
     });
   });
-  // Block digests of the replica (common/block_digest.h) for `cdpctl verify`:
+  // Block digests of the replica (common/wire/block_digest.h) for `cdpctl verify`:
   // the current image, or the image at wire sequence `at_seq` through the
   // undo journal. 409 while the replica has not applied at_seq yet, 410 when
   // it is outside the retained history.
@@ -449,7 +449,7 @@ void MasterTarget::Impl::AddRoutes() {
       return http::Response::Json(200, json::object{{"volumes", RunRetention(r.caller.admin ? "" : r.caller.tenant)}});
     });
   });
-  // Tenant tokens (common/control_token.h): the admin token only.
+  // Tenant tokens (common/http/control_token.h): the admin token only.
   http->Route("GET", "/v1/tokens", [this](const http::Request& r) {
     if (!r.caller.admin) return NeedsAdmin(r);
     json::object counts;

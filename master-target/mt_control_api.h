@@ -4,8 +4,8 @@
 // JSON helpers (control_api.cc); the handlers run on the HTTP server's
 // threads and take the daemon's locks (master-target/master_target_impl.h).
 //
-// Control API (JSON over HTTP on `control`, common/http_server.h). Every
-// request carries a control token (common/control_token.h): the admin token
+// Control API (JSON over HTTP on `control`, common/http/http_server.h). Every
+// request carries a control token (common/http/control_token.h): the admin token
 // acts on every tenant; a tenant token only on its tenant's volumes and
 // exports, and another tenant's volume or export answers exactly like a
 // missing one (404 "no volume NAME" / "no export NAME"). A volume is named by

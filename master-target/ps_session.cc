@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <variant>
 
-#include "common/frame_inbox.h"
+#include "common/wire/frame_inbox.h"
 
 namespace cdp::mt {
 

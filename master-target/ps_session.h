@@ -7,12 +7,12 @@
 // and the retention thread.
 //
 // ===================== Protocol contract with the process server =====================
-// (common/protocol.h messages over common/channel.h FrameChannel; the process
+// (common/wire/protocol.h messages over common/wire/channel.h FrameChannel; the process
 // server codes against this; keep it.)
 //
 //   PS connects to `listen` (default port 7500) over TLS (unless tls = off),
 //   then ServerHandshake: tenant and role come from the PS's certificate and
-//   must match the Hello (common/channel.h). The role must be kProcessServer;
+//   must match the Hello (common/wire/channel.h). The role must be kProcessServer;
 //   kAgent only for a tenant in `direct_agents` (else Nack kPermissionDenied,
 //   connection closed). Wrong secret / unknown tenant -> AuthResult refused.
 //
@@ -56,7 +56,7 @@
 //     once the whole batch is durable (journal synced, replica synced, sqlite
 //     committed) -> Ack{volume_id, durable_seq = last seq of the batch}.
 //     Acks come in the order of the batches (one reply per WriteBatch).
-//     Group commit: a session receives ahead (common/frame_inbox.h, at most
+//     Group commit: a session receives ahead (common/wire/frame_inbox.h, at most
 //     32 MiB queued), and the volume's batches that continue the sequence and
 //     are already received are applied as one (at most 32 MiB of work): one
 //     journal sync, one replica sync, one commit. Each batch of the group is
@@ -67,7 +67,7 @@
 //     `point_interval`, default 5 s); kTag records always make a named point.
 //
 //   HashRequest{volume_id, request_id, region_size, first_region, count, min_seq, at_seq}
-//     -> HashResponse{... seq, status, hashes}: block digests (common/block_digest.h)
+//     -> HashResponse{... seq, status, hashes}: block digests (common/wire/block_digest.h)
 //        of each unit of the replica at the applied sequence (>= min_seq, else
 //        kBehind) or at exactly at_seq (kBehind / kPointGone); units past the
 //        end are left out. A bad unit size, count or a first unit past the end

@@ -5,9 +5,9 @@
 #include <cstring>
 #include <map>
 
-#include "common/log.h"
-#include "common/metrics.h"
-#include "common/sqlite.h"
+#include "common/base/log.h"
+#include "common/daemon/metrics.h"
+#include "common/store/sqlite.h"
 
 namespace cdp::mt {
 
@@ -377,7 +377,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
           return Nack(proto::NackReason::kBadRecord, at + "flush with a range");
         break;
       case proto::RecordKind::kTag:
-        if (!proto::ValidName(std::string_view(reinterpret_cast<const char*>(r.data.data()), r.data.size())))
+        if (!ValidName(std::string_view(reinterpret_cast<const char*>(r.data.data()), r.data.size())))
           return Nack(proto::NackReason::kBadRecord, at + "bad tag name");
         break;
       case proto::RecordKind::kAnomaly: {

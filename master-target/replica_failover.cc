@@ -3,9 +3,9 @@
 
 #include <algorithm>
 
-#include "common/log.h"
-#include "common/metrics.h"
-#include "common/sqlite.h"
+#include "common/base/log.h"
+#include "common/daemon/metrics.h"
+#include "common/store/sqlite.h"
 
 namespace cdp::mt {
 
@@ -209,7 +209,7 @@ Result<uint64_t> ReplicaVolume::ApplyFailback(std::vector<proto::Record> records
     proto::Record& r = records[i];
     r.seq = applied + 1 + i;
     if (r.kind == proto::RecordKind::kTag && r.offset == 0 && r.length == 0 &&
-        proto::ValidName(std::string_view(reinterpret_cast<const char*>(r.data.data()), r.data.size())))
+        ValidName(std::string_view(reinterpret_cast<const char*>(r.data.data()), r.data.size())))
       continue;
     const bool plain_ok = !id_.sealed && (r.kind == proto::RecordKind::kData ? r.data.size() == r.length
                                           : r.kind == proto::RecordKind::kZero && r.data.empty());

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <bit>
 
-#include "common/sqlite.h"
+#include "common/store/sqlite.h"
 #include "master-target/replica_index.h"
 
 namespace cdp::mt {
@@ -99,7 +99,7 @@ Status CreateIndexSchema(sqlite::Db& db) {
 }
 
 Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
-  if (!proto::ValidName(id.name)) return Status::InvalidArgument("bad volume name");
+  if (!ValidName(id.name)) return Status::InvalidArgument("bad volume name");
   if (!std::has_single_bit(id.block_size) || id.block_size < 512 || id.block_size > (1u << 20))
     return Status::InvalidArgument("bad block size " + std::to_string(id.block_size));
   if (id.size == 0 || id.size % id.block_size != 0)

@@ -13,8 +13,8 @@
 // apply mutex held.
 #pragma once
 
-#include "common/sqlite.h"
-#include "common/status.h"
+#include "common/base/status.h"
+#include "common/store/sqlite.h"
 
 namespace cdp::mt {
 

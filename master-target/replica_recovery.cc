@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <limits>
 
-#include "common/log.h"
-#include "common/metrics.h"
-#include "common/sqlite.h"
+#include "common/base/log.h"
+#include "common/daemon/metrics.h"
+#include "common/store/sqlite.h"
 
 namespace cdp::mt {
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "common/log.h"
-#include "common/sqlite.h"
+#include "common/base/log.h"
+#include "common/store/sqlite.h"
 
 namespace cdp::mt {
 

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <bit>
 
-#include "common/block_digest.h"
-#include "common/hash.h"
-#include "common/log.h"
-#include "common/metrics.h"
-#include "common/sqlite.h"
+#include "common/base/log.h"
+#include "common/daemon/metrics.h"
+#include "common/store/sqlite.h"
+#include "common/wire/block_digest.h"
+#include "common/wire/hash.h"
 #include "master-target/replica_index.h"
 
 namespace cdp::mt {

@@ -111,13 +111,13 @@
 #include <string>
 #include <vector>
 
-#include "common/block_digest.h"
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/protocol.h"
-#include "common/result.h"
-#include "common/sqlite.h"
-#include "common/status.h"
+#include "common/base/clock.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
+#include "common/env/env.h"
+#include "common/store/sqlite.h"
+#include "common/wire/block_digest.h"
+#include "common/wire/protocol.h"
 #include "master-target/digest_store.h"
 #include "master-target/history_lock.h"
 #include "master-target/journal.h"
@@ -139,7 +139,7 @@ struct VolumeIdentity {
   uint32_t block_size = 4096;
   std::array<uint8_t, 16> uuid{};
   uint64_t generation = 0;
-  // Tenant-side encryption (common/seal.h): the volume takes only kSealed /
+  // Tenant-side encryption (common/crypto/seal.h): the volume takes only kSealed /
   // kSealedZero records. Their MACs live in the replica file after the
   // volume's `size` bytes (the MAC of block b at size + 16 b), are applied,
   // journaled, rolled back and read at a point like any other bytes, and are
@@ -270,7 +270,7 @@ struct RetentionPolicy {
   uint64_t lock_us = 0;
 };
 
-// Counters a daemon exports (common/metrics.h). Null pointers are skipped.
+// Counters a daemon exports (common/daemon/metrics.h). Null pointers are skipped.
 struct VolumeMetrics {
   std::shared_ptr<metrics::Counter> bytes_applied;      // change bytes applied (data+zero+trim)
   std::shared_ptr<metrics::Counter> records_applied;
@@ -556,7 +556,7 @@ class ReplicaVolume {
   Status SetRetention(const RetentionPolicy& policy);
   RetentionPolicy retention() const;
 
-  // Block digests (common/block_digest.h) of units [first, first+count) of
+  // Block digests (common/wire/block_digest.h) of units [first, first+count) of
   // `unit` bytes, for resync and online verify. Sequences are history
   // sequences. at_seq == 0: the current image, taken under the apply lock
   // (so the replica file is that image and its holes are skipped unread);

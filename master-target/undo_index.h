@@ -47,8 +47,8 @@
 #include <string>
 #include <vector>
 
-#include "common/result.h"
-#include "common/sqlite.h"
+#include "common/base/result.h"
+#include "common/store/sqlite.h"
 #include "master-target/journal.h"
 
 namespace cdp::mt {

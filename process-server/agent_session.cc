@@ -12,7 +12,7 @@
 #include <thread>
 #include <variant>
 
-#include "common/codec.h"
+#include "common/wire/codec.h"
 
 namespace cdp::ps {
 
@@ -212,7 +212,7 @@ Status ProcessServer::Impl::Handle(FrameChannel& ch, const std::string& tenant, 
                                    uint32_t& next_id, const std::shared_ptr<Relays>& relays,
                                    proto::Message& m, int replies, std::set<SpooledVolume*>* fenced_here) {
   if (auto* o = std::get_if<proto::VolumeOpen>(&m)) {
-    if (!proto::ValidName(o->name)) return ch.Send(MakeNack(0, proto::NackReason::kBadRecord, 0, "invalid volume name"));
+    if (!ValidName(o->name)) return ch.Send(MakeNack(0, proto::NackReason::kBadRecord, 0, "invalid volume name"));
     if (IsRetiredSpoolName(o->name))
       return ch.Send(MakeNack(0, proto::NackReason::kBadRecord, 0,
                               "volume names containing \"" + std::string(kRetiredMark) + "\" are reserved"));
@@ -447,7 +447,7 @@ Status ProcessServer::Impl::RelayFailback(FrameChannel& ch, const std::string& t
     failed = std::move(p);
   }
   const char* what = is_plan ? "failback plan" : "pull";
-  if (!proto::ValidName(volume)) {  // the parser checked it; the name becomes a path and a key below
+  if (!ValidName(volume)) {  // the parser checked it; the name becomes a path and a key below
     log->warn("peer={} tenant={} {} request {} refused: invalid volume name", ch.peer(), tenant, what, agent_id);
     return ch.Send(failed);
   }

@@ -8,8 +8,8 @@
 // MT links (process-server/process_server_impl.h).
 //
 // ===================== Agent-facing contract (protocol v1) =====================
-// Transport: TCP to `listen` (default port 7400), frames of common/protocol.h,
-// one thread per agent connection (common/channel.h).
+// Transport: TCP to `listen` (default port 7400), frames of common/wire/protocol.h,
+// one thread per agent connection (common/wire/channel.h).
 //  1. ServerHandshake: the agent says Hello{role = kAgent, tenant, client_id};
 //     secrets are the per-tenant secrets of the config. Any other role, or a
 //     failed proof, closes the connection.

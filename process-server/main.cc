@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // cdp-process-server: loads the config, runs the ProcessServer until SIGINT/SIGTERM.
-#include "common/run_daemon.h"
+#include "common/daemon/run_daemon.h"
 #include "process-server/process_server.h"
 #include "process-server/ps_config.h"
 

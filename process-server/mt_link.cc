@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "process-server/mt_link.h"
 
-#include "common/log.h"
-#include "common/stream_filters.h"
+#include "common/base/log.h"
+#include "common/net/stream_filters.h"
 
 namespace cdp::ps {
 

@@ -2,7 +2,7 @@
 // MtLink: the process server's connection to the master target for one
 // tenant (kept alive, reconnected), shipping the spools of the volumes
 // assigned to it. Shipping is the one replication sender
-// (common/replication_sender.h: its header draws the state machine); this
+// (common/wire/replication_sender.h: its header draws the state machine); this
 // file is the RecordSource over a volume's spool:
 //
 //   OpenMessage   the agent's VolumeOpen, as persisted beside the spool
@@ -39,12 +39,12 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/protocol.h"
-#include "common/replication_sender.h"
-#include "common/result.h"
-#include "common/tls_stream.h"
-#include "common/throttle.h"
+#include "common/base/clock.h"
+#include "common/base/result.h"
+#include "common/net/throttle.h"
+#include "common/net/tls_stream.h"
+#include "common/wire/protocol.h"
+#include "common/wire/replication_sender.h"
 #include "process-server/spooled_volume.h"
 
 namespace cdp::ps {

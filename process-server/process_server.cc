@@ -4,9 +4,9 @@
 #include <boost/json.hpp>
 #include <optional>
 
-#include "common/codec.h"
-#include "process-server/ps_control_api.h"
+#include "common/wire/codec.h"
 #include "process-server/process_server_impl.h"
+#include "process-server/ps_control_api.h"
 
 namespace cdp::ps {
 
@@ -361,7 +361,7 @@ Status ProcessServer::Start() {
     return Status::InvalidArgument("copies must be 0.." + std::to_string(targets.size()));
   im.links.resize(targets.size());
   for (const auto& [tenant, secret] : opt_.tenants) {
-    if (!proto::ValidName(tenant)) return Status::InvalidArgument("bad tenant name '" + tenant + "'");
+    if (!ValidName(tenant)) return Status::InvalidArgument("bad tenant name '" + tenant + "'");
     std::vector<const MtLink*> ls;
     for (size_t copy = 0; copy < targets.size(); ++copy) {
       auto& v = im.links[copy][tenant];
@@ -409,7 +409,7 @@ Status ProcessServer::Start() {
     if (!opt_.env->Exists(tdir)) continue;
     CDP_ASSIGN_OR_RETURN(std::vector<std::string> names, opt_.env->ListDir(tdir));
     for (const auto& name : names) {
-      if (!proto::ValidName(name) || IsRetiredSpoolName(name) ||
+      if (!ValidName(name) || IsRetiredSpoolName(name) ||
           !opt_.env->Exists(JoinPath(JoinPath(tdir, name), "volume.meta")))
         continue;  // a retired spool (re-protect) stays where it is, unshipped
       auto v = im.GetVolume(tenant, nullptr, name);

@@ -43,15 +43,15 @@
 
 #include <boost/json/value.hpp>
 
-#include "common/clock.h"
-#include "common/control_token.h"
-#include "common/env.h"
-#include "common/file_cache_env.h"
-#include "common/daemon.h"
-#include "common/host_port.h"
-#include "common/protocol.h"
-#include "common/status.h"
-#include "common/throttle.h"
+#include "common/base/clock.h"
+#include "common/base/host_port.h"
+#include "common/base/status.h"
+#include "common/daemon/daemon.h"
+#include "common/env/env.h"
+#include "common/env/file_cache_env.h"
+#include "common/http/control_token.h"
+#include "common/net/throttle.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::metrics {
 class Registry;
@@ -101,16 +101,16 @@ struct ProcessServerOptions {
   std::map<std::string, int> volume_inflight;  // "tenant/volume" -> its own max_inflight (LoRS threads)
   int connections = 1;                // MT connections per tenant
   ConnectionCaps connection_caps;     // agent connections (the data listener)
-  // TLS to agents and to the MT (common/tls_stream.h). The config's default is
+  // TLS to agents and to the MT (common/net/tls_stream.h). The config's default is
   // on; options built by hand (in-process tests) are clear unless they set it.
   TlsSettings tls = TlsSettings::Off();
-  // Tokens of the control API (common/control_token.h); the admin token file
+  // Tokens of the control API (common/http/control_token.h); the admin token file
   // defaults to <spool_dir>/control.token. The config's default is on;
   // options built by hand are open unless they set it.
   ControlAuthSettings control_auth = ControlAuthSettings::Off();
   int compress_threads = 0;           // compression pool per tenant; 0 = CPU cores
   // Spool files open at once, whatever the number of volumes
-  // (common/file_cache_env.h); 0: no bound (one open segment per volume).
+  // (common/env/file_cache_env.h); 0: no bound (one open segment per volume).
   size_t max_open_files = 1000;
   ThrottleOptions throttle;
   uint64_t backoff_min_ms = 100;

@@ -23,12 +23,12 @@
 #include <utility>
 #include <vector>
 
-#include "common/channel.h"
-#include "common/http_server.h"
-#include "common/listener.h"
-#include "common/tls_stream.h"
-#include "common/log.h"
-#include "common/metrics.h"
+#include "common/base/log.h"
+#include "common/daemon/metrics.h"
+#include "common/http/http_server.h"
+#include "common/net/listener.h"
+#include "common/net/tls_stream.h"
+#include "common/wire/channel.h"
 #include "process-server/mt_link.h"
 #include "process-server/process_server.h"
 #include "process-server/spooled_volume.h"

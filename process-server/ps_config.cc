@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "process-server/ps_config.h"
 
-#include "common/codec.h"
-#include "common/control_token.h"
-#include "common/daemon.h"
-#include "common/file_cache_env.h"
-#include "common/host_port.h"
+#include "common/base/host_port.h"
+#include "common/daemon/daemon.h"
+#include "common/env/file_cache_env.h"
+#include "common/http/control_token.h"
+#include "common/wire/codec.h"
 
 #include <tuple>
 
@@ -77,8 +77,8 @@ Status ParseVolumeCounts(const po::variables_map& vars, const std::string& key, 
     if (eq == std::string::npos) return Status::InvalidArgument("bad value '" + t + "' for '" + key + "'");
     std::string volume = t.substr(0, eq);
     size_t slash = volume.find('/');
-    if (slash == std::string::npos || !proto::ValidName(volume.substr(0, slash)) ||
-        !proto::ValidName(volume.substr(slash + 1)))
+    if (slash == std::string::npos || !ValidName(volume.substr(0, slash)) ||
+        !ValidName(volume.substr(slash + 1)))
       return Status::InvalidArgument("bad volume '" + volume + "' for '" + key + "' (want TENANT/VOLUME)");
     int n = 0;
     try {
@@ -124,7 +124,7 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
   CDP_RETURN_IF_ERROR(ParseVolumeCounts(vars, "volume_copies", 1, mt_count, &o.volume_copies));
   CDP_RETURN_IF_ERROR(ParseVolumeCounts(vars, "volume_inflight", 1, 1024, &o.volume_inflight));
   o.client_id = vars["client_id"].as<std::string>();
-  if (!proto::ValidName(o.client_id)) return Status::InvalidArgument("bad value '" + o.client_id + "' for 'client_id'");
+  if (!ValidName(o.client_id)) return Status::InvalidArgument("bad value '" + o.client_id + "' for 'client_id'");
   if (vars.count("tenant")) {
     for (const auto& t : vars["tenant"].as<std::vector<std::string>>()) {
       CDP_RETURN_IF_ERROR(AddTenantEntry(t, &o.tenants).WithContext("'tenant'"));
@@ -146,8 +146,8 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
       if (eq == std::string::npos) return Status::InvalidArgument("bad value '" + t + "' for 'volume_codec'");
       std::string key = t.substr(0, eq);
       size_t slash = key.find('/');
-      if (slash == std::string::npos || !proto::ValidName(key.substr(0, slash)) ||
-          !proto::ValidName(key.substr(slash + 1)))
+      if (slash == std::string::npos || !ValidName(key.substr(0, slash)) ||
+          !ValidName(key.substr(slash + 1)))
         return Status::InvalidArgument("bad volume '" + key + "' for 'volume_codec' (want TENANT/VOLUME)");
       CDP_ASSIGN_OR_RETURN(auto vc, ParseCodecLevel("volume_codec", t.substr(eq + 1), o.level));
       o.volume_codecs[key] = vc;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The process server's configuration: option declarations for
-// common/config.h and their translation into ProcessServerOptions.
+// common/daemon/config.h and their translation into ProcessServerOptions.
 //
 // Keys (file `key = value`, or `--key value` flags which override the file):
 //   listen = 0.0.0.0:7400            agent data port
@@ -27,7 +27,7 @@
 //   connections = 1                  MT connections per tenant
 //   compress_threads = 0             compression pool per tenant (0 = CPU cores)
 //   throttle_mbps = 0                default rate, Mbit/s (0 = unlimited)
-//   throttle_schedule = 20@08:00-18:00   windows (see common/throttle.h)
+//   throttle_schedule = 20@08:00-18:00   windows (see common/net/throttle.h)
 //   throttle_utc_offset = 0          minutes added to UTC for the schedule
 //   throttle_burst = 256KiB
 //   [log] level = info, file = ...
@@ -35,9 +35,9 @@
 // Thread safety: pure functions, for start-up.
 #pragma once
 
-#include "common/config.h"
-#include "common/log.h"
-#include "common/result.h"
+#include "common/base/log.h"
+#include "common/base/result.h"
+#include "common/daemon/config.h"
 #include "process-server/process_server.h"
 
 namespace cdp::ps {

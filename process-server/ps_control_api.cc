@@ -3,7 +3,7 @@
 
 #include <boost/json.hpp>
 
-#include "common/codec.h"
+#include "common/wire/codec.h"
 
 namespace cdp::ps {
 

@@ -3,8 +3,8 @@
 // throttle. Implemented by ProcessServer::StartControl, VolumesJson and
 // StatusJson (control_api.cc); the handlers run on the HTTP server's threads.
 //
-// Control (common/http_server.h, default port 9101), every route behind the
-// PS's admin token (common/control_token.h; /metrics public only with
+// Control (common/http/http_server.h, default port 9101), every route behind the
+// PS's admin token (common/http/control_token.h; /metrics public only with
 // metrics_public); a bad parameter is a 400 naming it:
 //   GET  /metrics, /status
 //   GET  /v1/volumes               every volume: spool backlog, ages, rates, ratio, link state

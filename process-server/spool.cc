@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "common/coding.h"
+#include "common/base/coding.h"
 
 namespace cdp::ps {
 namespace {
@@ -24,7 +24,7 @@ bool ValidShape(proto::RecordKind kind, uint32_t length, size_t data_len) {
     case proto::RecordKind::kData:
       return data_len == length && length > 0 && length <= kMaxSpoolRecordData;
     case proto::RecordKind::kTag:
-      return data_len >= 1 && data_len <= proto::kMaxNameLength;
+      return data_len >= 1 && data_len <= kMaxNameLength;
     case proto::RecordKind::kZero:
     case proto::RecordKind::kTrim:
     case proto::RecordKind::kFlush:

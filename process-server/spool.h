@@ -2,7 +2,7 @@
 // Spool: the process server's durable per-volume cache of captured writes.
 //
 // One Spool per (tenant, volume), in its own directory. It is a segment log
-// (common/segment_log.h): segment files "<first seq, 16 hex digits>.spl", each
+// (common/store/segment_log.h): segment files "<first seq, 16 hex digits>.spl", each
 // a header followed by CRC-framed records (byte layout: docs/formats/spool.md
 // on top of docs/formats/segment-log.md). Records keep the
 // volume sequence, offset, length, kind, capture timestamp and data; a kData
@@ -59,12 +59,12 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/protocol.h"
-#include "common/result.h"
-#include "common/segment_log.h"
-#include "common/status.h"
+#include "common/base/clock.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
+#include "common/env/env.h"
+#include "common/store/segment_log.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::ps {
 
@@ -227,7 +227,7 @@ class Spool {
 
 // Encodes one record in the spool's framing (exposed for tests and tools).
 void EncodeSpoolRecord(const proto::Record& r, Bytes* out);
-// True when every byte is zero (common/coding.h).
+// True when every byte is zero (common/base/coding.h).
 using cdp::AllZero;
 
 }  // namespace cdp::ps

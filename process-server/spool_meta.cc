@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "common/crc32c.h"
+#include "common/base/crc32c.h"
 
 namespace cdp::ps {
 
@@ -30,7 +30,7 @@ Result<proto::VolumeOpen> DecodeVolumeMeta(ByteSpan data) {
   ByteReader r(data.first(data.size() - 4));
   uint32_t magic = 0, version = 0, name_len = 0;
   if (!r.GetFixed32(&magic) || magic != kMetaMagic || !r.GetFixed32(&version) || version != kMetaVersion ||
-      !r.GetFixed32(&name_len) || name_len > proto::kMaxNameLength)
+      !r.GetFixed32(&name_len) || name_len > kMaxNameLength)
     return bad();
   proto::VolumeOpen o;
   ByteSpan name, uuid;
@@ -43,7 +43,7 @@ Result<proto::VolumeOpen> DecodeVolumeMeta(ByteSpan data) {
     o.sealed = true;
   }
   o.name.assign(name.begin(), name.end());
-  if (!proto::ValidName(o.name)) return bad();
+  if (!ValidName(o.name)) return bad();
   std::copy(uuid.begin(), uuid.end(), o.uuid.begin());
   return o;
 }

@@ -29,9 +29,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/coding.h"
-#include "common/protocol.h"
-#include "common/result.h"
+#include "common/base/coding.h"
+#include "common/base/result.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::ps {
 

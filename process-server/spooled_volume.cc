@@ -6,7 +6,7 @@
 #include <map>
 #include <utility>
 
-#include "common/log.h"
+#include "common/base/log.h"
 
 namespace cdp::ps {
 

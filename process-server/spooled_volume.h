@@ -49,9 +49,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/protocol.h"
+#include "common/base/clock.h"
+#include "common/env/env.h"
+#include "common/wire/protocol.h"
 #include "process-server/spool.h"
 #include "process-server/spool_meta.h"
 

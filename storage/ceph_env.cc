@@ -9,7 +9,7 @@
 #include <set>
 #include <span>
 
-#include "common/log.h"
+#include "common/base/log.h"
 
 namespace cdp::storage {
 

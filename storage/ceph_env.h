@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// CephEnv: an Env (common/env.h) whose files are RBD images in one Ceph pool,
+// CephEnv: an Env (common/env/env.h) whose files are RBD images in one Ceph pool,
 // the master target's storage backend on Ceph (docs/operations.md, "The
 // master target on a Ceph pool"). Everything the master target keeps of a
 // volume goes through its Env — the replica, the undo journal's segments,
 // the digest store, a failover's overlay, and, through sqlite's EnvVfs
-// (common/sqlite_vfs.h), the index — so on a CephEnv all of it lives in the
+// (common/store/sqlite_vfs.h), the index — so on a CephEnv all of it lives in the
 // pool, and another master target pointed at the same pool and prefix can
 // serve the volume after this one is gone.
 //
@@ -44,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "common/env.h"
+#include "common/env/env.h"
 #include "storage/rbd_image.h"
 
 namespace cdp::storage {

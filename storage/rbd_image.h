@@ -36,9 +36,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/coding.h"
-#include "common/result.h"
-#include "common/status.h"
+#include "common/base/coding.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
 
 namespace cdp::storage {
 

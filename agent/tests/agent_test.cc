@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "agent/tests/test_peer.h"
-#include "common/http_client.h"
+#include "common/http/http_client.h"
 #include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;

@@ -13,9 +13,9 @@
 #include <thread>
 
 #include "agent/branch_device.h"
-#include "common/block_device.h"
-#include "common/crc32c.h"
-#include "common/fault_env.h"
+#include "common/base/crc32c.h"
+#include "common/env/fault_env.h"
+#include "common/nbd/block_device.h"
 #include "common/tests/test_util.h"
 
 using cdp::Bytes;

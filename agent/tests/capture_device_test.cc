@@ -9,8 +9,8 @@
 #include <map>
 #include <random>
 
-#include "common/block_digest.h"
-#include "common/env_wrapper.h"
+#include "common/env/env_wrapper.h"
+#include "common/wire/block_digest.h"
 
 using cdp::agent::CaptureDevice;
 using cdp::agent::DirtyBitmap;

@@ -4,9 +4,9 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 
-#include "common/coding.h"
-#include "common/crc32c.h"
-#include "common/fault_env.h"
+#include "common/base/coding.h"
+#include "common/base/crc32c.h"
+#include "common/env/fault_env.h"
 
 using cdp::agent::DirtyBitmap;
 

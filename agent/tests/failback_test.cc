@@ -11,8 +11,8 @@
 #include "agent/agent.h"
 #include "agent/site_state.h"
 #include "agent/tests/test_peer.h"
-#include "common/block_digest.h"
 #include "common/tests/test_util.h"
+#include "common/wire/block_digest.h"
 
 using cdp::Bytes;
 using cdp::Code;

@@ -11,9 +11,9 @@
 #include <thread>
 
 #include "agent/sender.h"
-#include "process-server/process_server.h"
-#include "common/seal.h"
+#include "common/crypto/seal.h"
 #include "common/tests/test_util.h"
+#include "process-server/process_server.h"
 
 using namespace std::chrono_literals;
 using cdp::agent::CaptureDevice;

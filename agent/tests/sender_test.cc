@@ -13,11 +13,11 @@
 
 #include "agent/resync.h"
 #include "agent/tests/test_peer.h"
-#include "common/fault_env.h"
-#include "common/block_digest.h"
-#include "common/env_wrapper.h"
-#include "common/seal.h"
+#include "common/crypto/seal.h"
+#include "common/env/env_wrapper.h"
+#include "common/env/fault_env.h"
 #include "common/tests/test_util.h"
+#include "common/wire/block_digest.h"
 
 using namespace std::chrono_literals;
 using cdp::agent::CaptureDevice;

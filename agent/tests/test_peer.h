@@ -24,11 +24,11 @@
 #include <thread>
 #include <vector>
 
-#include "common/channel.h"
-#include "common/block_digest.h"
-#include "common/hash.h"
-#include "common/listener.h"
-#include "common/protocol.h"
+#include "common/net/listener.h"
+#include "common/wire/block_digest.h"
+#include "common/wire/channel.h"
+#include "common/wire/hash.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::agent::testing {
 

@@ -19,11 +19,11 @@
 #include <string>
 #include <thread>
 
-#include "common/byte_stream.h"
-#include "common/channel.h"
-#include "common/clock.h"
-#include "common/stream_filters.h"
-#include "common/throttle.h"
+#include "common/base/clock.h"
+#include "common/net/byte_stream.h"
+#include "common/net/stream_filters.h"
+#include "common/net/throttle.h"
+#include "common/wire/channel.h"
 
 namespace cdp {
 namespace {

@@ -18,10 +18,10 @@
 #include <string>
 #include <thread>
 
-#include "common/asio_status.h"
-#include "common/auth.h"
-#include "common/channel.h"
-#include "common/frame_inbox.h"
+#include "common/base/asio_status.h"
+#include "common/crypto/auth.h"
+#include "common/wire/channel.h"
+#include "common/wire/frame_inbox.h"
 
 namespace cdp {
 namespace {

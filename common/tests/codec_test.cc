@@ -14,10 +14,10 @@
 #include <random>
 #include <string>
 
-#include "common/codec.h"
-#include "common/crc32c.h"
-#include "common/hash.h"
+#include "common/base/crc32c.h"
 #include "common/tests/test_util.h"
+#include "common/wire/codec.h"
+#include "common/wire/hash.h"
 
 namespace cdp {
 namespace {

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "common/config.h"
+#include "common/daemon/config.h"
 
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
-#include "common/daemon.h"
-#include "common/env.h"
-#include "common/log.h"
+#include "common/base/log.h"
+#include "common/daemon/daemon.h"
+#include "common/env/env.h"
 
 namespace cdp {
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Control tokens (common/control_token.h), request parameters (http::Params)
+// Control tokens (common/http/control_token.h), request parameters (http::Params)
 // and the HTTP server's authentication of every route.
 #include <sys/stat.h>
 
@@ -7,12 +7,12 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 
-#include "common/control_token.h"
-#include "common/env.h"
-#include "common/fault_env.h"
-#include "common/http_client.h"
-#include "common/http_server.h"
-#include "common/metrics.h"
+#include "common/daemon/metrics.h"
+#include "common/env/env.h"
+#include "common/env/fault_env.h"
+#include "common/http/control_token.h"
+#include "common/http/http_client.h"
+#include "common/http/http_server.h"
 #include "common/tests/test_util.h"
 
 using namespace cdp;

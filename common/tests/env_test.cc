@@ -2,8 +2,8 @@
 // Env behaviour, run identically on the POSIX Env (in a mkdtemp directory),
 // the in-memory Env and FaultEnv wrappers; then the FaultEnv durability model
 // and error injection.
-#include "common/env.h"
-#include "common/file_cache_env.h"
+#include "common/env/env.h"
+#include "common/env/file_cache_env.h"
 
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/env_wrapper.h"
-#include "common/fault_env.h"
+#include "common/env/env_wrapper.h"
+#include "common/env/fault_env.h"
 
 namespace cdp {
 namespace {

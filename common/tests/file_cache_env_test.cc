@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "common/file_cache_env.h"
+#include "common/env/file_cache_env.h"
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/env.h"
-#include "common/env_wrapper.h"
-#include "common/fault_env.h"
+#include "common/env/env.h"
+#include "common/env/env_wrapper.h"
+#include "common/env/fault_env.h"
 #include "common/tests/test_util.h"
 
 namespace cdp {

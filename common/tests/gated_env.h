@@ -18,7 +18,7 @@
 #include <mutex>
 #include <string>
 
-#include "common/env_wrapper.h"
+#include "common/env/env_wrapper.h"
 
 namespace cdp::testing {
 

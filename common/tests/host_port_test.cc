@@ -2,7 +2,7 @@
 // The one host:port parser every binary uses.
 #include <catch2/catch.hpp>
 
-#include "common/host_port.h"
+#include "common/base/host_port.h"
 
 namespace {
 

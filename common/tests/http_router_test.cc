@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// common/http_router.h without a socket: parsing with the server's limits,
+// common/http/http_router.h without a socket: parsing with the server's limits,
 // decoding, the Host and content-type checks and route precedence.
-#include "common/http_router.h"
+#include "common/http/http_router.h"
 
 #include <boost/json.hpp>
 #include <catch2/catch.hpp>

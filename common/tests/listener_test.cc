@@ -22,9 +22,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "common/daemon.h"
-#include "common/listener.h"
-#include "common/metrics.h"
+#include "common/daemon/daemon.h"
+#include "common/daemon/metrics.h"
+#include "common/net/listener.h"
 #include "common/tests/test_util.h"
 
 namespace {

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The log (common/log.h): info lines reach the file within about a second
+// The log (common/base/log.h): info lines reach the file within about a second
 // without a warning to flush them (issue 38 F5: a kill -9 of the PS lost the
 // info lines about a copy reconnecting).
-#include "common/log.h"
+#include "common/base/log.h"
 
 #include <catch2/catch.hpp>
 #include <chrono>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "common/metrics.h"
+#include "common/daemon/metrics.h"
 
 #include <array>
 #include <atomic>
@@ -13,10 +13,10 @@
 #include <thread>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/http_client.h"
-#include "common/http_server.h"
+#include "common/base/clock.h"
+#include "common/env/env.h"
+#include "common/http/http_client.h"
+#include "common/http/http_server.h"
 #include "common/tests/test_util.h"
 
 namespace cdp {

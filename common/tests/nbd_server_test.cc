@@ -21,12 +21,12 @@
 #include <random>
 #include <thread>
 
-#include "common/env.h"
-#include "common/nbd_proto.h"
-#include "common/nbd_server.h"
-#include "common/pki.h"
+#include "common/crypto/pki.h"
+#include "common/env/env.h"
+#include "common/nbd/nbd_proto.h"
+#include "common/nbd/nbd_server.h"
+#include "common/net/tls_stream.h"
 #include "common/tests/test_util.h"
-#include "common/tls_stream.h"
 
 namespace cdp {
 namespace {

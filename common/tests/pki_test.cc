@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The site PKI (common/pki.h) seen through OpenSSL itself: file modes, the
+// The site PKI (common/crypto/pki.h) seen through OpenSSL itself: file modes, the
 // X.509 contents (extensions, key, signature, serial), chain verification with
 // an X509_STORE, and IdentityOf on subjects built by hand. TLS over these
 // certificates is tested in tls_test.cc.
@@ -21,7 +21,7 @@
 #include <openssl/x509_vfy.h>
 #include <openssl/x509v3.h>
 
-#include "common/pki.h"
+#include "common/crypto/pki.h"
 #include "test_util.h"
 
 namespace {

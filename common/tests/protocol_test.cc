@@ -13,9 +13,9 @@
 #include <random>
 #include <string>
 
-#include "common/codec.h"
-#include "common/crc32c.h"
-#include "common/protocol.h"
+#include "common/base/crc32c.h"
+#include "common/wire/codec.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::proto {
 namespace {

@@ -4,7 +4,7 @@
 // over one connection, resume at the peer's durable sequence after a dropped
 // connection (FaultFilter), gap rewind, busy hold, a refused open that stalls
 // one stream only, and a kInternal nack answering a pending hash request.
-#include "common/replication_sender.h"
+#include "common/wire/replication_sender.h"
 
 #include <catch2/catch.hpp>
 #include <atomic>
@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/listener.h"
-#include "common/stream_filters.h"
+#include "common/net/listener.h"
+#include "common/net/stream_filters.h"
 #include "common/tests/test_util.h"
 
 using namespace std::chrono_literals;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "common/seal.h"
+#include "common/crypto/seal.h"
 
 #include <sys/stat.h>
 

@@ -2,7 +2,7 @@
 // common/segment_log: names, the segment header, record framing, the writer,
 // and the scanner's torn-tail vs corruption verdicts, on MemEnv and FaultEnv
 // (a crash at every sync point).
-#include "common/segment_log.h"
+#include "common/store/segment_log.h"
 
 #include <cerrno>
 #include <memory>
@@ -11,9 +11,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "common/coding.h"
-#include "common/env.h"
-#include "common/fault_env.h"
+#include "common/base/coding.h"
+#include "common/env/env.h"
+#include "common/env/fault_env.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "common/sqlite.h"
+#include "common/store/sqlite.h"
 
 #include <unistd.h>
 

@@ -2,13 +2,13 @@
 // EnvVfs: a sqlite database whose files are the files of a cdp::Env. On the
 // in-memory Env (nothing reaches the disk) and on a FaultEnv, whose power cut
 // at every sync point must leave exactly the committed transactions.
-#include "common/sqlite_vfs.h"
+#include "common/store/sqlite_vfs.h"
 
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "common/fault_env.h"
-#include "common/sqlite.h"
+#include "common/env/fault_env.h"
+#include "common/store/sqlite.h"
 
 namespace cdp {
 namespace {

@@ -3,8 +3,8 @@
 
 #include <cerrno>
 
-#include "common/result.h"
-#include "common/status.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
 
 using namespace cdp;
 

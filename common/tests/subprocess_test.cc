@@ -2,7 +2,7 @@
 // The one process spawner: exit statuses, signals, exec failures named,
 // output to a file or captured, deadlines that kill the whole process group,
 // and no child left behind.
-#include "common/subprocess.h"
+#include "common/env/subprocess.h"
 
 #include <signal.h>
 #include <sys/wait.h>

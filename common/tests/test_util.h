@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/host_port.h"
-#include "common/subprocess.h"
+#include "common/base/host_port.h"
+#include "common/env/subprocess.h"
 
 namespace cdp::testing {
 
@@ -44,7 +44,7 @@ bool WaitUntil(Pred pred, std::chrono::milliseconds timeout = std::chrono::secon
 
 using cdp::CommandResult;
 
-// cdp::RunCommand (common/subprocess.h) with a timeout in ms; a program that
+// cdp::RunCommand (common/env/subprocess.h) with a timeout in ms; a program that
 // cannot be started gives exit_code -1 and the reason as its output.
 inline CommandResult RunCommand(const std::vector<std::string>& argv, int timeout_ms = 60000) {
   auto r = cdp::RunCommand(argv, std::chrono::milliseconds(timeout_ms));

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "common/throttle.h"
+#include "common/net/throttle.h"
 
 #include <catch2/catch.hpp>
 

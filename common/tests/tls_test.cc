@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The site PKI (common/pki.h) and TLS as a byte-stream layer
-// (common/tls_stream.h), over in-process stream pairs and real sockets.
+// The site PKI (common/crypto/pki.h) and TLS as a byte-stream layer
+// (common/net/tls_stream.h), over in-process stream pairs and real sockets.
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
@@ -15,11 +15,11 @@
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 
-#include "common/auth.h"
-#include "common/channel.h"
-#include "common/pki.h"
-#include "common/stream_filters.h"
-#include "common/tls_stream.h"
+#include "common/crypto/auth.h"
+#include "common/crypto/pki.h"
+#include "common/net/stream_filters.h"
+#include "common/net/tls_stream.h"
+#include "common/wire/channel.h"
 #include "test_util.h"
 
 namespace {

@@ -3,8 +3,8 @@
 
 #include <map>
 
-#include "common/clock.h"
-#include "common/env.h"
+#include "common/base/clock.h"
+#include "common/env/env.h"
 #include "loadgen/churn.h"
 
 using namespace cdp;

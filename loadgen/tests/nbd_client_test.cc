@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <catch2/catch.hpp>
 
-#include "loadgen/data.h"
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/nbd_server.h"
+#include "common/base/clock.h"
+#include "common/env/env.h"
+#include "common/nbd/nbd_server.h"
 #include "loadgen/churn.h"
+#include "loadgen/data.h"
 #include "loadgen/nbd_client.h"
 
 using namespace cdp;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <catch2/catch.hpp>
 
-#include "common/clock.h"
+#include "common/base/clock.h"
 #include "loadgen/pacer.h"
 
 using namespace cdp;

@@ -3,9 +3,9 @@
 
 #include <atomic>
 
-#include "common/env.h"
-#include "common/http_server.h"
-#include "common/metrics.h"
+#include "common/daemon/metrics.h"
+#include "common/env/env.h"
+#include "common/http/http_server.h"
 #include "loadgen/profile.h"
 #include "loadgen/scrape.h"
 #include "loadgen/tests/test_util.h"

@@ -3,10 +3,10 @@
 
 #include <boost/json.hpp>
 
-#include "common/env.h"
-#include "common/clock.h"
-#include "common/http_server.h"
-#include "common/metrics.h"
+#include "common/base/clock.h"
+#include "common/daemon/metrics.h"
+#include "common/env/env.h"
+#include "common/http/http_server.h"
 #include "loadgen/sweep.h"
 #include "loadgen/sweep_run.h"
 

@@ -3,7 +3,7 @@
 
 #include <set>
 
-#include "common/env.h"
+#include "common/env/env.h"
 #include "loadgen/tree.h"
 
 using namespace cdp;

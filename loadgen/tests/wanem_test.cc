@@ -3,7 +3,7 @@
 
 #include <unistd.h>
 
-#include "common/clock.h"
+#include "common/base/clock.h"
 #include "loadgen/tests/test_util.h"
 #include "loadgen/wanem.h"
 

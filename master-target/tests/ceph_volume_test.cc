@@ -7,9 +7,9 @@
 #include <catch2/catch.hpp>
 #include <random>
 
-#include "common/clock.h"
-#include "common/fault_env.h"
-#include "common/sqlite_vfs.h"
+#include "common/base/clock.h"
+#include "common/env/fault_env.h"
+#include "common/store/sqlite_vfs.h"
 #include "master-target/replica_volume.h"
 #include "master-target/tests/mt_test_util.h"
 #include "storage/ceph_env.h"

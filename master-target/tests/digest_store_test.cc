@@ -4,9 +4,9 @@
 #include <cerrno>
 #include <random>
 
-#include "common/block_digest.h"
-#include "common/env.h"
-#include "common/fault_env.h"
+#include "common/env/env.h"
+#include "common/env/fault_env.h"
+#include "common/wire/block_digest.h"
 #include "master-target/digest_store.h"
 
 using namespace cdp;

@@ -7,9 +7,9 @@
 #include <random>
 #include <set>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/fault_env.h"
+#include "common/base/clock.h"
+#include "common/env/env.h"
+#include "common/env/fault_env.h"
 #include "master-target/export.h"
 #include "master-target/replica_volume.h"
 #include "master-target/tests/mt_test_util.h"

@@ -6,11 +6,11 @@
 
 #include <random>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/fault_env.h"
-#include "common/sqlite.h"
-#include "common/sqlite_vfs.h"
+#include "common/base/clock.h"
+#include "common/env/env.h"
+#include "common/env/fault_env.h"
+#include "common/store/sqlite.h"
+#include "common/store/sqlite_vfs.h"
 #include "master-target/history_lock.h"
 #include "master-target/replica_volume.h"
 #include "master-target/tests/mt_test_util.h"

@@ -3,11 +3,11 @@
 
 #include <random>
 
+#include "common/store/sqlite.h"
+#include "common/tests/test_util.h"
+#include "common/wire/codec.h"
 #include "master-target/journal.h"
 #include "master-target/undo_index.h"
-#include "common/codec.h"
-#include "common/sqlite.h"
-#include "common/tests/test_util.h"
 
 using namespace cdp;
 using namespace cdp::mt;

@@ -16,13 +16,13 @@
 #include <sstream>
 #include <thread>
 
-#include "common/channel.h"
-#include "common/fault_env.h"
-#include "common/block_digest.h"
-#include "common/hash.h"
-#include "common/http_client.h"
+#include "common/env/fault_env.h"
+#include "common/http/http_client.h"
 #include "common/tests/gated_env.h"
 #include "common/tests/test_util.h"
+#include "common/wire/block_digest.h"
+#include "common/wire/channel.h"
+#include "common/wire/hash.h"
 #include "master-target/export.h"
 #include "master-target/master_target.h"
 #include "master-target/tests/mt_test_util.h"

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "common/coding.h"
-#include "common/env_wrapper.h"
-#include "common/protocol.h"
+#include "common/base/coding.h"
+#include "common/env/env_wrapper.h"
 #include "common/tests/test_util.h"
+#include "common/wire/protocol.h"
 
 namespace cdp::mt::testing {
 

@@ -6,8 +6,8 @@
 // point written at or before TIME.
 #include <catch2/catch.hpp>
 
-#include "common/clock.h"
-#include "common/env.h"
+#include "common/base/clock.h"
+#include "common/env/env.h"
 #include "master-target/replica_volume.h"
 #include "master-target/tests/mt_test_util.h"
 

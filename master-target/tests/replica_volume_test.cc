@@ -29,18 +29,18 @@ extern "C" size_t __sanitizer_get_current_allocated_bytes();
 #include <set>
 #include <thread>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/fault_env.h"
-#include "common/file_cache_env.h"
-#include "common/block_digest.h"
-#include "common/hash.h"
-#include "common/metrics.h"
+#include "common/base/clock.h"
+#include "common/daemon/metrics.h"
+#include "common/env/env.h"
+#include "common/env/fault_env.h"
+#include "common/env/file_cache_env.h"
+#include "common/store/sqlite.h"
+#include "common/store/sqlite_vfs.h"
+#include "common/wire/block_digest.h"
+#include "common/wire/hash.h"
 #include "master-target/journal.h"
-#include "master-target/tests/mt_test_util.h"
-#include "common/sqlite.h"
-#include "common/sqlite_vfs.h"
 #include "master-target/replica_volume.h"
+#include "master-target/tests/mt_test_util.h"
 
 using namespace cdp;
 using namespace cdp::mt;

@@ -1,16 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // A sealed volume at the master target (tenant-side encryption,
-// common/seal.h): sealed records are applied, journaled, read at every point,
+// common/crypto/seal.h): sealed records are applied, journaled, read at every point,
 // rolled back and hashed with their MACs; the keyed export serves plaintext
 // and refuses a tampered block; plain and sealed writes never mix.
 #include <catch2/catch.hpp>
 
 #include <cstring>
 
-#include "common/block_digest.h"
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/seal.h"
+#include "common/base/clock.h"
+#include "common/crypto/seal.h"
+#include "common/env/env.h"
+#include "common/wire/block_digest.h"
 #include "master-target/export.h"
 #include "master-target/keyed_export.h"
 #include "master-target/replica_volume.h"

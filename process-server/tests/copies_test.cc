@@ -5,9 +5,9 @@
 // the config keys (`mt` repeated, `copies`, `volume_copies`).
 #include <catch2/catch.hpp>
 
-#include "common/clock.h"
-#include "common/env.h"
-#include "common/fault_env.h"
+#include "common/base/clock.h"
+#include "common/env/env.h"
+#include "common/env/fault_env.h"
 #include "process-server/ps_config.h"
 #include "process-server/spool.h"
 #include "process-server/spooled_volume.h"

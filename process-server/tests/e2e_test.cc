@@ -23,15 +23,15 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/json.hpp>
 
-#include "common/channel.h"
-#include "common/block_digest.h"
-#include "common/hash.h"
-#include "common/metrics.h"
-#include "master-target/master_target.h"
-#include "common/pki.h"
-#include "common/tls_stream.h"
-#include "process-server/process_server.h"
+#include "common/crypto/pki.h"
+#include "common/daemon/metrics.h"
+#include "common/net/tls_stream.h"
 #include "common/tests/test_util.h"
+#include "common/wire/block_digest.h"
+#include "common/wire/channel.h"
+#include "common/wire/hash.h"
+#include "master-target/master_target.h"
+#include "process-server/process_server.h"
 
 using namespace std::chrono_literals;
 using cdp::proto::Record;

@@ -21,14 +21,14 @@
 #include <boost/asio/write.hpp>
 #include <boost/json.hpp>
 
-#include "common/auth.h"
-#include "common/block_digest.h"
-#include "common/channel.h"
-#include "common/fault_env.h"
-#include "common/http_client.h"
-#include "common/http_server.h"
-#include "common/listener.h"
+#include "common/crypto/auth.h"
+#include "common/env/fault_env.h"
+#include "common/http/http_client.h"
+#include "common/http/http_server.h"
+#include "common/net/listener.h"
 #include "common/tests/test_util.h"
+#include "common/wire/block_digest.h"
+#include "common/wire/channel.h"
 #include "master-target/export.h"
 #include "master-target/master_target.h"
 

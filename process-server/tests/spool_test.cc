@@ -11,9 +11,9 @@
 #include <mutex>
 #include <thread>
 
-#include "common/env_wrapper.h"
+#include "common/env/env_wrapper.h"
+#include "common/env/fault_env.h"
 #include "common/tests/gated_env.h"
-#include "common/fault_env.h"
 
 using cdp::Bytes;
 using cdp::ByteSpan;

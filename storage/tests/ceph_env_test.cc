@@ -10,8 +10,8 @@
 #include <catch2/catch.hpp>
 #include <random>
 
-#include "common/sqlite.h"
-#include "common/sqlite_vfs.h"
+#include "common/store/sqlite.h"
+#include "common/store/sqlite_vfs.h"
 #include "storage/tests/ceph_cluster.h"
 
 namespace cdp::storage {

@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+// HTTP routing: everything the control server (common/http/http_server.h) does with
+// a request between Beast's parser and the socket, as functions of their
+// inputs. The server's Session calls them; so do tests and the fuzzer
+// (fuzz/http_fuzz.cc), which therefore exercise exactly what a peer reaches.
+//
+//   bytes --request_parser (LimitRequestParser)--> BodyTooLarge? -> 413
+//         --ToRequest--> Request --Router::Dispatch--> Response
+//
+// Internal to common/http/http_server.cc (and its fuzzer); not for daemons.
+//
+// Thread safety: the functions are pure. A Router is built (Add) by one thread
+// and then only read: Dispatch may run on many threads at once, and calls
+// handlers and ServerOptions::status concurrently if the server has several.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "common/http/http_detail.h"
+#include "common/http/http_server.h"
+
+namespace cdp::http::detail {
+
+using RequestParser = bhttp::request_parser<bhttp::string_body>;
+
+// Applies the server's limits to a fresh parser: headers up to kHeaderLimit,
+// a body up to `max_body_bytes` (Beast then fails with error::body_limit).
+void LimitRequestParser(RequestParser& parser, size_t max_body_bytes);
+
+// True when the parsed header announces a body longer than `max_body_bytes`
+// (answered 413 before the body is read). Call once the header is done.
+bool BodyTooLarge(const RequestParser& parser, size_t max_body_bytes);
+
+// The Request a handler sees, from a complete parsed request: path and query
+// percent-decoded, params parsed (the last of a repeated key wins), Host,
+// Content-Type, Authorization and Cookie copied. The body is moved out of `parsed`.
+Request ToRequest(bhttp::request<bhttp::string_body>& parsed);
+
+// Percent-decoding; with `plus_is_space` (query strings) '+' is a space. A bad
+// or truncated escape is kept literally.
+std::string PercentDecode(std::string_view s, bool plus_is_space);
+
+// True when the Host header names an IP literal, "localhost" (any case), or
+// one of `allowed` (lower-case names); the port part is ignored.
+bool HostAllowed(std::string_view host_header, const std::vector<std::string>& allowed);
+
+// ASCII case-insensitive equality (header names and auth schemes).
+bool EqualsIgnoreCase(std::string_view a, std::string_view b);
+
+// True when the media type of a Content-Type value is application/json.
+bool IsJson(std::string_view content_type);
+
+// The routes of one server and the checks before them (see http_server.h:
+// Host 403, content type 415, the bearer token 401 (ServerOptions::
+// authenticate; sets Request::caller; not for Access::kPublic routes), /status and /metrics 403 for a tenant
+// caller, /metrics, /status, 404, 405, handler exceptions 500). `opts` must outlive the Router.
+class Router {
+ public:
+  explicit Router(const ServerOptions& opts) : opts_(opts) {}
+
+  // Server::Route's contract: exact path, or a prefix ending in "/*".
+  void Add(std::string method, std::string path, Handler handler, Access access = Access::kToken);
+
+  // The response to `req`; sets req.rest for a prefix route. Never throws.
+  Response Dispatch(Request& req) const;
+
+ private:
+  struct Entry {
+    std::string method;
+    std::string path;  // exact path, or the prefix including its trailing '/'
+    bool prefix = false;
+    Access access = Access::kToken;
+    Handler handler;
+  };
+  const ServerOptions& opts_;
+  std::vector<Entry> routes_;
+};
+
+}  // namespace cdp::http::detail

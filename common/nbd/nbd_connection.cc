@@ -1,0 +1,641 @@
+// SPDX-License-Identifier: Apache-2.0
+// One NBD client connection (the pipeline diagram of nbd_server.h) and how
+// the listener's sockets become connections. Internals: nbd_server_impl.h.
+#include "common/nbd/nbd_server_impl.h"
+
+namespace cdp {
+
+using nbd_detail::kInputBufferSize;
+using nbd_detail::kMaxGather;
+using nbd_detail::kMaxOptionSkip;
+using nbd_detail::kRequestOverhead;
+
+namespace {
+
+// One client connection; see the pipeline diagram in nbd_server.h.
+// Every member except the worker-side ones is touched only on the socket's
+// strand. Worker-side: Execute() runs on wstrand_ and reads dev_/export_,
+// which are set before the first request is posted and never change.
+template <typename Socket>
+class Connection final : public ConnectionBase {
+ public:
+  Connection(NbdServer::Impl* impl, Socket socket, uint64_t id, std::string peer)
+      : impl_(impl),
+        socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        wstrand_(asio::make_strand(*impl->workers)),
+        id_(id),
+        peer_(std::move(peer)),
+        in_(std::max<size_t>(kInputBufferSize, size_t(impl->opts.max_option_bytes) + 64)) {}
+
+  void Start() {
+    asio::dispatch(socket_.get_executor(), [self = Self()] { self->DoStart(); });
+  }
+  void Close(std::string reason) override {
+    asio::post(socket_.get_executor(), [self = Self(), reason = std::move(reason)] { self->DoClose(reason); });
+  }
+  void Evict() override {
+    asio::post(socket_.get_executor(), [self = Self()] {
+      if (self->phase_ < Phase::kTransmission) {
+        self->DoClose("closed to admit a new connection (connection cap reached while in the handshake)");
+      }
+    });
+  }
+
+ private:
+  enum class Phase {
+    kClientFlags,
+    kOptionHeader,
+    kOptionData,
+    kOptionSkip,
+    kTlsHandshake,  // STARTTLS acknowledged: reply drained, then the TLS handshake
+    kTransmission,  // from here on the handshake timer no longer applies
+    kPayload,
+    kPayloadSkip,
+    kDone,
+  };
+  // A queued reply. A READ reply (header + data) lives in `block`, allocated
+  // without being zero-filled first: the device overwrites every data byte,
+  // and a failed read sends the header alone.
+  struct Out {
+    Bytes data;
+    uint64_t charge = 0;
+    std::unique_ptr<uint8_t[]> block;
+    size_t block_size = 0;
+    asio::const_buffer Buffer() const { return block ? asio::buffer(block.get(), block_size) : asio::buffer(data); }
+  };
+
+  using TlsLayer = asio::ssl::stream<Socket&>;
+  static constexpr bool kTcp = std::is_same_v<Socket, TcpSocket>;
+
+  std::shared_ptr<Connection> Self() { return std::static_pointer_cast<Connection>(shared_from_this()); }
+
+  // Runs fn on the stream that carries NBD: the socket, or TLS over it.
+  template <typename Fn>
+  void WithStream(Fn&& fn) {
+    if (tls_) {
+      fn(*tls_);
+    } else {
+      fn(socket_);
+    }
+  }
+  bool TlsRequired() const {
+    return kTcp && impl_->opts.tls_mode == NbdServerOptions::TlsMode::kRequire && !tls_;
+  }
+
+  void DoStart() {
+    if constexpr (std::is_same_v<Socket, TcpSocket>) {
+      boost::system::error_code ec;
+      socket_.set_option(tcp::no_delay(true), ec);
+    }
+    timer_.expires_after(std::chrono::milliseconds(impl_->opts.handshake_timeout_ms));
+    timer_.async_wait([self = Self()](const boost::system::error_code& ec) {
+      if (!ec && self->phase_ < Phase::kTransmission) self->DoClose("handshake timed out");
+    });
+    Enqueue(nbd::EncodeGreeting(nbd::kFlagFixedNewstyle | nbd::kFlagNoZeroes), 0);
+    Drive();
+  }
+
+  ByteSpan Available() const { return ByteSpan(in_.data() + in_begin_, in_end_ - in_begin_); }
+  void Consume(size_t n) { in_begin_ += n; }
+  bool Paused() const { return inflight_ >= impl_->opts.max_inflight_bytes; }
+
+  // Parses what is buffered and acts on it until more input is needed.
+  void Drive() {
+    while (!closed_) {
+      ByteSpan avail = Available();
+      switch (phase_) {
+        case Phase::kClientFlags: {
+          uint32_t f = 0;
+          auto r = nbd::ParseClientFlags(avail, /*server_offered_no_zeroes=*/true, &f);
+          if (r == nbd::ParseResult::kBad) return DoClose("unsupported client flags");
+          if (r == nbd::ParseResult::kNeedMore) return ReadMore();
+          Consume(nbd::kClientFlagsSize);
+          client_flags_ = f;
+          phase_ = Phase::kOptionHeader;
+          break;
+        }
+        case Phase::kOptionHeader: {
+          auto r = nbd::ParseOptionHeader(avail, &opt_);
+          if (r == nbd::ParseResult::kBad) return DoClose("bad option magic");
+          if (r == nbd::ParseResult::kNeedMore) return ReadMore();
+          Consume(nbd::kOptionHeaderSize);
+          if (++options_ > impl_->opts.max_options) {
+            return DoClose("more than " + std::to_string(impl_->opts.max_options) + " options");
+          }
+          if (opt_.length <= impl_->opts.max_option_bytes) {
+            phase_ = Phase::kOptionData;
+          } else if (opt_.option == nbd::kOptExportName || opt_.length > kMaxOptionSkip) {
+            // EXPORT_NAME cannot be answered with an error; a huge option is a DoS.
+            return DoClose("option data of " + std::to_string(opt_.length) + " bytes");
+          } else {
+            skip_left_ = opt_.length;
+            phase_ = Phase::kOptionSkip;
+          }
+          break;
+        }
+        case Phase::kOptionData: {
+          if (avail.size() < opt_.length) return ReadMore();
+          HandleOption(avail.first(opt_.length));
+          Consume(opt_.length);
+          break;
+        }
+        case Phase::kOptionSkip:
+        case Phase::kPayloadSkip: {
+          const size_t n = size_t(std::min<uint64_t>(avail.size(), skip_left_));
+          Consume(n);
+          skip_left_ -= n;
+          if (skip_left_ > 0) return ReadMore();
+          if (phase_ == Phase::kOptionSkip) {
+            OptionReply(nbd::kRepErrTooBig, "option data too long");
+            phase_ = Phase::kOptionHeader;
+          } else {
+            phase_ = Phase::kTransmission;
+          }
+          break;
+        }
+        case Phase::kTlsHandshake:
+          // The client starts TLS only after our reply: nothing may follow
+          // STARTTLS in the clear.
+          if (!avail.empty()) return DoClose("data after NBD_OPT_STARTTLS before the TLS handshake");
+          if (!tls_ && !writing_ && out_.empty()) StartTls();
+          return;  // the write completion, then the handshake completion, come back here
+        case Phase::kTransmission:
+          if (disc_ || Paused()) return;
+          if (!NextRequest(avail)) return;
+          break;
+        case Phase::kPayload:
+        case Phase::kDone:
+          return;
+      }
+    }
+  }
+
+  // Handles one request header if buffered. Returns false when Drive must stop.
+  bool NextRequest(ByteSpan avail) {
+    nbd::Request r;
+    auto res = nbd::ParseRequest(avail, &r);
+    if (res == nbd::ParseResult::kBad) {
+      DoClose("bad request magic");
+      return false;
+    }
+    if (res == nbd::ParseResult::kNeedMore) {
+      ReadMore();
+      return false;
+    }
+    last_activity_ = std::chrono::steady_clock::now();
+    Consume(nbd::kRequestHeaderSize);
+    if (r.type == nbd::kCmdDisc) {
+      disc_ = true;
+      PostDisc();
+      return false;
+    }
+    const uint32_t err = nbd::CheckRequest(r, limits_);
+    if (r.type != nbd::kCmdWrite) {
+      PostTask(r, {}, err);
+      return true;
+    }
+    // A WRITE's payload follows its header whatever we think of the request.
+    if (r.length > impl_->opts.max_skip_bytes) {
+      DoClose("WRITE payload of " + std::to_string(r.length) + " bytes");
+      return false;
+    }
+    if (err != 0) {
+      PostTask(r, {}, err);
+      skip_left_ = r.length;
+      phase_ = Phase::kPayloadSkip;
+      return true;
+    }
+    Bytes payload(r.length);
+    ByteSpan rest = Available();
+    const size_t have = std::min<size_t>(rest.size(), r.length);
+    if (have > 0) std::memcpy(payload.data(), rest.data(), have);
+    Consume(have);
+    if (have == r.length) {
+      PostTask(r, std::move(payload), 0);
+      return true;
+    }
+    // Read the remainder straight into the payload buffer.
+    phase_ = Phase::kPayload;
+    pending_ = r;
+    payload_ = std::move(payload);
+    reading_ = true;
+    uint8_t* dst = payload_.data() + have;
+    auto done = [self = Self()](const boost::system::error_code& ec, size_t) {
+      self->reading_ = false;
+      if (self->closed_) return;
+      if (ec) return self->OnReadError(ec);
+      self->phase_ = Phase::kTransmission;
+      self->PostTask(self->pending_, std::move(self->payload_), 0);
+      self->Drive();
+    };
+    WithStream([&](auto& stream) { asio::async_read(stream, asio::buffer(dst, r.length - have), done); });
+    return false;
+  }
+
+  void ReadMore() {
+    if (reading_ || closed_) return;
+    if (in_begin_ > 0) {
+      std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+      in_end_ -= in_begin_;
+      in_begin_ = 0;
+    }
+    if (in_end_ == in_.size()) return DoClose("input buffer overflow");
+    reading_ = true;
+    auto done = [self = Self()](const boost::system::error_code& ec, size_t n) {
+      self->reading_ = false;
+      if (self->closed_) return;
+      if (ec) return self->OnReadError(ec);
+      self->in_end_ += n;
+      self->Drive();
+    };
+    WithStream([&](auto& stream) {
+      stream.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_), done);
+    });
+  }
+
+  void OnReadError(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated) {
+      DoClose(phase_ < Phase::kTransmission ? "client closed during the handshake"
+                                            : "client closed the connection");
+    } else {
+      DoClose(FromAsioError(ec, "read").ToString());
+    }
+  }
+
+  // ---- Handshake -----------------------------------------------------------
+
+  void OptionReply(uint32_t type, ByteSpan data = {}) {
+    Enqueue(nbd::EncodeOptionReply(opt_.option, type, data), 0);
+  }
+  void OptionReply(uint32_t type, std::string_view text) {
+    Enqueue(nbd::EncodeOptionReply(opt_.option, type, text), 0);
+  }
+
+  void HandleOption(ByteSpan data) {
+    phase_ = Phase::kOptionHeader;  // unless the option ends the handshake
+    if (TlsRequired() && opt_.option != nbd::kOptStartTls && opt_.option != nbd::kOptAbort) {
+      if (opt_.option == nbd::kOptExportName) {
+        return DoClose("NBD_OPT_EXPORT_NAME without TLS (TLS is required: NBD_OPT_STARTTLS first)");
+      }
+      return OptionReply(nbd::kRepErrTlsReqd, "TLS is required: send NBD_OPT_STARTTLS first");
+    }
+    switch (opt_.option) {
+      case nbd::kOptStartTls:
+        if (impl_->opts.tls == nullptr) return OptionReply(nbd::kRepErrUnsup, "TLS is not configured");
+        if (tls_) return OptionReply(nbd::kRepErrInvalid, "TLS is already on");
+        if (!data.empty()) return OptionReply(nbd::kRepErrInvalid, "NBD_OPT_STARTTLS takes no data");
+        OptionReply(nbd::kRepAck);
+        phase_ = Phase::kTlsHandshake;
+        return;
+      case nbd::kOptExportName: {
+        std::string name(reinterpret_cast<const char*>(data.data()), data.size());
+        auto e = nbd::ValidWireName(name) ? impl_->Find(name, scope_) : nullptr;
+        // This option cannot be answered with an error: the spec says close.
+        if (!e) return DoClose("NBD_OPT_EXPORT_NAME: no export '" + name + "'");
+        const bool no_zeroes = (client_flags_ & nbd::kClientFlagNoZeroes) != 0;
+        Enqueue(nbd::EncodeExportNameReply(e->device->size(), e->tflags, no_zeroes), 0);
+        return Attach(e);
+      }
+      case nbd::kOptAbort:
+        OptionReply(nbd::kRepAck);
+        phase_ = Phase::kDone;
+        close_after_drain_ = true;
+        MaybeFinish();
+        return;
+      case nbd::kOptList: {
+        if (!data.empty()) return OptionReply(nbd::kRepErrInvalid, "NBD_OPT_LIST takes no data");
+        for (const auto& e : impl_->Snapshot(scope_)) {
+          OptionReply(nbd::kRepServer, nbd::EncodeServerReplyData(e->name, e->description));
+        }
+        return OptionReply(nbd::kRepAck);
+      }
+      case nbd::kOptInfo:
+      case nbd::kOptGo:
+        return HandleInfo(data, opt_.option == nbd::kOptGo);
+      default:
+        // STRUCTURED_REPLY, META_CONTEXT and anything unknown: we reply
+        // with simple replies only.
+        return OptionReply(nbd::kRepErrUnsup, "option " + std::to_string(opt_.option) + " not supported");
+    }
+  }
+
+  void HandleInfo(ByteSpan data, bool go) {
+    nbd::InfoRequest req;
+    Status s = nbd::ParseInfoRequest(data, &req);
+    if (!s.ok()) return OptionReply(nbd::kRepErrInvalid, s.message());
+    auto e = impl_->Find(req.name, scope_);
+    if (!e) {
+      return OptionReply(nbd::kRepErrUnknown, req.name.empty() ? "no default export (the server has "
+                                                                     "zero or several exports)"
+                                                               : "no export '" + req.name + "'");
+    }
+    OptionReply(nbd::kRepInfo, nbd::EncodeInfoExport(e->device->size(), e->tflags));
+    bool sent_name = false, sent_desc = false;
+    for (uint16_t info : req.infos) {
+      if (info == nbd::kInfoName && !sent_name) {
+        OptionReply(nbd::kRepInfo, nbd::EncodeInfoString(nbd::kInfoName, e->name));
+        sent_name = true;
+      } else if (info == nbd::kInfoDescription && !sent_desc && !e->description.empty()) {
+        OptionReply(nbd::kRepInfo, nbd::EncodeInfoString(nbd::kInfoDescription, e->description));
+        sent_desc = true;
+      }
+    }
+    // Always sent: minimum 1 (any alignment), the device's preferred size,
+    // and the READ/WRITE cap.
+    OptionReply(nbd::kRepInfo, nbd::EncodeInfoBlockSize(1, e->device->preferred_block_size(),
+                                                        impl_->opts.max_request_bytes));
+    OptionReply(nbd::kRepAck);
+    if (go) Attach(e);
+  }
+
+  // The TLS handshake over the socket, on the connection's strand; the
+  // handshake timer still runs. SSL_new takes a reference on the context, so
+  // a reload of the credentials meanwhile does not matter.
+  void StartTls() {
+    SSL* ssl = SSL_new(impl_->opts.tls->Current()->native());
+    if (ssl == nullptr) return DoClose("SSL_new: " + pki::OpenSslErrors());
+    tls_ = std::make_unique<TlsLayer>(socket_, ssl);
+    tls_->async_handshake(asio::ssl::stream_base::server, [self = Self()](const boost::system::error_code& ec) {
+      if (self->closed_) return;
+      if (ec) return self->DoClose("TLS handshake failed: " + ec.message());
+      self->OnTlsUp();
+    });
+  }
+
+  void OnTlsUp() {
+    X509* cert = SSL_get0_peer_certificate(tls_->native_handle());
+    if (cert == nullptr) return DoClose("TLS: no client certificate");
+    Result<pki::Identity> id = pki::IdentityOf(cert);
+    if (!id.ok()) return DoClose("TLS: " + id.status().ToString());
+    scope_.all = id->tenant.empty();
+    scope_.tenant = id->tenant;
+    impl_->log->debug("{} NBD TLS up: certificate '{}' (role {}, tenant '{}')", log::Where{"", peer_, 0}, id->name,
+                      pki::RoleName(id->role), id->tenant);
+    phase_ = Phase::kOptionHeader;
+    Drive();
+  }
+
+  void Attach(const std::shared_ptr<ExportEntry>& e) {
+    if (closed_) return;
+    export_ = e;
+    dev_ = e->device;
+    limits_.size = dev_->size();
+    limits_.transmission_flags = e->tflags;
+    limits_.max_payload = impl_->opts.max_request_bytes;
+    e->connections++;
+    e->connections_total++;
+    attached.store(e.get());
+    handshaking.store(false);
+    phase_ = Phase::kTransmission;
+    timer_.cancel();
+    last_activity_ = std::chrono::steady_clock::now();
+    ArmIdleTimer();
+    impl_->log->info("{} NBD client attached (flags 0x{:x})", log::Where{e->name, peer_, 0}, e->tflags);
+    // Pairs with RemoveExport: it sets `removed` then looks at `attached`.
+    if (e->removed.load()) DoClose("export removed");
+  }
+
+  // ---- Transmission --------------------------------------------------------
+
+  // Idle: no request received for idle_timeout_ms and nothing in progress.
+  void ArmIdleTimer() {
+    if (impl_->opts.idle_timeout_ms == 0 || closed_) return;
+    timer_.expires_at(last_activity_ + std::chrono::milliseconds(impl_->opts.idle_timeout_ms));
+    timer_.async_wait([self = Self()](const boost::system::error_code& ec) {
+      if (ec || self->closed_) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (self->inflight_ > 0) self->last_activity_ = now;  // requests or replies in progress
+      if (now < self->last_activity_ + std::chrono::milliseconds(self->impl_->opts.idle_timeout_ms)) {
+        return self->ArmIdleTimer();
+      }
+      self->impl_->idle_closed++;
+      self->DoClose("idle for " + std::to_string(self->impl_->opts.idle_timeout_ms) + " ms");
+    });
+  }
+
+  void PostTask(const nbd::Request& r, Bytes payload, uint32_t err) {
+    uint64_t charge = kRequestOverhead;
+    if (err == 0 && (r.type == nbd::kCmdRead || r.type == nbd::kCmdWrite)) charge += r.length;
+    inflight_ += charge;
+    asio::post(wstrand_, [self = Self(), r, payload = std::move(payload), err, charge]() mutable {
+      self->Execute(r, std::move(payload), err, charge);
+    });
+  }
+
+  // Runs on the worker strand: one request of this connection at a time.
+  void Execute(const nbd::Request& r, Bytes payload, uint32_t err, uint64_t charge) {
+    Out reply;
+    reply.charge = charge;
+    reply.block_size = nbd::kSimpleReplySize;
+    if (err == 0 && r.type == nbd::kCmdRead) reply.block_size += r.length;
+    reply.block.reset(new uint8_t[reply.block_size]);  // default-initialised: not zero-filled
+    ExportEntry& st = *export_;
+    if (err == 0) {
+      const bool fua = (r.flags & nbd::kCmdFlagFua) != 0;
+      const uint64_t len = r.length;
+      Status s;
+      // Zero-length requests succeed without reaching the device.
+      switch (r.type) {
+        case nbd::kCmdRead:
+          if (len > 0) s = dev_->Read(r.offset, r.length, reply.block.get() + nbd::kSimpleReplySize);
+          if (s.ok()) st.reads++, st.bytes_read += len;
+          break;
+        case nbd::kCmdWrite:
+          if (len > 0) s = dev_->Write(r.offset, ByteSpan(payload.data(), payload.size()), fua);
+          if (s.ok()) st.writes++, st.bytes_written += len;
+          break;
+        case nbd::kCmdTrim:
+          if (len > 0) s = dev_->Trim(r.offset, len, fua);
+          if (s.ok()) st.trims++, st.bytes_trimmed += len;
+          break;
+        case nbd::kCmdWriteZeroes:
+          if (len > 0) s = dev_->WriteZeroes(r.offset, len, fua, (r.flags & nbd::kCmdFlagNoHole) == 0);
+          if (s.ok()) st.zero_ops++, st.bytes_zeroed += len;
+          break;
+        case nbd::kCmdFlush:
+          s = dev_->Flush();
+          if (s.ok()) st.flushes++;
+          break;
+        default:
+          s = Status::InvalidArgument("unexpected command");  // CheckRequest let it through
+          break;
+      }
+      err = nbd::ErrorFromStatus(s);
+      if (err != 0) {
+        impl_->log->warn("{} {} offset {} length {} failed: {}", log::Where{st.name, peer_, 0},
+                         nbd::CommandName(r.type), r.offset, r.length, s.ToString());
+      }
+    } else {
+      impl_->log->debug("{} {} offset {} length {} flags 0x{:x} refused with error {}",
+                        log::Where{st.name, peer_, 0}, nbd::CommandName(r.type), r.offset, r.length,
+                        r.flags, err);
+    }
+    if (err != 0) {
+      st.errors++;
+      reply.block_size = nbd::kSimpleReplySize;  // a simple reply carries no data on error
+    }
+    nbd::EncodeSimpleReply(reply.block.get(), err, r.handle);
+    Bytes().swap(payload);
+    asio::post(socket_.get_executor(), [self = Self(), reply = std::move(reply)]() mutable {
+      self->Enqueue(std::move(reply));
+    });
+  }
+
+  void PostDisc() {
+    // Runs after every request received before the DISC has executed and
+    // queued its reply; then the connection closes once the replies are out.
+    asio::post(wstrand_, [self = Self()] {
+      asio::post(self->socket_.get_executor(), [self] {
+        self->close_after_drain_ = true;
+        self->MaybeFinish();
+      });
+    });
+  }
+
+  // ---- Output ----------------------------------------------------------------
+
+  void Enqueue(Bytes data, uint64_t charge) {
+    Out o;
+    o.data = std::move(data);
+    o.charge = charge;
+    Enqueue(std::move(o));
+  }
+  void Enqueue(Out o) {
+    if (closed_) return;
+    if (phase_ < Phase::kTransmission) {
+      reply_bytes_ += o.Buffer().size();
+      if (reply_bytes_ > impl_->opts.max_option_reply_bytes) {
+        return DoClose("option replies passed " + std::to_string(impl_->opts.max_option_reply_bytes) + " bytes");
+      }
+    }
+    out_.push_back(std::move(o));
+    StartWrite();
+  }
+
+  void StartWrite() {
+    if (writing_ || out_.empty() || closed_) return;
+    writing_ = true;
+    const size_t n = std::min(out_.size(), kMaxGather);
+    std::vector<asio::const_buffer> bufs;
+    bufs.reserve(n);
+    for (size_t i = 0; i < n; ++i) bufs.emplace_back(out_[i].Buffer());
+    auto done = [self = Self(), n](const boost::system::error_code& ec, size_t) {
+      self->writing_ = false;
+      if (self->closed_) {
+        self->out_.clear();  // kept by DoClose until this write let go of them
+        return;
+      }
+      if (ec) return self->DoClose(FromAsioError(ec, "write").ToString());
+      const bool was_paused = self->Paused();
+      for (size_t i = 0; i < n; ++i) {
+        self->inflight_ -= self->out_.front().charge;
+        self->out_.pop_front();
+      }
+      if (self->MaybeFinish()) return;
+      self->StartWrite();
+      if ((was_paused && !self->Paused()) || (self->phase_ == Phase::kTlsHandshake && !self->tls_)) self->Drive();
+    };
+    WithStream([&](auto& stream) { asio::async_write(stream, bufs, done); });
+  }
+
+  // Closes once everything queued is written, if a close was requested.
+  bool MaybeFinish() {
+    if (close_after_drain_ && out_.empty() && !writing_) {
+      DoClose(disc_ ? "client disconnected (NBD_CMD_DISC)" : "client aborted the handshake");
+      return true;
+    }
+    return false;
+  }
+
+  void DoClose(const std::string& reason) {
+    if (closed_) return;
+    closed_ = true;
+    phase_ = Phase::kDone;
+    boost::system::error_code ig;
+    timer_.cancel();
+    socket_.shutdown(asio::socket_base::shutdown_both, ig);
+    socket_.close(ig);
+    // A write in flight still reads its replies' buffers (TLS may go on
+    // encrypting them after the close): they go when its handler runs.
+    if (!writing_) out_.clear();
+    if (export_) {
+      export_->connections--;
+      impl_->log->info("{} NBD connection closed: {}", log::Where{export_->name, peer_, 0}, reason);
+    } else {
+      impl_->log->debug("{} NBD connection closed during the handshake: {}", log::Where{"", peer_, 0},
+                        reason);
+    }
+    impl_->Unregister(id_);
+  }
+
+  NbdServer::Impl* impl_;
+  Socket socket_;
+  std::unique_ptr<TlsLayer> tls_;  // after STARTTLS; over socket_
+  Scope scope_;                    // narrowed by the client certificate
+  asio::steady_timer timer_;       // handshake deadline, then idle timeout
+  asio::strand<asio::thread_pool::executor_type> wstrand_;
+  const uint64_t id_;
+  const std::string peer_;
+
+  Bytes in_;
+  size_t in_begin_ = 0, in_end_ = 0;
+  bool reading_ = false;
+  Phase phase_ = Phase::kClientFlags;
+  uint32_t client_flags_ = 0;
+  nbd::OptionHeader opt_;
+  uint32_t options_ = 0;      // options received
+  uint64_t reply_bytes_ = 0;  // bytes queued during the handshake
+  uint64_t skip_left_ = 0;
+  std::chrono::steady_clock::time_point last_activity_;
+  nbd::Request pending_;
+  Bytes payload_;
+
+  std::shared_ptr<ExportEntry> export_;
+  std::shared_ptr<BlockDevice> dev_;
+  nbd::ExportLimits limits_;
+
+  std::deque<Out> out_;
+  bool writing_ = false;
+  uint64_t inflight_ = 0;
+  bool disc_ = false;
+  bool close_after_drain_ = false;
+  bool closed_ = false;
+};
+
+
+}  // namespace
+
+template <typename Socket>
+void NbdServer::Impl::NewConnection(Socket socket, std::string peer, Listener::Slot slot) {
+  std::shared_ptr<Connection<Socket>> c;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopping) {
+      boost::system::error_code ig;
+      socket.close(ig);
+      log->warn("{} NBD connection refused: {}", log::Where{"", peer, 0},
+                "server stopping");
+      return;
+    }
+    const uint64_t id = next_conn_id++;
+    c = std::make_shared<Connection<Socket>>(this, std::move(socket), id, std::move(peer));
+    c->slot = std::move(slot);
+    conns[id] = c;
+  }
+  c->Start();
+}
+
+void NbdServer::Impl::OnConnection(Listener::Connection c) {
+  Status st;
+  if (c.family == AF_UNIX) {
+    UnixSocket s(asio::make_strand(io));
+    if (st = AssignTo(c, s); st.ok()) NewConnection(std::move(s), std::move(c.peer), std::move(c.slot));
+  } else {
+    TcpSocket s(asio::make_strand(io));
+    if (st = AssignTo(c, s); st.ok()) NewConnection(std::move(s), std::move(c.peer), std::move(c.slot));
+  }
+  if (!st.ok()) log->warn("NBD accept: {}", st.ToString());
+}
+
+}  // namespace cdp

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+// NbdServer: serves BlockDevices (common/nbd/block_device.h) over the Network
+// Block Device protocol. Connections come from the one Listener
+// (common/net/listener.h); the protocol parser is common/nbd/nbd_proto.h.
+//
+// Used by the agent (the capture tap: every volume is an export whose
+// BlockDevice applies and captures writes) and by the master target
+// (point-in-time exports of recovery points). Real clients (qemu-io,
+// qemu-img, nbdcopy, nbdinfo, nbdfuse, Linux nbd-client) connect to it.
+//
+// What is implemented (docs/formats/nbd.md has the full list):
+//   - fixed newstyle handshake only (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
+//   - options EXPORT_NAME, ABORT, LIST, INFO, GO (NBD_INFO_EXPORT, NAME,
+//     DESCRIPTION, BLOCK_SIZE); STRUCTURED_REPLY and every other option is
+//     answered NBD_REP_ERR_UNSUP, so only simple replies are used;
+//   - commands READ, WRITE (+FUA), FLUSH, TRIM (+FUA), WRITE_ZEROES
+//     (+FUA, +NO_HOLE), DISC; transmission flags derived from the device.
+//   - the empty export name "" selects the only export when exactly one exists.
+//   - NBD_OPT_STARTTLS (x509, TLS 1.3, our site PKI: common/net/tls_stream.h).
+//
+// Security at the port (docs/formats/nbd.md, "TLS and tenants"):
+//   - tls_mode kRequire: on TCP connections only STARTTLS and ABORT are
+//     honoured before TLS is up; other options get NBD_REP_ERR_TLS_REQD and
+//     EXPORT_NAME closes. Unix-socket connections are trusted by the socket
+//     file's mode and group and never need TLS.
+//   - tenants: a client that did STARTTLS is who its certificate says. An
+//     export with an owner tenant is visible (LIST, INFO, GO, EXPORT_NAME) only
+//     to certificates of that tenant and to tenant-less ones (role mt, the
+//     provider); to anyone else it looks exactly like a missing export.
+//     Exports without owner, and connections without TLS, see everything.
+//   - bounded handshake: handshake_timeout_ms, max_option_bytes, max_options
+//     and max_option_reply_bytes per connection; idle_timeout_ms in
+//     transmission. At max_connections the oldest connection still in the
+//     handshake is closed to admit a new one (Listener::Options::make_room).
+//
+// Connection phases:
+//
+//   greeting -> client flags -> options --GO/EXPORT_NAME--> transmission
+//                  |             |   ^                        (idle timer)
+//                  |       STARTTLS  | TLS handshake on the same strand,
+//                  |             v   | then options again over TLS
+//                  +-- handshake timer (whole option phase, TLS included)
+//
+// Request pipeline of one connection:
+//
+//   socket --read header/payload--> [queue] --worker strand--> BlockDevice
+//      ^   (keeps reading while       |        (one request at a time,
+//      |    replies go out; pauses    |         in arrival order)
+//      |    above max_inflight_bytes) v
+//      +------ async_write <----- [reply queue, in completion order]
+//
+// Requests of one connection reach the BlockDevice one at a time and in
+// the order they arrived; requests of different connections run in parallel
+// on the worker pool.
+//
+// Thread safety: every public method of NbdServer is thread-safe. The server
+// runs its own io_context threads and worker threads between Start() and
+// Stop(); the destructor calls Stop(). Every socket operation of one
+// connection (plain or TLS) runs on that connection's strand, so an
+// asio::ssl::stream never has more than one read and one write outstanding.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/base/coding.h"
+#include "common/base/result.h"
+#include "common/base/status.h"
+#include "common/env/env.h"
+#include "common/nbd/block_device.h"
+
+namespace cdp {
+
+class TlsCredentials;
+
+// Counters of one export, cumulative since AddExport. Only successful
+// requests count in ops and bytes; failed requests count in `errors`.
+struct NbdExportStats {
+  uint64_t reads = 0;
+  uint64_t writes = 0;         // NBD_CMD_WRITE
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;  // payload bytes of NBD_CMD_WRITE
+  uint64_t zero_ops = 0;       // NBD_CMD_WRITE_ZEROES
+  uint64_t bytes_zeroed = 0;
+  uint64_t trims = 0;
+  uint64_t bytes_trimmed = 0;
+  uint64_t flushes = 0;
+  uint64_t errors = 0;         // requests answered with a non-zero error
+  uint64_t connections = 0;    // connections currently attached
+  uint64_t connections_total = 0;
+};
+
+struct NbdServerOptions {
+  // TCP listener: host and port. tcp_port = 0 picks an ephemeral port (see
+  // NbdServer::port()); tcp_port < 0 disables TCP.
+  std::string tcp_host = "127.0.0.1";
+  int tcp_port = -1;
+  // Unix socket path; empty disables it. An existing socket file at the path
+  // is replaced; the file is removed by Stop().
+  std::string unix_path;
+  int io_threads = 1;      // threads running socket I/O
+  int worker_threads = 2;  // threads calling BlockDevices
+  // Largest READ/WRITE length accepted (advertised as the maximum block
+  // size); larger requests get EINVAL (a too-large WRITE payload is read and
+  // discarded when <= max_skip_bytes, otherwise the connection is closed).
+  // TRIM and WRITE_ZEROES carry no payload and are not capped.
+  uint32_t max_request_bytes = 32u << 20;
+  uint64_t max_skip_bytes = 64u << 20;
+  // Largest option payload accepted during the handshake (the NBD spec caps
+  // strings at 4096 bytes); a larger option closes the connection.
+  uint32_t max_option_bytes = 8192;
+  // Per connection: stop reading new requests while this many payload bytes
+  // (write data + pending read replies) are queued.
+  uint64_t max_inflight_bytes = 64u << 20;
+  // Live connections at most (the Listener's cap). At the cap, the oldest
+  // connection still in the handshake is closed to admit a new one; when
+  // every connection is in transmission, new ones are closed at once.
+  int max_connections = 256;
+  // Handshake (every option, the TLS handshake included) must complete within
+  // this time or the connection is closed.
+  uint32_t handshake_timeout_ms = 30000;
+  // Per connection, during the handshake: options at most, and bytes of
+  // option replies at most; the option that passes either closes the
+  // connection (a client cannot make the server work or buffer without end
+  // before it is attached).
+  uint32_t max_options = 1024;
+  uint64_t max_option_reply_bytes = 4u << 20;
+  // A connection in transmission without any request for this long, and no
+  // request in progress, is closed. 0 = never.
+  uint32_t idle_timeout_ms = 10 * 60 * 1000;
+  // Unix socket file permissions (Listener::Options::unix_mode/unix_group).
+  uint32_t unix_mode = 0660;
+  std::string unix_group;
+  // TLS (NBD_OPT_STARTTLS). kRequire needs `tls`; kOff answers STARTTLS with
+  // NBD_REP_ERR_UNSUP. `tls` must outlive the server; each STARTTLS uses
+  // tls->Current(), so a Reload() applies to later handshakes.
+  enum class TlsMode { kOff, kRequire };
+  TlsMode tls_mode = TlsMode::kOff;
+  const TlsCredentials* tls = nullptr;
+};
+
+class NbdServer {
+ public:
+  // Throws nothing; errors surface from Start().
+  explicit NbdServer(NbdServerOptions opts);
+  ~NbdServer();
+  NbdServer(const NbdServer&) = delete;
+  NbdServer& operator=(const NbdServer&) = delete;
+
+  // Adds export `name` (1..256 bytes, no control characters; "" is reserved
+  // for the default export). `owner_tenant` ("" = none) limits who sees it
+  // over TLS (see above). Fails with kAlreadyExists or kInvalidArgument.
+  // Allowed before and after Start().
+  Status AddExport(const std::string& name, std::shared_ptr<BlockDevice> device,
+                   std::string description = "", std::string owner_tenant = "");
+  // Removes the export: new connections no longer see it, connections
+  // attached to it are closed (requests being executed finish first; the
+  // device is released when the last one does). kNotFound if absent.
+  Status RemoveExport(const std::string& name);
+  std::vector<std::string> ExportNames() const;
+  // Counters of export `name`; kNotFound if absent.
+  Result<NbdExportStats> ExportStats(const std::string& name) const;
+
+  // Binds the listeners and starts the threads. Fails (kIOError with the
+  // address, kInvalidArgument without any listener) and leaves nothing running.
+  // Not restartable after Stop().
+  Status Start();
+  // Closes the listeners and every connection, waits for device calls in
+  // progress, joins every thread. Idempotent. Must not be called from a
+  // BlockDevice method (it would wait for itself).
+  void Stop();
+
+  // The bound TCP port (valid after a successful Start with TCP), else 0.
+  uint16_t port() const { return port_.load(); }
+  const std::string& unix_path() const { return opts_.unix_path; }
+  // Connections currently open (handshake or transmission).
+  size_t connection_count() const;
+  // Connections closed to admit a new one at max_connections, and closed
+  // for idleness in transmission, since Start().
+  uint64_t evicted_count() const;
+  uint64_t idle_closed_count() const;
+
+  struct Impl;  // opaque; defined in nbd_server.cc
+
+ private:
+  NbdServerOptions opts_;
+  std::atomic<uint16_t> port_{0};
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cdp

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: Apache-2.0
+// The NBD server's internals, shared by its two files and no one else:
+// the export table entry, the connection base the server tracks, a
+// client's export scope, and NbdServer::Impl (exports, connections,
+// listener, threads). nbd_server.cc runs the server and its export table;
+// nbd_connection.cc is one client connection (the pipeline of
+// nbd_server.h) and how the listener hands sockets to it.
+//
+// Thread safety: as NbdServer::Impl's members say.
+#pragma once
+
+#include "common/nbd/nbd_server.h"
+
+#include <openssl/ssl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <optional>
+#include <thread>
+#include <type_traits>
+
+#include "common/base/asio_status.h"
+#include "common/base/log.h"
+#include "common/crypto/pki.h"
+#include "common/nbd/nbd_proto.h"
+#include "common/net/listener.h"
+#include "common/net/tls_stream.h"
+
+
+namespace cdp {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using unix_proto = asio::local::stream_protocol;
+
+// ============================================================================
+// Server internals
+// ============================================================================
+
+namespace nbd_detail {
+
+using Strand = asio::strand<asio::io_context::executor_type>;
+using TcpSocket = asio::basic_stream_socket<tcp, Strand>;
+using UnixSocket = asio::basic_stream_socket<unix_proto, Strand>;
+
+constexpr size_t kInputBufferSize = 128u << 10;
+constexpr uint64_t kMaxOptionSkip = 1u << 20;  // over-long options beyond this close the connection
+constexpr uint64_t kRequestOverhead = 4096;    // in-flight charge of a request without data
+constexpr size_t kMaxGather = 64;              // replies written by one gather write
+
+}  // namespace nbd_detail
+
+namespace nbd_detail {
+
+struct ExportEntry {
+  std::string name;
+  std::string description;
+  std::string owner;  // tenant; "" = every client
+  std::shared_ptr<BlockDevice> device;
+  uint16_t tflags = 0;
+  std::atomic<bool> removed{false};
+
+  std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
+  std::atomic<uint64_t> zero_ops{0}, bytes_zeroed{0}, trims{0}, bytes_trimmed{0};
+  std::atomic<uint64_t> flushes{0}, errors{0}, connections{0}, connections_total{0};
+};
+
+class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
+ public:
+  virtual ~ConnectionBase() = default;
+  // Closes the connection from any thread (posted to its strand).
+  virtual void Close(std::string reason) = 0;
+  // Closes it, from any thread, unless it has reached transmission by then.
+  virtual void Evict() = 0;
+  std::atomic<const ExportEntry*> attached{nullptr};
+  std::atomic<bool> handshaking{true};  // false from transmission on
+  std::atomic<bool> evicting{false};    // chosen by MakeRoom once
+  Listener::Slot slot;  // the connection's place under the listener's caps
+};
+
+}  // namespace nbd_detail
+
+using nbd_detail::ConnectionBase;
+using nbd_detail::ExportEntry;
+using nbd_detail::Strand;
+using nbd_detail::TcpSocket;
+using nbd_detail::UnixSocket;
+
+namespace nbd_detail {
+
+inline uint16_t ComputeTransmissionFlags(const BlockDevice& dev) {
+  const BlockDeviceFeatures f = dev.features();
+  const bool ro = dev.read_only();
+  uint16_t t = nbd::kFlagHasFlags;
+  if (ro) t |= nbd::kFlagReadOnly;
+  if (f.flush) t |= nbd::kFlagSendFlush;
+  if (f.fua) t |= nbd::kFlagSendFua;
+  if (f.trim && !ro) t |= nbd::kFlagSendTrim;
+  if (f.write_zeroes && !ro) t |= nbd::kFlagSendWriteZeroes;
+  if (f.multi_conn) t |= nbd::kFlagCanMultiConn;
+  return t;
+}
+
+// Which exports a connection may see: all (no TLS, or a certificate without
+// tenant), or those without owner and those of `tenant`.
+struct Scope {
+  bool all = true;
+  std::string tenant;
+  bool Sees(const ExportEntry& e) const { return all || e.owner.empty() || e.owner == tenant; }
+};
+
+inline bool ValidExportName(const std::string& name) {
+  if (name.empty() || name.size() > 256) return false;
+  for (unsigned char c : name) {
+    if (c < 0x20 || c == 0x7f) return false;
+  }
+  return true;
+}
+
+}  // namespace nbd_detail
+
+using nbd_detail::Scope;
+
+
+struct NbdServer::Impl {
+  explicit Impl(const NbdServerOptions& o) : opts(o), log(log::Get("nbd")) {}
+
+  NbdServerOptions opts;
+  std::shared_ptr<spdlog::logger> log;
+  asio::io_context io;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+  std::unique_ptr<asio::thread_pool> workers;
+  std::vector<std::thread> threads;
+  std::unique_ptr<Listener> listener;
+
+  mutable std::mutex mu;
+  std::map<std::string, std::shared_ptr<ExportEntry>> exports;
+  std::map<uint64_t, std::weak_ptr<ConnectionBase>> conns;
+  uint64_t next_conn_id = 1;
+  bool started = false;
+  bool stopping = false;
+
+  std::atomic<uint64_t> evicted{0}, idle_closed{0};
+
+  // The export a client asked for, among those it may see; "" is the only
+  // one when there is exactly one. An export it may not see is not found.
+  std::shared_ptr<ExportEntry> Find(const std::string& name, const Scope& scope) const {
+    std::lock_guard<std::mutex> lock(mu);
+    if (name.empty()) {
+      std::shared_ptr<ExportEntry> only;
+      for (auto& [n, e] : exports) {
+        if (!scope.Sees(*e)) continue;
+        if (only) return nullptr;
+        only = e;
+      }
+      return only;
+    }
+    auto it = exports.find(name);
+    return it == exports.end() || !scope.Sees(*it->second) ? nullptr : it->second;
+  }
+  std::vector<std::shared_ptr<ExportEntry>> Snapshot(const Scope& scope) const {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<std::shared_ptr<ExportEntry>> v;
+    for (auto& [n, e] : exports) {
+      if (scope.Sees(*e)) v.push_back(e);
+    }
+    return v;
+  }
+  // Listener::Options::make_room: asks the oldest connection still in the
+  // handshake to close. Connection ids grow, so `conns` is in age order.
+  bool MakeRoom() {
+    std::vector<std::shared_ptr<ConnectionBase>> seen;  // released after the lock
+    std::shared_ptr<ConnectionBase> victim;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [id, w] : conns) {
+        auto c = w.lock();
+        if (!c) continue;
+        seen.push_back(c);
+        if (c->handshaking.load() && !c->evicting.exchange(true)) {
+          victim = c;
+          break;
+        }
+      }
+    }
+    if (!victim) return false;
+    evicted++;
+    victim->Evict();
+    return true;
+  }
+  void Unregister(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    conns.erase(id);
+  }
+
+  template <typename Socket>
+  void NewConnection(Socket socket, std::string peer, Listener::Slot slot);
+  void OnConnection(Listener::Connection c);
+};
+
+}  // namespace cdp

@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/wire/frame_inbox.h"
+
+#include <span>
+#include <variant>
+
+namespace cdp {
+
+namespace {
+
+constexpr uint64_t kMessageCharge = 256;                        // bytes charged per message besides record data
+constexpr auto kReceiveSlice = std::chrono::milliseconds(200);  // how often the reader checks stop_
+
+uint64_t Charge(const Result<proto::Message>& m) {
+  uint64_t bytes = kMessageCharge;
+  if (!m.ok()) return bytes;
+  if (const auto* wb = std::get_if<proto::WriteBatch>(&*m)) {
+    for (const proto::Record& r : wb->records) bytes += r.data.size() + sizeof(proto::Record);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+FrameInbox::FrameInbox(FrameChannel& ch, uint64_t max_bytes, metrics::Gauge* queued_bytes)
+    : ch_(ch), max_bytes_(max_bytes), gauge_(queued_bytes), reader_([this] { ReadLoop(); }) {}
+
+FrameInbox::~FrameInbox() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  ch_.Close();
+  reader_.join();
+  std::lock_guard<std::mutex> lk(mu_);
+  Account(-int64_t(queued_bytes_));
+}
+
+void FrameInbox::Account(int64_t bytes) {
+  queued_bytes_ += bytes;
+  if (gauge_ != nullptr) gauge_->Add(bytes);
+}
+
+void FrameInbox::ReadLoop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || queued_bytes_ < max_bytes_; });
+      if (stop_) return;
+    }
+    Result<proto::Message> m = ch_.Receive(kReceiveSlice);
+    if (!m.ok() && m.status().IsBusy()) continue;
+    const bool last = !m.ok();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      Item item{std::move(m), 0};
+      item.bytes = Charge(item.message);
+      Account(int64_t(item.bytes));
+      queue_.push_back(std::move(item));
+    }
+    cv_.notify_all();
+    if (last) return;
+  }
+}
+
+Result<proto::Message> FrameInbox::Pop(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!cv_.wait_for(lk, timeout, [&] { return !queue_.empty() || end_.has_value(); })) {
+    return Status::Busy("no message within " + std::to_string(timeout.count()) + " ms");
+  }
+  if (queue_.empty()) return *end_;
+  Item item = std::move(queue_.front());
+  queue_.pop_front();
+  Account(-int64_t(item.bytes));
+  if (!item.message.ok()) end_ = item.message.status();
+  lk.unlock();
+  cv_.notify_all();
+  return std::move(item.message);
+}
+
+std::optional<proto::WriteBatch> FrameInbox::PopBatchFor(uint32_t volume_id, uint64_t first_seq, uint64_t max_work) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (queue_.empty() || !queue_.front().message.ok()) return std::nullopt;
+  auto* wb = std::get_if<proto::WriteBatch>(&*queue_.front().message);
+  if (wb == nullptr || wb->volume_id != volume_id || wb->records.empty() || wb->records.front().seq != first_seq ||
+      proto::BatchWork(std::span<const proto::Record>(wb->records)) > max_work) {
+    return std::nullopt;
+  }
+  std::optional<proto::WriteBatch> out(std::move(*wb));
+  Account(-int64_t(queue_.front().bytes));
+  queue_.pop_front();
+  lk.unlock();
+  cv_.notify_all();
+  return out;
+}
+
+}  // namespace cdp

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+// FrameInbox: receives a FrameChannel's messages on a thread of its own into a
+// bounded queue, so that a server decodes the next frames (TLS, decompression,
+// CRC, parsing) while it works on the last one, and can see which messages
+// have already arrived.
+//
+//   channel --Receive()--> [reader thread] --> queue (<= max_bytes) --> Pop()
+//                                                                 \->
+//                                                                 PopBatchFor()
+//
+// The master target's PS session uses it to group-commit: the WriteBatches of
+// one volume that are already here when it applies one are applied with it,
+// under one journal sync, one replica sync and one commit (ps_session.h).
+//
+// Bounds: the reader stops receiving while the queued messages hold
+// `max_bytes` or more (record data of WriteBatches, plus a fixed charge per
+// message), so memory is bounded by max_bytes plus one frame, and a slow
+// consumer pushes back on the peer through TCP.
+//
+// End: the channel's first error (the peer closed, a bad frame, Close()) is
+// queued after the messages before it and ends the reader; Pop() returns it
+// once those are drained, and again on every later call.
+//
+// Thread safety: Pop/PopBatchFor from one consumer thread. The channel may be
+// used to Send() from any thread meanwhile; nothing else may Receive() from it
+// while the inbox lives. The destructor closes the channel (so the blocked
+// reader returns) and joins the reader.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/base/result.h"
+#include "common/daemon/metrics.h"
+#include "common/wire/channel.h"
+#include "common/wire/protocol.h"
+
+namespace cdp {
+
+class FrameInbox {
+ public:
+  // Starts the reader; `ch` must outlive the inbox. `queued_bytes` (may be
+  // null; must outlive the inbox) follows the bytes queued: several inboxes
+  // may share one gauge.
+  FrameInbox(FrameChannel& ch, uint64_t max_bytes, metrics::Gauge* queued_bytes = nullptr);
+  ~FrameInbox();
+  FrameInbox(const FrameInbox&) = delete;
+  FrameInbox& operator=(const FrameInbox&) = delete;
+
+  // The next message; kBusy when none arrived within `timeout`; the channel's
+  // error once every message before it was returned.
+  Result<proto::Message> Pop(std::chrono::milliseconds timeout);
+
+  // The next message if it is already here and is a WriteBatch for
+  // `volume_id` whose first record is `first_seq` and whose work
+  // (proto::BatchWork) fits in `max_work`; otherwise nothing is taken.
+  std::optional<proto::WriteBatch> PopBatchFor(uint32_t volume_id, uint64_t first_seq, uint64_t max_work);
+
+ private:
+  struct Item {
+    Result<proto::Message> message;
+    uint64_t bytes = 0;
+  };
+  void ReadLoop();
+  void Account(int64_t bytes);  // queued_bytes_ and the gauge; under mu_
+
+  FrameChannel& ch_;
+  const uint64_t max_bytes_;
+  metrics::Gauge* const gauge_;
+  std::mutex mu_;
+  std::condition_variable cv_;  // an item queued, room made, or stopping
+  std::deque<Item> queue_;
+  uint64_t queued_bytes_ = 0;
+  bool stop_ = false;
+  std::optional<Status> end_;  // the error the reader ended with, once popped
+  std::thread reader_;
+};
+
+}  // namespace cdp
