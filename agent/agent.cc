@@ -52,6 +52,13 @@ Agent::~Agent() { Stop(); }
 
 Status Agent::Start() {
   if (started_) return Status::InvalidArgument("agent already started");
+  Status s = StartParts();
+  if (!s.ok()) DropParts();
+  return s;
+}
+
+// What Start builds, in order; on an error Start drops whatever was built.
+Status Agent::StartParts() {
   if (opts_.volumes.empty()) return Status::InvalidArgument("no volume configured");
   CDP_RETURN_IF_ERROR(opts_.env->CreateDirs(opts_.bitmap_dir));
   sites_.clear();
@@ -79,14 +86,12 @@ Status Agent::Start() {
     o.anomaly = opts_.anomaly;
     auto dev = CaptureDevice::Open(o);
     if (!dev.ok()) {
-      devices_.clear();
       return dev.status().WithContext("volume " + v.name);
     }
     devices_.push_back(*dev);
     auto site = std::make_unique<VolumeSite>();
     auto st = LoadSiteState(opts_.env, SitePath(devices_.size() - 1));
     if (!st.ok()) {
-      devices_.clear();
       sites_.clear();
       return st.status().WithContext("volume " + v.name);
     }
@@ -100,7 +105,6 @@ Status Agent::Start() {
   if (opts_.tls.enabled) {
     auto creds = TlsCredentials::Load(TlsFiles{opts_.tls.ca, opts_.tls.cert, opts_.tls.key});
     if (!creds.ok()) {
-      devices_.clear();
       return creds.status().WithContext("TLS");
     }
     tls_ = std::move(*creds);
@@ -111,9 +115,8 @@ Status Agent::Start() {
   // (the client's certificate must be of this agent's tenant, or tenant-less);
   // the Unix socket is guarded by its mode and group.
   std::string owner;
-  if (opts_.nbd.tcp_port >= 0) {
+  if (!opts_.nbd.tcp.off()) {
     if (!tls_) {
-      devices_.clear();
       return Status::InvalidArgument("NBD over TCP requires TLS (tls = on), or use the Unix socket only");
     }
     opts_.nbd.tls = tls_.get();
@@ -126,16 +129,12 @@ Status Agent::Start() {
     Status s = nbd_->AddExport(v.export_name.empty() ? v.name : v.export_name, devices_[i],
                                "OpenCDP capture tap of " + v.name, owner);
     if (!s.ok()) {
-      nbd_.reset();
-      devices_.clear();
       return s.WithContext("export of volume " + v.name);
     }
     // Every failback branch of the volume is served again (listed by cdpctl branches).
     std::lock_guard lk(sites_[i]->mu);
     for (uint64_t gen = 1; gen <= sites_[i]->state.generation; ++gen) {
       if (auto b = OpenBranch(i, gen, false); !b.ok()) {
-        nbd_.reset();
-        devices_.clear();
         return b.status().WithContext("branch of volume " + v.name);
       }
     }
@@ -157,7 +156,7 @@ Status Agent::Start() {
       so.generation = sites_[i]->state.generation;
       repl::ReplicationSender* link = nullptr;
       if (opts_.volumes[i].frame_bytes != 0) {
-        so.batch_bytes = opts_.volumes[i].frame_bytes;
+        so.link.frame_bytes = opts_.volumes[i].frame_bytes;
       } else {
         link = links_[next_link++ % links].get();
       }
@@ -175,11 +174,6 @@ Status Agent::Start() {
     ho.status = [this] { return StatusJson(); };
     auto tokens = ApplyControlAuth(opts_.control_auth, JoinPath(opts_.bitmap_dir, "control.token"), "", "agent", &ho);
     if (!tokens.ok()) {
-      nbd_.reset();
-      senders_.clear();
-      links_.clear();
-      resync_driver_.reset();
-      devices_.clear();
       return tokens.status();
     }
     control_tokens_ = *tokens;
@@ -187,24 +181,11 @@ Status Agent::Start() {
     RegisterControlRoutes();
     Status s = http_->Start();
     if (!s.ok()) {
-      http_.reset();
-      nbd_.reset();
-      senders_.clear();
-      links_.clear();
-      resync_driver_.reset();
-      devices_.clear();
       return s.WithContext("control server");
     }
   }
   Status s = nbd_->Start();
   if (!s.ok()) {
-    if (http_) http_->Stop();
-    http_.reset();
-    nbd_.reset();
-    senders_.clear();
-    links_.clear();
-    resync_driver_.reset();
-    devices_.clear();
     return s.WithContext("NBD server");
   }
   for (auto& s : senders_) s->Start();
@@ -214,6 +195,16 @@ Status Agent::Start() {
   log::Get("agent")->info("agent started: {} volume(s), NBD port {} unix '{}', control port {}", devices_.size(),
                           nbd_->port(), opts_.nbd.unix_path, control_port());
   return Status::OK();
+}
+
+void Agent::DropParts() {
+  if (http_) http_->Stop();
+  http_.reset();
+  nbd_.reset();
+  senders_.clear();
+  links_.clear();
+  resync_driver_.reset();
+  devices_.clear();
 }
 
 Status Agent::ReloadTls() {

@@ -74,7 +74,7 @@ struct AgentOptions {
   Env* env = nullptr;            // must outlive the agent
   const Clock* clock = nullptr;  // must outlive the agent
   std::vector<VolumeConfig> volumes;
-  NbdServerOptions nbd;          // listeners (tcp_port / unix_path)
+  NbdServerOptions nbd;          // listeners (tcp / unix_path)
   std::string bitmap_dir = "/var/lib/opencdp/agent";
   uint64_t budget = 64ull << 20;   // per volume
   // Ransomware detection on every volume (agent/anomaly_detector.h; the
@@ -175,6 +175,8 @@ class Agent {
   Sender* sender(size_t i) { return senders_.empty() ? nullptr : senders_.at(i).get(); }
 
  private:
+  Status StartParts();  // Start without the clean-up
+  void DropParts();     // what StartParts built, after a failure
   void RegisterMetrics(size_t i);
   CaptureDevice* FindDevice(const std::string& volume) const;
   // Per volume: the site state and, while one exists, the failback branch.

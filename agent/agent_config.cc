@@ -148,8 +148,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
     return Status::InvalidArgument("encrypted volumes need key_file (create one with cdpctl keys init)");
   const auto listener = HostPort::Rules::OptionalListen();
   CDP_ASSIGN_OR_RETURN(HostPort nbd, GetHostPort(vm, "nbd_listen", listener));
-  ao.nbd.tcp_host = nbd.host;
-  ao.nbd.tcp_port = nbd.off() ? -1 : nbd.port;
+  ao.nbd.tcp = nbd;
   ao.bitmap_dir = vm["bitmap_dir"].as<std::string>();
   ao.nbd.unix_path = vm["nbd_unix"].as<std::string>();
   if (ao.nbd.unix_path.empty()) ao.nbd.unix_path = ao.bitmap_dir + "/nbd.sock";
@@ -200,34 +199,34 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   ao.region_size = uint32_t(region);
   ao.sender_enabled = !vm["capture_only"].as<bool>();
   CDP_ASSIGN_OR_RETURN(HostPort ps, GetHostPort(vm, "ps", HostPort::Rules::Peer()));
-  ao.sender.ps = ps;
+  ao.sender.link.peer = ps;
   CDP_ASSIGN_OR_RETURN(ao.tls, GetTlsSettings(vm));
   CDP_ASSIGN_OR_RETURN(ao.control_auth, GetControlAuthSettings(vm));
-  if (ao.nbd.tcp_port >= 0 && !ao.tls.enabled) {
+  if (!ao.nbd.tcp.off() && !ao.tls.enabled) {
     return Status::InvalidArgument("'nbd_listen' serves the tap over TCP, which requires NBD TLS: set tls = on with "
                                    "tls_ca, tls_cert and tls_key, or use nbd_unix only (nbd_listen = none)");
   }
-  ao.sender.tenant = vm["tenant"].as<std::string>();
-  ao.sender.secret = vm["secret"].as<std::string>();
+  ao.sender.link.tenant = vm["tenant"].as<std::string>();
+  ao.sender.link.secret = vm["secret"].as<std::string>();
   std::string secret_file = vm["secret_file"].as<std::string>();
   if (!secret_file.empty()) {
     CDP_ASSIGN_OR_RETURN(Bytes data, ReadWholeFile(env, secret_file));
-    ao.sender.secret.assign(data.begin(), data.end());
-    while (!ao.sender.secret.empty() && (ao.sender.secret.back() == '\n' || ao.sender.secret.back() == '\r'))
-      ao.sender.secret.pop_back();
+    ao.sender.link.secret.assign(data.begin(), data.end());
+    while (!ao.sender.link.secret.empty() && (ao.sender.link.secret.back() == '\n' || ao.sender.link.secret.back() == '\r'))
+      ao.sender.link.secret.pop_back();
   }
-  if (ao.sender_enabled && (!ValidName(ao.sender.tenant) || ao.sender.secret.empty())) {
+  if (ao.sender_enabled && (!ValidName(ao.sender.link.tenant) || ao.sender.link.secret.empty())) {
     return Status::InvalidArgument("tenant and secret (or secret_file) are required unless capture_only = true");
   }
-  ao.sender.client_id = vm["client_id"].as<std::string>();
-  if (ao.sender.client_id.empty()) {
+  ao.sender.link.client_id = vm["client_id"].as<std::string>();
+  if (ao.sender.link.client_id.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
-    ao.sender.client_id = host;
-    if (!ValidName(ao.sender.client_id)) ao.sender.client_id = "agent";
+    ao.sender.link.client_id = host;
+    if (!ValidName(ao.sender.link.client_id)) ao.sender.link.client_id = "agent";
   }
-  ao.sender.batch_bytes = std::max<uint64_t>(4096, vm["batch_bytes"].as<ByteSize>().bytes);
-  ao.sender.max_inflight = std::max(1, vm["max_inflight"].as<int>());
+  ao.sender.link.frame_bytes = std::max<uint64_t>(4096, vm["batch_bytes"].as<ByteSize>().bytes);
+  ao.sender.link.max_inflight = std::max(1, vm["max_inflight"].as<int>());
   ao.ps_connections = vm["ps_connections"].as<int>();
   ao.max_open_files = vm["max_open_files"].as<size_t>();
   CDP_RETURN_IF_ERROR(CheckMaxOpenFiles(ao.max_open_files));

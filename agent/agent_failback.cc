@@ -91,12 +91,9 @@ Result<FailbackPassStats> Agent::FailbackPass(const std::string& volume) {
                                    ", not failing back (cdpctl failback begins it)");
   CDP_ASSIGN_OR_RETURN(BranchStore * branch, OpenBranch(i, s.state.generation, true));
   FailbackOptions fo;
-  fo.ps = opts_.sender.ps;
-  fo.tenant = opts_.sender.tenant;
-  fo.secret = opts_.sender.secret;
-  fo.client_id = opts_.sender.client_id.empty() ? "agent-failback" : opts_.sender.client_id + "-failback";
+  fo.link = opts_.sender.link;
+  fo.link.client_id = opts_.sender.link.client_id.empty() ? "agent-failback" : opts_.sender.link.client_id + "-failback";
   fo.tls = tls_.get();
-  fo.connect_timeout_ms = opts_.sender.connect_timeout_ms;
   CDP_ASSIGN_OR_RETURN(FailbackPassStats st, RunFailbackPass(*devices_[i], *branch, fo));
   s.fb_passes.fetch_add(1);
   s.fb_compared_bytes.fetch_add(st.compared_blocks * devices_[i]->preferred_block_size());

@@ -59,11 +59,11 @@ class Pass {
   uint64_t blocks() const { return dev_.size() / bs(); }
 
   Status Connect() {
-    const Millis timeout(o_.connect_timeout_ms);
+    const Millis timeout(o_.link.connect_timeout_ms);
     StreamWrapper wrap;
     if (o_.tls != nullptr) wrap = TlsWrapper(o_.tls, TlsSide::kClient, timeout);
-    CDP_ASSIGN_OR_RETURN(ch_, cdp::Connect(o_.ps.host, o_.ps.port, timeout, {}, wrap));
-    return ClientHandshake(*ch_, proto::Role::kAgent, o_.tenant, o_.client_id, o_.secret, timeout);
+    CDP_ASSIGN_OR_RETURN(ch_, cdp::Connect(o_.link.peer.host, o_.link.peer.port, timeout, {}, wrap));
+    return ClientHandshake(*ch_, proto::Role::kAgent, o_.link.tenant, o_.link.client_id, o_.link.secret, timeout);
   }
 
   // The next failback answer (heartbeats from the PS are skipped).
@@ -291,7 +291,7 @@ Result<FailbackPassStats> RunFailbackPass(CaptureDevice& dev, BranchStore& branc
     log::Get("agent")->info(
         "{} failback pass: {} blocks compared ({} named by the provider side, {} never shipped from here), {} pulled "
         "({} bytes, {} newly saved to the branch), {} bytes in, {} bytes out, {:.2f} s",
-        log::Where{dev.volume(), o.ps.host, 0}, r->compared_blocks, r->plan_blocks, r->local_blocks, r->pulled_blocks,
+        log::Where{dev.volume(), o.link.peer.host, 0}, r->compared_blocks, r->plan_blocks, r->local_blocks, r->pulled_blocks,
         r->pulled_bytes, r->saved_blocks, r->wire_bytes_in, r->wire_bytes_out, r->seconds);
   }
   return r;

@@ -45,15 +45,14 @@
 #include "common/base/host_port.h"
 #include "common/base/result.h"
 #include "common/net/tls_stream.h"
+#include "common/wire/replication_sender.h"
 #include "common/wire/channel.h"
 
 namespace cdp::agent {
 
 struct FailbackOptions {
-  HostPort ps;                  // the process server
-  std::string tenant, secret, client_id;
+  repl::LinkOptions link;       // the process server, who we are, the connect timeout
   const TlsCredentials* tls = nullptr;  // null: clear text; must outlive the pass
-  uint64_t connect_timeout_ms = 5'000;
   uint64_t answer_timeout_ms = 120'000;  // for each answer
   int max_requests = 8;                   // PullRequests in flight
 };

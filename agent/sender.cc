@@ -11,32 +11,28 @@ namespace cdp::agent {
 
 using namespace std::chrono_literals;
 
+repl::LinkOptions AgentLinkDefaults() {
+  repl::LinkOptions l;
+  l.peer = HostPort{"127.0.0.1", 7400};
+  l.client_id = "agent";
+  l.frame_bytes = 4u << 20;
+  l.linger_ms = 2;
+  l.max_inflight = 4;
+  l.heartbeat_ms = 5'000;
+  return l;
+}
+
 namespace {
 
-repl::SenderOptions LinkOptions(const SenderOptions& o) {
+repl::SenderOptions ReplOptions(const SenderOptions& o) {
   repl::SenderOptions l;
+  l.link = o.link;
   l.clock = o.clock;
   l.log_name = "agent";
   l.peer_name = "process server";
-  l.label = "tenant=" + o.tenant;
-  l.host = o.ps.host;
-  l.port = o.ps.port;
+  l.label = "tenant=" + o.link.tenant;
   l.role = proto::Role::kAgent;
-  l.tenant = o.tenant;
-  l.secret = o.secret;
-  l.client_id = o.client_id;
-  l.frame_bytes = o.batch_bytes;
-  l.frame_records = o.batch_records;
-  l.linger_ms = o.linger_ms;
-  l.max_inflight = o.max_inflight;
-  l.workers = 1;
-  l.connect_timeout_ms = o.connect_timeout_ms;
-  l.backoff_min_ms = o.backoff_min_ms;
-  l.backoff_max_ms = o.backoff_max_ms;
-  l.busy_hold_ms = o.busy_backoff_ms;
-  l.heartbeat_ms = o.heartbeat_ms;
-  l.dead_peer_ms = o.dead_peer_ms;
-  if (o.tls != nullptr) l.wrap = TlsWrapper(o.tls, TlsSide::kClient, std::chrono::milliseconds(o.connect_timeout_ms));
+  if (o.tls != nullptr) l.wrap = TlsWrapper(o.tls, TlsSide::kClient, std::chrono::milliseconds(o.link.connect_timeout_ms));
   return l;
 }
 
@@ -48,7 +44,7 @@ const SenderOptions& WithClock(SenderOptions& o) {
 }  // namespace
 
 std::unique_ptr<repl::ReplicationSender> NewPsLink(SenderOptions opts) {
-  return std::make_unique<repl::ReplicationSender>(LinkOptions(WithClock(opts)));
+  return std::make_unique<repl::ReplicationSender>(ReplOptions(WithClock(opts)));
 }
 
 // Seals one record of a sealed volume (common/crypto/seal.h) in place: data becomes
@@ -83,7 +79,7 @@ std::array<uint8_t, 16> VolumeUuid(const std::string& name) {
 Sender::Sender(CaptureDevice* device, SenderOptions opts, repl::ReplicationSender* shared, ResyncDriver* driver)
     : dev_(device),
       opts_(std::move(opts)),
-      own_link_(shared == nullptr ? std::make_unique<repl::ReplicationSender>(LinkOptions(WithClock(opts_))) : nullptr),
+      own_link_(shared == nullptr ? std::make_unique<repl::ReplicationSender>(ReplOptions(WithClock(opts_))) : nullptr),
       link_(shared == nullptr ? own_link_.get() : shared),
       driver_(driver) {
   WithClock(opts_);
@@ -191,7 +187,7 @@ Result<uint64_t> Sender::Resume(uint64_t durable, repl::ResumeCause cause) {
     // (our numbers were provisional); later it means the server's history and
     // ours disagree: everything is compared again.
     log::Get("agent")->error("{} process server resumes at {} {}: full resync",
-                             log::Where{dev_->volume(), opts_.ps.host, durable}, durable,
+                             log::Where{dev_->volume(), opts_.link.peer.host, durable}, durable,
                              lost_since_restart ? "below what it acknowledged before this agent started"
                                                 : "outside our window");
     dev_->bitmap().MarkAllCompare();
@@ -280,7 +276,7 @@ Status Sender::StartGeneration(uint64_t gen, bool equal) {
     st_.last_error.clear();
   }
   generation_.store(gen);
-  log::Get("agent")->warn("{} generation {}: {}", log::Where{dev_->volume(), opts_.ps.host, 0}, gen,
+  log::Get("agent")->warn("{} generation {}: {}", log::Where{dev_->volume(), opts_.link.peer.host, 0}, gen,
                           equal ? "the source equals the replica; replication resumes without a resync"
                                 : "every region is compared with the replica");
   // The stream is fenced under the old generation: a new connection opens the new one.
@@ -289,7 +285,7 @@ Status Sender::StartGeneration(uint64_t gen, bool equal) {
 }
 
 void Sender::Fenced(const std::string& message) {
-  log::Get("agent")->error("{} fenced: {}", log::Where{dev_->volume(), opts_.ps.host, 0}, message);
+  log::Get("agent")->error("{} fenced: {}", log::Where{dev_->volume(), opts_.link.peer.host, 0}, message);
   std::lock_guard lk(mu_);
   st_.fenced = message;
 }
@@ -321,7 +317,7 @@ bool Sender::ResyncTick(bool* idle) {
   const bool open = link_->WaitOpened(stream_, 0ms).ok();
   Result<bool> progressed = open ? resync_engine_->Step() : Result<bool>(false);
   if (!progressed.ok() && !stop_) {
-    log::Get("agent")->warn("{} resync: {}", log::Where{dev_->volume(), opts_.ps.host, 0},
+    log::Get("agent")->warn("{} resync: {}", log::Where{dev_->volume(), opts_.link.peer.host, 0},
                             resync_engine_->Stats().last_error);
   }
   *idle = resync_engine_->Idle();

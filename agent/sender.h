@@ -57,23 +57,15 @@
 
 namespace cdp::agent {
 
+// The agent's link to the process server as it ships: port 7400, 4 MiB
+// frames, 4 in flight, heartbeats every 5 s. agent.conf's keys (batch_bytes,
+// max_inflight, ps, tenant, secret, client_id) override it.
+repl::LinkOptions AgentLinkDefaults();
+
 struct SenderOptions {
-  HostPort ps{"127.0.0.1", 7400};  // the process server
-  std::string tenant;
-  std::string secret;
-  std::string client_id = "agent";
-  uint64_t batch_bytes = 4u << 20;   // data bytes per WriteBatch (at least one record)
-  size_t batch_records = 16384;
-  uint32_t linger_ms = 2;            // wait this long for a small batch to grow
-  int max_inflight = 4;              // batches sent, not yet acknowledged
-  uint64_t backoff_min_ms = 100;
-  uint64_t backoff_max_ms = 2'000;
-  uint64_t busy_backoff_ms = 200;    // hold after a busy nack (process server over quota)
+  repl::LinkOptions link = AgentLinkDefaults();  // the PS, who we are, frames, window, recovery
   uint64_t checkpoint_interval_ms = 1000;
-  uint64_t connect_timeout_ms = 5000;
   ResyncOptions resync;              // its clock is this one
-  uint64_t heartbeat_ms = 5'000;      // a Heartbeat when nothing was sent for this long
-  uint64_t dead_peer_ms = 30'000;     // nothing received for this long: reconnect
   uint64_t generation = 1;
   const Clock* clock = nullptr;      // must outlive the sender
   const TlsCredentials* tls = nullptr;  // TLS to the PS; null = clear text; must outlive the sender

@@ -135,7 +135,7 @@ void RunIntake(const std::string& dir, uint64_t mib, int window) {
   o.control = {};  // off
   o.mt.port = dead_port;
   o.mt_open_wait_ms = 10;
-  o.backoff_min_ms = 1000;
+  o.mt_link.backoff_min_ms = 1000;
   o.tenants = {{"bench", kSecret}};
   o.spool_dir = sdir;
   cdp::ps::ProcessServer ps(o);
@@ -269,12 +269,12 @@ int main(int argc, char** argv) {
       Receiver rx;
       cdp::ps::MtLinkOptions lo2;
       lo2.clock = cdp::SystemClock::Get();
-      lo2.host = "127.0.0.1";
-      lo2.port = rx.port();
-      lo2.tenant = "bench";
-      lo2.secret = kSecret;
-      lo2.frame_bytes = frame_kib << 10;
-      lo2.max_inflight = 8;
+      lo2.link.peer.host = "127.0.0.1";
+      lo2.link.peer.port = rx.port();
+      lo2.link.tenant = "bench";
+      lo2.link.secret = kSecret;
+      lo2.link.frame_bytes = frame_kib << 10;
+      lo2.link.max_inflight = 8;
       cdp::ps::MtLink link(lo2);
       link.AddVolume(vol->get());
       double cpu0 = ProcessCpu();

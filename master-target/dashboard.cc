@@ -19,34 +19,6 @@ const DashboardAsset* FindDashboardAsset(std::string_view name) {
 }
 
 namespace {
-constexpr std::string_view kCookieName = "cdp_ui_token";
-}  // namespace
-
-std::string DashboardCookieToken(std::string_view header) {
-  constexpr std::string_view kName = kCookieName;
-  while (!header.empty()) {
-    size_t end = header.find(';');
-    std::string_view item = header.substr(0, end);
-    header = end == std::string_view::npos ? std::string_view() : header.substr(end + 1);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    size_t eq = item.find('=');
-    if (eq != std::string_view::npos && item.substr(0, eq) == kName) return std::string(item.substr(eq + 1));
-  }
-  return "";
-}
-
-namespace {
-
-// The token of an "Authorization: Bearer TOKEN" header (scheme in any case), or "".
-std::string_view BearerToken(std::string_view auth) {
-  constexpr std::string_view kBearer = "bearer ";
-  if (auth.size() <= kBearer.size()) return {};
-  for (size_t i = 0; i < kBearer.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(auth[i])) != kBearer[i]) return {};
-  }
-  return auth.substr(kBearer.size());
-}
 
 http::Response Page(int status, const DashboardAsset& a) {
   http::Response r;
@@ -63,21 +35,12 @@ http::Response Page(int status, const DashboardAsset& a) {
 
 }  // namespace
 
-void AddDashboardRoutes(http::Server& server,
-                        std::function<std::optional<http::Caller>(std::string_view token)> authenticate) {
-  auto allowed = [authenticate](const http::Request& r) {
-    if (!authenticate) return true;
-    if (std::string_view token = BearerToken(r.authorization); !token.empty()) {
-      return authenticate(token).has_value();
-    }
-    std::string token = DashboardCookieToken(r.cookie);
-    return !token.empty() && authenticate(token).has_value();
-  };
-  auto serve = [allowed](std::string_view name, bool needs_token) {
-    return [allowed, name, needs_token](const http::Request& r) {
+void AddDashboardRoutes(http::Server& server) {
+  auto serve = [](std::string_view name, bool needs_token) {
+    return [name, needs_token](const http::Request& r) {
       const DashboardAsset* a = FindDashboardAsset(name);
       if (a == nullptr) return http::Response::Error(404, "no such path: " + r.path);
-      if (needs_token && !allowed(r)) {
+      if (needs_token && !r.signed_in) {
         const DashboardAsset* denied = FindDashboardAsset("denied.html");
         if (name != "index.html" || denied == nullptr) {
           return http::Response::Error(401, "a control token is required (sign in at /ui/login)");
@@ -91,29 +54,26 @@ void AddDashboardRoutes(http::Server& server,
   // before the page navigates to /ui (a cookie written by script may not be).
   server.Route(
       "POST", "/ui/session",
-      [authenticate](const http::Request& r) {
-        std::string_view token = BearerToken(r.authorization);
-        if (authenticate && (token.empty() || !authenticate(token))) {
-          return http::Response::Error(401, "the control token is not valid here");
-        }
+      [](const http::Request& r) {
+        // Access::kToken: the router has checked the bearer token (a 401 before this).
         http::Response resp = http::Response::Json(200, boost::json::object{{"signed_in", true}});
-        resp.headers = {{"Set-Cookie", std::string(kCookieName) + "=" + std::string(token) +
+        resp.headers = {{"Set-Cookie", std::string(http::kSessionCookie) + "=" + r.token +
                                            "; Path=/ui; HttpOnly; SameSite=Strict"},
                         {"Cache-Control", "no-store"}};
         return resp;
       },
-      http::Access::kPublic);
+      http::Access::kToken);
   server.Route(
       "POST", "/ui/logout",
       [](const http::Request&) {
         http::Response resp = http::Response::Json(200, boost::json::object{{"signed_in", false}});
-        resp.headers = {{"Set-Cookie", std::string(kCookieName) + "=; Path=/ui; Max-Age=0; HttpOnly; SameSite=Strict"},
+        resp.headers = {{"Set-Cookie", std::string(http::kSessionCookie) + "=; Path=/ui; Max-Age=0; HttpOnly; SameSite=Strict"},
                         {"Cache-Control", "no-store"}};
         return resp;
       },
       http::Access::kPublic);
-  server.Route("GET", "/ui", serve("index.html", true), http::Access::kPublic);
-  server.Route("GET", "/ui/", serve("index.html", true), http::Access::kPublic);
+  server.Route("GET", "/ui", serve("index.html", true), http::Access::kSession);
+  server.Route("GET", "/ui/", serve("index.html", true), http::Access::kSession);
   server.Route(
       "GET", "/ui/*",
       [serve](const http::Request& r) {
@@ -131,7 +91,7 @@ void AddDashboardRoutes(http::Server& server,
         }
         return http::Response::Error(404, "no such path: " + r.path);
       },
-      http::Access::kPublic);
+      http::Access::kSession);
 }
 
 }  // namespace cdp::mt

@@ -18,7 +18,7 @@
 // (master-target/mt_control_api.h: /v1/whoami, /v1/volumes, /v1/points,
 // /v1/lag, /v1/exports, /v1/export, /v1/unexport).
 //
-// Access (the decision lives here):
+// Access (the router's modes, common/http/http_server.h; what each answers, here):
 //  - Data is read and changed only through the control API, with
 //    "Authorization: Bearer TOKEN": the same tokens (common/http/control_token.h)
 //    and the same tenant scoping as cdpctl. A tenant token sees its tenant's
@@ -44,8 +44,7 @@
 //    images and fetches from the page's origin only; no inline script or
 //    style; no framing), nosniff, no-referrer and no-store.
 //
-// Thread safety: the routes' handlers are thread-safe (they read constant
-// data and call `authenticate`, which must be thread-safe).
+// Thread safety: the routes' handlers are thread-safe (they read constant data).
 #pragma once
 
 #include <functional>
@@ -69,17 +68,13 @@ std::span<const DashboardAsset> DashboardAssets();
 // The asset named `name`, or null.
 const DashboardAsset* FindDashboardAsset(std::string_view name);
 
-// The value of the cookie `cdp_ui_token` in a Cookie header; "" when absent.
-std::string DashboardCookieToken(std::string_view cookie_header);
-
 // The Content-Security-Policy of every /ui answer.
 extern const char kDashboardCsp[];
 
-// Adds the /ui routes (Access::kPublic: they check the token themselves).
-// `authenticate` is the server's (ServerOptions::authenticate); empty: no
-// authentication (control_auth = off), every request is let in. Before
-// server.Start().
-void AddDashboardRoutes(http::Server& server,
-                        std::function<std::optional<http::Caller>(std::string_view token)> authenticate);
+// Adds the /ui routes: the pages Access::kSession (the router checks the
+// bearer token or the session cookie, http::kSessionCookie; a page answers an
+// anonymous request), POST /ui/session Access::kToken, the rest kPublic.
+// Before server.Start().
+void AddDashboardRoutes(http::Server& server);
 
 }  // namespace cdp::mt

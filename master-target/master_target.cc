@@ -366,8 +366,7 @@ Status MasterTarget::Start() {
   }
   if (!o_.nbd.off()) {
     NbdServerOptions no;
-    no.tcp_host = o_.nbd.host;
-    no.tcp_port = o_.nbd.port;
+    no.tcp = o_.nbd;
     no.idle_timeout_ms = o_.nbd_idle_timeout_ms;
     no.max_connections = o_.nbd_max_connections;
     if (o_.nbd_tls) {
@@ -402,7 +401,7 @@ Status MasterTarget::Start() {
     m.control_tokens = *tokens;
     m.http = std::make_unique<http::Server>(ho);
     m.AddRoutes();
-    AddDashboardRoutes(*m.http, ho.authenticate);
+    AddDashboardRoutes(*m.http);
     Status s = m.http->Start();
     if (!s.ok()) {
       Stop();
@@ -413,8 +412,7 @@ Status MasterTarget::Start() {
   lo.name = "mt-peers";
   lo.max_connections = o_.connection_caps.total;
   lo.max_per_peer = o_.connection_caps.per_peer;
-  lo.tcp_host = o_.listen.host;
-  lo.tcp_port = o_.listen.port;
+  lo.tcp = o_.listen;
   lo.mode = Listener::Mode::kThreadPerConnection;
   lo.registry = &registry_;
   StreamWrapper secure;

@@ -114,15 +114,14 @@ class MtLink::SpoolSource final : public repl::RecordSource {
 
 namespace {
 
-repl::SenderOptions LinkOptions(const MtLinkOptions& o) {
+repl::SenderOptions ReplOptions(const MtLinkOptions& o) {
   repl::SenderOptions l;
+  l.link = o.link;
   l.clock = o.clock;
   l.log_name = "ps.link";
   l.peer_name = "master target";
-  l.label = "tenant=" + o.tenant + " link=" + std::to_string(o.index);
-  if (o.copy > 0) l.label += " copy=" + std::to_string(o.copy) + " mt=" + o.host + ":" + std::to_string(o.port);
-  l.host = o.host;
-  l.port = o.port;
+  l.label = "tenant=" + o.link.tenant + " link=" + std::to_string(o.index);
+  if (o.copy > 0) l.label += " copy=" + std::to_string(o.copy) + " mt=" + o.link.peer.ToString();
   if (o.throttle != nullptr) {
     Throttle* t = o.throttle;
     l.wrap = [t](std::unique_ptr<ByteStream> s) -> Result<std::unique_ptr<ByteStream>> {
@@ -130,27 +129,15 @@ repl::SenderOptions LinkOptions(const MtLinkOptions& o) {
     };
   }
   // TLS over the throttle: the throttle charges the bytes on the wire.
-  if (o.tls != nullptr) l.wrap = TlsWrapper(o.tls, TlsSide::kClient, std::chrono::milliseconds(5000), l.wrap);
+  if (o.tls != nullptr)
+    l.wrap = TlsWrapper(o.tls, TlsSide::kClient, std::chrono::milliseconds(o.link.connect_timeout_ms), l.wrap);
   l.role = proto::Role::kProcessServer;
-  l.tenant = o.tenant;
-  l.secret = o.secret;
-  l.client_id = o.client_id;
-  l.frame_bytes = o.frame_bytes;
-  l.max_inflight = o.max_inflight;
-  l.workers = o.workers;
-  l.connect_timeout_ms = 5000;
-  l.backoff_min_ms = o.backoff_min_ms;
-  l.backoff_max_ms = o.backoff_max_ms;
-  l.busy_hold_ms = 200;
-  l.internal_hold_ms = 1000;
-  l.heartbeat_ms = o.heartbeat_ms;
-  l.dead_peer_ms = o.ack_timeout_ms;
   return l;
 }
 
 }  // namespace
 
-MtLink::MtLink(MtLinkOptions options) : opt_(std::move(options)), sender_(LinkOptions(opt_)) {}
+MtLink::MtLink(MtLinkOptions options) : opt_(std::move(options)), sender_(ReplOptions(opt_)) {}
 
 MtLink::~MtLink() { Stop(); }
 

@@ -50,26 +50,17 @@
 namespace cdp::ps {
 
 struct MtLinkOptions {
+  // The MT (peer), tenant, secret, client_id, frames, window and recovery:
+  // ProcessServerOptions::mt_link with this link's peer, tenant and secret.
+  // workers: compression/sending threads of this link (the compression pool):
+  // volumes are spread over them round-robin; one volume is always shipped by
+  // one thread, so its frames stay in order.
+  repl::LinkOptions link;
   Clock* clock = nullptr;        // must outlive the link
   Throttle* throttle = nullptr;  // shared by all links; may be null (unlimited)
   const TlsCredentials* tls = nullptr;  // TLS to the MT (over the throttle); null = clear text; must outlive the link
-  std::string host;
-  uint16_t port = 0;
-  std::string tenant;
-  std::string secret;
-  std::string client_id = "process-server";
   int index = 0;                 // which of the tenant's connections (for logs)
   size_t copy = 0;               // which copy of its volumes this link ships (0: the primary MT)
-  uint64_t frame_bytes = 1u << 20;
-  int max_inflight = 32;
-  // Compression/sending threads of this link (the compression pool): volumes
-  // are spread over them round-robin; one volume is always shipped by one
-  // thread, so its frames stay in order.
-  int workers = 1;
-  uint64_t backoff_min_ms = 100;
-  uint64_t backoff_max_ms = 2'000;
-  uint64_t ack_timeout_ms = 120'000;  // nothing received from the MT for this long: reconnect
-  uint64_t heartbeat_ms = 10'000;
 };
 
 class MtLink {

@@ -367,23 +367,17 @@ Status ProcessServer::Start() {
       auto& v = im.links[copy][tenant];
       for (int i = 0; i < std::max(1, opt_.connections); ++i) {
         MtLinkOptions lo;
+        lo.link = opt_.mt_link;
+        lo.link.peer = targets[copy];
+        lo.link.tenant = tenant;
+        lo.link.secret = secret;
+        int pool = opt_.compress_threads > 0 ? opt_.compress_threads : int(std::thread::hardware_concurrency());
+        lo.link.workers = std::max(1, pool / std::max(1, opt_.connections));
         lo.clock = opt_.clock;
         lo.throttle = throttle_.get();
         lo.tls = im.tls.get();
-        lo.host = targets[copy].host;
-        lo.port = targets[copy].port;
-        lo.tenant = tenant;
-        lo.secret = secret;
-        lo.client_id = opt_.client_id;
         lo.index = i;
         lo.copy = copy;
-        lo.frame_bytes = opt_.frame_bytes;
-        lo.max_inflight = opt_.max_inflight;
-        int pool = opt_.compress_threads > 0 ? opt_.compress_threads : int(std::thread::hardware_concurrency());
-        lo.workers = std::max(1, pool / std::max(1, opt_.connections));
-        lo.backoff_min_ms = opt_.backoff_min_ms;
-        lo.backoff_max_ms = opt_.backoff_max_ms;
-        lo.ack_timeout_ms = opt_.ack_timeout_ms;
         v.push_back(std::make_unique<MtLink>(lo));
       }
       for (const auto& l : v) ls.push_back(l.get());
@@ -426,8 +420,7 @@ Status ProcessServer::Start() {
   lo.name = "ps-agents";
   lo.max_connections = opt_.connection_caps.total;
   lo.max_per_peer = opt_.connection_caps.per_peer;
-  lo.tcp_host = opt_.listen.host;
-  lo.tcp_port = opt_.listen.port;
+  lo.tcp = opt_.listen;
   lo.mode = Listener::Mode::kThreadPerConnection;
   lo.registry = opt_.registry;
   StreamWrapper secure;

@@ -52,6 +52,7 @@
 #include "common/http/control_token.h"
 #include "common/net/throttle.h"
 #include "common/wire/protocol.h"
+#include "common/wire/replication_sender.h"
 
 namespace cdp::metrics {
 class Registry;
@@ -77,6 +78,19 @@ struct CopyStatus {
   std::string fenced;
 };
 
+// A link to a master target as the PS ships it: 1 MiB frames, 32 in flight,
+// heartbeats every 10 s, 120 s without progress: reconnect.
+inline repl::LinkOptions PsLinkDefaults() {
+  repl::LinkOptions l;
+  l.peer = HostPort{"127.0.0.1", 7500};
+  l.client_id = "process-server";
+  l.frame_bytes = 1u << 20;
+  l.max_inflight = 32;
+  l.heartbeat_ms = 10'000;
+  l.dead_peer_ms = 120'000;
+  return l;
+}
+
 struct ProcessServerOptions {
   Env* env = nullptr;          // files; must outlive the server
   Clock* clock = nullptr;      // time; must outlive the server
@@ -88,7 +102,6 @@ struct ProcessServerOptions {
   int copies = 0;                       // copies per volume, primary first; 0 = every MT
   std::map<std::string, int> volume_copies;  // "tenant/volume" -> copies (1..MTs)
   uint64_t cursor_sync_ms = 1000;       // copy cursors persisted at most this often (spooled_volume.h)
-  std::string client_id = "process-server";
   std::map<std::string, std::string> tenants;  // tenant -> secret
   std::string spool_dir = "/var/lib/opencdp/ps/spool";
   uint64_t quota_bytes = 0;           // per volume backlog; 0 = unlimited
@@ -96,8 +109,12 @@ struct ProcessServerOptions {
   proto::Codec codec = proto::Codec::kZstd;
   int level = 1;
   std::map<std::string, std::pair<proto::Codec, int>> volume_codecs;  // "tenant/volume" -> codec, level
-  uint64_t frame_bytes = 1u << 20;    // raw record bytes per shipped frame
-  int max_inflight = 32;              // frames per volume not yet acknowledged
+  // Every link to a master target: who we are (client_id), raw record bytes
+  // per shipped frame, frames per volume not yet acknowledged, back-off, and
+  // dead_peer_ms (no MT progress with frames in flight: reconnect). Each link
+  // gets its own peer (mt, more_mts), tenant and secret (tenants) and its
+  // share of compress_threads as workers.
+  repl::LinkOptions mt_link = PsLinkDefaults();
   std::map<std::string, int> volume_inflight;  // "tenant/volume" -> its own max_inflight (LoRS threads)
   int connections = 1;                // MT connections per tenant
   ConnectionCaps connection_caps;     // agent connections (the data listener)
@@ -113,10 +130,7 @@ struct ProcessServerOptions {
   // (common/env/file_cache_env.h); 0: no bound (one open segment per volume).
   size_t max_open_files = 1000;
   ThrottleOptions throttle;
-  uint64_t backoff_min_ms = 100;
-  uint64_t backoff_max_ms = 2'000;
   uint64_t mt_open_wait_ms = 5'000;
-  uint64_t ack_timeout_ms = 120'000;  // no MT progress with frames in flight: reconnect
   metrics::Registry* registry = nullptr;  // optional; must outlive the server
 };
 

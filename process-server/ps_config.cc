@@ -123,8 +123,8 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
     return Status::InvalidArgument("'copies' must be 0.." + std::to_string(mt_count) + " (the number of 'mt' keys)");
   CDP_RETURN_IF_ERROR(ParseVolumeCounts(vars, "volume_copies", 1, mt_count, &o.volume_copies));
   CDP_RETURN_IF_ERROR(ParseVolumeCounts(vars, "volume_inflight", 1, 1024, &o.volume_inflight));
-  o.client_id = vars["client_id"].as<std::string>();
-  if (!ValidName(o.client_id)) return Status::InvalidArgument("bad value '" + o.client_id + "' for 'client_id'");
+  o.mt_link.client_id = vars["client_id"].as<std::string>();
+  if (!ValidName(o.mt_link.client_id)) return Status::InvalidArgument("bad value '" + o.mt_link.client_id + "' for 'client_id'");
   if (vars.count("tenant")) {
     for (const auto& t : vars["tenant"].as<std::vector<std::string>>()) {
       CDP_RETURN_IF_ERROR(AddTenantEntry(t, &o.tenants).WithContext("'tenant'"));
@@ -153,11 +153,11 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
       o.volume_codecs[key] = vc;
     }
   }
-  o.frame_bytes = vars["frame_size"].as<ByteSize>().bytes;
-  if (o.frame_bytes < 4096 || o.frame_bytes > proto::kMaxBatchRaw / 2)
+  o.mt_link.frame_bytes = vars["frame_size"].as<ByteSize>().bytes;
+  if (o.mt_link.frame_bytes < 4096 || o.mt_link.frame_bytes > proto::kMaxBatchRaw / 2)
     return Status::InvalidArgument("'frame_size' must be 4KiB..32MiB");
-  o.max_inflight = vars["inflight"].as<int>();
-  if (o.max_inflight < 1 || o.max_inflight > 1024) return Status::InvalidArgument("'inflight' must be 1..1024");
+  o.mt_link.max_inflight = vars["inflight"].as<int>();
+  if (o.mt_link.max_inflight < 1 || o.mt_link.max_inflight > 1024) return Status::InvalidArgument("'inflight' must be 1..1024");
   CDP_ASSIGN_OR_RETURN(o.connection_caps, GetConnectionCaps(vars));
   CDP_ASSIGN_OR_RETURN(o.tls, GetTlsSettings(vars));
   CDP_ASSIGN_OR_RETURN(o.control_auth, GetControlAuthSettings(vars));

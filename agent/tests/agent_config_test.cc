@@ -47,12 +47,12 @@ TEST_CASE("agent config: keys, addresses, secret file, log", "[config]") {
   CHECK(o->volumes[0].backing_path == "/dev/vdb");
   CHECK(o->volumes[0].export_name == "prod-db");
   CHECK(o->volumes[1].export_name == "");
-  CHECK(o->nbd.tcp_port == -1);
+  CHECK(o->nbd.tcp.off());
   CHECK(o->nbd.unix_path == "/run/cdp.sock");
-  CHECK(o->sender.ps.host == "fd00::7");
-  CHECK(o->sender.ps.port == 7401);
-  CHECK(o->sender.secret == "s3cret-0123456789");
-  CHECK(o->sender.client_id == "host1");
+  CHECK(o->sender.link.peer.host == "fd00::7");
+  CHECK(o->sender.link.peer.port == 7401);
+  CHECK(o->sender.link.secret == "s3cret-0123456789");
+  CHECK(o->sender.link.client_id == "host1");
   CHECK(o->control.host == "127.0.0.1");
   CHECK(o->control.port == 0);
   CHECK(o->region_size == 65536);
@@ -92,7 +92,7 @@ TEST_CASE("agent config: the NBD tap is a 0660 Unix socket by default, TCP needs
   const std::string base = "volume = db=/dev/vdb\ntenant = acme\nsecret = s\nbitmap_dir = /var/lib/a\n";
   auto o = Load(env.get(), base);
   REQUIRE(o.ok());
-  CHECK(o->nbd.tcp_port == -1);
+  CHECK(o->nbd.tcp.off());
   CHECK(o->nbd.unix_path == "/var/lib/a/nbd.sock");
   CHECK(o->nbd.unix_mode == 0660);
   CHECK(o->nbd.unix_group.empty());

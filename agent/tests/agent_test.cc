@@ -44,15 +44,15 @@ AgentOptions BaseOptions(cdp::Env* env, const std::string& dir, uint16_t ps_port
   AgentOptions ao;
   ao.env = env;
   ao.clock = cdp::SystemClock::Get();
-  ao.nbd.tcp_port = -1;
+  ao.nbd.tcp = {};
   ao.nbd.unix_path = dir + "/nbd.sock";
   ao.bitmap_dir = dir + "/bm";
   ao.control.port = 0;
-  ao.sender.ps.port = ps_port;
-  ao.sender.tenant = "t1";
-  ao.sender.secret = "s3cret";
-  ao.sender.client_id = "test-agent";
-  ao.sender.backoff_min_ms = 10;
+  ao.sender.link.peer.port = ps_port;
+  ao.sender.link.tenant = "t1";
+  ao.sender.link.secret = "s3cret";
+  ao.sender.link.client_id = "test-agent";
+  ao.sender.link.backoff_min_ms = 10;
   ao.sender.checkpoint_interval_ms = 50;
   return ao;
 }

@@ -71,10 +71,10 @@ std::unique_ptr<BranchStore> Branch(cdp::Env* env) {
 
 FailbackOptions Opts(const TestPeer& peer) {
   FailbackOptions o;
-  o.ps.port = peer.port();
-  o.tenant = "t1";
-  o.secret = "s3cret";
-  o.client_id = "failback-test";
+  o.link.peer.port = peer.port();
+  o.link.tenant = "t1";
+  o.link.secret = "s3cret";
+  o.link.client_id = "failback-test";
   o.max_requests = 3;
   return o;
 }
@@ -225,16 +225,16 @@ TEST_CASE("agent failback steps: begin fences the tap, a pass pulls, end, then r
   AgentOptions ao;
   ao.env = env.get();
   ao.clock = cdp::SystemClock::Get();
-  ao.nbd.tcp_port = -1;
+  ao.nbd.tcp = {};
   ao.nbd.unix_path = dir.Join("nbd.sock");
   ao.bitmap_dir = "/v/bm";
   ao.control.port = 0;
-  ao.sender.ps.port = peer.port();
-  ao.sender.tenant = "t1";
-  ao.sender.secret = "s3cret";
-  ao.sender.client_id = "test-agent";
-  ao.sender.backoff_min_ms = 10;
-  ao.sender.backoff_max_ms = 50;
+  ao.sender.link.peer.port = peer.port();
+  ao.sender.link.tenant = "t1";
+  ao.sender.link.secret = "s3cret";
+  ao.sender.link.client_id = "test-agent";
+  ao.sender.link.backoff_min_ms = 10;
+  ao.sender.link.backoff_max_ms = 50;
   ao.sender.checkpoint_interval_ms = 20;
   ao.volumes.push_back({"a", "/v/a.img", ""});
   {

@@ -57,7 +57,7 @@ TEST_CASE("every captured record becomes durable in the real process server's sp
   po.tenants = {{"t1", "s3cret"}};
   po.spool_dir = "/ps/spool";
   po.mt_open_wait_ms = 50;
-  po.backoff_min_ms = 50;
+  po.mt_link.backoff_min_ms = 50;
   cdp::ps::ProcessServer ps(po);
   REQUIRE(ps.Start().ok());
 
@@ -70,13 +70,13 @@ TEST_CASE("every captured record becomes durable in the real process server's sp
   o.budget = 2 * kMiB;
   auto dev = std::move(*CaptureDevice::Open(o));
   SenderOptions so;
-  so.ps.port = ps.agent_port();
-  so.tenant = "t1";
-  so.secret = "s3cret";
-  so.client_id = "agent-test";
-  so.batch_bytes = 256 * 1024;
-  so.backoff_min_ms = 10;
-  so.busy_backoff_ms = 20;
+  so.link.peer.port = ps.agent_port();
+  so.link.tenant = "t1";
+  so.link.secret = "s3cret";
+  so.link.client_id = "agent-test";
+  so.link.frame_bytes = 256 * 1024;
+  so.link.backoff_min_ms = 10;
+  so.link.busy_hold_ms = 20;
   so.resync.retry_min_ms = 100;
   so.checkpoint_interval_ms = 20;
   Sender sender(dev.get(), so);
@@ -134,7 +134,7 @@ TEST_CASE("regression: an encrypted volume's batch of whole-record trims stays w
   po.tenants = {{"t1", "s3cret"}};
   po.spool_dir = "/ps/spool";
   po.mt_open_wait_ms = 50;
-  po.backoff_min_ms = 50;
+  po.mt_link.backoff_min_ms = 50;
   cdp::ps::ProcessServer ps(po);
   REQUIRE(ps.Start().ok());
 
@@ -149,11 +149,11 @@ TEST_CASE("regression: an encrypted volume's batch of whole-record trims stays w
   o.sealer = *cdp::seal::BlockSealer::Create(*cdp::seal::DeriveVolumeKeys(key, "vol"));
   auto dev = std::move(*CaptureDevice::Open(o));
   SenderOptions so;
-  so.ps.port = ps.agent_port();
-  so.tenant = "t1";
-  so.secret = "s3cret";
-  so.client_id = "agent-test";
-  so.backoff_min_ms = 10;
+  so.link.peer.port = ps.agent_port();
+  so.link.tenant = "t1";
+  so.link.secret = "s3cret";
+  so.link.client_id = "agent-test";
+  so.link.backoff_min_ms = 10;
   so.resync.retry_min_ms = 100;
   so.checkpoint_interval_ms = 20;
   Sender sender(dev.get(), so);

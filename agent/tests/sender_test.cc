@@ -66,16 +66,16 @@ std::shared_ptr<CaptureDevice> OpenDevice(cdp::Env* env, uint64_t budget = 64 * 
 
 SenderOptions Opts(const TestPeer& peer) {
   SenderOptions so;
-  so.ps.port = peer.port();
-  so.tenant = "t1";
-  so.secret = "s3cret";
-  so.client_id = "test-agent";
-  so.batch_bytes = 256 * 1024;
-  so.backoff_min_ms = 10;
-  so.backoff_max_ms = 200;
-  so.busy_backoff_ms = 10;
+  so.link.peer.port = peer.port();
+  so.link.tenant = "t1";
+  so.link.secret = "s3cret";
+  so.link.client_id = "test-agent";
+  so.link.frame_bytes = 256 * 1024;
+  so.link.backoff_min_ms = 10;
+  so.link.backoff_max_ms = 200;
+  so.link.busy_hold_ms = 10;
   so.checkpoint_interval_ms = 20;
-  so.connect_timeout_ms = 2000;
+  so.link.connect_timeout_ms = 2000;
   return so;
 }
 

@@ -38,7 +38,7 @@ class TestPeer {
       : tenant_(std::move(tenant)), secret_(std::move(secret)), volume_size_(volume_size) {
     Listener::Options lo;
     lo.name = "test-peer";
-    lo.tcp_port = 0;
+    lo.tcp = {"127.0.0.1", 0};
     lo.mode = Listener::Mode::kThreadPerConnection;
     listener_ = std::make_unique<Listener>(lo, ServeFrames([this](FrameChannel& ch) { Serve(ch); }));
     Status s = listener_->Start();

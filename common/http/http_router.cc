@@ -93,6 +93,27 @@ Request ToRequest(bhttp::request<bhttp::string_body>& parsed) {
   return req;
 }
 
+std::string_view BearerToken(std::string_view authorization) {
+  constexpr std::string_view kBearer = "Bearer ";
+  if (authorization.size() <= kBearer.size() || !EqualsIgnoreCase(authorization.substr(0, kBearer.size()), kBearer)) {
+    return {};
+  }
+  return authorization.substr(kBearer.size());
+}
+
+std::string CookieValue(std::string_view header, std::string_view name) {
+  while (!header.empty()) {
+    size_t end = header.find(';');
+    std::string_view item = header.substr(0, end);
+    header = end == std::string_view::npos ? std::string_view() : header.substr(end + 1);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    size_t eq = item.find('=');
+    if (eq != std::string_view::npos && item.substr(0, eq) == name) return std::string(item.substr(eq + 1));
+  }
+  return "";
+}
+
 bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -163,20 +184,34 @@ Response Router::Dispatch(Request& req) const {
       best = &r;
     }
   }
-  const bool public_route = best != nullptr && best->access == Access::kPublic;
-  if (opts_.authenticate && public_route) {
+  const Access access = best != nullptr ? best->access : Access::kToken;
+  if (opts_.authenticate && access == Access::kPublic) {
     // The handler decides; it sees no caller.
+  } else if (opts_.authenticate && access == Access::kSession) {
+    // A bearer header wins; only without one does the session cookie count.
+    std::string token(BearerToken(req.authorization));
+    if (token.empty()) token = CookieValue(req.cookie, kSessionCookie);
+    if (!token.empty()) {
+      if (auto caller = opts_.authenticate(token)) {
+        req.caller = std::move(*caller);
+        req.signed_in = true;
+        req.token = std::move(token);
+      }
+    }
   } else if (opts_.authenticate && !(opts_.metrics_public && req.path == "/metrics")) {
-    std::string_view auth(req.authorization);
-    constexpr std::string_view kBearer = "Bearer ";
-    if (auth.size() <= kBearer.size() || !EqualsIgnoreCase(auth.substr(0, kBearer.size()), kBearer)) {
+    std::string_view token = BearerToken(req.authorization);
+    if (token.empty()) {
       return Response::Error(401, "a control token is required (Authorization: Bearer TOKEN; cdpctl --token-file)");
     }
-    auto caller = opts_.authenticate(auth.substr(kBearer.size()));
+    auto caller = opts_.authenticate(token);
     if (!caller) return Response::Error(401, "the control token is not valid here");
     req.caller = std::move(*caller);
+    req.signed_in = true;
+    req.token = std::string(token);
   } else {
     req.caller.admin = true;  // no authentication configured: the only caller is the operator
+    req.signed_in = true;
+    req.token = std::string(BearerToken(req.authorization));
   }
   try {
     const bool daemon_wide = (req.path == "/metrics" && !opts_.metrics_public) || req.path == "/status";

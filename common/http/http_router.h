@@ -46,6 +46,12 @@ std::string PercentDecode(std::string_view s, bool plus_is_space);
 // one of `allowed` (lower-case names); the port part is ignored.
 bool HostAllowed(std::string_view host_header, const std::vector<std::string>& allowed);
 
+// The token of an "Authorization: Bearer TOKEN" header (scheme in any case), or "".
+std::string_view BearerToken(std::string_view authorization);
+
+// The value of the cookie `name` in a Cookie header; "" when absent.
+std::string CookieValue(std::string_view cookie_header, std::string_view name);
+
 // ASCII case-insensitive equality (header names and auth schemes).
 bool EqualsIgnoreCase(std::string_view a, std::string_view b);
 

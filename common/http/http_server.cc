@@ -324,8 +324,7 @@ Status Server::Start() {
   im.work.emplace(im.ioc->get_executor());
   Listener::Options lo;
   lo.name = "http";
-  lo.tcp_host = im.opts.host;
-  lo.tcp_port = im.opts.port;
+  lo.tcp = HostPort{im.opts.host, im.opts.port};
   lo.max_connections = im.opts.max_connections;
   lo.registry = im.opts.listener_registry;
   im.listener = std::make_unique<Listener>(lo, [&im](Listener::Connection c) { im.OnConnection(std::move(c)); });

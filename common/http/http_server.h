@@ -84,8 +84,13 @@ struct Request {
   std::string content_type;
   std::string host;  // the Host header as sent
   std::string authorization;  // the Authorization header as sent
-  std::string cookie;         // the Cookie header as sent (only Access::kPublic routes may use it)
+  std::string cookie;         // the Cookie header as sent
   Caller caller;     // set when ServerOptions::authenticate accepted the request
+  // Whether a token was accepted (always on kToken routes; on kSession routes
+  // the handler decides what an anonymous request gets), and which: from the
+  // bearer header, or on kSession routes from the session cookie.
+  bool signed_in = false;
+  std::string token;
 };
 
 struct Response {
@@ -141,10 +146,16 @@ using Handler = std::function<Response(const Request&)>;
 // Who may reach a route's handler. kToken: only a request whose bearer token
 // ServerOptions::authenticate accepts (else 401 before the handler). kPublic:
 // every request (after the Host and Content-Type checks); Request::caller is
-// then left empty and the handler decides (the master target's dashboard
-// shell, master-target/dashboard.h). Without ServerOptions::authenticate every
-// caller is the admin on every route.
-enum class Access { kToken, kPublic };
+// then left empty and the handler decides (the dashboard's sign-out and its
+// static files). Without ServerOptions::authenticate every caller is the
+// admin on every route. kSession: a page of a browser session (the master target's dashboard): the
+// bearer token, or else the session cookie (kSessionCookie, which a kToken
+// sign-in route sets), is checked here like kToken's; the handler runs either
+// way and answers an anonymous request itself (Request::signed_in). Only for
+// GETs of pages: a browser sends the cookie along with cross-site requests
+// too, so nothing that changes state may honour it.
+enum class Access { kToken, kPublic, kSession };
+inline constexpr std::string_view kSessionCookie = "cdp_ui_token";
 
 struct ServerOptions {
   std::string host = "127.0.0.1";  // address to bind (IPv4 or IPv6 literal, or "localhost")

@@ -105,10 +105,9 @@ Status NbdServer::Start() {
     std::lock_guard<std::mutex> lock(m.mu);
     if (m.started || m.stopping) return Status::InvalidArgument("NbdServer::Start called twice");
   }
-  if (opts_.tcp_port < 0 && opts_.unix_path.empty()) {
+  if (opts_.tcp.off() && opts_.unix_path.empty()) {
     return Status::InvalidArgument("NBD server: neither a TCP port nor a Unix socket path");
   }
-  if (opts_.tcp_port > 65535) return Status::InvalidArgument("NBD server: bad TCP port");
   if (opts_.io_threads < 1 || opts_.worker_threads < 1) {
     return Status::InvalidArgument("NBD server: io_threads and worker_threads must be >= 1");
   }
@@ -122,8 +121,7 @@ Status NbdServer::Start() {
   if (opts_.max_options < 1) return Status::InvalidArgument("NBD server: max_options must be >= 1");
   Listener::Options lo;
   lo.name = "nbd";
-  lo.tcp_host = opts_.tcp_host;
-  lo.tcp_port = opts_.tcp_port;
+  lo.tcp = opts_.tcp;
   lo.unix_path = opts_.unix_path;
   lo.max_connections = size_t(opts_.max_connections);
   lo.unix_mode = opts_.unix_mode;
@@ -140,8 +138,8 @@ Status NbdServer::Start() {
   }
   for (int i = 0; i < opts_.io_threads; ++i) m.threads.emplace_back([&m] { m.io.run(); });
   m.log->info("NBD server listening on {}{}{}{}",
-              opts_.tcp_port >= 0 ? opts_.tcp_host + ":" + std::to_string(port_.load()) : std::string(),
-              opts_.tcp_port >= 0 && !opts_.unix_path.empty() ? " and " : "",
+              opts_.tcp.off() ? std::string() : HostPort{opts_.tcp.host, port_.load()}.ToString(),
+              !opts_.tcp.off() && !opts_.unix_path.empty() ? " and " : "",
               opts_.unix_path.empty() ? std::string() : "unix:" + opts_.unix_path,
               opts_.tls_mode == NbdServerOptions::TlsMode::kRequire ? " (TLS required on TCP)"
               : opts_.tls != nullptr                                 ? " (TLS offered)"

@@ -68,6 +68,7 @@
 #include <vector>
 
 #include "common/base/coding.h"
+#include "common/base/host_port.h"
 #include "common/base/result.h"
 #include "common/base/status.h"
 #include "common/env/env.h"
@@ -95,10 +96,9 @@ struct NbdExportStats {
 };
 
 struct NbdServerOptions {
-  // TCP listener: host and port. tcp_port = 0 picks an ephemeral port (see
-  // NbdServer::port()); tcp_port < 0 disables TCP.
-  std::string tcp_host = "127.0.0.1";
-  int tcp_port = -1;
+  // TCP listener: host and port; port 0 picks an ephemeral port (see
+  // NbdServer::port()); off() (the default) disables TCP.
+  HostPort tcp;
   // Unix socket path; empty disables it. An existing socket file at the path
   // is replaced; the file is removed by Stop().
   std::string unix_path;

@@ -136,14 +136,13 @@ Listener::Listener(Options options, Handler handler) : impl_(std::make_unique<Im
 Listener::~Listener() { Stop(); }
 
 Status Listener::Impl::BindTcp(uint16_t* port) {
-  const std::string where = opt.name + ": listen on " + opt.tcp_host + ":" + std::to_string(opt.tcp_port);
-  if (opt.tcp_port > 65535) return Status::InvalidArgument(where + ": bad port");
+  const std::string where = opt.name + ": listen on " + opt.tcp.ToString();
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(opt.tcp_host.empty() ? nullptr : opt.tcp_host.c_str(), std::to_string(opt.tcp_port).c_str(),
+  int rc = ::getaddrinfo(opt.tcp.host.c_str(), std::to_string(opt.tcp.port).c_str(),
                          &hints, &res);
   if (rc != 0 || res == nullptr) return Status::InvalidArgument(where + ": cannot resolve: " + ::gai_strerror(rc));
   Status s;
@@ -217,11 +216,11 @@ Status Listener::Impl::BindUnix() {
 Status Listener::Start() {
   Impl& m = *impl_;
   if (m.started) return Status::InvalidArgument(m.opt.name + ": already started");
-  if (m.opt.tcp_port < 0 && m.opt.unix_path.empty()) {
+  if (m.opt.tcp.off() && m.opt.unix_path.empty()) {
     return Status::InvalidArgument(m.opt.name + ": neither a TCP port nor a Unix socket path");
   }
   if (m.opt.max_connections == 0) return Status::InvalidArgument(m.opt.name + ": max_connections must be > 0");
-  if (m.opt.tcp_port >= 0) {
+  if (!m.opt.tcp.off()) {
     Status s = m.BindTcp(&tcp_port_);
     if (!s.ok()) return s;
   }

@@ -57,6 +57,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/system/error_code.hpp>
 
+#include "common/base/host_port.h"
 #include "common/base/status.h"
 
 namespace cdp {
@@ -80,10 +81,10 @@ class Listener {
 
   struct Options {
     std::string name = "listener";  // logs and the metrics' `listener` label
-    // TCP: host (name or address) and port; port 0 picks an ephemeral port
-    // (see tcp_port()); -1 = no TCP endpoint.
-    std::string tcp_host = "127.0.0.1";
-    int tcp_port = -1;
+    // TCP: host (name or address; "0.0.0.0" or "::" for every interface) and
+    // port; port 0 picks an ephemeral port (see tcp_port()); off() (the
+    // default) = no TCP endpoint.
+    HostPort tcp;
     // Unix-domain socket path ("" = none). An existing socket file there is
     // replaced; any other existing file is an error (kAlreadyExists).
     std::string unix_path;

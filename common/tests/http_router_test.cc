@@ -133,3 +133,63 @@ TEST_CASE("Router: a public route reaches its handler without a token, every oth
   REQUIRE(pub.headers.size() == 1);
   CHECK(call("/ui", "", "evil.example").status == 403);  // the Host check still applies
 }
+
+// The dashboard's cookie check is the router's (Access::kSession), not a
+// second token check in the page's handler.
+TEST_CASE("Router: a session route signs in by bearer token or else the session cookie, and runs its handler either way",
+          "[http]") {
+  ServerOptions o;
+  o.authenticate = [](std::string_view token) -> std::optional<Caller> {
+    if (token == "good") return Caller{false, "acme"};
+    if (token == "root") return Caller{true, ""};
+    return std::nullopt;
+  };
+  Router router(o);
+  auto echo = [](const Request& r) {
+    return Response::Json(200, {{"signed_in", r.signed_in}, {"tenant", r.caller.tenant}, {"token", r.token}});
+  };
+  router.Add("GET", "/ui", echo, Access::kSession);
+  router.Add("GET", "/v1/x", echo);
+  auto call = [&](std::string path, std::string auth, std::string cookie) {
+    Request r;
+    r.method = "GET";
+    r.path = std::move(path);
+    r.host = "localhost";
+    r.authorization = std::move(auth);
+    r.cookie = std::move(cookie);
+    Response resp = router.Dispatch(r);
+    return std::make_pair(resp.status, resp.status == 200 ? boost::json::parse(resp.body) : boost::json::value());
+  };
+  auto anonymous = call("/ui", "", "");
+  CHECK(anonymous.first == 200);
+  CHECK(anonymous.second.at("signed_in") == false);
+  CHECK(anonymous.second.at("tenant") == "");
+
+  auto by_cookie = call("/ui", "", "x=1; cdp_ui_token=good ; y=2");
+  CHECK(by_cookie.second.at("signed_in") == true);
+  CHECK(by_cookie.second.at("tenant") == "acme");
+  CHECK(by_cookie.second.at("token") == "good");
+
+  CHECK(call("/ui", "", "cdp_ui_token=bad").second.at("signed_in") == false);
+  CHECK(call("/ui", "", "other_cdp_ui_token=good").second.at("signed_in") == false);
+  // A bearer header wins over the cookie, whichever is valid.
+  CHECK(call("/ui", "Bearer bad", "cdp_ui_token=good").second.at("signed_in") == false);
+  auto by_bearer = call("/ui", "bearer root", "cdp_ui_token=good");
+  CHECK(by_bearer.second.at("signed_in") == true);
+  CHECK(by_bearer.second.at("token") == "root");
+  // The cookie never reaches a token route (no CSRF through the API).
+  CHECK(call("/v1/x", "", "cdp_ui_token=good").first == 401);
+  auto api = call("/v1/x", "Bearer good", "");
+  CHECK(api.first == 200);
+  CHECK(api.second.at("signed_in") == true);
+
+  // Without authentication every caller is the admin, signed in.
+  ServerOptions open;
+  Router open_router(open);
+  open_router.Add("GET", "/ui", echo, Access::kSession);
+  Request r;
+  r.method = "GET";
+  r.path = "/ui";
+  r.host = "localhost";
+  CHECK(boost::json::parse(open_router.Dispatch(r).body).at("signed_in") == true);
+}

@@ -103,7 +103,7 @@ bool Echoes(int fd) {
 Listener::Options ThreadOptions() {
   Listener::Options o;
   o.name = "test";
-  o.tcp_port = 0;
+  o.tcp = {"127.0.0.1", 0};
   o.mode = Listener::Mode::kThreadPerConnection;
   return o;
 }
@@ -148,7 +148,7 @@ TEST_CASE("listener: the total cap closes exactly the connections over it", "[li
 TEST_CASE("listener: the per-peer cap refuses one address and serves another", "[listener]") {
   Holder h;
   auto o = ThreadOptions();
-  o.tcp_host = "0.0.0.0";
+  o.tcp.host = "0.0.0.0";
   o.max_per_peer = 2;
   Listener l(o, h.Handler());
   REQUIRE(l.Start().ok());
@@ -219,7 +219,7 @@ TEST_CASE("listener: hand-off mode gives the slot to the connection", "[listener
   std::mutex mu;
   std::vector<Listener::Connection> held;
   Listener::Options o;
-  o.tcp_port = 0;
+  o.tcp = {"127.0.0.1", 0};
   o.max_connections = 1;
   Listener l(o, [&](Listener::Connection c) {
     std::lock_guard<std::mutex> lk(mu);
@@ -311,7 +311,7 @@ TEST_CASE("listener: bad endpoints are refused and leave nothing bound", "[liste
   Listener taken(ThreadOptions(), h.Handler());
   REQUIRE(taken.Start().ok());
   auto o2 = ThreadOptions();
-  o2.tcp_port = taken.tcp_port();
+  o2.tcp.port = taken.tcp_port();
   Listener l2(o2, h.Handler());
   cdp::Status s = l2.Start();
   CHECK(s.code() == cdp::Code::kIOError);

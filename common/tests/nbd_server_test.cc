@@ -393,7 +393,7 @@ struct MemFixture {
     auto d = FileBlockDevice::Open(env.get(), "/vol1.img", fo);
     REQUIRE(d.ok());
     dev = *d;
-    o.tcp_port = 0;
+    o.tcp = {"127.0.0.1", 0};
     server = std::make_unique<NbdServer>(o);
     REQUIRE(server->AddExport("vol1", dev, "first volume").ok());
     if (add_ro) {
@@ -833,7 +833,7 @@ TEST_CASE("nbd server: READ replies are not zero-filled, a failed read sends the
   REQUIRE((*base)->Write(0, data, false).ok());
   auto dev = std::make_shared<HoldingDevice>(*base);
   NbdServerOptions o;
-  o.tcp_port = 0;
+  o.tcp = {"127.0.0.1", 0};
   o.io_threads = 1;
   o.worker_threads = 2;  // one for the held read, one for everyone else
   NbdServer server(o);
@@ -932,7 +932,7 @@ struct TlsFixture {
     auto creds = TlsCredentials::Load(pk.server);
     REQUIRE(creds.ok());
     tls = std::move(*creds);
-    o.tcp_port = 0;
+    o.tcp = {"127.0.0.1", 0};
     o.unix_path = pk.dir.Join("nbd.sock");
     o.tls = tls.get();
     o.tls_mode = NbdServerOptions::TlsMode::kRequire;
@@ -1221,7 +1221,7 @@ struct PosixFixture {
     REQUIRE(d.ok());
     dev = *d;
     NbdServerOptions o;
-    o.tcp_port = 0;
+    o.tcp = {"127.0.0.1", 0};
     o.unix_path = dir.Join("nbd.sock");
     server = std::make_unique<NbdServer>(o);
     REQUIRE(server->AddExport("vol", dev, "test volume").ok());
@@ -1349,7 +1349,7 @@ TEST_CASE("qemu-io on a read-only export cannot write", "[nbd][e2e]") {
   auto dev = FileBlockDevice::Open(env.get(), dir.Join("ro.img"), ro);
   REQUIRE(dev.ok());
   NbdServerOptions o;
-  o.tcp_port = 0;
+  o.tcp = {"127.0.0.1", 0};
   NbdServer server(o);
   REQUIRE(server.AddExport("ro", *dev).ok());
   REQUIRE(server.Start().ok());

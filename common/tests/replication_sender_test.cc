@@ -166,7 +166,7 @@ class ScriptedPeer {
   ScriptedPeer() {
     cdp::Listener::Options lo;
     lo.name = "scripted-peer";
-    lo.tcp_port = 0;
+    lo.tcp = {"127.0.0.1", 0};
     lo.mode = cdp::Listener::Mode::kThreadPerConnection;
     listener_ = std::make_unique<cdp::Listener>(lo, cdp::ServeFrames([this](FrameChannel& ch) { Serve(ch); }));
     REQUIRE(listener_->Start().ok());
@@ -353,17 +353,17 @@ cdp::repl::SenderOptions Options(uint16_t port) {
   cdp::repl::SenderOptions o;
   o.log_name = "test";
   o.peer_name = "test peer";
-  o.port = port;
+  o.link.peer.port = port;
   o.role = proto::Role::kProcessServer;
-  o.tenant = kTenant;
-  o.secret = kSecret;
-  o.client_id = "test";
-  o.frame_bytes = 8 * 512;
-  o.max_inflight = 4;
-  o.backoff_min_ms = 10;
-  o.backoff_max_ms = 50;
-  o.busy_hold_ms = 10;
-  o.internal_hold_ms = 10;
+  o.link.tenant = kTenant;
+  o.link.secret = kSecret;
+  o.link.client_id = "test";
+  o.link.frame_bytes = 8 * 512;
+  o.link.max_inflight = 4;
+  o.link.backoff_min_ms = 10;
+  o.link.backoff_max_ms = 50;
+  o.link.busy_hold_ms = 10;
+  o.link.internal_hold_ms = 10;
   return o;
 }
 
@@ -379,7 +379,7 @@ TEST_CASE("replication sender: several streams over one connection arrive comple
           "[replication]") {
   ScriptedPeer peer;
   auto o = Options(peer.port());
-  o.workers = 2;
+  o.link.workers = 2;
   ReplicationSender sender(o);
   std::vector<std::unique_ptr<VectorSource>> sources;
   for (const char* name : {"a", "b", "c"}) {
@@ -578,8 +578,8 @@ TEST_CASE("replication sender: a peer that stops answering is dropped after dead
   ScriptedPeer peer;
   peer.mute_first = true;
   auto o = Options(peer.port());
-  o.dead_peer_ms = 300;
-  o.heartbeat_ms = 50;
+  o.link.dead_peer_ms = 300;
+  o.link.heartbeat_ms = 50;
   VectorSource src("vol", 200);
   ReplicationSender sender(o);
   sender.AddStream(&src);
@@ -728,7 +728,7 @@ TEST_CASE("replication sender: a session whose every stream is stalled is kept w
   ScriptedPeer peer;
   peer.refuse_open.insert("fenced");
   auto o = Options(peer.port());
-  o.call_hold_ms = 1000;
+  o.link.call_hold_ms = 1000;
   VectorSource src("fenced", 10);
   ReplicationSender sender(o);
   sender.AddStream(&src);
@@ -875,6 +875,6 @@ TEST_CASE("replication sender: a source's own window bounds its frames in flight
 // 12 s outage waited 12-15 s more. The default cap is 2 s, and the jitter
 // never takes a wait past the cap (replication_sender.cc Run).
 TEST_CASE("replication sender: the reconnect back-off is capped at 2 s by default", "[replication]") {
-  CHECK(cdp::repl::SenderOptions{}.backoff_min_ms == 100);
-  CHECK(cdp::repl::SenderOptions{}.backoff_max_ms == 2000);
+  CHECK(cdp::repl::SenderOptions{}.link.backoff_min_ms == 100);
+  CHECK(cdp::repl::SenderOptions{}.link.backoff_max_ms == 2000);
 }

@@ -16,8 +16,8 @@ namespace cdp::repl {
 ReplicationSender::ReplicationSender(SenderOptions options)
     : opt_(std::move(options)), log_(log::Get(opt_.log_name)) {
   if (opt_.clock == nullptr) opt_.clock = SystemClock::Get();
-  opt_.workers = std::max(1, opt_.workers);
-  opt_.max_inflight = std::max(1, opt_.max_inflight);
+  opt_.link.workers = std::max(1, opt_.link.workers);
+  opt_.link.max_inflight = std::max(1, opt_.link.max_inflight);
 }
 
 ReplicationSender::~ReplicationSender() { Stop(); }
@@ -26,10 +26,10 @@ ReplicationSender::StreamId ReplicationSender::AddStream(RecordSource* source) {
   auto st = std::make_unique<Stream>();
   st->src = source;
   st->name = source->OpenMessage().name;
-  st->window = size_t(source->max_inflight() > 0 ? source->max_inflight() : opt_.max_inflight);
+  st->window = size_t(source->max_inflight() > 0 ? source->max_inflight() : opt_.link.max_inflight);
   std::lock_guard<std::mutex> l(mu_);
   st->id = streams_.size();
-  st->worker = int(st->id % size_t(opt_.workers));
+  st->worker = int(st->id % size_t(opt_.link.workers));
   streams_.push_back(std::move(st));
   ++notifies_;
   cv_.notify_all();
@@ -117,20 +117,20 @@ bool ReplicationSender::SleepMs(uint64_t ms) {
 void ReplicationSender::Run() {
   std::mt19937_64 rng(std::random_device{}());
   std::uniform_real_distribution<double> jitter(0.5, 1.5);
-  uint64_t backoff = opt_.backoff_min_ms;
+  uint64_t backoff = opt_.link.backoff_min_ms;
   std::string last_logged;      // the last failure logged as a warning
   uint64_t last_logged_us = 0;  // and when
   while (!stop_.load()) {
-    const Millis timeout(opt_.connect_timeout_ms);
-    auto chr = Connect(opt_.host, opt_.port, timeout, {}, opt_.wrap);
+    const Millis timeout(opt_.link.connect_timeout_ms);
+    auto chr = Connect(opt_.link.peer.host, opt_.link.peer.port, timeout, {}, opt_.wrap);
     Status s = chr.status();
     std::shared_ptr<FrameChannel> ch;
     if (chr.ok()) {
       ch = std::shared_ptr<FrameChannel>(std::move(*chr));
-      s = ClientHandshake(*ch, opt_.role, opt_.tenant, opt_.client_id, opt_.secret, timeout);
+      s = ClientHandshake(*ch, opt_.role, opt_.link.tenant, opt_.link.client_id, opt_.link.secret, timeout);
     }
     if (s.ok()) {
-      backoff = opt_.backoff_min_ms;
+      backoff = opt_.link.backoff_min_ms;
       s = RunSession(ch);
     }
     if (stop_.load()) break;
@@ -140,19 +140,19 @@ void ReplicationSender::Run() {
     }
     // Jittered, never past backoff_max_ms: a returning peer is probed at
     // least that often.
-    const uint64_t sleep = std::min<uint64_t>(uint64_t(double(backoff) * jitter(rng)), opt_.backoff_max_ms);
+    const uint64_t sleep = std::min<uint64_t>(uint64_t(double(backoff) * jitter(rng)), opt_.link.backoff_max_ms);
     // A peer down for long is named once a minute, not at every probe.
     const uint64_t now_us = opt_.clock->NowMicros();
     const std::string why = s.ToString();
     if (why != last_logged || now_us - last_logged_us >= 60'000'000) {
-      log_->warn("{} {}:{}: {}; reconnecting in {} ms", opt_.label, opt_.host, opt_.port, why, sleep);
+      log_->warn("{} {}:{}: {}; reconnecting in {} ms", opt_.label, opt_.link.peer.host, opt_.link.peer.port, why, sleep);
       last_logged = why;
       last_logged_us = now_us;
     } else {
-      log_->debug("{} {}:{}: {}; reconnecting in {} ms", opt_.label, opt_.host, opt_.port, why, sleep);
+      log_->debug("{} {}:{}: {}; reconnecting in {} ms", opt_.label, opt_.link.peer.host, opt_.link.peer.port, why, sleep);
     }
     SleepMs(sleep);
-    backoff = std::min(backoff * 2, opt_.backoff_max_ms);
+    backoff = std::min(backoff * 2, opt_.link.backoff_max_ms);
   }
 }
 
@@ -187,7 +187,7 @@ Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
   if (stop_.load()) ch->Close();
   std::thread reader([this, &s] { ReadLoop(s); });
   std::vector<std::thread> pool;
-  for (int w = 1; w < opt_.workers; ++w) pool.emplace_back([this, &s, w] { (void)SendLoop(s, w); });
+  for (int w = 1; w < opt_.link.workers; ++w) pool.emplace_back([this, &s, w] { (void)SendLoop(s, w); });
   Status result = SendLoop(s, 0);
   std::vector<std::function<void()>> lost;  // callbacks of calls lost with the connection
   ch->Close();
@@ -229,10 +229,10 @@ Status ReplicationSender::SendLoop(Session& s, int worker) {
     {
       // The reader may stamp last_rx_us after `now` was read: no wrap-around.
       const uint64_t now = opt_.clock->NowMicros(), rx = s.last_rx_us.load();
-      if (worker == 0 && now > rx && now - rx > opt_.dead_peer_ms * 1000) {
+      if (worker == 0 && now > rx && now - rx > opt_.link.dead_peer_ms * 1000) {
         // fail() takes mu_: not called with it held.
         return fail(Status::Unavailable("nothing received from the " + opt_.peer_name + " for " +
-                                        std::to_string(opt_.dead_peer_ms) + " ms"));
+                                        std::to_string(opt_.link.dead_peer_ms) + " ms"));
       }
     }
     {
@@ -279,7 +279,7 @@ Status ReplicationSender::SendLoop(Session& s, int worker) {
       did = did || sent;
     }
     const uint64_t now = opt_.clock->NowMicros(), tx = s.last_tx_us.load();
-    if (worker == 0 && now > tx && now - tx > opt_.heartbeat_ms * 1000) {
+    if (worker == 0 && now > tx && now - tx > opt_.link.heartbeat_ms * 1000) {
       Status r = s.ch->Send(proto::Heartbeat{opt_.clock->WallMicros(), 0});
       if (!r.ok()) return fail(r);
       s.last_tx_us = now;
@@ -310,14 +310,14 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
   proto::WriteBatch& b = std::get<proto::WriteBatch>(msg);
   auto read = [&] {
     b.records.clear();
-    return st.src->Read(from, opt_.frame_bytes, opt_.frame_records, &b.records);
+    return st.src->Read(from, opt_.link.frame_bytes, opt_.link.frame_records, &b.records);
   };
   Status r = read();
-  if (r.ok() && opt_.linger_ms > 0 && inflight && !b.records.empty() && b.records.size() < opt_.frame_records) {
+  if (r.ok() && opt_.link.linger_ms > 0 && inflight && !b.records.empty() && b.records.size() < opt_.link.frame_records) {
     uint64_t bytes = 0;
     for (const auto& rec : b.records) bytes += rec.data.size();
     // A small frame while the link is busy: let it grow once.
-    if (bytes < opt_.frame_bytes / 4 && SleepMs(opt_.linger_ms)) r = read();
+    if (bytes < opt_.link.frame_bytes / 4 && SleepMs(opt_.link.linger_ms)) r = read();
   }
   if (!r.ok()) {
     Status why = r.WithContext("read at seq " + std::to_string(from));
@@ -389,7 +389,7 @@ bool ReplicationSender::AllStalledLocked() const {
 bool ReplicationSender::CallsHoldSessionLocked(uint64_t now_us) const {
   for (const auto& [id, c] : calls_)
     if (!c->done) return true;
-  return last_call_us_ != 0 && now_us < last_call_us_ + opt_.call_hold_ms * 1000;
+  return last_call_us_ != 0 && now_us < last_call_us_ + opt_.link.call_hold_ms * 1000;
 }
 
 }  // namespace cdp::repl

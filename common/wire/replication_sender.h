@@ -85,6 +85,7 @@
 #include <vector>
 
 #include "common/base/clock.h"
+#include "common/base/host_port.h"
 #include "common/base/log.h"
 #include "common/base/result.h"
 #include "common/wire/channel.h"
@@ -93,15 +94,13 @@
 
 namespace cdp::repl {
 
-struct SenderOptions {
-  const Clock* clock = nullptr;  // must outlive the sender; null = the system clock
-  std::string log_name = "repl";  // logger name
-  std::string peer_name = "peer";  // in messages: "process server", "master target"
-  std::string label;               // in log lines: which link ("tenant=acme link=0")
-  std::string host = "127.0.0.1";
-  uint16_t port = 0;
-  StreamWrapper wrap;              // filters over the transport (the throttle); may be empty
-  proto::Role role = proto::Role::kAgent;
+// A link to a peer: where it is, who we are, how records are cut into frames,
+// the window, and how the link recovers. One struct, embedded whole in the
+// agent's SenderOptions (agent -> PS, agent/sender.h) and in the PS's
+// ProcessServerOptions and MtLinkOptions (PS -> MT); each daemon's config
+// fills it and passes it down, nobody mirrors its fields.
+struct LinkOptions {
+  HostPort peer{"127.0.0.1", 0};
   std::string tenant;
   std::string secret;
   std::string client_id;
@@ -117,13 +116,23 @@ struct SenderOptions {
   // MT idle for most of its catch-up).
   uint64_t backoff_min_ms = 100;
   uint64_t backoff_max_ms = 2'000;
-  uint64_t busy_hold_ms = 200;
-  uint64_t internal_hold_ms = 1000;
+  uint64_t busy_hold_ms = 200;      // hold a stream after a busy nack (the peer over quota)
+  uint64_t internal_hold_ms = 1000;  // ... after an internal-error nack
   uint64_t heartbeat_ms = 10'000;   // a Heartbeat when nothing was sent for this long
   uint64_t dead_peer_ms = 30'000;   // nothing received for this long: reconnect
   // A session whose every stream is stalled is kept this long after the last
   // call (see "Calls" above) instead of being ended at once.
   uint64_t call_hold_ms = 10'000;
+};
+
+struct SenderOptions {
+  LinkOptions link;
+  const Clock* clock = nullptr;  // must outlive the sender; null = the system clock
+  std::string log_name = "repl";  // logger name
+  std::string peer_name = "peer";  // in messages: "process server", "master target"
+  std::string label;               // in log lines: which link ("tenant=acme link=0")
+  StreamWrapper wrap;              // filters over the transport (the throttle, TLS); may be empty
+  proto::Role role = proto::Role::kAgent;
 };
 
 struct LinkStats {

@@ -168,7 +168,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
           ++stats_.busy_nacks;
           const uint64_t dropped = st->inflight.size();
           Rewind(*st, st->acked + 1);
-          st->hold_until_us = now + opt_.busy_hold_ms * 1000;
+          st->hold_until_us = now + opt_.link.busy_hold_ms * 1000;
           if (dropped > 0) after.push_back([st, dropped] { st->src->Rewound(dropped); });
           break;
         }
@@ -190,7 +190,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
                     log::Where{st->name, peer, st->acked + 1}, opt_.peer_name, n->message);
           const uint64_t dropped = st->inflight.size();
           Rewind(*st, st->acked + 1);
-          st->hold_until_us = now + opt_.internal_hold_ms * 1000;
+          st->hold_until_us = now + opt_.link.internal_hold_ms * 1000;
           if (dropped > 0) after.push_back([st, dropped] { st->src->Rewound(dropped); });
           break;
         }

@@ -24,7 +24,7 @@ struct Served {
     auto dev = FileBlockDevice::Open(env.get(), "/vol.img", fo);
     REQUIRE(dev.ok());
     NbdServerOptions o;
-    o.tcp_port = 0;
+    o.tcp = {"127.0.0.1", 0};
     server = std::make_unique<NbdServer>(o);
     REQUIRE(server->AddExport("vol", *dev).ok());
     if (read_only) {

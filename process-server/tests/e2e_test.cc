@@ -87,10 +87,10 @@ cdp::ps::ProcessServerOptions PsOptions(const std::string& dir, uint16_t mt_port
   o.segment_bytes = 256 << 10;  // many segments, so release is exercised
   o.codec = cdp::proto::Codec::kZstd;
   o.level = 1;
-  o.frame_bytes = 64 << 10;     // many frames in flight
-  o.max_inflight = 4;
-  o.backoff_min_ms = 20;
-  o.backoff_max_ms = 300;
+  o.mt_link.frame_bytes = 64 << 10;     // many frames in flight
+  o.mt_link.max_inflight = 4;
+  o.mt_link.backoff_min_ms = 20;
+  o.mt_link.backoff_max_ms = 300;
   o.mt_open_wait_ms = 300;
   return o;
 }

@@ -58,8 +58,8 @@ cdp::ps::ProcessServerOptions Options(cdp::Env* env) {
   o.spool_dir = "/ps/spool";
   o.segment_bytes = 1 << 20;
   o.mt_open_wait_ms = 100;
-  o.backoff_min_ms = 50;
-  o.backoff_max_ms = 200;
+  o.mt_link.backoff_min_ms = 50;
+  o.mt_link.backoff_max_ms = 200;
   return o;
 }
 
@@ -374,7 +374,7 @@ class ForgingMasterTarget {
   explicit ForgingMasterTarget(uint64_t open_reply = 0) : open_reply_(open_reply) {
     cdp::Listener::Options lo;
     lo.name = "forging-mt";
-    lo.tcp_port = 0;
+    lo.tcp = {"127.0.0.1", 0};
     lo.mode = cdp::Listener::Mode::kThreadPerConnection;
     listener_ = std::make_unique<cdp::Listener>(lo, cdp::ServeFrames([this](cdp::FrameChannel& ch) { Serve(ch); }));
     REQUIRE(listener_->Start().ok());
@@ -701,7 +701,7 @@ class SilentMt {
   SilentMt() {
     cdp::Listener::Options lo;
     lo.name = "silent-mt";
-    lo.tcp_port = 0;
+    lo.tcp = {"127.0.0.1", 0};
     lo.mode = cdp::Listener::Mode::kThreadPerConnection;
     listener_ = std::make_unique<cdp::Listener>(lo, cdp::ServeFrames([this](cdp::FrameChannel& ch) { Serve(ch); }));
     REQUIRE(listener_->Start().ok());

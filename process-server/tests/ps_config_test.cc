@@ -61,8 +61,8 @@ TEST_CASE("process server config: every key, flags override the file", "[config]
   CHECK(o->codec == cdp::proto::Codec::kLz4);
   CHECK(o->volume_codecs.at("acme/db1").first == cdp::proto::Codec::kZstd);
   CHECK(o->volume_codecs.at("acme/db1").second == 6);
-  CHECK(o->frame_bytes == (2u << 20));
-  CHECK(o->max_inflight == 4);
+  CHECK(o->mt_link.frame_bytes == (2u << 20));
+  CHECK(o->mt_link.max_inflight == 4);
   CHECK(o->connections == 4);
   CHECK(o->compress_threads == 8);
   CHECK(o->throttle.default_mbps == 100);
@@ -104,7 +104,7 @@ TEST_CASE("process server config: bad values name the key", "[config]") {
 TEST_CASE("process server config: volume_inflight sets one volume's window (LoRS threads)", "[config]") {
   auto o = Load("tenant = a:b\ninflight = 8\nvolume_inflight = a/db=32\nvolume_inflight = a/logs=2\n");
   REQUIRE(o.ok());
-  CHECK(o->max_inflight == 8);
+  CHECK(o->mt_link.max_inflight == 8);
   CHECK(o->volume_inflight.at("a/db") == 32);
   CHECK(o->volume_inflight.at("a/logs") == 2);
   CHECK(o->volume_inflight.size() == 2);
@@ -112,8 +112,8 @@ TEST_CASE("process server config: volume_inflight sets one volume's window (LoRS
   // that acknowledges after an fdatasync busy on a fast link.
   auto d = Load("tenant = a:b\n");
   REQUIRE(d.ok());
-  CHECK(d->max_inflight == 32);
-  CHECK(d->frame_bytes == (1u << 20));
+  CHECK(d->mt_link.max_inflight == 32);
+  CHECK(d->mt_link.frame_bytes == (1u << 20));
 }
 
 TEST_CASE("process server config: TLS is on by default and needs its three files", "[config][tls]") {
