@@ -238,43 +238,33 @@ Registry::Family& Registry::FamilyFor(std::string_view name, std::string_view he
   return *it->second;
 }
 
-std::shared_ptr<Counter> Registry::GetCounter(std::string_view name, std::string_view help, Labels labels) {
-  labels = Canonical(std::move(labels), Type::kCounter);
+template <typename T>
+std::shared_ptr<T> Registry::Scalar(std::string_view name, std::string_view help, Labels labels, Type type,
+                                    std::shared_ptr<T> Series::*slot, const char* kind) {
+  labels = Canonical(std::move(labels), type);
   std::lock_guard lock(mu_);
-  Family& f = FamilyFor(name, help, Type::kCounter);
+  Family& f = FamilyFor(name, help, type);
   Series& s = f.series[labels];
-  if (s.computed) throw std::logic_error("metrics: '" + f.name + "' series is computed");
-  if (!s.counter) {
+  const int kinds = int(bool(s.counter)) + int(bool(s.gauge)) + int(bool(s.dgauge)) + int(bool(s.histogram)) +
+                    int(bool(s.computed));
+  if (kinds > (s.*slot ? 1 : 0)) throw std::logic_error("metrics: '" + f.name + "' series is not " + kind);
+  if (!(s.*slot)) {
     s.labels = labels;
-    s.counter = std::make_shared<Counter>();
+    s.*slot = std::make_shared<T>();
   }
-  return s.counter;
+  return s.*slot;
+}
+
+std::shared_ptr<Counter> Registry::GetCounter(std::string_view name, std::string_view help, Labels labels) {
+  return Scalar(name, help, std::move(labels), Type::kCounter, &Series::counter, "a counter");
 }
 
 std::shared_ptr<Gauge> Registry::GetGauge(std::string_view name, std::string_view help, Labels labels) {
-  labels = Canonical(std::move(labels), Type::kGauge);
-  std::lock_guard lock(mu_);
-  Family& f = FamilyFor(name, help, Type::kGauge);
-  Series& s = f.series[labels];
-  if (s.dgauge || s.computed) throw std::logic_error("metrics: '" + f.name + "' series is not an integer gauge");
-  if (!s.gauge) {
-    s.labels = labels;
-    s.gauge = std::make_shared<Gauge>();
-  }
-  return s.gauge;
+  return Scalar(name, help, std::move(labels), Type::kGauge, &Series::gauge, "an integer gauge");
 }
 
 std::shared_ptr<DoubleGauge> Registry::GetDoubleGauge(std::string_view name, std::string_view help, Labels labels) {
-  labels = Canonical(std::move(labels), Type::kGauge);
-  std::lock_guard lock(mu_);
-  Family& f = FamilyFor(name, help, Type::kGauge);
-  Series& s = f.series[labels];
-  if (s.gauge || s.computed) throw std::logic_error("metrics: '" + f.name + "' series is not a double gauge");
-  if (!s.dgauge) {
-    s.labels = labels;
-    s.dgauge = std::make_shared<DoubleGauge>();
-  }
-  return s.dgauge;
+  return Scalar(name, help, std::move(labels), Type::kGauge, &Series::dgauge, "a double gauge");
 }
 
 std::shared_ptr<Histogram> Registry::GetHistogram(std::string_view name, std::string_view help,

@@ -161,6 +161,11 @@ class Registry {
   struct Family;
   struct Series;
   Family& FamilyFor(std::string_view name, std::string_view help, Type type);  // mu_ held
+  // The series `labels` of the family `name` as the value in `slot` (made at
+  // first use); std::logic_error when that series already is another kind.
+  template <typename T>
+  std::shared_ptr<T> Scalar(std::string_view name, std::string_view help, Labels labels, Type type,
+                            std::shared_ptr<T> Series::*slot, const char* kind);
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Family>, std::less<>> families_;
 };
