@@ -422,7 +422,8 @@ Status MasterTarget::Start() {
   } else {
     m.log->warn("tls = off: process servers connect in clear text; blocks cross the network unencrypted");
   }
-  m.listener = std::make_unique<Listener>(lo, ServeFrames([&m](FrameChannel& ch) { m.Serve(ch); }, secure));
+  m.receiver = m.MakeReceiver();
+  m.listener = std::make_unique<Listener>(lo, ServeFrames([&m](FrameChannel& ch) { m.receiver->Serve(ch); }, secure));
   if (Status s = m.listener->Start(); !s.ok()) {
     Stop();
     return s;

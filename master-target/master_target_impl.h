@@ -31,6 +31,7 @@
 #include "common/net/tls_stream.h"
 #include "common/store/sqlite_vfs.h"
 #include "common/wire/channel.h"
+#include "common/wire/replication_receiver.h"
 #include "master-target/export.h"
 #include "master-target/lag_history.h"
 #include "master-target/master_target.h"
@@ -141,8 +142,10 @@ struct MasterTarget::Impl {
                                                                          const proto::VolumeOpen& m,
                                                                          const Upstream& from);
 
-  // One process-server connection, start to end (its own thread: the Listener's).
-  void Serve(FrameChannel& ch);
+  // The receiver of process servers' (and direct agents') connections, with
+  // this daemon's volumes as its sink (ps_session.cc).
+  std::unique_ptr<repl::ReplicationReceiver> MakeReceiver();
+  std::unique_ptr<repl::ReplicationReceiver> receiver;
 
   void RetentionLoop();
 

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // PS session: one process-server connection at the master target, from the
 // handshake to EOF — VolumeOpen, WriteBatch, HashRequest and Heartbeat on a
-// FrameChannel. Implemented by MasterTarget::Impl::Serve (ps_session.cc),
-// which runs on the connection's own Listener thread; it shares the daemon's
-// volumes (master-target/master_target_impl.h) with the other sessions, the control API
-// and the retention thread.
+// FrameChannel. The session is the one replication receiver's
+// (common/wire/replication_receiver.h: handshake, handles, grouping, fences,
+// replies), on the connection's own Listener thread; this daemon supplies its
+// sink (SessionSink and SessionVolume, ps_session.cc), the one place that
+// turns the wire's per-generation sequences into the volume's. Sessions share
+// the daemon's volumes (master-target/master_target_impl.h) with the control
+// API and the retention thread.
 //
 // ===================== Protocol contract with the process server =====================
 // (common/wire/protocol.h messages over common/wire/channel.h FrameChannel; the process

@@ -2,17 +2,19 @@
 // Agent session: one agent connection at the process server, from the
 // handshake to EOF — VolumeOpen, WriteBatch (spooled, acked once durable),
 // HashRequest (forwarded to the master target), the failback requests
-// (relayed to it) and Heartbeat. Implemented by
-// ProcessServer::Impl::Serve and Handle (agent_session.cc), on the
-// connection's own Listener thread; sessions share the daemon's volumes and
-// MT links (process-server/process_server_impl.h).
+// (relayed to it) and Heartbeat. The session is the one replication
+// receiver's (common/wire/replication_receiver.h: handshake, handles,
+// grouping, fences, replies), on the connection's own Listener thread; this
+// daemon supplies its sink (SessionSink and SessionVolume, agent_session.cc).
+// Sessions share the daemon's volumes and MT links
+// (process-server/process_server_impl.h).
 //
 // ===================== Agent-facing contract (protocol v1) =====================
 // Transport: TCP to `listen` (default port 7400), frames of common/wire/protocol.h,
 // one thread per agent connection (common/wire/channel.h).
 //  1. ServerHandshake: the agent says Hello{role = kAgent, tenant, client_id};
-//     secrets are the per-tenant secrets of the config. Any other role, or a
-//     failed proof, closes the connection.
+//     secrets are the per-tenant secrets of the config. A failed proof closes the
+//     connection; any other role gets Nack{kPermissionDenied} and is closed.
 //  2. VolumeOpen{name, size, block_size, uuid, generation}: the PS opens (or
 //     creates) the tenant's spool for that volume, forwards the open to the
 //     master target (it waits at most `mt_open_wait` for the MT's answer) and
@@ -39,7 +41,8 @@
 //     All-zero data records are stored and shipped as kZero. Batches the
 //     agent pipelined (sent without waiting) that are already received and
 //     contiguous are appended together (one fdatasync) and each still gets
-//     its own reply, in order.
+//     its own reply, in order (the receiver's group commit, at most 32 MiB
+//     of work).
 //  Fencing: while the master target refuses the volume as failed over
 //     (SpooledVolume::fenced(), set by the MT link), the VolumeOpen and every
 //     WriteBatch get Nack{kWrongGeneration} with the MT's text, which begins
@@ -48,8 +51,8 @@
 //     When the fence lifts (the MT's failover undone), a session that met it
 //     is closed within a second, so that the agent reopens the volume at once.
 //  4. HashRequest{volume_id, request_id, ...}: forwarded to the MT without
-//     waiting (batches keep flowing; at most kMaxHashesInFlight outstanding
-//     per volume open on the connection); its HashResponse is relayed back with the agent's
+//     waiting (batches keep flowing; at most 256 outstanding per volume open
+//     on the connection: ReceiverOptions::hashes_per_volume); its HashResponse is relayed back with the agent's
 //     volume_id and request_id (resync, verify). MT unreachable, the MT
 //     connection lost, or too many outstanding -> HashResponse{kFailed}.
 //  5. Heartbeat{sent_us}: answered with Heartbeat{now, echo_us = sent_us}.
@@ -57,8 +60,8 @@
 //     PullRequest{request_id, volume, extents, digests} (failback; they name
 //     a volume of the connection's tenant, no VolumeOpen needed: the agent's
 //     stream of it is fenced): relayed to the tenant's MT link for that
-//     volume without waiting (MtLink::CallAsync; at most kMaxFailbackInFlight
-//     per connection relayed and not yet answered to the agent), and the answer — FailbackPlan or
+//     volume without waiting (MtLink::CallAsync; at most 8 per connection
+//     relayed and not yet answered to the agent: ReceiverOptions::calls), and the answer — FailbackPlan or
 //     PullResponse — is sent back with the agent's request_id. A PullResponse
 //     travels compressed with the volume's configured codec (CodecFor). A
 //     FailbackPlan{kOk} gets the PS's own never-delivered blocks added: the

@@ -425,7 +425,8 @@ Status ProcessServer::Start() {
   lo.registry = opt_.registry;
   StreamWrapper secure;
   if (im.tls) secure = TlsWrapper(im.tls.get(), TlsSide::kServer, std::chrono::milliseconds(10'000));
-  im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch) { im.Serve(ch); }, secure));
+  im.receiver = im.MakeReceiver();
+  im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch) { im.receiver->Serve(ch); }, secure));
   CDP_RETURN_IF_ERROR(im.listener->Start());
   agent_port_ = im.listener->tcp_port();
 

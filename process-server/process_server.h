@@ -181,8 +181,9 @@ class ProcessServer {
   // Every copy of one volume (its MT, cursor, stall); kNotFound if not open.
   Result<std::vector<CopyStatus>> Copies(const std::string& tenant, const std::string& volume);
 
+  struct Impl;  // process-server/process_server_impl.h
+
  private:
-  struct Impl;
   // Binds the control server and adds its routes (control_api.cc).
   Status StartControl();
   ProcessServerOptions opt_;

@@ -29,6 +29,7 @@
 #include "common/net/listener.h"
 #include "common/net/tls_stream.h"
 #include "common/wire/channel.h"
+#include "common/wire/replication_receiver.h"
 #include "process-server/mt_link.h"
 #include "process-server/process_server.h"
 #include "process-server/spooled_volume.h"
@@ -116,45 +117,10 @@ struct ProcessServer::Impl {
   std::mutex unshipped_mu;
   std::map<std::string, UnshippedCache> unshipped_cache;  // by "tenant/volume"; unshipped_mu
 
-  template <typename M>
-  static Status Reply(FrameChannel& ch, int replies, const M& msg) {
-    for (int i = 0; i < replies; ++i) CDP_RETURN_IF_ERROR(ch.Send(msg));
-    return Status::OK();
-  }
-
-  // Answers to requests relayed to the MT without waiting (agent_session.cc),
-  // for one agent connection. Hash answers are small and sent on `ch` from
-  // the link's reader; failback answers (a PullResponse is up to a frame of
-  // records, compressed when sent) go through `outbox` to the connection's
-  // `replier` thread, so that the link's reader never waits on a slow agent.
-  // Both stop when the connection's Serve() ends and clears `ch`.
-  struct Relays {
-    std::mutex mu;
-    std::condition_variable cv;  // outbox filled or closing
-    FrameChannel* ch = nullptr;
-    int outstanding = 0;           // hash requests
-    int failback_outstanding = 0;  // failback requests relayed, their answers not yet sent
-    std::deque<proto::Message> outbox;
-    bool closing = false;
-    std::thread replier;  // started with the first failback request
-  };
-  static constexpr int kMaxHashesInFlight = 256;   // per volume open on an agent connection
-  static constexpr int kMaxFailbackInFlight = 8;   // per agent connection (a pull answer is up to a frame)
-
-  // Relays an agent's FailbackPlanRequest or PullRequest to the volume's MT
-  // link (agent_session.h, 6.); never fails the connection for the MT's sake.
-  Status RelayFailback(FrameChannel& ch, const std::string& tenant, const std::shared_ptr<Relays>& relays,
-                       proto::Message& m);
-
-  // One agent connection, start to end.
-  void Serve(FrameChannel& ch);
-
-  // Handles one message; a WriteBatch that holds `replies` coalesced agent
-  // batches is answered `replies` times (each reply is cumulative). A volume
-  // whose open or batch is refused as fenced goes into *fenced_here.
-  Status Handle(FrameChannel& ch, const std::string& tenant, std::map<uint32_t, SpooledVolume*>& handles,
-                uint32_t& next_id, const std::shared_ptr<Relays>& relays, proto::Message& m,
-                int replies, std::set<SpooledVolume*>* fenced_here);
+  // The receiver of the agents' connections, with the spools as its sink
+  // (agent_session.cc).
+  std::unique_ptr<repl::ReplicationReceiver> MakeReceiver();
+  std::unique_ptr<repl::ReplicationReceiver> receiver;
 };
 
 }  // namespace cdp::ps

@@ -468,22 +468,24 @@ TEST_CASE("inbox: messages come out in order, and PopBatchFor takes only the bat
   CHECK(std::get<proto::WriteBatch>(*first).records.front().seq == 1);
   // Four more messages, each charged at least its record data.
   REQUIRE(WaitGauge(queued, 3 * 512));
+  const size_t kAny = proto::kMaxRecords;
 
-  CHECK_FALSE(inbox.PopBatchFor(2, 3, 1u << 20));  // another volume's
-  CHECK_FALSE(inbox.PopBatchFor(1, 4, 1u << 20));  // not the sequence that follows
-  CHECK_FALSE(inbox.PopBatchFor(1, 3, 100));       // over the work given
-  auto next = inbox.PopBatchFor(1, 3, 512);
+  CHECK_FALSE(inbox.PopBatchFor(2, 3, 1u << 20, kAny));  // another volume's
+  CHECK_FALSE(inbox.PopBatchFor(1, 4, 1u << 20, kAny));  // not the sequence that follows
+  CHECK_FALSE(inbox.PopBatchFor(1, 3, 100, kAny));       // over the work given
+  CHECK_FALSE(inbox.PopBatchFor(1, 3, 512, 0));          // over the records given
+  auto next = inbox.PopBatchFor(1, 3, 512, kAny);
   REQUIRE(next);
   CHECK(next->records.front().seq == 3);
-  CHECK_FALSE(inbox.PopBatchFor(1, 4, 1u << 20));  // seq 7 is next: a gap
+  CHECK_FALSE(inbox.PopBatchFor(1, 4, 1u << 20, kAny));  // seq 7 is next: a gap
   auto gap = inbox.Pop(milliseconds(5000));
   REQUIRE(gap.ok());
   CHECK(std::get<proto::WriteBatch>(*gap).records.front().seq == 7);
-  CHECK_FALSE(inbox.PopBatchFor(1, 8, 1u << 20));  // volume 2's batch is next
+  CHECK_FALSE(inbox.PopBatchFor(1, 8, 1u << 20, kAny));  // volume 2's batch is next
   auto other = inbox.Pop(milliseconds(5000));
   REQUIRE(other.ok());
   CHECK(std::get<proto::WriteBatch>(*other).volume_id == 2);
-  CHECK_FALSE(inbox.PopBatchFor(2, 9, 1u << 20));  // a heartbeat is next
+  CHECK_FALSE(inbox.PopBatchFor(2, 9, 1u << 20, kAny));  // a heartbeat is next
   auto hb = inbox.Pop(milliseconds(5000));
   REQUIRE(hb.ok());
   CHECK(std::get<proto::Heartbeat>(*hb).sent_us == 5);

@@ -79,12 +79,13 @@ Result<proto::Message> FrameInbox::Pop(std::chrono::milliseconds timeout) {
   return std::move(item.message);
 }
 
-std::optional<proto::WriteBatch> FrameInbox::PopBatchFor(uint32_t volume_id, uint64_t first_seq, uint64_t max_work) {
+std::optional<proto::WriteBatch> FrameInbox::PopBatchFor(uint32_t volume_id, uint64_t first_seq, uint64_t max_work,
+                                                         size_t max_records) {
   std::unique_lock<std::mutex> lk(mu_);
   if (queue_.empty() || !queue_.front().message.ok()) return std::nullopt;
   auto* wb = std::get_if<proto::WriteBatch>(&*queue_.front().message);
   if (wb == nullptr || wb->volume_id != volume_id || wb->records.empty() || wb->records.front().seq != first_seq ||
-      proto::BatchWork(std::span<const proto::Record>(wb->records)) > max_work) {
+      wb->records.size() > max_records || proto::BatchWork(std::span<const proto::Record>(wb->records)) > max_work) {
     return std::nullopt;
   }
   std::optional<proto::WriteBatch> out(std::move(*wb));

@@ -8,9 +8,10 @@
 //                                                                 \->
 //                                                                 PopBatchFor()
 //
-// The master target's PS session uses it to group-commit: the WriteBatches of
+// The replication receiver (replication_receiver.h) uses it to group-commit: the WriteBatches of
 // one volume that are already here when it applies one are applied with it,
-// under one journal sync, one replica sync and one commit (ps_session.h).
+// under one sync (one journal sync, one replica sync and one commit at the
+// master target; one fdatasync of the spool at the process server).
 //
 // Bounds: the reader stops receiving while the queued messages hold
 // `max_bytes` or more (record data of WriteBatches, plus a fixed charge per
@@ -57,9 +58,11 @@ class FrameInbox {
   Result<proto::Message> Pop(std::chrono::milliseconds timeout);
 
   // The next message if it is already here and is a WriteBatch for
-  // `volume_id` whose first record is `first_seq` and whose work
-  // (proto::BatchWork) fits in `max_work`; otherwise nothing is taken.
-  std::optional<proto::WriteBatch> PopBatchFor(uint32_t volume_id, uint64_t first_seq, uint64_t max_work);
+  // `volume_id` whose first record is `first_seq`, whose work
+  // (proto::BatchWork) fits in `max_work` and whose records are at most
+  // `max_records`; otherwise nothing is taken.
+  std::optional<proto::WriteBatch> PopBatchFor(uint32_t volume_id, uint64_t first_seq, uint64_t max_work,
+                                               size_t max_records);
 
  private:
   struct Item {
