@@ -560,7 +560,7 @@ Result<std::shared_ptr<PointInTimeDevice>> MasterTarget::Impl::ServePromoted(con
       CDP_ASSIGN_OR_RETURN(served, KeyedExportDevice::Open(dev, v, seq, sealer));
     }
     CDP_RETURN_IF_ERROR(nbd->AddExport(name, served,
-                                       volume + " failed over at sequence " + std::to_string(seq - v->seq_base()) +
+                                       volume + " failed over at sequence " + std::to_string(v->numbering().Wire(seq)) +
                                            " (read-write, persistent)",
                                        tenant));
     log->warn("{} failover export {} served (read-write, persistent overlay{}, {} blocks written at the provider)",

@@ -35,7 +35,7 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"sealed", st.identity.sealed},  // tenant-side encryption: the MT holds ciphertext only
                       {"state", ShownState(st)},  // "stalled: no space" while apply fails
                       // the generation's own sequence, as its source counts it
-                      {"applied_seq", st.applied_seq - st.seq_base},
+                      {"applied_seq", ReplicaVolume::Numbering{st.seq_base}.Wire(st.applied_seq)},
                       // the volume's history sequence (points and exports use it)
                       {"history_seq", st.applied_seq},
                       {"seq_base", st.seq_base},
@@ -76,7 +76,7 @@ json::value MasterTarget::Impl::FailoverJson(const VolEntry& e, const VolumeStat
   if (!st.failover) return nullptr;
   const FailoverInfo& f = *st.failover;
   json::object j{{"point", f.point_id},
-                 {"seq", f.point_seq - st.seq_base},  // as the current generation's source counts it
+                 {"seq", ReplicaVolume::Numbering{st.seq_base}.Wire(f.point_seq)},  // as the current generation's source counts it
                  {"history_seq", f.point_seq},        // as points, exports and seq:N name it
                  {"committed", f.committed},
                  {"quiesced", f.quiesced},
@@ -312,10 +312,11 @@ void MasterTarget::Impl::AddRoutes() {
       if (count == 0 || count > proto::kMaxHashes || count > regions - first) {
         return Status::InvalidArgument("count must be 1.." + std::to_string(std::min<uint64_t>(regions - first, proto::kMaxHashes)));
       }
-      const uint64_t base = e->volume->seq_base();
       const uint64_t at = at_p.value_or(0);
-      CDP_ASSIGN_OR_RETURN(auto h, e->volume->Digests({uint32_t(region), first, uint32_t(count), 0, at == 0 ? 0 : at + base, false}));
-      const uint64_t seq = h.seq > base ? h.seq - base : 0;
+      const auto n = e->volume->numbering();
+      CDP_ASSIGN_OR_RETURN(auto h,
+                           e->volume->Digests({uint32_t(region), first, uint32_t(count), 0, n.History(at), false}));
+      const uint64_t seq = n.Wire(h.seq);
       if (h.status == proto::HashStatus::kBehind) {
         return http::Response::Error(409, "replica has applied up to " + std::to_string(seq) + ", not yet " + std::to_string(at));
       }
@@ -329,7 +330,7 @@ void MasterTarget::Impl::AddRoutes() {
                                                     {"region_size", region},
                                                     {"first", first},
                                                     {"seq", seq},
-                                                    {"applied_seq", e->volume->applied_seq() - base},
+                                                    {"applied_seq", n.Wire(e->volume->applied_seq())},
                                                     {"hashes", hs}});
     });
   });

@@ -12,8 +12,8 @@ namespace {
 constexpr uint64_t kMaxGroupWork = 32u << 20;
 
 // A volume as one session opened it. The wire numbers a generation's records
-// from 1, the volume its whole history: seq_base is added and subtracted
-// here, and nowhere else.
+// from 1, the volume its whole history: every sequence crosses between the
+// two here, through the volume's Numbering.
 class SessionVolume : public repl::ReceiverVolume {
  public:
   SessionVolume(MasterTarget::Impl& m, const repl::Session& s, std::shared_ptr<VolEntry> e, uint64_t generation)
@@ -27,10 +27,10 @@ class SessionVolume : public repl::ReceiverVolume {
     if (vol.generation() != generation_)
       return repl::Verdict::Refuse(proto::NackReason::kWrongGeneration,
                                    "volume re-protected under generation " + std::to_string(vol.generation()));
-    const uint64_t base = vol.seq_base();
-    for (proto::Record& rec : records) rec.seq += base;
+    const ReplicaVolume::Numbering n = vol.numbering();
+    for (proto::Record& rec : records) rec.seq = n.History(rec.seq);
     const bool news = !records.empty() && records.back().seq > vol.applied_seq();
-    const uint64_t expected = vol.applied_seq() + 1 - base;
+    const uint64_t expected = n.Wire(vol.applied_seq() + 1);
     if (news && m_.OverQuota(s_.tenant))
       return repl::Verdict::Refuse(proto::NackReason::kBusy, "tenant quota exceeded; retry after retention", expected);
     const uint64_t cap = m_.o.max_journal_bytes_per_tenant;
@@ -46,21 +46,20 @@ class SessionVolume : public repl::ReceiverVolume {
     auto r = vol.ApplyBatch(records);
     if (!r.ok()) return repl::Verdict::Refuse(proto::NackReason::kInternal, r.status().ToString());
     if (!r->ack) {
-      m_.log->warn("{} batch refused: {}", Where(records.empty() ? 0 : records.front().seq - base), r->message);
-      return repl::Verdict::Refuse(r->reason, r->message, r->expected_seq > base ? r->expected_seq - base : 0);
+      m_.log->warn("{} batch refused: {}", Where(records.empty() ? 0 : n.Wire(records.front().seq)), r->message);
+      return repl::Verdict::Refuse(r->reason, r->message, n.Wire(r->expected_seq));
     }
     if (r->applied > 0 && records.back().timestamp_us != 0) {
       const uint64_t now = m_.o.clock->WallMicros(), ts = records.back().timestamp_us;
       e_->lag.Record(now, now > ts ? double(now - ts) / 1e6 : 0.0);
     }
-    return repl::Verdict::Accept(r->durable_seq - base);
+    return repl::Verdict::Accept(n.Wire(r->durable_seq));
   }
 
   void Digests(const proto::HashRequest& h, repl::Reply reply) override {
     ReplicaVolume& vol = *e_->volume;
-    const uint64_t base = vol.seq_base();
-    const uint64_t at = h.at_seq == 0 ? 0 : h.at_seq + base;
-    auto r = vol.Digests({h.region_size, h.first_region, h.count, h.min_seq + base, at});
+    const ReplicaVolume::Numbering n = vol.numbering();
+    auto r = vol.Digests({h.region_size, h.first_region, h.count, n.History(h.min_seq), n.History(h.at_seq)});
     if (!r.ok()) {
       m_.log->warn("{} hash request refused: {}", Where(0), r.status().ToString());
       return reply(repl::FailedAnswer(h));
@@ -71,7 +70,7 @@ class SessionVolume : public repl::ReceiverVolume {
     resp.region_size = h.region_size;
     resp.first_region = h.first_region;
     resp.status = r->status;
-    resp.seq = r->seq > base ? r->seq - base : 0;
+    resp.seq = n.Wire(r->seq);
     resp.hashes = std::move(r->digests);
     reply(std::move(resp));
   }

@@ -244,7 +244,7 @@ Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id, const Up
   }
   if (upstream_generation_ != id_.generation) CDP_RETURN_IF_ERROR(BindUpstream(from));
   ApplyOutcome o;
-  o.durable_seq = applied_.load() - seq_base_.load();
+  o.durable_seq = numbering().Wire(applied_.load());
   return o;
 }
 
@@ -384,7 +384,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
         uint64_t back = 0;
         std::string message;
         if (r.offset != 0 || r.length != 0 || !proto::DecodeAnomaly(r.data, &back, &message) ||
-            back > r.seq - seq_base_.load())
+            back > numbering().Wire(r.seq))
           return Nack(proto::NackReason::kBadRecord, at + "bad anomaly record");
         break;
       }

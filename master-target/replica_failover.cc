@@ -14,7 +14,7 @@ std::string ReplicaVolume::FencedMessage() const { return FencedMessage(*failove
 std::string ReplicaVolume::FencedMessage(const FailoverInfo& f) const {
   std::string point = f.point_id != 0 ? "point " + std::to_string(f.point_id) + ", " : "";
   return std::string(proto::kFailedOverText) + ": volume " + id_.name + " failed over at the master target (" + point +
-         "sequence " + std::to_string(f.point_seq - seq_base_.load()) +
+         "sequence " + std::to_string(numbering().Wire(f.point_seq)) +
          "); this stream is fenced and nothing of it is applied" +
          (f.committed ? " (the failover is committed)"
                                : " (an operator may undo: cdpctl failover " + id_.name + " --undo)");

@@ -439,6 +439,17 @@ class ReplicaVolume {
   Result<uint64_t> ArmReprotect();
   // The history sequence the current generation's wire sequence 0 stands for.
   uint64_t seq_base() const { return seq_base_.load(); }
+  // The two numberings (above), as of now: the only conversion between them
+  // (nothing else adds or subtracts seq_base()). Take one per batch or
+  // request, so that a re-protect in between cannot mix two bases.
+  struct Numbering {
+    uint64_t base = 0;
+    // A wire sequence of the generation as a history sequence (0 stays 0: none).
+    uint64_t History(uint64_t wire_seq) const { return wire_seq == 0 ? 0 : wire_seq + base; }
+    // A history sequence as the generation's (0 when at or before its start).
+    uint64_t Wire(uint64_t history_seq) const { return history_seq > base ? history_seq - base : 0; }
+  };
+  Numbering numbering() const { return Numbering{seq_base()}; }
   uint64_t generation() const { return generation_.load(); }
 
   // Applies a batch (see the protocol above). Validation failures and gaps
