@@ -56,28 +56,16 @@ std::string FormatValue(double v) {
   return fmt::format("{}", v);
 }
 
-std::string EscapeHelp(std::string_view s) {
+// The exposition format's escapes: backslash and newline always, the double
+// quote inside a label value (HELP text keeps it).
+std::string Escape(std::string_view s, bool quote) {
   std::string out;
   for (char c : s) {
     if (c == '\\') {
       out += "\\\\";
     } else if (c == '\n') {
       out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string EscapeLabelValue(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '"') {
+    } else if (c == '"' && quote) {
       out += "\\\"";
     } else {
       out += c;
@@ -96,7 +84,7 @@ std::string LabelText(const Labels& labels, std::string_view extra_name = {}, st
     first = false;
     out += k;
     out += "=\"";
-    out += EscapeLabelValue(v);
+    out += Escape(v, /*quote=*/true);
     out += '"';
   }
   if (!extra_name.empty()) {
@@ -313,7 +301,7 @@ std::string Registry::RenderPrometheus() const {
   std::lock_guard lock(mu_);
   std::string out;
   for (const auto& [name, f] : families_) {
-    out += "# HELP " + name + " " + EscapeHelp(f->help) + "\n";
+    out += "# HELP " + name + " " + Escape(f->help, /*quote=*/false) + "\n";
     out += "# TYPE " + name + " " + TypeName(f->type) + "\n";
     for (const auto& [labels, s] : f->series) {
       if (f->type != Type::kHistogram) {
