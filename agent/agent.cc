@@ -349,7 +349,7 @@ boost::json::value Agent::StatusJson() const {
     v["encrypted"] = d->sealer() != nullptr;  // tenant-side encryption: blocks leave sealed
     if (i < senders_.size()) {
       auto ss = senders_[i]->Stats();
-      v["connected"] = ss.connected;
+      v["connected"] = ss.link.connected;
       v["confirmed"] = ss.confirmed;  // false: not heard from the PS since the start; not known drained
       v["rpo_lag_seconds"] = double(ss.rpo_lag_us) / 1e6;
       v["bytes_sent"] = ss.bytes_sent;
@@ -363,7 +363,7 @@ boost::json::value Agent::StatusJson() const {
       v["resync_read_bytes"] = ss.resync.read_bytes;
       v["resync_inflight_bytes"] = ss.resync.inflight_bytes;
       v["resync_fill_window_bytes"] = ss.resync.fill_window_bytes;
-      v["last_error"] = ss.last_error;
+      v["last_error"] = ss.link.last_error;
       v["fenced"] = ss.fenced;
       // times the server's resume point showed it lost acknowledged records (a full resync each)
       v["history_lost"] = ss.history_lost;
@@ -439,7 +439,7 @@ void Agent::RegisterMetrics(size_t i) {
   Sender* snd = senders_.at(i).get();
   auto s = [snd] { return snd->Stats(); };
   registry_.AddComputed("cdp_agent_connected", "1 when connected to the process server", Type::kGauge,
-                        [s] { return s().connected ? 1.0 : 0.0; }, l);
+                        [s] { return s().link.connected ? 1.0 : 0.0; }, l);
   registry_.AddComputed("cdp_agent_sent_bytes_total", "Record data bytes sent", Type::kCounter,
                         [s] { return double(s().bytes_sent); }, l);
   registry_.AddComputed("cdp_agent_reread_bytes_total", "Metadata-mode bytes re-read from the backing store",
@@ -463,7 +463,7 @@ void Agent::RegisterMetrics(size_t i) {
   registry_.AddComputed("cdp_agent_resync_eta_seconds", "Estimated time to finish the resync", Type::kGauge,
                         [s] { return s().resync.eta_seconds; }, l);
   registry_.AddComputed("cdp_agent_reconnects_total", "Sessions with the process server opened", Type::kCounter,
-                        [s] { return double(s().connects); }, l);
+                        [s] { return double(s().link.connects); }, l);
 }
 
 }  // namespace cdp::agent

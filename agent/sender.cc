@@ -136,12 +136,7 @@ SenderStats Sender::Stats() const {
   const bool pending = q.Peek(q.acked_seq() + 1, 1, 1, &oldest);
   std::lock_guard lk(mu_);
   SenderStats s = st_;
-  s.connected = ls.connected;
-  s.connects = ls.connects;
-  s.disconnects = ls.disconnects;
-  s.busy_nacks = ls.busy_nacks;
-  s.gap_nacks = ls.gap_nacks;
-  if (!ls.last_error.empty()) s.last_error = ls.last_error;
+  s.link = ls;
   s.acked_seq = q.acked_seq();
   s.confirmed = contacted_;
   s.rpo_lag_us = 0;
@@ -151,7 +146,7 @@ SenderStats Sender::Stats() const {
   }
   s.resync_remaining = dev_->bitmap().ResyncCount();
   s.resync = resync_engine_->Stats();
-  if (!s.resync.last_error.empty() && s.last_error.empty()) s.last_error = s.resync.last_error;
+  if (!s.resync.last_error.empty() && s.link.last_error.empty()) s.link.last_error = s.resync.last_error;
   return s;
 }
 
@@ -273,7 +268,6 @@ Status Sender::StartGeneration(uint64_t gen, bool equal) {
     contacted_ = false;
     floor_ = 0;
     st_.fenced.clear();
-    st_.last_error.clear();
   }
   generation_.store(gen);
   log::Get("agent")->warn("{} generation {}: {}", log::Where{dev_->volume(), opts_.link.peer.host, 0}, gen,

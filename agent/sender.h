@@ -72,21 +72,18 @@ struct SenderOptions {
 };
 
 struct SenderStats {
-  bool connected = false;
-  uint64_t connects = 0;
-  uint64_t disconnects = 0;
+  // The link's: connected, connects, busy and gap nacks, and last_error
+  // (the link's, else the resync's).
+  repl::LinkStats link;
   uint64_t batches_sent = 0;
   uint64_t records_sent = 0;
   uint64_t bytes_sent = 0;          // record data bytes
   uint64_t reread_bytes = 0;        // metadata-mode data read back from the store
   uint64_t acked_seq = 0;
-  uint64_t busy_nacks = 0;
-  uint64_t gap_nacks = 0;
   uint64_t history_lost = 0;        // resume points outside our window
   uint64_t resync_remaining = 0;    // regions flagged for a resync
   ResyncStats resync;
   uint64_t rpo_lag_us = 0;          // age of the oldest unacknowledged record
-  std::string last_error;
   // The "failed over" refusal while the volume is fenced (the master target
   // failed it over: cdpctl failover), "" otherwise. Nothing is shipped then;
   // captured writes stay queued and dirty.

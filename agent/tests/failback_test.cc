@@ -272,7 +272,7 @@ TEST_CASE("agent failback steps: begin fences the tap, a pass pulls, end, then r
   CHECK(*r == SiteState{2, SitePhase::kProtecting});
   CHECK(agent.Reprotect("a", 2).ok());  // again: a no-op
   // Generation 2 opens, the queue and bitmap are empty: nothing is resent.
-  REQUIRE(WaitUntil([&] { return peer.last_generation() == 2 && agent.sender(0)->Stats().connected; }));
+  REQUIRE(WaitUntil([&] { return peer.last_generation() == 2 && agent.sender(0)->Stats().link.connected; }));
   CHECK(agent.device(0)->bitmap().ResyncCount() == 0);
   REQUIRE(agent.device(0)->Write(8 * kBlock, Bytes(kBlock, 8), false).ok());
   REQUIRE(WaitUntil([&] { return Block(peer.Image("a"), 8) == Bytes(kBlock, 8); }));

@@ -81,7 +81,7 @@ TEST_CASE("every captured record becomes durable in the real process server's sp
   so.checkpoint_interval_ms = 20;
   Sender sender(dev.get(), so);
   sender.Start();
-  REQUIRE(WaitUntil([&] { return sender.Stats().connected; }));
+  REQUIRE(WaitUntil([&] { return sender.Stats().link.connected; }));
 
   std::mt19937 rng(1);
   std::vector<uint8_t> data(64 * 1024);
@@ -105,7 +105,7 @@ TEST_CASE("every captured record becomes durable in the real process server's sp
   // No master target: the hash requests of the initial sync were refused and
   // the session stayed up.
   REQUIRE(dev->bitmap().ResyncCount() > 0);
-  REQUIRE(sender.Stats().connects == 1);
+  REQUIRE(sender.Stats().link.connects == 1);
   sender.Stop();
   ps.Stop();
 }
@@ -158,7 +158,7 @@ TEST_CASE("regression: an encrypted volume's batch of whole-record trims stays w
   so.checkpoint_interval_ms = 20;
   Sender sender(dev.get(), so);
   sender.Start();
-  REQUIRE(WaitUntil([&] { return sender.Stats().connected; }, 10s));
+  REQUIRE(WaitUntil([&] { return sender.Stats().link.connected; }, 10s));
   for (uint64_t i = 0; i < 9; ++i) {
     REQUIRE(dev->Trim(i * cdp::proto::kMaxRecordLength, cdp::proto::kMaxRecordLength, false).ok());
   }
@@ -170,7 +170,7 @@ TEST_CASE("regression: an encrypted volume's batch of whole-record trims stays w
     return st.records == 0 && st.next_seq > 9 && SpoolDurable(ps) == st.next_seq - 1;
   }, 20s));
   CHECK(sender.Stats().acked_seq == dev->queue().Stats().next_seq - 1);
-  CHECK(sender.Stats().last_error.find("work") == std::string::npos);
+  CHECK(sender.Stats().link.last_error.find("work") == std::string::npos);
   sender.Stop();
   ps.Stop();
 }

@@ -241,14 +241,14 @@ TEST_CASE("an unanswerable hash request pauses the resync, not the session, and 
   // Two refused, then the regions; region 0 holds the captured write at the
   // peer, so it descends into its first 64 KiB unit (whose leaf 2 is equal).
   REQUIRE(peer.hash_requests() == 2 + 1 + 1 + 1);
-  REQUIRE(sender.Stats().connects == 1);
+  REQUIRE(sender.Stats().link.connects == 1);
   REQUIRE(sender.Stats().resync.shipped_blocks == 1023);
   REQUIRE(sender.Stats().resync.shipped_records == 3 + 3);
   REQUIRE(sender.Stats().resync.hash_failed == 2);
   // The pause was reported while it lasted; answered again, nothing is
   // reported (cdpctl status would show a stale error as current).
   CHECK(sender.Stats().resync.last_error.empty());
-  CHECK(sender.Stats().last_error.empty());
+  CHECK(sender.Stats().link.last_error.empty());
   std::copy(data.begin(), data.end(), src.begin() + 8192);
   REQUIRE(peer.Image() == src);
   sender.Stop();
