@@ -30,6 +30,22 @@ Result<ReplicaIo::Staging> ReplicaIo::Stage(const std::vector<Piece>& pieces) co
   return s;
 }
 
+template <typename Fn>
+Status ReplicaIo::ForEachStaged(const std::vector<Piece>& pieces, Fn fn) {
+  std::vector<size_t> at;
+  for (size_t first = 0; first < pieces.size();) {
+    at.clear();
+    size_t used = 0, last = first;
+    for (; last < pieces.size() && used + pieces[last].n <= kStageBytes; ++last) {
+      at.push_back(used);
+      used += pieces[last].n;
+    }
+    CDP_RETURN_IF_ERROR(fn(std::span<const Piece>(pieces.data() + first, last - first), std::span<const size_t>(at)));
+    first = last;
+  }
+  return Status::OK();
+}
+
 void ReplicaIo::Split(size_t op, uint64_t offset, size_t n, std::vector<Edge>* edges,
                       std::vector<Piece>* pieces) const {
   const uint64_t end = offset + n;
@@ -59,22 +75,14 @@ Status ReplicaIo::Read(std::span<const ReadOp> ops) {
   CDP_RETURN_IF_ERROR(buffered_->ReadBatch(batch));
   if (pieces.empty()) return Status::OK();
   CDP_ASSIGN_OR_RETURN(Staging stage, Stage(pieces));
-  for (size_t first = 0; first < pieces.size();) {
+  return ForEachStaged(pieces, [&](std::span<const Piece> run, std::span<const size_t> at) {
     batch.clear();
-    size_t used = 0, last = first;
-    for (; last < pieces.size() && used + pieces[last].n <= kStageBytes; ++last) {
-      batch.push_back(ReadOp{pieces[last].offset, pieces[last].n, stage.get() + used});
-      used += pieces[last].n;
-    }
+    for (size_t i = 0; i < run.size(); ++i) batch.push_back(ReadOp{run[i].offset, run[i].n, stage.get() + at[i]});
     CDP_RETURN_IF_ERROR(direct_->ReadBatch(batch));
-    used = 0;
-    for (size_t p = first; p < last; ++p) {
-      std::memcpy(ops[pieces[p].op].buf + pieces[p].op_off, stage.get() + used, pieces[p].n);
-      used += pieces[p].n;
-    }
-    first = last;
-  }
-  return Status::OK();
+    for (size_t i = 0; i < run.size(); ++i)
+      std::memcpy(ops[run[i].op].buf + run[i].op_off, stage.get() + at[i], run[i].n);
+    return Status::OK();
+  });
 }
 
 Status ReplicaIo::Write(std::span<const WriteOp> ops) {
@@ -91,18 +99,14 @@ Status ReplicaIo::Write(std::span<const WriteOp> ops) {
   CDP_RETURN_IF_ERROR(buffered_->WriteBatch(batch));
   if (pieces.empty()) return Status::OK();
   CDP_ASSIGN_OR_RETURN(Staging stage, Stage(pieces));
-  for (size_t first = 0; first < pieces.size();) {
+  return ForEachStaged(pieces, [&](std::span<const Piece> run, std::span<const size_t> at) {
     batch.clear();
-    size_t used = 0, last = first;
-    for (; last < pieces.size() && used + pieces[last].n <= kStageBytes; ++last) {
-      std::memcpy(stage.get() + used, ops[pieces[last].op].data.data() + pieces[last].op_off, pieces[last].n);
-      batch.push_back(WriteOp{pieces[last].offset, ByteSpan(stage.get() + used, pieces[last].n)});
-      used += pieces[last].n;
+    for (size_t i = 0; i < run.size(); ++i) {
+      std::memcpy(stage.get() + at[i], ops[run[i].op].data.data() + run[i].op_off, run[i].n);
+      batch.push_back(WriteOp{run[i].offset, ByteSpan(stage.get() + at[i], run[i].n)});
     }
-    CDP_RETURN_IF_ERROR(direct_->WriteBatch(batch));
-    first = last;
-  }
-  return Status::OK();
+    return direct_->WriteBatch(batch);
+  });
 }
 
 }  // namespace cdp::mt

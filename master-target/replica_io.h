@@ -86,6 +86,10 @@ class ReplicaIo {
     void operator()(uint8_t* p) const;
   };
   using Staging = std::unique_ptr<uint8_t, FreeAligned>;
+  // Calls fn(run, at) for each run of `pieces` that fits the staging buffer
+  // together, at[i] being where run[i] sits in it; stops at the first error.
+  template <typename Fn>
+  static Status ForEachStaged(const std::vector<Piece>& pieces, Fn fn);
   // An align_-aligned buffer for the direct pieces of one call (at most kStageBytes).
   Result<Staging> Stage(const std::vector<Piece>& pieces) const;
 
