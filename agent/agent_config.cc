@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "agent/agent_config.h"
 
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "common/daemon/daemon.h"
 #include "common/env/file_cache_env.h"
 #include "common/http/control_token.h"
+#include "common/wire/link_config.h"
 
 namespace cdp::agent {
 
@@ -22,7 +24,7 @@ po::options_description AgentConfigDescription() {
       ("export_name", value<std::vector<std::string>>()->composing(), "NAME=EXPORT: NBD export name of volume NAME (default: NAME)")
       ("encryption", value<std::vector<std::string>>()->composing(), "on|off for every volume, or NAME=on|off for one: tenant-side encryption (blocks sealed before they leave this host)")
       ("key_file", value<std::string>()->default_value(""), "the tenant key file (cdpctl keys init); required by encrypted volumes")
-      ("frame_size", value<std::vector<std::string>>()->composing(), "NAME=SIZE: record bytes per frame volume NAME ships (default batch_bytes; 4KiB..32MiB)")
+      ("frame_size", value<std::vector<std::string>>()->composing(), "NAME=SIZE: record bytes per frame volume NAME ships (default link.frame_size; 4KiB..32MiB)")
       ("nbd_listen", value<std::string>()->default_value("none"),
        "NBD TCP listener host:port ('none' = off); TCP requires NBD TLS (tls = on)")
       ("nbd_unix", value<std::string>()->default_value(""),
@@ -57,8 +59,8 @@ po::options_description AgentConfigDescription() {
       ("anomaly.holdoff", value<Duration>()->default_value(Duration{60'000'000}), "quiet time after an anomaly")
       ("region_size", value<ByteSize>()->default_value(ByteSize{1u << 20}), "dirty bitmap region size")
       ("bitmap_dir", value<std::string>()->default_value("/var/lib/opencdp/agent"), "directory of the dirty bitmaps")
-      ("batch_bytes", value<ByteSize>()->default_value(ByteSize{4u << 20}), "data bytes per write batch")
-      ("max_inflight", value<int>()->default_value(4), "write batches in flight")
+      ("batch_bytes", value<ByteSize>()->default_value(ByteSize{4u << 20}), "older name of link.frame_size")
+      ("max_inflight", value<int>()->default_value(4), "older name of link.inflight")
       ("ps_connections", value<int>()->default_value(4),
        "connections to the process server at most (1..64); the volumes are spread over them")
       ("max_open_files", value<size_t>()->default_value(1000),
@@ -75,6 +77,7 @@ po::options_description AgentConfigDescription() {
       ("freeze_timeout", value<Duration>()->default_value(Duration{10'000'000}), "bound on the freeze window")
       ("log.level", value<std::string>()->default_value(""), "trace|debug|info|warn|error")
       ("log.file", value<std::string>()->default_value(""), "log file ('' = stderr)");
+  repl::AddLinkConfig(&desc, AgentLinkDefaults());
   AddTlsOptions(&desc);
   AddControlAuthOptions(&desc);
   return desc;
@@ -225,8 +228,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
     ao.sender.link.client_id = host;
     if (!ValidName(ao.sender.link.client_id)) ao.sender.link.client_id = "agent";
   }
-  ao.sender.link.frame_bytes = std::max<uint64_t>(4096, vm["batch_bytes"].as<ByteSize>().bytes);
-  ao.sender.link.max_inflight = std::max(1, vm["max_inflight"].as<int>());
+  CDP_RETURN_IF_ERROR(repl::LinkFromConfig(vm, repl::LinkKeyAliases{"batch_bytes", "max_inflight"}, &ao.sender.link));
   ao.ps_connections = vm["ps_connections"].as<int>();
   ao.max_open_files = vm["max_open_files"].as<size_t>();
   CDP_RETURN_IF_ERROR(CheckMaxOpenFiles(ao.max_open_files));

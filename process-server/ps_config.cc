@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "process-server/ps_config.h"
 
+
 #include "common/base/host_port.h"
 #include "common/daemon/daemon.h"
 #include "common/env/file_cache_env.h"
 #include "common/http/control_token.h"
 #include "common/wire/codec.h"
+#include "common/wire/link_config.h"
 
 #include <tuple>
 
@@ -28,8 +30,8 @@ po::options_description ProcessServerConfigDescription() {
       ("codec", po::value<std::string>()->default_value("zstd"), "none, lz4 or zstd")
       ("level", po::value<int>()->default_value(1), "zstd level 1..19")
       ("volume_codec", po::value<std::vector<std::string>>()->composing(), "TENANT/VOLUME=CODEC[:LEVEL] (repeatable)")
-      ("frame_size", po::value<ByteSize>()->default_value(ByteSize{1u << 20}), "raw bytes per shipped frame")
-      ("inflight", po::value<int>()->default_value(32), "frames in flight per volume")
+      ("frame_size", po::value<ByteSize>()->default_value(ByteSize{1u << 20}), "older name of link.frame_size")
+      ("inflight", po::value<int>()->default_value(32), "older name of link.inflight")
       ("volume_inflight", po::value<std::vector<std::string>>()->composing(),
        "TENANT/VOLUME=N: that volume's frames in flight to each MT (LoRS threads; repeatable)")
       ("connections", po::value<int>()->default_value(1), "master target connections per tenant")
@@ -43,6 +45,7 @@ po::options_description ProcessServerConfigDescription() {
       ("log.level", po::value<std::string>()->default_value(""), "trace, debug, info, warn, error")
       ("log.file", po::value<std::string>()->default_value(""), "log file (default stderr)");
   AddConnectionCapOptions(&d);
+  repl::AddLinkConfig(&d, PsLinkDefaults());
   AddTlsOptions(&d);
   AddControlAuthOptions(&d);
   return d;
@@ -153,11 +156,7 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
       o.volume_codecs[key] = vc;
     }
   }
-  o.mt_link.frame_bytes = vars["frame_size"].as<ByteSize>().bytes;
-  if (o.mt_link.frame_bytes < 4096 || o.mt_link.frame_bytes > proto::kMaxBatchRaw / 2)
-    return Status::InvalidArgument("'frame_size' must be 4KiB..32MiB");
-  o.mt_link.max_inflight = vars["inflight"].as<int>();
-  if (o.mt_link.max_inflight < 1 || o.mt_link.max_inflight > 1024) return Status::InvalidArgument("'inflight' must be 1..1024");
+  CDP_RETURN_IF_ERROR(repl::LinkFromConfig(vars, repl::LinkKeyAliases{"frame_size", "inflight"}, &o.mt_link));
   CDP_ASSIGN_OR_RETURN(o.connection_caps, GetConnectionCaps(vars));
   CDP_ASSIGN_OR_RETURN(o.tls, GetTlsSettings(vars));
   CDP_ASSIGN_OR_RETURN(o.control_auth, GetControlAuthSettings(vars));

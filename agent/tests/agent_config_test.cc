@@ -177,3 +177,25 @@ TEST_CASE("agent config: frame_size per volume (LoRS bs)", "[config]") {
   CHECK(Error(env.get(), base + "frame_size = db\n") == "frame_size must be NAME=SIZE with SIZE in 4KiB..32MiB: 'db'");
   CHECK(Error(env.get(), base + "frame_size = web=1MiB\n") == "frame_size names volume 'web', which is not configured");
 }
+
+TEST_CASE("agent config: the link.* keys set the link to the process server, batch_bytes and max_inflight too",
+          "[config]") {
+  auto env = cdp::NewMemEnv();
+  const std::string base = "volume = db=/dev/vdb\nnbd_listen = none\ntenant = acme\nsecret = s\n";
+  auto o = Load(env.get(), base + "link.frame_size = 1MiB\nlink.inflight = 16\nlink.heartbeat = 2s\n");
+  REQUIRE(o.ok());
+  CHECK(o->sender.link.frame_bytes == 1u << 20);
+  CHECK(o->sender.link.max_inflight == 16);
+  CHECK(o->sender.link.heartbeat_ms == 2000);
+  auto old = Load(env.get(), base + "batch_bytes = 8MiB\nmax_inflight = 2\n");
+  REQUIRE(old.ok());
+  CHECK(old->sender.link.frame_bytes == 8u << 20);
+  CHECK(old->sender.link.max_inflight == 2);
+  auto none = Load(env.get(), base);
+  REQUIRE(none.ok());
+  CHECK(none->sender.link.frame_bytes == cdp::agent::AgentLinkDefaults().frame_bytes);
+  CHECK(none->sender.link.max_inflight == cdp::agent::AgentLinkDefaults().max_inflight);
+  CHECK(Error(env.get(), base + "batch_bytes = 8MiB\nlink.frame_size = 1MiB\n") ==
+        "'link.frame_size' and 'batch_bytes' are the same setting: give one");
+  CHECK(Error(env.get(), base + "max_inflight = 0\n") == "'max_inflight' must be 1..1024");
+}

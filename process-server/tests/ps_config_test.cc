@@ -125,3 +125,33 @@ TEST_CASE("process server config: TLS is on by default and needs its three files
   CHECK(o->tls.enabled);
   CHECK(o->tls.key == "/etc/opencdp/ps.key");
 }
+
+TEST_CASE("process server config: the link.* keys set the MT link, the older frame_size and inflight too, never both",
+          "[config]") {
+  auto o = Load("tenant = a:b\nlink.frame_size = 2MiB\nlink.inflight = 8\nlink.heartbeat = 3s\nlink.dead_peer = 20s\n"
+                "link.connect_timeout = 1500ms\nlink.backoff_max = 5s\n");
+  REQUIRE(o.ok());
+  CHECK(o->mt_link.frame_bytes == 2u << 20);
+  CHECK(o->mt_link.max_inflight == 8);
+  CHECK(o->mt_link.heartbeat_ms == 3000);
+  CHECK(o->mt_link.dead_peer_ms == 20000);
+  CHECK(o->mt_link.connect_timeout_ms == 1500);
+  CHECK(o->mt_link.backoff_max_ms == 5000);
+  auto old = Load("tenant = a:b\nframe_size = 512KiB\ninflight = 3\n");
+  REQUIRE(old.ok());
+  CHECK(old->mt_link.frame_bytes == 512u << 10);
+  CHECK(old->mt_link.max_inflight == 3);
+  // Not given: the defaults (PsLinkDefaults).
+  auto none = Load("tenant = a:b\n");
+  REQUIRE(none.ok());
+  CHECK(none->mt_link.frame_bytes == cdp::ps::PsLinkDefaults().frame_bytes);
+  CHECK(none->mt_link.dead_peer_ms == cdp::ps::PsLinkDefaults().dead_peer_ms);
+  auto msg = [](std::string_view text) { return Load(text).status().message(); };
+  CHECK(msg("tenant = a:b\ninflight = 4\nlink.inflight = 8\n") ==
+        "'link.inflight' and 'inflight' are the same setting: give one");
+  CHECK(msg("tenant = a:b\nframe_size = 2KiB\n") == "'frame_size' must be 4KiB..32MiB");
+  CHECK(msg("tenant = a:b\nlink.frame_size = 64MiB\n") == "'link.frame_size' must be 4KiB..32MiB");
+  CHECK(msg("tenant = a:b\nlink.inflight = 0\n") == "'link.inflight' must be 1..1024");
+  CHECK(msg("tenant = a:b\nlink.heartbeat = 30s\nlink.dead_peer = 20s\n") ==
+        "'link.dead_peer' must be longer than 'link.heartbeat'");
+}
