@@ -90,10 +90,20 @@ Result<FailbackPassStats> Agent::FailbackPass(const std::string& volume) {
     return Status::InvalidArgument(volume + " is " + std::string(SitePhaseName(s.state.phase)) +
                                    ", not failing back (cdpctl failback begins it)");
   CDP_ASSIGN_OR_RETURN(BranchStore * branch, OpenBranch(i, s.state.generation, true));
+  if (senders_.empty())
+    return Status::Unavailable(volume + ": failback needs the link to the process server (the sender is off)");
   FailbackOptions fo;
-  fo.link = opts_.sender.link;
-  fo.link.client_id = opts_.sender.link.client_id.empty() ? "agent-failback" : opts_.sender.link.client_id + "-failback";
-  fo.tls = tls_.get();
+  fo.call = [sender = senders_[i].get()](proto::Message m, repl::ReplicationSender::CallCallback done,
+                                         std::shared_ptr<repl::CallBytes> bytes) {
+    sender->CallAsync(std::move(m), std::move(done), std::move(bytes));
+  };
+  fo.peer = opts_.sender.link.peer.ToString();
+  // A link that is reconnecting (the process server restarted) is waited for,
+  // as long as a connection attempt and a back-off take.
+  const auto wait = std::chrono::milliseconds(opts_.sender.link.connect_timeout_ms + opts_.sender.link.backoff_max_ms);
+  if (!senders_[i]->WaitConnected(wait))
+    return Status::Unavailable(volume + ": not connected to the process server at " + fo.peer + " (waited " +
+                               std::to_string(wait.count()) + " ms)");
   CDP_ASSIGN_OR_RETURN(FailbackPassStats st, RunFailbackPass(*devices_[i], *branch, fo));
   s.fb_passes.fetch_add(1);
   s.fb_compared_bytes.fetch_add(st.compared_blocks * devices_[i]->preferred_block_size());
@@ -117,7 +127,8 @@ Result<SiteState> Agent::EndFailback(const std::string& volume) {
   log::Get("agent")->warn("{} failed back: the source equals the provider's image ({} blocks of the original site "
                           "saved in the branch); cdpctl reprotect resumes replication",
                           log::Where{volume, "", 0},
-                          s.branches.count(s.state.generation) ? s.branches[s.state.generation].store->saved_blocks() : 0);
+                          s.branches.count(s.state.generation) ? s.branches[s.state.generation].store->saved_blocks()
+                                                               : 0);
   return s.state;
 }
 

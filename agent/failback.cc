@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <map>
+#include <mutex>
 
 #include "common/base/clock.h"
 #include "common/base/log.h"
@@ -32,13 +34,42 @@ struct Piece {
   }
 };
 
+// The answers to the pass's calls, as their callbacks deliver them (on the
+// link's reader); shared with the callbacks, which may outlive a pass that
+// gave up waiting.
+class Answers {
+ public:
+  void Put(uint64_t token, Result<proto::Message> answer) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      done_.emplace_back(token, std::move(answer));
+    }
+    cv_.notify_all();
+  }
+  // The next answer; kUnavailable after `timeout` without one.
+  Result<std::pair<uint64_t, Result<proto::Message>>> Next(Millis timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, timeout, [&] { return !done_.empty(); }))
+      return Status::Unavailable("failback: no answer from the process server within " +
+                                 std::to_string(timeout.count()) + " ms");
+    auto out = std::move(done_.front());
+    done_.pop_front();
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<uint64_t, Result<proto::Message>>> done_;
+};
+
 class Pass {
  public:
   Pass(CaptureDevice& dev, BranchStore& branch, const FailbackOptions& o) : dev_(dev), branch_(branch), o_(o) {}
 
   Result<FailbackPassStats> Run() {
     const auto t0 = std::chrono::steady_clock::now();
-    CDP_RETURN_IF_ERROR(Connect());
+    if (!o_.call) return Status::Unavailable(dev_.volume() + ": failback needs the link to the process server");
     CDP_ASSIGN_OR_RETURN(std::vector<proto::BlockExtent> plan, Plan());
     std::vector<proto::BlockExtent> local = LocalBlocks();
     st_.plan_blocks = proto::ExtentBlocks(plan).value_or(0);
@@ -47,9 +78,8 @@ class Pass {
     std::vector<proto::BlockExtent> all = proto::MergeExtents(std::move(plan));
     st_.compared_blocks = proto::ExtentBlocks(all).value_or(0);
     CDP_RETURN_IF_ERROR(PullAll(all));
-    st_.wire_bytes_in = ch_->bytes_received();
-    st_.wire_bytes_out = ch_->bytes_sent();
-    ch_->Close();
+    st_.wire_bytes_in = bytes_->received.load();
+    st_.wire_bytes_out = bytes_->sent.load();
     st_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return st_;
   }
@@ -58,23 +88,20 @@ class Pass {
   uint32_t bs() const { return dev_.preferred_block_size(); }
   uint64_t blocks() const { return dev_.size() / bs(); }
 
-  Status Connect() {
-    const Millis timeout(o_.link.connect_timeout_ms);
-    StreamWrapper wrap;
-    if (o_.tls != nullptr) wrap = TlsWrapper(o_.tls, TlsSide::kClient, timeout);
-    CDP_ASSIGN_OR_RETURN(ch_, cdp::Connect(o_.link.peer.host, o_.link.peer.port, timeout, {}, wrap));
-    return ClientHandshake(*ch_, proto::Role::kAgent, o_.link.tenant, o_.link.client_id, o_.link.secret, timeout);
+  // Sends `request` on the link; its answer comes back through answers_
+  // with `token`.
+  void Call(proto::Message request, uint64_t token) {
+    o_.call(
+        std::move(request),
+        [answers = answers_, token](Result<proto::Message> r) { answers->Put(token, std::move(r)); }, bytes_);
+    ++st_.requests;
   }
 
-  // The next failback answer (heartbeats from the PS are skipped).
-  Result<proto::Message> Answer() {
-    for (;;) {
-      CDP_ASSIGN_OR_RETURN(proto::Message m, ch_->Receive(Millis(o_.answer_timeout_ms)));
-      if (std::holds_alternative<proto::Heartbeat>(m) || std::holds_alternative<proto::Stats>(m)) continue;
-      if (std::holds_alternative<proto::FailbackPlan>(m) || std::holds_alternative<proto::PullResponse>(m)) return m;
-      return Status::Corruption("failback: unexpected message type " + std::to_string(int(proto::TypeOf(m))) +
-                                " from the process server");
-    }
+  // The next answer to one of the pass's calls: (its token, the message).
+  Result<std::pair<uint64_t, proto::Message>> Answer() {
+    CDP_ASSIGN_OR_RETURN(auto a, answers_->Next(Millis(o_.answer_timeout_ms)));
+    if (!a.second.ok()) return a.second.status().WithContext("failback request to the process server");
+    return std::make_pair(a.first, std::move(*a.second));
   }
 
   static Status Refused(proto::FailbackStatus s, const std::string& volume) {
@@ -88,11 +115,10 @@ class Pass {
     uint64_t from = 0;
     for (;;) {
       const uint64_t id = next_id_++;
-      CDP_RETURN_IF_ERROR(ch_->Send(proto::FailbackPlanRequest{id, dev_.volume(), from}));
-      ++st_.requests;
-      CDP_ASSIGN_OR_RETURN(proto::Message m, Answer());
-      auto* p = std::get_if<proto::FailbackPlan>(&m);
-      if (p == nullptr || p->request_id != id) return Status::Corruption("failback: answer to another request");
+      Call(proto::FailbackPlanRequest{0, dev_.volume(), from}, id);
+      CDP_ASSIGN_OR_RETURN(auto answer, Answer());
+      auto* p = std::get_if<proto::FailbackPlan>(&answer.second);
+      if (p == nullptr || answer.first != id) return Status::Corruption("failback: answer to another request");
       if (p->status != proto::FailbackStatus::kOk) return Refused(p->status, dev_.volume());
       for (const proto::BlockExtent& e : p->extents) {
         if (e.first_block < from || e.first_block >= blocks() || e.count > blocks() - e.first_block)
@@ -162,7 +188,7 @@ class Pass {
           CDP_RETURN_IF_ERROR(dev_.ReadBacking(p.extents[i].first_block * bs(), size_t(p.extents[i].count) * bs(),
                                                p.old.data() + p.starts[i] * bs()));
         }
-        req.request_id = next_id_++;
+        const uint64_t id = next_id_++;
         req.volume = dev_.volume();
         req.extents = p.extents;
         req.digests.reserve(n_blocks);
@@ -179,14 +205,13 @@ class Pass {
         } else {
           for (uint64_t b = 0; b < n_blocks; ++b) req.digests.push_back(LeafDigest(p.old.data() + b * bs(), bs()));
         }
-        CDP_RETURN_IF_ERROR(ch_->Send(req));
-        ++st_.requests;
-        inflight.emplace(req.request_id, std::move(p));
+        Call(std::move(req), id);
+        inflight.emplace(id, std::move(p));
       }
-      CDP_ASSIGN_OR_RETURN(proto::Message m, Answer());
-      auto* r = std::get_if<proto::PullResponse>(&m);
+      CDP_ASSIGN_OR_RETURN(auto answer, Answer());
+      auto* r = std::get_if<proto::PullResponse>(&answer.second);
       if (r == nullptr) return Status::Corruption("failback: a plan where a pull answer was due");
-      auto it = inflight.find(r->request_id);
+      auto it = inflight.find(answer.first);
       if (it == inflight.end()) return Status::Corruption("failback: answer to a request not in flight");
       if (r->status != proto::FailbackStatus::kOk) return Refused(r->status, dev_.volume());
       CDP_ASSIGN_OR_RETURN(std::vector<proto::Record> plain, Open(std::move(r->records)));
@@ -274,8 +299,9 @@ class Pass {
   CaptureDevice& dev_;
   BranchStore& branch_;
   const FailbackOptions& o_;
-  std::unique_ptr<FrameChannel> ch_;
-  uint64_t next_id_ = 1;
+  const std::shared_ptr<Answers> answers_ = std::make_shared<Answers>();
+  const std::shared_ptr<repl::CallBytes> bytes_ = std::make_shared<repl::CallBytes>();
+  uint64_t next_id_ = 1;  // the tokens of the pass's calls
   FailbackPassStats st_;
 };
 
@@ -291,7 +317,7 @@ Result<FailbackPassStats> RunFailbackPass(CaptureDevice& dev, BranchStore& branc
     log::Get("agent")->info(
         "{} failback pass: {} blocks compared ({} named by the provider side, {} never shipped from here), {} pulled "
         "({} bytes, {} newly saved to the branch), {} bytes in, {} bytes out, {:.2f} s",
-        log::Where{dev.volume(), o.link.peer.host, 0}, r->compared_blocks, r->plan_blocks, r->local_blocks, r->pulled_blocks,
+        log::Where{dev.volume(), o.peer, 0}, r->compared_blocks, r->plan_blocks, r->local_blocks, r->pulled_blocks,
         r->pulled_bytes, r->saved_blocks, r->wire_bytes_in, r->wire_bytes_out, r->seconds);
   }
   return r;

@@ -4,7 +4,8 @@
 // brings the source volume level with the provider's promoted image wherever
 // the two may differ, moving only the blocks that do:
 //
-//   the plan, page by page: FailbackPlanRequest -> PS -> MT. The blocks the
+//   the plan, page by page: FailbackPlanRequest -> PS -> MT (on the volume's
+//   link, FailbackOptions::call). The blocks the
 //   provider side changed after the failover point (the MT's journal after
 //   it and the provider's writes) plus the process server's records it
 //   never delivered
@@ -42,17 +43,20 @@
 
 #include "agent/branch_store.h"
 #include "agent/capture_device.h"
-#include "common/base/host_port.h"
+#include <functional>
+#include <memory>
+
 #include "common/base/result.h"
-#include "common/net/tls_stream.h"
 #include "common/wire/replication_sender.h"
-#include "common/wire/channel.h"
 
 namespace cdp::agent {
 
 struct FailbackOptions {
-  repl::LinkOptions link;       // the process server, who we are, the connect timeout
-  const TlsCredentials* tls = nullptr;  // null: clear text; must outlive the pass
+  // Sends a request to the process server and calls back with its answer:
+  // the volume's link's ReplicationSender::CallAsync (Sender::CallAsync), the
+  // one request path of the agent, like the process server's to the MT.
+  std::function<void(proto::Message, repl::ReplicationSender::CallCallback, std::shared_ptr<repl::CallBytes>)> call;
+  std::string peer;  // for log lines: the process server's address
   uint64_t answer_timeout_ms = 120'000;  // for each answer
   int max_requests = 8;                   // PullRequests in flight
 };

@@ -129,6 +129,11 @@ void Sender::Stop() {
   Checkpoint(true);
 }
 
+void Sender::CallAsync(proto::Message request, repl::ReplicationSender::CallCallback done,
+                       std::shared_ptr<repl::CallBytes> bytes) {
+  link_->CallAsync(std::move(request), std::move(done), std::move(bytes));
+}
+
 SenderStats Sender::Stats() const {
   const repl::LinkStats ls = link_->Stats();
   CaptureQueue& q = dev_->queue();

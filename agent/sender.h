@@ -166,6 +166,13 @@ class Sender final : private repl::RecordSource {
   // queue starts empty as well, but every region is compared again.
   Status StartGeneration(uint64_t gen, bool equal);
   uint64_t generation() const { return generation_.load(); }
+  // A failback request (FailbackPlanRequest, PullRequest) on this volume's
+  // link to the process server: repl::ReplicationSender::CallAsync. A fenced
+  // volume's link stays up for them.
+  void CallAsync(proto::Message request, repl::ReplicationSender::CallCallback done,
+                 std::shared_ptr<repl::CallBytes> bytes);
+  // ReplicationSender::WaitConnected of the link.
+  bool WaitConnected(std::chrono::milliseconds timeout) { return link_->WaitConnected(timeout); }
 
  private:
   // repl::RecordSource over the capture queue.

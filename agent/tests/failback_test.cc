@@ -69,15 +69,32 @@ std::unique_ptr<BranchStore> Branch(cdp::Env* env) {
   return std::move(*b);
 }
 
-FailbackOptions Opts(const TestPeer& peer) {
-  FailbackOptions o;
-  o.link.peer.port = peer.port();
-  o.link.tenant = "t1";
-  o.link.secret = "s3cret";
-  o.link.client_id = "failback-test";
-  o.max_requests = 3;
-  return o;
-}
+// The request path of a fenced volume's link to the process server (here the
+// test peer): a ReplicationSender with no stream open, its CallAsync.
+struct Link {
+  cdp::repl::ReplicationSender sender;
+  explicit Link(const TestPeer& peer) : sender(Options(peer)) {
+    sender.Start();
+    REQUIRE(WaitUntil([&] { return sender.connected(); }));
+  }
+  static cdp::repl::SenderOptions Options(const TestPeer& peer) {
+    cdp::repl::SenderOptions o;
+    o.link.peer.port = peer.port();
+    o.link.tenant = "t1";
+    o.link.secret = "s3cret";
+    o.link.client_id = "failback-test";
+    return o;
+  }
+  FailbackOptions Opts() {
+    FailbackOptions o;
+    o.call = [this](cdp::proto::Message m, cdp::repl::ReplicationSender::CallCallback done,
+                    std::shared_ptr<cdp::repl::CallBytes> bytes) {
+      sender.CallAsync(std::move(m), std::move(done), std::move(bytes));
+    };
+    o.max_requests = 3;
+    return o;
+  }
+};
 
 Bytes ReadSource(CaptureDevice& d) {
   Bytes b(kSize);
@@ -107,8 +124,9 @@ TEST_CASE("failback pass: pulls exactly the blocks that differ in the union of t
   TestPeer peer("t1", "s3cret", kSize);
   peer.SetFailback("vol", provider, {{10, 2}, {50, 1}, {700, 1}}, 2);
   auto branch = Branch(env.get());
+  Link link(peer);
 
-  auto r = RunFailbackPass(*dev, *branch, Opts(peer));
+  auto r = RunFailbackPass(*dev, *branch, link.Opts());
   INFO(r.status().ToString());
   REQUIRE(r.ok());
   CHECK(r->plan_blocks == 4);
@@ -117,6 +135,9 @@ TEST_CASE("failback pass: pulls exactly the blocks that differ in the union of t
   CHECK(r->pulled_blocks == 4);  // 10, 11, 300, 700
   CHECK(r->pulled_bytes == 4 * kBlock);
   CHECK(r->saved_blocks == 4);
+  CHECK(r->requests == 3);  // two plan pages, one pull
+  CHECK(r->wire_bytes_in > 0);       // the plan pages and the four blocks, as framed (compressed)
+  CHECK(r->wire_bytes_out > 6 * 16);  // the six digests and the frames around them
   CHECK(peer.pulled_blocks() == 4);
   CHECK(peer.digests_received() == 6);
   CHECK(ReadSource(*dev) == provider);
@@ -135,8 +156,9 @@ TEST_CASE("failback pass: pulls exactly the blocks that differ in the union of t
   CHECK(dev->queue().Stats().records == 2);
 
   // A second pass is idempotent: compared again, nothing pulled or saved.
-  auto again = RunFailbackPass(*dev, *branch, Opts(peer));
+  auto again = RunFailbackPass(*dev, *branch, link.Opts());
   REQUIRE(again.ok());
+  CHECK(again->wire_bytes_in < r->wire_bytes_in);  // nothing pulled: the same plan, an empty pull answer
   CHECK(again->compared_blocks == 6);
   CHECK(again->pulled_blocks == 0);
   CHECK(again->saved_blocks == 0);
@@ -155,14 +177,15 @@ TEST_CASE("failback pass: an answer naming a block not asked for fails the pass 
   peer.SetFailback("vol", provider, {{5, 1}}, 16);
   peer.CorruptNextPull();
   auto branch = Branch(env.get());
-  auto r = RunFailbackPass(*dev, *branch, Opts(peer));
+  Link link(peer);
+  auto r = RunFailbackPass(*dev, *branch, link.Opts());
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == Code::kCorruption);
   CHECK(r.status().message() == "failback pull: a block that was not asked for");
   CHECK(ReadSource(*dev) == point);
   CHECK(branch->saved_blocks() == 0);
   // The next pass (an honest answer) finishes the job.
-  auto ok = RunFailbackPass(*dev, *branch, Opts(peer));
+  auto ok = RunFailbackPass(*dev, *branch, link.Opts());
   REQUIRE(ok.ok());
   CHECK(ok->pulled_blocks == 1);
   CHECK(ReadSource(*dev) == provider);
@@ -173,7 +196,8 @@ TEST_CASE("failback pass: refused when the master target is not failing back the
   auto dev = Device(env.get(), Bytes(kSize, 0));
   TestPeer peer("t1", "s3cret", kSize);
   auto branch = Branch(env.get());
-  auto r = RunFailbackPass(*dev, *branch, Opts(peer));
+  Link link(peer);
+  auto r = RunFailbackPass(*dev, *branch, link.Opts());
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == Code::kInvalidArgument);
   CHECK(r.status().message() == "vol is not failing back at the master target (cdpctl failback starts it)");

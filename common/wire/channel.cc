@@ -119,7 +119,7 @@ Status FrameChannel::Send(const proto::Message& m, uint64_t* wire_bytes) {
   return Status::OK();
 }
 
-Result<proto::Message> FrameChannel::Receive(Millis timeout) {
+Result<proto::Message> FrameChannel::Receive(Millis timeout, uint64_t* wire_bytes) {
   const SteadyClock::time_point deadline = SteadyClock::now() + timeout;
   for (;;) {
     if (broken()) {
@@ -153,6 +153,7 @@ Result<proto::Message> FrameChannel::Receive(Millis timeout) {
       frames_received_.fetch_add(1, std::memory_order_relaxed);
       Result<proto::Message> m = proto::ParseMessage(frame);
       if (!m.ok()) return Fail(m.status().WithContext("receive from " + peer_));
+      if (wire_bytes != nullptr) *wire_bytes = o.consumed;
       return m;
     }
 

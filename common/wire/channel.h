@@ -139,7 +139,8 @@ class FrameChannel {
 
   // Waits at most `timeout` for the next frame, checks its sequence and parses
   // it. See the error list above; kBusy (timeout) leaves the channel usable.
-  Result<proto::Message> Receive(std::chrono::milliseconds timeout);
+  // `wire_bytes`, when given, receives the frame's size (header included).
+  Result<proto::Message> Receive(std::chrono::milliseconds timeout, uint64_t* wire_bytes = nullptr);
 
   // Shuts the socket down in both directions. Idempotent; any thread.
   void Close();

@@ -183,6 +183,7 @@ Status ReplicationSender::RunSession(const std::shared_ptr<FrameChannel>& ch) {
     if (streams_.empty()) stats_.last_error.clear();
     connected_ = true;
   }
+  cv_.notify_all();  // WaitConnected
   log_->info("{} connected to the {} at {}", opt_.label, opt_.peer_name, ch->peer());
   if (stop_.load()) ch->Close();
   std::thread reader([this, &s] { ReadLoop(s); });

@@ -125,6 +125,13 @@ struct LinkOptions {
   uint64_t call_hold_ms = 10'000;
 };
 
+// The wire bytes of one call (CallAsync): its request's frame and its
+// answer's, header included (compressed, as they crossed the network).
+struct CallBytes {
+  std::atomic<uint64_t> sent{0};
+  std::atomic<uint64_t> received{0};
+};
+
 struct SenderOptions {
   LinkOptions link;
   const Clock* clock = nullptr;  // must outlive the sender; null = the system clock
@@ -207,10 +214,15 @@ class ReplicationSender {
   // connection drops or the sender stops. Like HashAsync, `done` runs on the
   // caller's or the reader's thread without the sender's lock held and must
   // not block. Many may be outstanding.
+  // `bytes`, when given, adds the request's and the answer's frame sizes
+  // (before `done` runs).
   using CallCallback = std::function<void(Result<proto::Message>)>;
-  void CallAsync(proto::Message request, CallCallback done);
+  void CallAsync(proto::Message request, CallCallback done, std::shared_ptr<CallBytes> bytes = nullptr);
 
   bool connected() const { return connected_.load(); }
+  // Waits at most `timeout` for a connection (a call sent now goes out);
+  // false when there is none by then or the sender stops.
+  bool WaitConnected(std::chrono::milliseconds timeout);
   // "connected", "connecting" or "disconnected: <why>".
   std::string state() const;
   LinkStats Stats() const;
@@ -228,14 +240,17 @@ class ReplicationSender {
     proto::Message response;
     bool async = false;     // HashAsync/CallAsync: the completer removes it from calls_
     CallCallback callback;  // async; called once done is set, outside mu_
+    std::shared_ptr<CallBytes> bytes;  // CallAsync's, may be null
   };
   // Marks `c` done with `why` (mu_ held); its callback goes to `after`.
   static void FailCall(PendingCall& c, const Status& why, std::vector<std::function<void()>>* after);
   // Registers an async call answered by `answer` (mu_ held): the fresh request_id.
-  uint64_t AddCallLocked(size_t stream, proto::MsgType answer, CallCallback done);
+  uint64_t AddCallLocked(size_t stream, proto::MsgType answer, CallCallback done,
+                         std::shared_ptr<CallBytes> bytes = nullptr);
   // Sends an async call's request; if that fails and the call is still
   // pending, fails it with the send's error.
-  void SendCall(const std::shared_ptr<FrameChannel>& ch, const proto::Message& request, uint64_t request_id);
+  void SendCall(const std::shared_ptr<FrameChannel>& ch, const proto::Message& request, uint64_t request_id,
+                CallBytes* bytes = nullptr);
   // Every stream that is not removed is stalled, and one of them not by a
   // refusal of its open as failed over (mu_ held): a new connection may help.
   bool AllStalledLocked() const;
@@ -247,7 +262,7 @@ class ReplicationSender {
   Status SendLoop(Session& s, int worker);
   Status ShipOne(Session& s, Stream& st, bool* sent);  // *sent: a frame went out
   void ReadLoop(Session& s);
-  void Handle(Session& s, proto::Message& m);
+  void Handle(Session& s, proto::Message& m, uint64_t frame_bytes);
   void Rewind(Stream& st, uint64_t next);  // mu_ held
   void Stall(Stream& st, const Status& why);  // mu_ held; the source is told after
   bool SleepMs(uint64_t ms);  // false if Stop() cut it short

@@ -30,7 +30,8 @@ std::optional<uint64_t> AnswerId(const proto::Message& m) {
 
 void ReplicationSender::ReadLoop(Session& s) {
   while (!stop_.load()) {
-    auto m = s.ch->Receive(Millis(500));
+    uint64_t frame_bytes = 0;
+    auto m = s.ch->Receive(Millis(500), &frame_bytes);
     if (!m.ok()) {
       if (m.status().IsBusy() && !s.ch->broken()) continue;
       {
@@ -42,12 +43,12 @@ void ReplicationSender::ReadLoop(Session& s) {
       return;
     }
     s.last_rx_us = opt_.clock->NowMicros();
-    Handle(s, *m);
+    Handle(s, *m, frame_bytes);
   }
 }
 
 // Runs in the reader thread. Sources are called outside mu_ (`after`).
-void ReplicationSender::Handle(Session& s, proto::Message& m) {
+void ReplicationSender::Handle(Session& s, proto::Message& m, uint64_t frame_bytes) {
   const std::string& peer = s.ch->peer();
   std::vector<std::function<void()>> after;
   std::unique_lock<std::mutex> l(mu_);
@@ -217,6 +218,7 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
       } else {
         p.done = true;
         p.response = std::move(m);
+        if (p.bytes) p.bytes->received.fetch_add(frame_bytes);
         if (p.async) {
           after.push_back([cb = std::move(p.callback), r = std::move(p.response)]() mutable { cb(std::move(r)); });
           calls_.erase(it);
@@ -241,6 +243,12 @@ void ReplicationSender::Handle(Session& s, proto::Message& m) {
   if (failed) s.ch->Close();
 }
 
+bool ReplicationSender::WaitConnected(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_for(l, timeout, [&] { return stop_.load() || (connected_.load() && channel_ != nullptr); });
+  return !stop_.load() && connected_.load() && channel_ != nullptr;
+}
+
 Result<uint64_t> ReplicationSender::WaitOpened(StreamId id, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> l(mu_);
   if (id >= streams_.size() || streams_[id]->removed) return Status::NotFound("no such stream");
@@ -262,12 +270,14 @@ void ReplicationSender::FailCall(PendingCall& c, const Status& why, std::vector<
   if (c.callback) after->push_back([cb = std::move(c.callback), why] { cb(why); });
 }
 
-uint64_t ReplicationSender::AddCallLocked(size_t stream, proto::MsgType answer, CallCallback done) {
+uint64_t ReplicationSender::AddCallLocked(size_t stream, proto::MsgType answer, CallCallback done,
+                                          std::shared_ptr<CallBytes> bytes) {
   auto p = std::make_shared<PendingCall>();
   p->stream = stream;
   p->answer = answer;
   p->async = true;
   p->callback = std::move(done);
+  p->bytes = std::move(bytes);
   const uint64_t request_id = next_request_id_++;
   calls_[request_id] = std::move(p);
   last_call_us_ = std::max<uint64_t>(opt_.clock->NowMicros(), 1);
@@ -275,9 +285,13 @@ uint64_t ReplicationSender::AddCallLocked(size_t stream, proto::MsgType answer, 
 }
 
 void ReplicationSender::SendCall(const std::shared_ptr<FrameChannel>& ch, const proto::Message& request,
-                                 uint64_t request_id) {
-  Status s = ch->Send(request);
-  if (s.ok()) return;
+                                 uint64_t request_id, CallBytes* bytes) {
+  uint64_t wire = 0;
+  Status s = ch->Send(request, &wire);
+  if (s.ok()) {
+    if (bytes != nullptr) bytes->sent.fetch_add(wire);
+    return;
+  }
   // Not sent: unless the reader already failed it with the connection, fail it here,
   // as the end of the session would (kUnavailable, whatever the channel said:
   // a channel closed under the send says kAborted).
@@ -358,7 +372,7 @@ void ReplicationSender::HashAsync(StreamId id, const proto::HashRequest& request
   SendCall(ch, fwd, fwd.request_id);
 }
 
-void ReplicationSender::CallAsync(proto::Message request, CallCallback done) {
+void ReplicationSender::CallAsync(proto::Message request, CallCallback done, std::shared_ptr<CallBytes> bytes) {
   proto::MsgType answer{};
   if (std::holds_alternative<proto::FailbackPlanRequest>(request)) {
     answer = proto::MsgType::kFailbackPlan;
@@ -379,7 +393,7 @@ void ReplicationSender::CallAsync(proto::Message request, CallCallback done) {
                                 (stats_.last_error.empty() ? std::string() : ": " + stats_.last_error));
     } else {
       ch = channel_;
-      request_id = AddCallLocked(kNoStream, answer, std::move(done));
+      request_id = AddCallLocked(kNoStream, answer, std::move(done), bytes);
     }
   }
   if (!why.ok()) {
@@ -391,7 +405,7 @@ void ReplicationSender::CallAsync(proto::Message request, CallCallback done) {
         if constexpr (requires { m.request_id; }) m.request_id = request_id;
       },
       request);
-  SendCall(ch, request, request_id);
+  SendCall(ch, request, request_id, bytes.get());
 }
 
 }  // namespace cdp::repl
