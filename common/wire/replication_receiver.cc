@@ -135,11 +135,11 @@ class SessionLoop {
   void Run() {
     {
       FrameInbox inbox(ch_, o_.inbox_bytes, o_.queued_bytes);
-      Status end = Loop(inbox);
-      if (end.ok()) {
-      } else if (end.code() == Code::kUnavailable || (o_.stopping != nullptr && o_.stopping->load())) {
+      const Status end = Loop(inbox);
+      const bool quiet = end.code() == Code::kUnavailable || (o_.stopping != nullptr && o_.stopping->load());
+      if (!end.ok() && quiet) {
         log_->info("{} tenant {}: {} disconnected: {}", Where(""), s_.tenant, s_.peer.client_id, end.ToString());
-      } else {
+      } else if (!end.ok()) {
         log_->warn("{} tenant {}: closing the connection: {}", Where(""), s_.tenant, end.ToString());
       }
     }  // the inbox closes the channel
