@@ -88,10 +88,11 @@
 // journal/<16 hex>.jnl; the sqlite
 // index lives at VolumeOptions::index_path (dir/index.db in the daemon).
 //
-// Code: the façade, reads, pins and hashes in volume.cc; the sqlite index in
-// replica_index.cc; apply and re-protect in volume_apply.cc; crash recovery in
-// volume_recovery.cc; rollback in volume_rollback.cc; failover in
-// replica_failover.cc; retention in volume_retention.cc.
+// Code: the façade, reads, pins and hashes in replica_volume.cc; the sqlite
+// index in replica_index.cc; apply and re-protect in replica_apply.cc; crash
+// recovery in replica_recovery.cc; rollback in replica_rollback.cc; failover
+// in replica_failover.cc; retention in replica_retention.cc; the replica's
+// batched direct I/O in replica_io.cc.
 //
 // Thread safety: all public methods are thread-safe. Apply, Rollback,
 // Retention and current-image Digests are serialised by one mutex; ReadAt (exports)
@@ -679,7 +680,6 @@ class ReplicaVolume {
   std::optional<FailoverInfo> failover_;  // apply_mu_ (+ meta_mu_ for readers)
   uint64_t committed_segment_ = 0;   // committed journal position
   uint64_t committed_offset_ = 0;
-  uint64_t last_crash_point_us_ = 0; // monotonic micros of the last crash point (0: none)
   bool broken_ = false;              // an apply failed and could not be undone
   bool heal_by_recovery_ = false;    // broken_ by a failed undo of an apply: RecoverUncommitted() again heals it
   // OK unless broken_. A volume broken by a failed undo of an apply (a full
