@@ -8,6 +8,7 @@
 #include "common/base/log.h"
 #include "common/daemon/metrics.h"
 #include "common/store/sqlite.h"
+#include "master-target/replica_batch.h"
 
 namespace cdp::mt {
 
@@ -16,148 +17,6 @@ namespace {
 constexpr size_t kJournalFlushBytes = 8u << 20;  // encoded undo bytes buffered before an Append
 constexpr uint64_t kZeroChunk = 1u << 20;
 constexpr size_t kReadWindowBytes = 4u << 20;  // old data read in one ReplicaIo::Read (at least one chunk)
-
-// The bytes a batch's earlier records wrote, so that a later record in the same
-// batch journals the bytes it really overwrites. Non-overlapping extents;
-// `data == nullptr` means zeros. Pointers refer into the batch's records.
-class BatchOverlay {
- public:
-  void Insert(uint64_t off, uint64_t len, const uint8_t* data) {
-    const uint64_t end = off + len;
-    auto it = m_.lower_bound(off);
-    if (it != m_.begin()) {
-      auto p = std::prev(it);
-      if (p->second.end > off) {
-        Ext tail = p->second;
-        uint64_t pstart = p->first;
-        p->second.end = off;
-        if (tail.end > end) m_[end] = Ext{tail.end, tail.data ? tail.data + (end - pstart) : nullptr};
-      }
-    }
-    it = m_.lower_bound(off);
-    while (it != m_.end() && it->first < end) {
-      if (it->second.end > end) {
-        Ext e = it->second;
-        uint64_t s = it->first;
-        m_.erase(it);
-        m_[end] = Ext{e.end, e.data ? e.data + (end - s) : nullptr};
-        break;
-      }
-      it = m_.erase(it);
-    }
-    m_[off] = Ext{end, data};
-  }
-
-  // Calls fn(offset, length, data) for every extent, ascending; data ==
-  // nullptr: zeros.
-  template <typename Fn>
-  void ForEach(Fn&& fn) const {
-    for (const auto& [off, e] : m_) fn(off, e.end - off, e.data);
-  }
-
-  // Whether any extent overlaps [off, off + len).
-  bool Touches(uint64_t off, uint64_t len) const {
-    auto it = m_.upper_bound(off);
-    if (it != m_.begin() && std::prev(it)->second.end > off) return true;
-    return it != m_.end() && it->first < off + len;
-  }
-
-  void Patch(uint64_t off, uint64_t len, uint8_t* buf) const {
-    const uint64_t end = off + len;
-    auto it = m_.upper_bound(off);
-    if (it != m_.begin()) --it;
-    for (; it != m_.end() && it->first < end; ++it) {
-      uint64_t s = std::max(it->first, off), t = std::min(it->second.end, end);
-      if (s >= t) continue;
-      if (it->second.data) {
-        std::memcpy(buf + (s - off), it->second.data + (s - it->first), t - s);
-      } else {
-        std::memset(buf + (s - off), 0, t - s);
-      }
-    }
-  }
-
- private:
-  struct Ext {
-    uint64_t end;
-    const uint8_t* data;
-  };
-  std::map<uint64_t, Ext> m_;
-};
-
-// What the replica read as zeros before the batch: disjoint ranges [start,
-// end) learnt from File::NextData (SEEK_DATA) as step 1 of apply asks. The
-// records of a batch at scattered offsets of a sparse replica then cost a few
-// seeks instead of one each, and a zero record over a range that was a hole
-// needs no hole punched. Valid until the batch writes the replica.
-class KnownHoles {
- public:
-  explicit KnownHoles(const File* replica) : replica_(replica) {}
-
-  // True when [off, off + n) read as zeros before the batch; asks the replica
-  // unless what was learnt already answers.
-  Result<bool> IsHole(uint64_t off, uint64_t n) {
-    if (Covers(off, n)) return true;
-    CDP_ASSIGN_OR_RETURN(uint64_t data, replica_->NextData(off));
-    if (data > off) Add(off, data);
-    return data >= off + n;
-  }
-
-  // From what was learnt only: true when [off, off + n) is known to read as zeros.
-  bool Covers(uint64_t off, uint64_t n) const {
-    auto it = m_.upper_bound(off);
-    if (it == m_.begin()) return false;
-    return std::prev(it)->second >= off + n;
-  }
-
- private:
-  void Add(uint64_t start, uint64_t end) {
-    auto it = m_.upper_bound(start);
-    if (it != m_.begin() && std::prev(it)->second >= start) {
-      it = std::prev(it);
-      start = it->first;
-      end = std::max(end, it->second);
-      it = m_.erase(it);
-    }
-    while (it != m_.end() && it->first <= end) {
-      end = std::max(end, it->second);
-      it = m_.erase(it);
-    }
-    m_[start] = end;
-  }
-
-  const File* replica_;
-  std::map<uint64_t, uint64_t> m_;  // start -> end
-};
-
-bool IsSealedKind(proto::RecordKind k) {
-  return k == proto::RecordKind::kSealed || k == proto::RecordKind::kSealedZero;
-}
-
-}  // namespace
-
-std::vector<proto::Record> UnsealRecords(const std::vector<proto::Record>& recs, size_t first, uint64_t volume_size) {
-  std::vector<proto::Record> out;
-  out.reserve(2 * (recs.size() - first));
-  for (size_t i = first; i < recs.size(); ++i) {
-    const proto::Record& r = recs[i];
-    if (!IsSealedKind(r.kind)) {
-      out.push_back(r);
-      continue;
-    }
-    const uint64_t macs = proto::SealMacBytes(r.length);
-    const bool zero = r.kind == proto::RecordKind::kSealedZero;
-    proto::Record blocks{r.seq, r.offset, r.length, zero ? proto::RecordKind::kZero : proto::RecordKind::kData,
-                         r.timestamp_us, {}};
-    if (!zero) blocks.data.assign(r.data.begin(), r.data.begin() + r.length);
-    out.push_back(std::move(blocks));
-    out.push_back(proto::Record{r.seq, volume_size + proto::SealMacBytes(r.offset), uint32_t(macs),
-                                proto::RecordKind::kData, r.timestamp_us, Bytes(r.data.end() - macs, r.data.end())});
-  }
-  return out;
-}
-
-namespace {
 
 ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected = 0) {
   ApplyOutcome o;
@@ -217,89 +76,23 @@ Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id, const Up
                 std::string(id_.sealed ? "the volume is sealed (tenant-side encryption) and the stream is not"
                                        : "the stream is sealed (tenant-side encryption) and the volume is not") +
                     "; encryption is chosen when a volume is first protected" + keep);
-  // Fenced: whatever generation the old primary speaks, nothing it sends is taken.
-  if (failover_) return Nack(proto::NackReason::kWrongGeneration, FencedMessage());
-  if (state_ == VolumeState::kFailedBack && id.generation <= id_.generation)
-    return Nack(proto::NackReason::kWrongGeneration, FailedBackMessage());
-  if (id.generation < id_.generation)
-    return Nack(proto::NackReason::kWrongGeneration,
-                "stale generation " + std::to_string(id.generation) + " < " + std::to_string(id_.generation));
-  if (id.generation == id_.generation && state_ != VolumeState::kReplicating)
-    return Nack(proto::NackReason::kWrongGeneration, std::string("volume is ") + StateName(state_) +
-                                                         "; re-protect is an operator command (cdpctl reprotect)");
-  if (id.generation > id_.generation) {
-    if (id.generation != reprotect_armed_.load()) {
-      return Nack(proto::NackReason::kPermissionDenied,
-                  "generation " + std::to_string(id.generation) + " > " + std::to_string(id_.generation) +
-                      ": re-protect is an operator command (cdpctl reprotect at the master target)");
-    }
-    CDP_RETURN_IF_ERROR(Reprotect(id.generation));
+  const uint64_t generation = fence_->generation();
+  Result<std::optional<VolumeFence::Refusal>> refused = fence_->Admit(id.generation, from, applied_.load());
+  if (fence_->generation() != generation) {  // re-protected
+    id_.generation = fence_->generation();
+    UpdateGauges();
   }
-  if (upstream_generation_ == id_.generation && !(upstream_ == from)) {
-    return Nack(proto::NackReason::kPermissionDenied,
-                "volume " + id_.name + " replicates through " + upstream_.Describe() + " in generation " +
-                    std::to_string(id_.generation) + ", not through " + from.Describe() +
-                    ": records still held there would interleave with this stream. To move the volume, re-protect "
-                    "it (cdpctl reprotect " + id_.name + "): the old path is fenced and every region is compared");
-  }
-  if (upstream_generation_ != id_.generation) CDP_RETURN_IF_ERROR(BindUpstream(from));
+  if (!refused.ok()) return refused.status();
+  if (*refused) return Nack((*refused)->reason, std::move((*refused)->message));
   ApplyOutcome o;
   o.durable_seq = numbering().Wire(applied_.load());
   return o;
 }
 
-Status ReplicaVolume::BindUpstream(const Upstream& from) {
-  CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("INSERT OR REPLACE INTO upstream(id, generation, role, name) VALUES(1, ?1, ?2, ?3)"));
-  CDP_RETURN_IF_ERROR(st.BindAll(id_.generation, from.role, from.name));
-  CDP_RETURN_IF_ERROR(st.Run());
-  {
-    std::lock_guard<std::mutex> lk(meta_mu_);
-    upstream_generation_ = id_.generation;
-    upstream_ = from;
-  }
-  log::Get("mt.volume")->info("{} generation {} replicates through {}", log::Where{id_.name, "", applied_.load()},
-                              id_.generation, from.Describe());
-  return Status::OK();
-}
-
 Result<uint64_t> ReplicaVolume::ArmReprotect() {
   std::lock_guard<std::mutex> lk(apply_mu_);
   if (broken_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
-  if (failover_)
-    return Status::InvalidArgument(id_.name + " is failed over at sequence " + std::to_string(failover_->point_seq) +
-                                   ": re-protect after a failover needs a failback first (cdpctl failback); before a "
-                                   "commit, cdpctl failover " + id_.name + " --undo returns to protecting");
-  reprotect_armed_.store(id_.generation + 1);
-  log::Get("mt.volume")->warn("{} re-protect armed by the operator: generation {} will be accepted",
-                              log::Where{id_.name, "", applied_.load()}, id_.generation + 1);
-  return id_.generation + 1;
-}
-
-Status ReplicaVolume::Reprotect(uint64_t gen) {
-  const uint64_t base = applied_.load();
-  {
-    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("UPDATE volume SET generation = ?1, state = 0, rollback_to = 0 WHERE id = 1"));
-    CDP_RETURN_IF_ERROR(st.BindAll(gen));
-    CDP_RETURN_IF_ERROR(st.Run());
-    CDP_ASSIGN_OR_RETURN(auto hs, db_->Prepare("INSERT OR REPLACE INTO history(id, seq_base) VALUES(1, ?1)"));
-    CDP_RETURN_IF_ERROR(hs.BindAll(base));
-    CDP_RETURN_IF_ERROR(hs.Run());
-    CDP_RETURN_IF_ERROR(tx.Commit());
-  }
-  {
-    std::lock_guard<std::mutex> lk(meta_mu_);
-    state_ = VolumeState::kReplicating;
-  }
-  id_.generation = gen;
-  generation_.store(gen);
-  seq_base_.store(base);
-  rollback_to_ = 0;
-  reprotect_armed_.store(0);
-  log::Get("mt.volume")->info("{} re-protected under generation {}: its sequence 1 follows history sequence {}; "
-                              "every recovery point is kept", log::Where{id_.name, "", base}, gen, base);
-  UpdateGauges();
-  return Status::OK();
+  return fence_->ArmReprotect(applied_.load());
 }
 
 Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>& recs) {
@@ -308,11 +101,8 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
     NoteApply(h);
     return h;
   }
-  if (failover_) return Nack(proto::NackReason::kWrongGeneration, FencedMessage());
-  if (state_ == VolumeState::kFailedBack) return Nack(proto::NackReason::kWrongGeneration, FailedBackMessage());
-  if (state_ != VolumeState::kReplicating)
-    return Nack(proto::NackReason::kWrongGeneration,
-                std::string("volume is ") + StateName(state_) + "; re-protect is an operator command (cdpctl reprotect)");
+  if (std::optional<VolumeFence::Refusal> refused = fence_->RefuseBatch())
+    return Nack(refused->reason, std::move(refused->message));
   const uint64_t applied = applied_.load();
   ApplyOutcome out;
   for (size_t i = 1; i < recs.size(); ++i) {
@@ -576,54 +366,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
 
   // 5. Recovery points of this batch, and the suspect-clean points of its
   // anomalies (older than the batch: they take their place by sequence).
-  std::vector<RecoveryPoint> new_points;
-  std::vector<AnomalyEvent> new_anomalies;
-  // A point carries the time the protected host wrote it (the record's
-  // capture time, from the agent's clock; issue 38 F4) and, beside it, the
-  // time it was applied here. Crash-consistent points are spaced by the
-  // host's clock too, so every copy of the volume makes the same points from
-  // the same stream, whatever its backlog was. Retention and the history
-  // lock go by the apply time: a host's clock cannot age its own history.
-  uint64_t last_crash = 0;  // host time of the newest crash-consistent point
-  {
-    std::lock_guard<std::mutex> lk(meta_mu_);
-    for (auto it = points_.rbegin(); it != points_.rend(); ++it) {
-      if (it->kind == PointKind::kCrash) {
-        last_crash = it->time_us;
-        break;
-      }
-    }
-  }
-  auto written = [&](const proto::Record& r) { return r.timestamp_us != 0 ? r.timestamp_us : wall; };
-  for (size_t i = first; i < recs.size(); ++i) {
-    const proto::Record& r = recs[i];
-    const uint64_t when = written(r);
-    if (r.kind == proto::RecordKind::kFlush) {
-      // A host clock stepped back starts the spacing again.
-      if (last_crash == 0 || when >= last_crash + o_.point_interval_us || when < last_crash) {
-        new_points.push_back(RecoveryPoint{0, r.seq, when, PointKind::kCrash, "", false, wall});
-        last_crash = when;
-      }
-    } else if (r.kind == proto::RecordKind::kTag) {
-      new_points.push_back(RecoveryPoint{0, r.seq, when, PointKind::kTag,
-                                         std::string(reinterpret_cast<const char*>(r.data.data()), r.data.size()),
-                                         false, wall});
-    } else if (r.kind == proto::RecordKind::kAnomaly) {
-      AnomalyEvent a;
-      uint64_t back = 0;
-      (void)proto::DecodeAnomaly(r.data, &back, &a.message);  // checked by ApplyBatch
-      a.seq = r.seq;
-      a.clean_seq = std::max(r.seq - std::min(back, r.seq), horizon_);
-      a.point_id = int64_t(new_points.size());  // CommitBatch makes it the point's id
-      a.time_us = wall;
-      a.hold_until_us = wall + o_.anomaly_hold_us;
-      new_points.push_back(RecoveryPoint{0, a.clean_seq, when, PointKind::kTag, "suspect-clean", false, wall});
-      log::Get("mt.volume")->warn("{} possible ransomware at the protected host: {}; the image at sequence {} is "
-                                  "kept as the point suspect-clean",
-                                  log::Where{id_.name, "", r.seq}, a.message, a.clean_seq);
-      new_anomalies.push_back(std::move(a));
-    }
-  }
+  PointCatalogue::NewPoints new_points = catalogue_->PointsOf(recs, first, wall, horizon_);
 
   // 6. Segment bookkeeping.
   std::map<uint64_t, SegmentInfo> touched;
@@ -656,18 +399,13 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
 
   if (o_.before_commit) CDP_RETURN_IF_ERROR(o_.before_commit());
   // 7. Commit point.
-  CDP_RETURN_IF_ERROR(CommitBatch(last_seq, new_seg, new_off, touched, added, &new_points, &new_anomalies));
-  // 8. Publish.
+  CDP_RETURN_IF_ERROR(CommitBatch(last_seq, new_seg, new_off, touched, added, &new_points));
+  // 8. Publish (the applied sequence last: a reader that sees it finds its points).
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
     for (const auto& [seg, si] : touched) segments_[seg] = si;
-    for (auto& p : new_points) {
-      auto at = std::upper_bound(points_.begin(), points_.end(), p.seq,
-                                 [](uint64_t seq, const RecoveryPoint& q) { return seq < q.seq; });
-      points_.insert(at, std::move(p));
-    }
-    for (auto& a : new_anomalies) anomalies_.push_back(std::move(a));
   }
+  catalogue_->PublishNew(std::move(new_points));
   committed_segment_ = new_seg;
   committed_offset_ = new_off;
   applied_.store(last_seq);

@@ -155,6 +155,8 @@ Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
 }
 
 Status ReplicaVolume::LoadIndex() {
+  int64_t state = 0;
+  uint64_t rollback_to = 0;
   {
     CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
         "SELECT format_version, name, size, block_size, uuid, generation, applied_seq, journal_segment,"
@@ -175,19 +177,8 @@ Status ReplicaVolume::LoadIndex() {
     committed_segment_ = uint64_t(st.ColumnInt64(7));
     committed_offset_ = uint64_t(st.ColumnInt64(8));
     horizon_ = uint64_t(st.ColumnInt64(9));
-    int64_t state = st.ColumnInt64(10);
-    if (state < 0 || state > int64_t(VolumeState::kFailedBack)) return Status::Corruption(o_.index_path + ": bad state");
-    state_ = VolumeState(state);
-    rollback_to_ = uint64_t(st.ColumnInt64(11));
-  }
-  generation_.store(id_.generation);
-  {
-    // Indexes made before re-protect existed have no history table yet.
-    CDP_RETURN_IF_ERROR(db_->Exec("CREATE TABLE IF NOT EXISTS history(id INTEGER PRIMARY KEY CHECK (id = 1),"
-                                  " seq_base INTEGER NOT NULL)"));
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT seq_base FROM history WHERE id = 1"));
-    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
-    seq_base_.store(row ? uint64_t(st.ColumnInt64(0)) : 0);
+    state = st.ColumnInt64(10);
+    rollback_to = uint64_t(st.ColumnInt64(11));
   }
   {
     // CreateIndexSchema made the table for indexes older than sealing.
@@ -198,45 +189,8 @@ Status ReplicaVolume::LoadIndex() {
       return Status::Corruption(o_.index_path + ": sealing of " + std::to_string(st.ColumnInt64(0)) + "-byte blocks with " +
                                 std::to_string(st.ColumnInt64(1)) + "-byte MACs is not this version's");
   }
-  uint64_t upstream_generation = 0;
-  Upstream upstream;
-  {
-    // CreateIndexSchema made the table for indexes older than it: such a
-    // volume is bound by its next open.
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT generation, role, name FROM upstream WHERE id = 1"));
-    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
-    if (row) {
-      upstream_generation = uint64_t(st.ColumnInt64(0));
-      upstream.role = st.ColumnText(1);
-      upstream.name = st.ColumnText(2);
-    }
-  }
-  std::optional<FailoverInfo> failover;
-  {
-    // CreateIndexSchema made the table for indexes older than failover.
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT point_seq, point_id, committed, time_us FROM failover WHERE id = 1"));
-    CDP_ASSIGN_OR_RETURN(bool row, st.Step());
-    if (row) {
-      FailoverInfo f;
-      f.point_seq = uint64_t(st.ColumnInt64(0));
-      f.point_id = st.ColumnInt64(1);
-      f.committed = st.ColumnInt64(2) != 0;
-      f.time_us = uint64_t(st.ColumnInt64(3));
-      if (state_ != VolumeState::kFailedOver && state_ != VolumeState::kFailingBack)
-        return Status::Corruption(o_.index_path + ": a failover row on a volume not failed over");
-      CDP_ASSIGN_OR_RETURN(auto fb, db_->Prepare("SELECT quiesced FROM failback WHERE id = 1"));
-      CDP_ASSIGN_OR_RETURN(bool fb_row, fb.Step());
-      if (fb_row != (state_ == VolumeState::kFailingBack))
-        return Status::Corruption(o_.index_path + ": a failback row disagrees with the volume's state");
-      f.quiesced = fb_row && fb.ColumnInt64(0) != 0;
-      failover = f;
-    }
-  }
-  std::lock_guard<std::mutex> lk(meta_mu_);
-  failover_ = failover;
-  upstream_generation_ = upstream_generation;
-  upstream_ = std::move(upstream);
-  segments_.clear();
+  CDP_RETURN_IF_ERROR(fence_->Load(id_.name, o_.index_path, id_.generation, state, rollback_to));
+  std::map<uint64_t, SegmentInfo> segments;
   {
     CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
         "SELECT segment, min_seq, max_seq, first_time_us, last_time_us, bytes FROM segments ORDER BY segment"));
@@ -250,65 +204,21 @@ Status ReplicaVolume::LoadIndex() {
       s.first_time_us = uint64_t(st.ColumnInt64(3));
       s.last_time_us = uint64_t(st.ColumnInt64(4));
       s.bytes = uint64_t(st.ColumnInt64(5));
-      segments_[s.segment] = s;
+      segments[s.segment] = s;
     }
   }
-  if (!segments_.count(committed_segment_))
+  if (!segments.count(committed_segment_))
     return Status::Corruption(o_.index_path + ": committed journal segment is not in the index");
-  points_.clear();
   {
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT id, seq, time_us, kind, name, applied_us FROM points ORDER BY seq, id"));
-    for (;;) {
-      CDP_ASSIGN_OR_RETURN(bool row, st.Step());
-      if (!row) break;
-      RecoveryPoint p;
-      p.id = st.ColumnInt64(0);
-      p.seq = uint64_t(st.ColumnInt64(1));
-      p.time_us = uint64_t(st.ColumnInt64(2));
-      p.kind = st.ColumnInt64(3) == int64_t(PointKind::kTag) ? PointKind::kTag : PointKind::kCrash;
-      p.name = st.ColumnText(4);
-      p.applied_us = uint64_t(st.ColumnInt64(5));
-      if (p.applied_us == 0) p.applied_us = p.time_us;  // made before the column
-      points_.push_back(std::move(p));
-    }
+    std::lock_guard<std::mutex> lk(meta_mu_);
+    segments_ = std::move(segments);
   }
-  rollbacks_.clear();
-  {
-    // CreateIndexSchema made the table for indexes older than non-destructive rollback.
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT to_seq, from_seq, end_seq, time_us FROM rollbacks ORDER BY id"));
-    for (;;) {
-      CDP_ASSIGN_OR_RETURN(bool row, st.Step());
-      if (!row) break;
-      rollbacks_.push_back(RollbackInfo{uint64_t(st.ColumnInt64(0)), uint64_t(st.ColumnInt64(1)),
-                                        uint64_t(st.ColumnInt64(2)), uint64_t(st.ColumnInt64(3))});
-    }
-  }
-  MarkRolledBack();
-  anomalies_.clear();
-  {
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
-        "SELECT id, seq, clean_seq, point_id, time_us, message, acknowledged, hold_until_us FROM anomalies ORDER BY id"));
-    for (;;) {
-      CDP_ASSIGN_OR_RETURN(bool row, st.Step());
-      if (!row) break;
-      AnomalyEvent a;
-      a.id = st.ColumnInt64(0);
-      a.seq = uint64_t(st.ColumnInt64(1));
-      a.clean_seq = uint64_t(st.ColumnInt64(2));
-      a.point_id = st.ColumnInt64(3);
-      a.time_us = uint64_t(st.ColumnInt64(4));
-      a.message = st.ColumnText(5);
-      a.acknowledged = st.ColumnInt64(6) != 0;
-      a.hold_until_us = uint64_t(st.ColumnInt64(7));
-      anomalies_.push_back(std::move(a));
-    }
-  }
-  return Status::OK();
+  return catalogue_->Load(id_.name);
 }
 
 Status ReplicaVolume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
                            const std::map<uint64_t, SegmentInfo>& touched, const std::vector<UndoEntry>& undo,
-                           std::vector<RecoveryPoint>* new_points, std::vector<AnomalyEvent>* new_anomalies) {
+                           PointCatalogue::NewPoints* new_points) {
   CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
   CDP_RETURN_IF_ERROR(undo_->Insert(undo));
   CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
@@ -323,28 +233,7 @@ Status ReplicaVolume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, u
       CDP_RETURN_IF_ERROR(up.Run());
     }
   }
-  if (!new_points->empty()) {
-    CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare(
-        "INSERT INTO points(seq, time_us, kind, name, applied_us) VALUES(?1, ?2, ?3, ?4, ?5)"));
-    for (RecoveryPoint& p : *new_points) {
-      CDP_RETURN_IF_ERROR(ins.Reset());
-      CDP_RETURN_IF_ERROR(ins.BindAll(p.seq, p.time_us, int64_t(p.kind), p.name, p.applied_us));
-      CDP_RETURN_IF_ERROR(ins.Run());
-      p.id = db_->LastInsertRowId();
-    }
-  }
-  if (!new_anomalies->empty()) {
-    CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare(
-        "INSERT INTO anomalies(seq, clean_seq, point_id, time_us, message, acknowledged, hold_until_us)"
-        " VALUES(?1, ?2, ?3, ?4, ?5, 0, ?6)"));
-    for (AnomalyEvent& a : *new_anomalies) {
-      a.point_id = (*new_points)[size_t(a.point_id)].id;
-      CDP_RETURN_IF_ERROR(ins.Reset());
-      CDP_RETURN_IF_ERROR(ins.BindAll(a.seq, a.clean_seq, a.point_id, a.time_us, a.message, a.hold_until_us));
-      CDP_RETURN_IF_ERROR(ins.Run());
-      a.id = db_->LastInsertRowId();
-    }
-  }
+  CDP_RETURN_IF_ERROR(catalogue_->StageNew(tx, new_points));
   CDP_RETURN_IF_ERROR(tx.Commit());
   auto lk = LockIndexExclusive();
   undo_->Committed();

@@ -17,42 +17,20 @@ Result<RetentionResult> ReplicaVolume::ApplyRetention() {
 Result<RetentionResult> ReplicaVolume::ApplyRetentionLocked() {
   RetentionResult res;
   res.horizon_seq = horizon_;
-  const RetentionPolicy& pol = o_.retention;
+  const RetentionPolicy pol = catalogue_->policy();
   CDP_RETURN_IF_ERROR(HealLocked());
   if (pol.max_age_us == 0 && pol.max_bytes == 0) return res;
   const uint64_t wall = o_.clock->WallMicros();
   const uint64_t cur = writer_->segment();
   std::vector<SegmentInfo> segs;
-  std::vector<RecoveryPoint> points;
-  std::multiset<uint64_t> pins;
   {
     std::lock_guard<std::mutex> mk(meta_mu_);
     for (const auto& [seg, si] : segments_) segs.push_back(si);
-    points = points_;
-    pins = pins_;
-    // A suspect-clean point is held for anomaly_hold unless acknowledged.
-    for (const AnomalyEvent& a : anomalies_) {
-      if (a.Holds(wall)) pins.insert(a.clean_seq);
-    }
   }
-  // need(p): the bytes of every segment holding a record newer than p, the
-  // current one included. Segments and points both ascend by sequence, so
-  // one pass over each (the current segment is the last).
-  std::vector<uint64_t> suffix(segs.size() + 1, 0);
-  for (size_t i = segs.size(); i-- > 0;) suffix[i] = suffix[i + 1] + segs[i].bytes;
-  uint64_t promised_min = std::numeric_limits<uint64_t>::max();
-  size_t first_needed = 0;  // the first segment with a record newer than the point
-  for (const RecoveryPoint& p : points) {
-    while (first_needed < segs.size() && segs[first_needed].segment != cur && segs[first_needed].max_seq <= p.seq)
-      ++first_needed;
-    const bool time_ok = pol.max_age_us == 0 || p.applied_us + pol.max_age_us >= wall;
-    const bool bytes_ok = pol.max_bytes == 0 || suffix[first_needed] <= pol.max_bytes;
-    const bool locked = lock_.Holds(p.applied_us, wall);
-    if ((time_ok && bytes_ok) || locked) promised_min = std::min(promised_min, p.seq);
-    if (locked && !bytes_ok) res.locked_over_budget = true;
-  }
-  for (uint64_t pin : pins) promised_min = std::min(promised_min, pin);
-  if (failover_) promised_min = std::min(promised_min, failover_->point_seq);
+  const PointCatalogue::Promise promise = catalogue_->Promised(segs, cur, wall);
+  res.locked_over_budget = promise.locked_over_budget;
+  uint64_t promised_min = promise.min_seq;
+  if (std::optional<FailoverInfo> f = fence_->failover()) promised_min = std::min(promised_min, f->point_seq);
   uint64_t last_dropped = 0, new_horizon = horizon_;
   for (const SegmentInfo& si : segs) {
     if (si.segment == cur || si.max_seq > promised_min) break;
@@ -61,9 +39,7 @@ Result<RetentionResult> ReplicaVolume::ApplyRetentionLocked() {
     new_horizon = std::max(new_horizon, si.max_seq);
   }
   if (res.dropped_segments.empty()) return res;
-  for (const RecoveryPoint& p : points) {
-    if (p.seq < new_horizon) res.dropped_points.push_back(p.id);
-  }
+  res.dropped_points = catalogue_->Below(new_horizon);
   {
     // Readers of points below the new horizon are refused from now on, before
     // the undo records they would need leave the index. (The points promised
@@ -80,9 +56,7 @@ Result<RetentionResult> ReplicaVolume::ApplyRetentionLocked() {
       CDP_ASSIGN_OR_RETURN(auto d1, db_->Prepare("DELETE FROM segments WHERE segment <= ?1"));
       CDP_RETURN_IF_ERROR(d1.BindAll(last_dropped));
       CDP_RETURN_IF_ERROR(d1.Run());
-      CDP_ASSIGN_OR_RETURN(auto d2, db_->Prepare("DELETE FROM points WHERE seq < ?1"));
-      CDP_RETURN_IF_ERROR(d2.BindAll(new_horizon));
-      CDP_RETURN_IF_ERROR(d2.Run());
+      CDP_RETURN_IF_ERROR(catalogue_->StageDropBelow(tx, new_horizon));
       CDP_ASSIGN_OR_RETURN(auto up, db_->Prepare("UPDATE volume SET horizon_seq = ?1 WHERE id = 1"));
       CDP_RETURN_IF_ERROR(up.BindAll(new_horizon));
       CDP_RETURN_IF_ERROR(up.Run());
@@ -102,10 +76,8 @@ Result<RetentionResult> ReplicaVolume::ApplyRetentionLocked() {
   {
     std::lock_guard<std::mutex> mk(meta_mu_);
     for (uint64_t seg : res.dropped_segments) segments_.erase(seg);
-    points_.erase(std::remove_if(points_.begin(), points_.end(),
-                                 [&](const RecoveryPoint& x) { return x.seq < new_horizon; }),
-                  points_.end());
   }
+  catalogue_->DropBelow(new_horizon);
   for (uint64_t seg : res.dropped_segments) {
     CDP_RETURN_IF_ERROR(o_.env->Remove(JoinPath(JournalDir(), SegmentFileName(seg))));
   }
@@ -120,18 +92,14 @@ Result<RetentionResult> ReplicaVolume::ApplyRetentionLocked() {
 
 Status ReplicaVolume::SetRetention(const RetentionPolicy& policy) {
   std::lock_guard<std::mutex> lk(apply_mu_);
-  {
-    std::lock_guard<std::mutex> mk(meta_mu_);
-    CDP_RETURN_IF_ERROR(lock_.Configure(*db_, policy.lock_us, o_.clock->WallMicros()));
-  }
-  o_.retention = policy;
+  CDP_RETURN_IF_ERROR(catalogue_->SetPolicy(policy));
   UpdateGauges();
   return Status::OK();
 }
 
 Result<std::optional<ApplyOutcome>> ReplicaVolume::CheckHistoryLock() {
-  const RetentionPolicy& pol = o_.retention;
-  if (pol.max_bytes == 0 || lock_.EffectiveUs(o_.clock->WallMicros()) == 0) return std::optional<ApplyOutcome>();
+  const RetentionPolicy pol = catalogue_->policy();
+  if (pol.max_bytes == 0 || catalogue_->LockUs(o_.clock->WallMicros()) == 0) return std::optional<ApplyOutcome>();
   uint64_t jbytes = 0;
   {
     std::lock_guard<std::mutex> mk(meta_mu_);
@@ -149,7 +117,7 @@ Result<std::optional<ApplyOutcome>> ReplicaVolume::CheckHistoryLock() {
   out.reason = proto::NackReason::kBusy;
   out.message = "LOCKED: journal full inside the history lock (" + std::to_string(jbytes) + " journal bytes > " +
                 "retention.max_bytes " + std::to_string(pol.max_bytes) + "; the lock keeps every point younger than " +
-                std::to_string(lock_.EffectiveUs(o_.clock->WallMicros()) / 1'000'000) +
+                std::to_string(catalogue_->LockUs(o_.clock->WallMicros()) / 1'000'000) +
                 " s): apply waits for the lock window to move on or a larger budget";
   out.expected_seq = applied_.load() + 1;
   NoteApply(Status::Busy(out.message), StallCause::kHistoryLock);
@@ -158,18 +126,8 @@ Result<std::optional<ApplyOutcome>> ReplicaVolume::CheckHistoryLock() {
 
 void ReplicaVolume::NoteTenantCapHold(const std::string& why) {
   std::lock_guard<std::mutex> lk(apply_mu_);
-  if (lock_.EffectiveUs(o_.clock->WallMicros()) == 0) return;
+  if (catalogue_->LockUs(o_.clock->WallMicros()) == 0) return;
   NoteApply(Status::Busy("LOCKED: journal full inside the history lock (" + why + ")"), StallCause::kHistoryLock);
-}
-
-std::vector<RollbackInfo> ReplicaVolume::Rollbacks() const {
-  std::lock_guard<std::mutex> mk(meta_mu_);
-  return rollbacks_;
-}
-
-RetentionPolicy ReplicaVolume::retention() const {
-  std::lock_guard<std::mutex> lk(apply_mu_);
-  return o_.retention;
 }
 
 }  // namespace cdp::mt

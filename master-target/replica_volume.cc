@@ -13,91 +13,6 @@
 
 namespace cdp::mt {
 
-const char* StateName(VolumeState s) {
-  switch (s) {
-    case VolumeState::kReplicating: return "protecting";
-    case VolumeState::kRollingBack: return "rolling-back";
-    case VolumeState::kFailedOver: return "failed-over";
-    case VolumeState::kFailingBack: return "failing-back";
-    case VolumeState::kFailedBack: return "failed-back";
-  }
-  return "unknown";
-}
-
-const char* StallCauseName(StallCause c) {
-  switch (c) {
-    case StallCause::kNone: return "";
-    case StallCause::kNoSpace: return "no space";
-    case StallCause::kIOError: return "I/O error";
-    case StallCause::kHistoryLock: return "history lock";
-  }
-  return "unknown";
-}
-
-std::string ShownState(const VolumeStatus& st) {
-  if (st.state == VolumeState::kReplicating && st.stall && st.stall->cause == StallCause::kHistoryLock)
-    return "LOCKED: journal full inside the history lock";
-  if (st.state == VolumeState::kReplicating && st.stall) return std::string("stalled: ") + StallCauseName(st.stall->cause);
-  return StateName(st.state);
-}
-
-const char* PointKindName(PointKind k) { return k == PointKind::kTag ? "tag" : "crash-consistent"; }
-
-std::optional<RecoveryPoint> PointAtTime(const std::vector<RecoveryPoint>& points, uint64_t time_us) {
-  std::optional<RecoveryPoint> best;
-  for (const RecoveryPoint& p : points) {
-    if (p.time_us > time_us) continue;
-    if (!best || p.time_us > best->time_us || (p.time_us == best->time_us && p.seq > best->seq)) best = p;
-  }
-  return best;
-}
-
-Result<uint64_t> ParseUtcTime(std::string_view t) {
-  const Status bad = Status::InvalidArgument("'" + std::string(t) +
-                                             "' is not a UTC time: give YYYY-MM-DDTHH:MM[:SS[.ffffff]][Z]");
-  if (!t.empty() && t.back() == 'Z') t.remove_suffix(1);
-  auto num = [&](size_t at, size_t len, int lo, int hi, int* out) {
-    if (at + len > t.size()) return false;
-    int v = 0;
-    for (size_t i = at; i < at + len; ++i) {
-      if (t[i] < '0' || t[i] > '9') return false;
-      v = v * 10 + (t[i] - '0');
-    }
-    *out = v;
-    return v >= lo && v <= hi;
-  };
-  int y = 0, mo = 0, d = 0, h = 0, mi = 0, sec = 0;
-  if (t.size() < 16 || !num(0, 4, 1970, 9999, &y) || t[4] != '-' || !num(5, 2, 1, 12, &mo) || t[7] != '-' ||
-      !num(8, 2, 1, 31, &d) || (t[10] != 'T' && t[10] != ' ') || !num(11, 2, 0, 23, &h) || t[13] != ':' ||
-      !num(14, 2, 0, 59, &mi))
-    return bad;
-  size_t at = 16;
-  if (at < t.size()) {
-    if (t[at] != ':' || !num(at + 1, 2, 0, 60, &sec)) return bad;
-    at += 3;
-  }
-  uint64_t frac = 0;
-  if (at < t.size()) {
-    if (t[at] != '.' || t.size() - at - 1 < 1 || t.size() - at - 1 > 6) return bad;
-    int digits = 0;
-    for (size_t i = at + 1; i < t.size(); ++i, ++digits) {
-      if (t[i] < '0' || t[i] > '9') return bad;
-      frac = frac * 10 + uint64_t(t[i] - '0');
-    }
-    for (; digits < 6; ++digits) frac *= 10;
-  }
-  // Days from the civil date (Howard Hinnant's algorithm).
-  const int yy = y - (mo <= 2 ? 1 : 0);
-  const int era = yy / 400;
-  const int yoe = yy - era * 400;
-  const int doy = (153 * (mo + (mo > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-  const int doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  const int64_t days = int64_t(era) * 146097 + doe - 719468;
-  const int64_t secs = days * 86400 + h * 3600 + mi * 60 + sec;
-  return uint64_t(secs) * 1'000'000 + frac;
-}
-
-PointPin::~PointPin() { v_->Unpin(seq_); }
 
 ReplicaVolume::~ReplicaVolume() {
   // A broken volume's replica may hold what the store does not know: its
@@ -136,6 +51,9 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
     if (!dbo.vfs.empty()) CDP_RETURN_IF_ERROR(o_.env->CreateDirs(DirName(o_.index_path)));
     CDP_ASSIGN_OR_RETURN(db_, sqlite::Db::Open(o_.index_path, dbo));
   }
+  fence_ = std::make_unique<VolumeFence>(db_.get(), o_.clock);
+  catalogue_ = std::make_unique<PointCatalogue>(
+      db_.get(), o_.clock, PointCatalogue::Options{o_.point_interval_us, o_.anomaly_hold_us, o_.retention});
   // Memory per volume stays bounded (sqlite's default cache is 2 MB): the
   // operating system's page cache holds the rest of the index.
   CDP_RETURN_IF_ERROR(db_->Exec("PRAGMA cache_size = -" + std::to_string(kIndexCacheKiB)));
@@ -151,10 +69,6 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
     CDP_RETURN_IF_ERROR(CreateFiles(*create));
   }
   CDP_RETURN_IF_ERROR(LoadIndex());
-  {
-    std::lock_guard<std::mutex> mk(meta_mu_);
-    CDP_ASSIGN_OR_RETURN(lock_, HistoryLock::Load(*db_, o_.retention.lock_us, o_.clock->WallMicros(), id_.name));
-  }
   CDP_ASSIGN_OR_RETURN(undo_, UndoIndex::Open(db_.get(), o_.index_path, DeviceSize(id_), o_.index_vfs));
   OpenOptions ro;
   CDP_ASSIGN_OR_RETURN(replica_, o_.env->Open(ReplicaPath(), ro));
@@ -177,7 +91,7 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
   CDP_ASSIGN_OR_RETURN(digests_, DigestStore::Open(o_.env, DigestStorePath(), id_.uuid, id_.size));
   CDP_RETURN_IF_ERROR(RecoverUncommitted());
   CDP_RETURN_IF_ERROR(RebuildUndoIndex());
-  if (state_ == VolumeState::kRollingBack) CDP_RETURN_IF_ERROR(FinishRollback());
+  if (fence_->state() == VolumeState::kRollingBack) CDP_RETURN_IF_ERROR(FinishRollback());
   UpdateGauges();
   return Status::OK();
 }
@@ -197,21 +111,10 @@ std::shared_ptr<File> ReplicaVolume::SegmentFile(uint64_t segment) const {
   return it == seg_files_.end() ? nullptr : it->second;
 }
 
-VolumeState ReplicaVolume::state() const {
-  std::lock_guard<std::mutex> lk(meta_mu_);
-  return state_;
-}
-
 std::optional<ApplyStall> ReplicaVolume::stall() const {
   std::lock_guard<std::mutex> lk(meta_mu_);
   return stall_;
 }
-
-std::string Upstream::Describe() const {
-  return (role == "ps" ? "process server '" : role + " '") + name + "'";
-}
-
-uint64_t DeviceSize(const VolumeIdentity& id) { return id.size + (id.sealed ? proto::SealMacBytes(id.size) : 0); }
 
 Status ReplicaVolume::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
   if (offset > id_.size || len > id_.size - offset) return Status::OutOfRange(id_.name + ": read past the end");
@@ -260,15 +163,7 @@ Result<std::unique_ptr<PointPin>> ReplicaVolume::Pin(uint64_t point_seq) {
   std::shared_lock<std::shared_mutex> lk(index_mu_);
   if (point_seq < horizon_ || point_seq > applied_.load())
     return Status::OutOfRange(id_.name + ": sequence " + std::to_string(point_seq) + " is not reachable");
-  std::lock_guard<std::mutex> mk(meta_mu_);
-  pins_.insert(point_seq);
-  return std::make_unique<PointPin>(this, point_seq);
-}
-
-void ReplicaVolume::Unpin(uint64_t seq) {
-  std::lock_guard<std::mutex> lk(meta_mu_);
-  auto it = pins_.find(seq);
-  if (it != pins_.end()) pins_.erase(it);
+  return std::make_unique<PointPin>(catalogue_.get(), point_seq);
 }
 
 Result<ReplicaVolume::DigestAnswer> ReplicaVolume::Digests(const DigestQuery& q) {
@@ -400,19 +295,6 @@ Result<std::vector<proto::Hash128>> ReplicaVolume::CurrentDigests(DigestReader& 
   return out;
 }
 
-std::vector<RecoveryPoint> ReplicaVolume::ListPoints() const {
-  std::lock_guard<std::mutex> lk(meta_mu_);
-  return points_;
-}
-
-std::optional<RecoveryPoint> ReplicaVolume::FindPoint(int64_t id) const {
-  std::lock_guard<std::mutex> lk(meta_mu_);
-  for (const auto& p : points_) {
-    if (p.id == id) return p;
-  }
-  return std::nullopt;
-}
-
 std::vector<SegmentInfo> ReplicaVolume::Segments() const {
   std::lock_guard<std::mutex> lk(meta_mu_);
   std::vector<SegmentInfo> v;
@@ -424,29 +306,17 @@ VolumeStatus ReplicaVolume::GetStatus() const {
   VolumeStatus s;
   s.identity = id_;
   s.applied_seq = applied_.load();
-  s.seq_base = seq_base_.load();
+  fence_->FillStatus(&s);
   {
     std::shared_lock<std::shared_mutex> ik(index_mu_);
     s.horizon_seq = horizon_;
     s.undo_records = undo_->size();
   }
   std::lock_guard<std::mutex> lk(meta_mu_);
-  s.state = state_;
-  if (upstream_generation_ == generation_.load()) s.upstream = upstream_;
   s.journal_bytes = JournalBytesLocked();
   s.journal_segments = segments_.size();
-  s.points = points_.size();
-  s.active_exports = pins_.size();
-  s.rollback_to = state_ == VolumeState::kFailedOver ? rollback_to_ : 0;
-  s.reprotect_armed = reprotect_armed_.load();
-  s.failover = failover_;
   s.stall = stall_;
-  const uint64_t now = o_.clock->WallMicros();
-  s.lock_us = lock_.EffectiveUs(now);
-  s.lock_pending_until_us = lock_.pending_until_us(now);
-  for (const RecoveryPoint& p : points_) s.rolled_back_points += p.rolled_back ? 1 : 0;
-  for (const AnomalyEvent& a : anomalies_) s.anomalies_open += a.Holds(now) ? 1 : 0;
-  if (!anomalies_.empty()) s.last_anomaly = anomalies_.back().message;
+  catalogue_->FillStatus(&s, o_.clock->WallMicros());
   return s;
 }
 
@@ -456,28 +326,10 @@ uint64_t ReplicaVolume::JournalBytesLocked() const {
   return bytes;
 }
 
-std::vector<AnomalyEvent> ReplicaVolume::Anomalies() const {
-  std::lock_guard<std::mutex> lk(meta_mu_);
-  return anomalies_;
-}
-
 Result<bool> ReplicaVolume::AcknowledgeAnomaly(int64_t id) {
   std::lock_guard<std::mutex> lk(apply_mu_);
-  {
-    std::lock_guard<std::mutex> mk(meta_mu_);
-    auto it = std::find_if(anomalies_.begin(), anomalies_.end(), [&](const AnomalyEvent& a) { return a.id == id; });
-    if (it == anomalies_.end()) return Status::NotFound(id_.name + ": no anomaly " + std::to_string(id));
-    if (it->acknowledged) return false;
-  }
-  CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("UPDATE anomalies SET acknowledged = 1 WHERE id = ?1"));
-  CDP_RETURN_IF_ERROR(st.BindAll(id));
-  CDP_RETURN_IF_ERROR(st.Run());
-  {
-    std::lock_guard<std::mutex> mk(meta_mu_);
-    for (AnomalyEvent& a : anomalies_) {
-      if (a.id == id) a.acknowledged = true;
-    }
-  }
+  CDP_ASSIGN_OR_RETURN(bool changed, catalogue_->Acknowledge(id));
+  if (!changed) return false;
   log::Get("mt.volume")->warn("{} anomaly {} acknowledged by the admin: its suspect-clean point is no longer held",
                               log::Where{id_.name, "", applied_.load()}, id);
   UpdateGauges();
@@ -487,21 +339,16 @@ Result<bool> ReplicaVolume::AcknowledgeAnomaly(int64_t id) {
 void ReplicaVolume::UpdateGauges() {
   const VolumeMetrics& m = o_.metrics;
   uint64_t jbytes = 0;
-  size_t npoints = 0;
-  uint64_t oldest = 0, lock_us = 0;
-  int64_t open_anomalies = 0;
   {
     std::lock_guard<std::mutex> lk(meta_mu_);
     jbytes = JournalBytesLocked();
-    npoints = points_.size();
-    if (!points_.empty()) oldest = points_.front().applied_us;
-    lock_us = lock_.EffectiveUs(o_.clock->WallMicros());
-    for (const AnomalyEvent& a : anomalies_) open_anomalies += a.Holds(o_.clock->WallMicros()) ? 1 : 0;
   }
-  if (m.anomalies_open) m.anomalies_open->Set(open_anomalies);
+  const PointCatalogue::Gauges g = catalogue_->gauges(o_.clock->WallMicros());
+  const uint64_t oldest = g.oldest_applied_us;
+  if (m.anomalies_open) m.anomalies_open->Set(g.anomalies_open);
   if (m.journal_bytes) m.journal_bytes->Set(int64_t(jbytes));
-  if (m.points) m.points->Set(int64_t(npoints));
-  if (m.history_lock_seconds) m.history_lock_seconds->Set(int64_t(lock_us / 1'000'000));
+  if (m.points) m.points->Set(int64_t(g.points));
+  if (m.history_lock_seconds) m.history_lock_seconds->Set(int64_t(g.lock_us / 1'000'000));
   if (m.applied_seq) m.applied_seq->Set(int64_t(applied_.load()));
   if (m.retention_span_seconds) {
     uint64_t now = o_.clock->WallMicros();
