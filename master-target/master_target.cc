@@ -165,7 +165,7 @@ Status MasterTarget::Impl::LoadVolumes() {
       e->name = n;
       e->volume = std::shared_ptr<ReplicaVolume>(std::move(*v));
       log->info("{} opened: applied seq {}, {} points", log::Where{n, tenant, e->volume->applied_seq()},
-                e->volume->applied_seq(), e->volume->ListPoints().size());
+                e->volume->applied_seq(), e->volume->points().count());
       volumes[Key(tenant, n)] = e;
     }
   }
@@ -560,7 +560,7 @@ Result<std::shared_ptr<PointInTimeDevice>> MasterTarget::Impl::ServePromoted(con
       CDP_ASSIGN_OR_RETURN(served, KeyedExportDevice::Open(dev, v, seq, sealer));
     }
     CDP_RETURN_IF_ERROR(nbd->AddExport(name, served,
-                                       volume + " failed over at sequence " + std::to_string(v->numbering().Wire(seq)) +
+                                       volume + " failed over at sequence " + std::to_string(v->fence().numbering().Wire(seq)) +
                                            " (read-write, persistent)",
                                        tenant));
     log->warn("{} failover export {} served (read-write, persistent overlay{}, {} blocks written at the provider)",
@@ -583,7 +583,7 @@ void MasterTarget::Impl::RestorePromoted() {
   }
   std::lock_guard<std::mutex> fl(failover_mu);
   for (auto& e : vs) {
-    if (auto f = e->volume->failover()) {
+    if (auto f = e->volume->fence().failover()) {
       auto d = ServePromoted(e->tenant, e->name, e->volume, f->point_seq, false);
       // Failing back past the quiesce: writes stay refused (Quiesce sets that before its flush).
       if (d.ok() && f->quiesced) {
@@ -624,7 +624,7 @@ Result<MasterTarget::FailoverOutcome> MasterTarget::Failover(const std::string& 
   std::lock_guard<std::mutex> fl(m.failover_mu);
   FailoverOutcome out;
   out.export_name = PromotedExportName(tenant, volume);
-  if (auto f = v->failover()) {
+  if (auto f = v->fence().failover()) {
     // Already failed over: the same point is a no-op (the export is served
     // again if it was not), another one the volume's error.
     CDP_ASSIGN_OR_RETURN(bool changed, v->Failover(point_seq, point_id));
@@ -652,7 +652,7 @@ Result<bool> MasterTarget::UndoFailover(const std::string& tenant, const std::st
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
   std::lock_guard<std::mutex> fl(m.failover_mu);
-  auto f = v->failover();
+  auto f = v->fence().failover();
   if (!f || f->committed) return v->UndoFailover();  // false, or the volume's error
   const std::string name = PromotedExportName(tenant, volume);
   {

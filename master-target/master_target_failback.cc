@@ -81,7 +81,7 @@ Result<bool> MasterTarget::StartFailback(const std::string& tenant, const std::s
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
   std::lock_guard<std::mutex> fl(impl_->failover_mu);
-  if (v->state() == VolumeState::kFailedBack) return false;
+  if (v->fence().state() == VolumeState::kFailedBack) return false;
   return v->StartFailback();
 }
 
@@ -89,7 +89,7 @@ Result<bool> MasterTarget::QuiesceFailback(const std::string& tenant, const std:
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
   std::lock_guard<std::mutex> fl(impl_->failover_mu);
-  if (v->state() == VolumeState::kFailedBack) return false;
+  if (v->fence().state() == VolumeState::kFailedBack) return false;
   std::shared_ptr<PointInTimeDevice> dev = PromotedDevice(tenant, volume);
   if (!dev) return Status::Unavailable(volume + ": the promoted export is not served (see the log)");
   // The volume first: after a crash between the two, the restart quiesces the export again.
@@ -105,7 +105,7 @@ proto::FailbackPlan MasterTarget::FailbackPlan(const std::string& tenant, const 
   proto::FailbackPlan out;
   out.request_id = req.request_id;
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, req.volume);
-  if (!v || v->state() != VolumeState::kFailingBack) {
+  if (!v || v->fence().state() != VolumeState::kFailingBack) {
     out.status = proto::FailbackStatus::kNotFailingBack;
     return out;
   }
@@ -137,7 +137,7 @@ proto::PullResponse MasterTarget::Pull(const std::string& tenant, const proto::P
   out.codec = codec;
   out.level = level;
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, req.volume);
-  if (!v || v->state() != VolumeState::kFailingBack) {
+  if (!v || v->fence().state() != VolumeState::kFailingBack) {
     out.status = proto::FailbackStatus::kNotFailingBack;
     return out;
   }
@@ -181,11 +181,11 @@ Result<MasterTarget::FinishOutcome> MasterTarget::FinishFailback(const std::stri
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
   std::lock_guard<std::mutex> fl(m.failover_mu);
   FinishOutcome out;
-  if (v->state() == VolumeState::kFailedBack) return out;
-  auto f = v->failover();
-  if (v->state() != VolumeState::kFailingBack || !f || !f->quiesced)
-    return Status::InvalidArgument(volume + " is " + StateName(v->state()) +
-                                   (v->state() == VolumeState::kFailingBack ? " and its export is not quiesced" : "") +
+  if (v->fence().state() == VolumeState::kFailedBack) return out;
+  auto f = v->fence().failover();
+  if (v->fence().state() != VolumeState::kFailingBack || !f || !f->quiesced)
+    return Status::InvalidArgument(volume + " is " + StateName(v->fence().state()) +
+                                   (v->fence().state() == VolumeState::kFailingBack ? " and its export is not quiesced" : "") +
                                    ": finish comes after cdpctl failback's final pass");
   std::shared_ptr<PointInTimeDevice> dev = PromotedDevice(tenant, volume);
   if (!dev) return Status::Unavailable(volume + ": the promoted export is not served (see the log)");

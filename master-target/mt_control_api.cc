@@ -35,7 +35,7 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"sealed", st.identity.sealed},  // tenant-side encryption: the MT holds ciphertext only
                       {"state", ShownState(st)},  // "stalled: no space" while apply fails
                       // the generation's own sequence, as its source counts it
-                      {"applied_seq", ReplicaVolume::Numbering{st.seq_base}.Wire(st.applied_seq)},
+                      {"applied_seq", Numbering{st.seq_base}.Wire(st.applied_seq)},
                       // the volume's history sequence (points and exports use it)
                       {"history_seq", st.applied_seq},
                       {"seq_base", st.seq_base},
@@ -52,8 +52,8 @@ json::object MasterTarget::Impl::VolumeJson(const VolEntry& e) {
                       {"failover", FailoverJson(e, st)},
                       {"stall", StallJson(st)},
                       // this volume's policy (volume_retention overrides the age per volume)
-                      {"retention_max_bytes", e.volume->retention().max_bytes},
-                      {"retention_max_age_seconds", e.volume->retention().max_age_us / 1'000'000},
+                      {"retention_max_bytes", e.volume->points().policy().max_bytes},
+                      {"retention_max_age_seconds", e.volume->points().policy().max_age_us / 1'000'000},
                       // the history lock in force: no point younger than it is dropped
                       {"history_lock_seconds", st.lock_us / 1'000'000},
                       // a shortened lock: when the longer one being waited out ends (0: none)
@@ -76,7 +76,7 @@ json::value MasterTarget::Impl::FailoverJson(const VolEntry& e, const VolumeStat
   if (!st.failover) return nullptr;
   const FailoverInfo& f = *st.failover;
   json::object j{{"point", f.point_id},
-                 {"seq", ReplicaVolume::Numbering{st.seq_base}.Wire(f.point_seq)},  // as the current generation's source counts it
+                 {"seq", Numbering{st.seq_base}.Wire(f.point_seq)},  // as the current generation's source counts it
                  {"history_seq", f.point_seq},        // as points, exports and seq:N name it
                  {"committed", f.committed},
                  {"quiesced", f.quiesced},
@@ -119,14 +119,14 @@ Result<uint64_t> MasterTarget::Impl::PointSeq(const VolEntry& e, const http::Par
   if (id_out) *id_out = 0;
   if (time) {
     CDP_ASSIGN_OR_RETURN(uint64_t t, ParseUtcTime(*time));
-    std::optional<RecoveryPoint> found = PointAtTime(e.volume->ListPoints(), t);
+    std::optional<RecoveryPoint> found = PointAtTime(e.volume->points().List(), t);
     if (!found) return Status::NotFound("no recovery point of " + e.name + " was written at or before " + *time);
     id = found->id;
   }
   if (tag) {
     std::optional<RecoveryPoint> found;
     int n = 0;
-    for (const auto& pt : e.volume->ListPoints()) {
+    for (const auto& pt : e.volume->points().List()) {
       if (pt.kind == PointKind::kTag && pt.name == *tag) {
         found = pt;
         ++n;
@@ -139,7 +139,7 @@ Result<uint64_t> MasterTarget::Impl::PointSeq(const VolEntry& e, const http::Par
     id = found->id;
   }
   if (id) {
-    auto pt = e.volume->FindPoint(*id);
+    auto pt = e.volume->points().Find(*id);
     if (!pt) return Status::NotFound("no recovery point " + std::to_string(*id) + " on " + e.name);
     if (id_out) *id_out = pt->id;
     return pt->seq;
@@ -211,7 +211,7 @@ void MasterTarget::Impl::AddRoutes() {
     return WithParams(r, {"tenant", "volume"}, [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       json::array pts;
-      for (const auto& pt : e->volume->ListPoints()) pts.push_back(PointJson(pt));
+      for (const auto& pt : e->volume->points().List()) pts.push_back(PointJson(pt));
       return http::Response::Json(200, json::object{{"tenant", e->tenant},
                                                     {"volume", e->name},
                                                     {"applied_seq", e->volume->applied_seq()},
@@ -313,7 +313,7 @@ void MasterTarget::Impl::AddRoutes() {
         return Status::InvalidArgument("count must be 1.." + std::to_string(std::min<uint64_t>(regions - first, proto::kMaxHashes)));
       }
       const uint64_t at = at_p.value_or(0);
-      const auto n = e->volume->numbering();
+      const auto n = e->volume->fence().numbering();
       CDP_ASSIGN_OR_RETURN(auto h,
                            e->volume->Digests({uint32_t(region), first, uint32_t(count), 0, n.History(at), false}));
       const uint64_t seq = n.Wire(h.seq);
@@ -409,7 +409,7 @@ void MasterTarget::Impl::AddRoutes() {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       const uint64_t now = o.clock->WallMicros();
       json::array list;
-      for (const AnomalyEvent& a : e->volume->Anomalies()) {
+      for (const AnomalyEvent& a : e->volume->points().Anomalies()) {
         list.push_back(json::object{{"id", a.id},
                                     {"seq", a.seq},
                                     {"clean_seq", a.clean_seq},
@@ -442,7 +442,7 @@ void MasterTarget::Impl::AddRoutes() {
       return http::Response::Json(200, json::object{{"tenant", e->tenant},
                                                     {"volume", e->name},
                                                     {"generation", gen},
-                                                    {"points", e->volume->ListPoints().size()}});
+                                                    {"points", e->volume->points().List().size()}});
     });
   });
   http->Route("POST", "/v1/retention", [this](const http::Request& r) {

@@ -20,14 +20,14 @@ class SessionVolume : public repl::ReceiverVolume {
       : m_(m), s_(s), e_(std::move(e)), key_(e_->name), generation_(generation) {}
 
   const std::string& key() const override { return key_; }
-  std::string Fence() override { return e_->volume->Fence(); }
+  std::string Fence() override { return e_->volume->fence().Fence(); }
 
   repl::Verdict Append(std::vector<proto::Record> records, int) override {
     ReplicaVolume& vol = *e_->volume;
-    if (vol.generation() != generation_)
+    if (vol.fence().generation() != generation_)
       return repl::Verdict::Refuse(proto::NackReason::kWrongGeneration,
-                                   "volume re-protected under generation " + std::to_string(vol.generation()));
-    const ReplicaVolume::Numbering n = vol.numbering();
+                                   "volume re-protected under generation " + std::to_string(vol.fence().generation()));
+    const Numbering n = vol.fence().numbering();
     for (proto::Record& rec : records) rec.seq = n.History(rec.seq);
     const bool news = !records.empty() && records.back().seq > vol.applied_seq();
     const uint64_t expected = n.Wire(vol.applied_seq() + 1);
@@ -58,7 +58,7 @@ class SessionVolume : public repl::ReceiverVolume {
 
   void Digests(const proto::HashRequest& h, repl::Reply reply) override {
     ReplicaVolume& vol = *e_->volume;
-    const ReplicaVolume::Numbering n = vol.numbering();
+    const Numbering n = vol.fence().numbering();
     auto r = vol.Digests({h.region_size, h.first_region, h.count, n.History(h.min_seq), n.History(h.at_seq)});
     if (!r.ok()) {
       m_.log->warn("{} hash request refused: {}", Where(0), r.status().ToString());

@@ -85,7 +85,7 @@ Result<ApplyOutcome> ReplicaVolume::CheckOpen(const VolumeIdentity& id, const Up
   if (!refused.ok()) return refused.status();
   if (*refused) return Nack((*refused)->reason, std::move((*refused)->message));
   ApplyOutcome o;
-  o.durable_seq = numbering().Wire(applied_.load());
+  o.durable_seq = fence_->numbering().Wire(applied_.load());
   return o;
 }
 
@@ -174,7 +174,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
         uint64_t back = 0;
         std::string message;
         if (r.offset != 0 || r.length != 0 || !proto::DecodeAnomaly(r.data, &back, &message) ||
-            back > numbering().Wire(r.seq))
+            back > fence_->numbering().Wire(r.seq))
           return Nack(proto::NackReason::kBadRecord, at + "bad anomaly record");
         break;
       }

@@ -74,8 +74,10 @@ class VolumeFence {
   Numbering numbering() const { return Numbering{seq_base()}; }
   // The generation an operator allowed (ArmReprotect), 0: none.
   uint64_t reprotect_armed() const { return reprotect_armed_.load(); }
-  // The "failed over" refusal text the stream of this volume gets now: failed
-  // over, or failed back; "" while it replicates.
+  // The "failed over" refusal text (proto::IsFailedOverNack) the stream of
+  // this volume gets now: failed over, or failed back; "" while it
+  // replicates. Sessions tell it to a peer that has the volume open, so that
+  // a peer with nothing to send learns of the fence too.
   std::string Fence() const;
   // Fills state, seq_base, upstream, rollback_to, reprotect_armed, failover.
   void FillStatus(VolumeStatus* s) const;

@@ -170,12 +170,6 @@ class ReplicaVolume {
   // An operator's re-protect: the next VolumeOpen with generation()+1 will be
   // accepted (once; until the daemon restarts). Returns that generation.
   Result<uint64_t> ArmReprotect();
-  // The history sequence the current generation's wire sequence 0 stands for.
-  uint64_t seq_base() const { return fence_->seq_base(); }
-  // The two numberings, as of now (see Numbering in replica_types.h).
-  using Numbering = mt::Numbering;
-  Numbering numbering() const { return fence_->numbering(); }
-  uint64_t generation() const { return fence_->generation(); }
 
   // Applies a batch (see the protocol above). Validation failures and gaps
   // are returned as a nack outcome with nothing applied; a non-ok Status is an
@@ -216,10 +210,7 @@ class ReplicaVolume {
   // is inside the history lock. Callers check that only an admin asks it.
   // kBusy while exports are pinned; kOutOfRange for an unreachable seq.
   Status Rollback(uint64_t point_seq, bool discard_history = false);
-  std::vector<RollbackInfo> Rollbacks() const { return catalogue_->Rollbacks(); }
 
-  // Ransomware anomalies (AnomalyEvent), oldest first.
-  std::vector<AnomalyEvent> Anomalies() const { return catalogue_->Anomalies(); }
   // An admin's acknowledgement: the event's point is no longer held beyond
   // retention. True: changed; false: already acknowledged. kNotFound for an
   // unknown id; sqlite's Status on failure.
@@ -243,12 +234,6 @@ class ReplicaVolume {
   // the overlay afterwards (a leftover is harmless: the next failover
   // recreates it).
   Result<bool> UndoFailover();
-  std::optional<FailoverInfo> failover() const { return fence_->failover(); }
-  // The "failed over" refusal (proto::IsFailedOverNack) the stream of this
-  // volume gets now: failed over, or failed back; "" while it replicates.
-  // Sessions tell it to a peer that has the volume open, so that a peer with
-  // nothing to send learns of the fence too.
-  std::string Fence() const { return fence_->Fence(); }
 
   // Failback (the states above; the pull itself is driven by the original
   // site's agent through MasterTarget::FailbackPlan / Pull).
@@ -290,7 +275,6 @@ class ReplicaVolume {
   // the lock as HistoryLock::Configure says). The lock's sqlite Status on
   // failure (then the old policy stays).
   Status SetRetention(const RetentionPolicy& policy);
-  RetentionPolicy retention() const { return catalogue_->policy(); }
 
   // Block digests (common/wire/block_digest.h) of units [first, first+count) of
   // `unit` bytes, for resync and online verify. Sequences are history
@@ -324,18 +308,16 @@ class ReplicaVolume {
   // (master-target/digest_store.h), since Open.
   uint64_t digest_store_hits() const;
 
-  std::vector<RecoveryPoint> ListPoints() const { return catalogue_->List(); }
-  std::optional<RecoveryPoint> FindPoint(int64_t id) const { return catalogue_->Find(id); }
-  // The points, pins, rollbacks, anomalies and retention policy (master-target/replica_points.h).
+  // The parts, for reading: the points, pins, rollbacks, anomalies and
+  // retention policy (master-target/replica_points.h); the generation,
+  // numbering, state and failover (master-target/replica_fence.h).
   const PointCatalogue& points() const { return *catalogue_; }
+  const VolumeFence& fence() const { return *fence_; }
   VolumeStatus GetStatus() const;
   std::vector<SegmentInfo> Segments() const;
   uint64_t applied_seq() const { return applied_.load(); }
   uint64_t size() const { return id_.size; }
   const VolumeIdentity& identity() const { return id_; }
-  VolumeState state() const { return fence_->state(); }
-  // The fence: generation, numbering, state, failover (master-target/replica_fence.h).
-  const VolumeFence& fence() const { return *fence_; }
   std::optional<ApplyStall> stall() const;
 
  private:

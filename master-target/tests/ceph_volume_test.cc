@@ -106,7 +106,7 @@ TEST_CASE("ceph backend: randomized apply, every point equals the reference, a s
     REQUIRE(out->ack);
   }
   REQUIRE((*v)->Segments().size() > 1);
-  const auto points = (*v)->ListPoints();
+  const auto points = (*v)->points().List();
   REQUIRE(points.size() == gen.points().size());
   for (const auto& p : points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
   REQUIRE(ReplicaFile(first.env.get()) == gen.image());
@@ -127,7 +127,7 @@ TEST_CASE("ceph backend: randomized apply, every point equals the reference, a s
   INFO(w.status().ToString());
   REQUIRE(w.ok());
   REQUIRE((*w)->applied_seq() == gen.last_seq());
-  REQUIRE((*w)->ListPoints().size() == points.size());
+  REQUIRE((*w)->points().List().size() == points.size());
   for (const auto& p : points) REQUIRE(ReadImage(**w, p.seq) == gen.ImageAt(p.seq));
 
   // Replication goes on at the new MT, then a rollback to a middle point.
@@ -195,7 +195,7 @@ TEST_CASE("ceph backend: a power cut at sync points of apply loses no acknowledg
       REQUIRE(o->ack);
     }
     REQUIRE(ReplicaFile(&fault) == gen.image());
-    for (const auto& p : (*v)->ListPoints()) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
+    for (const auto& p : (*v)->points().List()) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
     if (finished) break;
   }
 }

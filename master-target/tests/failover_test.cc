@@ -104,14 +104,14 @@ struct Protected {
 TEST_CASE("failover: the state persists across reopen, fences the old primary, and is idempotent", "[failover]") {
   Protected p;
   const Bytes replica_before = ReplicaFile(p.env.get());
-  const int64_t tag_id = p.v->ListPoints().front().id;
-  REQUIRE(p.v->ListPoints().front().seq == 3);
+  const int64_t tag_id = p.v->points().List().front().id;
+  REQUIRE(p.v->points().List().front().seq == 3);
 
   auto f = p.v->Failover(3, tag_id);
   REQUIRE(f.ok());
   CHECK(*f);
-  CHECK(p.v->state() == VolumeState::kFailedOver);
-  CHECK(std::string(StateName(p.v->state())) == "failed-over");
+  CHECK(p.v->fence().state() == VolumeState::kFailedOver);
+  CHECK(std::string(StateName(p.v->fence().state())) == "failed-over");
   // Again at the same point: nothing changes; at another: a clear error.
   f = p.v->Failover(3, tag_id);
   REQUIRE(f.ok());
@@ -151,8 +151,8 @@ TEST_CASE("failover: the state persists across reopen, fences the old primary, a
   // Survives a restart (the index is reopened as after a kill -9: nothing is
   // written at close).
   p.Reopen();
-  CHECK(p.v->state() == VolumeState::kFailedOver);
-  auto info = p.v->failover();
+  CHECK(p.v->fence().state() == VolumeState::kFailedOver);
+  auto info = p.v->fence().failover();
   REQUIRE(info);
   CHECK(info->point_seq == 3);
   CHECK(info->point_id == tag_id);
@@ -165,9 +165,9 @@ TEST_CASE("failover: the state persists across reopen, fences the old primary, a
   auto u = p.v->UndoFailover();
   REQUIRE(u.ok());
   CHECK(*u);
-  CHECK(p.v->state() == VolumeState::kReplicating);
-  CHECK(std::string(StateName(p.v->state())) == "protecting");
-  CHECK_FALSE(p.v->failover());
+  CHECK(p.v->fence().state() == VolumeState::kReplicating);
+  CHECK(std::string(StateName(p.v->fence().state())) == "protecting");
+  CHECK_FALSE(p.v->fence().failover());
   u = p.v->UndoFailover();
   REQUIRE(u.ok());
   CHECK_FALSE(*u);
@@ -176,8 +176,8 @@ TEST_CASE("failover: the state persists across reopen, fences the old primary, a
   p.Apply({DataRecord(7, 0, Bytes(kBlock, 0x77))});
   CHECK(ReplicaFile(p.env.get()) == p.ref.image());
   p.Reopen();
-  CHECK(p.v->state() == VolumeState::kReplicating);
-  CHECK_FALSE(p.v->failover());
+  CHECK(p.v->fence().state() == VolumeState::kReplicating);
+  CHECK_FALSE(p.v->fence().failover());
 
   // Commit: final; undo is refused from then on, also after a restart.
   CHECK(p.v->CommitFailover().status().code() == Code::kInvalidArgument);
@@ -189,14 +189,14 @@ TEST_CASE("failover: the state persists across reopen, fences the old primary, a
   REQUIRE(c.ok());
   CHECK_FALSE(*c);
   p.Reopen();
-  REQUIRE(p.v->failover());
-  CHECK(p.v->failover()->committed);
+  REQUIRE(p.v->fence().failover());
+  CHECK(p.v->fence().failover()->committed);
   u = p.v->UndoFailover();
   REQUIRE_FALSE(u.ok());
   CHECK(u.status().code() == Code::kAlreadyExists);
   CHECK(u.status().message() ==
         "vol1: the failover at sequence 7 is committed; undo is refused (failback brings the volume home)");
-  CHECK(p.v->state() == VolumeState::kFailedOver);
+  CHECK(p.v->fence().state() == VolumeState::kFailedOver);
 }
 
 TEST_CASE("failover overlay: reads are the point's image plus the provider's writes, kept across reopen",

@@ -136,7 +136,7 @@ TEST_CASE("a flood of writes never drops a point inside the history lock: apply 
   REQUIRE_FALSE(Write(**v, clock, ref, &seq, 10 * int(max_bytes / (16 * 1024)), rng, &refused));
   CHECK(refused.reason == proto::NackReason::kBusy);
   CHECK(refused.message.rfind("LOCKED: journal full inside the history lock", 0) == 0);
-  const auto points = (*v)->ListPoints();
+  const auto points = (*v)->points().List();
   REQUIRE(points.size() == seq / 2);  // every point written is kept
   CHECK(JournalBytes(**v) > max_bytes);
   CHECK(JournalBytes(**v) < max_bytes + 64 * 1024);  // over by at most a batch and a segment
@@ -156,7 +156,7 @@ TEST_CASE("a flood of writes never drops a point inside the history lock: apply 
     REQUIRE((*v)->SetRetention(RetentionPolicy{0, 100 * max_bytes, kHour}).ok());
     REQUIRE(Write(**v, clock, ref, &seq, 4, rng));
     CHECK_FALSE((*v)->GetStatus().stall);
-    CHECK((*v)->ListPoints().size() == points.size() + 4);
+    CHECK((*v)->points().List().size() == points.size() + 4);
   }
   SECTION("the lock window moves on: the oldest points go, apply resumes, the replica follows") {
     clock.Advance(kHour);
@@ -164,7 +164,7 @@ TEST_CASE("a flood of writes never drops a point inside the history lock: apply 
     CHECK_FALSE((*v)->GetStatus().stall);
     CHECK(JournalBytes(**v) <= max_bytes + 64 * 1024);
     // What was dropped was outside the lock; what is left reads as it was.
-    for (const auto& p : (*v)->ListPoints()) REQUIRE(Image(**v, p.seq) == ref.ImageAt(p.seq));
+    for (const auto& p : (*v)->points().List()) REQUIRE(Image(**v, p.seq) == ref.ImageAt(p.seq));
   }
   REQUIRE(Image(**v, (*v)->applied_seq()) == ref.image());
 }
@@ -189,17 +189,17 @@ TEST_CASE("the lock survives a restart, and a shorter lock in the config drops n
   opts.retention.lock_us = 0;
   auto v = ReplicaVolume::Open(opts, &id);
   REQUIRE(v.ok());
-  const auto points = (*v)->ListPoints();
+  const auto points = (*v)->points().List();
   REQUIRE(points.size() == 12);
   CHECK((*v)->GetStatus().lock_us == 2 * kHour);
   CHECK((*v)->GetStatus().lock_pending_until_us == clock.WallMicros() + 2 * kHour);
   REQUIRE((*v)->ApplyRetention().ok());
-  CHECK((*v)->ListPoints().size() == 12);
+  CHECK((*v)->points().List().size() == 12);
   // An hour later every point (the oldest is 71 minutes old) is still inside
   // the old 2 h lock, whatever the new config says.
   clock.Advance(kHour);
   REQUIRE((*v)->ApplyRetention().ok());
-  CHECK((*v)->ListPoints().size() == 12);
+  CHECK((*v)->points().List().size() == 12);
   for (const auto& p : points) REQUIRE(Image(**v, p.seq) == ref.ImageAt(p.seq));
   // The old window has passed: max_age applies again.
   clock.Advance(kHour);
@@ -222,20 +222,20 @@ TEST_CASE("rollback keeps the branch it rewinds, and only an explicit discard ou
   std::mt19937_64 rng(9);
   uint64_t seq = 0;
   REQUIRE(Write(**v, clock, ref, &seq, 6, rng));
-  const auto points = (*v)->ListPoints();
+  const auto points = (*v)->points().List();
   REQUIRE(points.size() == 6);
   const RecoveryPoint target = points[1];
 
   // Discarding inside the lock is refused before anything is done.
   Status d = (*v)->Rollback(target.seq, true);
   REQUIRE(d.code() == Code::kAlreadyExists);
-  CHECK((*v)->state() == VolumeState::kReplicating);
+  CHECK((*v)->fence().state() == VolumeState::kReplicating);
   CHECK((*v)->applied_seq() == seq);
 
   REQUIRE((*v)->Rollback(target.seq).ok());
-  CHECK((*v)->state() == VolumeState::kFailedOver);
+  CHECK((*v)->fence().state() == VolumeState::kFailedOver);
   CHECK(Image(**v, (*v)->applied_seq()) == ref.ImageAt(target.seq));
-  auto after = (*v)->ListPoints();
+  auto after = (*v)->points().List();
   REQUIRE(after.size() == points.size() + 1);
   for (size_t i = 0; i < points.size(); ++i) {
     CHECK(after[i].id == points[i].id);
@@ -244,14 +244,14 @@ TEST_CASE("rollback keeps the branch it rewinds, and only an explicit discard ou
   }
   CHECK(after.back().name == "rollback-to-" + std::to_string(target.seq));
   CHECK((*v)->GetStatus().rolled_back_points == 4);
-  REQUIRE((*v)->Rollbacks().size() == 1);
-  CHECK((*v)->Rollbacks()[0].from_seq == seq);
+  REQUIRE((*v)->points().Rollbacks().size() == 1);
+  CHECK((*v)->points().Rollbacks()[0].from_seq == seq);
 
   // Reopened: the branch is still marked and readable.
   v->reset();
   v = ReplicaVolume::Open(opts, nullptr);
   REQUIRE(v.ok());
-  after = (*v)->ListPoints();
+  after = (*v)->points().List();
   REQUIRE(after.size() == points.size() + 1);
   for (size_t i = 0; i < points.size(); ++i) CHECK(after[i].rolled_back == (points[i].seq > target.seq));
 
@@ -259,7 +259,7 @@ TEST_CASE("rollback keeps the branch it rewinds, and only an explicit discard ou
   // lock: the branch's points go, the older ones stay.
   clock.Advance(kHour + 1);
   REQUIRE((*v)->Rollback(points[0].seq, true).ok());
-  after = (*v)->ListPoints();
+  after = (*v)->points().List();
   REQUIRE(after.size() == 2);
   CHECK(after[0].id == points[0].id);
   CHECK(after[1].name == "rollback-to-" + std::to_string(points[0].seq));
@@ -302,7 +302,7 @@ TEST_CASE("a power cut in the middle of a rollback: after restart it completed, 
         ref.Apply(b);
         seq += 2;
       }
-      points = (*v)->ListPoints();
+      points = (*v)->points().List();
       fault.SetCrashAfterSyncs(n);
       Status s = (*v)->Rollback(target);
       finished_once = s.ok() && !fault.crashed();
@@ -314,7 +314,7 @@ TEST_CASE("a power cut in the middle of a rollback: after restart it completed, 
     INFO(v.status().ToString());
     REQUIRE(v.ok());
     // Either the rollback never started (no row committed) or it is complete.
-    const VolumeState state = (*v)->state();
+    const VolumeState state = (*v)->fence().state();
     if (state == VolumeState::kReplicating) {
       ++never_started;
       CHECK((*v)->applied_seq() == seq);
@@ -323,11 +323,11 @@ TEST_CASE("a power cut in the middle of a rollback: after restart it completed, 
       REQUIRE(state == VolumeState::kFailedOver);
       if (crashed) ++finished_at_restart;
       CHECK(Image(**v, (*v)->applied_seq()) == ref.ImageAt(target));
-      REQUIRE((*v)->Rollbacks().size() == 1);
-      CHECK((*v)->Rollbacks()[0].end_seq == (*v)->applied_seq());
+      REQUIRE((*v)->points().Rollbacks().size() == 1);
+      CHECK((*v)->points().Rollbacks()[0].end_seq == (*v)->applied_seq());
     }
     // No point is lost either way, and each reads its image.
-    auto after = (*v)->ListPoints();
+    auto after = (*v)->points().List();
     REQUIRE(after.size() >= points.size());
     for (size_t i = 0; i < points.size(); ++i) {
       REQUIRE(after[i].id == points[i].id);
@@ -380,33 +380,33 @@ TEST_CASE("an anomaly record keeps the image before the attack as suspect-clean,
   auto o = (*v)->ApplyBatch(attack);
   REQUIRE((o.ok() && o->ack));
   seq += 4;
-  auto anomalies = (*v)->Anomalies();
+  auto anomalies = (*v)->points().Anomalies();
   REQUIRE(anomalies.size() == 1);
   CHECK(anomalies[0].clean_seq == clean);
   CHECK(anomalies[0].seq == seq);
   CHECK(anomalies[0].message.rfind("change rate 52.3 MB/s", 0) == 0);
-  auto point = (*v)->FindPoint(anomalies[0].point_id);
+  auto point = (*v)->points().Find(anomalies[0].point_id);
   REQUIRE(point);
   CHECK(point->name == "suspect-clean");
   CHECK(point->seq == clean);
   CHECK(Image(**v, point->seq) == ref.ImageAt(clean));
   // The points stay in sequence order, the suspect-clean one among them.
-  const auto pts = (*v)->ListPoints();
+  const auto pts = (*v)->points().List();
   for (size_t i = 1; i < pts.size(); ++i) CHECK(pts[i - 1].seq <= pts[i].seq);
   CHECK((*v)->GetStatus().anomalies_open == 1);
 
   // An hour on, retention (max_age 1 s) drops every other point, not it.
   REQUIRE(Write(**v, clock, ref, &seq, 2, rng, nullptr, kHour));
   REQUIRE((*v)->ApplyRetention().ok());
-  REQUIRE((*v)->FindPoint(anomalies[0].point_id));
+  REQUIRE((*v)->points().Find(anomalies[0].point_id));
   CHECK(Image(**v, clean) == ref.ImageAt(clean));
   // Kept across a restart.
   v->reset();
   v = ReplicaVolume::Open(opts, nullptr);
   REQUIRE(v.ok());
-  REQUIRE((*v)->Anomalies().size() == 1);
+  REQUIRE((*v)->points().Anomalies().size() == 1);
   REQUIRE((*v)->ApplyRetention().ok());
-  REQUIRE((*v)->FindPoint(anomalies[0].point_id));
+  REQUIRE((*v)->points().Find(anomalies[0].point_id));
   // Acknowledged by the admin: retention may take it.
   REQUIRE((*v)->AcknowledgeAnomaly(anomalies[0].id).value());
   CHECK_FALSE((*v)->AcknowledgeAnomaly(anomalies[0].id).value());
@@ -414,5 +414,5 @@ TEST_CASE("an anomaly record keeps the image before the attack as suspect-clean,
   CHECK((*v)->GetStatus().anomalies_open == 0);
   REQUIRE(Write(**v, clock, ref, &seq, 4, rng));  // the journal moves on a few segments
   REQUIRE((*v)->ApplyRetention().ok());
-  CHECK_FALSE((*v)->FindPoint(anomalies[0].point_id));
+  CHECK_FALSE((*v)->points().Find(anomalies[0].point_id));
 }

@@ -351,9 +351,9 @@ TEST_CASE("volume_retention: one volume keeps its own duration, the others the d
   OpenVolume(*a, OpenMsg("short", 1 << 20), 0);
   auto g = Client(d.mt->port(), "globex", "s3cret-globex");
   OpenVolume(*g, OpenMsg("long", 1 << 20), 0);
-  CHECK(d.mt->FindVolume("acme", "long")->retention().max_age_us == 30 * 86'400'000'000ull);
-  CHECK(d.mt->FindVolume("acme", "short")->retention().max_age_us == 3'600'000'000ull);
-  CHECK(d.mt->FindVolume("globex", "long")->retention().max_age_us == 3'600'000'000ull);
+  CHECK(d.mt->FindVolume("acme", "long")->points().policy().max_age_us == 30 * 86'400'000'000ull);
+  CHECK(d.mt->FindVolume("acme", "short")->points().policy().max_age_us == 3'600'000'000ull);
+  CHECK(d.mt->FindVolume("globex", "long")->points().policy().max_age_us == 3'600'000'000ull);
 }
 
 TEST_CASE("tenant quota: volume creation refused, writes pushed back when journals fill it", "[server][tenant]") {
@@ -496,7 +496,7 @@ TEST_CASE("restart: volumes reopen with their points and durable sequence", "[se
   auto v = d.mt->FindVolume("acme", "vm1");
   REQUIRE(v != nullptr);
   REQUIRE(v->applied_seq() == gen.last_seq());
-  REQUIRE(v->ListPoints().size() == gen.points().size());
+  REQUIRE(v->points().List().size() == gen.points().size());
   auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
   OpenVolume(*ch, OpenMsg("vm1", 1 << 20), gen.last_seq());
 }
@@ -601,7 +601,7 @@ TEST_CASE("no peer message destroys history: a higher generation, another size o
   }
   auto vol = d.mt->FindVolume("acme", "db1");
   REQUIRE(vol != nullptr);
-  const auto points = vol->ListPoints();
+  const auto points = vol->points().List();
   REQUIRE(points.size() >= 2);
 
   // What a compromised host would send, each on a fresh authenticated session.
@@ -636,7 +636,7 @@ TEST_CASE("no peer message destroys history: a higher generation, another size o
     REQUIRE((*dev)->Read(0, uint32_t(size), img.data()).ok());
     return img;
   };
-  REQUIRE(vol->ListPoints().size() == points.size());
+  REQUIRE(vol->points().List().size() == points.size());
   CHECK(vol->identity().generation == 1);
   for (const auto& p : points) {
     Bytes img(size);
@@ -654,9 +654,9 @@ TEST_CASE("no peer message destroys history: a higher generation, another size o
   auto* ack = std::get_if<proto::Ack>(&m);
   REQUIRE(ack != nullptr);
   CHECK(ack->durable_seq == 2);
-  CHECK(vol->seq_base() == 6);
+  CHECK(vol->fence().seq_base() == 6);
   CHECK(vol->applied_seq() == 8);
-  CHECK(vol->ListPoints().size() >= points.size());
+  CHECK(vol->points().List().size() >= points.size());
   for (const auto& p : points) {
     Bytes img(size);
     REQUIRE(vol->ReadAt(p.seq, 0, size, img.data()).ok());
@@ -763,7 +763,7 @@ TEST_CASE("tenant journal cap: a tenant whose undo journal reached max_journal_b
   }
   auto vol = d.mt->FindVolume("acme", "db1");
   REQUIRE(vol->GetStatus().journal_bytes >= (256u << 10));
-  const size_t points = vol->ListPoints().size();
+  const size_t points = vol->points().List().size();
   auto m = Call(*ch, overwrite(0x44));
   auto* n = std::get_if<proto::Nack>(&m);
   REQUIRE(n != nullptr);
@@ -777,7 +777,7 @@ TEST_CASE("tenant journal cap: a tenant whose undo journal reached max_journal_b
   CHECK(ShownState(vol->GetStatus()) == "LOCKED: journal full inside the history lock");
   CHECK(vol->GetStatus().stall->cause == StallCause::kHistoryLock);
   CHECK(vol->applied_seq() == seq);
-  CHECK(vol->ListPoints().size() == points);
+  CHECK(vol->points().List().size() == points);
   // A duplicate is still acknowledged, and another tenant is not held by acme's journal.
   m = Call(*ch, Batch(vid, {FlushRecord(seq)}));
   REQUIRE(std::holds_alternative<proto::Ack>(m));
@@ -935,7 +935,7 @@ TEST_CASE("apply stalled by ENOSPC: the state names the cause, the metric says i
   REQUIRE(ReadFile(VolumeDir(dir.path(), "acme", "vm1") + "/replica.img") == ref.image());
   auto vol = d.mt->FindVolume("acme", "vm1");
   REQUIRE(vol != nullptr);
-  auto points = vol->ListPoints();
+  auto points = vol->points().List();
   REQUIRE(points.size() == 4);
   for (const auto& p : points) {
     Bytes img(size);
@@ -1060,7 +1060,7 @@ TEST_CASE("failback: the plan is the journal after the point plus the provider's
   REQUIRE(st.ok());
   CHECK(*st);
   CHECK(d->mt->StartFailback("acme", "a").value() == false);
-  CHECK(d->mt->FindVolume("acme", "a")->state() == VolumeState::kFailingBack);
+  CHECK(d->mt->FindVolume("acme", "a")->fence().state() == VolumeState::kFailingBack);
   // Undo is refused now: failback committed the failover.
   CHECK(d->mt->UndoFailover("acme", "a").status().code() == Code::kAlreadyExists);
 
@@ -1109,7 +1109,7 @@ TEST_CASE("failback: the plan is the journal after the point plus the provider's
   other.reset();
   d.reset();
   d.emplace(tmp.path());
-  CHECK(d->mt->FindVolume("acme", "a")->state() == VolumeState::kFailingBack);
+  CHECK(d->mt->FindVolume("acme", "a")->fence().state() == VolumeState::kFailingBack);
   dev = d->mt->PromotedDevice("acme", "a");
   REQUIRE(dev != nullptr);
   CHECK(dev->Write(3 * 4096, Block(3), false).code() == Code::kPermissionDenied);
@@ -1122,7 +1122,7 @@ TEST_CASE("failback: the plan is the journal after the point plus the provider's
   CHECK(fin->changed);
   CHECK(fin->blocks == 3 + 64);
   auto v = d->mt->FindVolume("acme", "a");
-  CHECK(v->state() == VolumeState::kFailedBack);
+  CHECK(v->fence().state() == VolumeState::kFailedBack);
   CHECK(d->mt->PromotedDevice("acme", "a") == nullptr);
   Bytes replica(1 << 20);
   REQUIRE(v->ReadAt(v->applied_seq(), 0, replica.size(), replica.data()).ok());
@@ -1132,7 +1132,7 @@ TEST_CASE("failback: the plan is the journal after the point plus the provider's
   Bytes at_t(4096);
   REQUIRE(v->ReadAt(3, 0, 4096, at_t.data()).ok());
   CHECK(at_t == Block(1));
-  auto pts = v->ListPoints();
+  auto pts = v->points().List();
   REQUIRE(pts.size() == 2);
   CHECK(pts[1].name == "failback");
   CHECK(pts[1].seq == fin->seq);
@@ -1147,7 +1147,7 @@ TEST_CASE("failback: the plan is the journal after the point plus the provider's
   const uint32_t a2 = OpenVolume(*ch, OpenMsg("a", 1 << 20, 2), 0);
   m = Call(*ch, Batch(a2, {DataRecord(1, 0, Block(0xBB))}));
   REQUIRE(std::get_if<proto::Ack>(&m) != nullptr);
-  CHECK(v->state() == VolumeState::kReplicating);
+  CHECK(v->fence().state() == VolumeState::kReplicating);
 }
 
 TEST_CASE("one master target per data_dir: a second one is refused while the first runs, and starts once it stopped",

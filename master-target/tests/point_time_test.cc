@@ -95,7 +95,7 @@ TEST_CASE("points: two copies fed one stream at different times list the same po
     Feed(**a, std::vector<proto::Record>(s.begin() + i, s.begin() + std::min(s.size(), i + 2)), 2);
   }
   Feed(**b, s, 37);
-  const auto pa = (*a)->ListPoints(), pb = (*b)->ListPoints();
+  const auto pa = (*a)->points().List(), pb = (*b)->points().List();
   // Crash points every 5 s of the host's clock (12 in 60 s) and 8 tags.
   size_t crash = 0, tags = 0;
   for (const auto& p : pa) (p.kind == PointKind::kCrash ? crash : tags)++;
@@ -118,7 +118,7 @@ TEST_CASE("points: two copies fed one stream at different times list the same po
   (*b).reset();
   auto b2 = ReplicaVolume::Open(Opts(env.get(), &clock_b, "/b", tmp.path() + "/b.db"), nullptr);
   REQUIRE(b2.ok());
-  const auto pb2 = (*b2)->ListPoints();
+  const auto pb2 = (*b2)->points().List();
   REQUIRE(pb2.size() == pb.size());
   for (size_t i = 0; i < pb.size(); ++i) {
     CHECK(pb2[i].time_us == pb[i].time_us);
@@ -170,14 +170,14 @@ TEST_CASE("points: a host clock stepped back still makes points, and retention c
   proto::Record f = FlushRecord(++seq);
   f.timestamp_us = 501;
   REQUIRE((*v)->ApplyBatch({d, f}).ok());
-  auto pts = (*v)->ListPoints();
+  auto pts = (*v)->points().List();
   REQUIRE(pts.size() == 5);
   CHECK(pts.back().time_us == 501);
   REQUIRE((*v)->ApplyRetention().ok());
-  CHECK((*v)->ListPoints().size() == 5);
+  CHECK((*v)->points().List().size() == 5);
   clock.Advance(3601 * kSecond);  // an hour of the MT's clock: now they age out
   REQUIRE((*v)->ApplyRetention().ok());
-  CHECK((*v)->ListPoints().size() < 5);
+  CHECK((*v)->points().List().size() < 5);
 }
 
 namespace {

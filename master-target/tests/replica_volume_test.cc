@@ -163,7 +163,7 @@ TEST_CASE("randomized apply: every point read through an export and rolled back 
   REQUIRE((*v)->Segments().size() > 2);  // the journal spans several segments
 
   // Points: exactly the flushes and tags of the stream (interval 0).
-  auto points = (*v)->ListPoints();
+  auto points = (*v)->points().List();
   REQUIRE(Sigs(points).size() == gen.points().size());
   for (size_t i = 0; i < points.size(); ++i) {
     REQUIRE(points[i].seq == gen.points()[i].seq);
@@ -186,7 +186,7 @@ TEST_CASE("randomized apply: every point read through an export and rolled back 
   v = ReplicaVolume::Open(Opts(env.get(), &clock, tmp.path() + "/index.db"), nullptr);
   REQUIRE(v.ok());
   REQUIRE((*v)->applied_seq() == gen.last_seq());
-  REQUIRE(Sigs((*v)->ListPoints()) == Sigs(points));
+  REQUIRE(Sigs((*v)->points().List()) == Sigs(points));
   REQUIRE((*v)->GetStatus().undo_records == undo_records);
   for (const auto& p : points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
 
@@ -233,11 +233,11 @@ TEST_CASE("randomized apply: every point read through an export and rolled back 
     const uint64_t before = (*v)->applied_seq();
     REQUIRE((*v)->Rollback(p.seq).ok());
     ++rollbacks;
-    REQUIRE((*v)->state() == VolumeState::kFailedOver);
+    REQUIRE((*v)->fence().state() == VolumeState::kFailedOver);
     REQUIRE((*v)->GetStatus().rollback_to == p.seq);
     REQUIRE((*v)->applied_seq() > before);  // the rewind is new history
     REQUIRE(ReplicaFile(env.get(), "/t/vol1", kVolSize) == gen.ImageAt(p.seq));
-    const auto now = (*v)->ListPoints();
+    const auto now = (*v)->points().List();
     REQUIRE(now.size() == points.size() + rollbacks);
     for (const auto& q : now) {
       REQUIRE(ReadImage(**v, q.seq) == image_of(q));
@@ -296,7 +296,7 @@ TEST_CASE("crash at every sync point, restart and resend: replica, journal and i
       auto o = (*v)->ApplyBatch(b);
       REQUIRE((o.ok() && o->ack));
     }
-    ref_points = Sigs((*v)->ListPoints());
+    ref_points = Sigs((*v)->points().List());
   }
   ref_journal = JournalRecords(ref_env.get(), "/t/vol1");
   REQUIRE(ref_journal.size() > 10);
@@ -380,7 +380,7 @@ TEST_CASE("crash at every sync point, restart and resend: replica, journal and i
     REQUIRE((*v)->applied_seq() == gen.last_seq());
     REQUIRE(ReplicaFile(&fault, "/t/vol1", kVolSize) == gen.image());
     REQUIRE(StoreLeaves(**v) == LeafDigests(gen.image()));
-    REQUIRE(Sigs((*v)->ListPoints()) == ref_points);
+    REQUIRE(Sigs((*v)->points().List()) == ref_points);
     REQUIRE(JournalRecords(&fault, "/t/vol1") == ref_journal);
     for (const auto& p : ref_points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
   }
@@ -408,14 +408,14 @@ TEST_CASE("retention keeps exactly the points the policy promises", "[volume][re
     auto o = (*v)->ApplyBatch(b);
     REQUIRE((o.ok() && o->ack));
   }
-  auto points_before = (*v)->ListPoints();
+  auto points_before = (*v)->points().List();
   REQUIRE(points_before.size() == 20);
   auto segs_before = (*v)->Segments();
   REQUIRE(segs_before.size() > 5);
 
   auto check_after = [&](const std::function<bool(const RecoveryPoint&)>& promised) {
     auto segs = (*v)->Segments();
-    auto points = (*v)->ListPoints();
+    auto points = (*v)->points().List();
     auto st = (*v)->GetStatus();
     uint64_t min_promised = UINT64_MAX;
     for (const auto& p : points_before) {
@@ -450,7 +450,7 @@ TEST_CASE("retention keeps exactly the points the policy promises", "[volume][re
     REQUIRE(r.ok());
     REQUIRE_FALSE(r->dropped_segments.empty());
     check_after([&](const RecoveryPoint& p) { return p.time_us + age >= now; });
-    REQUIRE((*v)->ListPoints().size() < 20);
+    REQUIRE((*v)->points().List().size() < 20);
     // Applying it again changes nothing.
     auto again = (*v)->ApplyRetention();
     REQUIRE(again.ok());
@@ -488,18 +488,18 @@ TEST_CASE("retention keeps exactly the points the policy promises", "[volume][re
     pin->reset();
     r = (*v)->ApplyRetention();
     REQUIRE(r.ok());
-    for (const auto& p : (*v)->ListPoints()) REQUIRE(p.seq >= (*v)->GetStatus().horizon_seq);
+    for (const auto& p : (*v)->points().List()) REQUIRE(p.seq >= (*v)->GetStatus().horizon_seq);
     REQUIRE((*v)->Segments().size() == 1);
   }
   // The state survives a restart.
-  auto points_kept = Sigs((*v)->ListPoints());
+  auto points_kept = Sigs((*v)->points().List());
   auto horizon = (*v)->GetStatus().horizon_seq;
   v->reset();
   v = ReplicaVolume::Open(opts, nullptr);
   REQUIRE(v.ok());
-  REQUIRE(Sigs((*v)->ListPoints()) == points_kept);
+  REQUIRE(Sigs((*v)->points().List()) == points_kept);
   REQUIRE((*v)->GetStatus().horizon_seq == horizon);
-  for (const auto& p : (*v)->ListPoints()) REQUIRE(ReadImage(**v, p.seq) == ref.ImageAt(p.seq));
+  for (const auto& p : (*v)->points().List()) REQUIRE(ReadImage(**v, p.seq) == ref.ImageAt(p.seq));
   REQUIRE((*v)->ReadAt(horizon == 0 ? 0 : horizon - 1, 0, 512, Bytes(512).data()).code() ==
           (horizon == 0 ? Code::kOk : Code::kOutOfRange));
 }
@@ -707,7 +707,7 @@ TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[v
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kWrongGeneration));
 
   // A higher generation from the wire, nobody having armed it: refused, nothing dropped.
-  const size_t points_before = (*v)->ListPoints().size();
+  const size_t points_before = (*v)->points().List().size();
   REQUIRE(points_before > 0);
   const auto journal_before = JournalRecords(env.get(), "/t/vol1");
   VolumeIdentity next = Ident(kVolSize, 2);
@@ -717,7 +717,7 @@ TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[v
   VolumeIdentity huge = Ident(kVolSize, ~uint64_t(0));
   o = (*v)->CheckOpen(huge, kPs);
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kPermissionDenied));
-  CHECK((*v)->ListPoints().size() == points_before);
+  CHECK((*v)->points().List().size() == points_before);
   CHECK(JournalRecords(env.get(), "/t/vol1") == journal_before);
   CHECK((*v)->identity().generation == 1);
 
@@ -734,12 +734,12 @@ TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[v
   REQUIRE(*armed == 2);
   o = (*v)->CheckOpen(Ident(kVolSize, 3), kPs);  // only the next generation
   REQUIRE((o.ok() && !o->ack && o->reason == proto::NackReason::kPermissionDenied));
-  const size_t points_at_reprotect = (*v)->ListPoints().size();
+  const size_t points_at_reprotect = (*v)->points().List().size();
   o = (*v)->CheckOpen(next, kPs);
   REQUIRE((o.ok() && o->ack && o->durable_seq == 0));
-  REQUIRE((*v)->state() == VolumeState::kReplicating);
-  REQUIRE((*v)->seq_base() == h);
-  REQUIRE((*v)->ListPoints().size() == points_at_reprotect);
+  REQUIRE((*v)->fence().state() == VolumeState::kReplicating);
+  REQUIRE((*v)->fence().seq_base() == h);
+  REQUIRE((*v)->points().List().size() == points_at_reprotect);
   // The new generation's record 1 is history sequence h + 1.
   REQUIRE((*v)->ApplyBatch({DataRecord(h + 1, 0, Bytes(512, 7)), DataRecord(h + 2, 8192, Bytes(512, 7))})->ack);
   Bytes old_point = ReadImage(**v, 2);
@@ -749,7 +749,7 @@ TEST_CASE("VolumeOpen identity checks: uuid, size, generation, failed over", "[v
   v = ReplicaVolume::Open(opts, nullptr);
   REQUIRE(v.ok());
   REQUIRE((*v)->identity().generation == 2);
-  REQUIRE((*v)->seq_base() == h);
+  REQUIRE((*v)->fence().seq_base() == h);
   REQUIRE((*v)->applied_seq() == h + 2);
   o = (*v)->CheckOpen(next, kPs);
   REQUIRE((o.ok() && o->ack && o->durable_seq == 2));  // wire sequence of generation 2

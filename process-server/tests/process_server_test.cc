@@ -536,7 +536,7 @@ TEST_CASE("a compromised host's higher generation, refused by the master target,
   }
   auto vol = mt.FindVolume("acme", "db1");
   REQUIRE(vol != nullptr);
-  const auto points = vol->ListPoints();
+  const auto points = vol->points().List();
   REQUIRE(points.size() == 1);
   cdp::Bytes image(64 << 20);
   REQUIRE(vol->ReadAt(points[0].seq, 0, image.size(), image.data()).ok());
@@ -567,7 +567,7 @@ TEST_CASE("a compromised host's higher generation, refused by the master target,
   CHECK(db1().at("mt_acked_seq").to_number<uint64_t>() == 0);
   CHECK(vol->identity().generation == 1);
   CHECK(vol->applied_seq() == 3);
-  REQUIRE(vol->ListPoints().size() == 1);
+  REQUIRE(vol->points().List().size() == 1);
   cdp::Bytes now(64 << 20);
   REQUIRE(vol->ReadAt(points[0].seq, 0, now.size(), now.data()).ok());
   CHECK(now == image);
