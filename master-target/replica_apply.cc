@@ -15,7 +15,6 @@ namespace cdp::mt {
 namespace {
 
 constexpr size_t kJournalFlushBytes = 8u << 20;  // encoded undo bytes buffered before an Append
-constexpr uint64_t kZeroChunk = 1u << 20;
 constexpr size_t kReadWindowBytes = 4u << 20;  // old data read in one ReplicaIo::Read (at least one chunk)
 
 ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected = 0) {
@@ -28,24 +27,6 @@ ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected =
 }
 
 }  // namespace
-
-Status ReplicaVolume::ZeroReplica(uint64_t offset, uint64_t len) {
-  Status s = replica_->PunchHole(offset, len);
-  if (s.ok()) {
-    digests_->Zeroed(offset, len);
-    return s;
-  }
-  digests_->Forget(offset, len);  // the punch may have changed part of the range
-  static const std::vector<uint8_t> zeros(kZeroChunk, 0);
-  while (len > 0) {
-    uint64_t n = std::min(len, kZeroChunk);
-    CDP_RETURN_IF_ERROR(replica_->Write(offset, ByteSpan(zeros.data(), n)));
-    if (o_.metrics.disk_write_bytes) o_.metrics.disk_write_bytes->Inc(n);
-    offset += n;
-    len -= n;
-  }
-  return Status::OK();
-}
 
 Status ReplicaVolume::HealLocked() {
   if (!broken_) return Status::OK();
@@ -264,7 +245,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   };
   std::vector<Chunk> chunks;
   std::vector<ReadOp> reads;
-  KnownHoles holes(replica_.get());
+  KnownHoles holes(store_->file());
   size_t next_rec = first;
   uint64_t next_done = 0;
   while (next_rec < recs.size()) {
@@ -302,7 +283,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
       reads.push_back(ReadOp{c.off, c.n, old.data() + c.buf_off});
       read_bytes += c.n;
     }
-    CDP_RETURN_IF_ERROR(replica_io_->Read(reads));
+    CDP_RETURN_IF_ERROR(store_->ReadBatch(reads));
     for (const Chunk& c : chunks) {
       const proto::Record& r = recs[c.rec];
       uint8_t* buf = old.data() + c.buf_off;
@@ -347,22 +328,16 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
       writes.push_back(WriteOp{off, ByteSpan(data, len)});
       replica_dirty = true;
     } else if (zs.ok() && !holes.Covers(off, len)) {
-      zs = ZeroReplica(off, len);
+      zs = store_->Zero(off, len);
       replica_dirty = true;
     }
   });
   CDP_RETURN_IF_ERROR(zs);
   if (!writes.empty()) {
-    if (Status ws = replica_io_->Write(writes); !ws.ok()) {
-      for (const WriteOp& w : writes) digests_->Forget(w.offset, w.data.size());  // any may have landed in part
-      return ws;
-    }
-    for (const WriteOp& w : writes) {
-      digests_->Wrote(w.offset, w.data);
-      write_bytes += w.data.size();
-    }
+    CDP_RETURN_IF_ERROR(store_->WriteBatch(writes));
+    for (const WriteOp& w : writes) write_bytes += w.data.size();
   }
-  if (replica_dirty) CDP_RETURN_IF_ERROR(replica_->Sync());
+  if (replica_dirty) CDP_RETURN_IF_ERROR(store_->Sync());
 
   // 5. Recovery points of this batch, and the suspect-clean points of its
   // anomalies (older than the batch: they take their place by sequence).

@@ -115,16 +115,8 @@ Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
     uint64_t seg;
     if (ParseSegmentName(n, &seg)) CDP_RETURN_IF_ERROR(env->Remove(JoinPath(JournalDir(), n)));
   }
-  {
-    OpenOptions oo;
-    oo.create = true;
-    CDP_ASSIGN_OR_RETURN(auto f, env->Open(ReplicaPath(), oo));
-    CDP_RETURN_IF_ERROR(f->Truncate(0));
-    CDP_RETURN_IF_ERROR(f->Truncate(DeviceSize(id)));
-    CDP_RETURN_IF_ERROR(f->Sync());
-  }
   // The digests of an earlier volume of this name do not describe the new replica.
-  if (env->Exists(DigestStorePath())) CDP_RETURN_IF_ERROR(env->Remove(DigestStorePath()));
+  CDP_RETURN_IF_ERROR(ReplicaStore::Create(env, o_.dir, id));
   CDP_RETURN_IF_ERROR(env->SyncDir(o_.dir));
   {
     CDP_ASSIGN_OR_RETURN(auto w, SegmentWriter::Open(env, JournalDir(), 1, true, 1, 0, o_.segment_bytes));

@@ -15,9 +15,9 @@ Status ReplicaVolume::UndoEntries(const std::vector<UndoEntry>& entries) {
   std::map<uint64_t, std::shared_ptr<File>> files;
   for (const UndoEntry& e : entries) {
     if (e.kind == UndoKind::kZeroes) {
-      // Zeros are restored by punching a hole (ZeroReplica): the undo of a
+      // Zeros are restored by punching a hole (ReplicaStore::Zero): the undo of a
       // batch that failed on a full disk must not need new blocks itself.
-      CDP_RETURN_IF_ERROR(ZeroReplica(e.offset, e.length));
+      CDP_RETURN_IF_ERROR(store_->Zero(e.offset, e.length));
       continue;
     }
     std::shared_ptr<File> f;
@@ -33,15 +33,11 @@ Status ReplicaVolume::UndoEntries(const std::vector<UndoEntry>& entries) {
     }
     buf.resize(e.length);
     CDP_RETURN_IF_ERROR(ReadUndoData(*f, e.header(), e.location(), buf.data()));
-    if (Status ws = replica_->Write(e.offset, buf); !ws.ok()) {
-      digests_->Forget(e.offset, buf.size());  // as in apply: the write may have landed in part
-      return ws;
-    }
-    digests_->Wrote(e.offset, buf);
+    CDP_RETURN_IF_ERROR(store_->Write(e.offset, buf));
     if (o_.metrics.disk_read_bytes) o_.metrics.disk_read_bytes->Inc(e.kind == UndoKind::kZeroes ? 0 : e.length);
     if (o_.metrics.disk_write_bytes) o_.metrics.disk_write_bytes->Inc(e.length);
   }
-  if (!entries.empty()) CDP_RETURN_IF_ERROR(replica_->Sync());
+  if (!entries.empty()) CDP_RETURN_IF_ERROR(store_->Sync());
   return Status::OK();
 }
 

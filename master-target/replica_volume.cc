@@ -18,17 +18,15 @@ ReplicaVolume::~ReplicaVolume() {
   // A broken volume's replica may hold what the store does not know: its
   // store stays open, and the next Open starts it empty.
   std::lock_guard<std::mutex> lk(apply_mu_);
-  if (digests_ && !broken_) (void)digests_->Close();
+  if (store_ && !broken_) (void)store_->Close();
 }
 
 uint64_t ReplicaVolume::digest_store_hits() const {
   std::lock_guard<std::mutex> lk(apply_mu_);
-  return digests_ ? digests_->hits() : 0;
+  return store_ ? store_->hits() : 0;
 }
 
 std::string ReplicaVolume::JournalDir() const { return JoinPath(o_.dir, "journal"); }
-std::string ReplicaVolume::ReplicaPath() const { return JoinPath(o_.dir, "replica.img"); }
-std::string ReplicaVolume::DigestStorePath() const { return JoinPath(o_.dir, "digests"); }
 
 Result<std::unique_ptr<ReplicaVolume>> ReplicaVolume::Open(VolumeOptions opts, const VolumeIdentity* create) {
   if (!opts.env || !opts.clock) return Status::InvalidArgument("volume: env and clock are required");
@@ -70,25 +68,8 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
   }
   CDP_RETURN_IF_ERROR(LoadIndex());
   CDP_ASSIGN_OR_RETURN(undo_, UndoIndex::Open(db_.get(), o_.index_path, DeviceSize(id_), o_.index_vfs));
-  OpenOptions ro;
-  CDP_ASSIGN_OR_RETURN(replica_, o_.env->Open(ReplicaPath(), ro));
-  CDP_ASSIGN_OR_RETURN(uint64_t rsize, replica_->Size());
-  if (rsize < DeviceSize(id_)) return Status::Corruption(ReplicaPath() + ": replica shorter than the volume");
-  std::unique_ptr<File> direct;
-  if (o_.replica_direct_io) {
-    OpenOptions d;
-    d.direct = true;
-    auto f = o_.env->Open(ReplicaPath(), d);
-    if (f.ok()) {
-      direct = std::move(*f);
-    } else {
-      log::Get("mt.volume")
-          ->warn("{} the replica cannot be opened with O_DIRECT ({}): apply uses buffered I/O",
-                 log::Where{id_.name, "", 0}, f.status().ToString());
-    }
-  }
-  replica_io_ = std::make_unique<ReplicaIo>(replica_.get(), std::move(direct));
-  CDP_ASSIGN_OR_RETURN(digests_, DigestStore::Open(o_.env, DigestStorePath(), id_.uuid, id_.size));
+  CDP_ASSIGN_OR_RETURN(store_, ReplicaStore::Open(o_.env, o_.dir, id_, o_.replica_direct_io,
+                                                  o_.metrics.disk_write_bytes.get()));
   CDP_RETURN_IF_ERROR(RecoverUncommitted());
   CDP_RETURN_IF_ERROR(RebuildUndoIndex());
   if (fence_->state() == VolumeState::kRollingBack) CDP_RETURN_IF_ERROR(FinishRollback());
@@ -153,7 +134,7 @@ Status ReplicaVolume::ReadDeviceAt(uint64_t point_seq, uint64_t offset, uint64_t
                                           uint32_t(p.offset - p.entry.offset), p.length, dst));
       }
     } else {
-      CDP_RETURN_IF_ERROR(replica_->Read(p.offset, p.length, dst));
+      CDP_RETURN_IF_ERROR(store_->Read(p.offset, p.length, dst));
     }
   }
   return Status::OK();
@@ -185,8 +166,8 @@ Result<ReplicaVolume::DigestAnswer> ReplicaVolume::Digests(const DigestQuery& q)
   if (q.at_seq == 0 || q.at_seq == applied) {
     // The current image: apply waits meanwhile, so the file is the image.
     a.seq = applied;
-    src.read = [this](uint64_t off, size_t n, uint8_t* buf) { return replica_->Read(off, n, buf); };
-    src.next_data = [this](uint64_t off) { return replica_->NextData(off); };
+    src.read = [this](uint64_t off, size_t n, uint8_t* buf) { return store_->Read(off, n, buf); };
+    src.next_data = [this](uint64_t off) { return store_->NextData(off); };
   } else {
     // A past image through the undo journal; apply goes on meanwhile.
     auto p = Pin(q.at_seq);
@@ -231,7 +212,7 @@ Result<std::vector<proto::Hash128>> ReplicaVolume::SealedDigests(DigestReader& r
     if (at_seq != 0) {
       CDP_RETURN_IF_ERROR(ReadDeviceAt(at_seq, mac_off, macs.size(), macs.data()));
     } else {
-      CDP_RETURN_IF_ERROR(replica_->Read(mac_off, macs.size(), macs.data()));
+      CDP_RETURN_IF_ERROR(store_->Read(mac_off, macs.size(), macs.data()));
     }
     for (size_t k = 0; k < leaves.size(); ++k) {
       if (leaves[k] == kZeroDigest && IsAllZero(macs.data() + k * proto::kSealMacSize, proto::kSealMacSize))
@@ -261,14 +242,14 @@ Result<std::vector<proto::Hash128>> ReplicaVolume::CurrentDigests(DigestReader& 
     const uint64_t wend = std::min(last, w + window_units);
     const uint64_t first_leaf = w * per_unit;
     const uint64_t end_leaf = std::min(wend * per_unit, volume_leaves);
-    digests_->Get(first_leaf, size_t(end_leaf - first_leaf), &leaves, &known);
+    store_->digests().Get(first_leaf, size_t(end_leaf - first_leaf), &leaves, &known);
     for (uint64_t u = w; u < wend; ++u) {
       const uint64_t begin = u * q.unit, end = std::min<uint64_t>(begin + q.unit, id_.size);
       const size_t i = size_t(u * per_unit - first_leaf);
       const size_t j = size_t(std::min(end_leaf, (u + 1) * per_unit) - first_leaf);
       if (std::find(known.begin() + long(i), known.begin() + long(j), false) != known.begin() + long(j)) {
         // A unit wholly in a hole costs one seek (and stays out of the store).
-        CDP_ASSIGN_OR_RETURN(uint64_t data, replica_->NextData(begin));
+        CDP_ASSIGN_OR_RETURN(uint64_t data, store_->NextData(begin));
         if (data >= end) {
           out.push_back(kZeroDigest);
           *skipped += end - begin;
@@ -284,7 +265,7 @@ Result<std::vector<proto::Hash128>> ReplicaVolume::CurrentDigests(DigestReader& 
           while (e < j && !known[e]) ++e;
           const uint64_t off = (first_leaf + k) * kLeafSize;
           CDP_ASSIGN_OR_RETURN(auto got, reader.Leaves(off, uint64_t(e - k) * kLeafSize));
-          digests_->Put(first_leaf + k, got);
+          store_->digests().Put(first_leaf + k, got);
           std::copy(got.begin(), got.end(), leaves.begin() + long(k));
           k = e;
         }

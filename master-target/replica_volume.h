@@ -92,6 +92,7 @@
 // is the one place that drives them together:
 //   VolumeFence (replica_fence.h)      generation, numbering, state, failover, upstream
 //   PointCatalogue (replica_points.h)  points, pins, rollbacks, anomalies, policy, history lock
+//   ReplicaStore (replica_store.h)     the replica file, its direct I/O, its digest store
 // with the value types in replica_types.h and a batch's helpers in
 // replica_batch.h. The façade's reads, pins and hashes are in
 // replica_volume.cc; the sqlite index in replica_index.cc; apply and
@@ -134,6 +135,7 @@
 #include "master-target/replica_fence.h"
 #include "master-target/replica_io.h"
 #include "master-target/replica_points.h"
+#include "master-target/replica_store.h"
 #include "master-target/replica_types.h"
 #include "master-target/undo_index.h"
 
@@ -345,9 +347,8 @@ class ReplicaVolume {
   // point pinned): the leaves read through `reader`, a zero leaf whose MAC
   // slot is empty as kUnsealedZeroDigest, window by window.
   Result<std::vector<proto::Hash128>> SealedDigests(DigestReader& reader, const DigestQuery& q, uint64_t at_seq);
-  // Digests of the current image through digests_ (apply_mu_ held).
+  // Digests of the current image through the digest store (apply_mu_ held).
   Result<std::vector<proto::Hash128>> CurrentDigests(DigestReader& reader, const DigestQuery& q, uint64_t* skipped);
-  Status ZeroReplica(uint64_t offset, uint64_t len);
   Status ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out);
   // The commit point of a batch (master-target/replica_index.cc): the applied
   // sequence, the journal position, the touched segments, the batch's undo
@@ -360,8 +361,6 @@ class ReplicaVolume {
   std::shared_ptr<File> SegmentFile(uint64_t segment) const;  // index_mu_ held
   void UpdateGauges();
   std::string JournalDir() const;
-  std::string ReplicaPath() const;
-  std::string DigestStorePath() const;
 
   VolumeOptions o_;
   VolumeIdentity id_;
@@ -370,9 +369,7 @@ class ReplicaVolume {
   std::unique_ptr<PointCatalogue> catalogue_;  // points, pins, rollbacks, anomalies, policy, history lock
 
   mutable std::mutex apply_mu_;  // serialises apply, rollback, retention, hashes
-  std::unique_ptr<File> replica_;
-  std::unique_ptr<ReplicaIo> replica_io_;  // apply's batched I/O: replica_ + its direct handle
-  std::unique_ptr<DigestStore> digests_;  // every write to replica_ goes through it
+  std::unique_ptr<ReplicaStore> store_;  // the replica and its digests (every write goes through it)
   std::unique_ptr<SegmentWriter> writer_;
   uint64_t committed_segment_ = 0;   // committed journal position
   uint64_t committed_offset_ = 0;
