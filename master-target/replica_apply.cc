@@ -31,7 +31,7 @@ ApplyOutcome Nack(proto::NackReason reason, std::string msg, uint64_t expected =
 Status ReplicaVolume::HealLocked() {
   if (!broken_) return Status::OK();
   if (!heal_by_recovery_) return Status::IOError(id_.name + ": volume needs to be reopened after an I/O failure");
-  Status r = RecoverUncommitted();
+  Status r = journal_->Recover(applied_.load());
   if (!r.ok()) return r.WithContext(id_.name + ": undo of a failed apply (retried at each batch)");
   broken_ = false;
   heal_by_recovery_ = false;
@@ -168,7 +168,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
   if (!s.ok()) {
     log::Get("mt.volume")->error("{} apply failed: {}; undoing the partial batch", log::Where{id_.name, "", applied + 1},
                                  s.ToString());
-    Status r = RecoverUncommitted();
+    Status r = journal_->Recover(applied_.load());
     if (!r.ok()) {
       broken_ = true;
       heal_by_recovery_ = true;  // HealLocked() tries again at the next batch
@@ -184,7 +184,7 @@ Result<ApplyOutcome> ReplicaVolume::ApplyBatch(const std::vector<proto::Record>&
 
 void ReplicaVolume::NoteApply(const Status& s, StallCause cause) {
   {
-    std::lock_guard<std::mutex> lk(meta_mu_);
+    std::lock_guard<std::mutex> lk(stall_mu_);
     if (s.ok()) {
       if (!stall_) return;
       log::Get("mt.volume")->info("{} apply resumed after {} failed attempt(s) ({})",
@@ -219,7 +219,7 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
 
   auto flush_buf = [&]() -> Status {
     if (jbuf.empty()) return Status::OK();
-    CDP_ASSIGN_OR_RETURN(UndoLocation loc, writer_->Append(jbuf, pend.front().e.seq));
+    CDP_ASSIGN_OR_RETURN(UndoLocation loc, journal_->Append(jbuf, pend.front().e.seq));
     for (Pending& p : pend) {
       p.e.segment = loc.segment;
       p.e.file_offset = loc.file_offset + p.buf_off;
@@ -309,12 +309,9 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
   }
   CDP_RETURN_IF_ERROR(flush_buf());
   // 2. Journal durable (sync point 1).
-  CDP_RETURN_IF_ERROR(writer_->Sync());
+  CDP_RETURN_IF_ERROR(journal_->Sync());
   // 3. Exports see the undo records before the replica changes.
-  if (!added.empty()) {
-    auto lk = LockIndexExclusive();
-    for (const UndoEntry& e : added) undo_->Stage(e);
-  }
+  journal_->Stage(added);
   // 4. The replica (sync point 2): the batch's final image, `overlay`, as
   // disjoint extents. Zeros first (holes punched), then every data extent in
   // one batched write (replica_io.h). Zeros where step 1 found a hole are
@@ -341,48 +338,20 @@ Status ReplicaVolume::ApplyLocked(const std::vector<proto::Record>& recs, size_t
 
   // 5. Recovery points of this batch, and the suspect-clean points of its
   // anomalies (older than the batch: they take their place by sequence).
-  PointCatalogue::NewPoints new_points = catalogue_->PointsOf(recs, first, wall, horizon_);
+  PointCatalogue::NewPoints new_points = catalogue_->PointsOf(recs, first, wall, journal_->horizon());
 
   // 6. Segment bookkeeping.
-  std::map<uint64_t, SegmentInfo> touched;
-  {
-    std::lock_guard<std::mutex> lk(meta_mu_);
-    for (const UndoEntry& e : added) {
-      if (!touched.count(e.segment)) {
-        auto it = segments_.find(e.segment);
-        SegmentInfo si;
-        si.segment = e.segment;
-        if (it != segments_.end()) si = it->second;
-        touched[e.segment] = si;
-      }
-      SegmentInfo& si = touched[e.segment];
-      if (si.min_seq == 0) si.min_seq = e.seq;
-      si.max_seq = std::max(si.max_seq, e.seq);
-      if (si.first_time_us == 0) si.first_time_us = e.time_us;
-      si.last_time_us = e.time_us;
-    }
-  }
-  for (auto& [seg, si] : touched) {
-    if (seg == writer_->segment()) {
-      si.bytes = writer_->end();
-    } else {
-      CDP_ASSIGN_OR_RETURN(si.bytes, o_.env->FileSize(JoinPath(JournalDir(), SegmentFileName(seg))));
-    }
-  }
+  using Segments = std::map<uint64_t, SegmentInfo>;
+  CDP_ASSIGN_OR_RETURN(const Segments touched, journal_->Touched(added));
   const uint64_t last_seq = recs.back().seq;
-  const uint64_t new_seg = writer_->segment(), new_off = writer_->end();
+  const UndoLog::Position pos = journal_->position();
 
   if (o_.before_commit) CDP_RETURN_IF_ERROR(o_.before_commit());
   // 7. Commit point.
-  CDP_RETURN_IF_ERROR(CommitBatch(last_seq, new_seg, new_off, touched, added, &new_points));
+  CDP_RETURN_IF_ERROR(CommitBatch(last_seq, pos, touched, added, &new_points));
   // 8. Publish (the applied sequence last: a reader that sees it finds its points).
-  {
-    std::lock_guard<std::mutex> lk(meta_mu_);
-    for (const auto& [seg, si] : touched) segments_[seg] = si;
-  }
+  journal_->Committed(touched, pos);
   catalogue_->PublishNew(std::move(new_points));
-  committed_segment_ = new_seg;
-  committed_offset_ = new_off;
   applied_.store(last_seq);
   out->durable_seq = last_seq;
   const VolumeMetrics& m = o_.metrics;

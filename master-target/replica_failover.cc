@@ -19,8 +19,7 @@ Status Broken(const std::string& name) {
 Result<bool> ReplicaVolume::Failover(uint64_t point_seq, int64_t point_id) {
   std::lock_guard<std::mutex> lk(apply_mu_);
   if (broken_) return Broken(id_.name);
-  // horizon_ changes under apply_mu_ only.
-  return fence_->Failover(point_seq, point_id, horizon_, applied_.load());
+  return fence_->Failover(point_seq, point_id, journal_->horizon(), applied_.load());
 }
 
 Result<bool> ReplicaVolume::CommitFailover() {
@@ -52,11 +51,7 @@ Result<std::vector<proto::BlockExtent>> ReplicaVolume::JournalBlocksAfter(uint64
   std::vector<proto::BlockExtent> out;
   for (uint64_t lo = point_seq; lo < applied;) {
     const uint64_t hi = std::min(applied, lo + window);
-    std::vector<UndoEntry> entries;
-    {
-      auto lk = LockIndexShared();
-      CDP_ASSIGN_OR_RETURN(entries, undo_->EntriesBetween(lo, hi));
-    }
+    CDP_ASSIGN_OR_RETURN(std::vector<UndoEntry> entries, journal_->EntriesBetween(lo, hi));
     for (const UndoEntry& e : entries) {
       if (e.length == 0) continue;
       const uint64_t first = e.offset / bs, end = (e.offset + e.length + bs - 1) / bs;
@@ -95,7 +90,7 @@ Result<uint64_t> ReplicaVolume::ApplyFailback(std::vector<proto::Record> records
   NoteApply(s);
   if (s.ok() && o_.metrics.records_applied) o_.metrics.records_applied->Inc(records.size());
   if (!s.ok()) {
-    Status r = RecoverUncommitted();
+    Status r = journal_->Recover(applied_.load());
     if (!r.ok()) {
       broken_ = true;
       heal_by_recovery_ = true;

@@ -12,7 +12,7 @@ namespace cdp::mt {
 namespace {
 
 // 2: the undo index is in the tables `undo*` (undo_index.h). An index of
-// version 1 is opened and filled to version 2 at open (RebuildUndoIndex); a
+// version 1 is opened and filled to version 2 at open (UndoLog::RebuildIndex); a
 // binary that knows only version 1 refuses it then, rather than apply batches
 // without indexing their undo records.
 constexpr int kIndexFormatVersion = 2;
@@ -107,21 +107,10 @@ Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
   if (id.sealed && id.size % proto::kSealUnit != 0)
     return Status::InvalidArgument("a sealed volume's size must be a multiple of 4 KiB");
   Env* env = o_.env;
-  CDP_RETURN_IF_ERROR(env->CreateDirs(JournalDir()));
-  // A creation interrupted before its index row was committed left files that
-  // nothing refers to: start over.
-  CDP_ASSIGN_OR_RETURN(auto names, env->ListDir(JournalDir()));
-  for (const auto& n : names) {
-    uint64_t seg;
-    if (ParseSegmentName(n, &seg)) CDP_RETURN_IF_ERROR(env->Remove(JoinPath(JournalDir(), n)));
-  }
+  CDP_RETURN_IF_ERROR(UndoLog::CreateJournal(env, JoinPath(o_.dir, "journal"), o_.segment_bytes));
   // The digests of an earlier volume of this name do not describe the new replica.
   CDP_RETURN_IF_ERROR(ReplicaStore::Create(env, o_.dir, id));
-  CDP_RETURN_IF_ERROR(env->SyncDir(o_.dir));
-  {
-    CDP_ASSIGN_OR_RETURN(auto w, SegmentWriter::Open(env, JournalDir(), 1, true, 1, 0, o_.segment_bytes));
-    CDP_RETURN_IF_ERROR(w->Sync());
-  }
+  CDP_RETURN_IF_ERROR(env->SyncDir(o_.dir));  // the journal directory and the replica
   CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
   {
     CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
@@ -146,7 +135,7 @@ Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
   return tx.Commit();
 }
 
-Status ReplicaVolume::LoadIndex() {
+Status ReplicaVolume::LoadIndex(UndoLog::Row* jrow) {
   int64_t state = 0;
   uint64_t rollback_to = 0;
   {
@@ -157,7 +146,7 @@ Status ReplicaVolume::LoadIndex() {
     if (!row) return Status::Corruption(o_.index_path + ": no volume row");
     if (st.ColumnInt64(0) != kIndexFormatVersion && st.ColumnInt64(0) != 1)
       return Status::Corruption(o_.index_path + ": unsupported index format " + std::to_string(st.ColumnInt64(0)));
-    index_version_ = int(st.ColumnInt64(0));
+    jrow->index_version = int(st.ColumnInt64(0));
     id_.name = st.ColumnText(1);
     id_.size = uint64_t(st.ColumnInt64(2));
     id_.block_size = uint32_t(st.ColumnInt64(3));
@@ -166,9 +155,9 @@ Status ReplicaVolume::LoadIndex() {
     std::copy(uuid.begin(), uuid.end(), id_.uuid.begin());
     id_.generation = uint64_t(st.ColumnInt64(5));
     applied_.store(uint64_t(st.ColumnInt64(6)));
-    committed_segment_ = uint64_t(st.ColumnInt64(7));
-    committed_offset_ = uint64_t(st.ColumnInt64(8));
-    horizon_ = uint64_t(st.ColumnInt64(9));
+    jrow->committed_segment = uint64_t(st.ColumnInt64(7));
+    jrow->committed_offset = uint64_t(st.ColumnInt64(8));
+    jrow->horizon = uint64_t(st.ColumnInt64(9));
     state = st.ColumnInt64(10);
     rollback_to = uint64_t(st.ColumnInt64(11));
   }
@@ -182,54 +171,20 @@ Status ReplicaVolume::LoadIndex() {
                                 std::to_string(st.ColumnInt64(1)) + "-byte MACs is not this version's");
   }
   CDP_RETURN_IF_ERROR(fence_->Load(id_.name, o_.index_path, id_.generation, state, rollback_to));
-  std::map<uint64_t, SegmentInfo> segments;
-  {
-    CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
-        "SELECT segment, min_seq, max_seq, first_time_us, last_time_us, bytes FROM segments ORDER BY segment"));
-    for (;;) {
-      CDP_ASSIGN_OR_RETURN(bool row, st.Step());
-      if (!row) break;
-      SegmentInfo s;
-      s.segment = uint64_t(st.ColumnInt64(0));
-      s.min_seq = uint64_t(st.ColumnInt64(1));
-      s.max_seq = uint64_t(st.ColumnInt64(2));
-      s.first_time_us = uint64_t(st.ColumnInt64(3));
-      s.last_time_us = uint64_t(st.ColumnInt64(4));
-      s.bytes = uint64_t(st.ColumnInt64(5));
-      segments[s.segment] = s;
-    }
-  }
-  if (!segments.count(committed_segment_))
-    return Status::Corruption(o_.index_path + ": committed journal segment is not in the index");
-  {
-    std::lock_guard<std::mutex> lk(meta_mu_);
-    segments_ = std::move(segments);
-  }
   return catalogue_->Load(id_.name);
 }
 
-Status ReplicaVolume::CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
-                           const std::map<uint64_t, SegmentInfo>& touched, const std::vector<UndoEntry>& undo,
-                           PointCatalogue::NewPoints* new_points) {
+Status ReplicaVolume::CommitBatch(uint64_t last_seq, UndoLog::Position pos,
+                                  const std::map<uint64_t, SegmentInfo>& touched, const std::vector<UndoEntry>& undo,
+                                  PointCatalogue::NewPoints* new_points) {
   CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
-  CDP_RETURN_IF_ERROR(undo_->Insert(undo));
   CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare(
       "UPDATE volume SET applied_seq = ?1, journal_segment = ?2, journal_offset = ?3 WHERE id = 1"));
-  CDP_RETURN_IF_ERROR(st.BindAll(last_seq, journal_segment, journal_offset));
+  CDP_RETURN_IF_ERROR(st.BindAll(last_seq, pos.segment, pos.offset));
   CDP_RETURN_IF_ERROR(st.Run());
-  if (!touched.empty()) {
-    CDP_ASSIGN_OR_RETURN(auto up, db_->Prepare("INSERT OR REPLACE INTO segments VALUES(?1, ?2, ?3, ?4, ?5, ?6)"));
-    for (const auto& [seg, si] : touched) {
-      CDP_RETURN_IF_ERROR(up.Reset());
-      CDP_RETURN_IF_ERROR(up.BindAll(seg, si.min_seq, si.max_seq, si.first_time_us, si.last_time_us, si.bytes));
-      CDP_RETURN_IF_ERROR(up.Run());
-    }
-  }
+  CDP_RETURN_IF_ERROR(journal_->StageCommit(tx, undo, touched));
   CDP_RETURN_IF_ERROR(catalogue_->StageNew(tx, new_points));
-  CDP_RETURN_IF_ERROR(tx.Commit());
-  auto lk = LockIndexExclusive();
-  undo_->Committed();
-  return Status::OK();
+  return tx.Commit();
 }
 
 }  // namespace cdp::mt

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "master-target/replica_volume.h"
+#include "master-target/replica_undo.h"
 
 #include <algorithm>
 #include <limits>
@@ -10,7 +10,7 @@
 
 namespace cdp::mt {
 
-Status ReplicaVolume::UndoEntries(const std::vector<UndoEntry>& entries) {
+Status UndoLog::UndoEntries(const std::vector<UndoEntry>& entries) {
   Bytes buf;
   std::map<uint64_t, std::shared_ptr<File>> files;
   for (const UndoEntry& e : entries) {
@@ -27,24 +27,24 @@ Status ReplicaVolume::UndoEntries(const std::vector<UndoEntry>& entries) {
     } else {
       OpenOptions ro;
       ro.read_only = true;
-      CDP_ASSIGN_OR_RETURN(auto nf, o_.env->Open(JoinPath(JournalDir(), SegmentFileName(e.segment)), ro));
+      CDP_ASSIGN_OR_RETURN(auto nf, o_.env->Open(SegmentPath(e.segment), ro));
       f = std::shared_ptr<File>(std::move(nf));
       files[e.segment] = f;
     }
     buf.resize(e.length);
     CDP_RETURN_IF_ERROR(ReadUndoData(*f, e.header(), e.location(), buf.data()));
     CDP_RETURN_IF_ERROR(store_->Write(e.offset, buf));
-    if (o_.metrics.disk_read_bytes) o_.metrics.disk_read_bytes->Inc(e.kind == UndoKind::kZeroes ? 0 : e.length);
-    if (o_.metrics.disk_write_bytes) o_.metrics.disk_write_bytes->Inc(e.length);
+    if (o_.metrics && o_.metrics->disk_read_bytes) o_.metrics->disk_read_bytes->Inc(e.kind == UndoKind::kZeroes ? 0 : e.length);
+    if (o_.metrics && o_.metrics->disk_write_bytes) o_.metrics->disk_write_bytes->Inc(e.length);
   }
   if (!entries.empty()) CDP_RETURN_IF_ERROR(store_->Sync());
   return Status::OK();
 }
 
-Status ReplicaVolume::RecoverUncommitted(bool undo_records) {
+Status UndoLog::Recover(uint64_t applied, bool undo_records) {
   writer_.reset();
   Env* env = o_.env;
-  const std::string jdir = JournalDir();
+  const std::string& jdir = o_.dir;
   CDP_ASSIGN_OR_RETURN(auto names, env->ListDir(jdir));
   std::vector<uint64_t> on_disk;
   for (const auto& n : names) {
@@ -52,7 +52,6 @@ Status ReplicaVolume::RecoverUncommitted(bool undo_records) {
     if (ParseSegmentName(n, &seg)) on_disk.push_back(seg);
   }
   std::vector<UndoEntry> undo;
-  const uint64_t applied = applied_.load();
   for (uint64_t seg : on_disk) {
     if (seg < committed_segment_ || !undo_records) continue;
     OpenOptions ro;
@@ -80,7 +79,7 @@ Status ReplicaVolume::RecoverUncommitted(bool undo_records) {
   });
   if (!undo.empty()) {
     log::Get("mt.volume")->warn("{} undoing {} uncommitted undo records after a crash",
-                                log::Where{id_.name, "", applied}, undo.size());
+                                log::Where{o_.name, "", applied}, undo.size());
   }
   CDP_RETURN_IF_ERROR(UndoEntries(undo));
 
@@ -88,7 +87,7 @@ Status ReplicaVolume::RecoverUncommitted(bool undo_records) {
   bool dir_dirty = false;
   std::map<uint64_t, SegmentInfo> known;
   {
-    std::lock_guard<std::mutex> lk(meta_mu_);
+    std::lock_guard<std::mutex> lk(seg_mu_);
     known = segments_;
   }
   for (uint64_t seg : on_disk) {
@@ -131,10 +130,10 @@ Status ReplicaVolume::RecoverUncommitted(bool undo_records) {
   return Status::OK();
 }
 
-Status ReplicaVolume::RebuildUndoIndex() {
+Status UndoLog::RebuildIndex() {
   std::map<uint64_t, SegmentInfo> segs;
   {
-    std::lock_guard<std::mutex> lk(meta_mu_);
+    std::lock_guard<std::mutex> lk(seg_mu_);
     segs = segments_;
   }
   std::map<uint64_t, std::shared_ptr<File>> files;
@@ -145,7 +144,7 @@ Status ReplicaVolume::RebuildUndoIndex() {
     }
     OpenOptions ro;
     ro.read_only = true;
-    CDP_ASSIGN_OR_RETURN(auto nf, o_.env->Open(JoinPath(JournalDir(), SegmentFileName(seg)), ro));
+    CDP_ASSIGN_OR_RETURN(auto nf, o_.env->Open(SegmentPath(seg), ro));
     files[seg] = std::shared_ptr<File>(std::move(nf));
   }
   if (!undo_->built() || index_version_ < 2) {

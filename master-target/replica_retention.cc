@@ -16,22 +16,18 @@ Result<RetentionResult> ReplicaVolume::ApplyRetention() {
 
 Result<RetentionResult> ReplicaVolume::ApplyRetentionLocked() {
   RetentionResult res;
-  res.horizon_seq = horizon_;
+  res.horizon_seq = journal_->horizon();
   const RetentionPolicy pol = catalogue_->policy();
   CDP_RETURN_IF_ERROR(HealLocked());
   if (pol.max_age_us == 0 && pol.max_bytes == 0) return res;
   const uint64_t wall = o_.clock->WallMicros();
-  const uint64_t cur = writer_->segment();
-  std::vector<SegmentInfo> segs;
-  {
-    std::lock_guard<std::mutex> mk(meta_mu_);
-    for (const auto& [seg, si] : segments_) segs.push_back(si);
-  }
+  const uint64_t cur = journal_->current_segment();
+  const std::vector<SegmentInfo> segs = journal_->Segments();
   const PointCatalogue::Promise promise = catalogue_->Promised(segs, cur, wall);
   res.locked_over_budget = promise.locked_over_budget;
   uint64_t promised_min = promise.min_seq;
   if (std::optional<FailoverInfo> f = fence_->failover()) promised_min = std::min(promised_min, f->point_seq);
-  uint64_t last_dropped = 0, new_horizon = horizon_;
+  uint64_t last_dropped = 0, new_horizon = res.horizon_seq;
   for (const SegmentInfo& si : segs) {
     if (si.segment == cur || si.max_seq > promised_min) break;
     res.dropped_segments.push_back(si.segment);
@@ -40,48 +36,22 @@ Result<RetentionResult> ReplicaVolume::ApplyRetentionLocked() {
   }
   if (res.dropped_segments.empty()) return res;
   res.dropped_points = catalogue_->Below(new_horizon);
-  {
-    // Readers of points below the new horizon are refused from now on, before
-    // the undo records they would need leave the index. (The points promised
-    // or pinned are all at or above it.)
-    auto ik = LockIndexExclusive();
-    horizon_ = new_horizon;
-  }
-  {
-    Status s = [&]() -> Status {
-      CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
-      // Records at or below the horizon are never read again (a record's undo
-      // chunks may also lie in the first segment kept).
-      CDP_RETURN_IF_ERROR(undo_->RemoveUpTo(new_horizon));
-      CDP_ASSIGN_OR_RETURN(auto d1, db_->Prepare("DELETE FROM segments WHERE segment <= ?1"));
-      CDP_RETURN_IF_ERROR(d1.BindAll(last_dropped));
-      CDP_RETURN_IF_ERROR(d1.Run());
-      CDP_RETURN_IF_ERROR(catalogue_->StageDropBelow(tx, new_horizon));
-      CDP_ASSIGN_OR_RETURN(auto up, db_->Prepare("UPDATE volume SET horizon_seq = ?1 WHERE id = 1"));
-      CDP_RETURN_IF_ERROR(up.BindAll(new_horizon));
-      CDP_RETURN_IF_ERROR(up.Run());
-      return tx.Commit();
-    }();
-    if (!s.ok()) {
-      auto ik = LockIndexExclusive();
-      undo_->Discarded();
-      return s;
-    }
-  }
-  {
-    auto ik = LockIndexExclusive();
-    undo_->Committed();
-    for (uint64_t seg : res.dropped_segments) seg_files_.erase(seg);
-  }
-  {
-    std::lock_guard<std::mutex> mk(meta_mu_);
-    for (uint64_t seg : res.dropped_segments) segments_.erase(seg);
+  // Readers of points below the new horizon are refused from now on, before
+  // the undo records they would need leave the index. (The points promised
+  // or pinned are all at or above it.)
+  journal_->RaiseHorizon(new_horizon);
+  Status s = [&]() -> Status {
+    CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+    CDP_RETURN_IF_ERROR(journal_->StageDrop(tx, last_dropped, new_horizon));
+    CDP_RETURN_IF_ERROR(catalogue_->StageDropBelow(tx, new_horizon));
+    return tx.Commit();
+  }();
+  if (!s.ok()) {
+    journal_->Discard();
+    return s;
   }
   catalogue_->DropBelow(new_horizon);
-  for (uint64_t seg : res.dropped_segments) {
-    CDP_RETURN_IF_ERROR(o_.env->Remove(JoinPath(JournalDir(), SegmentFileName(seg))));
-  }
-  CDP_RETURN_IF_ERROR(o_.env->SyncDir(JournalDir()));
+  CDP_RETURN_IF_ERROR(journal_->Dropped(res.dropped_segments));
   res.horizon_seq = new_horizon;
   log::Get("mt.volume")->info("{} retention dropped {} segments and {} points; horizon {}",
                               log::Where{id_.name, "", applied_.load()}, res.dropped_segments.size(),
@@ -100,18 +70,11 @@ Status ReplicaVolume::SetRetention(const RetentionPolicy& policy) {
 Result<std::optional<ApplyOutcome>> ReplicaVolume::CheckHistoryLock() {
   const RetentionPolicy pol = catalogue_->policy();
   if (pol.max_bytes == 0 || catalogue_->LockUs(o_.clock->WallMicros()) == 0) return std::optional<ApplyOutcome>();
-  uint64_t jbytes = 0;
-  {
-    std::lock_guard<std::mutex> mk(meta_mu_);
-    jbytes = JournalBytesLocked();
-  }
+  uint64_t jbytes = journal_->bytes();
   if (jbytes <= pol.max_bytes) return std::optional<ApplyOutcome>();
   CDP_ASSIGN_OR_RETURN(RetentionResult r, ApplyRetentionLocked());
   if (!r.locked_over_budget) return std::optional<ApplyOutcome>();
-  {
-    std::lock_guard<std::mutex> mk(meta_mu_);
-    jbytes = JournalBytesLocked();
-  }
+  jbytes = journal_->bytes();
   ApplyOutcome out;
   out.ack = false;
   out.reason = proto::NackReason::kBusy;

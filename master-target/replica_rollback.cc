@@ -23,7 +23,7 @@ Status ReplicaVolume::Rollback(uint64_t point_seq, bool discard_history) {
   const uint64_t from = applied_.load();
   const uint64_t wall = o_.clock->WallMicros();
   CDP_RETURN_IF_ERROR(catalogue_->CheckRollback(point_seq, from, discard_history, wall));
-  if (point_seq < horizon_ || point_seq > from)
+  if (point_seq < journal_->horizon() || point_seq > from)
     return Status::OutOfRange(id_.name + ": sequence " + std::to_string(point_seq) + " is not reachable");
   const RollbackInfo rollback{point_seq, from, 0, wall};
   {
@@ -65,7 +65,7 @@ Status ReplicaVolume::FinishRollback() {
     ApplyOutcome out;
     Status s = ApplyLocked(batch, 0, &out);
     if (!s.ok()) {
-      if (Status r = RecoverUncommitted(); !r.ok()) return r;
+      if (Status r = journal_->Recover(applied_.load()); !r.ok()) return r;
       return s;
     }
     batch.clear();

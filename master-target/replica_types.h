@@ -246,7 +246,7 @@ struct VolumeStatus {
   size_t points = 0;
   size_t active_exports = 0;
   uint64_t rollback_to = 0;        // failed-over: the point rolled back to
-  uint64_t seq_base = 0;           // see ReplicaVolume::seq_base()
+  uint64_t seq_base = 0;           // see VolumeFence::seq_base()
   uint64_t reprotect_armed = 0;    // the generation an operator allowed, 0: none
   Upstream upstream;               // the generation's upstream (empty before its first open)
   std::optional<FailoverInfo> failover;  // a promoted failover
@@ -285,7 +285,7 @@ struct SegmentInfo {
 // A volume's two numberings: the generation's wire sequences (what its
 // upstream sends, from 1) and the volume's history sequences (points,
 // exports, applied_seq; they never restart). `base` is the history sequence
-// of the generation's wire sequence 0 (ReplicaVolume::seq_base()). The only
+// of the generation's wire sequence 0 (VolumeFence::seq_base()). The only
 // conversion between them: nothing else adds or subtracts a base. Take one
 // per batch or request, so that a re-protect in between cannot mix two bases.
 struct Numbering {

@@ -26,7 +26,6 @@ uint64_t ReplicaVolume::digest_store_hits() const {
   return store_ ? store_->hits() : 0;
 }
 
-std::string ReplicaVolume::JournalDir() const { return JoinPath(o_.dir, "journal"); }
 
 Result<std::unique_ptr<ReplicaVolume>> ReplicaVolume::Open(VolumeOptions opts, const VolumeIdentity* create) {
   if (!opts.env || !opts.clock) return Status::InvalidArgument("volume: env and clock are required");
@@ -66,34 +65,23 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
     if (!create) return Status::NotFound("volume index " + o_.index_path + " holds no volume");
     CDP_RETURN_IF_ERROR(CreateFiles(*create));
   }
-  CDP_RETURN_IF_ERROR(LoadIndex());
-  CDP_ASSIGN_OR_RETURN(undo_, UndoIndex::Open(db_.get(), o_.index_path, DeviceSize(id_), o_.index_vfs));
+  UndoLog::Row row;
+  CDP_RETURN_IF_ERROR(LoadIndex(&row));
   CDP_ASSIGN_OR_RETURN(store_, ReplicaStore::Open(o_.env, o_.dir, id_, o_.replica_direct_io,
                                                   o_.metrics.disk_write_bytes.get()));
-  CDP_RETURN_IF_ERROR(RecoverUncommitted());
-  CDP_RETURN_IF_ERROR(RebuildUndoIndex());
+  journal_ = std::make_unique<UndoLog>(
+      db_.get(), store_.get(), UndoLog::Options{o_.env, JoinPath(o_.dir, "journal"), id_.name, o_.segment_bytes, &o_.metrics});
+  CDP_RETURN_IF_ERROR(journal_->Load(row, o_.index_path));
+  CDP_RETURN_IF_ERROR(journal_->OpenIndex(o_.index_path, DeviceSize(id_), o_.index_vfs));
+  CDP_RETURN_IF_ERROR(journal_->Recover(applied_.load()));
+  CDP_RETURN_IF_ERROR(journal_->RebuildIndex());
   if (fence_->state() == VolumeState::kRollingBack) CDP_RETURN_IF_ERROR(FinishRollback());
   UpdateGauges();
   return Status::OK();
 }
 
-std::unique_lock<std::shared_mutex> ReplicaVolume::LockIndexExclusive() const {
-  std::unique_lock<std::mutex> gate(turnstile_);
-  return std::unique_lock<std::shared_mutex>(index_mu_);
-}
-
-std::shared_lock<std::shared_mutex> ReplicaVolume::LockIndexShared() const {
-  { std::lock_guard<std::mutex> gate(turnstile_); }
-  return std::shared_lock<std::shared_mutex>(index_mu_);
-}
-
-std::shared_ptr<File> ReplicaVolume::SegmentFile(uint64_t segment) const {
-  auto it = seg_files_.find(segment);
-  return it == seg_files_.end() ? nullptr : it->second;
-}
-
 std::optional<ApplyStall> ReplicaVolume::stall() const {
-  std::lock_guard<std::mutex> lk(meta_mu_);
+  std::lock_guard<std::mutex> lk(stall_mu_);
   return stall_;
 }
 
@@ -117,34 +105,14 @@ Status ReplicaVolume::ReadStoredAt(uint64_t point_seq, uint64_t offset, uint64_t
 }
 
 Status ReplicaVolume::ReadDeviceAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
-  std::shared_lock<std::shared_mutex> lk = LockIndexShared();
-  if (point_seq < horizon_)
-    return Status::OutOfRange(id_.name + ": point " + std::to_string(point_seq) + " is below the retention horizon");
-  CDP_ASSIGN_OR_RETURN(std::vector<ReadPiece> pieces, undo_->Lookup(point_seq, offset, len));
-  for (const ReadPiece& p : pieces) {
-    uint8_t* dst = buf + (p.offset - offset);
-    if (p.from_undo) {
-      std::shared_ptr<File> f = SegmentFile(p.entry.segment);
-      if (!f) return Status::Corruption(id_.name + ": journal segment of an indexed record is gone");
-      if (p.offset == p.entry.offset && p.length == p.entry.length) {
-        // A whole record: read it with its CRC check.
-        CDP_RETURN_IF_ERROR(ReadUndoData(*f, p.entry.header(), p.entry.location(), dst));
-      } else {
-        CDP_RETURN_IF_ERROR(ReadUndoSlice(*f, p.entry.header(), p.entry.location(),
-                                          uint32_t(p.offset - p.entry.offset), p.length, dst));
-      }
-    } else {
-      CDP_RETURN_IF_ERROR(store_->Read(p.offset, p.length, dst));
-    }
-  }
-  return Status::OK();
+  return journal_->ReadAt(point_seq, offset, len, buf);
 }
 
 Result<std::unique_ptr<PointPin>> ReplicaVolume::Pin(uint64_t point_seq) {
-  std::shared_lock<std::shared_mutex> lk(index_mu_);
-  if (point_seq < horizon_ || point_seq > applied_.load())
-    return Status::OutOfRange(id_.name + ": sequence " + std::to_string(point_seq) + " is not reachable");
-  return std::make_unique<PointPin>(catalogue_.get(), point_seq);
+  std::unique_ptr<PointPin> pin;
+  CDP_RETURN_IF_ERROR(journal_->WhileReachable(
+      point_seq, applied_, [&] { pin = std::make_unique<PointPin>(catalogue_.get(), point_seq); }));
+  return pin;
 }
 
 Result<ReplicaVolume::DigestAnswer> ReplicaVolume::Digests(const DigestQuery& q) {
@@ -276,35 +244,15 @@ Result<std::vector<proto::Hash128>> ReplicaVolume::CurrentDigests(DigestReader& 
   return out;
 }
 
-std::vector<SegmentInfo> ReplicaVolume::Segments() const {
-  std::lock_guard<std::mutex> lk(meta_mu_);
-  std::vector<SegmentInfo> v;
-  for (const auto& [seg, si] : segments_) v.push_back(si);
-  return v;
-}
-
 VolumeStatus ReplicaVolume::GetStatus() const {
   VolumeStatus s;
   s.identity = id_;
   s.applied_seq = applied_.load();
   fence_->FillStatus(&s);
-  {
-    std::shared_lock<std::shared_mutex> ik(index_mu_);
-    s.horizon_seq = horizon_;
-    s.undo_records = undo_->size();
-  }
-  std::lock_guard<std::mutex> lk(meta_mu_);
-  s.journal_bytes = JournalBytesLocked();
-  s.journal_segments = segments_.size();
-  s.stall = stall_;
+  journal_->FillStatus(&s);
   catalogue_->FillStatus(&s, o_.clock->WallMicros());
+  s.stall = stall();
   return s;
-}
-
-uint64_t ReplicaVolume::JournalBytesLocked() const {
-  uint64_t bytes = 0;
-  for (const auto& [seg, si] : segments_) bytes += si.bytes;
-  return bytes;
 }
 
 Result<bool> ReplicaVolume::AcknowledgeAnomaly(int64_t id) {
@@ -319,11 +267,7 @@ Result<bool> ReplicaVolume::AcknowledgeAnomaly(int64_t id) {
 
 void ReplicaVolume::UpdateGauges() {
   const VolumeMetrics& m = o_.metrics;
-  uint64_t jbytes = 0;
-  {
-    std::lock_guard<std::mutex> lk(meta_mu_);
-    jbytes = JournalBytesLocked();
-  }
+  const uint64_t jbytes = journal_->bytes();
   const PointCatalogue::Gauges g = catalogue_->gauges(o_.clock->WallMicros());
   const uint64_t oldest = g.oldest_applied_us;
   if (m.anomalies_open) m.anomalies_open->Set(g.anomalies_open);

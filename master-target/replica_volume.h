@@ -93,10 +93,12 @@
 //   VolumeFence (replica_fence.h)      generation, numbering, state, failover, upstream
 //   PointCatalogue (replica_points.h)  points, pins, rollbacks, anomalies, policy, history lock
 //   ReplicaStore (replica_store.h)     the replica file, its direct I/O, its digest store
+//   UndoLog (replica_undo.h)           the journal, the undo index, segments, horizon
 // with the value types in replica_types.h and a batch's helpers in
 // replica_batch.h. The façade's reads, pins and hashes are in
 // replica_volume.cc; the sqlite index in replica_index.cc; apply and
-// re-protect in replica_apply.cc; crash recovery in replica_recovery.cc;
+// re-protect in replica_apply.cc; crash recovery (UndoLog::Recover) in
+// replica_recovery.cc;
 // rollback in replica_rollback.cc; failover in replica_failover.cc; retention
 // in replica_retention.cc; the replica's batched direct I/O in replica_io.cc.
 // Every mutation of a part runs under the façade's apply lock; a change that
@@ -136,6 +138,7 @@
 #include "master-target/replica_io.h"
 #include "master-target/replica_points.h"
 #include "master-target/replica_store.h"
+#include "master-target/replica_undo.h"
 #include "master-target/replica_types.h"
 #include "master-target/undo_index.h"
 
@@ -315,8 +318,9 @@ class ReplicaVolume {
   // numbering, state and failover (master-target/replica_fence.h).
   const PointCatalogue& points() const { return *catalogue_; }
   const VolumeFence& fence() const { return *fence_; }
+  // The undo journal: segments, horizon, undo records (master-target/replica_undo.h).
+  const UndoLog& journal() const { return *journal_; }
   VolumeStatus GetStatus() const;
-  std::vector<SegmentInfo> Segments() const;
   uint64_t applied_seq() const { return applied_.load(); }
   uint64_t size() const { return id_.size; }
   const VolumeIdentity& identity() const { return id_; }
@@ -326,21 +330,16 @@ class ReplicaVolume {
   explicit ReplicaVolume(VolumeOptions opts) : o_(std::move(opts)) {}
   Status Init(const VolumeIdentity* create);
   Status CreateFiles(const VolumeIdentity& id);
-  Status LoadIndex();
-  // Undoes (when `undo`) the journal past the committed position, cuts it
-  // there and reopens the writer.
-  Status RecoverUncommitted(bool undo = true);
-  Status RebuildUndoIndex();
-  // Writes the image at rollback_to_ back over every block changed after it,
-  // as new history, then ends the rollback (apply_mu_ held).
+  // The volume row (identity, applied sequence; the journal's part in `row`),
+  // the fence and the point catalogue.
+  Status LoadIndex(UndoLog::Row* row);
+  // Writes the image at the fence's rollback point back over every block
+  // changed after it, as new history, then ends the rollback (apply_mu_ held).
   Status FinishRollback();
   Result<RetentionResult> ApplyRetentionLocked();
   // Refuses a batch while the journal is over budget inside the lock
   // (retention run in place first); nullopt: go on. apply_mu_ held.
   Result<std::optional<ApplyOutcome>> CheckHistoryLock();
-  // The journal's bytes, every segment (meta_mu_ held).
-  uint64_t JournalBytesLocked() const;
-  Status UndoEntries(const std::vector<UndoEntry>& entries);
   // ReadAt over the whole replica file (the MACs of a sealed volume included).
   Status ReadDeviceAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const;
   // A sealed volume's digests (apply_mu_ held for the current image, or the
@@ -350,31 +349,28 @@ class ReplicaVolume {
   // Digests of the current image through the digest store (apply_mu_ held).
   Result<std::vector<proto::Hash128>> CurrentDigests(DigestReader& reader, const DigestQuery& q, uint64_t* skipped);
   Status ApplyLocked(const std::vector<proto::Record>& recs, size_t first, ApplyOutcome* out);
-  // The commit point of a batch (master-target/replica_index.cc): the applied
-  // sequence, the journal position, the touched segments, the batch's undo
-  // records (staged in undo_) and the new points and anomalies
-  // (PointCatalogue::StageNew fills in their ids), in one sqlite transaction.
-  // Then undo_ reads those records from the database.
-  Status CommitBatch(uint64_t last_seq, uint64_t journal_segment, uint64_t journal_offset,
-                     const std::map<uint64_t, SegmentInfo>& touched, const std::vector<UndoEntry>& undo,
-                     PointCatalogue::NewPoints* new_points);
-  std::shared_ptr<File> SegmentFile(uint64_t segment) const;  // index_mu_ held
+  // The commit point of a batch (master-target/replica_index.cc), in one
+  // sqlite transaction: the applied sequence and the journal position `pos`
+  // (one UPDATE of the volume row), the batch's undo records and touched
+  // segments (UndoLog::StageCommit), and the new points and anomalies
+  // (PointCatalogue::StageNew fills in their ids). Publishes nothing.
+  Status CommitBatch(uint64_t last_seq, UndoLog::Position pos, const std::map<uint64_t, SegmentInfo>& touched,
+                     const std::vector<UndoEntry>& undo, PointCatalogue::NewPoints* new_points);
   void UpdateGauges();
-  std::string JournalDir() const;
 
   VolumeOptions o_;
   VolumeIdentity id_;
+  // The parts (declared after db_, which they use; the journal after the
+  // store it undoes into).
   std::unique_ptr<sqlite::Db> db_;
   std::unique_ptr<VolumeFence> fence_;  // generation, state, failover, upstream
   std::unique_ptr<PointCatalogue> catalogue_;  // points, pins, rollbacks, anomalies, policy, history lock
+  std::unique_ptr<ReplicaStore> store_;  // the replica and its digests (every write goes through it)
+  std::unique_ptr<UndoLog> journal_;     // the undo journal, its index, segments and horizon
 
   mutable std::mutex apply_mu_;  // serialises apply, rollback, retention, hashes
-  std::unique_ptr<ReplicaStore> store_;  // the replica and its digests (every write goes through it)
-  std::unique_ptr<SegmentWriter> writer_;
-  uint64_t committed_segment_ = 0;   // committed journal position
-  uint64_t committed_offset_ = 0;
   bool broken_ = false;              // an apply failed and could not be undone
-  bool heal_by_recovery_ = false;    // broken_ by a failed undo of an apply: RecoverUncommitted() again heals it
+  bool heal_by_recovery_ = false;    // broken_ by a failed undo of an apply: UndoLog::Recover again heals it
   // OK unless broken_. A volume broken by a failed undo of an apply (a full
   // disk may refuse even the undo) tries the undo again, and works again
   // once it succeeds; any other broken_ needs a reopen. apply_mu_ held.
@@ -384,23 +380,7 @@ class ReplicaVolume {
   void NoteApply(const Status& s, StallCause cause = StallCause::kNone);
   std::atomic<uint64_t> applied_{0};
 
-  // Readers (exports) take index_mu_ shared across the index lookup and the
-  // reads it leads to; the apply thread takes it exclusive only to change the
-  // index or the segment map.
-  mutable std::shared_mutex index_mu_;
-  // Writer preference for index_mu_ (glibc's rwlock prefers readers, and a
-  // busy export must not starve apply): an exclusive locker holds the
-  // turnstile while it waits, so no new reader gets in meanwhile.
-  mutable std::mutex turnstile_;
-  std::unique_lock<std::shared_mutex> LockIndexExclusive() const;
-  std::shared_lock<std::shared_mutex> LockIndexShared() const;
-  std::unique_ptr<UndoIndex> undo_;  // on disk (index.db); memory bounded
-  int index_version_ = 0;            // volume.format_version as loaded (1: undo tables to be filled)
-  std::map<uint64_t, std::shared_ptr<File>> seg_files_;
-  uint64_t horizon_ = 0;
-
-  mutable std::mutex meta_mu_;        // guards the copies below for readers
-  std::map<uint64_t, SegmentInfo> segments_;
+  mutable std::mutex stall_mu_;  // a leaf: stall_ for readers (written under apply_mu_ too)
   std::optional<ApplyStall> stall_;
 };
 

@@ -105,7 +105,7 @@ TEST_CASE("ceph backend: randomized apply, every point equals the reference, a s
     REQUIRE(out.ok());
     REQUIRE(out->ack);
   }
-  REQUIRE((*v)->Segments().size() > 1);
+  REQUIRE((*v)->journal().Segments().size() > 1);
   const auto points = (*v)->points().List();
   REQUIRE(points.size() == gen.points().size());
   for (const auto& p : points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));

@@ -160,7 +160,7 @@ TEST_CASE("randomized apply: every point read through an export and rolled back 
   }
   REQUIRE((*v)->applied_seq() == gen.last_seq());
   REQUIRE(ReadImage(**v, gen.last_seq()) == gen.image());
-  REQUIRE((*v)->Segments().size() > 2);  // the journal spans several segments
+  REQUIRE((*v)->journal().Segments().size() > 2);  // the journal spans several segments
 
   // Points: exactly the flushes and tags of the stream (interval 0).
   auto points = (*v)->points().List();
@@ -410,11 +410,11 @@ TEST_CASE("retention keeps exactly the points the policy promises", "[volume][re
   }
   auto points_before = (*v)->points().List();
   REQUIRE(points_before.size() == 20);
-  auto segs_before = (*v)->Segments();
+  auto segs_before = (*v)->journal().Segments();
   REQUIRE(segs_before.size() > 5);
 
   auto check_after = [&](const std::function<bool(const RecoveryPoint&)>& promised) {
-    auto segs = (*v)->Segments();
+    auto segs = (*v)->journal().Segments();
     auto points = (*v)->points().List();
     auto st = (*v)->GetStatus();
     uint64_t min_promised = UINT64_MAX;
@@ -458,7 +458,7 @@ TEST_CASE("retention keeps exactly the points the policy promises", "[volume][re
   }
   SECTION("by bytes: points whose needed journal fits") {
     const uint64_t max_bytes = 100 * 1024;
-    auto segs = (*v)->Segments();
+    auto segs = (*v)->journal().Segments();
     const uint64_t cur = segs.back().segment;
     REQUIRE((*v)->SetRetention(RetentionPolicy{0, max_bytes}).ok());
     auto r = (*v)->ApplyRetention();
@@ -472,7 +472,7 @@ TEST_CASE("retention keeps exactly the points the policy promises", "[volume][re
       return need <= max_bytes;
     });
     uint64_t total = 0;
-    for (const auto& si : (*v)->Segments()) total += si.bytes;
+    for (const auto& si : (*v)->journal().Segments()) total += si.bytes;
     REQUIRE(total <= max_bytes + 40 * 1024);
   }
   SECTION("a pinned point (an open export) is kept whatever the policy") {
@@ -489,7 +489,7 @@ TEST_CASE("retention keeps exactly the points the policy promises", "[volume][re
     r = (*v)->ApplyRetention();
     REQUIRE(r.ok());
     for (const auto& p : (*v)->points().List()) REQUIRE(p.seq >= (*v)->GetStatus().horizon_seq);
-    REQUIRE((*v)->Segments().size() == 1);
+    REQUIRE((*v)->journal().Segments().size() == 1);
   }
   // The state survives a restart.
   auto points_kept = Sigs((*v)->points().List());
