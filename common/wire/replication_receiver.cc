@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/wire/replication_receiver.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -17,7 +18,7 @@ namespace {
 
 using Millis = std::chrono::milliseconds;
 
-// How often the session looks at its fences when nothing arrives.
+// How often the session looks at its fences (busy or idle).
 constexpr Millis kFenceCheck{500};
 // How long a session's replier thread waits for another answer to send.
 constexpr Millis kReplierIdle{1000};
@@ -181,8 +182,15 @@ class SessionLoop {
 
   Status Loop(FrameInbox& inbox) {
     Status end;
+    // Fences are looked at every kFenceCheck, not at every message: a
+    // session with many volumes open would otherwise ask each of them at
+    // every batch. A batch for a fenced volume is refused by its sink anyway.
+    auto next_check = std::chrono::steady_clock::time_point::min();
     while (o_.stopping == nullptr || !o_.stopping->load()) {
-      if (!CheckFences(&end)) return end;
+      if (const auto now = std::chrono::steady_clock::now(); now >= next_check) {
+        if (!CheckFences(&end)) return end;
+        next_check = now + kFenceCheck;
+      }
       auto m = inbox.Pop(kFenceCheck);
       if (!m.ok()) {
         if (m.status().IsBusy()) continue;

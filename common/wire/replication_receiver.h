@@ -19,7 +19,7 @@
 //     HashRequest     -> volume.Digests(request, reply)   (capped in flight)
 //     FailbackPlanRequest, PullRequest -> sink.Call(request, reply)   (capped)
 //     Heartbeat       -> echoed;  Stats -> ignored;  anything else -> close
-//     between messages (at least every 500 ms):
+//     every 500 ms, between messages (busy or idle):
 //       a handle's volume that became fenced -> Nack{handle, kWrongGeneration, fence}
 //       a volume this session refused as fenced that no longer is -> close,
 //       so that the peer reopens it at once
