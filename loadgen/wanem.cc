@@ -484,7 +484,12 @@ int CmdPorts(int argc, char** argv) {
     d.add_options()("rate-mbit", po::value<double>()->required(), "link rate each way per port, Mbit/s")(
         "port", po::value<std::vector<int>>()->composing()->required(), "a TCP port to shape (repeatable)");
   }
-  if (int rc = Parse(argc - 1, argv + 1, d, "A WAN link on the loopback: HTB classes per port (root).", &vm); rc >= 0)
+  // Parse names the program after argv[0]: "ports up", not "up".
+  std::string program = "ports " + action;
+  std::vector<char*> args(argv + 1, argv + argc);
+  args[0] = program.data();
+  if (int rc = Parse(int(args.size()), args.data(), d, "A WAN link on the loopback: HTB classes per port (root).", &vm);
+      rc >= 0)
     return rc;
   const std::string dev = vm["dev"].as<std::string>();
   if (!ValidName(dev)) return Err(Status::InvalidArgument("--dev: 1..12 characters of [A-Za-z0-9_-]"));
