@@ -149,6 +149,8 @@ wait_point p2
 export_of() {  # POINT -> the export's name
   sctl loopback --json export "v@$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["export"])'
 }
+# KIT_WRAP: a command prefix for nbdkit (e.g. valgrind --tool=callgrind: bench/export_profile.sh).
+read -r -a KIT_WRAP <<<"${KIT_WRAP:-}"
 kit_start() {  # PORT [TLS ARGS...]
   local port=$1
   shift
