@@ -5,12 +5,14 @@
 #
 #   bench/agent_bench.sh [BUILD_DIR=build-agent] [SIZE_MB=1024] [RUNTIME_S=20]
 #
-# Needs: fio (with the nbd engine), nbdkit, python3; the targets cdp-agent and
-# agent_sink (cmake --build BUILD_DIR --target cdp-agent agent_sink).
-# The agent runs with its sender active against agent_sink (a test peer that
-# acknowledges every batch at once), so the agent pays for capture, queueing,
-# framing and sending. A second agent then runs with capture_only (no sender:
-# the tap alone). Prints one Markdown table: IOPS, MB/s, ratio agent/nbdkit,
+# Needs: fio (with the nbd engine), nbdkit, python3; the targets cdp-agent,
+# cdp-loadgen and agent_sink (cmake --build BUILD_DIR --target cdp-agent
+# cdp-loadgen agent_sink). The agent is started by the local-cluster harness
+# (`cdp-loadgen cluster --agent-ps`: its config, control token; no MT or PS)
+# and runs with its sender active against agent_sink (a test peer that
+# acknowledges every batch at once, in clear text), so the agent pays for
+# capture, queueing, framing and sending. A second agent then runs with
+# capture_only (no sender: the tap alone). Prints one Markdown table: IOPS, MB/s, ratio agent/nbdkit,
 # and agent CPU seconds per GB captured.
 set -euo pipefail
 B=${1:-build-agent}
@@ -18,7 +20,8 @@ SIZE_MB=${2:-1024}
 RT=${3:-20}
 AGENT="$B/agent/cdp-agent"
 SINK="$B/agent/tests/agent_sink"
-for p in fio nbdkit python3 "$AGENT" "$SINK"; do
+LG="$B/loadgen/cdp-loadgen"
+for p in fio nbdkit python3 "$AGENT" "$SINK" "$LG"; do
   command -v "$p" >/dev/null || { echo "missing: $p" >&2; exit 2; }
 done
 W=$(mktemp -d /tmp/cdp-agent-bench-XXXXXX)
@@ -30,6 +33,23 @@ cleanup() {
 }
 trap cleanup EXIT
 TCK=$(getconf CLK_TCK)
+
+# agent_up NAME ARGS...: an agent protecting $W/vol.img as "vol", started by the
+# harness in $W/NAME; sets AP (its pid), CPORT (its control port), TOKEN (file).
+agent_up() {
+  local name=$1
+  shift
+  "$LG" cluster --build "$B" --dir "$W/$name" --volume vol --volume-image "$W/vol.img" --tenant bench \
+    --secret benchsecret --tls off --env-file "$W/$name.env" "$@" >/dev/null 2>"$W/$name.err" &
+  PIDS+=($!)
+  for _ in $(seq 1 1200); do [ -s "$W/$name.env" ] || ! kill -0 "${PIDS[-1]}" 2>/dev/null && break; sleep 0.05; done
+  [ -s "$W/$name.env" ] || { echo "agent_bench: the harness did not start the agent:" >&2; cat "$W/$name.err" >&2; exit 1; }
+  # shellcheck disable=SC1090
+  source "$W/$name.env"
+  AP=$CDP_AGENT_PID CPORT=${CDP_AGENT_CONTROL##*:} TOKEN=$CDP_AGENT_TOKEN_FILE
+}
+# agent_down: stops the harness (and so the agent).
+agent_down() { kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true; unset 'PIDS[-1]'; }
 
 wait_for() {  # wait_for FILE SECONDS
   for _ in $(seq 1 $(( $2 * 20 ))); do [ -e "$1" ] && return 0; sleep 0.05; done
@@ -65,40 +85,41 @@ kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true; unset 'PIDS[-1]'
 PIDS+=($!)
 for _ in $(seq 1 100); do grep -q port "$W/sink.out" && break; sleep 0.05; done
 PORT=$(awk '/port/{print $2}' "$W/sink.out")
-"$AGENT" --volume "vol=$W/vol.img" --nbd_listen none --nbd_unix "$W/agent.sock" \
-  --ps "127.0.0.1:$PORT" --tenant bench --secret benchsecret --client_id bench \
-  --bitmap_dir "$W/bm" --control 127.0.0.1:0 --log.level warn > "$W/agent.out" 2> "$W/agent.log" &
-AP=$!
-PIDS+=($AP)
-for _ in $(seq 1 200); do grep -q control_port "$W/agent.out" && break; sleep 0.05; done
-CPORT=$(sed -n 's/.*control_port=\([0-9]*\).*/\1/p' "$W/agent.out")
+agent_up a1 --agent-ps "127.0.0.1:$PORT" --agent-args="--client_id bench --log.level warn"
+status() {  # the agent's /status, with its admin token
+  python3 - "$CPORT" "$TOKEN" <<'PY'
+import sys, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/status",
+                             headers={"Authorization": "Bearer " + open(sys.argv[2]).read().strip()})
+print(urllib.request.urlopen(req).read().decode())
+PY
+}
 # Wait for the initial sync (hash comparison of every region) to finish.
-python3 - "$CPORT" <<'PY'
+python3 - "$CPORT" "$TOKEN" <<'PY'
 import json, sys, time, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/status",
+                             headers={"Authorization": "Bearer " + open(sys.argv[2]).read().strip()})
 for _ in range(1200):
-    v = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/status"))["volumes"][0]
+    v = json.load(urllib.request.urlopen(req))["volumes"][0]
     if v.get("connected") and v["resync_remaining"] == 0:
         sys.exit(0)
     time.sleep(0.1)
 sys.exit("initial sync did not finish")
 PY
-AG_URI="nbd+unix:///vol?socket=$W/agent.sock"
+AG_URI="nbd+unix:///vol?socket=$CDP_AGENT_NBD_SOCKET"
 c0=$(cpu_ticks $AP)
 read -r ag_r_iops ag_r_bw ag_r_bytes < <(fio_run ag-rand "$AG_URI" randwrite 4k 32)
 c1=$(cpu_ticks $AP)
 read -r ag_s_iops ag_s_bw ag_s_bytes < <(fio_run ag-seq "$AG_URI" write 1M 8)
 c2=$(cpu_ticks $AP)
-STATUS=$(python3 -c "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:$CPORT/status').read().decode())")
-kill $AP; wait $AP 2>/dev/null || true
+STATUS=$(status)
+agent_down
 
 # --- cdp-agent tap alone (capture_only: no sender; past the budget the queue
 # degrades to bitmap mode, so this is the ceiling of the tap itself) ---
-"$AGENT" --volume "vol=$W/vol.img" --nbd_listen none --nbd_unix "$W/agent2.sock" --capture_only true \
-  --bitmap_dir "$W/bm2" --control none --log.level error > "$W/agent2.out" 2> "$W/agent2.log" &
-AP2=$!
-PIDS+=($AP2)
-wait_for "$W/agent2.sock" 10
-AG2_URI="nbd+unix:///vol?socket=$W/agent2.sock"
+agent_up a2 --agent-ps 127.0.0.1:9 --agent-args="--capture_only true --log.level error"
+AP2=$AP
+AG2_URI="nbd+unix:///vol?socket=$CDP_AGENT_NBD_SOCKET"
 d0=$(cpu_ticks $AP2)
 read -r co_r_iops co_r_bw co_r_bytes < <(fio_run co-rand "$AG2_URI" randwrite 4k 32)
 d1=$(cpu_ticks $AP2)

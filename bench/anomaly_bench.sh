@@ -46,7 +46,7 @@ up() {  # up NAME [--agent-set K=V ...]: starts a cluster, sources its endpoints
   [ -s "$W/$name.env" ] || { cat "$W/$name.err" >&2; exit 1; }
   # shellcheck disable=SC1090
   source "$W/$name.env"
-  AGENT_PID=$(pgrep -f -n "cdp-agent.*$W/$name/") || { echo "no agent for $name" >&2; exit 1; }
+  AGENT_PID=$CDP_AGENT_PID
 }
 down() {
   kill "$CLUSTER"

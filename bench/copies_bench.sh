@@ -44,7 +44,6 @@ LINK=${7:-0}
 # shape_on PORT...: a link of LINK Mbit/s to and from each port (bench_link_on).
 shape_on() { [ "$LINK" = 0 ] || bench_link_on "$LINK" "$@"; }
 shape_off() { bench_link_off; }
-trap bench_cleanup EXIT
 bench_need python3
 bench_pki "$TLS"
 SIZE=$((4 << 30))
@@ -59,40 +58,15 @@ v = json.load(sys.stdin)["volumes"][0]
 print(v["spool_durable_seq"], " ".join("%d:%d" % (c["acked_seq"], c["lag_bytes"]) for c in v["copies"]))'
 }
 
-MTB_PID=""
 resume_mts() { kill -CONT $MT_PID $MTB_PID 2>/dev/null || true; }
 die() { resume_mts; bench_die "$@"; }
 
 # scenario N: sets RESULT to "N MB PER_MT_MBS AGG_MBS PS_CPU_S_PER_GB SHIP_SECONDS" (no
-# subshell: the EXIT trap must know every daemon it started).
+# subshell: the EXIT trap must know every daemon it started). N master targets
+# (MASTER_TARGETS=2: the harness's second MT, and the PS's copies = 2).
 scenario() {
-  local n=$1 d=$BENCH_DIR/copies$1 v
-  CLUSTER_DIR=$d
-  mkdir -p "$d/mt" "$d/mtb" "$d/spool" "$d/agent"
-  for v in MT_DATA MT_CTL MTB_DATA MTB_CTL PS_DATA PS_CTL AG_CTL; do bench_pick_port $v; done
-  MT_TOKEN=$d/mt/control.token PS_TOKEN=$d/spool/control.token AG_TOKEN=$d/agent/control.token
-  local mts=("127.0.0.1:$MT_DATA")
-  # shellcheck disable=SC2046
-  "$MT" --listen 127.0.0.1:$MT_DATA --control 127.0.0.1:$MT_CTL --nbd none --data_dir "$d/mt" \
-    --tenant bench:$BENCH_SECRET --log.file "$d/mt.log" $(tls_args mt) &
-  MT_PID=$!
-  MTB_PID=""
-  if [ "$n" = 2 ]; then
-    # shellcheck disable=SC2046
-    "$MT" --listen 127.0.0.1:$MTB_DATA --control 127.0.0.1:$MTB_CTL --nbd none --data_dir "$d/mtb" \
-      --tenant bench:$BENCH_SECRET --log.file "$d/mtb.log" $(tls_args mt) &
-    MTB_PID=$!
-    BENCH_EXTRA_PIDS+=("$MTB_PID")
-    mts+=("127.0.0.1:$MTB_DATA")
-  fi
-  # shellcheck disable=SC2046
-  "$PS" --listen 127.0.0.1:$PS_DATA --control 127.0.0.1:$PS_CTL --mt "${mts[@]}" --copies "$n" \
-    --tenant bench:$BENCH_SECRET --spool_dir "$d/spool" --log.file "$d/ps.log" --codec "$CODEC" --level 1 \
-    $(tls_args ps) &
-  PS_PID=$!
-  bench_wait_up $MT_CTL "$MT_TOKEN" $MT_PID
-  [ -z "$MTB_PID" ] || bench_wait_up $MTB_CTL "$d/mtb/control.token" $MTB_PID
-  bench_wait_up $PS_CTL "$PS_TOKEN" $PS_PID
+  local n=$1 d=$BENCH_DIR/copies$1
+  MASTER_TARGETS=$n cluster_up "$d" --codec "$CODEC" --level 1
   truncate -s $SIZE "$d/source.img"
   agent_up vol="$d/source.img"
   local _ ok=0
@@ -163,10 +137,7 @@ print(n, "%.0f" % (max(lags) / 1e6), "%.1f" % per_mt, "%.1f" % agg, "%.2f" % ((p
 PY
 )
   shape_off
-  agent_down
-  # shellcheck disable=SC2086
-  bench_stop $PS_PID $MT_PID $MTB_PID
-  PS_PID="" MT_PID="" MTB_PID=""
+  cluster_down
   bench_rm "$d"
 }
 

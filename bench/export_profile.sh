@@ -140,14 +140,13 @@ on() { [[ " $SERVERS " == *" $1 "* ]]; }
 IFS=, read -r -a sizes <<<"$CHUNKS"
 for c in "${sizes[@]}"; do
   if on kit; then per_read "$KIT_TLS_PID" "nbdkit file, TLS" "$c" "$P/nbd-client" "" $KIT_TLS; fi
-  if on p2; then per_read "$MT_PID" "export p2 (latest), TLS" "$c" "$P/nbd-client" "$E2" $MT_NBD; fi
-  if on p1; then per_read "$MT_PID" "export p1 (1/8 rewritten), TLS" "$c" "$P/nbd-client" "$E1" $MT_NBD; fi
+  if on p2; then per_read "$MT_PID" "export p2 (latest), TLS" "$c" "$P/nbd-client" "$E2" $MT_NBD_PORT; fi
+  if on p1; then per_read "$MT_PID" "export p1 (1/8 rewritten), TLS" "$c" "$P/nbd-client" "$E1" $MT_NBD_PORT; fi
 done
-bench_stop "$MT_PID"
-mt_start off
+mt_nbd_plain
 E1=$(export_of p1) E2=$(export_of p2)
 for c in "${sizes[@]}"; do
   if on kit; then per_read "$KIT_PLAIN_PID" "nbdkit file, plain" "$c" "" "" $KIT_PLAIN; fi
-  if on p2; then per_read "$MT_PID" "export p2 (latest), plain" "$c" "" "$E2" $MT_NBD; fi
-  if on p1; then per_read "$MT_PID" "export p1 (1/8 rewritten), plain" "$c" "" "$E1" $MT_NBD; fi
+  if on p2; then per_read "$MT_PID" "export p2 (latest), plain" "$c" "" "$E2" $MT_NBD_PORT; fi
+  if on p1; then per_read "$MT_PID" "export p1 (1/8 rewritten), plain" "$c" "" "$E1" $MT_NBD_PORT; fi
 done

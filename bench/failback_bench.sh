@@ -78,9 +78,7 @@ print(len(picked))
 PY
 }
 
-MT_NBD_PORT=0
-bench_pick_port MT_NBD_PORT
-MT_NBD=127.0.0.1:$MT_NBD_PORT cluster_up "$D"
+cluster_up "$D"
 agent_up "$VOL=$D/source.img"
 say "initial sync of $(numfmt --to=iec "$SIZE") (not measured)"
 for _ in $(seq $((TIMEOUT * 10))); do
@@ -91,16 +89,10 @@ for _ in $(seq $((TIMEOUT * 10))); do
 done
 ctl tag t >/dev/null
 sleep 1
-NBDC=$BENCH_DIR/nbd-client
-mkdir -p "$NBDC"
-cp "$BENCH_DIR/pki/ca.crt" "$NBDC/ca-cert.pem"
-cp "$BENCH_DIR/pki/agent.crt" "$NBDC/client-cert.pem"
-cp "$BENCH_DIR/pki/agent.key" "$NBDC/client-key.pem"
-chmod 700 "$NBDC"
+NBDC=$CDP_MT_NBD_TLS_DIR  # the tenant's NBD client certificate, made by the harness
 
 say "process server stopped; $SITE_PCT % of the blocks written at the original site"
-bench_stop $PS_PID
-PS_PID=""
+cluster_cmd stop ps
 site_blocks=$(patch_file "$D/site.patch" "$SITE_PCT" 2)
 nbdcopy --destination-is-zero "$D/site.patch" "nbd+unix:///$VOL?socket=$D/agent/nbd.sock"
 cp --sparse=never "$D/source.img" "$D/diverged.img"
@@ -111,11 +103,7 @@ URI="nbds://127.0.0.1:$MT_NBD_PORT/bench/$VOL@failover?tls-certificates=$NBDC"
 prov_blocks=$(patch_file "$D/provider.patch" "$PROVIDER_PCT" 3)
 nbdcopy --destination-is-zero --flush "$D/provider.patch" "$URI"
 # The process server again (same ports and spool).
-# shellcheck disable=SC2046
-"$PS" --listen 127.0.0.1:$PS_DATA --control 127.0.0.1:$PS_CTL --mt 127.0.0.1:$MT_DATA --tenant bench:$BENCH_SECRET \
-  --spool_dir "$D/spool" --log.file "$D/ps2.log" $(tls_args ps) &
-PS_PID=$!
-bench_wait_up $PS_CTL "$PS_TOKEN" $PS_PID
+cluster_cmd restart ps
 
 if [ "$LINK_MBIT" != 0 ]; then
   say "a WAN link of $LINK_MBIT Mbit/s each way between the site and the provider"
@@ -155,6 +143,7 @@ print(sum(x["wire_bytes_in"] for x in p), sum(x["wire_bytes_out"] for x in p),
 PY
 )
 check=$(cmp -s "$D/source.img" "$D/promoted.img" && echo identical || echo MISMATCH)
+[ "$check" = identical ] || bench_wrong "after failback the source differs from the promoted image"
 diff_bytes=$((differ * 4096))
 bytes=$((in_b + out_b))
 bratio=$(awk -v a="$bytes" -v b="$diff_bytes" 'BEGIN {printf "%.3f", a / b}')
@@ -167,3 +156,4 @@ link=$([ "$LINK_MBIT" = 0 ] && echo loopback || echo "$LINK_MBIT Mbit/s")
 echo "| $(numfmt --to=iec "$SIZE") | $link | $site_blocks | $prov_blocks | $differ | $pulled | $passes | $fb_s | $in_b + $out_b | $ref_s | $SIZE | $bratio ($res_b, target <= 1.2) | $tratio ($res_t, target <= 0.1) | $check |"
 say "daemon CPU: $(daemon_cpu)"
 cluster_down
+bench_finish

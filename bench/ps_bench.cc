@@ -273,6 +273,7 @@ int main(int argc, char** argv) {
       lo2.link.peer.port = rx.port();
       lo2.link.tenant = "bench";
       lo2.link.secret = kSecret;
+      lo2.link.client_id = "bench-ps";  // LinkOptions has no default (f292754): the handshake refuses ""
       lo2.link.frame_bytes = frame_kib << 10;
       lo2.link.max_inflight = 8;
       cdp::ps::MtLink link(lo2);

@@ -213,6 +213,7 @@ scenario1() {
   shipped=$(field "$a" resync_shipped_bytes); sent=$(field "$a" bytes_sent)
   blocks=$(field "$a" resync_shipped_blocks); read=$(field "$a" resync_read_bytes)
   check=$(same "$d/source.img" "$(replica)")
+  [ "$check" = identical ] || bench_wrong "1: the replica differs from the source after the resync"
   cluster_down
   say "1: rsync (reference)"
   t2=$(now)
@@ -260,8 +261,7 @@ scenario2() {
 # agent's log as DIR/NAME-agent.log; `perf record` into NAME.data.
 sync3() {
   local d=$1 a p
-  if [ "${3:-}" = direct ]; then MT_ARGS="${MT_ARGS:-} --direct_agents bench" cluster_up "$d"; AGENT_TO=$MT_DATA
-  else cluster_up "$d"; fi
+  if [ "${3:-}" = direct ]; then DIRECT_AGENT=1 cluster_up "$d"; else cluster_up "$d"; fi
   settle "$d/source.img"
   bench_perf_start "$2"
   T0=$(now)
@@ -276,10 +276,10 @@ sync3() {
   p=$(ps_get /v1/volumes)
   SPOOL="$(mb "$(field "$p" spool_read_file_bytes)") of $(mb "$(field "$p" spool_read_bytes)")"
   CHECK=$(same "$d/source.img" "$(replica)")
+  [ "$CHECK" = identical ] || bench_wrong "3 ($2): the replica differs from the source after the initial sync"
   cp "$CLUSTER_DIR/agent.log" "$d/$2-agent.log"
   cluster_down
-  AGENT_TO=""
-  rm -rf "${d:?}/mt" "$d/spool" "$d/agent"
+  rm -rf "${d:?}/mt" "$d/ps" "$d/agent"
 }
 
 # fresh3 DIR: an empty DIR/copy.img, the source settled.
@@ -418,6 +418,7 @@ scenario4() {
   rc2=0
   ctl --json verify "$VOL" >"$d/verify2.json" 2>>"$d/verify.err" || rc2=$?
   n2=$(differences "$d/verify2.json")
+  [ "$rc2" = 0 ] && [ "$n2" = 0 ] || bench_wrong "4: cdpctl verify at rest: exit $rc2, $n2 differences"
   cluster_down
   dur=$(secs "$t0" "$t1")
   rate=$(awk -v s="$SIZE" -v t="$dur" 'BEGIN {printf "%.1f", s / 1e6 / t}')
@@ -435,3 +436,4 @@ if [ ${#NOTES[@]} -gt 0 ]; then
   echo
   for n in "${NOTES[@]}"; do echo "- $n"; done
 fi
+bench_finish

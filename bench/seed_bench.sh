@@ -40,7 +40,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 bench_init seed "$1"
 OUT=${2:-docs/seed-bench}
-MT=${MT_BINARY:-$MT}  # another build of the master target (bench/export_profile.sh: before/after)
+# MT_BINARY: another build of the master target (bench/export_profile.sh:
+# before/after); MT_WRAP: a command prefix for it (e.g. valgrind
+# --tool=callgrind). Both go to the harness (bench/lib.sh cluster_up).
 WAN=${WAN:-1} QUICK=${QUICK:-0} RUNS=${RUNS:-1000} WAN_API_RUNS=${WAN_API_RUNS:-200}
 CONTROL_BENCH=$BUILD/bench/control_bench EXPORT_BENCH=$BUILD/bench/export_bench
 for b in "$CONTROL_BENCH" "$EXPORT_BENCH"; do
@@ -69,6 +71,8 @@ if [ "$WAN" = 1 ]; then
   trap 'bench_cleanup; "$LOADGEN" wanem down --name seedb >/dev/null 2>&1 || true' EXIT
   H=10.77.0.2
   NB=(ip netns exec seedb-b) NW=(ip netns exec seedb-a)
+  # The whole cluster (the harness and its daemons) in seedb-b, listening on $H.
+  BENCH_WRAP="ip netns exec seedb-b" BENCH_HOST=$H
   LINKS="loopback wan"
 else
   H=127.0.0.1 NB=() NW=()
@@ -80,8 +84,26 @@ client() {  # LINK CMD...: runs CMD where a client on LINK runs
   if [ "$l" = wan ]; then "${NW[@]}" "$@"; else "${NB[@]}" "$@"; fi
 }
 
-# ---- Certificates ------------------------------------------------------------
+# ---- The deployment (bench/lib.sh: `cdp-loadgen cluster`, TLS on every link
+# with the certificates it makes in BENCH_DIR/pki, NBD exports over TLS) ------
 bench_pki on
+D=$BENCH_DIR/c
+mkdir -p "$D"
+for v in KIT_TLS KIT_PLAIN; do bench_pick_port $v; done
+head -c $((VOLUME_MB << 20)) /dev/urandom >"$BENCH_DIR/random.img"
+truncate -s $((VOLUME_MB << 20)) "$D/source.img"
+sctl() {  # LINK cdpctl ARGS...
+  local l=$1
+  shift
+  client "$l" "$CTL" --agent $H:$AG_CTL --ps $H:$PS_CTL --mt $H:$MT_CTL --tenant bench \
+    --agent-token-file "$AG_TOKEN" --ps-token-file "$PS_TOKEN" --mt-token-file "$MT_TOKEN" "$@"
+}
+
+phase "starting the daemons (TLS on every link, NBD exports over TLS)"
+cluster_up "$D"
+agent_up v="$D/source.img"
+
+# ---- Certificates of the NBD clients and of nbdkit -------------------------
 P=$BENCH_DIR/pki
 mkdir -p "$P/nbd-client" "$P/nbd-server"
 cp "$P/ca.crt" "$P/nbd-client/ca-cert.pem"
@@ -91,53 +113,11 @@ cp "$P/ca.crt" "$P/nbd-server/ca-cert.pem"
 cp "$P/mt.crt" "$P/nbd-server/server-cert.pem"     # nbdkit serves with the MT's own certificate
 install -m 0600 "$P/mt.key" "$P/nbd-server/server-key.pem"
 
-# ---- The deployment ---------------------------------------------------------
-D=$BENCH_DIR/c
-CLUSTER_DIR=$D
-mkdir -p "$D/mt" "$D/spool" "$D/agent"
-for v in MT_DATA MT_CTL MT_NBD PS_DATA PS_CTL AG_CTL KIT_TLS KIT_PLAIN; do bench_pick_port $v; done
-MT_TOKEN=$D/mt/control.token PS_TOKEN=$D/spool/control.token AG_TOKEN=$D/agent/control.token
-head -c $((VOLUME_MB << 20)) /dev/urandom >"$BENCH_DIR/random.img"
-truncate -s $((VOLUME_MB << 20)) "$D/source.img"
-
-# MT_WRAP / KIT_WRAP: a command prefix for the master target / nbdkit (e.g.
-# valgrind --tool=callgrind: bench/export_profile.sh).
-read -r -a MT_WRAP <<<"${MT_WRAP:-}"
-read -r -a KIT_WRAP <<<"${KIT_WRAP:-}"
-mt_start() {  # NBD_TLS (require | off)
-  # shellcheck disable=SC2046
-  "${NB[@]}" "${MT_WRAP[@]}" "$MT" --listen $H:$MT_DATA --control $H:$MT_CTL --nbd $H:$MT_NBD --nbd_tls "$1" --data_dir "$D/mt" \
-    --tenant bench:$BENCH_SECRET --log.file "$D/mt.log" $(tls_args mt) &
-  MT_PID=$!
-  wait_up $MT_CTL "$MT_TOKEN" $MT_PID
+mt_nbd_plain() {  # the master target again (same ports and data), its NBD exports without TLS
+  cluster_cmd stop mt
+  cluster_cmd set mt nbd_tls=off
+  cluster_cmd restart mt
 }
-wait_up() {  # PORT TOKEN PID (bench_wait_up, at $H in the daemons' namespace)
-  for _ in $(seq 1200); do
-    "${NB[@]}" curl -fsS --max-time 10 -H "Authorization: Bearer $(cat "$2" 2>/dev/null)" "http://$H:$1/status" >/dev/null 2>&1 && return 0
-    kill -0 "$3" 2>/dev/null || bench_die "a daemon exited at start"
-    sleep 0.1
-  done
-  bench_die "a daemon did not answer /status within 120 s"
-}
-sctl() {  # LINK cdpctl ARGS...
-  local l=$1
-  shift
-  client "$l" "$CTL" --agent $H:$AG_CTL --ps $H:$PS_CTL --mt $H:$MT_CTL --tenant bench \
-    --agent-token-file "$AG_TOKEN" --ps-token-file "$PS_TOKEN" --mt-token-file "$MT_TOKEN" "$@"
-}
-
-phase "starting the daemons (TLS on every link, NBD exports over TLS)"
-mt_start require
-# shellcheck disable=SC2046
-"${NB[@]}" "$PS" --listen $H:$PS_DATA --control $H:$PS_CTL --mt $H:$MT_DATA --tenant bench:$BENCH_SECRET \
-  --spool_dir "$D/spool" --log.file "$D/ps.log" $(tls_args ps) &
-PS_PID=$!
-wait_up $PS_CTL "$PS_TOKEN" $PS_PID
-# shellcheck disable=SC2046
-"${NB[@]}" "$AGENT" --volume v="$D/source.img" --nbd_unix "$D/agent/nbd.sock" --ps $H:$PS_DATA --tenant bench \
-  --secret $BENCH_SECRET --bitmap_dir "$D/agent" --control $H:$AG_CTL --log.file "$D/agent.log" $(tls_args agent) >/dev/null &
-AG_PID=$!
-wait_up $AG_CTL "$AG_TOKEN" $AG_PID
 
 wait_point() {  # TAG: the master target lists it
   for _ in $(seq 1200); do
@@ -169,6 +149,8 @@ wait_point p2
 export_of() {  # POINT -> the export's name
   sctl loopback --json export "v@$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["export"])'
 }
+# KIT_WRAP: a command prefix for nbdkit (e.g. valgrind --tool=callgrind: bench/export_profile.sh).
+read -r -a KIT_WRAP <<<"${KIT_WRAP:-}"
 kit_start() {  # PORT [TLS ARGS...]
   local port=$1
   shift
@@ -209,16 +191,15 @@ if [ "${SEED_SETUP_ONLY:-0}" = 1 ]; then return 0; fi
 
 # ---- export_bench: TLS (as the product serves it) ---------------------------
 run_export "nbdkit file,tls" $KIT_TLS "" "$P/nbd-client" "$BENCH_DIR/p1.img"
-run_export "export p2 (latest),tls" $MT_NBD "$E2" "$P/nbd-client" "$BENCH_DIR/p2.img"
-run_export "export p1 (1/8 rewritten),tls" $MT_NBD "$E1" "$P/nbd-client" "$BENCH_DIR/p1.img"
+run_export "export p2 (latest),tls" $MT_NBD_PORT "$E2" "$P/nbd-client" "$BENCH_DIR/p2.img"
+run_export "export p1 (1/8 rewritten),tls" $MT_NBD_PORT "$E1" "$P/nbd-client" "$BENCH_DIR/p1.img"
 run_export "nbdkit file,plain" $KIT_PLAIN "" "" "$BENCH_DIR/p1.img"
 # ---- export_bench: plain TCP (the master target restarted with nbd_tls = off)
 phase "restarting the master target with nbd_tls = off"
-bench_stop $MT_PID
-mt_start off
+mt_nbd_plain
 E1=$(export_of p1) E2=$(export_of p2)
-run_export "export p2 (latest),plain" $MT_NBD "$E2" "" "$BENCH_DIR/p2.img"
-run_export "export p1 (1/8 rewritten),plain" $MT_NBD "$E1" "" "$BENCH_DIR/p1.img"
+run_export "export p2 (latest),plain" $MT_NBD_PORT "$E2" "" "$BENCH_DIR/p2.img"
+run_export "export p1 (1/8 rewritten),plain" $MT_NBD_PORT "$E1" "" "$BENCH_DIR/p1.img"
 
 # ---- control_bench ---------------------------------------------------------
 echo "link,method,op,runs,mean_us,p50_us,p99_us,max_us" >"$OUT/control.csv.tmp"

@@ -65,6 +65,27 @@ bool DelayLine::PopDue(uint64_t now_us, Bytes* out) {
   return true;
 }
 
+std::vector<std::vector<std::string>> PortShapingCommands(const std::string& dev, double rate_mbit,
+                                                          const std::vector<uint16_t>& ports) {
+  char rate[64];
+  std::snprintf(rate, sizeof(rate), "%gmbit", rate_mbit);
+  std::vector<std::vector<std::string>> cmds = {
+      {"tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "99", "r2q", "1000"},
+      {"tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:99", "htb", "rate", "100gbit"},
+  };
+  int cls = 10;
+  for (uint16_t port : ports) {
+    for (const char* dir : {"dport", "sport"}) {
+      const std::string id = "1:" + std::to_string(cls++);
+      cmds.push_back({"tc", "class", "add", "dev", dev, "parent", "1:", "classid", id, "htb", "rate", rate, "ceil", rate,
+                      "burst", "256kb"});
+      cmds.push_back({"tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
+                      "ip", dir, std::to_string(port), "0xffff", "flowid", id});
+    }
+  }
+  return cmds;
+}
+
 namespace {
 
 namespace po = boost::program_options;
@@ -128,8 +149,43 @@ Result<int> OpenTunIn(const std::string& ns) {
 }
 
 int Usage() {
-  std::cerr << "usage: cdp-loadgen wanem up|down|forward|probe [options] (--help for each)\n";
+  std::cerr << "usage: cdp-loadgen wanem up|down|forward|probe|ports [options] (--help for each)\n";
   return 2;
+}
+
+// Runs one command (no shell); failure carries its output.
+Status Run(const std::vector<std::string>& argv) {
+  CDP_ASSIGN_OR_RETURN(CommandResult r, RunCommand(argv, std::chrono::minutes(1)));
+  std::string line;
+  for (const auto& a : argv) line += (line.empty() ? "" : " ") + a;
+  if (r.timed_out) return Status::IOError("'" + line + "' timed out: " + r.output);
+  if (r.exit_code != 0) return Status::IOError("'" + line + "' failed: " + r.output);
+  return Status::OK();
+}
+
+// True when `dev`'s root qdisc is the HTB of `ports up` (handle 1:).
+Result<bool> PortShapingOn(const std::string& dev) {
+  CDP_ASSIGN_OR_RETURN(CommandResult r, RunCommand({"tc", "qdisc", "show", "dev", dev, "root"}, std::chrono::minutes(1)));
+  if (r.exit_code != 0) return Status::IOError("tc qdisc show dev " + dev + " failed: " + r.output);
+  return r.output.find("qdisc htb 1: root") != std::string::npos;
+}
+
+Status PortsDown(const std::string& dev) {
+  CDP_ASSIGN_OR_RETURN(bool on, PortShapingOn(dev));
+  if (!on) return Status::OK();
+  return Run({"tc", "qdisc", "del", "dev", dev, "root"});
+}
+
+Status PortsUp(const std::string& dev, double rate_mbit, const std::vector<uint16_t>& ports) {
+  CDP_RETURN_IF_ERROR(PortsDown(dev));
+  for (const auto& argv : PortShapingCommands(dev, rate_mbit, ports)) {
+    Status s = Run(argv);
+    if (!s.ok()) {
+      (void)PortsDown(dev);
+      return s;
+    }
+  }
+  return Status::OK();
 }
 
 int Err(const Status& s) {
@@ -412,9 +468,57 @@ int ProbeClient(const std::string& connect, int streams, double seconds, bool js
 
 }  // namespace
 
+namespace {
+
+// `wanem ports up|down` (argv[0] == "ports").
+int CmdPorts(int argc, char** argv) {
+  if (argc < 2 || (std::string(argv[1]) != "up" && std::string(argv[1]) != "down")) {
+    std::cerr << "usage: cdp-loadgen wanem ports up --rate-mbit N --port P [--port P...] | ports down\n";
+    return 2;
+  }
+  const std::string action = argv[1];
+  po::variables_map vm;
+  po::options_description d("wanem ports " + action + " options");
+  d.add_options()("dev", po::value<std::string>()->default_value("lo"), "the device (the loopback)");
+  if (action == "up") {
+    d.add_options()("rate-mbit", po::value<double>()->required(), "link rate each way per port, Mbit/s")(
+        "port", po::value<std::vector<int>>()->composing()->required(), "a TCP port to shape (repeatable)");
+  }
+  // Parse names the program after argv[0]: "ports up", not "up".
+  std::string program = "ports " + action;
+  std::vector<char*> args(argv + 1, argv + argc);
+  args[0] = program.data();
+  if (int rc = Parse(int(args.size()), args.data(), d, "A WAN link on the loopback: HTB classes per port (root).", &vm);
+      rc >= 0)
+    return rc;
+  const std::string dev = vm["dev"].as<std::string>();
+  if (!ValidName(dev)) return Err(Status::InvalidArgument("--dev: 1..12 characters of [A-Za-z0-9_-]"));
+  if (::geteuid() != 0) return Err(Status::PermissionDenied("wanem ports needs root (tc)"));
+  if (action == "down") {
+    Status s = PortsDown(dev);
+    if (!s.ok()) return Err(s);
+    std::printf("wanem ports down on %s\n", dev.c_str());
+    return 0;
+  }
+  const double rate = vm["rate-mbit"].as<double>();
+  if (!(rate > 0 && rate <= 100000)) return Err(Status::InvalidArgument("--rate-mbit must be in (0, 100000]"));
+  std::vector<uint16_t> ports;
+  for (int p : vm["port"].as<std::vector<int>>()) {
+    if (p < 1 || p > 65535) return Err(Status::InvalidArgument("--port must be 1..65535"));
+    ports.push_back(uint16_t(p));
+  }
+  Status s = PortsUp(dev, rate, ports);
+  if (!s.ok()) return Err(s);
+  std::printf("wanem ports up on %s: %g Mbit/s each way for %zu port(s)\n", dev.c_str(), rate, ports.size());
+  return 0;
+}
+
+}  // namespace
+
 int CmdWanem(int argc, char** argv) {
   if (argc < 2) return Usage();
   std::string sub = argv[1];
+  if (sub == "ports") return CmdPorts(argc - 1, argv + 1);
   po::variables_map vm;
   po::options_description d("wanem " + sub + " options");
   d.add_options()("name", po::value<std::string>()->default_value("cdpwan"), "emulator name (netns NAME-a, NAME-b)");

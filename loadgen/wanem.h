@@ -26,6 +26,18 @@
 // `wanem probe` measures TCP goodput and connect RTT between the sides (an
 // iperf-like sender/receiver), for the WAN benchmark.
 //
+// `wanem ports` is the other emulator: a link on the loopback itself, for the
+// benchmarks that run the whole product on 127.0.0.1 (bench/lib.sh
+// bench_link_on / bench_link_off). Each given port gets one HTB class of the
+// rate for the traffic to it (u32 match on the destination port) and one for
+// the traffic from it (source port): a full-duplex link of that rate each way
+// between the port's daemon and its peers; the rest of lo goes through a
+// 100 Gbit/s default class (unshaped). No delay (this kernel has htb, tbf and
+// u32, not netem or prio). It replaces lo's root qdisc:
+//
+//   cdp-loadgen wanem ports up --rate-mbit 100 --port 7500 [--port 10810 ...]
+//   cdp-loadgen wanem ports down      (deletes lo's root qdisc if it is this HTB)
+//
 // DelayLine is the forwarder's pure core (tested on a ManualClock).
 // Thread safety: DelayLine is not thread-safe; the CLI functions run once.
 #pragma once
@@ -33,6 +45,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "common/base/coding.h"
 #include "common/base/result.h"
@@ -68,6 +81,13 @@ class DelayLine {
   uint64_t bytes_ = 0;
   uint64_t dropped_ = 0;
 };
+
+// The tc commands of `wanem ports up` on device `dev`, in order: the HTB root
+// (handle 1:, default class 1:99), the default class, then per port a class
+// and a u32 filter for its destination port and for its source port
+// (classes 1:10, 1:11, ... in that order). Each is one argv.
+std::vector<std::vector<std::string>> PortShapingCommands(const std::string& dev, double rate_mbit,
+                                                          const std::vector<uint16_t>& ports);
 
 // The `cdp-loadgen wanem ...` command (argv[0] == "wanem"). Exit code.
 int CmdWanem(int argc, char** argv);

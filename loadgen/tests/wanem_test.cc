@@ -78,3 +78,58 @@ TEST_CASE("wanem up/down: rate and delay between two namespaces (root only)", "[
   CHECK(rtt < 200.0);
   CHECK(RunShell("ip netns list | grep -q " + name).exit_code != 0);  // down removed both namespaces
 }
+
+TEST_CASE("wanem ports: one HTB class per port and direction, the rest in the default class", "[wanem]") {
+  auto cmds = PortShapingCommands("lo", 12.5, {7500, 10810});
+  REQUIRE(cmds.size() == 2 + 2 * 2 * 2);
+  CHECK(cmds[0] == std::vector<std::string>{"tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default",
+                                            "99", "r2q", "1000"});
+  CHECK(cmds[1] == std::vector<std::string>{"tc", "class", "add", "dev", "lo", "parent", "1:", "classid", "1:99", "htb",
+                                            "rate", "100gbit"});
+  CHECK(cmds[2] == std::vector<std::string>{"tc", "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb",
+                                            "rate", "12.5mbit", "ceil", "12.5mbit", "burst", "256kb"});
+  CHECK(cmds[3] == std::vector<std::string>{"tc", "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio",
+                                            "1", "u32", "match", "ip", "dport", "7500", "0xffff", "flowid", "1:10"});
+  CHECK(cmds[5].at(14) == "sport");
+  CHECK(cmds[5].at(18) == "1:11");
+  CHECK(cmds[9].at(14) == "sport");
+  CHECK(cmds[9].at(15) == "10810");
+  CHECK(cmds[9].at(18) == "1:13");
+}
+
+// On the loopback of a network namespace of its own: the machine's lo may be
+// carrying someone's measurement.
+TEST_CASE("wanem ports up/down: the classes and filters appear, and go (root only)", "[wanem][e2e]") {
+  if (::geteuid() != 0) {
+    WARN("SKIPPED: wanem ports needs root (tc); running as uid " << ::geteuid());
+    return;
+  }
+  const std::string ns = "cdplg" + std::to_string(::getpid() % 100000);
+  if (RunShell("ip netns add " + ns + " && ip -n " + ns + " link set lo up").exit_code != 0) {
+    WARN("SKIPPED: 'ip netns add' does not work here");
+    return;
+  }
+  const std::string in = "ip netns exec " + ns + " ", bin = in + CDP_LOADGEN_BIN;
+  auto up = RunShell(bin + " wanem ports up --rate-mbit 40 --port 7500 --port 7501");
+  auto classes = RunShell(in + "tc class show dev lo");
+  auto filters = RunShell(in + "tc filter show dev lo");
+  auto again = RunShell(bin + " wanem ports up --rate-mbit 80 --port 7502");  // replaces the first
+  auto classes2 = RunShell(in + "tc class show dev lo");
+  auto down = RunShell(bin + " wanem ports down");
+  auto after = RunShell(in + "tc qdisc show dev lo root");
+  auto down2 = RunShell(bin + " wanem ports down");  // nothing left: nothing to do
+  RunShell("ip netns del " + ns);
+  INFO(up.output << classes.output << filters.output << again.output << down.output << after.output);
+  REQUIRE(up.exit_code == 0);
+  for (const char* id : {"1:10", "1:11", "1:12", "1:13", "1:99"})
+    CHECK(classes.output.find(std::string("class htb ") + id) != std::string::npos);
+  CHECK(classes.output.find("rate 40Mbit") != std::string::npos);
+  CHECK(filters.output.find("match 00001d4c/0000ffff at 20") != std::string::npos);  // dport 7500
+  CHECK(filters.output.find("match 1d4d0000/ffff0000 at 20") != std::string::npos);  // sport 7501
+  CHECK(again.exit_code == 0);
+  CHECK(classes2.output.find("1:12") == std::string::npos);
+  CHECK(classes2.output.find("rate 80Mbit") != std::string::npos);
+  CHECK(down.exit_code == 0);
+  CHECK(after.output.find("htb") == std::string::npos);
+  CHECK(down2.exit_code == 0);
+}
