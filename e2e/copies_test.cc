@@ -6,16 +6,12 @@
 //      replicas equal the source and a tag exports the same image from both,
 //      at the same sequence.
 //   5. kill -9 of the PS during two-copy shipping: nothing lost at either MT.
-// MT A is the cluster's (e2e/harness.h); MT B is a second cdp-master-target
-// started here with its own ports and data directory and the cluster's site
-// PKI, named to the PS as a second `mt` key (`copies = 2`).
-#include <sys/stat.h>
-
+// MT A and MT B are the cluster's (e2e/harness.h, master_targets = 2): the
+// harness names both to the PS (two `mt` keys, `copies = 2`).
 #include <atomic>
 #include <boost/json.hpp>
 #include <catch2/catch.hpp>
 #include <ctime>
-#include <fstream>
 #include <thread>
 
 #include "e2e/harness.h"
@@ -24,7 +20,6 @@ namespace {
 
 using cdp::e2e::Cluster;
 using cdp::e2e::ClusterOptions;
-using cdp::e2e::Daemon;
 using cdp::e2e::GetJson;
 using cdp::e2e::RandomWrites;
 using cdp::e2e::Sha256File;
@@ -42,61 +37,33 @@ void RequireClients() {
 
 uint64_t U64(const json::value& v, const char* key) { return json::value_to<uint64_t>(v.at(key)); }
 
-// The second master target (MT B). Its data port is chosen before the
-// cluster starts (the PS config names it); the daemon starts once the
-// cluster has made the site PKI.
+// MT B, the cluster's second master target, as these tests use it.
 class SecondMt {
  public:
-  SecondMt() : data_(cdp::e2e::FreePort()), ctl_(cdp::e2e::FreePort()), nbd_(cdp::e2e::FreePort()) {}
+  explicit SecondMt(Cluster& c) : c_(c) {}
 
-  std::string data_address() const { return "127.0.0.1:" + std::to_string(data_); }
-
-  // Writes its config (like the cluster's MT, other ports and directory) and starts it.
-  bool Start(Cluster& c) {
-    dir_ = c.Path("mt-b");
-    config_ = c.Path("etc/master-target-b.conf");
-    if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) return false;
-    const std::string pki = c.pki_dir();
-    std::ofstream f(config_);
-    f << "listen = 127.0.0.1:" << data_ << "\ncontrol = 127.0.0.1:" << ctl_ << "\nnbd = 127.0.0.1:" << nbd_
-      << "\ndata_dir = " << dir_ << "\ntenant = " << c.options().tenant << ":" << c.options().secret
-      << "\ntls_ca = " << pki << "/ca.crt\ntls_cert = " << pki << "/mt.crt\ntls_key = " << pki
-      << "/mt.key\npoint_interval = " << c.options().point_interval << "\n[log]\nlevel = info\n";
-    f.close();
-    if (!f || ::chmod(config_.c_str(), 0600) != 0) return false;
-    log_ = c.Path("master-target-b.log");
-    return Restart();
-  }
-  // Starts it again (same config and data) and waits until it answers /status.
-  bool Restart() {
-    if (!d_.Start({CDP_MT_BIN, "--config", config_}, log_)) return false;
-    return WaitFor([&] { return d_.Running() && Status().has_value(); }, std::chrono::seconds(30));
-  }
-  bool Kill9() { return d_.Stop(SIGKILL) != -1; }
-
-  std::string token_path() const { return dir_ + "/control.token"; }
-  std::optional<json::value> Status() const {
-    std::ifstream t(token_path());
-    std::string token;
-    std::getline(t, token);
-    if (token.empty()) return std::nullopt;
-    return GetJson(ctl_, "/status", token);
-  }
+  std::string data_address() const { return "127.0.0.1:" + std::to_string(c_.mtb_data_port()); }
+  bool Restart() { return c_.Restart(Which::kMasterTargetB); }
+  bool Kill9() { return c_.Kill9(Which::kMasterTargetB); }
   // The volume's applied sequence at MT B (0 when not known yet).
   uint64_t Applied(const std::string& volume) const {
-    auto s = Status();
+    auto s = c_.StatusOf(Which::kMasterTargetB);
     if (!s) return 0;
     for (const auto& v : s->at("volumes").as_array())
       if (v.as_object().at("volume").as_string() == volume) return U64(v, "applied_seq");
     return 0;
   }
-  std::string replica_path(const Cluster& c) const {
-    return dir_ + "/tenants/" + c.options().tenant + "/volumes/" + c.options().volume + "/replica.img";
-  }
+  std::string replica_path() const { return c_.mtb_replica_path(); }
   // cdpctl --json against MT B; nullopt (why) on failure.
-  std::optional<json::value> CdpctlJson(const Cluster& c, const std::vector<std::string>& args, std::string* why) {
-    std::vector<std::string> argv = {CDP_CTL_BIN,       "--json",     "--mt",     "127.0.0.1:" + std::to_string(ctl_),
-                                     "--mt-token-file", token_path(), "--tenant", c.options().tenant};
+  std::optional<json::value> CdpctlJson(const std::vector<std::string>& args, std::string* why) {
+    std::vector<std::string> argv = {CDP_CTL_BIN,
+                                     "--json",
+                                     "--mt",
+                                     "127.0.0.1:" + std::to_string(c_.mtb_control()),
+                                     "--mt-token-file",
+                                     c_.token_path(Which::kMasterTargetB),
+                                     "--tenant",
+                                     c_.options().tenant};
     argv.insert(argv.end(), args.begin(), args.end());
     auto r = cdp::testing::RunCommand(argv, 60000);
     boost::system::error_code ec;
@@ -108,23 +75,20 @@ class SecondMt {
     return v;
   }
   // Exports `point` of the volume at MT B into `dest` with nbdcopy.
-  bool CopyExport(const Cluster& c, const std::string& point, const std::string& dest, std::string* why) {
-    auto e = CdpctlJson(c, {"export", c.options().volume + "@" + point}, why);
+  bool CopyExport(const std::string& point, const std::string& dest, std::string* why) {
+    auto e = CdpctlJson({"export", c_.options().volume + "@" + point}, why);
     if (!e) return false;
     const std::string name(e->at("export").as_string());
-    const std::string uri =
-        "nbds://127.0.0.1:" + std::to_string(nbd_) + "/" + name + "?tls-certificates=" + c.nbd_client_dir();
+    const std::string uri = "nbds://127.0.0.1:" + std::to_string(c_.mtb_nbd_port()) + "/" + name +
+                            "?tls-certificates=" + c_.nbd_client_dir();
     auto r = cdp::testing::RunCommand({"nbdcopy", uri, dest}, 120000);
-    (void)CdpctlJson(c, {"unexport", name}, why);
+    (void)CdpctlJson({"unexport", name}, why);
     if (r.exit_code != 0) *why = "nbdcopy " + uri + ": " + r.output;
     return r.exit_code == 0;
   }
-  const std::string& log() const { return log_; }
 
  private:
-  uint16_t data_, ctl_, nbd_;
-  std::string dir_, config_, log_;
-  Daemon d_;
+  Cluster& c_;
 };
 
 // The recovery point named `tag` in a `cdpctl points --json` answer: {id, seq}; {-1, 0} if absent.
@@ -146,9 +110,9 @@ json::array PsCopies(Cluster& c) {
   return {};
 }
 
-ClusterOptions TwoCopies(const SecondMt& b) {
+ClusterOptions TwoCopies() {
   ClusterOptions o;
-  o.ps_extra_config = "mt = " + b.data_address() + "\ncopies = 2\n";
+  o.master_targets = 2;
   return o;
 }
 
@@ -180,11 +144,10 @@ TEST_CASE(
     "equal the source and a tag exports equally from both",
     "[e2e][copies]") {
   RequireClients();
-  SecondMt b;
-  Cluster c(TwoCopies(b));
+  Cluster c(TwoCopies());
   INFO(c.why());
   REQUIRE(c.Start());
-  REQUIRE(b.Start(c));
+  SecondMt b(c);
   const uint64_t size = c.options().volume_size;
 
   // Writes, then a tag, with both MTs up.
@@ -262,12 +225,12 @@ TEST_CASE(
   const std::string src = Sha256File(c.source_path());
   REQUIRE(src.size() == 64);
   CHECK(Sha256File(c.replica_path()) == src);
-  CHECK(Sha256File(b.replica_path(c)) == src);
+  CHECK(Sha256File(b.replica_path()) == src);
 
   // The tag is the same point at both sites: same sequence, same image.
   auto pa = c.CdpctlJson({"points", c.options().volume});
   std::string why;
-  auto pb = b.CdpctlJson(c, {"points", c.options().volume}, &why);
+  auto pb = b.CdpctlJson({"points", c.options().volume}, &why);
   INFO(c.why() << why);
   REQUIRE(pa.has_value());
   REQUIRE(pb.has_value());
@@ -281,7 +244,7 @@ TEST_CASE(
   bool copied_a = c.CopyExport(std::to_string(ida), ea);
   INFO(c.why());
   REQUIRE(copied_a);
-  bool copied_b = b.CopyExport(c, std::to_string(idb), eb, &why);
+  bool copied_b = b.CopyExport(std::to_string(idb), eb, &why);
   INFO(why);
   REQUIRE(copied_b);
   const std::string tag_sum = Sha256File(at_tag);
@@ -321,7 +284,7 @@ TEST_CASE(
   copied_a = c.CopyExport(at, ta);
   INFO(c.why() << " at " << at);
   REQUIRE(copied_a);
-  copied_b = b.CopyExport(c, at, tb, &why);
+  copied_b = b.CopyExport(at, tb, &why);
   INFO(why);
   REQUIRE(copied_b);
   CHECK(Sha256File(ta) == tag_sum);
@@ -331,11 +294,10 @@ TEST_CASE(
 TEST_CASE("two copies: kill -9 of the process server during two-copy shipping loses no record at either MT",
           "[e2e][copies][crash]") {
   RequireClients();
-  SecondMt b;
-  Cluster c(TwoCopies(b));
+  Cluster c(TwoCopies());
   INFO(c.why());
   REQUIRE(c.Start());
-  REQUIRE(b.Start(c));
+  SecondMt b(c);
   const uint64_t size = c.options().volume_size;
 
   for (uint32_t round = 0; round < 2; ++round) {
@@ -375,7 +337,7 @@ TEST_CASE("two copies: kill -9 of the process server during two-copy shipping lo
   const std::string src = Sha256File(c.source_path());
   REQUIRE(src.size() == 64);
   CHECK(Sha256File(c.replica_path()) == src);
-  CHECK(Sha256File(b.replica_path(c)) == src);
+  CHECK(Sha256File(b.replica_path()) == src);
   // Acknowledged sequences agree everywhere: the agent's last, both MTs'
   // applied, both copy cursors, and the spool holds nothing more.
   const uint64_t seq = c.AgentU64("next_seq") - 1;

@@ -87,6 +87,7 @@ loadgen::LocalClusterOptions LocalOptions(const ClusterOptions& o, const std::st
   l.secret = o.secret;
   l.codec = o.codec;
   l.compress_threads = 1;
+  l.master_targets = o.master_targets;
   l.agent_budget = o.agent_budget;
   l.point_interval = o.point_interval;
   l.client_id = "e2e-agent";

@@ -88,6 +88,8 @@ struct ClusterOptions {
   std::string point_interval = "1s";  // MT crash-consistent point interval
   std::string mt_extra_config, ps_extra_config, agent_extra_config;  // more config lines (loadgen/local_cluster.h)
   bool direct_agent = false;  // the agent ships straight to the MT (loadgen/local_cluster.h)
+  // 2: a second master target (Which::kMasterTargetB) and the PS ships a copy to each.
+  int master_targets = 1;
 };
 
 using Which = loadgen::Role;
@@ -152,6 +154,11 @@ class Cluster {
   uint16_t agent_control() const { return c_.control_port(Which::kAgent); }
   uint16_t ps_control() const { return c_.control_port(Which::kProcessServer); }
   uint16_t mt_control() const { return c_.control_port(Which::kMasterTarget); }
+  // The second master target (master_targets = 2): its ports and its replica of the volume.
+  uint16_t mtb_control() const { return c_.control_port(Which::kMasterTargetB); }
+  uint16_t mtb_data_port() const { return c_.mtb_data_port(); }
+  uint16_t mtb_nbd_port() const { return c_.mtb_nbd_port(); }
+  std::string mtb_replica_path() const { return c_.mtb_replica_path(); }
   // A daemon's admin control token and its file (the daemon made it at first start).
   std::string token(Which w) const { return c_.token(w); }
   std::string token_path(Which w) const { return c_.token_path(w); }

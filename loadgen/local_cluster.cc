@@ -105,6 +105,10 @@ std::string LocalCluster::replica_path() const {
   return Path("mt/tenants/" + o_.tenant + "/volumes/" + o_.volume + "/replica.img");
 }
 
+std::string LocalCluster::mtb_replica_path() const {
+  return Path("mtb/tenants/" + o_.tenant + "/volumes/" + o_.volume + "/replica.img");
+}
+
 std::string LocalCluster::nbd_uri() const { return "nbd+unix:///" + o_.volume + "?socket=" + agent_nbd_socket(); }
 
 std::string LocalCluster::mt_export_uri(const std::string& export_name) const {

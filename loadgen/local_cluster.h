@@ -183,6 +183,9 @@ class LocalCluster {
   uint16_t mt_nbd_port() const { return mt_nbd_; }
   uint16_t ps_data_port() const { return ps_data_; }
   uint16_t mtb_data_port() const { return mtb_data_; }
+  uint16_t mtb_nbd_port() const { return mtb_nbd_; }
+  // The volume's replica at the second master target.
+  std::string mtb_replica_path() const;
   // The daemon's process id while it runs, else 0.
   pid_t pid(Role r);
   // The tail of every daemon log, for failure messages.
