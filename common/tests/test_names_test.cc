@@ -5,6 +5,10 @@
 // empty). Regression test for the names found split twice (sessions 8 and 9).
 #include <catch2/catch.hpp>
 
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -42,4 +46,20 @@ TEST_CASE("no TEST_CASE name in the tree holds a semicolon (CTest would split it
   CHECK(names > 300);
   for (const auto& b : bad) FAIL_CHECK(b);
   CHECK(bad.empty());
+}
+
+// Regression test for CI's failure at 099e444: the TLS export-removal test's
+// client (SSL_write, no MSG_NOSIGNAL) wrote to a connection the server had just
+// closed, and SIGPIPE killed the whole common test binary. Every test binary
+// shares common/tests/main.cc, which ignores SIGPIPE as the daemons do.
+TEST_CASE("a test writing to a socket its peer closed gets EPIPE, the binary is not killed by SIGPIPE",
+          "[hygiene]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  ::close(sv[1]);
+  const char b = 'x';
+  errno = 0;
+  CHECK(::write(sv[0], &b, 1) == -1);  // write(), not send(MSG_NOSIGNAL): what SSL_write does
+  CHECK(errno == EPIPE);
+  ::close(sv[0]);
 }
