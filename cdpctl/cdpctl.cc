@@ -29,11 +29,13 @@ constexpr const char* kUsage =
     "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
     "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT [--discard-history] |\n"
     "  anomalies VOLUME [--ack ID] |\n"
-    "  export VOLUME@POINT [--writable | --key-file F] | unexport EXPORT |\n"
+    "  export VOLUME@POINT [--writable] | unexport EXPORT |\n"
+    "  serve VOLUME@POINT|VOLUME@failover --key-file F --socket PATH [--tls-certificates DIR]\n"
+    "        (a sealed volume decrypted here; the keys never leave this host) |\n"
     "  keys init --out FILE | keys show FILE |\n"
-    "  resolve cdp://TENANT/VOLUME@POINT [--key-file F]   (export VOLUME@POINT takes the URI too) |\n"
+    "  resolve cdp://TENANT/VOLUME@POINT   (export VOLUME@POINT takes the URI too) |\n"
     "  verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s] |\n"
-    "  failover VOLUME --to POINT [--test | --key-file F] | failover VOLUME --undo | failover VOLUME --commit |\n"
+    "  failover VOLUME --to POINT [--test] | failover VOLUME --undo | failover VOLUME --commit |\n"
     "  failback VOLUME [--passes N] | branches |\n"
     "  reprotect VOLUME | token issue|revoke (with --tenant T) | token list\n"
     "  control tokens: --token-file F, --agent-token-file F, --ps-token-file F, --mt-token-file F,\n"
@@ -49,7 +51,8 @@ constexpr const char* kUsage =
 int Usage(const std::vector<std::string>& args, std::ostream& err) {
   for (const std::string& a : args) {
     if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size" && a != "--repair" &&
-        a != "--max-rate" && a != "--test" && a != "--undo" && a != "--commit" && a != "--key-file" && a != "--out") {
+        a != "--max-rate" && a != "--test" && a != "--undo" && a != "--commit" && a != "--key-file" && a != "--out" &&
+        a != "--socket" && a != "--tls-certificates") {
       err << "cdpctl: unknown option '" << a << "'\n";
       break;
     }
@@ -104,12 +107,24 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   if (cmd == "export" && (args.size() == 2 || (args.size() == 3 && args[2] == "--writable"))) {
     return Export(o, args[1], args.size() == 3, out, err);
   }
-  if (cmd == "export" && args.size() == 4 && args[2] == "--key-file") return Export(o, args[1], false, out, err, args[3]);
-  if (cmd == "resolve" && args.size() == 2 && args[1].rfind("cdp://", 0) == 0) {
-    return Export(o, args[1], false, out, err, "", true);
+  if ((cmd == "export" || cmd == "resolve" || cmd == "failover") &&
+      std::find(args.begin(), args.end(), "--key-file") != args.end()) {
+    err << "cdpctl: " << cmd << " takes no key: the master target never receives one. Read a sealed volume "
+        << "decrypted at your site: cdpctl serve VOLUME@POINT (or VOLUME@failover) --key-file F --socket PATH\n";
+    return 2;
   }
-  if (cmd == "resolve" && args.size() == 4 && args[1].rfind("cdp://", 0) == 0 && args[2] == "--key-file") {
-    return Export(o, args[1], false, out, err, args[3], true);
+  if (cmd == "resolve" && args.size() == 2 && args[1].rfind("cdp://", 0) == 0) {
+    return Export(o, args[1], false, out, err, true);
+  }
+  if (cmd == "serve" && args.size() >= 2 && args.size() % 2 == 0) {
+    std::string key_file, socket, tls_dir;
+    for (size_t i = 2; i + 1 < args.size(); i += 2) {
+      if (args[i] == "--key-file") key_file = args[i + 1];
+      else if (args[i] == "--socket") socket = args[i + 1];
+      else if (args[i] == "--tls-certificates") tls_dir = args[i + 1];
+      else return Usage({args[i]}, err);
+    }
+    return Serve(o, args[1], key_file, tls_dir, socket, out, err);
   }
   if (cmd == "keys" && args.size() >= 2) return Keys(o, args, out, err);
   if (cmd == "unexport" && args.size() == 2) return Unexport(o, args[1], out, err);
@@ -117,9 +132,6 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
     return Export(o, args[1] + "@" + args[3], true, out, err);  // today's test failover
   }
   if (cmd == "failover" && args.size() == 4 && args[2] == "--to") return Failover(o, args[1], "--to", args[3], out, err);
-  if (cmd == "failover" && args.size() == 6 && args[2] == "--to" && args[4] == "--key-file") {
-    return Failover(o, args[1], "--to", args[3], out, err, args[5]);
-  }
   if (cmd == "failover" && args.size() == 3 && (args[2] == "--undo" || args[2] == "--commit")) {
     return Failover(o, args[1], args[2], "", out, err);
   }

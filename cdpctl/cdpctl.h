@@ -9,18 +9,18 @@
 //     points VOLUME                 recovery points held by the master target
 //     rollback VOLUME --to POINT    fail over: rewind the replica to a point
 //     export VOLUME@POINT [--writable]   serve the point over NBD (test failover)
-//     export VOLUME@POINT --key-file F   an encrypted volume's point, decrypted
-//                                   (the volume's keys, derived here from the
-//                                   tenant key file, held by the export in memory)
+//                                   (an encrypted volume: its stored blocks and MACs)
+//     serve VOLUME@POINT|VOLUME@failover --key-file F --socket PATH [--tls-certificates DIR]
+//                                   an encrypted volume decrypted at the tenant's
+//                                   site (keys derived here, never sent), served
+//                                   on a Unix socket until SIGINT/SIGTERM
 //     keys init --out FILE | keys show FILE   the tenant key file (common/crypto/seal.h)
-//     resolve cdp://TENANT/VOLUME@POINT [--key-file F]   a recovery point's URI:
+//     resolve cdp://TENANT/VOLUME@POINT   a recovery point's URI:
 //                                   exports the point read-only and prints
 //                                   its NBD URI alone (export takes the URI too)
 //     failover VOLUME --to POINT [--test]   promote the point as a persistent
 //                                   read-write export, fence the old primary
 //                                   (--test: a writable export, as export --writable)
-//                                   (--key-file F: an encrypted volume, served
-//                                   decrypted; again after an MT restart)
 //     failover VOLUME --undo | --commit     back to protecting (before a commit)
 //                                   | make the failover final
 //     unexport EXPORT               stop an export

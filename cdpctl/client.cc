@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/base/host_port.h"
+#include "common/base/names.h"
 #include "common/base/version.h"
 #include "common/crypto/pki.h"
 #include "common/crypto/seal.h"
@@ -117,5 +118,46 @@ int Fail(std::ostream& err, const std::string& what, const Call& c) {
   return 1;
 }
 
+
+// POINT is an id from `points`, "seq:N" for an exact sequence, a UTC time
+// (the newest point written at or before it), or a tag's name.
+json::object PointArg(const std::string& volume, const std::string& point, const Options& o) {
+  json::object b{{"volume", volume}};
+  if (!o.tenant.empty()) b["tenant"] = o.tenant;
+  // Numbers go as JSON numbers; anything else as given, for the daemon's 400 naming it.
+  auto number = [](std::string_view t) -> json::value {
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (!t.empty() && ec == std::errc() && p == t.data() + t.size()) return v;
+    return json::string(t);
+  };
+  // A UTC time (YYYY-MM-DDTHH:MM...): the newest point written at or before it.
+  const bool is_time = point.size() >= 10 && point[4] == '-' && point[7] == '-' &&
+                       std::all_of(point.begin(), point.begin() + 4, [](char ch) { return ch >= '0' && ch <= '9'; });
+  if (point.rfind("seq:", 0) == 0) {
+    b["seq"] = number(std::string_view(point).substr(4));
+  } else if (is_time) {
+    b["time"] = point;
+  } else if (json::value n = number(point); n.is_int64()) {
+    b["point"] = n;
+  } else {
+    b["tag"] = point;
+  }
+  return b;
+}
+
+// A recovery point's URI, cdp://TENANT/VOLUME@POINT (POINT as for export:
+// an id, seq:N or a tag name): the tenant and VOLUME@POINT. False when
+// `uri` is not one.
+bool ParsePointUri(const std::string& uri, std::string* tenant, std::string* spec) {
+  constexpr std::string_view kScheme = "cdp://";
+  if (uri.rfind(kScheme, 0) != 0) return false;
+  const std::string rest = uri.substr(kScheme.size());
+  const size_t slash = rest.find('/');
+  if (slash == std::string::npos || !ValidName(rest.substr(0, slash))) return false;
+  *tenant = rest.substr(0, slash);
+  *spec = rest.substr(slash + 1);
+  return spec->find('@') != std::string::npos;
+}
 
 }  // namespace cdp::ctl

@@ -7,6 +7,7 @@
 //   recovery.cc     rollback, reprotect, failback, export / resolve,
 //                   failover, branches, unexport
 //   verify.cc       verify (and repair)
+//   serve.cc        serve (a sealed volume decrypted at the tenant's site)
 //   credentials.cc  pki, token, keys
 // Every command returns the process exit code (cdpctl.h: 0, 1 failed, 2
 // usage) and writes to `out` and `err` only.
@@ -44,6 +45,12 @@ std::string Str(const json::object& o, std::string_view key, std::string dflt = 
 std::string Bytes(double b);                       // "1.5 MiB"
 std::string Secs(double s);                        // "1.2s", "3m04s", "1.5h"; "-" when negative
 const json::array* Volumes(const json::value& body);  // body["volumes"], or null
+// The point parameters of a request (volume, and point/seq/tag/time from
+// POINT: an id from `points`, seq:N, a UTC time, or a tag's name), with --tenant.
+json::object PointArg(const std::string& volume, const std::string& point, const Options& o);
+// A recovery point's URI, cdp://TENANT/VOLUME@POINT: the tenant and
+// VOLUME@POINT. False when `uri` is not one.
+bool ParsePointUri(const std::string& uri, std::string* tenant, std::string* spec);
 // "cdpctl: WHAT: error" on `err`; returns 1.
 int Fail(std::ostream& err, const std::string& what, const Call& c);
 
@@ -64,13 +71,23 @@ int Rollback(const Options& o, const std::string& volume, const std::string& poi
 int Reprotect(const Options& o, const std::string& volume, std::ostream& out, std::ostream& err);
 int Failback(const Options& o, const std::string& volume, int max_passes, std::ostream& out, std::ostream& err);
 // VOLUME@POINT or cdp://TENANT/VOLUME@POINT; `uri_only`: print the NBD URI alone (resolve).
+// A sealed volume's export serves its stored blocks and MACs (read them
+// decrypted with serve).
 int Export(const Options& opts, const std::string& spec_or_uri, bool writable, std::ostream& out, std::ostream& err,
-           const std::string& key_file = "", bool uri_only = false);
+           bool uri_only = false);
 // `action`: --to (with `point`), --undo or --commit.
 int Failover(const Options& o, const std::string& volume, const std::string& action, const std::string& point,
-             std::ostream& out, std::ostream& err, const std::string& key_file = "");
+             std::ostream& out, std::ostream& err);
 int Branches(const Options& o, std::ostream& out, std::ostream& err);
 int Unexport(const Options& o, const std::string& name, std::ostream& out, std::ostream& err);
+
+// ---- serve.cc ----
+// serve VOLUME@POINT | VOLUME@failover --key-file F --socket PATH [--tls-certificates DIR]:
+// the volume decrypted at the tenant's site, on a Unix socket, until SIGINT
+// or SIGTERM (a sealed volume: common/nbd/sealed_device.h). The keys are
+// derived here and never sent. Exit 1 when a block failed its check.
+int Serve(const Options& opts, const std::string& spec_or_uri, const std::string& key_file,
+          const std::string& tls_dir, const std::string& socket, std::ostream& out, std::ostream& err);
 
 // ---- verify.cc ----
 // verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s] (`args` from "verify").

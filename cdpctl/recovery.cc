@@ -28,32 +28,6 @@ namespace cdp::ctl {
 
 namespace {
 
-// POINT is an id from `points`, "seq:N" for an exact sequence, a UTC time
-// (the newest point written at or before it), or a tag's name.
-json::object PointArg(const std::string& volume, const std::string& point, const Options& o) {
-  json::object b{{"volume", volume}};
-  if (!o.tenant.empty()) b["tenant"] = o.tenant;
-  // Numbers go as JSON numbers; anything else as given, for the daemon's 400 naming it.
-  auto number = [](std::string_view t) -> json::value {
-    int64_t v = 0;
-    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-    if (!t.empty() && ec == std::errc() && p == t.data() + t.size()) return v;
-    return json::string(t);
-  };
-  // A UTC time (YYYY-MM-DDTHH:MM...): the newest point written at or before it.
-  const bool is_time = point.size() >= 10 && point[4] == '-' && point[7] == '-' &&
-                       std::all_of(point.begin(), point.begin() + 4, [](char ch) { return ch >= '0' && ch <= '9'; });
-  if (point.rfind("seq:", 0) == 0) {
-    b["seq"] = number(std::string_view(point).substr(4));
-  } else if (is_time) {
-    b["time"] = point;
-  } else if (json::value n = number(point); n.is_int64()) {
-    b["point"] = n;
-  } else {
-    b["tag"] = point;
-  }
-  return b;
-}
 
 
 }  // namespace
@@ -200,47 +174,10 @@ int Failback(const Options& o, const std::string& volume, int max_passes, std::o
   return 0;
 }
 
-namespace {
 
-// The tenant key never leaves this host: only `volume`'s derived keys go to
-// the master target (over the control channel's TLS), as "keys" in `body`.
-bool AddVolumeKeys(const std::string& key_file, const std::string& volume, json::object* body, std::ostream& err) {
-  auto key = seal::LoadTenantKey(DefaultEnv(), key_file);
-  if (!key.ok()) {
-    err << "cdpctl: " << key.status().message() << "\n";
-    return false;
-  }
-  auto keys = seal::DeriveVolumeKeys(*key, volume);
-  if (!keys.ok()) {
-    err << "cdpctl: " << keys.status().message() << "\n";
-    return false;
-  }
-  (*body)["keys"] = seal::EncodeVolumeKeys(*keys);
-  return true;
-}
-
-}  // namespace
-
-namespace {
-
-// A recovery point's URI, cdp://TENANT/VOLUME@POINT (POINT as for export:
-// an id, seq:N or a tag name): the tenant and VOLUME@POINT. False when
-// `uri` is not one.
-bool ParsePointUri(const std::string& uri, std::string* tenant, std::string* spec) {
-  constexpr std::string_view kScheme = "cdp://";
-  if (uri.rfind(kScheme, 0) != 0) return false;
-  const std::string rest = uri.substr(kScheme.size());
-  const size_t slash = rest.find('/');
-  if (slash == std::string::npos || !ValidName(rest.substr(0, slash))) return false;
-  *tenant = rest.substr(0, slash);
-  *spec = rest.substr(slash + 1);
-  return spec->find('@') != std::string::npos;
-}
-
-}  // namespace
 
 int Export(const Options& opts, const std::string& spec_or_uri, bool writable, std::ostream& out, std::ostream& err,
-           const std::string& key_file, bool uri_only) {
+           bool uri_only) {
   Options o = opts;
   std::string spec = spec_or_uri;
   if (spec_or_uri.rfind("cdp://", 0) == 0 && !ParsePointUri(spec_or_uri, &o.tenant, &spec)) {
@@ -254,7 +191,6 @@ int Export(const Options& opts, const std::string& spec_or_uri, bool writable, s
   }
   json::object b = PointArg(spec.substr(0, at), spec.substr(at + 1), o);
   b["writable"] = writable;
-  if (!key_file.empty() && !AddVolumeKeys(key_file, spec.substr(0, at), &b, err)) return 1;
   Call c = Http(o, o.mt, "POST", "/v1/export", b);
   if (!c.reached || c.status != 200) return Fail(err, "export " + spec, c);
   if (o.json) {
@@ -274,9 +210,8 @@ int Export(const Options& opts, const std::string& spec_or_uri, bool writable, s
       << uint64_t(Num(r, "seq")) << (writable ? ", writable overlay discarded at unexport" : ", read-only")
       << ")\n";
   if (Str(r, "serves") == "ciphertext") {
-    out << "  encrypted volume: this export serves the stored (encrypted) blocks; add --key-file to read them\n";
-  } else if (Str(r, "serves") == "plaintext") {
-    out << "  encrypted volume: decrypted with your key; every block's integrity is checked on read\n";
+    out << "  encrypted volume: this export serves the stored (encrypted) blocks and their MACs; read it decrypted\n"
+        << "  at your site with: cdpctl serve " << spec << " --key-file F --socket PATH --tls-certificates DIR\n";
   }
   if (nbds) out << "  NBD TLS: append ?tls-certificates=DIR, a directory with the tenant's ca-cert.pem, client-cert.pem, client-key.pem\n";
   return 0;
@@ -284,13 +219,12 @@ int Export(const Options& opts, const std::string& spec_or_uri, bool writable, s
 
 // failover VOLUME --to POINT | --undo | --commit (docs/recovery.md, "Failover").
 int Failover(const Options& o, const std::string& volume, const std::string& action, const std::string& point,
-             std::ostream& out, std::ostream& err, const std::string& key_file) {
+             std::ostream& out, std::ostream& err) {
   json::object b{{"volume", volume}};
   if (!o.tenant.empty()) b["tenant"] = o.tenant;
   std::string route = "/v1/failover";
   if (action == "--to") b = PointArg(volume, point, o);
   else route += action == "--undo" ? "/undo" : "/commit";
-  if (!key_file.empty() && !AddVolumeKeys(key_file, volume, &b, err)) return 1;
   Call c = Http(o, o.mt, "POST", route, b);
   if (!c.reached || c.status != 200) return Fail(err, "failover " + volume, c);
   if (o.json) {
@@ -313,6 +247,12 @@ int Failover(const Options& o, const std::string& volume, const std::string& act
         << "  undo (before a commit): cdpctl failover " << volume << " --undo; make it final: cdpctl failover "
         << volume << " --commit\n";
     if (nbds) out << "  NBD TLS: append ?tls-certificates=DIR, a directory with the tenant's ca-cert.pem, client-cert.pem, client-key.pem\n";
+    const json::value* sealed = r.if_contains("sealed");
+    if (sealed != nullptr && sealed->is_bool() && sealed->as_bool()) {
+      out << "  encrypted volume: the export holds the stored blocks and their MACs; serve it decrypted to the\n"
+          << "  recovered machine at your site: cdpctl serve " << volume
+          << "@failover --key-file F --socket PATH --tls-certificates DIR\n";
+    }
   } else if (action == "--undo") {
     if (changed) {
       out << "volume " << volume << ": failover undone; protecting again from sequence "

@@ -220,6 +220,10 @@ std::optional<json::value> Cluster::StatusOf(Which w) const {
 }
 
 testing::CommandResult Cluster::Cdpctl(const std::vector<std::string>& args, int timeout_ms) {
+  return RunCommand(CdpctlArgv(args), timeout_ms);
+}
+
+std::vector<std::string> Cluster::CdpctlArgv(const std::vector<std::string>& args) const {
   auto hp = [](uint16_t p) { return "127.0.0.1:" + std::to_string(p); };
   std::vector<std::string> argv = {CDP_CTL_BIN,  "--agent",        hp(agent_control()), "--ps", hp(ps_control()),
                                    "--mt",       hp(mt_control()), "--tenant",           o_.tenant,
@@ -227,7 +231,45 @@ testing::CommandResult Cluster::Cdpctl(const std::vector<std::string>& args, int
                                    "--ps-token-file", token_path(Which::kProcessServer),
                                    "--mt-token-file", token_path(Which::kMasterTarget)};
   argv.insert(argv.end(), args.begin(), args.end());
-  return RunCommand(argv, timeout_ms);
+  return argv;
+}
+
+std::optional<Cluster::Served> Cluster::Serve(const std::string& spec, const std::string& key_file) {
+  static int n = 0;
+  const std::string name = "serve-" + std::to_string(++n);
+  const std::string socket = Path(name + ".sock"), log = Path(name + ".log");
+  SpawnOptions so;
+  so.argv = CdpctlArgv({"serve", spec, "--key-file", key_file, "--socket", socket, "--tls-certificates",
+                        nbd_client_dir()});
+  so.output_file = log;
+  so.truncate_output = true;
+  so.die_with_parent = true;
+  auto p = Subprocess::Spawn(so);
+  if (!p.ok()) {
+    why_ = "cdpctl serve: " + p.status().ToString();
+    return std::nullopt;
+  }
+  Served s{std::move(*p), "nbd+unix:///" + spec.substr(0, spec.find('@')) + "?socket=" + socket, log};
+  auto text = [&] {
+    std::ifstream f(log, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const bool up = testing::WaitUntil(
+      [&] {
+        return !s.process.Running() ||
+               (::access(socket.c_str(), F_OK) == 0 && text().find("serving ") != std::string::npos);
+      },
+      std::chrono::seconds(30));
+  if (!up || !s.process.Running()) {
+    why_ = "cdpctl serve " + spec + " did not start: " + text();
+    return std::nullopt;
+  }
+  return s;
+}
+
+int Cluster::Served::Stop() {
+  const int st = process.Stop(SIGTERM, std::chrono::seconds(20));
+  return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 std::optional<json::value> Cluster::CdpctlJson(const std::vector<std::string>& args) {

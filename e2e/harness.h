@@ -129,8 +129,24 @@ class Cluster {
 
   // Runs cdpctl with the three control endpoints and their token files plus `args`.
   testing::CommandResult Cdpctl(const std::vector<std::string>& args, int timeout_ms = 60000);
+  // That command line.
+  std::vector<std::string> CdpctlArgv(const std::vector<std::string>& args) const;
   // Runs cdpctl --json ... and parses stdout; nullopt on a non-zero exit or bad JSON.
   std::optional<boost::json::value> CdpctlJson(const std::vector<std::string>& args);
+
+  // `cdpctl serve SPEC --key-file KEY` (a sealed volume decrypted at the
+  // tenant, common/nbd/sealed_device.h) in the background, with the tenant's
+  // NBD certificates, on a Unix socket in the test's directory. Returns once
+  // its socket exists (nullopt and why() if it exited or did not get there in
+  // 30 s).
+  struct Served {
+    Subprocess process;
+    std::string uri;  // nbd+unix:///VOLUME?socket=PATH
+    std::string log;  // its stdout and stderr
+    // SIGTERM, then its exit code (-1 if it had to be killed).
+    int Stop();
+  };
+  std::optional<Served> Serve(const std::string& spec, const std::string& key_file);
 
   // Exports the recovery point `point` (an id, or "seq:N") through cdpctl,
   // copies it with nbdcopy into `dest`, and removes the export. False (why()) on error.

@@ -14,7 +14,7 @@
 
 #include "common/http/http_client.h"
 #include "e2e/harness.h"
-#include "loadgen/nbd_client.h"
+#include "common/nbd/nbd_client.h"
 
 namespace {
 
@@ -70,12 +70,12 @@ class Churn {
 
  private:
   void Run() {
-    auto uri = cdp::loadgen::ParseNbdUri(uri_);
+    auto uri = cdp::ParseNbdUri(uri_);
     if (!uri.ok()) {
       error_ = uri.status().ToString();
       return;
     }
-    auto client = cdp::loadgen::NbdClient::Connect(*uri);
+    auto client = cdp::NbdClient::Connect(*uri);
     if (!client.ok()) {
       error_ = client.status().ToString();
       return;

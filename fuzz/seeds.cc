@@ -311,11 +311,14 @@ void KeyFile(const std::string& dir) {
   Write(dir, "key-upper-no-newline", B(upper.substr(0, upper.size() - 1)));
   Write(dir, "key-crlf", B(text.substr(0, text.size() - 1) + "\r\n"));
   auto vk = seal::DeriveVolumeKeys(key, "db1");
-  if (vk.ok()) Write(dir, "volume-keys", B(seal::EncodeVolumeKeys(*vk)));
-  seal::VolumeKeys same;
-  same.data.fill(0x11);  // XTS refuses equal halves
-  same.integrity.fill(0x22);
-  Write(dir, "volume-keys-equal-halves", B(seal::EncodeVolumeKeys(same)));
+  if (vk.ok()) {
+    Bytes raw(vk->data.begin(), vk->data.end());
+    raw.insert(raw.end(), vk->integrity.begin(), vk->integrity.end());
+    Write(dir, "volume-keys", raw);
+  }
+  Bytes same(64, 0x11);  // XTS refuses equal halves
+  same.insert(same.end(), 32, 0x22);
+  Write(dir, "volume-keys-equal-halves", same);
 }
 
 // ---- x509_identity: DER certificates.

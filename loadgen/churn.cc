@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "loadgen/data.h"
-#include "loadgen/nbd_client.h"
+#include "common/nbd/nbd_client.h"
 #include "loadgen/pacer.h"
 #include "loadgen/rng.h"
 

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "common/http/http_client.h"
-#include "loadgen/nbd_client.h"
+#include "common/nbd/nbd_client.h"
 #include "loadgen/tree.h"
 
 extern char** environ;

@@ -105,7 +105,8 @@ Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::Open(std::shared_p
   CDP_ASSIGN_OR_RETURN(auto pin, volume->Pin(point_seq));
   ReplicaVolume* v = volume.get();
   std::shared_ptr<PointInTimeDevice> d(new PointInTimeDevice(std::move(volume), std::move(pin)));
-  d->size_ = v->size();
+  d->stored_space_ = v->identity().sealed;
+  d->size_ = DeviceSize(v->identity());
   d->block_ = v->identity().block_size;
   if (!overlay_path.empty()) {
     OpenOptions o;

@@ -17,10 +17,12 @@
 //   test failover (Open with an overlay path): the bitmap lives in memory and
 //   the overlay file is removed when the device is destroyed (the export ends).
 //
-//   A sealed volume's promoted overlay covers the whole replica file (the
-//   stored blocks, then their MACs: ReplicaVolume::ReadStoredAt), so that a
-//   KeyedExportDevice on top keeps each block's MAC beside it; its size() is
-//   then DeviceSize(), and only that filter is served.
+//   A sealed volume's exports (every kind) cover the whole replica file: the
+//   stored blocks, then their MACs (ReplicaVolume::ReadStoredAt); size() is
+//   then DeviceSize(). The master target never holds the keys: the tenant
+//   decrypts and checks them at its own site (`cdpctl serve`,
+//   common/nbd/sealed_device.h), and writes to a writable overlay arrive
+//   sealed, each block's MAC beside it.
 //
 //   promoted failover (OpenPersistent; `cdpctl failover`): the bitmap is a
 //   file too (docs/formats/failover-overlay.md), and both survive the device
@@ -109,13 +111,13 @@ class PointInTimeDevice final : public BlockDevice {
   Status FlushLocked();
   Status LoadBitmap(uint64_t point_seq);
   // The point's bytes: the volume's (ReadAt), or the replica file's for a
-  // sealed persistent overlay (ReadStoredAt).
+  // sealed volume (ReadStoredAt).
   Status ReadPoint(uint64_t offset, uint64_t len, uint8_t* buf) const;
 
   std::shared_ptr<ReplicaVolume> volume_;
   std::unique_ptr<PointPin> pin_;
   uint64_t size_ = 0;
-  bool stored_space_ = false;  // size_ = DeviceSize(): a sealed volume's promoted overlay
+  bool stored_space_ = false;  // size_ = DeviceSize(): a sealed volume's stored blocks and MACs
   uint32_t block_ = 4096;
   Env* env_ = nullptr;
   std::string overlay_path_;

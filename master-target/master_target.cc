@@ -6,7 +6,6 @@
 #include <cstdio>
 
 #include "master-target/dashboard.h"
-#include "master-target/keyed_export.h"
 #include "master-target/master_target_impl.h"
 #include "master-target/mt_control_api.h"
 #include "master-target/ps_session.h"
@@ -463,25 +462,15 @@ void MasterTarget::Stop() {
 }
 
 Result<std::string> MasterTarget::StartExport(const std::string& tenant, const std::string& volume, uint64_t point_seq,
-                                              bool writable, const seal::VolumeKeys* keys) {
+                                              bool writable) {
   Impl& m = *impl_;
   if (!m.nbd) return Status::NotSupported("NBD exports are disabled (nbd port < 0)");
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
-  std::shared_ptr<const seal::BlockSealer> sealer;
-  if (keys != nullptr) {
-    if (!v->identity().sealed) return Status::InvalidArgument(volume + " is not sealed: its exports need no key");
-    if (writable) return Status::InvalidArgument("a keyed export is read-only");
-    if (!o_.nbd_tls)
-      return Status::PermissionDenied("a keyed export serves plaintext, so it needs NBD TLS (nbd_tls at the master "
-                                      "target)");
-    CDP_ASSIGN_OR_RETURN(sealer, seal::BlockSealer::Create(*keys));
-  }
   std::lock_guard<std::mutex> lk(m.export_mu);
   uint64_t n = ++m.export_counter;
   std::string name = tenant + "/" + volume + "@" + std::to_string(point_seq);
   if (writable) name += "-rw";
-  if (sealer) name += "-key";
   if (m.exports.count(name)) name += "." + std::to_string(n);
   std::string overlay;
   if (writable) {
@@ -490,18 +479,12 @@ Result<std::string> MasterTarget::StartExport(const std::string& tenant, const s
     if (o_.env->Exists(overlay)) CDP_RETURN_IF_ERROR(o_.env->Remove(overlay));
   }
   CDP_ASSIGN_OR_RETURN(auto dev, PointInTimeDevice::Open(v, point_seq, o_.env, overlay));
-  std::shared_ptr<BlockDevice> served = dev;
-  if (sealer) {
-    CDP_ASSIGN_OR_RETURN(served, KeyedExportDevice::Open(dev, v, point_seq, sealer));
-  }
   const std::string what = volume + " at sequence " + std::to_string(point_seq);
-  CDP_RETURN_IF_ERROR(m.nbd->AddExport(name, served, what, tenant));
-  m.exports[name] = ExportEntry{tenant, volume, point_seq, writable, false, sealer != nullptr, dev};
-  m.log->info("{} export {} started{}", log::Where{volume, tenant, point_seq}, name,
-              writable                ? " (writable overlay)"
-              : sealer                ? " (keyed: plaintext, keys in memory only)"
-              : v->identity().sealed ? " (sealed: the stored blocks, encrypted)"
-                                      : "");
+  CDP_RETURN_IF_ERROR(m.nbd->AddExport(name, dev, what, tenant));
+  m.exports[name] = ExportEntry{tenant, volume, point_seq, writable, false, dev};
+  m.log->info("{} export {} started{}{}", log::Where{volume, tenant, point_seq}, name,
+              writable ? " (writable overlay)" : "",
+              v->identity().sealed ? " (sealed: the stored blocks and MACs, decrypted only at the tenant)" : "");
   return name;
 }
 
@@ -537,41 +520,26 @@ std::string MasterTarget::Impl::OverlayBitmap(const std::string& tenant, const s
 Result<std::shared_ptr<PointInTimeDevice>> MasterTarget::Impl::ServePromoted(const std::string& tenant,
                                                                              const std::string& volume,
                                                                              const std::shared_ptr<ReplicaVolume>& v,
-                                                                             uint64_t seq, bool create,
-                                                                             std::shared_ptr<const seal::BlockSealer> sealer) {
+                                                                             uint64_t seq, bool create) {
   if (!nbd) return Status::NotSupported("NBD exports are disabled (nbd port < 0): a failover needs them");
   const std::string name = PromotedExportName(tenant, volume);
   std::lock_guard<std::mutex> lk(export_mu);
   auto it = exports.find(name);
-  if (it != exports.end() && (it->second.served || !sealer)) return it->second.device;
-  std::shared_ptr<PointInTimeDevice> dev;
-  if (it != exports.end()) {
-    dev = it->second.device;
-  } else {
-    CDP_ASSIGN_OR_RETURN(dev, PointInTimeDevice::OpenPersistent(v, seq, store, OverlayData(tenant, volume),
-                                                                OverlayBitmap(tenant, volume), create));
-  }
+  if (it != exports.end()) return it->second.device;
+  CDP_ASSIGN_OR_RETURN(auto dev, PointInTimeDevice::OpenPersistent(v, seq, store, OverlayData(tenant, volume),
+                                                                   OverlayBitmap(tenant, volume), create));
   const bool sealed = v->identity().sealed;
-  ExportEntry entry{tenant, volume, seq, true, true, sealed, dev};
-  entry.served = !sealed || sealer != nullptr;
-  if (entry.served) {
-    std::shared_ptr<BlockDevice> served = dev;
-    if (sealed) {
-      CDP_ASSIGN_OR_RETURN(served, KeyedExportDevice::Open(dev, v, seq, sealer));
-    }
-    CDP_RETURN_IF_ERROR(nbd->AddExport(name, served,
-                                       volume + " failed over at sequence " + std::to_string(v->fence().numbering().Wire(seq)) +
-                                           " (read-write, persistent)",
-                                       tenant));
-    log->warn("{} failover export {} served (read-write, persistent overlay{}, {} blocks written at the provider)",
-              log::Where{volume, tenant, seq}, name, sealed ? ", sealed with the tenant's keys" : "",
-              dev->overlay_blocks());
-  } else {
-    log->warn("{} failed over, sealed: its export {} waits for the tenant's keys (cdpctl failover {} --to POINT "
-              "--key-file FILE serves it again); failback needs no keys",
-              log::Where{volume, tenant, seq}, name, volume);
-  }
-  exports[name] = entry;
+  CDP_RETURN_IF_ERROR(nbd->AddExport(name, dev,
+                                     volume + " failed over at sequence " +
+                                         std::to_string(v->fence().numbering().Wire(seq)) +
+                                         (sealed ? " (read-write, persistent; sealed: stored blocks and MACs)"
+                                                 : " (read-write, persistent)"),
+                                     tenant));
+  log->warn("{} failover export {} served (read-write, persistent overlay{}, {} blocks written at the provider)",
+            log::Where{volume, tenant, seq}, name,
+            sealed ? "; sealed: the tenant reads and writes it through cdpctl serve with its key" : "",
+            dev->overlay_blocks());
+  exports[name] = ExportEntry{tenant, volume, seq, true, true, dev};
   return dev;
 }
 
@@ -604,23 +572,11 @@ void MasterTarget::Impl::RestorePromoted() {
 }
 
 Result<MasterTarget::FailoverOutcome> MasterTarget::Failover(const std::string& tenant, const std::string& volume,
-                                                             uint64_t point_seq, int64_t point_id,
-                                                             const seal::VolumeKeys* keys) {
+                                                             uint64_t point_seq, int64_t point_id) {
   Impl& m = *impl_;
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
   if (!m.nbd) return Status::NotSupported("NBD exports are disabled (nbd port < 0): a failover needs them");
-  std::shared_ptr<const seal::BlockSealer> sealer;
-  if (v->identity().sealed) {
-    if (keys == nullptr)
-      return Status::PermissionDenied(volume + " is sealed (tenant-side encryption): its failover serves plaintext "
-                                               "to the recovered machine and needs the tenant's keys (--key-file)");
-    if (!o_.nbd_tls)
-      return Status::PermissionDenied("a sealed volume's failover export serves plaintext, so it needs NBD TLS");
-    CDP_ASSIGN_OR_RETURN(sealer, seal::BlockSealer::Create(*keys));
-  } else if (keys != nullptr) {
-    return Status::InvalidArgument(volume + " is not sealed: its failover needs no key");
-  }
   std::lock_guard<std::mutex> fl(m.failover_mu);
   FailoverOutcome out;
   out.export_name = PromotedExportName(tenant, volume);
@@ -629,7 +585,7 @@ Result<MasterTarget::FailoverOutcome> MasterTarget::Failover(const std::string& 
     // again if it was not), another one the volume's error.
     CDP_ASSIGN_OR_RETURN(bool changed, v->Failover(point_seq, point_id));
     (void)changed;
-    CDP_RETURN_IF_ERROR(m.ServePromoted(tenant, volume, v, f->point_seq, false, sealer).status());
+    CDP_RETURN_IF_ERROR(m.ServePromoted(tenant, volume, v, f->point_seq, false).status());
     return out;
   }
   // Overlay first (created and synced), then the state, then the export.
@@ -642,7 +598,7 @@ Result<MasterTarget::FailoverOutcome> MasterTarget::Failover(const std::string& 
     return changed.status();
   }
   dev.reset();
-  CDP_RETURN_IF_ERROR(m.ServePromoted(tenant, volume, v, point_seq, false, sealer).status());
+  CDP_RETURN_IF_ERROR(m.ServePromoted(tenant, volume, v, point_seq, false).status());
   out.changed = true;
   return out;
 }

@@ -169,13 +169,12 @@ class MasterTarget {
 
   // Starts an NBD export of the volume at `point_seq`; returns its name.
   // kOutOfRange for an unreachable point, kNotFound for an unknown volume.
-  // A sealed volume's export serves the stored (encrypted) blocks, unless
-  // `keys` are given: then it is a read-only KeyedExportDevice serving
-  // plaintext, named "...@SEQ-key", which needs NBD TLS (kPermissionDenied
-  // without it: plaintext never crosses the network in the clear);
-  // kInvalidArgument for keys on an unsealed volume or with `writable`.
+  // A sealed volume's export serves its stored space: the stored
+  // (encrypted) blocks, then their MACs (DeviceSize() bytes). The master
+  // target never takes the keys; the tenant decrypts at its own site
+  // (`cdpctl serve`, common/nbd/sealed_device.h).
   Result<std::string> StartExport(const std::string& tenant, const std::string& volume, uint64_t point_seq,
-                                  bool writable, const seal::VolumeKeys* keys = nullptr);
+                                  bool writable);
   Status StopExport(const std::string& name);
 
   // Failover (`cdpctl failover`; states in master-target/replica_volume.h).
@@ -185,18 +184,17 @@ class MasterTarget {
   // Idempotent: failed over at that point already -> ok, changed = false (and
   // the export served again if it was not). kAlreadyExists for another point;
   // kNotFound, kOutOfRange, kNotSupported (no NBD) as StartExport.
-  // A sealed volume needs its `keys` (the VM reads and writes plaintext: the
-  // export is a writable KeyedExportDevice over an overlay of the whole
-  // replica file; kPermissionDenied without keys or without NBD TLS). The
-  // keys are held in memory only: after a restart the volume stays failed
-  // over, and failback works (it moves ciphertext), but the export is served
-  // again only when Failover is repeated with the keys.
+  // A sealed volume's promoted export is the overlay of its whole stored
+  // space (blocks, then MACs): the tenant's `cdpctl serve VOLUME@failover`
+  // decrypts it for the recovered machine and writes sealed blocks and their
+  // MACs into it, so the provider never holds the keys, and failback and
+  // re-protect move ciphertext.
   struct FailoverOutcome {
     std::string export_name;
     bool changed = false;
   };
   Result<FailoverOutcome> Failover(const std::string& tenant, const std::string& volume, uint64_t point_seq,
-                                   int64_t point_id, const seal::VolumeKeys* keys = nullptr);
+                                   int64_t point_id);
   // Stops the promoted export, returns the volume to protecting and removes the
   // overlay. True: changed; false: it was protecting. kAlreadyExists once committed.
   Result<bool> UndoFailover(const std::string& tenant, const std::string& volume);

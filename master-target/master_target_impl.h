@@ -51,9 +51,7 @@ struct ExportEntry {
   uint64_t seq = 0;
   bool writable = false;
   bool promoted = false;  // a failover's export: only `failover --undo` removes it
-  bool keyed = false;     // a sealed volume's export with the tenant's keys (plaintext)
-  std::shared_ptr<PointInTimeDevice> device;  // keyed: the stored blocks under the KeyedExportDevice
-  bool served = true;  // over NBD (a sealed promoted overlay waits for its keys unserved)
+  std::shared_ptr<PointInTimeDevice> device;  // what NBD serves (a sealed volume: its stored blocks and MACs)
 };
 
 struct MasterTarget::Impl {
@@ -103,13 +101,11 @@ struct MasterTarget::Impl {
   std::string OverlayData(const std::string& tenant, const std::string& volume) const;
   std::string OverlayBitmap(const std::string& tenant, const std::string& volume) const;
   // Serves the promoted export of a failed-over volume unless it is served
-  // (create: new overlay files). failover_mu held. A sealed volume's overlay
-  // is opened (so failback can read it) but served over NBD only with its
-  // keys (`sealer`), through a writable KeyedExportDevice.
+  // (create: new overlay files). failover_mu held. A sealed volume's
+  // overlay covers its stored blocks and MACs (the keys stay at the tenant).
   Result<std::shared_ptr<PointInTimeDevice>> ServePromoted(const std::string& tenant, const std::string& volume,
                                                            const std::shared_ptr<ReplicaVolume>& v, uint64_t seq,
-                                                           bool create,
-                                                           std::shared_ptr<const seal::BlockSealer> sealer = nullptr);
+                                                           bool create);
   // At Start: serves every failed-over volume's export again; removes the
   // overlay files a volume that is not failed over left behind.
   void RestorePromoted();

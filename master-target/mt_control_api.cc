@@ -86,7 +86,7 @@ json::value MasterTarget::Impl::FailoverJson(const VolEntry& e, const VolumeStat
                  {"provider_written_blocks", 0}};
   std::lock_guard<std::mutex> lk(export_mu);
   if (auto it = exports.find(MasterTarget::PromotedExportName(e.tenant, e.name)); it != exports.end()) {
-    j["served"] = it->second.served;  // a sealed volume's export waits for its keys after a restart
+    j["served"] = true;
     j["provider_written_blocks"] = it->second.device->overlay_blocks();
   }
   return j;
@@ -235,20 +235,15 @@ void MasterTarget::Impl::AddRoutes() {
     });
   });
   http->Route("POST", "/v1/export", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "time", "writable", "keys"},
+    // No key material is taken here, on any route: a sealed volume's
+    // exports serve its stored blocks and MACs, decrypted only at the tenant
+    // (`cdpctl serve`). A "keys" parameter is refused as unknown.
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "time", "writable"},
                       [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p));
       CDP_ASSIGN_OR_RETURN(auto writable, p.Bool("writable"));
-      // A sealed volume's keys (cdpctl export --key-file derives them): held
-      // by the export in memory only, never logged or written.
-      CDP_ASSIGN_OR_RETURN(auto keys_hex, p.String("keys"));
-      std::optional<seal::VolumeKeys> keys;
-      if (keys_hex) {
-        CDP_ASSIGN_OR_RETURN(keys, seal::ParseVolumeKeys(*keys_hex));
-      }
-      CDP_ASSIGN_OR_RETURN(std::string name, mt->StartExport(e->tenant, e->name, seq, writable.value_or(false),
-                                                             keys ? &*keys : nullptr));
+      CDP_ASSIGN_OR_RETURN(std::string name, mt->StartExport(e->tenant, e->name, seq, writable.value_or(false)));
       const bool sealed = e->volume->identity().sealed;
       return http::Response::Json(200, json::object{{"export", name},
                                                     {"port", nbd ? nbd->port() : 0},
@@ -256,9 +251,11 @@ void MasterTarget::Impl::AddRoutes() {
                                                     {"seq", seq},
                                                     {"writable", writable.value_or(false)},
                                                     {"sealed", sealed},
-                                                    // what the export serves: "plain", "plaintext" (keyed) or
-                                                    // "ciphertext" (a sealed volume without its keys)
-                                                    {"serves", !sealed ? "plain" : keys ? "plaintext" : "ciphertext"}});
+                                                    {"size", DeviceSize(e->volume->identity())},
+                                                    {"volume_size", e->volume->size()},
+                                                    // what the export serves: "plain", or "ciphertext" (a
+                                                    // sealed volume's stored blocks, then their MACs)
+                                                    {"serves", sealed ? "ciphertext" : "plain"}});
     });
   });
   http->Route("POST", "/v1/unexport", [this](const http::Request& r) {
@@ -285,7 +282,6 @@ void MasterTarget::Impl::AddRoutes() {
                                    {"volume", x.volume},
                                    {"seq", x.seq},
                                    {"writable", x.writable},
-                                   {"keyed", x.keyed},
                                    {"overlay_blocks", x.device->overlay_blocks()}});
       }
       return http::Response::Json(200, json::object{{"exports", out}, {"port", nbd ? nbd->port() : 0}});
@@ -337,18 +333,12 @@ void MasterTarget::Impl::AddRoutes() {
   // Failover (`cdpctl failover`): promote, undo, commit. Idempotent; see
   // MasterTarget::Failover.
   http->Route("POST", "/v1/failover", [this](const http::Request& r) {
-    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "time", "keys"},
+    return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "time"},
                       [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto e, ResolveParams(r, p));
       int64_t id = 0;
       CDP_ASSIGN_OR_RETURN(uint64_t seq, PointSeq(*e, p, &id));
-      // A sealed volume's keys, as for /v1/export: in memory only.
-      CDP_ASSIGN_OR_RETURN(auto keys_hex, p.String("keys"));
-      std::optional<seal::VolumeKeys> keys;
-      if (keys_hex) {
-        CDP_ASSIGN_OR_RETURN(keys, seal::ParseVolumeKeys(*keys_hex));
-      }
-      CDP_ASSIGN_OR_RETURN(auto out, mt->Failover(e->tenant, e->name, seq, id, keys ? &*keys : nullptr));
+      CDP_ASSIGN_OR_RETURN(auto out, mt->Failover(e->tenant, e->name, seq, id));
       if (out.changed) log->warn("{} failed over to sequence {} by the operator", log::Where{e->name, "control", seq}, seq);
       json::object j = VolumeJson(*e);
       j["changed"] = out.changed;

@@ -159,21 +159,6 @@ Result<VolumeKeys> DeriveVolumeKeys(const TenantKey& key, std::string_view volum
   return k;
 }
 
-std::string EncodeVolumeKeys(const VolumeKeys& keys) {
-  return Hex(keys.data.data(), keys.data.size()) + Hex(keys.integrity.data(), keys.integrity.size());
-}
-
-Result<VolumeKeys> ParseVolumeKeys(std::string_view hex) {
-  VolumeKeys k;
-  const size_t d = k.data.size() * 2;
-  if (hex.size() != d + k.integrity.size() * 2 || !Unhex(hex.substr(0, d), k.data.data(), k.data.size()) ||
-      !Unhex(hex.substr(d), k.integrity.data(), k.integrity.size())) {
-    return Status::InvalidArgument("volume keys must be " + std::to_string(d + k.integrity.size() * 2) +
-                                   " hex digits (cdpctl derives them from the tenant key file)");
-  }
-  return k;
-}
-
 // ---- the sealer ----
 
 struct BlockSealer::Impl {

@@ -83,10 +83,6 @@ struct VolumeKeys {
 // HKDF-SHA256(ikm = tenant key, salt = "opencdp v1", info = "data|" + volume
 // or "integrity|" + volume).
 Result<VolumeKeys> DeriveVolumeKeys(const TenantKey& key, std::string_view volume);
-// Hex of data | integrity (192 hex digits), how cdpctl hands them to a keyed
-// export; the parser refuses any other length or digit.
-std::string EncodeVolumeKeys(const VolumeKeys& keys);
-Result<VolumeKeys> ParseVolumeKeys(std::string_view hex);
 
 // HKDF-SHA256 (RFC 5869), exposed for its test vectors.
 Result<Bytes> Hkdf(ByteSpan ikm, ByteSpan salt, ByteSpan info, size_t length);

@@ -6,7 +6,7 @@
 #include "common/nbd/nbd_server.h"
 #include "loadgen/churn.h"
 #include "loadgen/data.h"
-#include "loadgen/nbd_client.h"
+#include "common/nbd/nbd_client.h"
 
 using namespace cdp;
 using namespace cdp::loadgen;

@@ -12,7 +12,7 @@
 #include "common/env/env.h"
 #include "common/wire/block_digest.h"
 #include "master-target/export.h"
-#include "master-target/keyed_export.h"
+#include "common/nbd/sealed_device.h"
 #include "master-target/replica_volume.h"
 #include "master-target/tests/mt_test_util.h"
 
@@ -250,7 +250,7 @@ TEST_CASE("sealed volume: a zero block never sent has its own digest, so the sou
   CHECK(past->digests[2] == LeafDigest(sealed_data.data(), 4096));
 }
 
-TEST_CASE("keyed export: serves the plaintext at its point, and a flipped byte of the replica fails the read by name",
+TEST_CASE("sealed export: the tenant's SealedDevice over a point's stored blocks and MACs reads the plaintext, and a flipped byte of the replica fails the read by name",
           "[volume][sealed][export]") {
   TempDir tmp;
   auto env = NewMemEnv();
@@ -269,7 +269,8 @@ TEST_CASE("keyed export: serves the plaintext at its point, and a flipped byte o
 
   auto plain_dev = PointInTimeDevice::Open(v, 2, env.get(), "");
   REQUIRE(plain_dev.ok());
-  auto keyed = KeyedExportDevice::Open(*plain_dev, v, 2, sealer);
+  CHECK((*plain_dev)->size() == DeviceSize(id));  // the stored blocks, then their MACs
+  auto keyed = SealedDevice::Open(*plain_dev, kSize, sealer, "secret");
   REQUIRE(keyed.ok());
   Bytes got(kSize);
   REQUIRE((*keyed)->Read(0, uint32_t(kSize), got.data()).ok());
@@ -300,13 +301,13 @@ TEST_CASE("keyed export: serves the plaintext at its point, and a flipped byte o
   // Another volume's keys open nothing.
   seal::TenantKey other;
   auto wrong = *seal::BlockSealer::Create(*seal::DeriveVolumeKeys(other, "secret"));
-  auto bad = KeyedExportDevice::Open(*plain_dev, v, 2, wrong);
+  auto bad = SealedDevice::Open(*plain_dev, kSize, wrong, "secret");
   REQUIRE(bad.ok());
   CHECK((*bad)->Read(0, 4096, got.data()).IsCorruption());
 }
 
-TEST_CASE("keyed writable export: partial writes and zeroes read back as written, the overlay holds no plaintext, and "
-          "it reopens the same",
+TEST_CASE("sealed writable export: through the tenant's SealedDevice partial writes and zeroes read back as written, the "
+          "overlay holds no plaintext, and it reopens the same",
           "[volume][sealed][export]") {
   TempDir tmp;
   auto env = NewMemEnv();
@@ -325,7 +326,7 @@ TEST_CASE("keyed writable export: partial writes and zeroes read back as written
                                                  true);
   REQUIRE(inner.ok());
   CHECK((*inner)->size() == DeviceSize(id));
-  auto dev = KeyedExportDevice::Open(*inner, v, 2, sealer);
+  auto dev = SealedDevice::Open(*inner, kSize, sealer, "secret");
   REQUIRE(dev.ok());
   CHECK((*dev)->size() == kSize);
   CHECK(!(*dev)->read_only());
@@ -361,14 +362,14 @@ TEST_CASE("keyed writable export: partial writes and zeroes read back as written
   inner = PointInTimeDevice::OpenPersistent(v, 2, env.get(), "/t/secret/failover.cow", "/t/secret/failover.bitmap",
                                             false);
   REQUIRE(inner.ok());
-  dev = KeyedExportDevice::Open(*inner, v, 2, sealer);
+  dev = SealedDevice::Open(*inner, kSize, sealer, "secret");
   REQUIRE(dev.ok());
   REQUIRE((*dev)->Read(0, uint32_t(kSize), got.data()).ok());
   CHECK(got == model);
-  // A plain read-only export of another size cannot be written through.
+  // A read-only export's stored space cannot be written through.
   auto ro = PointInTimeDevice::Open(v, 2, env.get(), "");
   REQUIRE(ro.ok());
-  auto keyed_ro = KeyedExportDevice::Open(*ro, v, 2, sealer);
+  auto keyed_ro = SealedDevice::Open(*ro, kSize, sealer, "secret");
   REQUIRE(keyed_ro.ok());
   CHECK((*keyed_ro)->Write(0, Bytes(4096, 1), false).code() == Code::kPermissionDenied);
 }

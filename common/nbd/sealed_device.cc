@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "master-target/keyed_export.h"
+#include "common/nbd/sealed_device.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "common/base/log.h"
 
-namespace cdp::mt {
+namespace cdp {
 
 namespace {
 uint64_t Floor(uint64_t x) { return x / seal::kUnit * seal::kUnit; }
@@ -14,21 +14,20 @@ uint64_t Ceil(uint64_t x) { return (x + seal::kUnit - 1) / seal::kUnit * seal::k
 constexpr uint64_t kZeroChunk = 1u << 20;  // plaintext zeros sealed per step
 }  // namespace
 
-Result<std::shared_ptr<KeyedExportDevice>> KeyedExportDevice::Open(std::shared_ptr<PointInTimeDevice> inner,
-                                                                    std::shared_ptr<ReplicaVolume> volume,
-                                                                    uint64_t point_seq,
-                                                                    std::shared_ptr<const seal::BlockSealer> sealer) {
-  const VolumeIdentity& id = volume->identity();
-  if (!id.sealed) return Status::InvalidArgument(id.name + " is not sealed: its exports need no key");
-  const bool stored = inner->size() == DeviceSize(id);
-  if (!stored && !inner->read_only())
-    return Status::InvalidArgument(id.name + ": a writable keyed export needs the overlay of the whole replica file");
-  if (!stored && inner->size() != id.size) return Status::InvalidArgument(id.name + ": export of another size");
-  return std::shared_ptr<KeyedExportDevice>(
-      new KeyedExportDevice(std::move(inner), std::move(volume), point_seq, std::move(sealer)));
+Result<std::shared_ptr<SealedDevice>> SealedDevice::Open(std::shared_ptr<BlockDevice> inner, uint64_t volume_size,
+                                                        std::shared_ptr<const seal::BlockSealer> sealer,
+                                                        std::string name) {
+  if (volume_size % seal::kUnit != 0)
+    return Status::InvalidArgument(name + ": a sealed volume's size is whole 4 KiB blocks, not " +
+                                   std::to_string(volume_size));
+  if (inner->size() != StoredSize(volume_size))
+    return Status::InvalidArgument(name + ": the export holds " + std::to_string(inner->size()) +
+                                   " bytes, not the stored blocks and MACs of a " + std::to_string(volume_size) +
+                                   "-byte sealed volume (" + std::to_string(StoredSize(volume_size)) + ")");
+  return std::shared_ptr<SealedDevice>(new SealedDevice(std::move(inner), volume_size, std::move(sealer), std::move(name)));
 }
 
-BlockDeviceFeatures KeyedExportDevice::features() const {
+BlockDeviceFeatures SealedDevice::features() const {
   BlockDeviceFeatures f;
   f.flush = true;
   f.multi_conn = true;
@@ -36,24 +35,19 @@ BlockDeviceFeatures KeyedExportDevice::features() const {
   return f;
 }
 
-Status KeyedExportDevice::ReadBlocks(uint64_t first, Bytes* blocks) {
+Status SealedDevice::ReadBlocks(uint64_t first, Bytes* blocks) {
   Bytes macs(seal::MacBytes(blocks->size()));
   CDP_RETURN_IF_ERROR(inner_->Read(first, uint32_t(blocks->size()), blocks->data()));
-  if (inner_->size() == volume_->size()) {
-    CDP_RETURN_IF_ERROR(volume_->ReadMacsAt(point_, first, blocks->size(), macs.data()));
-  } else {
-    CDP_RETURN_IF_ERROR(inner_->Read(MacOffset(first), uint32_t(macs.size()), macs.data()));
-  }
+  CDP_RETURN_IF_ERROR(inner_->Read(MacOffset(first), uint32_t(macs.size()), macs.data()));
   if (Status s = sealer_->Open(first, *blocks, macs.data()); !s.ok()) {
     failures_.fetch_add(1);
-    log::Get("mt.export")->error("{} keyed export at sequence {}: {}", log::Where{volume_->identity().name, "", point_},
-                                 point_, s.message());
-    return Status::Corruption(volume_->identity().name + ": " + s.message());
+    log::Get("sealed")->error("{}: {}", name_, s.message());
+    return Status::Corruption(name_ + ": " + s.message());
   }
   return Status::OK();
 }
 
-Status KeyedExportDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
+Status SealedDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
   if (offset > size() || len > size() - offset) return Status::OutOfRange("read past the end of the volume");
   if (len == 0) return Status::OK();
   const uint64_t first = Floor(offset);
@@ -63,15 +57,15 @@ Status KeyedExportDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
   return Status::OK();
 }
 
-Status KeyedExportDevice::WriteBlocks(uint64_t first, Bytes blocks, bool fua) {
+Status SealedDevice::WriteBlocks(uint64_t first, Bytes blocks, bool fua) {
   Bytes macs(seal::MacBytes(blocks.size()));
   CDP_RETURN_IF_ERROR(sealer_->Seal(first, blocks, macs.data()));
   CDP_RETURN_IF_ERROR(inner_->Write(first, blocks, false));
   return inner_->Write(MacOffset(first), macs, fua);
 }
 
-Status KeyedExportDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
-  if (inner_->read_only()) return Status::PermissionDenied("a keyed export of a point is read-only");
+Status SealedDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
+  if (inner_->read_only()) return Status::PermissionDenied("this export of a sealed volume is read-only");
   if (offset > size() || data.size() > size() - offset) return Status::OutOfRange("write past the end of the volume");
   if (data.empty()) return Status::OK();
   std::lock_guard<std::mutex> lk(write_mu_);
@@ -94,8 +88,8 @@ Status KeyedExportDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
   return WriteBlocks(first, std::move(blocks), fua);
 }
 
-Status KeyedExportDevice::WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) {
-  if (inner_->read_only()) return Status::PermissionDenied("a keyed export of a point is read-only");
+Status SealedDevice::WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) {
+  if (inner_->read_only()) return Status::PermissionDenied("this export of a sealed volume is read-only");
   if (offset > size() || len > size() - offset) return Status::OutOfRange("range past the end of the volume");
   if (len == 0) return Status::OK();
   const uint64_t head = Ceil(offset), tail = Floor(offset + len);
@@ -118,4 +112,4 @@ Status KeyedExportDevice::WriteZeroes(uint64_t offset, uint64_t len, bool fua, b
   return fua ? inner_->Flush() : Status::OK();
 }
 
-}  // namespace cdp::mt
+}  // namespace cdp
