@@ -369,6 +369,7 @@ Status MasterTarget::Start() {
     no.tcp = o_.nbd;
     no.idle_timeout_ms = o_.nbd_idle_timeout_ms;
     no.max_connections = o_.nbd_max_connections;
+    no.max_connections_per_tenant = o_.nbd_max_connections_per_tenant;
     if (o_.nbd_tls) {
       if (!m.tls) return Status::InvalidArgument("nbd exports: nbd_tls needs TLS credentials (tls = on)");
       no.tls = m.tls.get();
@@ -390,6 +391,7 @@ Status MasterTarget::Start() {
     http::ServerOptions ho;
     ho.host = o_.control.host;
     ho.port = o_.control.port;
+    ho.max_connections_per_peer = o_.connection_caps.control_per_peer;
     ho.registry = &registry_;
     ho.status = [this] { return impl_->StatusJson(); };
     auto tokens = ApplyControlAuth(o_.control_auth, JoinPath(o_.data_dir, "control.token"),
@@ -423,7 +425,7 @@ Status MasterTarget::Start() {
     m.log->warn("tls = off: process servers connect in clear text; blocks cross the network unencrypted");
   }
   m.receiver = m.MakeReceiver();
-  m.listener = std::make_unique<Listener>(lo, ServeFrames([&m](FrameChannel& ch) { m.receiver->Serve(ch); }, secure));
+  m.listener = std::make_unique<Listener>(lo, ServeFrames([&m](FrameChannel& ch, Listener::Slot& slot) { m.receiver->Serve(ch, &slot); }, secure));
   if (Status s = m.listener->Start(); !s.ok()) {
     Stop();
     return s;
@@ -478,6 +480,17 @@ Result<std::string> MasterTarget::StartExport(const std::string& tenant, const s
     CDP_ASSIGN_OR_RETURN(sealer, seal::BlockSealer::Create(*keys));
   }
   std::lock_guard<std::mutex> lk(m.export_mu);
+  if (o_.max_exports_per_tenant > 0) {
+    const auto held = std::count_if(m.exports.begin(), m.exports.end(), [&](const auto& kv) {
+      return kv.second.tenant == tenant && !kv.second.promoted;
+    });
+    if (held >= o_.max_exports_per_tenant) {
+      m.log->warn("{} export refused: tenant {} has {} exports (max_exports_per_tenant)",
+                  log::Where{volume, tenant, point_seq}, tenant, held);
+      return Status::Busy("tenant '" + tenant + "' already has " + std::to_string(held) +
+                          " exports, the cap max_exports_per_tenant; remove one (cdpctl unexport) first");
+    }
+  }
   uint64_t n = ++m.export_counter;
   std::string name = tenant + "/" + volume + "@" + std::to_string(point_seq);
   if (writable) name += "-rw";

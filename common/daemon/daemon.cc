@@ -86,7 +86,9 @@ void AddConnectionCapOptions(boost::program_options::options_description* desc) 
   desc->add_options()("max_connections", po::value<size_t>()->default_value(defaults.total),
                       "peer connections at most, in all (more are closed at once)")(
       "max_connections_per_peer", po::value<size_t>()->default_value(defaults.per_peer),
-      "peer connections at most from one IP address");
+      "peer connections at most from one IP address")(
+      "control_max_connections_per_peer", po::value<size_t>()->default_value(defaults.control_per_peer),
+      "control (HTTP) connections at most from one IP address");
 }
 
 Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables_map& vm) {
@@ -95,6 +97,9 @@ Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables
   c.per_peer = vm["max_connections_per_peer"].as<size_t>();
   if (c.total < 1 || c.total > 65536) return Status::InvalidArgument("'max_connections' must be 1..65536");
   if (c.per_peer < 1 || c.per_peer > 65536) return Status::InvalidArgument("'max_connections_per_peer' must be 1..65536");
+  c.control_per_peer = vm["control_max_connections_per_peer"].as<size_t>();
+  if (c.control_per_peer < 1 || c.control_per_peer > 65536)
+    return Status::InvalidArgument("'control_max_connections_per_peer' must be 1..65536");
   return c;
 }
 

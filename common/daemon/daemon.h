@@ -57,10 +57,13 @@ bool TuneMalloc();
 
 // The caps on a daemon's peer connections (common/net/listener.h), from the config
 // keys `max_connections` (all peers) and `max_connections_per_peer` (one IP
-// address), both 1..65536; AddConnectionCapOptions declares them.
+// address) of the data listener, and `control_max_connections_per_peer` (one
+// IP address on the control port), all 1..65536; AddConnectionCapOptions
+// declares them.
 struct ConnectionCaps {
   size_t total = 256;
   size_t per_peer = 32;
+  size_t control_per_peer = 32;
 };
 void AddConnectionCapOptions(boost::program_options::options_description* desc);
 Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables_map& vm);
