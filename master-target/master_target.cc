@@ -355,6 +355,9 @@ Status MasterTarget::Start() {
   } else {
     m.store = o_.env;
     m.store_root = o_.data_dir;
+    // sqlite's own VFS would create the index 0644: its files go through the
+    // Env too, with the Env's modes.
+    m.store_vfs = std::make_unique<sqlite::EnvVfs>(m.store);
   }
   // Crash recovery of every volume comes before anything else.
   CDP_RETURN_IF_ERROR(m.LoadVolumes());

@@ -152,6 +152,9 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
       CDP_RETURN_IF_ERROR(AddTenantEntry(line, &o.tenants).WithContext(path + ":" + std::to_string(line_no)));
     }
   }
+  for (const auto& [name, secret] : o.tenants) {
+    CDP_RETURN_IF_ERROR(CheckSecretStrength(secret, "tenant '" + name + "'"));
+  }
   if (vm.count("tenant_quota")) {
     for (const auto& q : vm["tenant_quota"].as<std::vector<std::string>>()) {
       auto c = q.find(':');

@@ -80,6 +80,21 @@ Status AddTenantEntry(std::string_view line, std::map<std::string, std::string>*
   return Status::OK();
 }
 
+Status CheckSecretStrength(std::string_view secret, std::string_view what) {
+  const std::string fix = " (make one with: openssl rand -hex 32)";
+  if (secret == kPlaceholderSecret) {
+    return Status::InvalidArgument(std::string(what) + ": the secret is the example's placeholder '" +
+                                   std::string(kPlaceholderSecret) + "'" + fix);
+  }
+  const bool hex = !secret.empty() && secret.find_first_not_of("0123456789abcdefABCDEF") == std::string_view::npos;
+  if (secret.size() < 16 || (hex && secret.size() < 32)) {
+    return Status::InvalidArgument(std::string(what) + ": the secret is under 128 bits (" +
+                                   std::to_string(secret.size()) + (hex ? " hex digits; 32 at least" : " bytes; 16 at least") +
+                                   ")" + fix);
+  }
+  return Status::OK();
+}
+
 void AddConnectionCapOptions(boost::program_options::options_description* desc) {
   namespace po = boost::program_options;
   const ConnectionCaps defaults;

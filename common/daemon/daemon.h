@@ -94,6 +94,16 @@ Result<TlsSettings> GetTlsSettings(const boost::program_options::variables_map& 
 // an empty secret (the secret itself is never echoed).
 Result<std::pair<std::string, std::string>> ParseTenantEntry(std::string_view line);
 
+// The placeholder the shipped examples carry; never a real secret.
+inline constexpr std::string_view kPlaceholderSecret = "change-me-to-a-long-random-secret";
+
+// Refuses a tenant secret too weak to stand for a key, at start: the
+// placeholder above, or under 128 bits (fewer than 16 bytes; written in hex
+// digits only, fewer than 32 of them). kInvalidArgument naming `what` ("tenant
+// 'acme'") and the reason, never the secret. `openssl rand -hex 32` makes a
+// good one.
+Status CheckSecretStrength(std::string_view secret, std::string_view what);
+
 // Adds a ParseTenantEntry line to `tenants`; kInvalidArgument for a bad line or
 // a tenant given twice.
 Status AddTenantEntry(std::string_view line, std::map<std::string, std::string>* tenants);
