@@ -23,7 +23,7 @@ po::options_description MasterTargetConfigDescription() {
       ("nbd_idle_timeout", po::value<Duration>()->default_value(Duration{600'000'000}),
        "close an attached NBD client idle this long (0 = never)")
       ("nbd_max_connections", po::value<int>()->default_value(256), "NBD connections at most (1..65536)")
-      ("nbd_max_connections_per_tenant", po::value<int>()->default_value(32),
+      ("nbd_max_connections_per_tenant", po::value<int>()->default_value(64),
        "NBD connections in transmission at most per tenant (1..65536)")
       ("max_exports_per_tenant", po::value<int>()->default_value(32),
        "point-in-time exports at most per tenant (1..65536; a failover's export not counted)")
