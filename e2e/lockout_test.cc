@@ -180,7 +180,7 @@ TEST_CASE("lock-outs: 300 idle sockets from 9 addresses lock out neither a proce
   CHECK(e3.exit_code != 0);
   CHECK(e3.output.find("max_exports_per_tenant") != std::string::npos);
   // One removed: the tenant may export again.
-  auto un = c.Cdpctl({"unexport", std::string(e1->at("export").as_string())});
+  auto un = c.Cdpctl({"unexport", std::string(e1->as_object().at("export").as_string())});
   INFO(un.output);
   CHECK(un.exit_code == 0);
   CHECK(c.Cdpctl({"export", point}).exit_code == 0);
