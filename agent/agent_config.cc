@@ -213,6 +213,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   ao.sender.link.secret = vm["secret"].as<std::string>();
   std::string secret_file = vm["secret_file"].as<std::string>();
   if (!secret_file.empty()) {
+    CDP_RETURN_IF_ERROR(CheckPrivateFile(env, secret_file, "secret_file"));
     CDP_ASSIGN_OR_RETURN(Bytes data, ReadWholeFile(env, secret_file));
     ao.sender.link.secret.assign(data.begin(), data.end());
     while (!ao.sender.link.secret.empty() && (ao.sender.link.secret.back() == '\n' || ao.sender.link.secret.back() == '\r'))
@@ -220,6 +221,9 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   }
   if (ao.sender_enabled && (!ValidName(ao.sender.link.tenant) || ao.sender.link.secret.empty())) {
     return Status::InvalidArgument("tenant and secret (or secret_file) are required unless capture_only = true");
+  }
+  if (ao.sender_enabled) {
+    CDP_RETURN_IF_ERROR(CheckSecretStrength(ao.sender.link.secret, "tenant '" + ao.sender.link.tenant + "'"));
   }
   ao.sender.link.client_id = vm["client_id"].as<std::string>();
   if (ao.sender.link.client_id.empty()) {

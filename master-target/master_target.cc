@@ -354,6 +354,9 @@ Status MasterTarget::Start() {
   } else {
     m.store = o_.env;
     m.store_root = o_.data_dir;
+    // sqlite's own VFS would create the index 0644: its files go through the
+    // Env too, with the Env's modes.
+    m.store_vfs = std::make_unique<sqlite::EnvVfs>(m.store);
   }
   // Crash recovery of every volume comes before anything else.
   CDP_RETURN_IF_ERROR(m.LoadVolumes());
@@ -368,6 +371,7 @@ Status MasterTarget::Start() {
     no.tcp = o_.nbd;
     no.idle_timeout_ms = o_.nbd_idle_timeout_ms;
     no.max_connections = o_.nbd_max_connections;
+    no.max_connections_per_tenant = o_.nbd_max_connections_per_tenant;
     if (o_.nbd_tls) {
       if (!m.tls) return Status::InvalidArgument("nbd exports: nbd_tls needs TLS credentials (tls = on)");
       no.tls = m.tls.get();
@@ -389,6 +393,7 @@ Status MasterTarget::Start() {
     http::ServerOptions ho;
     ho.host = o_.control.host;
     ho.port = o_.control.port;
+    ho.max_connections_per_peer = o_.connection_caps.control_per_peer;
     ho.registry = &registry_;
     ho.status = [this] { return impl_->StatusJson(); };
     auto tokens = ApplyControlAuth(o_.control_auth, JoinPath(o_.data_dir, "control.token"),
@@ -422,7 +427,7 @@ Status MasterTarget::Start() {
     m.log->warn("tls = off: process servers connect in clear text; blocks cross the network unencrypted");
   }
   m.receiver = m.MakeReceiver();
-  m.listener = std::make_unique<Listener>(lo, ServeFrames([&m](FrameChannel& ch) { m.receiver->Serve(ch); }, secure));
+  m.listener = std::make_unique<Listener>(lo, ServeFrames([&m](FrameChannel& ch, Listener::Slot& slot) { m.receiver->Serve(ch, &slot); }, secure));
   if (Status s = m.listener->Start(); !s.ok()) {
     Stop();
     return s;
@@ -468,6 +473,17 @@ Result<std::string> MasterTarget::StartExport(const std::string& tenant, const s
   std::shared_ptr<ReplicaVolume> v = FindVolume(tenant, volume);
   if (!v) return Status::NotFound("no volume " + tenant + "/" + volume);
   std::lock_guard<std::mutex> lk(m.export_mu);
+  if (o_.max_exports_per_tenant > 0) {
+    const auto held = std::count_if(m.exports.begin(), m.exports.end(), [&](const auto& kv) {
+      return kv.second.tenant == tenant && !kv.second.promoted;
+    });
+    if (held >= o_.max_exports_per_tenant) {
+      m.log->warn("{} export refused: tenant {} has {} exports (max_exports_per_tenant)",
+                  log::Where{volume, tenant, point_seq}, tenant, held);
+      return Status::Busy("tenant '" + tenant + "' already has " + std::to_string(held) +
+                          " exports, the cap max_exports_per_tenant; remove one (cdpctl unexport) first");
+    }
+  }
   uint64_t n = ++m.export_counter;
   std::string name = tenant + "/" + volume + "@" + std::to_string(point_seq);
   if (writable) name += "-rw";

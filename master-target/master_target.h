@@ -137,6 +137,11 @@ struct MasterTargetOptions {
   bool nbd_tls = false;
   uint32_t nbd_idle_timeout_ms = 10 * 60 * 1000;  // attached client without requests
   int nbd_max_connections = 256;
+  // Per tenant (0 = no cap): NBD connections in transmission
+  // (NbdServerOptions::max_connections_per_tenant), and exports StartExport
+  // keeps at once (a failover's export is not counted).
+  int nbd_max_connections_per_tenant = 0;
+  int max_exports_per_tenant = 0;
   // Tenants whose agents may connect straight to the MT (role "agent" over
   // TLS, or the agent role in clear text). Everyone else must be a process server.
   std::set<std::string> direct_agent_tenants;
@@ -173,6 +178,8 @@ class MasterTarget {
   // (encrypted) blocks, then their MACs (DeviceSize() bytes). The master
   // target never takes the keys; the tenant decrypts at its own site
   // (`cdpctl serve`, common/nbd/sealed_device.h).
+  // kBusy naming the cap (max_exports_per_tenant) when the tenant already
+  // has that many exports.
   Result<std::string> StartExport(const std::string& tenant, const std::string& volume, uint64_t point_seq,
                                   bool writable);
   Status StopExport(const std::string& name);

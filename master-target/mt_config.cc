@@ -23,6 +23,10 @@ po::options_description MasterTargetConfigDescription() {
       ("nbd_idle_timeout", po::value<Duration>()->default_value(Duration{600'000'000}),
        "close an attached NBD client idle this long (0 = never)")
       ("nbd_max_connections", po::value<int>()->default_value(256), "NBD connections at most (1..65536)")
+      ("nbd_max_connections_per_tenant", po::value<int>()->default_value(64),
+       "NBD connections in transmission at most per tenant (1..65536)")
+      ("max_exports_per_tenant", po::value<int>()->default_value(32),
+       "point-in-time exports at most per tenant (1..65536; a failover's export not counted)")
       ("data_dir", po::value<std::string>()->default_value("/var/lib/opencdp/master-target"), "replicas, journals, indexes")
       ("tenant", po::value<std::vector<std::string>>()->composing(), "a tenant as NAME:SECRET (repeatable)")
       ("tenants_file", po::value<std::string>(), "file of tenants, one 'NAME = SECRET' per line")
@@ -109,6 +113,12 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   o.nbd_max_connections = vm["nbd_max_connections"].as<int>();
   if (o.nbd_max_connections < 1 || o.nbd_max_connections > 65536)
     return Status::InvalidArgument("'nbd_max_connections' must be 1..65536");
+  o.nbd_max_connections_per_tenant = vm["nbd_max_connections_per_tenant"].as<int>();
+  if (o.nbd_max_connections_per_tenant < 1 || o.nbd_max_connections_per_tenant > 65536)
+    return Status::InvalidArgument("'nbd_max_connections_per_tenant' must be 1..65536");
+  o.max_exports_per_tenant = vm["max_exports_per_tenant"].as<int>();
+  if (o.max_exports_per_tenant < 1 || o.max_exports_per_tenant > 65536)
+    return Status::InvalidArgument("'max_exports_per_tenant' must be 1..65536");
   if (vm.count("direct_agents")) {
     for (const auto& t : vm["direct_agents"].as<std::vector<std::string>>()) {
       if (!ValidName(t)) return Status::InvalidArgument("'direct_agents': bad tenant name '" + t + "'");
@@ -141,6 +151,9 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
       if (first == std::string_view::npos || line[first] == '#') continue;
       CDP_RETURN_IF_ERROR(AddTenantEntry(line, &o.tenants).WithContext(path + ":" + std::to_string(line_no)));
     }
+  }
+  for (const auto& [name, secret] : o.tenants) {
+    CDP_RETURN_IF_ERROR(CheckSecretStrength(secret, "tenant '" + name + "'"));
   }
   if (vm.count("tenant_quota")) {
     for (const auto& q : vm["tenant_quota"].as<std::vector<std::string>>()) {

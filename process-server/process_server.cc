@@ -426,7 +426,7 @@ Status ProcessServer::Start() {
   StreamWrapper secure;
   if (im.tls) secure = TlsWrapper(im.tls.get(), TlsSide::kServer, std::chrono::milliseconds(10'000));
   im.receiver = im.MakeReceiver();
-  im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch) { im.receiver->Serve(ch); }, secure));
+  im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch, Listener::Slot& slot) { im.receiver->Serve(ch, &slot); }, secure));
   CDP_RETURN_IF_ERROR(im.listener->Start());
   agent_port_ = im.listener->tcp_port();
 

@@ -134,6 +134,9 @@ Result<ProcessServerOptions> OptionsFromConfig(const po::variables_map& vars, lo
     }
   }
   if (o.tenants.empty()) return Status::InvalidArgument("no 'tenant' configured (tenant = NAME:SECRET)");
+  for (const auto& [name, secret] : o.tenants) {
+    CDP_RETURN_IF_ERROR(CheckSecretStrength(secret, "tenant '" + name + "'"));
+  }
   o.spool_dir = vars["spool_dir"].as<std::string>();
   o.quota_bytes = vars["quota"].as<ByteSize>().bytes;
   o.segment_bytes = vars["segment_size"].as<ByteSize>().bytes;

@@ -14,6 +14,7 @@ Status ProcessServer::StartControl() {
   http::ServerOptions ho;
   ho.host = opt_.control.host;
   ho.port = opt_.control.port;
+  ho.max_connections_per_peer = opt_.connection_caps.control_per_peer;
   ho.registry = opt_.registry;
   ho.status = [this] { return StatusJson(); };
   CDP_ASSIGN_OR_RETURN(im.control_tokens,

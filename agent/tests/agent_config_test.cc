@@ -67,8 +67,8 @@ TEST_CASE("agent config: keys, addresses, secret file, log", "[config]") {
 
 TEST_CASE("agent config: every bad value names its key", "[config]") {
   auto env = cdp::NewMemEnv();
-  const std::string base = "volume = db=/dev/vdb\ntenant = acme\nsecret = s\n";
-  CHECK(Error(env.get(), "tenant = acme\nsecret = s\n") == "no volume configured (volume = NAME=PATH)");
+  const std::string base = "volume = db=/dev/vdb\ntenant = acme\nsecret = s-0123456789abcdef\n";
+  CHECK(Error(env.get(), "tenant = acme\nsecret = s-0123456789abcdef\n") == "no volume configured (volume = NAME=PATH)");
   CHECK(Error(env.get(), base + "ps = 10.0.0.1\n") == "'ps': bad address '10.0.0.1': want host:port");
   CHECK(Error(env.get(), base + "ps = 10.0.0.1:0\n") == "'ps': bad port in '10.0.0.1:0'");
   CHECK(Error(env.get(), base + "nbd_listen = ::1:10809\n") ==
@@ -85,11 +85,14 @@ TEST_CASE("agent config: every bad value names its key", "[config]") {
   CHECK(Error(env.get(), "volume = db=/dev/vdb\n") ==
         "tenant and secret (or secret_file) are required unless capture_only = true");
   CHECK(Load(env.get(), base + "secret_file = /missing\n").status().code() == cdp::Code::kNotFound);
+  CHECK(Error(env.get(), "volume = db=/dev/vdb\ntenant = acme\nsecret = change-me-to-a-long-random-secret\n")
+            .find("tenant 'acme': the secret is the example's placeholder") == 0);
+  CHECK(Error(env.get(), "volume = db=/dev/vdb\ntenant = acme\nsecret = s\n").find("under 128 bits") != std::string::npos);
 }
 
 TEST_CASE("agent config: the NBD tap is a 0660 Unix socket by default, TCP needs TLS", "[config][nbd]") {
   auto env = cdp::NewMemEnv();
-  const std::string base = "volume = db=/dev/vdb\ntenant = acme\nsecret = s\nbitmap_dir = /var/lib/a\n";
+  const std::string base = "volume = db=/dev/vdb\ntenant = acme\nsecret = s-0123456789abcdef\nbitmap_dir = /var/lib/a\n";
   auto o = Load(env.get(), base);
   REQUIRE(o.ok());
   CHECK(o->nbd.tcp.off());
@@ -114,9 +117,9 @@ TEST_CASE("agent config: the NBD tap is a 0660 Unix socket by default, TCP needs
 
 TEST_CASE("agent config: TLS is on by default and needs its three files", "[config][tls]") {
   auto env = cdp::NewMemEnv();
-  CHECK(Error(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\ntls_ca = /ca.crt\n") ==
+  CHECK(Error(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s-0123456789abcdef\ntls_ca = /ca.crt\n") ==
         "'tls_cert' is required with tls = on");
-  auto o = Load(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\ntls_ca = /ca.crt\ntls_cert = /a.crt\n"
+  auto o = Load(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s-0123456789abcdef\ntls_ca = /ca.crt\ntls_cert = /a.crt\n"
                            "tls_key = /a.key\n");
   REQUIRE(o.ok());
   CHECK(o->tls.enabled);
@@ -125,25 +128,25 @@ TEST_CASE("agent config: TLS is on by default and needs its three files", "[conf
 
 TEST_CASE("agent config: control tokens are on by default, off or a file by choice", "[config][control]") {
   auto env = cdp::NewMemEnv();
-  auto o = Load(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\n");
+  auto o = Load(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s-0123456789abcdef\n");
   REQUIRE(o.ok());
   CHECK(o->control_auth.enabled);
   CHECK(o->control_auth.token_file.empty());  // <bitmap_dir>/control.token
   CHECK_FALSE(o->control_auth.metrics_public);
-  auto off = Load(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\ncontrol_auth = off\n"
+  auto off = Load(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s-0123456789abcdef\ncontrol_auth = off\n"
                              "control_token_file = /etc/t\nmetrics_public = true\n");
   REQUIRE(off.ok());
   CHECK_FALSE(off->control_auth.enabled);
   CHECK(off->control_auth.token_file == "/etc/t");
   CHECK(off->control_auth.metrics_public);
-  CHECK(Error(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s\ncontrol_auth = maybe\n") ==
+  CHECK(Error(env.get(), "volume = v=/dev/sdb\ntenant = acme\nsecret = s-0123456789abcdef\ncontrol_auth = maybe\n") ==
         "bad value 'maybe' for 'control_auth' (token | off)");
 }
 
 TEST_CASE("agent config: encryption per volume or for all, and its key file", "[config][sealed]") {
   auto env = cdp::NewMemEnv();
   const std::string base = "volume = db=/dev/vdb\nvolume = logs=/srv/logs.img\nnbd_listen = none\ntenant = acme\n"
-                           "secret = s\n";
+                           "secret = s-0123456789abcdef\n";
   auto o = Load(env.get(), base + "encryption = db=on\nkey_file = /etc/opencdp/tenant.key\n");
   REQUIRE(o.ok());
   CHECK(o->volumes[0].encrypted);
@@ -167,7 +170,7 @@ TEST_CASE("agent config: encryption per volume or for all, and its key file", "[
 TEST_CASE("agent config: frame_size per volume (LoRS bs)", "[config]") {
   auto env = cdp::NewMemEnv();
   const std::string base = "volume = db=/dev/vdb\nvolume = logs=/srv/logs.img\nnbd_listen = none\ntenant = acme\n"
-                           "secret = s\n";
+                           "secret = s-0123456789abcdef\n";
   auto o = Load(env.get(), base + "frame_size = db=8MiB\n");
   REQUIRE(o.ok());
   CHECK(o->volumes[0].frame_bytes == 8u << 20);
@@ -181,7 +184,7 @@ TEST_CASE("agent config: frame_size per volume (LoRS bs)", "[config]") {
 TEST_CASE("agent config: the link.* keys set the link to the process server, batch_bytes and max_inflight too",
           "[config]") {
   auto env = cdp::NewMemEnv();
-  const std::string base = "volume = db=/dev/vdb\nnbd_listen = none\ntenant = acme\nsecret = s\n";
+  const std::string base = "volume = db=/dev/vdb\nnbd_listen = none\ntenant = acme\nsecret = s-0123456789abcdef\n";
   auto o = Load(env.get(), base + "link.frame_size = 1MiB\nlink.inflight = 16\nlink.heartbeat = 2s\n");
   REQUIRE(o.ok());
   CHECK(o->sender.link.frame_bytes == 1u << 20);

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/base/log.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
@@ -61,6 +64,9 @@ Status Init(const Options& opts) {
   if (opts.file.empty()) {
     sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   } else {
+    // The log names tenants, volumes and peers: created 0600 (spdlog's
+    // fopen would make it 0666 less the umask).
+    if (int fd = ::open(opts.file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600); fd >= 0) ::close(fd);
     try {
       sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(opts.file, /*truncate=*/false);
     } catch (const spdlog::spdlog_ex& e) {

@@ -107,6 +107,7 @@ Result<TenantKey> ParseTenantKey(std::string_view text) {
 }
 
 Result<TenantKey> LoadTenantKey(Env* env, const std::string& path) {
+  CDP_RETURN_IF_ERROR(CheckPrivateFile(env, path, "key_file"));
   auto bytes = ReadWholeFile(env, path);
   if (!bytes.ok()) return bytes.status().WithContext("tenant key file " + path);
   std::string_view text(reinterpret_cast<const char*>(bytes->data()), bytes->size());

@@ -69,7 +69,8 @@ Result<TenantKey> GenerateTenantKey();
 // kInvalidArgument for anything but a well-formed version-1 key file.
 std::string EncodeTenantKey(const TenantKey& key);
 Result<TenantKey> ParseTenantKey(std::string_view text);
-// Reads a key file: the Env's error (kNotFound when missing), or the parser's.
+// Reads a key file: the Env's error (kNotFound when missing), kPermissionDenied
+// when group or others may read it (CheckPrivateFile), or the parser's.
 Result<TenantKey> LoadTenantKey(Env* env, const std::string& path);
 // Writes a new key file with mode 0600 (atomically, synced). kAlreadyExists
 // when `path` exists: a key file is never replaced (it would orphan every

@@ -80,13 +80,30 @@ Status AddTenantEntry(std::string_view line, std::map<std::string, std::string>*
   return Status::OK();
 }
 
+Status CheckSecretStrength(std::string_view secret, std::string_view what) {
+  const std::string fix = " (make one with: openssl rand -hex 32)";
+  if (secret == kPlaceholderSecret) {
+    return Status::InvalidArgument(std::string(what) + ": the secret is the example's placeholder '" +
+                                   std::string(kPlaceholderSecret) + "'" + fix);
+  }
+  const bool hex = !secret.empty() && secret.find_first_not_of("0123456789abcdefABCDEF") == std::string_view::npos;
+  if (secret.size() < 16 || (hex && secret.size() < 32)) {
+    return Status::InvalidArgument(std::string(what) + ": the secret is under 128 bits (" +
+                                   std::to_string(secret.size()) + (hex ? " hex digits; 32 at least" : " bytes; 16 at least") +
+                                   ")" + fix);
+  }
+  return Status::OK();
+}
+
 void AddConnectionCapOptions(boost::program_options::options_description* desc) {
   namespace po = boost::program_options;
   const ConnectionCaps defaults;
   desc->add_options()("max_connections", po::value<size_t>()->default_value(defaults.total),
                       "peer connections at most, in all (more are closed at once)")(
       "max_connections_per_peer", po::value<size_t>()->default_value(defaults.per_peer),
-      "peer connections at most from one IP address");
+      "peer connections at most from one IP address")(
+      "control_max_connections_per_peer", po::value<size_t>()->default_value(defaults.control_per_peer),
+      "control (HTTP) connections at most from one IP address");
 }
 
 Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables_map& vm) {
@@ -95,6 +112,9 @@ Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables
   c.per_peer = vm["max_connections_per_peer"].as<size_t>();
   if (c.total < 1 || c.total > 65536) return Status::InvalidArgument("'max_connections' must be 1..65536");
   if (c.per_peer < 1 || c.per_peer > 65536) return Status::InvalidArgument("'max_connections_per_peer' must be 1..65536");
+  c.control_per_peer = vm["control_max_connections_per_peer"].as<size_t>();
+  if (c.control_per_peer < 1 || c.control_per_peer > 65536)
+    return Status::InvalidArgument("'control_max_connections_per_peer' must be 1..65536");
   return c;
 }
 

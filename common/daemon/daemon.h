@@ -57,10 +57,13 @@ bool TuneMalloc();
 
 // The caps on a daemon's peer connections (common/net/listener.h), from the config
 // keys `max_connections` (all peers) and `max_connections_per_peer` (one IP
-// address), both 1..65536; AddConnectionCapOptions declares them.
+// address) of the data listener, and `control_max_connections_per_peer` (one
+// IP address on the control port), all 1..65536; AddConnectionCapOptions
+// declares them.
 struct ConnectionCaps {
   size_t total = 256;
   size_t per_peer = 32;
+  size_t control_per_peer = 32;
 };
 void AddConnectionCapOptions(boost::program_options::options_description* desc);
 Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables_map& vm);
@@ -90,6 +93,16 @@ Result<TlsSettings> GetTlsSettings(const boost::program_options::variables_map& 
 // (white space trimmed). kInvalidArgument naming the tenant for a bad name or
 // an empty secret (the secret itself is never echoed).
 Result<std::pair<std::string, std::string>> ParseTenantEntry(std::string_view line);
+
+// The placeholder the shipped examples carry; never a real secret.
+inline constexpr std::string_view kPlaceholderSecret = "change-me-to-a-long-random-secret";
+
+// Refuses a tenant secret too weak to stand for a key, at start: the
+// placeholder above, or under 128 bits (fewer than 16 bytes; written in hex
+// digits only, fewer than 32 of them). kInvalidArgument naming `what` ("tenant
+// 'acme'") and the reason, never the secret. `openssl rand -hex 32` makes a
+// good one.
+Status CheckSecretStrength(std::string_view secret, std::string_view what);
 
 // Adds a ParseTenantEntry line to `tenants`; kInvalidArgument for a bad line or
 // a tenant given twice.

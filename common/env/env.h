@@ -49,7 +49,10 @@ struct OpenOptions {
   bool truncate = false;    // truncate to 0 on open
   bool read_only = false;
   bool direct = false;      // O_DIRECT where supported (ignored by MemEnv)
-  uint32_t mode = 0644;     // permission bits of a file this Open creates (before umask; ignored by MemEnv)
+  // Permission bits of a file this Open creates (ignored by MemEnv). Every
+  // file a daemon creates holds tenant data or secrets: 0600 by default, and
+  // the umask can only take bits away, so it stays private whatever the umask.
+  uint32_t mode = 0600;
 };
 
 // Threads of the POSIX Env's pool for direct batches (File::ReadBatch /
@@ -141,7 +144,9 @@ class Env {
   virtual Status Remove(const std::string& path) = 0;
   // Makes creations, renames and removals inside `dir` durable (fsync of the dir).
   virtual Status SyncDir(const std::string& dir) = 0;
-  // Creates `dir` and its missing parents; ok if it exists.
+  // Creates `dir` and its missing parents; ok if it exists. Directories it
+  // creates are 0700 (private whatever the umask); existing ones are left as
+  // they are.
   virtual Status CreateDirs(const std::string& dir) = 0;
   virtual Status RemoveDir(const std::string& dir) = 0;
   virtual bool Exists(const std::string& path) = 0;
@@ -165,9 +170,15 @@ std::unique_ptr<Env> NewMemEnv();
 // Helpers built on any Env.
 // Writes `data` to `path` atomically and durably: write "path.tmp", sync,
 // rename over `path`, sync the directory. The file is created with `mode`
-// (0600 for secrets: it is never readable by others, not even for a moment).
-Status WriteFileAtomic(Env* env, const std::string& path, ByteSpan data, uint32_t mode = 0644);
+// (0600 by default: it is never readable by others, not even for a moment).
+Status WriteFileAtomic(Env* env, const std::string& path, ByteSpan data, uint32_t mode = 0600);
 Result<Bytes> ReadWholeFile(Env* env, const std::string& path);
+// Refuses a file of secrets (a token, key or secret file) that group or
+// others may access, as ssh refuses such keys: kPermissionDenied naming the
+// path, its mode, `what` ("a token file", "tls_key", ...) and the fix. OK for
+// a missing file (reading it reports that), and off the real file system
+// (env other than DefaultEnv(): a MemEnv path is not on disk).
+Status CheckPrivateFile(Env* env, const std::string& path, std::string_view what);
 // Lexical normal form: "a//b/./c/" -> "a/b/c", "/" stays "/", "" stays "",
 // a path with no parts -> ".". No "..", symlink or file-system look-up.
 std::string NormalizePath(const std::string& path);

@@ -417,7 +417,7 @@ class PosixEnv final : public Env {
       pos = dir.find('/', pos + 1);
       std::string part = dir.substr(0, pos);
       if (part.empty() || part.back() == '/') continue;
-      if (::mkdir(part.c_str(), 0755) != 0) {
+      if (::mkdir(part.c_str(), 0700) != 0) {
         int e = errno;
         struct stat st;
         if (e == EEXIST && ::stat(part.c_str(), &st) == 0) {
@@ -479,7 +479,7 @@ class PosixEnv final : public Env {
      private:
       int fd_;
     };
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) return Err(errno, "open", path);
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;

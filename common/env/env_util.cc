@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Helpers built on any Env, and the process-wide POSIX Env.
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <string>
 
 #include "common/env/env.h"
@@ -100,6 +103,19 @@ std::string JoinPath(const std::string& a, const std::string& b) {
   while (skip < b.size() && b[skip] == '/') ++skip;
   if (a.back() == '/') return a + b.substr(skip);
   return a + "/" + b.substr(skip);
+}
+
+Status CheckPrivateFile(Env* env, const std::string& path, std::string_view what) {
+  if (env != DefaultEnv()) return Status::OK();
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Status::OK();  // the Env reports what is wrong
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
+    return Status::PermissionDenied(path + " has mode " + mode + ": " + std::string(what) +
+                                    " must not be open to group or others (chmod 600 " + path + ")");
+  }
+  return Status::OK();
 }
 
 }  // namespace cdp

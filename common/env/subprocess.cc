@@ -85,7 +85,7 @@ Result<Subprocess> Subprocess::Spawn(const SpawnOptions& o) {
   int fd = -1;
   if (!o.output_file.empty()) {
     fd = ::open(o.output_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (o.truncate_output ? O_TRUNC : O_APPEND),
-                0644);
+                0600);
     if (fd < 0) return Status::FromErrno(errno, "spawn: open " + o.output_file);
   }
   auto r = SpawnWithFd(o, fd);

@@ -64,21 +64,6 @@ std::string_view Trim(std::string_view s) {
   return s;
 }
 
-// A secret file open to group or others is refused, as ssh refuses such keys.
-// Only meaningful on the real file system: a MemEnv/FaultEnv path is not there.
-Status CheckPrivate(Env* env, const std::string& path) {
-  if (env != DefaultEnv()) return Status::OK();
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return Status::OK();  // the Env reports what is wrong
-  if ((st.st_mode & 077) != 0) {
-    char mode[8];
-    snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
-    return Status::PermissionDenied(path + " has mode " + mode +
-                                    ": a token file must not be open to group or others (chmod 600 " + path + ")");
-  }
-  return Status::OK();
-}
-
 }  // namespace
 
 Result<std::string> NewControlToken() {
@@ -120,12 +105,12 @@ Result<std::unique_ptr<ControlTokens>> ControlTokens::Open(Env* env, const std::
     std::string line = fresh + "\n";
     CDP_RETURN_IF_ERROR(WriteFileAtomic(env, admin_path, ByteSpan(reinterpret_cast<const uint8_t*>(line.data()), line.size()), 0600));
   }
-  CDP_RETURN_IF_ERROR(CheckPrivate(env, admin_path));
+  CDP_RETURN_IF_ERROR(CheckPrivateFile(env, admin_path, "a token file"));
   CDP_ASSIGN_OR_RETURN(std::string admin, ReadTokenFile(env, admin_path));
   t->admin_ = DigestOf(admin);
 
   if (!tenant_path.empty() && env->Exists(tenant_path)) {
-    CDP_RETURN_IF_ERROR(CheckPrivate(env, tenant_path));
+    CDP_RETURN_IF_ERROR(CheckPrivateFile(env, tenant_path, "a token file"));
     CDP_ASSIGN_OR_RETURN(Bytes data, ReadWholeFile(env, tenant_path));
     std::string_view text(reinterpret_cast<const char*>(data.data()), data.size());
     size_t lineno = 0;

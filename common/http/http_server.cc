@@ -228,6 +228,9 @@ class Session : public std::enable_shared_from_this<Session> {
     auto& preq = parser_->get();
     Request req = ToRequest(preq);
     Response r = srv_->router.Dispatch(req);
+    // A valid token (or no authentication configured): the listener no
+    // longer evicts this connection at its cap.
+    if (req.signed_in) slot_.MarkAuthenticated();
     Send(r, preq.version(), preq.keep_alive());
   }
 
@@ -326,6 +329,7 @@ Status Server::Start() {
   lo.name = "http";
   lo.tcp = HostPort{im.opts.host, im.opts.port};
   lo.max_connections = im.opts.max_connections;
+  lo.max_per_peer = im.opts.max_connections_per_peer;
   lo.registry = im.opts.listener_registry;
   im.listener = std::make_unique<Listener>(lo, [&im](Listener::Connection c) { im.OnConnection(std::move(c)); });
   if (Status st = im.listener->Start(); !st.ok()) return st.WithContext("http server");

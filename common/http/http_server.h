@@ -161,7 +161,12 @@ struct ServerOptions {
   std::string host = "127.0.0.1";  // address to bind (IPv4 or IPv6 literal, or "localhost")
   uint16_t port = 0;               // 0 = ephemeral; see Server::port()
   size_t max_body_bytes = 1 << 20;
-  size_t max_connections = 256;  // live connections; more are closed at once (common/net/listener.h)
+  // Live connections, in all and per peer address (0 = no per-peer cap). At
+  // the total cap the oldest connection that has not yet sent a request with a
+  // valid token is closed to admit a new one; over the per-peer cap a new
+  // connection is closed at once (common/net/listener.h).
+  size_t max_connections = 256;
+  size_t max_connections_per_peer = 32;
   int threads = 1;
   uint64_t idle_timeout_ms = 30'000;  // also bounds reading one request and writing one response
   metrics::Registry* registry = nullptr;       // /metrics when set; must outlive the Server

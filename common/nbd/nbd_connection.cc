@@ -34,13 +34,6 @@ class Connection final : public ConnectionBase {
   void Close(std::string reason) override {
     asio::post(socket_.get_executor(), [self = Self(), reason = std::move(reason)] { self->DoClose(reason); });
   }
-  void Evict() override {
-    asio::post(socket_.get_executor(), [self = Self()] {
-      if (self->phase_ < Phase::kTransmission) {
-        self->DoClose("closed to admit a new connection (connection cap reached while in the handshake)");
-      }
-    });
-  }
 
  private:
   enum class Phase {
@@ -293,6 +286,7 @@ class Connection final : public ConnectionBase {
         auto e = nbd::ValidWireName(name) ? impl_->Find(name, scope_) : nullptr;
         // This option cannot be answered with an error: the spec says close.
         if (!e) return DoClose("NBD_OPT_EXPORT_NAME: no export '" + name + "'");
+        if (std::string cap = TakeTenantPlace(); !cap.empty()) return DoClose("NBD_OPT_EXPORT_NAME: " + cap);
         const bool no_zeroes = (client_flags_ & nbd::kClientFlagNoZeroes) != 0;
         Enqueue(nbd::EncodeExportNameReply(e->device->size(), e->tflags, no_zeroes), 0);
         return Attach(e);
@@ -329,6 +323,12 @@ class Connection final : public ConnectionBase {
       return OptionReply(nbd::kRepErrUnknown, req.name.empty() ? "no default export (the server has "
                                                                      "zero or several exports)"
                                                                : "no export '" + req.name + "'");
+    }
+    if (go) {
+      if (std::string cap = TakeTenantPlace(); !cap.empty()) {
+        impl_->log->warn("{} NBD_OPT_GO refused: {}", log::Where{e->name, peer_, 0}, cap);
+        return OptionReply(nbd::kRepErrPolicy, cap);
+      }
     }
     OptionReply(nbd::kRepInfo, nbd::EncodeInfoExport(e->device->size(), e->tflags));
     bool sent_name = false, sent_desc = false;
@@ -386,7 +386,7 @@ class Connection final : public ConnectionBase {
     e->connections++;
     e->connections_total++;
     attached.store(e.get());
-    handshaking.store(false);
+    slot.MarkAuthenticated();
     phase_ = Phase::kTransmission;
     timer_.cancel();
     last_activity_ = std::chrono::steady_clock::now();
@@ -548,9 +548,24 @@ class Connection final : public ConnectionBase {
     return false;
   }
 
+  // A client of a tenant (by its certificate) takes one of the tenant's
+  // places before it attaches. Returns "" (taken, or no tenant) or why not,
+  // naming the cap.
+  std::string TakeTenantPlace() {
+    if (scope_.all || holds_tenant_place_) return "";
+    if (!impl_->TakeTenantPlace(scope_.tenant)) {
+      return "tenant '" + scope_.tenant + "' already has " + std::to_string(impl_->opts.max_connections_per_tenant) +
+             " NBD connections (the cap nbd_max_connections_per_tenant)";
+    }
+    holds_tenant_place_ = true;
+    return "";
+  }
+
   void DoClose(const std::string& reason) {
     if (closed_) return;
     closed_ = true;
+    if (holds_tenant_place_) impl_->GiveTenantPlace(scope_.tenant);
+    holds_tenant_place_ = false;
     phase_ = Phase::kDone;
     boost::system::error_code ig;
     timer_.cancel();
@@ -601,6 +616,7 @@ class Connection final : public ConnectionBase {
   bool disc_ = false;
   bool close_after_drain_ = false;
   bool closed_ = false;
+  bool holds_tenant_place_ = false;
 };
 
 

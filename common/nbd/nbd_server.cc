@@ -96,7 +96,9 @@ size_t NbdServer::connection_count() const {
   return impl_->conns.size();
 }
 
-uint64_t NbdServer::evicted_count() const { return impl_->evicted.load(); }
+uint64_t NbdServer::evicted_count() const {
+  return impl_->listener ? impl_->listener->stats().evicted : 0;
+}
 uint64_t NbdServer::idle_closed_count() const { return impl_->idle_closed.load(); }
 
 Status NbdServer::Start() {
@@ -126,7 +128,6 @@ Status NbdServer::Start() {
   lo.max_connections = size_t(opts_.max_connections);
   lo.unix_mode = opts_.unix_mode;
   lo.unix_group = opts_.unix_group;
-  lo.make_room = [&m] { return m.MakeRoom(); };
   m.listener = std::make_unique<Listener>(lo, [&m](Listener::Connection c) { m.OnConnection(std::move(c)); });
   if (Status s = m.listener->Start(); !s.ok()) return s.WithContext("NBD server");
   port_ = m.listener->tcp_port();

@@ -31,7 +31,8 @@
 //   - bounded handshake: handshake_timeout_ms, max_option_bytes, max_options
 //     and max_option_reply_bytes per connection; idle_timeout_ms in
 //     transmission. At max_connections the oldest connection still in the
-//     handshake is closed to admit a new one (Listener::Options::make_room).
+//     handshake is closed to admit a new one (the Listener's eviction: a
+//     connection counts as authenticated once it reaches transmission).
 //
 // Connection phases:
 //
@@ -120,6 +121,11 @@ struct NbdServerOptions {
   // connection still in the handshake is closed to admit a new one; when
   // every connection is in transmission, new ones are closed at once.
   int max_connections = 256;
+  // Connections in transmission at most per tenant (clients whose TLS
+  // certificate names a tenant); 0 = no cap. Over it, NBD_OPT_GO gets
+  // NBD_REP_ERR_POLICY with a message naming the cap, and
+  // NBD_OPT_EXPORT_NAME closes the connection (logged, naming the cap).
+  int max_connections_per_tenant = 0;
   // Handshake (every option, the TLS handshake included) must complete within
   // this time or the connection is closed.
   uint32_t handshake_timeout_ms = 30000;

@@ -79,12 +79,10 @@ class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
   virtual ~ConnectionBase() = default;
   // Closes the connection from any thread (posted to its strand).
   virtual void Close(std::string reason) = 0;
-  // Closes it, from any thread, unless it has reached transmission by then.
-  virtual void Evict() = 0;
   std::atomic<const ExportEntry*> attached{nullptr};
-  std::atomic<bool> handshaking{true};  // false from transmission on
-  std::atomic<bool> evicting{false};    // chosen by MakeRoom once
-  Listener::Slot slot;  // the connection's place under the listener's caps
+  // The connection's place under the listener's caps; marked authenticated
+  // when the client reaches transmission (until then the listener may evict it).
+  Listener::Slot slot;
 };
 
 }  // namespace nbd_detail
@@ -146,10 +144,11 @@ struct NbdServer::Impl {
   std::map<std::string, std::shared_ptr<ExportEntry>> exports;
   std::map<uint64_t, std::weak_ptr<ConnectionBase>> conns;
   uint64_t next_conn_id = 1;
+  std::map<std::string, size_t> tenant_conns;  // connections in transmission per tenant
   bool started = false;
   bool stopping = false;
 
-  std::atomic<uint64_t> evicted{0}, idle_closed{0};
+  std::atomic<uint64_t> idle_closed{0};
 
   // The export a client asked for, among those it may see; "" is the only
   // one when there is exactly one. An export it may not see is not found.
@@ -175,27 +174,23 @@ struct NbdServer::Impl {
     }
     return v;
   }
-  // Listener::Options::make_room: asks the oldest connection still in the
-  // handshake to close. Connection ids grow, so `conns` is in age order.
-  bool MakeRoom() {
-    std::vector<std::shared_ptr<ConnectionBase>> seen;  // released after the lock
-    std::shared_ptr<ConnectionBase> victim;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      for (auto& [id, w] : conns) {
-        auto c = w.lock();
-        if (!c) continue;
-        seen.push_back(c);
-        if (c->handshaking.load() && !c->evicting.exchange(true)) {
-          victim = c;
-          break;
-        }
-      }
+  // Per-tenant cap (NbdServerOptions::max_connections_per_tenant): takes one
+  // of `tenant`'s places among connections in transmission, or returns false
+  // at the cap. GiveTenantPlace returns one taken.
+  bool TakeTenantPlace(const std::string& tenant) {
+    std::lock_guard<std::mutex> lock(mu);
+    size_t& n = tenant_conns[tenant];
+    if (opts.max_connections_per_tenant > 0 && n >= size_t(opts.max_connections_per_tenant)) {
+      if (n == 0) tenant_conns.erase(tenant);
+      return false;
     }
-    if (!victim) return false;
-    evicted++;
-    victim->Evict();
+    ++n;
     return true;
+  }
+  void GiveTenantPlace(const std::string& tenant) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = tenant_conns.find(tenant);
+    if (it != tenant_conns.end() && --it->second == 0) tenant_conns.erase(it);
   }
   void Unregister(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu);

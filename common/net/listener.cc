@@ -29,17 +29,58 @@ namespace cdp {
 
 // The caps' bookkeeping, shared with every Slot (which may outlive the Listener).
 struct Listener::Slot::State {
+  // A connection not yet authenticated: the listener's duplicate of its
+  // descriptor (-1 once evicted) and the peer, for the log.
+  struct Unauthenticated {
+    int dup_fd = -1;
+    std::string peer;
+    bool evicted = false;
+  };
+
   std::mutex mu;
   size_t live = 0;
   std::map<std::string, size_t> per_peer;
+  std::map<uint64_t, Unauthenticated> unauthenticated;  // by id: oldest first
+  size_t evicting = 0;  // evicted, Slot not yet released
+  uint64_t next_id = 1;
   std::shared_ptr<metrics::Gauge> live_gauge;  // may be null
 
-  void Release(const std::string& key) {
+  void Release(const std::string& key, uint64_t id) {
     std::lock_guard<std::mutex> lock(mu);
     --live;
     auto it = per_peer.find(key);
     if (it != per_peer.end() && --it->second == 0) per_peer.erase(it);
+    if (auto u = unauthenticated.find(id); u != unauthenticated.end()) {
+      if (u->second.evicted) --evicting;
+      if (u->second.dup_fd >= 0) ::close(u->second.dup_fd);
+      unauthenticated.erase(u);
+    }
     if (live_gauge) live_gauge->Add(-1);
+  }
+
+  void MarkAuthenticated(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto u = unauthenticated.find(id);
+    if (u == unauthenticated.end() || u->second.evicted) return;
+    ::close(u->second.dup_fd);
+    unauthenticated.erase(u);
+  }
+
+  // Shuts the oldest unauthenticated connection down, unless evictions in
+  // progress already reach `max_evicting`. Returns its peer, or "" (none).
+  // Caller holds mu.
+  std::string EvictOldest(size_t max_evicting) {
+    if (evicting >= max_evicting) return "";
+    for (auto& [id, u] : unauthenticated) {
+      if (u.evicted) continue;
+      ::shutdown(u.dup_fd, SHUT_RDWR);
+      ::close(u.dup_fd);
+      u.dup_fd = -1;
+      u.evicted = true;
+      ++evicting;
+      return u.peer;
+    }
+    return "";
   }
 };
 
@@ -48,13 +89,18 @@ Listener::Slot& Listener::Slot::operator=(Slot&& o) noexcept {
     Release();
     state_ = std::move(o.state_);
     key_ = std::move(o.key_);
+    id_ = o.id_;
   }
   return *this;
 }
 
 void Listener::Slot::Release() {
-  if (state_) state_->Release(key_);
+  if (state_) state_->Release(key_, id_);
   state_.reset();
+}
+
+void Listener::Slot::MarkAuthenticated() {
+  if (state_) state_->MarkAuthenticated(id_);
 }
 
 namespace listener_detail {
@@ -113,7 +159,7 @@ struct Listener::Impl {
   std::list<std::unique_ptr<Worker>> workers;  // thread mode
 
   std::atomic<uint64_t> accepted{0}, refused_total{0}, refused_peer{0}, errors{0}, evicted{0};
-  std::shared_ptr<metrics::Counter> m_accepted, m_refused, m_errors;
+  std::shared_ptr<metrics::Counter> m_accepted, m_refused, m_errors, m_evicted;
 
   ~Impl() {
     for (int fd : {tcp_fd, unix_fd, stop_fd})
@@ -124,7 +170,7 @@ struct Listener::Impl {
   Status BindUnix();
   void Loop();
   void AcceptOne(int listen_fd, std::chrono::milliseconds* backoff);
-  void Serve(int fd, int family, std::string peer, std::string key);
+  void Serve(int fd, int family, std::string peer, std::string key, uint64_t id);
   void ReapFinished();
 };
 
@@ -242,6 +288,9 @@ Status Listener::Start() {
                                              "Connections closed at once: connection cap reached", l);
     m.m_errors = m.opt.registry->GetCounter("cdp_listener_accept_errors_total",
                                             "accept() failures for lack of descriptors or memory (then a back-off)", l);
+    m.m_evicted = m.opt.registry->GetCounter(
+        "cdp_listener_evicted_total",
+        "Unauthenticated connections closed at the connection cap to admit a new one", l);
     m.caps->live_gauge = m.opt.registry->GetGauge("cdp_listener_connections", "Live connections", l);
   }
   m.started = true;
@@ -307,30 +356,31 @@ void Listener::Impl::AcceptOne(int listen_fd, std::chrono::milliseconds* backoff
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
-  // At the cap, the owner may close an older connection (outside our lock:
-  // it takes its own locks) to admit this one.
-  bool room_made = false;
-  if (opt.make_room && opt.mode == Mode::kHandOff) {
-    bool full;
-    {
-      std::lock_guard<std::mutex> lock(caps->mu);
-      full = caps->live >= opt.max_connections &&
-             !(opt.max_per_peer > 0 && caps->per_peer.count(key) && caps->per_peer[key] >= opt.max_per_peer);
-    }
-    if (full && opt.make_room()) {
-      room_made = true;
-      evicted.fetch_add(1, std::memory_order_relaxed);
-    }
-  }
+  uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(caps->mu);
     const char* refused = nullptr;
+    std::string evicted_peer;
     if (opt.max_per_peer > 0 && caps->per_peer[key] >= opt.max_per_peer) {
       refused = "too many connections from this peer";
       refused_peer.fetch_add(1, std::memory_order_relaxed);
-    } else if (caps->live >= opt.max_connections && !room_made) {
-      refused = "too many connections";
-      refused_total.fetch_add(1, std::memory_order_relaxed);
+    } else if (caps->live - caps->evicting >= opt.max_connections) {
+      // At the cap: the oldest connection that has not authenticated gives way.
+      evicted_peer = caps->EvictOldest(opt.max_connections);
+      if (evicted_peer.empty()) {
+        refused = "too many connections";
+        refused_total.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    int dup_fd = -1;
+    if (refused == nullptr) {
+      // The duplicate through which this connection can be evicted until it
+      // authenticates (the owner's descriptor may be closed and reused).
+      dup_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (dup_fd < 0) {
+        refused = "no descriptor left to track it";
+        errors.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     if (refused != nullptr) {
       if (caps->per_peer[key] == 0) caps->per_peer.erase(key);
@@ -339,6 +389,14 @@ void Listener::Impl::AcceptOne(int listen_fd, std::chrono::milliseconds* backoff
       log->warn("{}: connection from {} refused: {}", opt.name, peer, refused);
       return;
     }
+    if (!evicted_peer.empty()) {
+      evicted.fetch_add(1, std::memory_order_relaxed);
+      if (m_evicted) m_evicted->Inc();
+      log->warn("{}: at the connection cap ({}): closed the oldest unauthenticated connection, from {}, to admit {}",
+                opt.name, opt.max_connections, evicted_peer, peer);
+    }
+    id = caps->next_id++;
+    caps->unauthenticated[id] = Slot::State::Unauthenticated{dup_fd, peer, false};
     ++caps->live;
     ++caps->per_peer[key];
     if (caps->live_gauge) caps->live_gauge->Add(1);
@@ -346,22 +404,24 @@ void Listener::Impl::AcceptOne(int listen_fd, std::chrono::milliseconds* backoff
   accepted.fetch_add(1, std::memory_order_relaxed);
   if (m_accepted) m_accepted->Inc();
   if (opt.mode == Mode::kThreadPerConnection) {
-    Serve(fd, family, std::move(peer), std::move(key));
+    Serve(fd, family, std::move(peer), std::move(key), id);
     return;
   }
   Connection c{fd, family, std::move(peer), Slot()};
   c.slot.state_ = caps;
   c.slot.key_ = std::move(key);
+  c.slot.id_ = id;
   handler(std::move(c));
 }
 
-void Listener::Impl::Serve(int fd, int family, std::string peer, std::string key) {
+void Listener::Impl::Serve(int fd, int family, std::string peer, std::string key, uint64_t id) {
   auto w = std::make_unique<Worker>();
   Worker* raw = w.get();
   raw->dup_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   Connection c{fd, family, std::move(peer), Slot()};
   c.slot.state_ = caps;
   c.slot.key_ = std::move(key);
+  c.slot.id_ = id;
   std::lock_guard<std::mutex> lock(workers_mu);
   if (shut_down && raw->dup_fd >= 0) ::shutdown(raw->dup_fd, SHUT_RDWR);
   raw->thread = std::thread([this, raw, c = std::move(c)]() mutable {

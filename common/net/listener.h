@@ -12,10 +12,10 @@
 //       listen fd readable -> accept4:
 //         ok: over max_per_peer for the peer's address (TCP: the IP;
 //             Unix: the peer's uid) -> closed at once, counted in
-//             refused_peer_cap; over max_connections -> make_room() (when
-//             set) may close an older connection to admit this one, else
-//             closed at once, counted in refused_total_cap; else the
-//             handler gets it
+//             refused_peer_cap; over max_connections -> the oldest
+//             connection not yet authenticated is shut down (counted in
+//             evicted) to admit this one; with none, closed at once,
+//             counted in refused_total_cap; else the handler gets it
 //         EMFILE/ENFILE/ENOBUFS/ENOMEM -> counted (accept_errors), then
 //             poll(stop only) for the back-off (doubling from
 //             backoff_min to backoff_max, reset by the next success); the
@@ -33,6 +33,20 @@
 //    returns (the listener then shuts the socket down, closes its descriptor and
 //    reaps the thread). The listener keeps a duplicate of each descriptor, so
 //    Shutdown() can wake every blocked handler (shutdown(2): reads see EOF).
+//
+// No lock-outs (eviction): a connection counts as unauthenticated from accept
+// until its owner calls Slot::MarkAuthenticated() (the frame handshake
+// succeeded, an HTTP request carried a valid token, an NBD client reached
+// transmission). For each unauthenticated connection the listener keeps a
+// duplicate of its descriptor, in age order. At max_connections the oldest
+// one is shut down (shutdown(2) on the duplicate: the owner's reads see EOF,
+// in either mode) and the new connection is admitted at once; the evicted
+// one keeps its Slot until its owner notices and lets it go, so live
+// connections may exceed max_connections by the evictions in progress (never
+// by more than max_connections: past that, new connections are refused).
+// A flood of idle sockets therefore delays a real peer by at most its own
+// handshake, unless the flood outruns it; peers that authenticated are
+// never evicted.
 //
 // Lifecycle: construct -> Start() -> [Shutdown()] -> Stop() (or destructor).
 //   Shutdown(): stop accepting and, in thread mode, shut every live
@@ -69,7 +83,7 @@ class Registry;
 struct ListenerStats {
   uint64_t accepted = 0;           // handed to the handler
   uint64_t refused_total_cap = 0;  // closed at once: max_connections reached
-  uint64_t evicted = 0;            // admitted over the cap after make_room() closed another
+  uint64_t evicted = 0;            // unauthenticated connections shut down to admit a new one
   uint64_t refused_peer_cap = 0;   // closed at once: max_per_peer reached for that peer
   uint64_t accept_errors = 0;      // EMFILE/ENFILE/ENOBUFS/ENOMEM (each followed by a back-off)
   uint64_t live = 0;               // connections holding a Slot now
@@ -99,31 +113,31 @@ class Listener {
     std::chrono::milliseconds backoff_max{1000};
     Mode mode = Mode::kHandOff;
     metrics::Registry* registry = nullptr;  // counters when set; must outlive the Listener
-    // kHandOff only: called on the accept thread when max_connections is
-    // reached. Returns true when it has asked one connection to close (that
-    // one releases its Slot soon); the new connection is then admitted, so
-    // live connections exceed the cap by the evictions still in progress.
-    // Must not block and must not destroy a Slot synchronously.
-    std::function<bool()> make_room;
   };
 
   // A connection's place under the caps: move-only; destroying it (or Release())
-  // gives the place back. Safe to outlive the Listener.
+  // gives the place back. Safe to outlive the Listener. Any thread, but one
+  // Slot from one thread at a time.
   class Slot {
    public:
     Slot() = default;
     ~Slot() { Release(); }
-    Slot(Slot&& o) noexcept : state_(std::move(o.state_)), key_(std::move(o.key_)) {}
+    Slot(Slot&& o) noexcept : state_(std::move(o.state_)), key_(std::move(o.key_)), id_(o.id_) {}
     Slot& operator=(Slot&& o) noexcept;
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
     void Release();
+    // The peer proved who it is: from now on this connection is never closed
+    // to make room for another (see "No lock-outs" above). Idempotent; no-op
+    // on an empty Slot or one already evicted.
+    void MarkAuthenticated();
 
    private:
     friend class Listener;
     struct State;
     std::shared_ptr<State> state_;
     std::string key_;
+    uint64_t id_ = 0;  // the connection's age rank (accept order)
   };
 
   // One accepted connection. `fd` is connected, close-on-exec, blocking; the

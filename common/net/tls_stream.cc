@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/base/log.h"
+#include "common/env/env.h"
 #include "common/crypto/pki.h"
 
 namespace cdp {
@@ -312,6 +313,7 @@ Result<std::shared_ptr<const TlsContext>> TlsContext::Load(const TlsFiles& files
   if (files.ca.empty() || files.cert.empty() || files.key.empty()) {
     return Status::InvalidArgument("TLS needs tls_ca, tls_cert and tls_key (or tls = off)");
   }
+  CDP_RETURN_IF_ERROR(CheckPrivateFile(DefaultEnv(), files.key, "tls_key"));
   std::shared_ptr<TlsContext> c(new TlsContext());
   ERR_clear_error();
   c->ctx_ = SSL_CTX_new(TLS_method());

@@ -63,7 +63,9 @@ class TlsContext {
  public:
   // Loads and checks the files: the certificate must carry a valid identity
   // (common/crypto/pki.h), match the key, and verify against the CA now.
-  // kInvalidArgument / kIOError naming the file and OpenSSL's reason.
+  // kInvalidArgument / kIOError naming the file and OpenSSL's reason;
+  // kPermissionDenied when group or others may read the key
+  // (CheckPrivateFile, common/env/env.h).
   static Result<std::shared_ptr<const TlsContext>> Load(const TlsFiles& files);
   ~TlsContext();
   TlsContext(const TlsContext&) = delete;

@@ -310,3 +310,20 @@ TEST_CASE("tenant entries: every spelling gives the same name and secret, a CR i
     CHECK(e.status().message().find("s3cret") == std::string::npos);  // the secret is never echoed
   }
 }
+
+// Issue 40 ("Files"): the shipped placeholder, or a secret under 128 bits,
+// is refused at start with the reason, never echoing the secret.
+TEST_CASE("secrets: the placeholder and anything under 128 bits are refused", "[config][tenants]") {
+  CHECK(cdp::CheckSecretStrength("9f0c2a51e7d84b36a1c05e9d7f3b2864", "tenant 'acme'").ok());  // 32 hex digits
+  CHECK(cdp::CheckSecretStrength("correct horse battery", "tenant 'acme'").ok());            // 21 bytes
+  auto placeholder = cdp::CheckSecretStrength("change-me-to-a-long-random-secret", "tenant 'acme'");
+  CHECK(placeholder.code() == cdp::Code::kInvalidArgument);
+  CHECK(placeholder.message().find("tenant 'acme': the secret is the example's placeholder") == 0);
+  auto short_text = cdp::CheckSecretStrength("s3cret-acme", "tenant 'acme'");
+  CHECK(short_text.code() == cdp::Code::kInvalidArgument);
+  CHECK(short_text.message().find("under 128 bits (11 bytes; 16 at least)") != std::string::npos);
+  CHECK(short_text.message().find("s3cret") == std::string::npos);
+  auto short_hex = cdp::CheckSecretStrength("0123456789abcdef0123", "tenant 'acme'");  // 80 bits in hex
+  CHECK(short_hex.code() == cdp::Code::kInvalidArgument);
+  CHECK(short_hex.message().find("(20 hex digits; 32 at least)") != std::string::npos);
+}

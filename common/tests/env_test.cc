@@ -5,6 +5,8 @@
 #include "common/env/env.h"
 #include "common/env/file_cache_env.h"
 
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdlib>
@@ -17,6 +19,7 @@
 
 #include "common/env/env_wrapper.h"
 #include "common/env/fault_env.h"
+#include "common/tests/test_util.h"
 
 namespace cdp {
 namespace {
@@ -910,3 +913,50 @@ TEST_CASE("FileWrapper: batches go through the wrapper's own Read and Write", "[
 
 }  // namespace
 }  // namespace cdp
+
+// Issue 40 ("Files"): every file and directory the POSIX Env creates is
+// private whatever the umask (0600 files, 0700 directories, lock files
+// included), and a file of secrets open to group or others is refused.
+TEST_CASE("posix env: files 0600 and directories 0700, whatever the umask", "[env][files]") {
+  cdp::testing::ScratchDir dir;
+  cdp::Env* env = cdp::DefaultEnv();
+  const mode_t old_umask = ::umask(0);  // the most permissive: only the Env's modes count
+  const std::string sub = dir.Join("a/b/c");
+  REQUIRE(env->CreateDirs(sub).ok());
+  cdp::OpenOptions o;
+  o.create = true;
+  auto f = env->Open(sub + "/data", o);
+  REQUIRE(f.ok());
+  f->reset();
+  const std::string text = "x";
+  REQUIRE(cdp::WriteFileAtomic(env, sub + "/meta", cdp::ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), 1)).ok());
+  auto lock = env->LockFile(sub + "/LOCK");
+  REQUIRE(lock.ok());
+  ::umask(old_umask);
+  auto mode = [](const std::string& p) {
+    struct stat st {};
+    REQUIRE(::stat(p.c_str(), &st) == 0);
+    return unsigned(st.st_mode & 07777);
+  };
+  for (const char* d : {"a", "a/b", "a/b/c"}) CHECK(mode(dir.Join(d)) == 0700);
+  for (const char* name : {"data", "meta", "LOCK"}) {
+    INFO(name);
+    CHECK(mode(sub + "/" + name) == 0600);
+  }
+}
+
+TEST_CASE("CheckPrivateFile refuses a secret file open to group or others", "[env][files]") {
+  cdp::testing::ScratchDir dir;
+  const std::string path = dir.Join("key");
+  const std::string text = "k";
+  REQUIRE(cdp::WriteFileAtomic(cdp::DefaultEnv(), path, cdp::ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), 1)).ok());
+  CHECK(cdp::CheckPrivateFile(cdp::DefaultEnv(), path, "key_file").ok());
+  for (mode_t m : {0644, 0640, 0604}) {
+    REQUIRE(::chmod(path.c_str(), m) == 0);
+    cdp::Status s = cdp::CheckPrivateFile(cdp::DefaultEnv(), path, "key_file");
+    CHECK(s.code() == cdp::Code::kPermissionDenied);
+    CHECK(s.message().find(": key_file must not be open to group or others (chmod 600 " + path + ")") !=
+          std::string::npos);
+  }
+  CHECK(cdp::CheckPrivateFile(cdp::DefaultEnv(), dir.Join("missing"), "key_file").ok());
+}

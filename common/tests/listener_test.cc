@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <malloc.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -74,6 +75,7 @@ struct Holder {
   std::vector<std::string> peers;
   std::atomic<int> running{0};
   std::atomic<int> finished{0};
+  bool authenticate_all = false;
 
   Listener::Handler Handler() {
     return [this](Listener::Connection c) {
@@ -83,7 +85,11 @@ struct Holder {
         peers.push_back(c.peer);
       }
       char b;
-      if (::recv(c.fd, &b, 1, 0) == 1) (void)!::send(c.fd, &b, 1, MSG_NOSIGNAL);
+      if (::recv(c.fd, &b, 1, 0) == 1) {
+        // 'a' (or every byte, with authenticate_all) authenticates the connection.
+        if (b == 'a' || authenticate_all) c.slot.MarkAuthenticated();
+        (void)!::send(c.fd, &b, 1, MSG_NOSIGNAL);
+      }
       while (::recv(c.fd, &b, 1, 0) > 0) {
       }
       ::close(c.fd);
@@ -93,11 +99,19 @@ struct Holder {
   }
 };
 
-// Sends one byte and waits for its echo: the connection is being served.
-bool Echoes(int fd) {
-  char b = 'x';
+// Sends one byte and waits for its echo: the connection is being served
+// (and, for 'a', marked authenticated before the echo).
+bool Echoes(int fd, char b = 'x') {
   if (::send(fd, &b, 1, MSG_NOSIGNAL) != 1) return false;
-  return ::recv(fd, &b, 1, 0) == 1 && b == 'x';
+  const char sent = b;
+  return ::recv(fd, &b, 1, 0) == 1 && b == sent;
+}
+
+// True when nothing (no data, no EOF, no error) is waiting on `fd`: the
+// server has not closed it.
+bool StillOpen(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
 }
 
 Listener::Options ThreadOptions() {
@@ -110,6 +124,7 @@ Listener::Options ThreadOptions() {
 
 TEST_CASE("listener: the total cap closes exactly the connections over it", "[listener]") {
   Holder h;
+  h.authenticate_all = true;  // none may be evicted
   cdp::metrics::Registry reg;
   auto o = ThreadOptions();
   o.max_connections = 3;
@@ -143,6 +158,95 @@ TEST_CASE("listener: the total cap closes exactly the connections over it", "[li
   REQUIRE(WaitUntil([&] { return l.stats().live == 0; }));
   l.Stop();
   CHECK(h.finished == 4);
+}
+
+TEST_CASE("listener: at the cap the oldest unauthenticated connection gives way (thread mode)", "[listener]") {
+  Holder h;
+  cdp::metrics::Registry reg;
+  auto o = ThreadOptions();
+  o.max_connections = 3;
+  o.registry = &reg;
+  Listener l(o, h.Handler());
+  REQUIRE(l.Start().ok());
+  int c1 = ConnectTcp(l.tcp_port());
+  REQUIRE(Echoes(c1, 'a'));  // authenticated: never evicted
+  int c2 = ConnectTcp(l.tcp_port());
+  int c3 = ConnectTcp(l.tcp_port());
+  REQUIRE(WaitUntil([&] { return h.running == 3; }));
+  // Over the cap: c2, the oldest idle one, is shut down and c4 is served.
+  int c4 = ConnectTcp(l.tcp_port());
+  CHECK(ClosedByServer(c2));
+  CHECK(Echoes(c4, 'a'));
+  int c5 = ConnectTcp(l.tcp_port());
+  CHECK(ClosedByServer(c3));
+  CHECK(Echoes(c5, 'a'));
+  REQUIRE(WaitUntil([&] { return h.finished == 2 && l.stats().live == 3; }));
+  // Every connection authenticated: the next one is refused, none evicted.
+  int c6 = ConnectTcp(l.tcp_port());
+  CHECK(ClosedByServer(c6));
+  CHECK(StillOpen(c1));
+  CHECK(StillOpen(c4));
+  CHECK(StillOpen(c5));
+  auto s = l.stats();
+  CHECK(s.evicted == 2);
+  CHECK(s.refused_total_cap == 1);
+  CHECK(s.accepted == 5);
+  CHECK(reg.RenderPrometheus().find("cdp_listener_evicted_total{listener=\"test\"} 2") != std::string::npos);
+  for (int fd : {c1, c2, c3, c4, c5, c6}) ::close(fd);
+  l.Stop();
+  CHECK(h.finished == 5);
+}
+
+TEST_CASE("listener: hand-off mode evicts through its own duplicate, and evictions in progress are bounded",
+          "[listener]") {
+  std::mutex mu;
+  std::vector<Listener::Connection> held;
+  Listener::Options o;
+  o.tcp = {"127.0.0.1", 0};
+  o.max_connections = 2;
+  Listener l(o, [&](Listener::Connection c) {
+    std::lock_guard<std::mutex> lk(mu);
+    held.push_back(std::move(c));
+  });
+  REQUIRE(l.Start().ok());
+  int a = ConnectTcp(l.tcp_port());
+  int b = ConnectTcp(l.tcp_port());
+  REQUIRE(WaitUntil([&] { return l.stats().accepted == 2; }));
+  int c = ConnectTcp(l.tcp_port());
+  CHECK(ClosedByServer(a));  // the owner still holds a's descriptor and Slot
+  REQUIRE(WaitUntil([&] { return l.stats().accepted == 3; }));
+  CHECK(l.stats().live == 3);  // over the cap by the eviction in progress
+  int d = ConnectTcp(l.tcp_port());
+  CHECK(ClosedByServer(b));
+  REQUIRE(WaitUntil([&] { return l.stats().accepted == 4; }));
+  // The owner never lets a and b go: two evictions in progress reach the
+  // bound (max_connections), so the next connection is refused.
+  int e = ConnectTcp(l.tcp_port());
+  CHECK(ClosedByServer(e));
+  CHECK(l.stats().refused_total_cap == 1);
+  CHECK(StillOpen(c));
+  CHECK(StillOpen(d));
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    REQUIRE(held.size() == 4);
+    held[2].slot.MarkAuthenticated();  // c
+    ::close(held[0].fd);
+    ::close(held[1].fd);
+    held.erase(held.begin(), held.begin() + 2);  // a and b released at last
+  }
+  CHECK(l.stats().live == 2);
+  int f = ConnectTcp(l.tcp_port());
+  CHECK(ClosedByServer(d));  // d, not the authenticated c
+  REQUIRE(WaitUntil([&] { return l.stats().accepted == 5; }));
+  CHECK(StillOpen(c));
+  CHECK(l.stats().evicted == 3);
+  l.Stop();
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    for (auto& h : held) ::close(h.fd);
+    held.clear();
+  }
+  for (int fd : {a, b, c, d, e, f}) ::close(fd);
 }
 
 TEST_CASE("listener: the per-peer cap refuses one address and serves another", "[listener]") {
@@ -223,6 +327,7 @@ TEST_CASE("listener: hand-off mode gives the slot to the connection", "[listener
   o.max_connections = 1;
   Listener l(o, [&](Listener::Connection c) {
     std::lock_guard<std::mutex> lk(mu);
+    c.slot.MarkAuthenticated();
     held.push_back(std::move(c));
   });
   REQUIRE(l.Start().ok());

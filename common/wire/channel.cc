@@ -52,6 +52,10 @@ Result<std::unique_ptr<FrameChannel>> FrameChannel::Adopt(Listener::Connection& 
 }
 
 Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve, StreamWrapper wrap) {
+  return ServeFrames([serve = std::move(serve)](FrameChannel& ch, Listener::Slot&) { serve(ch); }, std::move(wrap));
+}
+
+Listener::Handler ServeFrames(std::function<void(FrameChannel&, Listener::Slot&)> serve, StreamWrapper wrap) {
   return [serve = std::move(serve), wrap = std::move(wrap)](Listener::Connection c) {
     Result<std::unique_ptr<ByteStream>> stream = MakeSocketStream(c);
     if (stream.ok() && wrap) stream = wrap(std::move(*stream));
@@ -61,7 +65,7 @@ Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve, StreamWr
       log::Get("channel")->warn("adopting a connection from {} failed: {}", c.peer, ch.status().ToString());
       return;
     }
-    serve(**ch);
+    serve(**ch, c.slot);
     (*ch)->Close();
   };
 }

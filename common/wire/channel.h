@@ -201,6 +201,10 @@ class FrameChannel {
 // connection's thread. A connection that cannot be adopted or wrapped is
 // logged and dropped.
 Listener::Handler ServeFrames(std::function<void(FrameChannel&)> serve, StreamWrapper wrap = {});
+// The same, `serve` also given the connection's Slot, to mark it
+// authenticated once the handshake succeeded (Listener::Slot::MarkAuthenticated:
+// until then the listener may close it at its connection cap).
+Listener::Handler ServeFrames(std::function<void(FrameChannel&, Listener::Slot&)> serve, StreamWrapper wrap = {});
 
 // Resolves `host` (name or address) and connects to the first address that
 // answers, all within `timeout`. kUnavailable (retryable) if the name does not

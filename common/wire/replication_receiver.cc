@@ -335,7 +335,7 @@ proto::Message FailedAnswer(const proto::Message& request) {
 
 ReplicationReceiver::ReplicationReceiver(ReceiverOptions options) : o_(std::move(options)) {}
 
-void ReplicationReceiver::Serve(FrameChannel& ch) {
+void ReplicationReceiver::Serve(FrameChannel& ch, Listener::Slot* slot) {
   auto log = log::Get(o_.log_name);
   Session s;
   s.address = ch.peer();
@@ -351,6 +351,7 @@ void ReplicationReceiver::Serve(FrameChannel& ch) {
     (void)ch.Send(proto::Nack{0, proto::NackReason::kPermissionDenied, 0, refused});
     return;
   }
+  if (slot != nullptr) slot->MarkAuthenticated();
   log->info("{} tenant {} {} connected{}", log::Where{"", s.address, 0}, s.tenant, s.peer.client_id,
             s.peer.tls ? " (certificate '" + s.peer.cert_name + "')" : std::string(" (clear text)"));
   std::unique_ptr<ReceiverSink> sink = o_.make_sink(s);

@@ -145,7 +145,10 @@ class ReplicationReceiver {
  public:
   explicit ReplicationReceiver(ReceiverOptions options);
   // One connection, from the handshake to its end, on the caller's thread.
-  void Serve(FrameChannel& ch);
+  // `slot` (may be null): the connection's place under its Listener's caps,
+  // marked authenticated once the handshake succeeded and the peer was
+  // admitted (until then the listener may evict it at its cap).
+  void Serve(FrameChannel& ch, Listener::Slot* slot = nullptr);
 
  private:
   const ReceiverOptions o_;

@@ -37,9 +37,9 @@ void Write(cdp::Env* env, const std::string& path, const std::string& text) {
 
 TEST_CASE("master target config: addresses, tenants from flags and a file, quotas", "[config]") {
   auto env = cdp::NewMemEnv();
-  Write(env.get(), "/tenants", "# provider tenants\n\nbeta = s3cret-beta\n  gamma:s3cret-gamma  \n");
+  Write(env.get(), "/tenants", "# provider tenants\n\nbeta = s3cret-beta-0123456789\n  gamma:s3cret-gamma-0123456789  \n");
   auto o = Load(env.get(),
-                "listen = [::]:7501\ncontrol = 127.0.0.1:0\nnbd = 0.0.0.0:10811\ntenant = acme:s3cret-acme\n"
+                "listen = [::]:7501\ncontrol = 127.0.0.1:0\nnbd = 0.0.0.0:10811\ntenant = acme:s3cret-acme-0123456789\n"
                 "tenants_file = /tenants\ntenant_quota = beta:1GiB\nmax_connections_per_peer = 4\n");
   REQUIRE(o.ok());
   CHECK(o->connection_caps.total == 256);
@@ -49,9 +49,9 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
   CHECK(o->control.port == 0);
   CHECK(o->nbd.port == 10811);
   CHECK(o->tenants.size() == 3);
-  CHECK(o->tenants.at("acme") == "s3cret-acme");
-  CHECK(o->tenants.at("beta") == "s3cret-beta");
-  CHECK(o->tenants.at("gamma") == "s3cret-gamma");
+  CHECK(o->tenants.at("acme") == "s3cret-acme-0123456789");
+  CHECK(o->tenants.at("beta") == "s3cret-beta-0123456789");
+  CHECK(o->tenants.at("gamma") == "s3cret-gamma-0123456789");
   CHECK(o->tenant_quota_bytes.at("beta") == (1ull << 30));
   CHECK(o->max_batch_work == (256ull << 20));
   CHECK(o->max_journal_bytes_per_tenant == 0);
@@ -65,13 +65,13 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
   auto buffered = Load(env.get(), "replica_io = buffered\n");
   REQUIRE(buffered.ok());
   CHECK_FALSE(buffered->replica_direct_io);
-  auto z = Load(env.get(), "tenant = acme:a\ntenant = beta:b\njournal_compression = 3\n"
+  auto z = Load(env.get(), "tenant = acme:a-0123456789abcdef\ntenant = beta:b-0123456789abcdef\njournal_compression = 3\n"
                            "tenant_journal_compression = beta:0\n");
   REQUIRE(z.ok());
   CHECK(z->journal_zstd_level == 3);
   CHECK(z->tenant_journal_zstd_level.at("beta") == 0);
   CHECK(z->tenant_journal_zstd_level.count("acme") == 0);
-  auto r = Load(env.get(), "tenant = acme:a\nvolume_retention = acme/db=30d\nvolume_retention = acme/logs=2h\n"
+  auto r = Load(env.get(), "tenant = acme:a-0123456789abcdef\nvolume_retention = acme/db=30d\nvolume_retention = acme/logs=2h\n"
                            "[retention]\nmax_age = 1d\n");
   REQUIRE(r.ok());
   CHECK(r->retention.max_age_us == 86'400'000'000ull);
@@ -79,7 +79,7 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
   CHECK(r->volume_max_age_us.at("acme/logs") == 7'200'000'000ull);
   // The history lock: 24 h unless configured; per tenant and per volume.
   CHECK(r->retention.lock_us == 24 * 3'600'000'000ull);
-  auto lk = Load(env.get(), "tenant = acme:a\ntenant = beta:b\ntenant_retention_lock = beta=7d\n"
+  auto lk = Load(env.get(), "tenant = acme:a-0123456789abcdef\ntenant = beta:b-0123456789abcdef\ntenant_retention_lock = beta=7d\n"
                             "volume_retention_lock = acme/db=0s\n[retention]\nlock = 2h\n");
   REQUIRE(lk.ok());
   CHECK(lk->retention.lock_us == 7'200'000'000ull);
@@ -89,33 +89,36 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
 
 TEST_CASE("master target config: every bad value names its key or line", "[config]") {
   auto env = cdp::NewMemEnv();
-  Write(env.get(), "/tenants", "beta = s3cret-beta\n../x = s\n");
+  Write(env.get(), "/tenants", "beta = s3cret-beta-0123456789\n../x = s\n");
   CHECK(Error(env.get(), "listen = nohost\n") == "'listen': bad address 'nohost': want host:port");
   CHECK(Error(env.get(), "nbd = h:65536\n") == "'nbd': bad port in 'h:65536'");
-  CHECK(Error(env.get(), "tenant = acme:a\ntenant = acme:b\n") == "'tenant': tenant 'acme' given twice");
+  CHECK(Error(env.get(), "tenant = acme:a-0123456789abcdef\ntenant = acme:b\n") == "'tenant': tenant 'acme' given twice");
   CHECK(Error(env.get(), "tenant = acme:\n") == "'tenant': bad tenant entry for 'acme' (want NAME:SECRET)");
+  CHECK(Error(env.get(), "tenant = acme:change-me-to-a-long-random-secret\n").find(
+            "tenant 'acme': the secret is the example's placeholder") == 0);
+  CHECK(Error(env.get(), "tenant = acme:s3cret\n").find("tenant 'acme': the secret is under 128 bits") == 0);
   CHECK(Error(env.get(), "tenants_file = /tenants\n") == "/tenants:2: bad tenant entry for '../x' (want NAME:SECRET)");
-  CHECK(Error(env.get(), "tenant = acme:a\ntenant_quota = other:1G\n") ==
+  CHECK(Error(env.get(), "tenant = acme:a-0123456789abcdef\ntenant_quota = other:1G\n") ==
         "bad tenant_quota 'other:1G' (NAME:SIZE of a configured tenant)");
   CHECK(Error(env.get(), "max_connections = 0\n") == "'max_connections' must be 1..65536");
   CHECK(Error(env.get(), "journal_compression = 20\n") == "journal_compression must be 0..19");
   CHECK(Error(env.get(), "replica_io = mmap\n") == "'replica_io' must be direct or buffered, not 'mmap'");
-  CHECK(Error(env.get(), "tenant = acme:a\ntenant_journal_compression = acme:x\n") ==
+  CHECK(Error(env.get(), "tenant = acme:a-0123456789abcdef\ntenant_journal_compression = acme:x\n") ==
         "bad tenant_journal_compression 'acme:x' (NAME:LEVEL of a configured tenant, level 0..19)");
-  CHECK(Error(env.get(), "tenant = acme:a\ntenant_journal_compression = other:3\n") ==
+  CHECK(Error(env.get(), "tenant = acme:a-0123456789abcdef\ntenant_journal_compression = other:3\n") ==
         "bad tenant_journal_compression 'other:3' (NAME:LEVEL of a configured tenant, level 0..19)");
   CHECK(Error(env.get(), "max_volumes_per_tenant = 0\n") == "'max_volumes_per_tenant' must be 1..100000");
-  CHECK(Error(env.get(), "tenant = acme:a\nvolume_retention = other/db=1d\n") ==
+  CHECK(Error(env.get(), "tenant = acme:a-0123456789abcdef\nvolume_retention = other/db=1d\n") ==
         "bad volume_retention 'other/db=1d': no tenant other");
-  CHECK(Error(env.get(), "tenant = acme:a\nvolume_retention = acme/db\n") ==
+  CHECK(Error(env.get(), "tenant = acme:a-0123456789abcdef\nvolume_retention = acme/db\n") ==
         "bad volume_retention 'acme/db': want TENANT/VOLUME=DURATION");
-  CHECK(Error(env.get(), "tenant = acme:a\nvolume_retention = acme/../x=1d\n") ==
+  CHECK(Error(env.get(), "tenant = acme:a-0123456789abcdef\nvolume_retention = acme/../x=1d\n") ==
         "bad volume_retention 'acme/../x=1d': invalid volume name");
-  CHECK(Error(env.get(), "tenant = acme:a\ntenant_retention_lock = other=1d\n") ==
+  CHECK(Error(env.get(), "tenant = acme:a-0123456789abcdef\ntenant_retention_lock = other=1d\n") ==
         "bad tenant_retention_lock 'other=1d': no tenant other");
-  CHECK(Error(env.get(), "tenant = acme:a\ntenant_retention_lock = acme\n") ==
+  CHECK(Error(env.get(), "tenant = acme:a-0123456789abcdef\ntenant_retention_lock = acme\n") ==
         "bad tenant_retention_lock 'acme': want TENANT=DURATION");
-  CHECK(Error(env.get(), "tenant = acme:a\nvolume_retention_lock = acme/db\n") ==
+  CHECK(Error(env.get(), "tenant = acme:a-0123456789abcdef\nvolume_retention_lock = acme/db\n") ==
         "bad volume_retention_lock 'acme/db': want TENANT/VOLUME=DURATION");
   CHECK(Error(env.get(), "max_batch_work = 1MiB\n") == "'max_batch_work' must be 32MiB..64GiB");
   CHECK(Error(env.get(), "control = none\nnbd = none\nmax_connections_per_peer = 0\n") ==
