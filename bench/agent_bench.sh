@@ -40,7 +40,7 @@ agent_up() {
   local name=$1
   shift
   "$LG" cluster --build "$B" --dir "$W/$name" --volume vol --volume-image "$W/vol.img" --tenant bench \
-    --secret benchsecret --tls off --env-file "$W/$name.env" "$@" >/dev/null 2>"$W/$name.err" &
+    --secret bench-secret-of-the-agent-sink --tls off --env-file "$W/$name.env" "$@" >/dev/null 2>"$W/$name.err" &
   PIDS+=($!)
   for _ in $(seq 1 1200); do [ -s "$W/$name.env" ] || ! kill -0 "${PIDS[-1]}" 2>/dev/null && break; sleep 0.05; done
   [ -s "$W/$name.env" ] || { echo "agent_bench: the harness did not start the agent:" >&2; cat "$W/$name.err" >&2; exit 1; }

@@ -189,7 +189,7 @@ TEST_CASE("lock-outs: 300 idle sockets from 9 addresses lock out neither a proce
   for (int fd : control_siege) ::close(fd);
 }
 
-TEST_CASE("files: with umask 022 the daemons create nothing open to others; weak secrets and open keys refused",
+TEST_CASE("files: with umask 022 the daemons create nothing open to others, and weak secrets and open keys are refused",
           "[e2e][security][files]") {
   const mode_t old_umask = ::umask(022);  // as a daemon started by hand from a shell
   {

@@ -2,7 +2,7 @@
 // agent_sink: a BENCHMARK/TEST HARNESS, not shipped. Runs the test peer
 // (agent/tests/test_peer.h) as a standalone process so that bench/agent_bench.sh
 // can measure the agent with its sender active against a peer that
-// acknowledges at once (tenant "bench", secret "benchsecret").
+// acknowledges at once (tenant "bench", secret "bench-secret-of-the-agent-sink").
 //
 //   agent_sink VOLUME_SIZE_BYTES     prints "port N", runs until SIGINT/SIGTERM
 #include <signal.h>
@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  cdp::agent::testing::TestPeer peer("bench", "benchsecret", size);
+  cdp::agent::testing::TestPeer peer("bench", "bench-secret-of-the-agent-sink", size);
   std::printf("port %u\n", peer.port());
   std::fflush(stdout);
   int sig = 0;
