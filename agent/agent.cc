@@ -172,7 +172,8 @@ Status Agent::StartParts() {
     ho.port = opts_.control.port;
     ho.registry = &registry_;
     ho.status = [this] { return StatusJson(); };
-    auto tokens = ApplyControlAuth(opts_.control_auth, JoinPath(opts_.bitmap_dir, "control.token"), "", "agent", &ho);
+    auto tokens = ApplyControlAuth(opts_.control_auth, JoinPath(opts_.bitmap_dir, "control.token"), "", "agent", &ho,
+                                   tls_.get());
     if (!tokens.ok()) {
       return tokens.status();
     }

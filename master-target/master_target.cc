@@ -397,7 +397,7 @@ Status MasterTarget::Start() {
     ho.registry = &registry_;
     ho.status = [this] { return impl_->StatusJson(); };
     auto tokens = ApplyControlAuth(o_.control_auth, JoinPath(o_.data_dir, "control.token"),
-                                   JoinPath(o_.data_dir, "tenant_tokens"), "mt", &ho);
+                                   JoinPath(o_.data_dir, "tenant_tokens"), "mt", &ho, m.tls.get());
     if (!tokens.ok()) {
       Stop();
       return tokens.status();

@@ -18,7 +18,8 @@ Status ProcessServer::StartControl() {
   ho.registry = opt_.registry;
   ho.status = [this] { return StatusJson(); };
   CDP_ASSIGN_OR_RETURN(im.control_tokens,
-                       ApplyControlAuth(opt_.control_auth, JoinPath(opt_.spool_dir, "control.token"), "", "ps", &ho));
+                       ApplyControlAuth(opt_.control_auth, JoinPath(opt_.spool_dir, "control.token"), "", "ps", &ho,
+                                        im.tls.get()));
   im.http = std::make_unique<http::Server>(ho);
   im.http->Route("GET", "/v1/volumes", [this](const http::Request&) {
     return http::Response::Json(200, VolumesJson());

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 
 namespace cdp {
@@ -78,6 +79,29 @@ Result<uint16_t> FreeLoopbackPort() {
   }
   ::close(fd);
   return uint16_t(ntohs(a.sin_port));
+}
+
+bool IsIpAddress(const std::string& h) {
+  in6_addr a6;
+  in_addr a4;
+  return ::inet_pton(AF_INET, h.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, h.c_str(), &a6) == 1;
+}
+
+bool ValidHostName(const std::string& h) {
+  if (h.empty() || h.size() > 253) return false;
+  if (IsIpAddress(h)) return true;
+  for (char c : h) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.')) return false;
+  }
+  return true;
+}
+
+bool IsLoopbackHost(const std::string& h) {
+  if (h == "localhost") return true;
+  in_addr a4;
+  if (::inet_pton(AF_INET, h.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+  in6_addr a6;
+  return ::inet_pton(AF_INET6, h.c_str(), &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
 }
 
 }  // namespace cdp

@@ -44,6 +44,14 @@ Result<HostPort> ParseHostPort(std::string_view text, const HostPort::Rules& rul
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
 // released): for local clusters and tests; another process may take it first.
 Result<uint16_t> FreeLoopbackPort();
+
+// An IPv4 or IPv6 address literal ("10.0.0.1", "::1"), without brackets.
+bool IsIpAddress(const std::string& host);
+// An address literal, or a DNS name of letters, digits, '-' and '.' (at most
+// 253 characters): what a certificate's subjectAltName or allowed_hosts holds.
+bool ValidHostName(const std::string& host);
+// "localhost", 127.0.0.0/8 or ::1: a host only this machine can reach.
+bool IsLoopbackHost(const std::string& host);
 inline Result<HostPort> ParseHostPort(std::string_view text) { return ParseHostPort(text, HostPort::Rules{}); }
 
 }  // namespace cdp

@@ -23,6 +23,7 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include "common/base/host_port.h"
 #include "common/base/names.h"
 
 namespace cdp::pki {
@@ -241,24 +242,6 @@ Status InitCa(const std::string& dir, const CaOptions& options) {
   return WriteKeyAndCert(key_path, &key_pem, dir + "/ca.crt", cert_pem);
 }
 
-namespace {
-
-bool IsIpAddress(const std::string& h) {
-  in6_addr a6;
-  in_addr a4;
-  return ::inet_pton(AF_INET, h.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, h.c_str(), &a6) == 1;
-}
-
-bool ValidHostName(const std::string& h) {
-  if (h.empty() || h.size() > 253) return false;
-  if (IsIpAddress(h)) return true;
-  for (char c : h) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.')) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::string& key_path,
              const std::string& cert_path) {

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 
+#include "common/base/host_port.h"
 #include "common/base/log.h"
 #include "common/base/names.h"
 
@@ -190,7 +191,13 @@ void AddControlAuthOptions(boost::program_options::options_description* desc) {
        "control API authentication: token | off")
       ("control_token_file", po::value<std::string>()->default_value(""),
        "admin token file, made at first start with mode 0600 (default: control.token in the state directory)")
-      ("metrics_public", po::value<bool>()->default_value(false), "serve /metrics without a token");
+      ("metrics_public", po::value<bool>()->default_value(false), "serve /metrics without a token")
+      ("control_tls", po::value<std::string>()->default_value("on"),
+       "on: HTTPS on the control port with the daemon's TLS credentials (when tls = on); off: plain HTTP, "
+       "only on a loopback address")
+      ("allowed_hosts", po::value<std::string>()->default_value(""),
+       "host names accepted in the Host header besides IP literals and localhost (a reverse proxy's name), "
+       "comma-separated");
 }
 
 Result<ControlAuthSettings> GetControlAuthSettings(const boost::program_options::variables_map& vm) {
@@ -203,15 +210,49 @@ Result<ControlAuthSettings> GetControlAuthSettings(const boost::program_options:
   }
   if (vm.count("control_token_file")) a.token_file = vm["control_token_file"].as<std::string>();
   if (vm.count("metrics_public")) a.metrics_public = vm["metrics_public"].as<bool>();
+  const std::string ctls = vm.count("control_tls") ? vm["control_tls"].as<std::string>() : "on";
+  if (ctls == "off") {
+    a.tls = false;
+  } else if (ctls != "on") {
+    return Status::InvalidArgument("bad value '" + ctls + "' for 'control_tls' (on | off)");
+  }
+  if (vm.count("allowed_hosts")) {
+    std::string list = vm["allowed_hosts"].as<std::string>();
+    for (size_t at = 0; at <= list.size();) {
+      size_t comma = list.find(',', at);
+      if (comma == std::string::npos) comma = list.size();
+      std::string h = list.substr(at, comma - at);
+      h.erase(0, h.find_first_not_of(" \t"));
+      h.erase(h.find_last_not_of(" \t") + 1);
+      if (!h.empty()) {
+        if (!ValidHostName(h)) return Status::InvalidArgument("bad host name '" + h + "' in 'allowed_hosts'");
+        a.allowed_hosts.push_back(h);
+      }
+      at = comma + 1;
+    }
+  }
   return a;
 }
 
 Result<std::shared_ptr<ControlTokens>> ApplyControlAuth(const ControlAuthSettings& settings,
                                                         const std::string& default_token_file,
                                                         const std::string& tenant_path, std::string_view who,
-                                                        http::ServerOptions* opts) {
+                                                        http::ServerOptions* opts, const TlsCredentials* tls) {
   auto log = log::Get(std::string(who));
   opts->metrics_public = settings.metrics_public;
+  opts->allowed_hosts = settings.allowed_hosts;
+  if (!settings.tls) {
+    if (!IsLoopbackHost(opts->host))
+      return Status::InvalidArgument("control_tls = off serves plain HTTP, which is allowed on a loopback address "
+                                     "only, not on " + opts->host);
+    log->warn("INSECURE: control_tls = off: the control API at {}:{} speaks plain HTTP (loopback only); tokens "
+              "and answers cross in clear text", opts->host, opts->port);
+  } else if (tls == nullptr) {
+    log->warn("INSECURE: tls = off: the control API at {}:{} speaks plain HTTP; tokens cross in clear text",
+              opts->host, opts->port);
+  } else {
+    opts->tls = tls;
+  }
   if (!settings.enabled) {
     log->warn("control_auth = off: anyone who reaches {}:{} controls this daemon", opts->host, opts->port);
     return std::shared_ptr<ControlTokens>();

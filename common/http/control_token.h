@@ -44,6 +44,8 @@
 
 namespace cdp {
 
+class TlsCredentials;
+
 class ControlTokens {
  public:
   // Reads the admin token at `admin_path`, creating the file (and its missing
@@ -96,10 +98,17 @@ Result<std::string> ReadTokenFile(Env* env, const std::string& path);
 //   control_token_file = FILE    the admin token (default: control.token in
 //                                the daemon's state directory)
 //   metrics_public = false       true: /metrics without a token (Prometheus)
+//   control_tls = on | off       on (default): HTTPS with the daemon's TLS
+//                                credentials when tls = on; off: plain HTTP,
+//                                refused unless the control host is loopback
+//   allowed_hosts = a,b          Host header names accepted besides IP
+//                                literals and localhost (a reverse proxy)
 struct ControlAuthSettings {
   bool enabled = true;
   std::string token_file;  // "" = the daemon's default
   bool metrics_public = false;
+  bool tls = true;
+  std::vector<std::string> allowed_hosts;
 
   static ControlAuthSettings Off() {
     ControlAuthSettings a;
@@ -113,11 +122,15 @@ Result<ControlAuthSettings> GetControlAuthSettings(const boost::program_options:
 // What a daemon does with its settings: with auth enabled, opens its tokens
 // (ControlTokens::Open on settings.token_file or `default_token_file`, and
 // `tenant_path`) and sets opts->authenticate and opts->metrics_public; with
-// auth off, logs a warning and returns null. `who` names the daemon in logs.
+// auth off, logs a warning and returns null. Sets opts->allowed_hosts, and
+// opts->tls = `tls` (the daemon's credentials; null with tls = off) unless
+// control_tls = off, which is refused (kInvalidArgument) on a host that is
+// not loopback. Every plain-HTTP outcome is logged as INSECURE. `who` names
+// the daemon in logs.
 Result<std::shared_ptr<ControlTokens>> ApplyControlAuth(const ControlAuthSettings& settings,
                                                         const std::string& default_token_file,
                                                         const std::string& tenant_path, std::string_view who,
-                                                        http::ServerOptions* opts);
+                                                        http::ServerOptions* opts, const TlsCredentials* tls);
 
 // Where a client finds its token: `token_file` when non-empty, else the
 // environment variable CDP_TOKEN, else the file named by CDP_TOKEN_FILE; ""

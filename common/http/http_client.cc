@@ -1,24 +1,68 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/http/http_client.h"
 
+#include <openssl/ssl.h>
+
+#include <boost/asio/ssl.hpp>
+#include <optional>
+
 #include "common/base/asio_status.h"
+#include "common/crypto/pki.h"
 #include "common/http/http_detail.h"
 
 namespace cdp::http {
 
 using namespace detail;
 
+namespace {
+
+// The TLS client side: TLS 1.3 only, the server's certificate verified
+// against `o.tls_ca` (the site CA) and carrying a site identity; our own
+// certificate when one is given.
+Result<std::unique_ptr<net::ssl::context>> ClientContext(const ClientOptions& o) {
+  auto ctx = std::make_unique<net::ssl::context>(net::ssl::context::tls_client);
+  SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_3_VERSION);
+  boost::system::error_code ec;
+  ctx->load_verify_file(o.tls_ca, ec);
+  if (ec) return Status::InvalidArgument("tls ca " + o.tls_ca + ": " + ec.message());
+  ctx->set_verify_mode(net::ssl::verify_peer, ec);
+  ctx->set_verify_callback(
+      [](bool ok, net::ssl::verify_context& v) {
+        if (!ok) return false;
+        // The leaf must be one of the site's daemons (common/crypto/pki.h).
+        if (X509_STORE_CTX_get_error_depth(v.native_handle()) != 0) return true;
+        return pki::IdentityOf(X509_STORE_CTX_get_current_cert(v.native_handle())).ok();
+      },
+      ec);
+  if (!o.tls_cert.empty()) {
+    ctx->use_certificate_chain_file(o.tls_cert, ec);
+    if (ec) return Status::InvalidArgument("tls cert " + o.tls_cert + ": " + ec.message());
+    ctx->use_private_key_file(o.tls_key, net::ssl::context::pem, ec);
+    if (ec) return Status::InvalidArgument("tls key " + o.tls_key + ": " + ec.message());
+  }
+  return ctx;
+}
+
+}  // namespace
+
 Result<ClientResponse> HttpRequest(const std::string& host, uint16_t port, std::string_view method,
                                    std::string_view target, std::string_view body, std::chrono::milliseconds timeout,
                                    const ClientOptions& opts) {
-  std::string where = std::string(method) + " http://" + host + ":" + std::to_string(port) + std::string(target);
+  const bool tls = !opts.tls_ca.empty();
+  std::string where = std::string(method) + (tls ? " https://" : " http://") + host + ":" + std::to_string(port) + std::string(target);
   bhttp::verb verb = bhttp::string_to_verb(method);
   if (verb == bhttp::verb::unknown) return Status::InvalidArgument(where + ": unknown method");
   if (target.empty() || target.front() != '/') return Status::InvalidArgument(where + ": target must start with '/'");
 
+  std::unique_ptr<net::ssl::context> ctx;
+  if (tls) {
+    CDP_ASSIGN_OR_RETURN(ctx, ClientContext(opts));
+  }
   net::io_context ioc;
   tcp::resolver resolver(ioc);
-  beast::tcp_stream stream(ioc);
+  beast::tcp_stream plain(ioc);
+  std::optional<net::ssl::stream<beast::tcp_stream&>> secure;
+  if (tls) secure.emplace(plain, *ctx);
   bhttp::request<bhttp::string_body> req{verb, std::string(target), 11};
   req.set(bhttp::field::host, host + ":" + std::to_string(port));
   req.set(bhttp::field::user_agent, "opencdp");
@@ -55,16 +99,29 @@ Result<ClientResponse> HttpRequest(const std::string& host, uint16_t port, std::
       done = true;
       return;
     }
-    stream.expires_at(deadline);
-    stream.async_connect(results, [&](beast::error_code ec2, const tcp::endpoint&) {
+    plain.expires_at(deadline);
+    plain.async_connect(results, [&](beast::error_code ec2, const tcp::endpoint&) {
       if (ec2) return fail(ec2, "connect");
-      bhttp::async_write(stream, req, [&](beast::error_code ec3, size_t) {
-        // A server that answers early (413) may close while we write: still read its answer.
-        if (ec3 && ec3 != net::error::broken_pipe && ec3 != net::error::connection_reset) return fail(ec3, "write");
-        bhttp::async_read(stream, buf, parser, [&](beast::error_code ec4, size_t) {
-          if (ec4) return fail(ec4, "read");
-          done = true;
+      auto exchange = [&](auto& stream) {
+        bhttp::async_write(stream, req, [&](beast::error_code ec3, size_t) {
+          // A server that answers early (413) may close while we write: still read its answer.
+          if (ec3 && ec3 != net::error::broken_pipe && ec3 != net::error::connection_reset) return fail(ec3, "write");
+          bhttp::async_read(stream, buf, parser, [&](beast::error_code ec4, size_t) {
+            if (ec4) return fail(ec4, "read");
+            done = true;
+          });
         });
+      };
+      if (!tls) return exchange(plain);
+      secure->async_handshake(net::ssl::stream_base::client, [&, exchange](beast::error_code ec5) {
+        if (ec5) {
+          // Another CA, no site identity, or not TLS at all.
+          result = Status::PermissionDenied(where + ": TLS handshake: " + ec5.message() +
+                                            " (is the server's certificate from the CA in " + opts.tls_ca + "?)");
+          done = true;
+          return;
+        }
+        exchange(*secure);
       });
     });
   });

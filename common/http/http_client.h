@@ -30,6 +30,14 @@ struct ClientOptions {
   std::string content_type = "application/json";  // sent when body is non-empty
   size_t max_response_bytes = 64 << 20;
   std::string bearer_token;  // sent as "Authorization: Bearer TOKEN" when non-empty (common/http/control_token.h)
+  // HTTPS when set: the server's certificate must verify against this CA
+  // file (the site CA, `cdpctl pki`) and carry a site identity
+  // (common/crypto/pki.h); TLS 1.3 only. A failed handshake is
+  // kPermissionDenied. tls_cert / tls_key: a client certificate to present
+  // (optional).
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 Result<ClientResponse> HttpRequest(const std::string& host, uint16_t port, std::string_view method,

@@ -9,12 +9,19 @@
 #include <thread>
 #include <vector>
 
+#include <openssl/ssl.h>
+
+#include <boost/asio/ssl.hpp>
+#include <type_traits>
+
 #include "common/base/asio_status.h"
+#include "common/crypto/pki.h"
 #include "common/base/log.h"
 #include "common/daemon/metrics.h"
 #include "common/http/http_detail.h"
 #include "common/http/http_router.h"
 #include "common/net/listener.h"
+#include "common/net/tls_stream.h"
 
 namespace cdp::http {
 
@@ -183,21 +190,55 @@ struct Server::Impl : ServerState {
 
 namespace {
 
-class Session : public std::enable_shared_from_this<Session> {
+// One connection: HTTP/1.1 over `Stream` — beast::tcp_stream, or TLS over it
+// (asio::ssl::stream, handshake first; ServerOptions::tls).
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
  public:
-  // `slot` holds the connection's place under the listener's caps until the session ends.
-  Session(tcp::socket socket, ServerState* srv, Listener::Slot slot)
-      : stream_(std::move(socket)), srv_(srv), slot_(std::move(slot)) {}
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
 
-  void Start() { DoReadHeader(); }
+  // `slot` holds the connection's place under the listener's caps until the session ends.
+  Session(Stream stream, ServerState* srv, Listener::Slot slot)
+      : stream_(std::move(stream)), srv_(srv), slot_(std::move(slot)) {}
+
+  void Start() {
+    if constexpr (kTls) {
+      // The handshake is bounded like a request: a client that never
+      // finishes it is closed after idle_timeout_ms.
+      Lowest().expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
+      stream_.async_handshake(net::ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
+        if (ec) return self->Close();  // plain HTTP, another CA, a revoked or expired certificate: nothing to answer
+        self->ReadPeer();
+        self->DoReadHeader();
+      });
+    } else {
+      DoReadHeader();
+    }
+  }
 
  private:
+  beast::tcp_stream& Lowest() { return beast::get_lowest_layer(stream_); }
+
+  // The client's certificate, when it presented one (verified against the site CA).
+  void ReadPeer() {
+    if constexpr (kTls) {
+      X509* cert = SSL_get1_peer_certificate(stream_.native_handle());
+      if (cert == nullptr) return;
+      auto id = pki::IdentityOf(cert);
+      X509_free(cert);
+      if (!id.ok()) return;
+      cert_role_ = std::string(pki::RoleName(id->role));
+      cert_tenant_ = id->tenant;
+      cert_name_ = id->name;
+    }
+  }
+
   void DoReadHeader() {
     parser_.emplace();
     LimitRequestParser(*parser_, srv_->opts.max_body_bytes);
-    stream_.expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
+    Lowest().expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
     bhttp::async_read_header(stream_, buf_, *parser_,
-                             [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+                             [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
   }
 
   void OnHeader(beast::error_code ec) {
@@ -208,7 +249,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (BodyTooLarge(*parser_, srv_->opts.max_body_bytes)) return TooLarge();
     if (req[bhttp::field::expect] == "100-continue") {
       cont_.emplace(bhttp::status::continue_, req.version());
-      bhttp::async_write(stream_, *cont_, [self = shared_from_this()](beast::error_code ec2, size_t) {
+      bhttp::async_write(stream_, *cont_, [self = this->shared_from_this()](beast::error_code ec2, size_t) {
         if (ec2) return self->Close();
         self->DoReadBody();
       });
@@ -219,7 +260,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void DoReadBody() {
     bhttp::async_read(stream_, buf_, *parser_,
-                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+                      [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
   }
 
   void OnBody(beast::error_code ec) {
@@ -227,6 +268,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) return Close();
     auto& preq = parser_->get();
     Request req = ToRequest(preq);
+    req.tls = kTls;
+    req.cert_role = cert_role_;
+    req.cert_tenant = cert_tenant_;
+    req.cert_name = cert_name_;
     Response r = srv_->router.Dispatch(req);
     // A valid token (or no authentication configured): the listener no
     // longer evicts this connection at its cap.
@@ -239,12 +284,13 @@ class Session : public std::enable_shared_from_this<Session> {
     res_->set(bhttp::field::server, "opencdp");
     res_->set(bhttp::field::content_type, r.content_type);
     if (r.status == 401) res_->set(bhttp::field::www_authenticate, "Bearer");
+    if (kTls) res_->set(bhttp::field::strict_transport_security, "max-age=31536000");
     for (const auto& [name, value] : r.headers) res_->set(name, value);
     res_->keep_alive(keep_alive);
     res_->body() = r.body;
     res_->prepare_payload();
-    stream_.expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
-    bhttp::async_write(stream_, *res_, [self = shared_from_this(), keep_alive](beast::error_code ec, size_t) {
+    Lowest().expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
+    bhttp::async_write(stream_, *res_, [self = this->shared_from_this(), keep_alive](beast::error_code ec, size_t) {
       if (ec) return self->Close();
       if (!keep_alive) return self->Close();
       self->DoReadHeader();
@@ -261,19 +307,20 @@ class Session : public std::enable_shared_from_this<Session> {
     res_->keep_alive(false);
     res_->body() = r.body;
     res_->prepare_payload();
-    stream_.expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
-    bhttp::async_write(stream_, *res_, [self = shared_from_this()](beast::error_code ec, size_t) {
+    Lowest().expires_after(std::chrono::milliseconds(srv_->opts.idle_timeout_ms));
+    bhttp::async_write(stream_, *res_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       if (ec) return self->Close();
+      if constexpr (kTls) return self->Close();  // no half-close under TLS
       beast::error_code ignored;
-      self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-      self->stream_.expires_after(kDrainTime);
+      self->Lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
+      self->Lowest().expires_after(kDrainTime);
       self->Drain();
     });
   }
 
   void Drain() {
     drain_buf_.resize(64 << 10);
-    stream_.async_read_some(net::buffer(drain_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+    stream_.async_read_some(net::buffer(drain_buf_), [self = this->shared_from_this()](beast::error_code ec, size_t n) {
       self->drained_ += n;
       if (ec || self->drained_ > kDrainLimit) return self->Close();
       self->Drain();
@@ -282,13 +329,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Close() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.close();
+    Lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    Lowest().close();
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   ServerState* srv_;
   Listener::Slot slot_;
+  std::string cert_role_, cert_tenant_, cert_name_;
   beast::flat_buffer buf_;
   std::optional<RequestParser> parser_;
   std::optional<bhttp::response<bhttp::empty_body>> cont_;
@@ -296,6 +344,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<char> drain_buf_;
   size_t drained_ = 0;
 };
+
+using TlsStream = net::ssl::stream<beast::tcp_stream>;
 
 }  // namespace
 
@@ -305,7 +355,21 @@ void ServerState::OnConnection(Listener::Connection c) {
     log->warn("accept: {}", st.ToString());
     return;
   }
-  std::make_shared<Session>(std::move(socket), this, std::move(c.slot))->Start();
+  if (opts.tls == nullptr) {
+    std::make_shared<Session<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), this, std::move(c.slot))->Start();
+    return;
+  }
+  // The site's credentials as they are now (a SIGHUP reload applies to the
+  // next connection). A client certificate is asked for, not required:
+  // callers without one authenticate with a token.
+  SSL* ssl = SSL_new(opts.tls->Current()->native());
+  if (ssl == nullptr) {
+    log->warn("accept: SSL_new: {}", pki::OpenSslErrors());
+    return;
+  }
+  SSL_set_verify(ssl, SSL_VERIFY_PEER, nullptr);
+  std::make_shared<Session<TlsStream>>(TlsStream(beast::tcp_stream(std::move(socket)), ssl), this, std::move(c.slot))
+      ->Start();
 }
 
 // ---------------------------------------------------------------- Server
@@ -336,7 +400,8 @@ Status Server::Start() {
   port_ = im.listener->tcp_port();
   im.started = true;
   for (int i = 0; i < im.opts.threads; ++i) im.threads.emplace_back([ioc = im.ioc.get()] { ioc->run(); });
-  im.log->info("http server listening on {}:{}", im.opts.host, port_);
+  im.log->info("http server listening on {}:{}{}", im.opts.host, port_,
+               im.opts.tls ? " (HTTPS, TLS 1.3, the site CA)" : " (plain HTTP)");
   return Status::OK();
 }
 

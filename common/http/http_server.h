@@ -62,6 +62,9 @@
 namespace cdp::metrics {
 class Registry;
 }
+namespace cdp {
+class TlsCredentials;
+}
 
 namespace cdp::http {
 
@@ -91,6 +94,11 @@ struct Request {
   // bearer header, or on kSession routes from the session cookie.
   bool signed_in = false;
   std::string token;
+  // The connection: over TLS (ServerOptions::tls), and the identity of the
+  // client's certificate when it presented one (verified against the site
+  // CA; common/crypto/pki.h): role "agent" | "ps" | "mt", tenant, name.
+  bool tls = false;
+  std::string cert_role, cert_tenant, cert_name;
 };
 
 struct Response {
@@ -159,6 +167,13 @@ inline constexpr std::string_view kSessionCookie = "cdp_ui_token";
 
 struct ServerOptions {
   std::string host = "127.0.0.1";  // address to bind (IPv4 or IPv6 literal, or "localhost")
+  // HTTPS: every connection starts with a TLS 1.3 handshake with these
+  // credentials (the site PKI, common/net/tls_stream.h; tls->Current() per
+  // connection, so a reload applies to the next one). A client certificate is
+  // requested and verified when sent, not required. A client speaking plain
+  // HTTP gets no answer (the handshake fails and the connection is closed).
+  // Must outlive the server. Null: plain HTTP.
+  const TlsCredentials* tls = nullptr;
   uint16_t port = 0;               // 0 = ephemeral; see Server::port()
   size_t max_body_bytes = 1 << 20;
   // Live connections, in all and per peer address (0 = no per-peer cap). At
