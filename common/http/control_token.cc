@@ -359,18 +359,20 @@ Result<std::string> ControlTokens::IssueTenantToken(const std::string& tenant) {
   return std::move(t.token);
 }
 
-Result<TokenInfo> ControlTokens::Revoke(const std::string& id) {
+Result<TokenInfo> ControlTokens::Revoke(const std::string& id, const std::string& tenant) {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<Entry> next;
   std::optional<TokenInfo> removed;
   for (const Entry& e : issued_) {
-    if (e.info.id == id) {
+    if (e.info.id == id && (tenant.empty() || e.info.tenant == tenant)) {
       removed = e.info;
     } else {
       next.push_back(e);
     }
   }
-  if (!removed) return Status::NotFound("no control token with id '" + id + "'");
+  if (!removed) {
+    return Status::NotFound("no control token with id '" + id + "'" + (tenant.empty() ? "" : " of tenant " + tenant));
+  }
   CDP_RETURN_IF_ERROR(SaveIssued(next));
   issued_ = std::move(next);
   return *removed;

@@ -115,8 +115,9 @@ class ControlTokens {
                             uint64_t lifetime_s = kDefaultTokenLifetimeSeconds);
   // Issue(kTenant, tenant), returning the token only.
   Result<std::string> IssueTenantToken(const std::string& tenant);
-  // Removes the token `id`; returns its info. kNotFound when no token has it.
-  Result<TokenInfo> Revoke(const std::string& id);
+  // Removes the token `id` (when `tenant` is non-empty: only if it is a token
+  // of that tenant); returns its info. kNotFound when no such token exists.
+  Result<TokenInfo> Revoke(const std::string& id, const std::string& tenant = "");
   // Removes every token of `tenant`; returns how many. kNotFound when it had none.
   Result<size_t> RevokeTenantTokens(const std::string& tenant);
   // Every issued token (expired ones too, until revoked), in issue order.

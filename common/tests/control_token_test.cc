@@ -302,6 +302,9 @@ TEST_CASE("control token: revoking one id leaves the tenant's other tokens worki
   CHECK((*t)->Authenticate(other.token).ok());
   CHECK((*t)->Revoke(one.info.id).status().code() == Code::kNotFound);
   CHECK((*t)->Revoke("").status().code() == Code::kNotFound);
+  // With a tenant, only a token of that tenant goes.
+  CHECK((*t)->Revoke(other.info.id, "acme").status().code() == Code::kNotFound);
+  CHECK((*t)->Authenticate(other.token).ok());
   auto again = ControlTokens::Open(env.get(), "/s/control.token", "/s/tenant_tokens", &clock);
   REQUIRE(again.ok());
   CHECK_FALSE((*again)->Authenticate(one.token).ok());
