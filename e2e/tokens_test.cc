@@ -57,7 +57,10 @@ TEST_CASE("Tokens: expiry is 401, tenant-read reads and exports read-only only, 
     return Issued{std::string(j->at("token").as_string()), std::string(j->at("id").as_string())};
   };
   const Issued full = issue({}), other = issue({"--scope", "tenant"}), reader = issue({"--scope", "tenant-read"});
-  CHECK(json::parse(Call(mt, "GET", "/v1/whoami", reader.token).body).at("tenant") == "acme");
+  const json::value who = json::parse(Call(mt, "GET", "/v1/whoami", reader.token).body);
+  CHECK(who.at("tenant") == "acme");
+  CHECK(who.at("read_only") == true);
+  CHECK(who.at("token_id") == json::value(reader.id));
 
   SECTION("a tenant-read token lists and exports read-only, and is refused every state change") {
     auto pts = Call(mt, "GET", "/v1/points?volume=" + vol, reader.token);

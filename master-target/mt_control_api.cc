@@ -197,6 +197,8 @@ void MasterTarget::Impl::AddRoutes() {
       }
       return http::Response::Json(200, json::object{{"admin", r.caller.admin},
                                                     {"tenant", r.caller.tenant},
+                                                    {"read_only", r.caller.read_only},  // scope tenant-read
+                                                    {"token_id", r.caller.token_id},    // "" for the admin file's token
                                                     {"tenants", tenants},
                                                     {"nbd_port", nbd ? nbd->port() : 0},
                                                     {"nbd_tls", o.nbd_tls}});

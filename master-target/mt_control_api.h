@@ -13,7 +13,8 @@
 // sees. GETs take query parameters; state changes are POSTs whose parameters
 // come only from the JSON object body. An unknown parameter or a value of the
 // wrong type is a 400 naming it.
-//   GET  /v1/whoami                           the caller: {"admin", "tenant", "tenants" it sees, "nbd_port", "nbd_tls"}
+//   GET  /v1/whoami                           the caller: {"admin", "tenant", "read_only", "token_id",
+//                                             "tenants" it sees, "nbd_port", "nbd_tls"}
 //   GET  /v1/volumes                          the caller's volumes and their state ("protecting",
 //                                             "stalled: no space", "failed-over", ...; "stall",
 //                                             "failover", retention_max_bytes / _age_seconds)
