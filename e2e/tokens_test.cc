@@ -89,7 +89,7 @@ TEST_CASE("Tokens: expiry is 401, tenant-read reads and exports read-only only, 
       INFO(p.path << " " << p.body);
       Answer a = Call(mt, "POST", p.path, reader.token, p.body);
       CHECK(a.status == 403);
-      CHECK(a.body == R"({"error":"POST )" + p.path + R"( changes state: this token is read-only (scope tenant-read)"})");
+      CHECK(a.body == R"({"error":"POST )" + p.path + R"x( changes state: this token is read-only (scope tenant-read)"})x");
     }
     CHECK(Call(mt, "POST", "/v1/tokens", reader.token, R"({"tenant":"acme"})").status == 403);
     CHECK(Call(mt, "POST", "/v1/unexport", reader.token, R"({"export":"x"})").status == 403);

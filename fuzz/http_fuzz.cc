@@ -43,8 +43,8 @@ struct Fixture {
     opts.allowed_hosts = {"cdp.example"};
     // Bearer tokens as a daemon's ControlTokens answers them: an admin and one tenant.
     opts.authenticate = [](std::string_view token) -> Result<Caller> {
-      if (token == "admin-token") return Caller{true, ""};
-      if (token == "acme-token") return Caller{false, "acme"};
+      if (token == "admin-token") return Caller{true, "", false, ""};
+      if (token == "acme-token") return Caller{false, "acme", false, ""};
       if (token == "acme-read-token") return Caller{false, "acme", true, "0123456789ab"};
       return Status::PermissionDenied("the control token is not valid here");
     };

@@ -102,7 +102,7 @@ TEST_CASE("Router: a public route reaches its handler without a token, every oth
           "[http]") {
   ServerOptions o;
   o.authenticate = [](std::string_view token) -> cdp::Result<Caller> {
-    if (token == "good") return Caller{false, "acme"};
+    if (token == "good") return Caller{false, "acme", false, ""};
     return cdp::Status::PermissionDenied("the control token is not valid here");
   };
   Router router(o);
@@ -140,8 +140,8 @@ TEST_CASE("Router: a session route signs in by bearer token or else the session 
           "[http]") {
   ServerOptions o;
   o.authenticate = [](std::string_view token) -> cdp::Result<Caller> {
-    if (token == "good") return Caller{false, "acme"};
-    if (token == "root") return Caller{true, ""};
+    if (token == "good") return Caller{false, "acme", false, ""};
+    if (token == "root") return Caller{true, "", false, ""};
     return cdp::Status::PermissionDenied("the control token is not valid here");
   };
   Router router(o);
@@ -234,7 +234,7 @@ TEST_CASE("Router: a read-only caller gets 403 on every request that changes sta
   CHECK(calls == 4);
   Response refused = call("POST", "/v1/rollback", "reader", R"({"volume":"v","seq":1})");
   CHECK(refused.status == 403);
-  CHECK(refused.body == R"({"error":"POST /v1/rollback changes state: this token is read-only (scope tenant-read)"})");
+  CHECK(refused.body == R"x({"error":"POST /v1/rollback changes state: this token is read-only (scope tenant-read)"})x");
   CHECK(call("DELETE", "/v1/thing", "reader").status == 403);
   CHECK(call("POST", "/v1/export", "reader", R"({"volume":"v","writable":true})").status == 403);
   CHECK(call("POST", "/v1/export", "reader", R"({"volume":"v","writable":"yes"})").status == 403);
