@@ -149,6 +149,19 @@ TEST_CASE("Tokens: expiry is 401, tenant-read reads and exports read-only only, 
     CHECK(Call(mt2, "GET", "/v1/volumes", other.token).status == 200);
     auto again = c.Cdpctl({"token", "revoke", full.id});
     CHECK(again.exit_code == 1);
+
+    // An admin-scoped issued token acts as the admin (/status is the admin's
+    // alone) until its id is revoked.
+    auto adm = Call(mt2, "POST", "/v1/tokens", c.token(Which::kMasterTarget), R"({"scope":"admin","expires_seconds":600})");
+    INFO(adm.body);
+    REQUIRE(adm.status == 200);
+    const json::value aj = json::parse(adm.body);
+    const std::string admin_token(aj.at("token").as_string()), admin_id(aj.at("id").as_string());
+    CHECK(aj.at("scope") == "admin");
+    CHECK(Call(mt2, "GET", "/status", admin_token).status == 200);
+    CHECK(Call(mt2, "GET", "/status", other.token).status == 403);
+    CHECK(Call(mt2, "POST", "/v1/tokens/revoke", admin_token, R"({"id":")" + admin_id + "\"}").status == 200);
+    CHECK(Call(mt2, "GET", "/status", admin_token).status == 401);
   }
 
   SECTION("a token past its expiry gets 401, saying so") {
