@@ -9,7 +9,7 @@
 // directory). A daemon refuses to start when that file is readable or writable
 // by group or others.
 //
-// The master target also keeps issued tokens (`tenant_tokens_file`; the
+// The master target also keeps issued tokens (<data_dir>/tenant_tokens; the
 // format is docs/formats/control-tokens.md): `cdpctl token issue` (an admin
 // call, POST /v1/tokens) makes one and shows it once; the MT stores only its
 // SHA-256, in a 0600 file written atomically through the Env. Each issued
