@@ -37,7 +37,12 @@ constexpr const char* kUsage =
     "  verify VOLUME [--region-size BYTES] [--repair] [--max-rate MB/s] |\n"
     "  failover VOLUME --to POINT [--test] | failover VOLUME --undo | failover VOLUME --commit |\n"
     "  failback VOLUME [--passes N] | branches |\n"
-    "  reprotect VOLUME | token issue|revoke (with --tenant T) | token list\n"
+    "  reprotect VOLUME |\n"
+    "  token issue --tenant T [--scope tenant|tenant-read] [--expires DURATION] |\n"
+    "  token issue --scope admin [--expires DURATION] |\n"
+    "  token revoke ID | token revoke --tenant T | token list\n"
+    "    (DURATION: a number and s, m, h or d; default 90d, at most 365d. tenant-read: list, status and\n"
+    "     read-only exports, nothing that changes state)\n"
     "  control tokens: --token-file F, --agent-token-file F, --ps-token-file F, --mt-token-file F,\n"
     "                  or CDP_TOKEN / CDP_TOKEN_FILE in the environment\n"
     "  pki init --dir DIR [--name NAME] [--days N] |\n"
@@ -51,8 +56,8 @@ constexpr const char* kUsage =
 int Usage(const std::vector<std::string>& args, std::ostream& err) {
   for (const std::string& a : args) {
     if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size" && a != "--repair" &&
-        a != "--max-rate" && a != "--test" && a != "--undo" && a != "--commit" && a != "--key-file" && a != "--out" &&
-        a != "--socket" && a != "--tls-certificates") {
+        a != "--max-rate" && a != "--scope" && a != "--expires" && a != "--test" && a != "--undo" && a != "--commit" &&
+        a != "--key-file" && a != "--out" && a != "--socket" && a != "--tls-certificates") {
       err << "cdpctl: unknown option '" << a << "'\n";
       break;
     }

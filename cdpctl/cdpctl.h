@@ -32,8 +32,13 @@
 //                                   a final pass with its export quiesced
 //     branches                      the original site's saved failback branches
 //     reprotect VOLUME              the next generation at the MT, the PS and the agent (history kept)
-//     token issue|revoke --tenant T tenant control tokens at the master target (admin)
-//     token list                    tenants holding tokens
+//     token issue --tenant T [--scope tenant|tenant-read] [--expires DURATION]
+//                                   a control token at the master target (admin);
+//                                   the token alone on stdout, its id on stderr;
+//                                   --scope admin (no --tenant): another admin token
+//     token revoke ID | token revoke --tenant T
+//                                   one token, or every token of T
+//     token list                    ids, scopes, tenants, expiry, last use
 //
 //   Control tokens (common/http/control_token.h): --token-file F for every daemon,
 //   --agent-token-file / --ps-token-file / --mt-token-file for one; else the

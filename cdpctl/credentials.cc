@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -91,29 +92,99 @@ int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   return 2;
 }
 
-// Tenant control tokens at the master target (admin token needed).
+namespace {
+
+// "2025-01-02 03:04 UTC"; "-" for 0.
+std::string UtcMinute(uint64_t us) {
+  if (us == 0) return "-";
+  const time_t t = time_t(us / 1'000'000);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%d %H:%M UTC", &tm);
+  return b;
+}
+
+}  // namespace
+
+// Issued control tokens at the master target (admin token needed):
+//   token issue --tenant T [--scope tenant|tenant-read] [--expires DURATION]
+//   token issue --scope admin [--expires DURATION]
+//   token revoke ID [--tenant T] | token revoke --tenant T
+//   token list
 int Token(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   const std::string& sub = args[1];
   if (sub == "list" && args.size() == 2) {
     Call c = Http(o, o.mt, "GET", "/v1/tokens");
     if (!c.reached || c.status != 200) return Fail(err, "token list", c);
     if (o.json) return out << json::serialize(c.body) << "\n", 0;
-    for (const auto& kv : c.body.as_object().at("tenants").as_object()) {
-      out << kv.key() << ": " << kv.value().to_number<uint64_t>() << " token(s)\n";
+    const json::object& body = c.body.as_object();
+    const json::array* list = body.contains("tokens") ? body.at("tokens").if_array() : nullptr;
+    if (list == nullptr || list->empty()) return out << "no issued tokens\n", 0;
+    char line[256];
+    std::snprintf(line, sizeof line, "%-12s  %-11s  %-16s  %-20s  %-20s  %s\n", "ID", "SCOPE", "TENANT", "EXPIRES",
+                  "LAST USE", "");
+    out << line;
+    const uint64_t now = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                                      std::chrono::system_clock::now().time_since_epoch()).count());
+    for (const json::value& v : *list) {
+      const json::object& t = v.as_object();
+      const uint64_t expires = uint64_t(Num(t, "expires_us"));
+      const std::string tenant = Str(t, "tenant");
+      std::snprintf(line, sizeof line, "%-12s  %-11s  %-16s  %-20s  %-20s  %s\n", Str(t, "id").c_str(),
+                    Str(t, "scope").c_str(), tenant.empty() ? "-" : tenant.c_str(), UtcMinute(expires).c_str(),
+                    UtcMinute(uint64_t(Num(t, "last_used_us"))).c_str(), expires <= now ? "expired" : "");
+      out << line;
     }
     return 0;
   }
-  if ((sub == "issue" || sub == "revoke") && args.size() == 2) {
-    if (o.tenant.empty()) return err << "cdpctl: token " << sub << " needs --tenant T\n", 2;
-    Call c = Http(o, o.mt, "POST", sub == "issue" ? "/v1/tokens" : "/v1/tokens/revoke",
-                  json::object{{"tenant", o.tenant}});
-    if (!c.reached || c.status != 200) return Fail(err, "token " + sub, c);
+  if (sub == "issue") {
+    json::object req;
+    std::string scope = "tenant";
+    for (size_t i = 2; i < args.size(); i += 2) {
+      if ((args[i] != "--scope" && args[i] != "--expires") || i + 1 >= args.size()) {
+        return err << "cdpctl: token issue: unexpected '" << args[i] << "'\n", 2;
+      }
+      if (args[i] == "--scope") {
+        auto s = ParseTokenScope(args[i + 1]);
+        if (!s.ok()) return err << "cdpctl: " << s.status().message() << "\n", 2;
+        scope = args[i + 1];
+      } else {
+        auto life = ParseTokenLifetime(args[i + 1]);
+        if (!life.ok()) return err << "cdpctl: " << life.status().message() << "\n", 2;
+        req["expires_seconds"] = *life;
+      }
+    }
+    if (scope == "admin" && !o.tenant.empty()) return err << "cdpctl: an admin-scoped token has no tenant: drop --tenant\n", 2;
+    if (scope != "admin" && o.tenant.empty()) return err << "cdpctl: token issue needs --tenant T\n", 2;
+    req["scope"] = scope;
+    if (!o.tenant.empty()) req["tenant"] = o.tenant;
+    Call c = Http(o, o.mt, "POST", "/v1/tokens", req);
+    if (!c.reached || c.status != 200) return Fail(err, "token issue", c);
     if (o.json) return out << json::serialize(c.body) << "\n", 0;
-    if (sub == "issue") {
-      // The token alone on stdout, so `cdpctl token issue --tenant T > t.token` makes a token file.
-      out << Str(c.body.as_object(), "token") << "\n";
-      err << "cdpctl: a control token for tenant " << o.tenant
-          << " (shown once; keep it in a file of mode 0600 and give it with --token-file)\n";
+    const json::object& b = c.body.as_object();
+    // The token alone on stdout, so `cdpctl token issue --tenant T > t.token` makes a token file.
+    out << Str(b, "token") << "\n";
+    err << "cdpctl: control token " << Str(b, "id") << " (scope " << Str(b, "scope")
+        << (o.tenant.empty() ? "" : ", tenant " + o.tenant) << ", expires " << UtcMinute(uint64_t(Num(b, "expires_us")))
+        << "; shown once: keep it in a file of mode 0600 and give it with --token-file)\n";
+    return 0;
+  }
+  if (sub == "revoke") {
+    json::object req;
+    if (args.size() == 3) {
+      req["id"] = args[2];
+      if (!o.tenant.empty()) req["tenant"] = o.tenant;  // then only a token of that tenant
+    } else if (args.size() == 2 && !o.tenant.empty()) {
+      req["tenant"] = o.tenant;
+    } else {
+      return err << "cdpctl: token revoke wants one token ID (from token list), or --tenant T for all of T's\n", 2;
+    }
+    Call c = Http(o, o.mt, "POST", "/v1/tokens/revoke", req);
+    if (!c.reached || c.status != 200) return Fail(err, "token revoke", c);
+    if (o.json) return out << json::serialize(c.body) << "\n", 0;
+    if (req.contains("id")) {
+      out << "token " << args[2] << " revoked\n";
     } else {
       out << uint64_t(Num(c.body.as_object(), "revoked")) << " token(s) of tenant " << o.tenant << " revoked\n";
     }

@@ -42,10 +42,11 @@ struct Fixture {
     opts.status = [] { return boost::json::value{{"ok", true}}; };
     opts.allowed_hosts = {"cdp.example"};
     // Bearer tokens as a daemon's ControlTokens answers them: an admin and one tenant.
-    opts.authenticate = [](std::string_view token) -> std::optional<Caller> {
-      if (token == "admin-token") return Caller{true, ""};
-      if (token == "acme-token") return Caller{false, "acme"};
-      return std::nullopt;
+    opts.authenticate = [](std::string_view token) -> Result<Caller> {
+      if (token == "admin-token") return Caller{true, "", false, ""};
+      if (token == "acme-token") return Caller{false, "acme", false, ""};
+      if (token == "acme-read-token") return Caller{false, "acme", true, "0123456789ab"};
+      return Status::PermissionDenied("the control token is not valid here");
     };
     auto echo = [](const Request& r) {
       if (!r.body.empty()) (void)boost::json::parse(r.body);  // handlers parse JSON; may throw

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/crypto/seal.h"
+#include "common/http/control_token.h"
 #include "common/wire/block_digest.h"
 #include "common/wire/hash.h"
 
@@ -161,6 +162,16 @@ http::Response WithParams(const http::Request& r, std::initializer_list<std::str
   return std::move(*out);
 }
 
+json::object TokenJson(const TokenInfo& t) {
+  return json::object{{"id", t.id},
+                      {"scope", TokenScopeName(t.scope)},
+                      {"tenant", t.tenant},
+                      {"created_us", t.created_us},
+                      {"expires_us", t.expires_us},
+                      // since this MT started (kept in memory only); 0: not used since
+                      {"last_used_us", t.last_used_us}};
+}
+
 http::Response NeedsAdmin(const http::Request& r) {
   return http::Response::Error(403, r.method + " " + r.path + " needs the admin token");
 }
@@ -186,6 +197,8 @@ void MasterTarget::Impl::AddRoutes() {
       }
       return http::Response::Json(200, json::object{{"admin", r.caller.admin},
                                                     {"tenant", r.caller.tenant},
+                                                    {"read_only", r.caller.read_only},  // scope tenant-read
+                                                    {"token_id", r.caller.token_id},    // "" for the admin file's token
                                                     {"tenants", tenants},
                                                     {"nbd_port", nbd ? nbd->port() : 0},
                                                     {"nbd_tls", o.nbd_tls}});
@@ -257,7 +270,9 @@ void MasterTarget::Impl::AddRoutes() {
                                                     // sealed volume's stored blocks, then their MACs)
                                                     {"serves", sealed ? "ciphertext" : "plain"}});
     });
-  });
+  },
+              // A read-only export is a read: a tenant-read token may start one.
+              http::Access::kToken, http::ChangesStateWhenSet("writable"));
   http->Route("POST", "/v1/unexport", [this](const http::Request& r) {
     return WithParams(r, {"export"}, [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto name, p.String("export"));
@@ -440,34 +455,53 @@ void MasterTarget::Impl::AddRoutes() {
       return http::Response::Json(200, json::object{{"volumes", RunRetention(r.caller.admin ? "" : r.caller.tenant)}});
     });
   });
-  // Tenant tokens (common/http/control_token.h): the admin token only.
+  // Issued tokens (common/http/control_token.h): the admin only.
   http->Route("GET", "/v1/tokens", [this](const http::Request& r) {
     if (!r.caller.admin) return NeedsAdmin(r);
     json::object counts;
+    json::array list;
     if (control_tokens) {
       for (const auto& [t, n] : control_tokens->TenantTokenCounts()) counts[t] = n;
+      for (const TokenInfo& t : control_tokens->List()) list.push_back(TokenJson(t));
     }
-    return http::Response::Json(200, json::object{{"tenants", counts}});
+    return http::Response::Json(200, json::object{{"tenants", counts}, {"tokens", list}});
   });
   http->Route("POST", "/v1/tokens", [this](const http::Request& r) {
     if (!r.caller.admin) return NeedsAdmin(r);
-    return WithParams(r, {"tenant"}, [&](const http::Params& p) -> Result<http::Response> {
+    return WithParams(r, {"tenant", "scope", "expires_seconds"}, [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto tenant, p.String("tenant"));
-      if (!tenant || !o.tenants.count(*tenant)) {
+      CDP_ASSIGN_OR_RETURN(auto scope_text, p.String("scope"));
+      CDP_ASSIGN_OR_RETURN(auto lifetime, p.Uint("expires_seconds"));
+      CDP_ASSIGN_OR_RETURN(TokenScope scope, ParseTokenScope(scope_text.value_or("tenant")));
+      if (scope == TokenScope::kAdmin) {
+        if (tenant) return Status::InvalidArgument("an admin-scoped token has no tenant: drop 'tenant'");
+      } else if (!tenant || !o.tenants.count(*tenant)) {
         return Status::InvalidArgument("give 'tenant', one of the tenants configured at this master target");
       }
       if (!control_tokens) return Status::InvalidArgument("control_auth is off at this master target: no tokens");
-      CDP_ASSIGN_OR_RETURN(std::string token, control_tokens->IssueTenantToken(*tenant));
-      log->warn("control token issued for tenant {}", *tenant);
-      return http::Response::Json(200, json::object{{"tenant", *tenant}, {"token", token}});
+      CDP_ASSIGN_OR_RETURN(IssuedToken t, control_tokens->Issue(scope, tenant.value_or(""),
+                                                                lifetime.value_or(kDefaultTokenLifetimeSeconds)));
+      log->warn("control token {} issued: scope {}{}, expires in {}s", t.info.id, TokenScopeName(scope),
+                tenant ? " tenant " + *tenant : std::string(), (t.info.expires_us - t.info.created_us) / 1'000'000);
+      json::object j = TokenJson(t.info);
+      j["token"] = t.token;
+      return http::Response::Json(200, j);
     });
   });
+  // {"id": ID} revokes one token (with "tenant": only a token of T); {"tenant": T} every token of T.
   http->Route("POST", "/v1/tokens/revoke", [this](const http::Request& r) {
     if (!r.caller.admin) return NeedsAdmin(r);
-    return WithParams(r, {"tenant"}, [&](const http::Params& p) -> Result<http::Response> {
+    return WithParams(r, {"tenant", "id"}, [&](const http::Params& p) -> Result<http::Response> {
       CDP_ASSIGN_OR_RETURN(auto tenant, p.String("tenant"));
-      if (!tenant) return Status::InvalidArgument("give 'tenant'");
+      CDP_ASSIGN_OR_RETURN(auto id, p.String("id"));
+      if (!tenant && !id) return Status::InvalidArgument("give 'id' (one token) or 'tenant' (all of its tokens)");
       if (!control_tokens) return Status::InvalidArgument("control_auth is off at this master target: no tokens");
+      if (id) {
+        // With 'tenant' too, only if the token is that tenant's.
+        CDP_ASSIGN_OR_RETURN(TokenInfo t, control_tokens->Revoke(*id, tenant.value_or("")));
+        log->warn("control token {} ({} {}) revoked", t.id, TokenScopeName(t.scope), t.tenant.empty() ? "-" : t.tenant);
+        return http::Response::Json(200, json::object{{"id", t.id}, {"tenant", t.tenant}, {"revoked", 1}});
+      }
       CDP_ASSIGN_OR_RETURN(size_t n, control_tokens->RevokeTenantTokens(*tenant));
       log->warn("{} control token(s) of tenant {} revoked", n, *tenant);
       return http::Response::Json(200, json::object{{"tenant", *tenant}, {"revoked", n}});

@@ -13,7 +13,8 @@
 // sees. GETs take query parameters; state changes are POSTs whose parameters
 // come only from the JSON object body. An unknown parameter or a value of the
 // wrong type is a 400 naming it.
-//   GET  /v1/whoami                           the caller: {"admin", "tenant", "tenants" it sees, "nbd_port", "nbd_tls"}
+//   GET  /v1/whoami                           the caller: {"admin", "tenant", "read_only", "token_id",
+//                                             "tenants" it sees, "nbd_port", "nbd_tls"}
 //   GET  /v1/volumes                          the caller's volumes and their state ("protecting",
 //                                             "stalled: no space", "failed-over", ...; "stall",
 //                                             "failover", retention_max_bytes / _age_seconds)
@@ -36,9 +37,18 @@
 //                     (both -> {"changed", "state", ...}; "changed": false when nothing was to do)
 //   POST /v1/reprotect {"volume","tenant"}    accept the next generation
 //   POST /v1/retention {}                     run retention now (the caller's volumes)
-//   GET  /v1/tokens                           admin: tenant -> number of tokens
-//   POST /v1/tokens {"tenant": T}             admin: a new token for T, shown once
-//   POST /v1/tokens/revoke {"tenant": T}      admin: remove every token of T
+//   GET  /v1/tokens                           admin: {"tenants": tenant -> number of tokens,
+//                                             "tokens": [{"id", "scope", "tenant", "created_us",
+//                                             "expires_us", "last_used_us"}]} (never a secret)
+//   POST /v1/tokens {"tenant": T, "scope": "tenant"|"tenant-read", "expires_seconds": N}
+//                   or {"scope": "admin", "expires_seconds": N}
+//                                             admin: a new token (default scope tenant, 90 days),
+//                                             shown once -> {"token", "id", "scope", "expires_us", ...}
+//   POST /v1/tokens/revoke {"id": ID[, "tenant": T]} | {"tenant": T}
+//                                             admin: remove one token, or every token of T
+// A tenant-read token (Caller::read_only) may make only the requests that do
+// not change state: every GET and a read-only POST /v1/export; the router
+// answers anything else 403 before a handler runs (http::ChangesState).
 // /status and /metrics cover every tenant: admin token only (/metrics public
 // when the operator sets metrics_public). The dashboard at /ui
 // (master-target/dashboard.h) is a page over these routes.

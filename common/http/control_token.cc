@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <ctime>
 
 #include "common/base/host_port.h"
 #include "common/base/log.h"
@@ -97,9 +98,101 @@ Result<std::string> ClientToken(const std::string& token_file) {
   return std::string();
 }
 
+std::string_view TokenScopeName(TokenScope scope) {
+  switch (scope) {
+    case TokenScope::kAdmin: return "admin";
+    case TokenScope::kTenant: return "tenant";
+    case TokenScope::kTenantRead: return "tenant-read";
+  }
+  return "?";
+}
+
+Result<TokenScope> ParseTokenScope(std::string_view text) {
+  for (TokenScope s : {TokenScope::kAdmin, TokenScope::kTenant, TokenScope::kTenantRead}) {
+    if (text == TokenScopeName(s)) return s;
+  }
+  return Status::InvalidArgument("bad token scope '" + std::string(text) + "' (admin | tenant | tenant-read)");
+}
+
+Result<uint64_t> ParseTokenLifetime(std::string_view text) {
+  auto bad = [&] {
+    return Status::InvalidArgument("bad token lifetime '" + std::string(text) +
+                                   "': give a number and one unit s, m, h or d (e.g. 30d, 12h), at most 365d");
+  };
+  if (text.size() < 2) return bad();
+  uint64_t unit = 0;
+  switch (text.back()) {
+    case 's': unit = 1; break;
+    case 'm': unit = 60; break;
+    case 'h': unit = 3600; break;
+    case 'd': unit = 86400; break;
+    default: return bad();
+  }
+  std::string_view digits = text.substr(0, text.size() - 1);
+  if (digits.size() > 9) return bad();
+  uint64_t n = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return bad();
+    n = n * 10 + uint64_t(c - '0');
+  }
+  if (n == 0 || n * unit > kMaxTokenLifetimeSeconds) return bad();
+  return n * unit;
+}
+
+namespace {
+
+// 12 random hex digits: a token's public id.
+Result<std::string> NewTokenId() {
+  uint8_t raw[6];
+  if (RAND_bytes(raw, sizeof raw) != 1) return Status::IOError("RAND_bytes failed");
+  return ToHex(raw, sizeof raw);
+}
+
+bool ValidTokenId(std::string_view id) {
+  if (id.size() != 12) return false;
+  for (char c : id) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+bool ParseUint(std::string_view s, uint64_t* out) {
+  if (s.empty() || s.size() > 19) return false;
+  uint64_t n = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    n = n * 10 + uint64_t(c - '0');
+  }
+  *out = n;
+  return true;
+}
+
+// "2025-01-02T03:04:05Z" for the expiry message.
+std::string UtcText(uint64_t us) {
+  const time_t t = time_t(us / 1'000'000);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::vector<std::string_view> Fields(std::string_view line) {
+  std::vector<std::string_view> out;
+  while (!line.empty()) {
+    size_t sp = line.find_first_of(" \t");
+    if (sp != 0) out.push_back(line.substr(0, sp));
+    if (sp == std::string_view::npos) break;
+    line.remove_prefix(sp + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<ControlTokens>> ControlTokens::Open(Env* env, const std::string& admin_path,
-                                                          const std::string& tenant_path) {
-  std::unique_ptr<ControlTokens> t(new ControlTokens(env, admin_path, tenant_path));
+                                                          const std::string& tenant_path, const Clock* clock) {
+  std::unique_ptr<ControlTokens> t(new ControlTokens(env, admin_path, tenant_path, clock));
   if (!env->Exists(admin_path)) {
     CDP_ASSIGN_OR_RETURN(std::string fresh, NewControlToken());
     CDP_RETURN_IF_ERROR(env->CreateDirs(DirName(admin_path)));
@@ -109,78 +202,197 @@ Result<std::unique_ptr<ControlTokens>> ControlTokens::Open(Env* env, const std::
   CDP_RETURN_IF_ERROR(CheckPrivateFile(env, admin_path, "a token file"));
   CDP_ASSIGN_OR_RETURN(std::string admin, ReadTokenFile(env, admin_path));
   t->admin_ = DigestOf(admin);
-
   if (!tenant_path.empty() && env->Exists(tenant_path)) {
     CDP_RETURN_IF_ERROR(CheckPrivateFile(env, tenant_path, "a token file"));
-    CDP_ASSIGN_OR_RETURN(Bytes data, ReadWholeFile(env, tenant_path));
-    std::string_view text(reinterpret_cast<const char*>(data.data()), data.size());
-    size_t lineno = 0;
-    while (!text.empty()) {
-      ++lineno;
-      size_t nl = text.find('\n');
-      std::string_view line = Trim(text.substr(0, nl));
-      text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
-      if (line.empty() || line.front() == '#') continue;
-      size_t sp = line.find(' ');
-      Digest d{};
-      std::string_view name = line.substr(0, sp);
-      if (sp == std::string_view::npos || !ValidName(name) || !FromHex(Trim(line.substr(sp + 1)), d.data(), d.size())) {
-        return Status::Corruption(tenant_path + " line " + std::to_string(lineno) +
-                                  ": not 'TENANT SHA256HEX' (the file is written by cdpctl token issue)");
-      }
-      t->tenants_.emplace_back(std::string(name), d);
-    }
+    CDP_RETURN_IF_ERROR(t->LoadIssued());
   }
   return t;
 }
 
-std::optional<http::Caller> ControlTokens::Authenticate(std::string_view token) const {
-  const Digest d = DigestOf(token);
-  std::lock_guard<std::mutex> lk(mu_);
-  if (CRYPTO_memcmp(d.data(), admin_.data(), d.size()) == 0) return http::Caller{true, ""};
-  std::optional<http::Caller> found;
-  for (const auto& [tenant, digest] : tenants_) {  // no early exit: every entry is compared
-    if (CRYPTO_memcmp(d.data(), digest.data(), d.size()) == 0 && !found) found = http::Caller{false, tenant};
+// The format: docs/formats/control-tokens.md.
+Status ControlTokens::LoadIssued() {
+  CDP_RETURN_IF_ERROR(CheckPrivate(env_, tenant_path_));
+  CDP_ASSIGN_OR_RETURN(Bytes data, ReadWholeFile(env_, tenant_path_));
+  std::string_view text(reinterpret_cast<const char*>(data.data()), data.size());
+  const uint64_t now = clock_->WallMicros();
+  bool legacy = false;
+  size_t lineno = 0;
+  std::vector<Entry> entries;
+  while (!text.empty()) {
+    ++lineno;
+    size_t nl = text.find('\n');
+    std::string_view line = Trim(text.substr(0, nl));
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    if (line.empty() || line.front() == '#') continue;
+    const std::string where = tenant_path_ + " line " + std::to_string(lineno) + ": ";
+    std::vector<std::string_view> f = Fields(line);
+    Entry e;
+    if (f.size() == 2) {  // the first format: TENANT SHA256HEX
+      if (!ValidName(f[0]) || !FromHex(f[1], e.digest.data(), e.digest.size())) {
+        return Status::Corruption(where + "not 'TENANT SHA256HEX' (the file is written by cdpctl token issue)");
+      }
+      CDP_ASSIGN_OR_RETURN(e.info.id, NewTokenId());
+      e.info.scope = TokenScope::kTenant;
+      e.info.tenant = std::string(f[0]);
+      e.info.created_us = now;
+      e.info.expires_us = now + kDefaultTokenLifetimeSeconds * 1'000'000;
+      legacy = true;
+    } else if (!f.empty() && f[0] == "v2") {
+      // v2 ID SCOPE TENANT CREATED_S EXPIRES_S SHA256HEX
+      if (f.size() != 7) return Status::Corruption(where + "a v2 line has 7 fields, not " + std::to_string(f.size()));
+      if (!ValidTokenId(f[1])) return Status::Corruption(where + "bad token id '" + std::string(f[1]) + "'");
+      auto scope = ParseTokenScope(f[2]);
+      if (!scope.ok()) return Status::Corruption(where + scope.status().message());
+      e.info.id = std::string(f[1]);
+      e.info.scope = *scope;
+      if (*scope == TokenScope::kAdmin ? f[3] != "-" : !ValidName(f[3])) {
+        return Status::Corruption(where + "bad tenant '" + std::string(f[3]) + "' for scope " + std::string(f[2]));
+      }
+      if (*scope != TokenScope::kAdmin) e.info.tenant = std::string(f[3]);
+      uint64_t created = 0, expires = 0;
+      if (!ParseUint(f[4], &created) || !ParseUint(f[5], &expires) || expires > UINT64_MAX / 1'000'000) {
+        return Status::Corruption(where + "bad created or expiry time (seconds since the epoch)");
+      }
+      e.info.created_us = created * 1'000'000;
+      e.info.expires_us = expires * 1'000'000;
+      if (!FromHex(f[6], e.digest.data(), e.digest.size())) {
+        return Status::Corruption(where + "bad digest (64 lower-case hex digits)");
+      }
+    } else {
+      return Status::Corruption(where + "neither a v2 line nor 'TENANT SHA256HEX' (the file is written by cdpctl token issue)");
+    }
+    for (const Entry& x : entries) {
+      if (x.info.id == e.info.id) return Status::Corruption(where + "token id " + e.info.id + " appears twice");
+    }
+    entries.push_back(std::move(e));
   }
-  return found;
+  // First-format lines are rewritten now, so their ids and expiry stay put.
+  if (legacy) CDP_RETURN_IF_ERROR(SaveIssued(entries));
+  issued_ = std::move(entries);
+  return Status::OK();
 }
 
-Status ControlTokens::SaveTenants(const std::vector<std::pair<std::string, Digest>>& tenants) {
-  std::string text = "# tenant control tokens (SHA-256 of each token): cdpctl token issue|revoke\n";
-  for (const auto& [name, d] : tenants) text += name + " " + ToHex(d.data(), d.size()) + "\n";
+Result<http::Caller> ControlTokens::Authenticate(std::string_view token) const {
+  const Digest d = DigestOf(token);
+  const uint64_t now = clock_->WallMicros();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (CRYPTO_memcmp(d.data(), admin_.data(), d.size()) == 0) return http::Caller{true, "", false, ""};
+  Entry* found = nullptr;
+  for (Entry& e : issued_) {  // no early exit: every entry is compared
+    if (CRYPTO_memcmp(d.data(), e.digest.data(), d.size()) == 0 && found == nullptr) found = &e;
+  }
+  if (found == nullptr) return Status::PermissionDenied("the control token is not valid here");
+  const TokenInfo& info = found->info;
+  if (now >= info.expires_us) {
+    return Status::PermissionDenied("the control token " + info.id + " expired at " + UtcText(info.expires_us) +
+                                    " (an admin issues a new one: cdpctl token issue)");
+  }
+  found->info.last_used_us = now;
+  http::Caller c;
+  c.admin = info.scope == TokenScope::kAdmin;
+  c.tenant = info.tenant;
+  c.read_only = info.scope == TokenScope::kTenantRead;
+  c.token_id = info.id;
+  return c;
+}
+
+Status ControlTokens::SaveIssued(const std::vector<Entry>& entries) {
+  std::string text =
+      "# control tokens issued by cdpctl token issue (docs/formats/control-tokens.md)\n"
+      "# v2 ID SCOPE TENANT CREATED_S EXPIRES_S SHA256HEX\n";
+  for (const Entry& e : entries) {
+    text += "v2 " + e.info.id + " " + std::string(TokenScopeName(e.info.scope)) + " " +
+            (e.info.tenant.empty() ? "-" : e.info.tenant) + " " + std::to_string(e.info.created_us / 1'000'000) + " " +
+            std::to_string(e.info.expires_us / 1'000'000) + " " + ToHex(e.digest.data(), e.digest.size()) + "\n";
+  }
   CDP_RETURN_IF_ERROR(env_->CreateDirs(DirName(tenant_path_)));
   return WriteFileAtomic(env_, tenant_path_, ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), text.size()), 0600);
 }
 
-Result<std::string> ControlTokens::IssueTenantToken(const std::string& tenant) {
-  if (tenant_path_.empty()) return Status::NotSupported("this daemon keeps no tenant tokens");
-  if (!ValidName(tenant)) return Status::InvalidArgument("bad tenant name '" + tenant + "'");
-  CDP_ASSIGN_OR_RETURN(std::string token, NewControlToken());
+Result<IssuedToken> ControlTokens::Issue(TokenScope scope, const std::string& tenant, uint64_t lifetime_s) {
+  if (tenant_path_.empty()) return Status::NotSupported("this daemon keeps no issued tokens");
+  if (scope == TokenScope::kAdmin && !tenant.empty()) {
+    return Status::InvalidArgument("an admin-scoped token has no tenant");
+  }
+  if (scope != TokenScope::kAdmin && !ValidName(tenant)) {
+    return Status::InvalidArgument("bad tenant name '" + tenant + "'");
+  }
+  if (lifetime_s == 0 || lifetime_s > kMaxTokenLifetimeSeconds) {
+    return Status::InvalidArgument("a token lives 1 second to 365 days, not " + std::to_string(lifetime_s) + " seconds");
+  }
+  IssuedToken out;
+  CDP_ASSIGN_OR_RETURN(out.token, NewControlToken());
+  Entry e;
+  e.digest = DigestOf(out.token);
+  e.info.scope = scope;
+  e.info.tenant = tenant;
+  // Whole seconds, as the file keeps them.
+  e.info.created_us = clock_->WallMicros() / 1'000'000 * 1'000'000;
+  e.info.expires_us = e.info.created_us + lifetime_s * 1'000'000;
   std::lock_guard<std::mutex> lk(mu_);
-  auto next = tenants_;
-  next.emplace_back(tenant, DigestOf(token));
-  CDP_RETURN_IF_ERROR(SaveTenants(next));
-  tenants_ = std::move(next);
-  return token;
+  for (bool unique = false; !unique;) {
+    CDP_ASSIGN_OR_RETURN(e.info.id, NewTokenId());
+    unique = true;
+    for (const Entry& x : issued_) unique = unique && x.info.id != e.info.id;
+  }
+  auto next = issued_;
+  next.push_back(e);
+  CDP_RETURN_IF_ERROR(SaveIssued(next));
+  issued_ = std::move(next);
+  out.info = e.info;
+  return out;
+}
+
+Result<std::string> ControlTokens::IssueTenantToken(const std::string& tenant) {
+  CDP_ASSIGN_OR_RETURN(IssuedToken t, Issue(TokenScope::kTenant, tenant));
+  return std::move(t.token);
+}
+
+Result<TokenInfo> ControlTokens::Revoke(const std::string& id, const std::string& tenant) {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<Entry> next;
+  std::optional<TokenInfo> removed;
+  for (const Entry& e : issued_) {
+    if (e.info.id == id && (tenant.empty() || e.info.tenant == tenant)) {
+      removed = e.info;
+    } else {
+      next.push_back(e);
+    }
+  }
+  if (!removed) {
+    return Status::NotFound("no control token with id '" + id + "'" + (tenant.empty() ? "" : " of tenant " + tenant));
+  }
+  CDP_RETURN_IF_ERROR(SaveIssued(next));
+  issued_ = std::move(next);
+  return *removed;
 }
 
 Result<size_t> ControlTokens::RevokeTenantTokens(const std::string& tenant) {
   std::lock_guard<std::mutex> lk(mu_);
-  std::vector<std::pair<std::string, Digest>> next;
-  for (const auto& e : tenants_) {
-    if (e.first != tenant) next.push_back(e);
+  std::vector<Entry> next;
+  for (const Entry& e : issued_) {
+    if (e.info.tenant != tenant || e.info.scope == TokenScope::kAdmin) next.push_back(e);
   }
-  const size_t removed = tenants_.size() - next.size();
+  const size_t removed = issued_.size() - next.size();
   if (removed == 0) return Status::NotFound("tenant '" + tenant + "' has no control token");
-  CDP_RETURN_IF_ERROR(SaveTenants(next));
-  tenants_ = std::move(next);
+  CDP_RETURN_IF_ERROR(SaveIssued(next));
+  issued_ = std::move(next);
   return removed;
+}
+
+std::vector<TokenInfo> ControlTokens::List() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<TokenInfo> out;
+  for (const Entry& e : issued_) out.push_back(e.info);
+  return out;
 }
 
 std::map<std::string, size_t> ControlTokens::TenantTokenCounts() const {
   std::lock_guard<std::mutex> lk(mu_);
   std::map<std::string, size_t> out;
-  for (const auto& e : tenants_) ++out[e.first];
+  for (const Entry& e : issued_) {
+    if (e.info.scope != TokenScope::kAdmin) ++out[e.info.tenant];
+  }
   return out;
 }
 

@@ -9,12 +9,24 @@
 // directory). A daemon refuses to start when that file is readable or writable
 // by group or others.
 //
-// The master target also keeps tenant tokens: `cdpctl token issue --tenant T`
-// (an admin call, POST /v1/tokens) makes one and shows it once; the MT stores
-// only its SHA-256, one line "TENANT HEXDIGEST" per token in a 0600 file
-// (`tenant_tokens_file`), written atomically through the Env. A tenant token
-// acts on its tenant's volumes only (master-target/mt_control_api.h).
-// `cdpctl token revoke --tenant T` removes every token of T.
+// The master target also keeps issued tokens (<data_dir>/tenant_tokens; the
+// format is docs/formats/control-tokens.md): `cdpctl token issue` (an admin
+// call, POST /v1/tokens) makes one and shows it once; the MT stores only its
+// SHA-256, in a 0600 file written atomically through the Env. Each issued
+// token has
+//   - an id: 12 random hex digits, public (token list shows it, revoke takes
+//     it); never derived from the secret;
+//   - a scope: `admin` (what the daemon's own admin token may do), `tenant`
+//     (its tenant's volumes only: master-target/mt_control_api.h) or
+//     `tenant-read` (as `tenant`, but read-only: http::Caller::read_only, which
+//     the router enforces for every route, http_server.h);
+//   - an expiry: issued for a lifetime (default 90 days, at most 365); an
+//     expired token is refused with a message that says so (a 401);
+//   - a last use, kept in memory only (not persisted; 0 after a restart).
+// `cdpctl token revoke ID` removes one token; `--tenant T` every token of T.
+// Files of the first format ("TENANT SHA256HEX" lines) still load: each such
+// line becomes a `tenant` token expiring 90 days after that load, and the file
+// is rewritten at once in the current format so the expiry stays put.
 //
 // Presented tokens are compared as SHA-256 digests with CRYPTO_memcmp, so the
 // time taken does not depend on how much of a token matched.
@@ -37,6 +49,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/base/clock.h"
 #include "common/base/result.h"
 #include "common/base/status.h"
 #include "common/env/env.h"
@@ -46,43 +59,94 @@ namespace cdp {
 
 class TlsCredentials;
 
+enum class TokenScope { kAdmin, kTenant, kTenantRead };
+// "admin", "tenant", "tenant-read".
+std::string_view TokenScopeName(TokenScope scope);
+// The inverse; kInvalidArgument naming the text and the three scopes.
+Result<TokenScope> ParseTokenScope(std::string_view text);
+
+inline constexpr uint64_t kDefaultTokenLifetimeSeconds = 90ull * 86400;
+inline constexpr uint64_t kMaxTokenLifetimeSeconds = 365ull * 86400;
+// A token lifetime as cdpctl --expires takes it: a positive whole number and
+// one unit, s, m, h or d ("30d", "12h", "90s"), at most 365d. kInvalidArgument
+// otherwise (there is no "never": every token expires).
+Result<uint64_t> ParseTokenLifetime(std::string_view text);
+
+// What the daemon knows about one issued token (never its secret).
+struct TokenInfo {
+  std::string id;
+  TokenScope scope = TokenScope::kTenant;
+  std::string tenant;         // "" for kAdmin
+  uint64_t created_us = 0;    // wall clock, microseconds since the epoch
+  uint64_t expires_us = 0;    // refused from this instant on
+  uint64_t last_used_us = 0;  // last accepted use since this daemon started; 0: none
+};
+
+struct IssuedToken {
+  std::string token;  // the secret, shown once
+  TokenInfo info;
+};
+
 class ControlTokens {
  public:
   // Reads the admin token at `admin_path`, creating the file (and its missing
-  // parent directories) when absent; loads the tenant tokens from
-  // `tenant_path` when it is non-empty and exists. Fails with
-  // kPermissionDenied when a token file is open to group or others (POSIX Env
-  // only; checked with stat), kCorruption naming the file and line for a
-  // malformed file, or the Env's error.
+  // parent directories) when absent; loads the issued tokens from
+  // `tenant_path` when it is non-empty and exists (rewriting a file that has
+  // first-format lines, see above). Fails with kPermissionDenied when a token
+  // file is open to group or others (POSIX Env only; checked with stat),
+  // kCorruption naming the file and line for a malformed file, or the Env's
+  // error. `clock` (its WallMicros) decides expiry and must outlive the object.
   static Result<std::unique_ptr<ControlTokens>> Open(Env* env, const std::string& admin_path,
-                                                     const std::string& tenant_path = "");
+                                                     const std::string& tenant_path = "",
+                                                     const Clock* clock = SystemClock::Get());
 
-  // The caller a presented token stands for, or nullopt for an unknown token.
-  std::optional<http::Caller> Authenticate(std::string_view token) const;
+  // The caller a presented token stands for: the admin file's token is the
+  // admin; an issued token is its scope's caller (Caller::token_id set,
+  // read_only for tenant-read) and its last use is recorded. Failure is
+  // always kPermissionDenied, with the message for the 401: an unknown token
+  // ("the control token is not valid here"), or an expired one (naming its id
+  // and when it expired).
+  Result<http::Caller> Authenticate(std::string_view token) const;
 
-  // Makes a new token for `tenant` (a ValidName), persists its digest
-  // and returns the token. kNotSupported without a tenant token file;
-  // kInvalidArgument for a bad name; the Env's error (nothing changed then).
+  // Makes a new token of `scope` for `tenant` (a ValidName; "" for kAdmin)
+  // that expires `lifetime_s` seconds from now (1..kMaxTokenLifetimeSeconds),
+  // persists its digest and returns it with its info. kNotSupported without a
+  // tenant token file; kInvalidArgument for a bad name, scope/tenant mismatch
+  // or lifetime; the Env's error (nothing changed then).
+  Result<IssuedToken> Issue(TokenScope scope, const std::string& tenant,
+                            uint64_t lifetime_s = kDefaultTokenLifetimeSeconds);
+  // Issue(kTenant, tenant), returning the token only.
   Result<std::string> IssueTenantToken(const std::string& tenant);
+  // Removes the token `id` (when `tenant` is non-empty: only if it is a token
+  // of that tenant); returns its info. kNotFound when no such token exists.
+  Result<TokenInfo> Revoke(const std::string& id, const std::string& tenant = "");
   // Removes every token of `tenant`; returns how many. kNotFound when it had none.
   Result<size_t> RevokeTenantTokens(const std::string& tenant);
-  // Tenant -> number of tokens.
+  // Every issued token (expired ones too, until revoked), in issue order.
+  std::vector<TokenInfo> List() const;
+  // Tenant -> number of tokens (admin-scoped tokens not counted).
   std::map<std::string, size_t> TenantTokenCounts() const;
 
   const std::string& admin_path() const { return admin_path_; }
 
  private:
   using Digest = std::array<uint8_t, 32>;
-  ControlTokens(Env* env, std::string admin_path, std::string tenant_path)
-      : env_(env), admin_path_(std::move(admin_path)), tenant_path_(std::move(tenant_path)) {}
-  Status SaveTenants(const std::vector<std::pair<std::string, Digest>>& tenants);
+  struct Entry {
+    TokenInfo info;
+    Digest digest{};
+  };
+  ControlTokens(Env* env, std::string admin_path, std::string tenant_path, const Clock* clock)
+      : env_(env), admin_path_(std::move(admin_path)), tenant_path_(std::move(tenant_path)), clock_(clock) {}
+  Status LoadIssued();
+  Status SaveIssued(const std::vector<Entry>& entries);
 
   Env* const env_;
   const std::string admin_path_;
   const std::string tenant_path_;
+  const Clock* const clock_;
   mutable std::mutex mu_;
   Digest admin_{};
-  std::vector<std::pair<std::string, Digest>> tenants_;  // guarded by mu_
+  mutable std::vector<Entry> issued_;  // guarded by mu_ (mutable: last use)
 };
 
 // A new random token: 64 lower-case hex digits.

@@ -145,9 +145,10 @@ bool IsJson(std::string_view content_type) {
   return lower == "application/json";
 }
 
-void Router::Add(std::string method, std::string path, Handler handler, Access access) {
+void Router::Add(std::string method, std::string path, Handler handler, Access access, ChangesState changes) {
   Entry e;
   e.method = std::move(method);
+  e.changes = std::move(changes);
   e.access = access;
   if (path.size() >= 2 && path.compare(path.size() - 2, 2, "/*") == 0) {
     e.prefix = true;
@@ -192,7 +193,7 @@ Response Router::Dispatch(Request& req) const {
     std::string token(BearerToken(req.authorization));
     if (token.empty()) token = CookieValue(req.cookie, kSessionCookie);
     if (!token.empty()) {
-      if (auto caller = opts_.authenticate(token)) {
+      if (auto caller = opts_.authenticate(token); caller.ok()) {
         req.caller = std::move(*caller);
         req.signed_in = true;
         req.token = std::move(token);
@@ -204,7 +205,7 @@ Response Router::Dispatch(Request& req) const {
       return Response::Error(401, "a control token is required (Authorization: Bearer TOKEN; cdpctl --token-file)");
     }
     auto caller = opts_.authenticate(token);
-    if (!caller) return Response::Error(401, "the control token is not valid here");
+    if (!caller.ok()) return Response::Error(401, caller.status().message());
     req.caller = std::move(*caller);
     req.signed_in = true;
     req.token = std::string(token);
@@ -235,6 +236,14 @@ Response Router::Dispatch(Request& req) const {
       if (path_known) return Response::Error(405, "method " + req.method + " not allowed on " + req.path);
       return Response::Error(404, "no such path: " + req.path);
     }
+    // The one read-only rule (Caller::read_only): before any handler.
+    if (req.caller.read_only) {
+      const bool changes = best->changes ? best->changes(req) : !(req.method == "GET" || req.method == "HEAD");
+      if (changes) {
+        return Response::Error(403, req.method + " " + req.path +
+                                        " changes state: this token is read-only (scope tenant-read)");
+      }
+    }
     if (best->prefix) req.rest = req.path.substr(best->path.size());
     return best->handler(req);
   } catch (const std::exception& e) {
@@ -244,3 +253,18 @@ Response Router::Dispatch(Request& req) const {
 }
 
 }  // namespace cdp::http::detail
+
+namespace cdp::http {
+
+ChangesState ChangesStateWhenSet(std::string key) {
+  return [key = std::move(key)](const Request& r) {
+    if (r.body.empty()) return false;  // an empty body is {}
+    boost::system::error_code ec;
+    boost::json::value v = boost::json::parse(r.body, ec);
+    if (ec || !v.is_object()) return true;
+    const boost::json::value* x = v.as_object().if_contains(key);
+    return x != nullptr && !(x->is_bool() && !x->as_bool());
+  };
+}
+
+}  // namespace cdp::http

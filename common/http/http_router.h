@@ -60,14 +60,16 @@ bool IsJson(std::string_view content_type);
 
 // The routes of one server and the checks before them (see http_server.h:
 // Host 403, content type 415, the bearer token 401 (ServerOptions::
-// authenticate; sets Request::caller; not for Access::kPublic routes), /status and /metrics 403 for a tenant
+// authenticate; sets Request::caller; not for Access::kPublic routes), 403 for a
+// read-only caller's request that changes state (ChangesState), /status and /metrics 403 for a tenant
 // caller, /metrics, /status, 404, 405, handler exceptions 500). `opts` must outlive the Router.
 class Router {
  public:
   explicit Router(const ServerOptions& opts) : opts_(opts) {}
 
   // Server::Route's contract: exact path, or a prefix ending in "/*".
-  void Add(std::string method, std::string path, Handler handler, Access access = Access::kToken);
+  void Add(std::string method, std::string path, Handler handler, Access access = Access::kToken,
+           ChangesState changes = nullptr);
 
   // The response to `req`; sets req.rest for a prefix route. Never throws.
   Response Dispatch(Request& req) const;
@@ -79,6 +81,7 @@ class Router {
     bool prefix = false;
     Access access = Access::kToken;
     Handler handler;
+    ChangesState changes;  // null: every method but GET and HEAD
   };
   const ServerOptions& opts_;
   std::vector<Entry> routes_;

@@ -378,8 +378,8 @@ Server::Server(ServerOptions opts) : impl_(std::make_unique<Impl>(std::move(opts
 
 Server::~Server() { Stop(); }
 
-void Server::Route(std::string method, std::string path, Handler handler, Access access) {
-  impl_->router.Add(std::move(method), std::move(path), std::move(handler), access);
+void Server::Route(std::string method, std::string path, Handler handler, Access access, ChangesState changes) {
+  impl_->router.Add(std::move(method), std::move(path), std::move(handler), access, std::move(changes));
 }
 
 Status Server::Start() {

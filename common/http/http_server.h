@@ -72,6 +72,10 @@ namespace cdp::http {
 struct Caller {
   bool admin = false;  // an admin token: every object of the daemon
   std::string tenant;  // a tenant token: only this tenant's objects ("" for admin)
+  // A read-only token (scope tenant-read): the router refuses it, with 403,
+  // every request that changes state (ChangesState), before any handler.
+  bool read_only = false;
+  std::string token_id;  // an issued token's public id; "" for the daemon's own admin token
   // The one scope rule: the admin sees every tenant's objects, a tenant its own.
   bool Sees(const std::string& owner) const { return admin || owner == tenant; }
 };
@@ -151,6 +155,18 @@ Response ErrorResponse(const Status& s);
 // Handlers may throw; the exception becomes a 500 with its what() as the error.
 using Handler = std::function<Response(const Request&)>;
 
+// Whether a request changes state: the one read-only rule. A caller with
+// Caller::read_only gets 403 for such a request, from the router, before the
+// handler runs. A route without its own test (the default) changes state for
+// every method but GET and HEAD; a route whose POST is sometimes read-only (a
+// read-only export) gives a test, e.g. ChangesStateWhenSet("writable").
+using ChangesState = std::function<bool(const Request&)>;
+// A test for a route that reads only unless its JSON body sets `key` to
+// anything but false: true (changes state) when the key is present and not
+// false, or when the body is not a JSON object (the handler then answers 400,
+// but a read-only caller gets 403 first).
+ChangesState ChangesStateWhenSet(std::string key);
+
 // Who may reach a route's handler. kToken: only a request whose bearer token
 // ServerOptions::authenticate accepts (else 401 before the handler). kPublic:
 // every request (after the Host and Content-Type checks); Request::caller is
@@ -190,10 +206,11 @@ struct ServerOptions {
   std::vector<std::string> allowed_hosts;      // host names accepted in Host besides IP literals and "localhost"
   // When set, every request (routes, /status, and /metrics unless
   // metrics_public) must carry "Authorization: Bearer TOKEN" for which this
-  // returns a Caller: else 401 with "WWW-Authenticate: Bearer" (after the Host
-  // and Content-Type checks, before any route runs). Unset: no authentication
+  // returns a Caller: else 401 with "WWW-Authenticate: Bearer" and the
+  // failure's message (an unknown or an expired token; after the Host and
+  // Content-Type checks, before any route runs). Unset: no authentication
   // (in-process tests; daemons log a warning when an operator turns it off).
-  std::function<std::optional<Caller>(std::string_view token)> authenticate;
+  std::function<Result<Caller>(std::string_view token)> authenticate;
   bool metrics_public = false;  // /metrics without a token (the operator opted in)
 };
 
@@ -207,8 +224,11 @@ class Server {
   // Adds a route. `path` is exact ("/v1/volumes"), or a prefix ending in "/*"
   // ("/v1/volumes/*" matches "/v1/volumes/db1/tag", Request::rest = "db1/tag").
   // Exact beats prefix; a longer prefix beats a shorter one. Adding the same
-  // method+path again replaces the handler. Only before Start().
-  void Route(std::string method, std::string path, Handler handler, Access access = Access::kToken);
+  // method+path again replaces the handler. `changes`: whether a request of
+  // this route changes state, for read-only callers (null: every method but
+  // GET and HEAD does). Only before Start().
+  void Route(std::string method, std::string path, Handler handler, Access access = Access::kToken,
+             ChangesState changes = nullptr);
 
   // Binds host:port, listens and starts the threads. Failure: kIOError /
   // kInvalidArgument naming host:port (port in use, bad address). Once only.

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "common/daemon/metrics.h"
+#include "common/base/clock.h"
 #include "common/env/env.h"
 #include "common/env/fault_env.h"
 #include "common/http/control_token.h"
@@ -43,22 +44,22 @@ TEST_CASE("control token: made at first start with mode 0600, the same at the ne
   REQUIRE(token.ok());
   CHECK(token->size() == 64);
   auto caller = (*a)->Authenticate(*token);
-  REQUIRE(caller.has_value());
+  REQUIRE(caller.ok());
   CHECK(caller->admin);
   CHECK(caller->tenant.empty());
-  CHECK_FALSE((*a)->Authenticate("").has_value());
-  CHECK_FALSE((*a)->Authenticate(token->substr(0, 63)).has_value());
-  CHECK_FALSE((*a)->Authenticate(*token + "0").has_value());
+  CHECK_FALSE((*a)->Authenticate("").ok());
+  CHECK_FALSE((*a)->Authenticate(token->substr(0, 63)).ok());
+  CHECK_FALSE((*a)->Authenticate(*token + "0").ok());
 
   auto b = ControlTokens::Open(DefaultEnv(), path);  // a restart reads the same token
   REQUIRE(b.ok());
   CHECK(ReadTokenFile(DefaultEnv(), path).value() == *token);
-  CHECK((*b)->Authenticate(*token).has_value());
+  CHECK((*b)->Authenticate(*token).ok());
 
   // Two fresh daemons never share a token.
   auto other = ControlTokens::Open(DefaultEnv(), dir.Join("other.token"));
   REQUIRE(other.ok());
-  CHECK_FALSE((*other)->Authenticate(*token).has_value());
+  CHECK_FALSE((*other)->Authenticate(*token).ok());
 }
 
 TEST_CASE("control token: a token file open to group or others is refused", "[control][token]") {
@@ -88,7 +89,7 @@ TEST_CASE("control token: tenant tokens are issued, persisted as digests, revoke
   CHECK(ReadText(DefaultEnv(), tenants).find(*acme) == std::string::npos);
 
   auto who = (*t)->Authenticate(*acme);
-  REQUIRE(who.has_value());
+  REQUIRE(who.ok());
   CHECK_FALSE(who->admin);
   CHECK(who->tenant == "acme");
 
@@ -99,12 +100,12 @@ TEST_CASE("control token: tenant tokens are issued, persisted as digests, revoke
   CHECK((*again)->TenantTokenCounts() == std::map<std::string, size_t>{{"acme", 1}, {"beta", 1}});
 
   CHECK((*again)->RevokeTenantTokens("acme").value() == 1);
-  CHECK_FALSE((*again)->Authenticate(*acme).has_value());
+  CHECK_FALSE((*again)->Authenticate(*acme).ok());
   CHECK((*again)->RevokeTenantTokens("acme").status().code() == Code::kNotFound);
   auto third = ControlTokens::Open(DefaultEnv(), admin, tenants);
   REQUIRE(third.ok());
-  CHECK_FALSE((*third)->Authenticate(*acme).has_value());
-  CHECK((*third)->Authenticate(*beta).has_value());
+  CHECK_FALSE((*third)->Authenticate(*acme).ok());
+  CHECK((*third)->Authenticate(*beta).ok());
 
   CHECK((*t)->IssueTenantToken("../x").status().code() == Code::kInvalidArgument);
   auto no_tenants = ControlTokens::Open(DefaultEnv(), admin);
@@ -177,6 +178,214 @@ TEST_CASE("control token: malformed files name the problem", "[control][token]")
   CHECK(t.status().code() == Code::kCorruption);
   CHECK(t.status().message() ==
         "/s/tenant_tokens line 2: not 'TENANT SHA256HEX' (the file is written by cdpctl token issue)");
+}
+
+namespace {
+
+void WriteText(Env* env, const std::string& path, const std::string& text) {
+  REQUIRE(env->CreateDirs(DirName(path)).ok());
+  REQUIRE(WriteFileAtomic(env, path, ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), text.size()), 0600).ok());
+}
+
+const std::string kDigest(64, 'a');  // any SHA-256 in hex
+
+}  // namespace
+
+TEST_CASE("control token: scopes and lifetimes parse, and nothing else does", "[control][token]") {
+  CHECK(ParseTokenScope("admin").value() == TokenScope::kAdmin);
+  CHECK(ParseTokenScope("tenant").value() == TokenScope::kTenant);
+  CHECK(ParseTokenScope("tenant-read").value() == TokenScope::kTenantRead);
+  for (TokenScope sc : {TokenScope::kAdmin, TokenScope::kTenant, TokenScope::kTenantRead}) {
+    CHECK(ParseTokenScope(TokenScopeName(sc)).value() == sc);
+  }
+  for (const char* bad : {"", "Admin", "read", "tenant_read", "tenant-read "}) {
+    INFO("'" << bad << "'");
+    CHECK(ParseTokenScope(bad).status().code() == Code::kInvalidArgument);
+  }
+  CHECK(ParseTokenScope("root").status().message() == "bad token scope 'root' (admin | tenant | tenant-read)");
+
+  CHECK(ParseTokenLifetime("90s").value() == 90);
+  CHECK(ParseTokenLifetime("15m").value() == 900);
+  CHECK(ParseTokenLifetime("12h").value() == 12 * 3600);
+  CHECK(ParseTokenLifetime("30d").value() == 30 * 86400);
+  CHECK(ParseTokenLifetime("365d").value() == kMaxTokenLifetimeSeconds);
+  for (const char* bad : {"", "d", "0d", "366d", "8761h", "never", "30", "1.5d", "-1d", "1h30m", "99999999999d"}) {
+    INFO("'" << bad << "'");
+    CHECK(ParseTokenLifetime(bad).status().code() == Code::kInvalidArgument);
+  }
+}
+
+TEST_CASE("control token: an issued token has an id, a scope and an expiry on the injected clock",
+          "[control][token]") {
+  auto env = NewMemEnv();
+  ManualClock clock;
+  auto t = ControlTokens::Open(env.get(), "/s/control.token", "/s/tenant_tokens", &clock);
+  REQUIRE(t.ok());
+  auto full = (*t)->Issue(TokenScope::kTenant, "acme");  // the default lifetime: 90 days
+  auto reader = (*t)->Issue(TokenScope::kTenantRead, "acme", 3600);
+  auto extra_admin = (*t)->Issue(TokenScope::kAdmin, "", 7200);
+  REQUIRE(full.ok());
+  REQUIRE(reader.ok());
+  REQUIRE(extra_admin.ok());
+  CHECK(full->info.id.size() == 12);
+  CHECK(full->info.id != reader->info.id);
+  CHECK(full->token.find(full->info.id) == std::string::npos);
+  const uint64_t issued_at = clock.WallMicros() / 1'000'000 * 1'000'000;
+  CHECK(full->info.created_us == issued_at);
+  CHECK(full->info.expires_us == issued_at + 90ull * 86400 * 1'000'000);
+  CHECK(reader->info.expires_us == issued_at + 3600ull * 1'000'000);
+
+  auto a = (*t)->Authenticate(full->token);
+  REQUIRE(a.ok());
+  CHECK_FALSE(a->admin);
+  CHECK_FALSE(a->read_only);
+  CHECK(a->tenant == "acme");
+  CHECK(a->token_id == full->info.id);
+  auto r = (*t)->Authenticate(reader->token);
+  REQUIRE(r.ok());
+  CHECK(r->read_only);
+  CHECK(r->tenant == "acme");
+  auto ad = (*t)->Authenticate(extra_admin->token);
+  REQUIRE(ad.ok());
+  CHECK(ad->admin);
+  CHECK_FALSE(ad->read_only);
+  CHECK(ad->tenant.empty());
+  CHECK((*t)->TenantTokenCounts() == std::map<std::string, size_t>{{"acme", 2}});
+
+  // Last use: in memory, the time of the last accepted use.
+  clock.Advance(10'000'000);
+  REQUIRE((*t)->Authenticate(reader->token).ok());
+  for (const TokenInfo& i : (*t)->List()) {
+    if (i.id == reader->info.id) CHECK(i.last_used_us == clock.WallMicros());
+  }
+
+  // One second before the hour the reader still works; at the hour it is refused, saying so.
+  clock.Set(clock.NowMicros() + (issued_at + 3600ull * 1'000'000 - clock.WallMicros()) - 1);
+  CHECK((*t)->Authenticate(reader->token).ok());
+  clock.Advance(1);
+  auto expired = (*t)->Authenticate(reader->token);
+  REQUIRE_FALSE(expired.ok());
+  CHECK(expired.status().code() == Code::kPermissionDenied);
+  CHECK(expired.status().message().find("the control token " + reader->info.id + " expired at ") == 0);
+  CHECK((*t)->Authenticate(full->token).ok());
+  CHECK((*t)->Authenticate("nosuchtoken").status().message() == "the control token is not valid here");
+  // The 90-day default runs out too, and the expiry survives a restart.
+  clock.Advance(90ull * 86400 * 1'000'000);
+  CHECK_FALSE((*t)->Authenticate(full->token).ok());
+  auto reopened = ControlTokens::Open(env.get(), "/s/control.token", "/s/tenant_tokens", &clock);
+  REQUIRE(reopened.ok());
+  CHECK_FALSE((*reopened)->Authenticate(full->token).ok());
+  CHECK((*reopened)->List().size() == 3);
+
+  // Bad issues change nothing.
+  CHECK((*t)->Issue(TokenScope::kTenant, "acme", 0).status().code() == Code::kInvalidArgument);
+  CHECK((*t)->Issue(TokenScope::kTenant, "acme", kMaxTokenLifetimeSeconds + 1).status().code() ==
+        Code::kInvalidArgument);
+  CHECK((*t)->Issue(TokenScope::kAdmin, "acme").status().code() == Code::kInvalidArgument);
+  CHECK((*t)->Issue(TokenScope::kTenantRead, "").status().code() == Code::kInvalidArgument);
+  CHECK((*t)->List().size() == 3);
+}
+
+TEST_CASE("control token: revoking one id leaves the tenant's other tokens working", "[control][token]") {
+  auto env = NewMemEnv();
+  ManualClock clock;
+  auto t = ControlTokens::Open(env.get(), "/s/control.token", "/s/tenant_tokens", &clock);
+  REQUIRE(t.ok());
+  auto one = (*t)->Issue(TokenScope::kTenant, "acme").value();
+  auto two = (*t)->Issue(TokenScope::kTenantRead, "acme").value();
+  auto other = (*t)->Issue(TokenScope::kTenant, "beta").value();
+  auto gone = (*t)->Revoke(one.info.id);
+  REQUIRE(gone.ok());
+  CHECK(gone->tenant == "acme");
+  CHECK_FALSE((*t)->Authenticate(one.token).ok());
+  CHECK((*t)->Authenticate(two.token).ok());
+  CHECK((*t)->Authenticate(other.token).ok());
+  CHECK((*t)->Revoke(one.info.id).status().code() == Code::kNotFound);
+  CHECK((*t)->Revoke("").status().code() == Code::kNotFound);
+  // With a tenant, only a token of that tenant goes.
+  CHECK((*t)->Revoke(other.info.id, "acme").status().code() == Code::kNotFound);
+  CHECK((*t)->Authenticate(other.token).ok());
+  auto again = ControlTokens::Open(env.get(), "/s/control.token", "/s/tenant_tokens", &clock);
+  REQUIRE(again.ok());
+  CHECK_FALSE((*again)->Authenticate(one.token).ok());
+  CHECK((*again)->Authenticate(two.token)->token_id == two.info.id);
+  // --tenant still revokes all of a tenant's tokens, and only those.
+  CHECK((*again)->RevokeTenantTokens("acme").value() == 1);
+  CHECK((*again)->Authenticate(other.token).ok());
+}
+
+TEST_CASE("control token: a first-format file loads as tenant tokens expiring 90 days after, rewritten at once",
+          "[control][token]") {
+  auto env = NewMemEnv();
+  ManualClock clock;
+  REQUIRE(ControlTokens::Open(env.get(), "/s/control.token", "", &clock).ok());
+  // The token whose digest the old line holds: issue one, then write its line in the old form.
+  std::string token, digest_hex;
+  {
+    auto t = ControlTokens::Open(env.get(), "/s/control.token", "/s/new_tokens", &clock);
+    token = (*t)->IssueTenantToken("acme").value();
+    const std::string text = ReadText(env.get(), "/s/new_tokens");
+    const size_t line = text.find("\nv2 ");
+    REQUIRE(line != std::string::npos);
+    digest_hex = text.substr(text.find('\n', line + 1) - 64, 64);
+  }
+  WriteText(env.get(), "/s/tenant_tokens", "# tenant control tokens\nacme " + digest_hex + "\n");
+  const uint64_t loaded_at = clock.WallMicros();
+  auto t = ControlTokens::Open(env.get(), "/s/control.token", "/s/tenant_tokens", &clock);
+  REQUIRE(t.ok());
+  auto who = (*t)->Authenticate(token);
+  REQUIRE(who.ok());
+  CHECK(who->tenant == "acme");
+  CHECK_FALSE(who->read_only);
+  REQUIRE((*t)->List().size() == 1);
+  const TokenInfo info = (*t)->List()[0];
+  CHECK(info.scope == TokenScope::kTenant);
+  CHECK(info.expires_us == loaded_at + 90ull * 86400 * 1'000'000);
+  // Rewritten in the current format: a later load keeps the id and the expiry.
+  const std::string text = ReadText(env.get(), "/s/tenant_tokens");
+  CHECK(text.find("v2 " + info.id + " tenant acme ") != std::string::npos);
+  clock.Advance(30ull * 86400 * 1'000'000);
+  auto later = ControlTokens::Open(env.get(), "/s/control.token", "/s/tenant_tokens", &clock);
+  REQUIRE(later.ok());
+  REQUIRE((*later)->List().size() == 1);
+  CHECK((*later)->List()[0].id == info.id);
+  CHECK((*later)->List()[0].expires_us / 1'000'000 == info.expires_us / 1'000'000);
+  clock.Advance(60ull * 86400 * 1'000'000);
+  CHECK_FALSE((*later)->Authenticate(token).ok());
+}
+
+TEST_CASE("control token: malformed v2 lines are kCorruption naming the line", "[control][token]") {
+  auto env = NewMemEnv();
+  WriteText(env.get(), "/s/control.token", "abc\n");
+  struct Case {
+    std::string line, message;
+  };
+  const std::vector<Case> cases = {
+      {"v2 0123456789ab tenant acme 100 200", "a v2 line has 7 fields, not 6"},
+      {"v2 0123456789ab tenant acme 100 200 " + kDigest + " x", "a v2 line has 7 fields, not 8"},
+      {"v2 0123456789AB tenant acme 100 200 " + kDigest, "bad token id '0123456789AB'"},
+      {"v2 0123 tenant acme 100 200 " + kDigest, "bad token id '0123'"},
+      {"v2 0123456789ab root acme 100 200 " + kDigest, "bad token scope 'root' (admin | tenant | tenant-read)"},
+      {"v2 0123456789ab admin acme 100 200 " + kDigest, "bad tenant 'acme' for scope admin"},
+      {"v2 0123456789ab tenant-read - 100 200 " + kDigest, "bad tenant '-' for scope tenant-read"},
+      {"v2 0123456789ab tenant acme x 200 " + kDigest, "bad created or expiry time (seconds since the epoch)"},
+      {"v2 0123456789ab tenant acme 100 -1 " + kDigest, "bad created or expiry time (seconds since the epoch)"},
+      {"v2 0123456789ab tenant acme 100 200 " + kDigest.substr(1), "bad digest (64 lower-case hex digits)"},
+      {"v3 0123456789ab tenant acme 100 200 " + kDigest,
+       "neither a v2 line nor 'TENANT SHA256HEX' (the file is written by cdpctl token issue)"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.line);
+    WriteText(env.get(), "/s/tenant_tokens", "# tokens\nv2 aaaaaaaaaaaa tenant acme 100 200 " + kDigest + "\n" + c.line + "\n");
+    auto t = ControlTokens::Open(env.get(), "/s/control.token", "/s/tenant_tokens");
+    REQUIRE_FALSE(t.ok());
+    CHECK(t.status().code() == Code::kCorruption);
+    CHECK(t.status().message() == "/s/tenant_tokens line 3: " + c.message);
+  }
+  WriteText(env.get(), "/s/tenant_tokens",
+            "v2 aaaaaaaaaaaa tenant acme 100 200 " + kDigest + "\nv2 aaaaaaaaaaaa admin - 100 200 " + kDigest + "\n");
+  CHECK(ControlTokens::Open(env.get(), "/s/control.token", "/s/tenant_tokens").status().message() ==
+        "/s/tenant_tokens line 2: token id aaaaaaaaaaaa appears twice");
 }
 
 TEST_CASE("control token: a client takes --token-file, else CDP_TOKEN, else CDP_TOKEN_FILE", "[control][token]") {

@@ -101,9 +101,9 @@ TEST_CASE("Router: checks, precedence, 404, 405, 500", "[http]") {
 TEST_CASE("Router: a public route reaches its handler without a token, every other route still needs one",
           "[http]") {
   ServerOptions o;
-  o.authenticate = [](std::string_view token) -> std::optional<Caller> {
-    if (token == "good") return Caller{false, "acme"};
-    return std::nullopt;
+  o.authenticate = [](std::string_view token) -> cdp::Result<Caller> {
+    if (token == "good") return Caller{false, "acme", false, ""};
+    return cdp::Status::PermissionDenied("the control token is not valid here");
   };
   Router router(o);
   router.Add("GET", "/v1/x", [](const Request& r) { return Response::Json(200, {{"tenant", r.caller.tenant}}); });
@@ -139,10 +139,10 @@ TEST_CASE("Router: a public route reaches its handler without a token, every oth
 TEST_CASE("Router: a session route signs in by bearer token or else the session cookie, and runs its handler either way",
           "[http]") {
   ServerOptions o;
-  o.authenticate = [](std::string_view token) -> std::optional<Caller> {
-    if (token == "good") return Caller{false, "acme"};
-    if (token == "root") return Caller{true, ""};
-    return std::nullopt;
+  o.authenticate = [](std::string_view token) -> cdp::Result<Caller> {
+    if (token == "good") return Caller{false, "acme", false, ""};
+    if (token == "root") return Caller{true, "", false, ""};
+    return cdp::Status::PermissionDenied("the control token is not valid here");
   };
   Router router(o);
   auto echo = [](const Request& r) {
@@ -192,4 +192,61 @@ TEST_CASE("Router: a session route signs in by bearer token or else the session 
   r.path = "/ui";
   r.host = "localhost";
   CHECK(boost::json::parse(open_router.Dispatch(r).body).at("signed_in") == true);
+}
+
+// The read-only rule (Caller::read_only) is the router's, for every route:
+// a tenant-read token reaches GETs and the POSTs that say they only read.
+TEST_CASE("Router: a read-only caller gets 403 on every request that changes state, before the handler",
+          "[http][token]") {
+  ServerOptions o;
+  o.authenticate = [](std::string_view token) -> cdp::Result<Caller> {
+    if (token == "reader") return Caller{false, "acme", true, "0123456789ab"};
+    if (token == "writer") return Caller{false, "acme", false, "ba9876543210"};
+    if (token == "old") return cdp::Status::PermissionDenied("the control token 0123456789ab expired at 2024-01-01T00:00:00Z");
+    return cdp::Status::PermissionDenied("the control token is not valid here");
+  };
+  Router router(o);
+  int calls = 0;
+  auto echo = [&calls](const Request& r) {
+    ++calls;
+    return Response::Json(200, {{"read_only", r.caller.read_only}, {"id", r.caller.token_id}});
+  };
+  router.Add("GET", "/v1/points", echo);
+  router.Add("POST", "/v1/rollback", echo);
+  router.Add("DELETE", "/v1/thing", echo);
+  router.Add("POST", "/v1/export", echo, Access::kToken, ChangesStateWhenSet("writable"));
+  auto call = [&](std::string method, std::string path, std::string token, std::string body = "") {
+    Request r;
+    r.method = std::move(method);
+    r.path = std::move(path);
+    r.host = "localhost";
+    r.authorization = "Bearer " + token;
+    r.body = std::move(body);
+    if (!r.body.empty()) r.content_type = "application/json";
+    return router.Dispatch(r);
+  };
+  Response got = call("GET", "/v1/points", "reader");
+  CHECK(got.status == 200);
+  CHECK(got.body == R"({"read_only":true,"id":"0123456789ab"})");
+  CHECK(call("POST", "/v1/export", "reader", "").status == 200);
+  CHECK(call("POST", "/v1/export", "reader", R"({"volume":"v","seq":1})").status == 200);
+  CHECK(call("POST", "/v1/export", "reader", R"({"volume":"v","writable":false})").status == 200);
+  CHECK(calls == 4);
+  Response refused = call("POST", "/v1/rollback", "reader", R"({"volume":"v","seq":1})");
+  CHECK(refused.status == 403);
+  CHECK(refused.body == R"x({"error":"POST /v1/rollback changes state: this token is read-only (scope tenant-read)"})x");
+  CHECK(call("DELETE", "/v1/thing", "reader").status == 403);
+  CHECK(call("POST", "/v1/export", "reader", R"({"volume":"v","writable":true})").status == 403);
+  CHECK(call("POST", "/v1/export", "reader", R"({"volume":"v","writable":"yes"})").status == 403);
+  CHECK(call("POST", "/v1/export", "reader", R"([1])").status == 403);
+  CHECK(call("POST", "/v1/export", "reader", "{not json").status == 403);
+  CHECK(calls == 4);
+  // A full tenant token is not read-only.
+  CHECK(call("POST", "/v1/rollback", "writer", "{}").status == 200);
+  CHECK(call("POST", "/v1/export", "writer", R"({"writable":true})").status == 200);
+  // An expired token is 401 with the authenticator's message.
+  Response old = call("GET", "/v1/points", "old");
+  CHECK(old.status == 401);
+  CHECK(old.body == R"({"error":"the control token 0123456789ab expired at 2024-01-01T00:00:00Z"})");
+  CHECK(calls == 6);
 }
