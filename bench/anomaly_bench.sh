@@ -46,6 +46,8 @@ up() {  # up NAME [--agent-set K=V ...]: starts a cluster, sources its endpoints
   [ -s "$W/$name.env" ] || { cat "$W/$name.err" >&2; exit 1; }
   # shellcheck disable=SC1090
   source "$W/$name.env"
+  SCHEME=http
+  if [ -n "${CDP_TLS_CA:-}" ]; then SCHEME=https; fi
   AGENT_PID=$CDP_AGENT_PID
 }
 down() {
@@ -54,10 +56,10 @@ down() {
   CLUSTER=
 }
 status_field() {  # status_field URL TOKEN_FILE FIELD: the first volume's FIELD
-  curl -sf -H "Authorization: Bearer $(cat "$2")" "$1/status" |
+  curl -sf ${CDP_TLS_CA:+--cacert "$CDP_TLS_CA"} -H "Authorization: Bearer $(cat "$2")" "$1/status" |
     python3 -c "import json,sys; print(json.load(sys.stdin)['volumes'][0]['$3'])"
 }
-anomalies() { status_field "http://$CDP_AGENT_CONTROL" "$CDP_AGENT_TOKEN_FILE" anomalies; }
+anomalies() { status_field "$SCHEME://$CDP_AGENT_CONTROL" "$CDP_AGENT_TOKEN_FILE" anomalies; }
 churn() {  # churn RATE_MBS SECONDS COMPRESSIBILITY PATTERN SEED
   "$LG" churn --target "$CDP_NBD_URI" --rate "$1" --duration "$2" --compressibility "$3" --pattern "$4" \
     --seed "$5" --io-size 64KiB --flush-every 4MiB --json >/dev/null
@@ -85,8 +87,8 @@ for i in $(seq 1 "$RUNS"); do
   delays+=("$delay")
   echo "run $i: detection delay $delay s" >&2
 done
-mt_anomalies=$(curl -sf -H "Authorization: Bearer $(cat "$CDP_MT_TOKEN_FILE")" \
-  "http://$CDP_MT_CONTROL/v1/anomalies?volume=$CDP_VOLUME&tenant=$CDP_TENANT" |
+mt_anomalies=$(curl -sf ${CDP_TLS_CA:+--cacert "$CDP_TLS_CA"} -H "Authorization: Bearer $(cat "$CDP_MT_TOKEN_FILE")" \
+  "$SCHEME://$CDP_MT_CONTROL/v1/anomalies?volume=$CDP_VOLUME&tenant=$CDP_TENANT" |
   python3 -c "import json,sys; print(len(json.load(sys.stdin)['anomalies']))" || echo "?")
 
 # --- 2. false positives over the workload profiles, no switch ---
@@ -111,7 +113,7 @@ cpu_run() {  # cpu_run NAME [agent-set...] -> prints "cpu_s bytes"
   secs=$(python3 -c "print(max(1, round($GB * 1000 / 100)))")
   churn 100 "$secs" 0.75 random 77
   c1=$(awk '{print $14 + $15}' "/proc/$AGENT_PID/stat")
-  bytes=$(status_field "http://$CDP_AGENT_CONTROL" "$CDP_AGENT_TOKEN_FILE" captured_bytes)
+  bytes=$(status_field "$SCHEME://$CDP_AGENT_CONTROL" "$CDP_AGENT_TOKEN_FILE" captured_bytes)
   down
   echo "$(( c1 - c0 )) $bytes"
 }

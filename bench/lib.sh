@@ -160,12 +160,20 @@ bench_pki() {
 
 json_num() { grep -o "\"$1\":[0-9.e+-]*" | head -n1 | cut -d: -f2; }
 # A daemon that does not answer within 10 s is an error, not a hang of the benchmark.
-bench_get() { curl -fsS --max-time 10 -H "Authorization: Bearer $(cat "$2" 2>/dev/null)" "http://127.0.0.1:$1$3"; }
+# The control ports speak HTTPS with the cluster's site CA (CDP_TLS_CA from
+# its env file), plain HTTP only with TLS off.
+bench_get() {
+  if [ -n "${CDP_TLS_CA:-}" ]; then
+    curl -fsS --max-time 10 --cacert "$CDP_TLS_CA" -H "Authorization: Bearer $(cat "$2" 2>/dev/null)" "https://127.0.0.1:$1$3"
+  else
+    curl -fsS --max-time 10 -H "Authorization: Bearer $(cat "$2" 2>/dev/null)" "http://127.0.0.1:$1$3"
+  fi
+}
 agent_get() { bench_get "$AG_CTL" "$AG_TOKEN" "$1"; }
 ps_get() { bench_get "$PS_CTL" "$PS_TOKEN" "$1"; }
 mt_get() { bench_get "$MT_CTL" "$MT_TOKEN" "$1"; }
 ctl() {
-  "$CTL" --agent 127.0.0.1:$AG_CTL --ps 127.0.0.1:$PS_CTL --mt 127.0.0.1:$MT_CTL --tenant bench \
+  "$CTL" ${CDP_TLS_CA:+--tls-ca "$CDP_TLS_CA"} --agent 127.0.0.1:$AG_CTL --ps 127.0.0.1:$PS_CTL --mt 127.0.0.1:$MT_CTL --tenant bench \
     --agent-token-file "$AG_TOKEN" --ps-token-file "$PS_TOKEN" --mt-token-file "$MT_TOKEN" "$@"
 }
 

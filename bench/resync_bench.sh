@@ -119,15 +119,19 @@ PY
 # agent exits, or when a /status goes unanswered 3 times in a row (10 s each).
 wait_synced() {
   local rc=0
-  python3 - "$1" "$AG_CTL" "$AG_TOKEN" "$MT_CTL" "$MT_TOKEN" "$TIMEOUT" "$AG_PID" <<'PY' || rc=$?
-import os, re, sys, time, urllib.request
+  CDP_TLS_CA=${CDP_TLS_CA:-} python3 - "$1" "$AG_CTL" "$AG_TOKEN" "$MT_CTL" "$MT_TOKEN" "$TIMEOUT" "$AG_PID" <<'PY' || rc=$?
+import os, re, ssl, sys, time, urllib.request
 what, ag_port, ag_token, mt_port, mt_token, timeout, pid = sys.argv[1:]
+# HTTPS with the cluster's site CA (CDP_TLS_CA), plain HTTP with TLS off.
+ca = os.environ.get("CDP_TLS_CA", "")
+ctx = ssl.create_default_context(cafile=ca) if ca else None
+scheme = "https" if ca else "http"
 def get(port, token_file):
     with open(token_file) as f:
         token = f.read().strip()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/status",
+    req = urllib.request.Request(f"{scheme}://127.0.0.1:{port}/status",
                                  headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
         return r.read().decode()
 def num(text, key):
     m = re.search(f'"{key}":([0-9.e+-]*)', text)

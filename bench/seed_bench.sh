@@ -95,7 +95,7 @@ truncate -s $((VOLUME_MB << 20)) "$D/source.img"
 sctl() {  # LINK cdpctl ARGS...
   local l=$1
   shift
-  client "$l" "$CTL" --agent $H:$AG_CTL --ps $H:$PS_CTL --mt $H:$MT_CTL --tenant bench \
+  client "$l" "$CTL" ${CDP_TLS_CA:+--tls-ca "$CDP_TLS_CA"} --agent $H:$AG_CTL --ps $H:$PS_CTL --mt $H:$MT_CTL --tenant bench \
     --agent-token-file "$AG_TOKEN" --ps-token-file "$PS_TOKEN" --mt-token-file "$MT_TOKEN" "$@"
 }
 

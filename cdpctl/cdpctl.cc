@@ -26,7 +26,7 @@ namespace cdp::ctl {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] COMMAND\n"
+    "usage: cdpctl [--agent H:P] [--ps H:P] [--mt H:P] [--tenant T] [--json] [--tls-ca CA [--tls-cert C --tls-key K]] COMMAND\n"
     "  status | tag NAME | points VOLUME | rollback VOLUME --to POINT [--discard-history] |\n"
     "  anomalies VOLUME [--ack ID] |\n"
     "  export VOLUME@POINT [--writable] | unexport EXPORT |\n"
@@ -46,7 +46,7 @@ constexpr const char* kUsage =
     "  control tokens: --token-file F, --agent-token-file F, --ps-token-file F, --mt-token-file F,\n"
     "                  or CDP_TOKEN / CDP_TOKEN_FILE in the environment\n"
     "  pki init --dir DIR [--name NAME] [--days N] |\n"
-    "  pki issue --dir DIR --role agent|ps|mt [--tenant T] --name NAME [--out PREFIX] [--days N] |\n"
+    "  pki issue --dir DIR --role agent|ps|mt [--tenant T] --name NAME [--out PREFIX] [--days N] [--hosts H1,H2] |\n"
     "  pki show CERT\n"
     "  --help | --version\n";
 
@@ -57,7 +57,7 @@ int Usage(const std::vector<std::string>& args, std::ostream& err) {
   for (const std::string& a : args) {
     if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size" && a != "--repair" &&
         a != "--max-rate" && a != "--scope" && a != "--expires" && a != "--test" && a != "--undo" && a != "--commit" &&
-        a != "--key-file" && a != "--out" && a != "--socket" && a != "--tls-certificates") {
+        a != "--key-file" && a != "--out" && a != "--socket" && a != "--tls-certificates" && a != "--hosts") {
       err << "cdpctl: unknown option '" << a << "'\n";
       break;
     }

@@ -40,6 +40,10 @@
 //                                   one token, or every token of T
 //     token list                    ids, scopes, tenants, expiry, last use
 //
+//   HTTPS (the default of every daemon): --tls-ca FILE (or CDP_TLS_CA) is the
+//   site CA that the daemons' certificates must verify against; without it
+//   cdpctl speaks plain HTTP, which only a daemon with control_tls = off on
+//   loopback answers.
 //   Control tokens (common/http/control_token.h): --token-file F for every daemon,
 //   --agent-token-file / --ps-token-file / --mt-token-file for one; else the
 //   environment: CDP_TOKEN (the token) or CDP_TOKEN_FILE (its file).
@@ -71,6 +75,12 @@ struct Options {
   std::string tenant;     // empty: the master target's only tenant
   bool json = false;
   int timeout_ms = 10000;
+  // HTTPS to every daemon (common/http/http_client.h): the site CA the
+  // daemons' certificates must verify against (--tls-ca, else CDP_TLS_CA);
+  // "" = plain HTTP (a daemon with control_tls = off, on loopback). An
+  // optional client certificate and key (--tls-cert/--tls-key).
+  std::string tls_ca;
+  std::string tls_cert, tls_key;
 };
 
 // Runs one command (`args` = the command and its operands). Writes the result

@@ -31,6 +31,9 @@ Call Http(const Options& o, const Endpoint& ep, std::string_view method, const s
   std::string payload = body.is_null() ? std::string() : json::serialize(body);
   http::ClientOptions co;
   co.bearer_token = ep.token;
+  co.tls_ca = o.tls_ca;
+  co.tls_cert = o.tls_cert;
+  co.tls_key = o.tls_key;
   auto r = http::HttpRequest(ep.host, ep.port, method, target, payload, std::chrono::milliseconds(o.timeout_ms), co);
   if (!r.ok()) {
     c.error = r.status().ToString();

@@ -25,7 +25,8 @@
 
 namespace cdp::ctl {
 
-// pki issue --dir DIR --role agent|ps|mt --name NAME [--out PREFIX] [--days N]   (tenant: --tenant)
+// pki issue --dir DIR --role agent|ps|mt --name NAME [--out PREFIX] [--days N] [--hosts H1,H2]   (tenant: --tenant)
+//   --hosts: the names and addresses its HTTPS control port answers on (subjectAltName)
 // pki show CERT
 int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   if (args[1] == "show" && args.size() != 3) return err << "cdpctl: pki show wants one CERT file\n", 2;
@@ -39,7 +40,7 @@ int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   }
   std::map<std::string, std::string> flags;
   for (size_t i = 2; i < args.size(); i += 2) {
-    static const std::set<std::string> known{"--dir", "--name", "--days", "--role", "--out"};
+    static const std::set<std::string> known{"--dir", "--name", "--days", "--role", "--out", "--hosts"};
     if (!known.count(args[i]) || i + 1 >= args.size()) {
       err << "cdpctl: pki: unexpected '" << args[i] << "'\n";
       return 2;
@@ -80,6 +81,15 @@ int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& ou
     pki::IssueOptions io;
     io.identity = pki::Identity{*role, o.tenant, flags["--name"]};
     if (days > 0) io.not_after_s = int64_t(days) * 86400;
+    if (flags.count("--hosts")) {
+      const std::string& list = flags["--hosts"];
+      for (size_t at = 0; at <= list.size();) {
+        size_t comma = list.find(',', at);
+        if (comma == std::string::npos) comma = list.size();
+        if (comma > at) io.hosts.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
+    }
     std::string prefix = flags.count("--out") ? flags["--out"]
                                               : dir + "/" + flags["--role"] + "-" +
                                                     (o.tenant.empty() ? "" : o.tenant + "-") + flags["--name"];

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // cdpctl: see cdpctl/cdpctl.h.
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -29,8 +30,18 @@ int main(int argc, char** argv) {
     else if (a == "--mt-token-file" && i + 1 < argc) tokens.mt = argv[++i];
     else if (a == "--tenant" && i + 1 < argc) opts.tenant = argv[++i];
     else if (a == "--timeout-ms" && i + 1 < argc) opts.timeout_ms = std::atoi(argv[++i]);
+    else if (a == "--tls-ca" && i + 1 < argc) opts.tls_ca = argv[++i];
+    else if (a == "--tls-cert" && i + 1 < argc) opts.tls_cert = argv[++i];
+    else if (a == "--tls-key" && i + 1 < argc) opts.tls_key = argv[++i];
     else if (a == "-h" || a == "--help" || a == "--version") return cdp::ctl::Run(opts, {a == "-h" ? "--help" : a}, std::cout, std::cerr);
     else args.push_back(a);
+  }
+  if (opts.tls_ca.empty()) {
+    if (const char* ca = std::getenv("CDP_TLS_CA"); ca != nullptr) opts.tls_ca = ca;
+  }
+  if (opts.tls_cert.empty() != opts.tls_key.empty()) {
+    std::cerr << "cdpctl: --tls-cert and --tls-key go together\n";
+    return 2;
   }
   if (cdp::Status s = cdp::ctl::ResolveTokens(tokens, &opts); !s.ok()) {
     std::cerr << "cdpctl: control token: " << s.ToString() << "\n";

@@ -37,8 +37,7 @@ std::string MtState(Cluster& c) {
 }
 
 std::optional<double> StalledMetric(Cluster& c, const std::string& cause) {
-  cdp::http::ClientOptions co;
-  co.bearer_token = c.token(Which::kMasterTarget);
+  cdp::http::ClientOptions co = cdp::e2e::ControlClient(c.token(Which::kMasterTarget));
   auto r = cdp::http::HttpRequest("127.0.0.1", c.mt_control(), "GET", "/metrics", "", 10s, co);
   if (!r.ok() || r->status != 200) return std::nullopt;
   const std::string series = "cdp_mt_apply_stalled{cause=\"" + cause + "\",tenant=\"" + c.options().tenant +

@@ -39,8 +39,7 @@ using namespace std::chrono_literals;
 constexpr auto kPageTimeout = 30s;
 
 int HttpStatus(uint16_t port, const std::string& target, const std::string& token) {
-  cdp::http::ClientOptions co;
-  co.bearer_token = token;
+  cdp::http::ClientOptions co = cdp::e2e::ControlClient(token);
   auto r = cdp::http::HttpRequest("127.0.0.1", port, "GET", target, "", 10s, co);
   REQUIRE(r.ok());
   return r->status;
@@ -233,8 +232,7 @@ TEST_CASE("dashboard: two tenants in headless Chromium, token-gated, points as c
   CHECK(HttpStatus(port, "/ui/app.js", beta) == 200);
   CHECK(HttpStatus(port, "/ui/login", "") == 200);
   auto session = [&](const std::string& token) {
-    cdp::http::ClientOptions co;
-    co.bearer_token = token;
+    cdp::http::ClientOptions co = cdp::e2e::ControlClient(token);
     auto r = cdp::http::HttpRequest("127.0.0.1", port, "POST", "/ui/session", "", 10s, co);
     REQUIRE(r.ok());
     return r->status;

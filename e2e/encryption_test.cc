@@ -165,7 +165,7 @@ TEST_CASE("encrypted volume: no plaintext and no key at the provider, the tenant
     auto r = cdp::http::HttpRequest("127.0.0.1", c.mt_control(), "POST", route,
                                     R"({"volume":")" + o.volume + R"(","point":)" + std::to_string(point) +
                                         R"(,"keys":"00"})",
-                                    std::chrono::seconds(10), {.bearer_token = c.token(Which::kMasterTarget)});
+                                    std::chrono::seconds(10), cdp::e2e::ControlClient(c.token(Which::kMasterTarget)));
     REQUIRE(r.ok());
     CHECK(r->status == 400);
     CHECK(r->body == R"({"error":"unknown parameter 'keys'"})");

@@ -279,8 +279,7 @@ TEST_CASE("failback survives kill -9 of the agent, the process server and the ma
 
   auto post = [&](Which w, const std::string& route) {
     const uint16_t port = w == Which::kAgent ? c.agent_control() : c.mt_control();
-    cdp::http::ClientOptions ho;
-    ho.bearer_token = c.token(w);
+    cdp::http::ClientOptions ho = cdp::e2e::ControlClient(c.token(w));
     auto r = cdp::http::HttpRequest("127.0.0.1", port, "POST", route, "{\"volume\":\"" + vol + "\"}", 120s, ho);
     REQUIRE(r.ok());
     INFO(route << " -> " << r->body);

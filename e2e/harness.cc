@@ -26,9 +26,19 @@ bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeou
   return testing::WaitUntil(cond, timeout, poll);
 }
 
-std::optional<json::value> GetJson(uint16_t port, const std::string& target, const std::string& token) {
+namespace {
+std::string g_control_ca;  // the site CA of the cluster made last
+}  // namespace
+
+http::ClientOptions ControlClient(const std::string& token) {
   http::ClientOptions co;
   co.bearer_token = token;
+  co.tls_ca = g_control_ca;
+  return co;
+}
+
+std::optional<json::value> GetJson(uint16_t port, const std::string& target, const std::string& token) {
+  http::ClientOptions co = ControlClient(token);
   auto r = http::HttpRequest("127.0.0.1", port, "GET", target, {}, std::chrono::milliseconds(5000), co);
   if (!r.ok() || r->status != 200) return std::nullopt;
   boost::system::error_code ec;
@@ -101,7 +111,9 @@ loadgen::LocalClusterOptions LocalOptions(const ClusterOptions& o, const std::st
 
 }  // namespace
 
-Cluster::Cluster(ClusterOptions o) : o_(std::move(o)), c_(LocalOptions(o_, scratch_.path())) {}
+Cluster::Cluster(ClusterOptions o) : o_(std::move(o)), c_(LocalOptions(o_, scratch_.path())) {
+  g_control_ca = c_.control_ca();
+}
 
 Cluster::~Cluster() = default;  // the LocalCluster SIGKILLs its daemons before the scratch dir goes
 
@@ -230,6 +242,9 @@ std::vector<std::string> Cluster::CdpctlArgv(const std::vector<std::string>& arg
                                    "--agent-token-file", token_path(Which::kAgent),
                                    "--ps-token-file", token_path(Which::kProcessServer),
                                    "--mt-token-file", token_path(Which::kMasterTarget)};
+  if (const std::string ca = c_.control_ca(); !ca.empty()) {
+    argv.insert(argv.end(), {"--tls-ca", ca});
+  }
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }

@@ -45,7 +45,13 @@ using testing::FreePort;
 bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout,
              std::chrono::milliseconds poll = std::chrono::milliseconds(50));
 
-// GET http://127.0.0.1:port/target as JSON with control token `token`;
+// How to call a control port of the cluster made last in this process (e2e
+// test cases run one cluster at a time; a second master target shares its
+// PKI): `token` as the bearer token, and HTTPS with that cluster's site CA,
+// as every daemon's control port speaks it.
+http::ClientOptions ControlClient(const std::string& token);
+
+// GET https://127.0.0.1:port/target as JSON with control token `token`;
 // nullopt when unreachable, not 200 or not JSON.
 std::optional<boost::json::value> GetJson(uint16_t port, const std::string& target, const std::string& token);
 

@@ -39,8 +39,7 @@ struct Answer {
 
 Answer Call(const Cluster& c, const std::string& method, const std::string& target, const std::string& token,
             const std::string& body = "") {
-  cdp::http::ClientOptions co;
-  co.bearer_token = token;
+  cdp::http::ClientOptions co = cdp::e2e::ControlClient(token);
   auto r = cdp::http::HttpRequest("127.0.0.1", c.mt_control(), method, target, body, 20s, co);
   INFO(method << " " << target);
   REQUIRE(r.ok());

@@ -61,8 +61,7 @@ TEST_CASE("every metric the alert rules and the dashboard use is exported by a d
   std::string all;
   for (auto [port, w] : {std::pair{c.agent_control(), Which::kAgent}, std::pair{c.ps_control(), Which::kProcessServer},
                          std::pair{c.mt_control(), Which::kMasterTarget}}) {
-    cdp::http::ClientOptions co;
-    co.bearer_token = c.token(w);
+    cdp::http::ClientOptions co = cdp::e2e::ControlClient(c.token(w));
     auto r = cdp::http::HttpRequest("127.0.0.1", port, "GET", "/metrics", "", std::chrono::milliseconds(20000), co);
     REQUIRE(r.ok());
     REQUIRE(r->status == 200);

@@ -31,8 +31,7 @@ struct Answer {
 
 Answer Call(uint16_t port, const std::string& method, const std::string& target, const std::string& token,
             const std::string& body = "") {
-  cdp::http::ClientOptions co;
-  co.bearer_token = token;
+  cdp::http::ClientOptions co = cdp::e2e::ControlClient(token);
   auto r = cdp::http::HttpRequest("127.0.0.1", port, method, target, body, std::chrono::milliseconds(20000), co);
   INFO(method << " " << target);
   REQUIRE(r.ok());
@@ -41,9 +40,10 @@ Answer Call(uint16_t port, const std::string& method, const std::string& target,
 
 // curl with extra arguments; prints the HTTP status code only.
 std::string Curl(uint16_t port, const std::string& path, const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {"curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "20"};
+  std::vector<std::string> argv = {"curl",       "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "20",
+                                   "--cacert", cdp::e2e::ControlClient("").tls_ca};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  argv.push_back("http://127.0.0.1:" + std::to_string(port) + path);
+  argv.push_back("https://127.0.0.1:" + std::to_string(port) + path);
   return cdp::testing::RunCommand(argv, 30000).output;
 }
 
@@ -97,15 +97,48 @@ TEST_CASE("Control ports: tokens, Host, content type, tenant scope, freeze hook"
     CHECK(json::parse(th.body).at("limit_mbps").to_number<double>() == 0);
 
     // cdpctl without a token says what is missing.
-    auto r = cdp::testing::RunCommand({"env", "-u", "CDP_TOKEN", "-u", "CDP_TOKEN_FILE", CDP_CTL_BIN, "--mt",
+    const std::string ca = cdp::e2e::ControlClient("").tls_ca;
+    auto r = cdp::testing::RunCommand({"env", "-u", "CDP_TOKEN", "-u", "CDP_TOKEN_FILE", CDP_CTL_BIN, "--tls-ca", ca, "--mt",
                                        "127.0.0.1:" + std::to_string(c.mt_control()), "points", vol});
     CHECK(r.exit_code == 1);
     CHECK(r.output.find("a control token is required") != std::string::npos);
     // ... and takes it from the environment.
-    auto e = cdp::testing::RunCommand({"env", "CDP_TOKEN_FILE=" + c.token_path(Which::kMasterTarget), CDP_CTL_BIN,
-                                       "--mt", "127.0.0.1:" + std::to_string(c.mt_control()), "points", vol});
+    auto e = cdp::testing::RunCommand({"env", "CDP_TOKEN_FILE=" + c.token_path(Which::kMasterTarget),
+                                       "CDP_TLS_CA=" + ca, CDP_CTL_BIN, "--mt", "127.0.0.1:" + std::to_string(c.mt_control()), "points", vol});
     INFO(e.output);
     CHECK(e.exit_code == 0);
+  }
+
+  SECTION("HTTPS on every control port: plain HTTP gets nothing, a server from another CA is refused by cdpctl") {
+    for (uint16_t port : {c.agent_control(), c.ps_control(), c.mt_control()}) {
+      INFO("port " << port);
+      // Plain HTTP to a TLS port: the handshake fails, no HTTP answer at all.
+      auto plain = cdp::testing::RunCommand({"curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+                                             "-H", "Authorization: Bearer " + admin_mt,
+                                             "http://127.0.0.1:" + std::to_string(port) + "/status"});
+      CHECK(plain.output == "000");
+      // HTTPS with the site CA: the daemon's certificate verifies (host name included).
+      CHECK(Curl(port, "/status", {}) == "401");
+    }
+    // cdpctl with another site's CA refuses the server before it sends its token.
+    cdp::testing::ScratchDir other;
+    REQUIRE(cdp::testing::RunCommand({CDP_CTL_BIN, "pki", "init", "--dir", other.path()}).exit_code == 0);
+    auto foreign = cdp::testing::RunCommand({"env", "CDP_TOKEN_FILE=" + c.token_path(Which::kMasterTarget), CDP_CTL_BIN,
+                                             "--tls-ca", other.Join("ca.crt"), "--mt",
+                                             "127.0.0.1:" + std::to_string(c.mt_control()), "points", vol});
+    INFO(foreign.output);
+    CHECK(foreign.exit_code == 1);
+    CHECK(foreign.output.find("TLS handshake") != std::string::npos);
+    // cdpctl in plain HTTP to a TLS port gets no answer either.
+    auto clear = cdp::testing::RunCommand({"env", "-u", "CDP_TLS_CA",
+                                           "CDP_TOKEN_FILE=" + c.token_path(Which::kMasterTarget), CDP_CTL_BIN, "--mt",
+                                           "127.0.0.1:" + std::to_string(c.mt_control()), "points", vol});
+    INFO(clear.output);
+    CHECK(clear.exit_code == 1);
+    // The MT logs that its control port speaks HTTPS.
+    std::ifstream log(c.Path("master-target.log"));
+    const std::string text((std::istreambuf_iterator<char>(log)), {});
+    CHECK(text.find("(HTTPS, TLS 1.3, the site CA)") != std::string::npos);
   }
 
   SECTION("a wrong Host is 403 and a form post 415, even with the admin token") {

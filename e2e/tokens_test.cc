@@ -28,8 +28,7 @@ struct Answer {
 
 Answer Call(uint16_t port, const std::string& method, const std::string& target, const std::string& token,
             const std::string& body = "") {
-  cdp::http::ClientOptions co;
-  co.bearer_token = token;
+  cdp::http::ClientOptions co = cdp::e2e::ControlClient(token);
   auto r = cdp::http::HttpRequest("127.0.0.1", port, method, target, body, std::chrono::milliseconds(20000), co);
   INFO(method << " " << target);
   REQUIRE(r.ok());

@@ -209,8 +209,7 @@ TEST_CASE("verify --repair: the agent refuses a repair range that is unaligned o
   REQUIRE(c.Start());
   const std::string vol = c.options().volume;
   auto post = [&](const std::string& body) {
-    cdp::http::ClientOptions co;
-    co.bearer_token = c.token(cdp::e2e::Which::kAgent);
+    cdp::http::ClientOptions co = cdp::e2e::ControlClient(c.token(cdp::e2e::Which::kAgent));
     auto r = cdp::http::HttpRequest("127.0.0.1", c.agent_control(), "POST", "/v1/repair", body,
                                     std::chrono::milliseconds(30000), co);
     return r.ok() ? std::to_string(r->status) : r.status().ToString();

@@ -151,6 +151,9 @@ std::string ClusterEnv(LocalCluster &c) {
   add("CDP_MT_PID", pid(Role::kMasterTarget));
   add("CDP_MTB_PID", pid(Role::kMasterTargetB));
   add("CDP_PKI_DIR", Quote(o.tls ? c.pki_dir() : std::string()));
+  // The site CA that the HTTPS control ports verify against (cdpctl reads
+  // CDP_TLS_CA; curl --cacert), "" when they speak plain HTTP.
+  add("CDP_TLS_CA", Quote(c.control_ca()));
   // The tenant's NBD client certificates (libnbd tls-certificates=), "" with
   // TLS off.
   add("CDP_MT_NBD_TLS_DIR", Quote(o.tls ? c.nbd_client_dir() : std::string()));

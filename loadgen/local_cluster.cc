@@ -145,6 +145,9 @@ Status LocalCluster::MakeCertificates() {
     io.identity.role = c.role;
     io.identity.name = c.name;
     if (c.role != pki::CertRole::kMasterTarget) io.identity.tenant = o_.tenant;
+    // Every daemon serves HTTPS on its control port: clients that check the
+    // host name (curl, Chromium) reach it on loopback.
+    if (c.role != pki::CertRole::kMasterTarget) io.hosts = {"localhost", "127.0.0.1", "::1"};
     CDP_RETURN_IF_ERROR(pki::Issue(dir, io, key, dir + "/" + c.file + ".crt"));
   }
   pki::Identity nbd_client;
@@ -154,10 +157,18 @@ Status LocalCluster::MakeCertificates() {
   return MakeNbdClientCertificates(dir, nbd_client, nbd_client_dir());
 }
 
+http::ClientOptions LocalCluster::ControlClient(Role r) const {
+  http::ClientOptions co;
+  co.bearer_token = token(r);
+  co.tls_ca = control_ca();
+  return co;
+}
+
 std::string LocalCluster::TlsKeys(const std::string& who) const {
   if (!o_.tls) return "tls = off\n";
   const std::string dir = pki_dir();
-  return "tls_ca = " + dir + "/ca.crt\ntls_cert = " + dir + "/" + who + ".crt\ntls_key = " + dir + "/" + who + ".key\n";
+  return "tls_ca = " + dir + "/ca.crt\ntls_cert = " + dir + "/" + who + ".crt\ntls_key = " + dir + "/" + who + ".key\n" +
+         (o_.control_plain ? "control_tls = off\n" : "");
 }
 
 std::string LocalCluster::MtConfig(uint16_t data, uint16_t ctl, uint16_t nbd, const std::string& data_dir) const {
@@ -266,8 +277,7 @@ Status LocalCluster::WaitReady(Role r, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     if (!process(r).Running()) return Status::Unavailable(std::string(Name(r)) + " exited at start\n" + Logs());
-    http::ClientOptions co;
-    co.bearer_token = token(r);  // the daemon writes it before it serves /status
+    http::ClientOptions co = ControlClient(r);  // the daemon writes its token before it serves /status
     const bool mt = r == Role::kMasterTarget || r == Role::kMasterTargetB;
     auto resp = http::HttpRequest(mt ? mt_host() : o_.host, control_port(r), "GET", "/status", {}, Millis(1000), co);
     if (resp.ok() && resp->status == 200) return Status::OK();

@@ -42,6 +42,7 @@
 #include "common/base/status.h"
 #include "common/crypto/pki.h"
 #include "common/env/subprocess.h"
+#include "common/http/http_client.h"
 
 namespace cdp::loadgen {
 
@@ -65,6 +66,9 @@ struct LocalClusterOptions {
   // with common/crypto/pki.h (`cdpctl pki` does the same from the command line).
   bool tls = true;
   std::string pki_dir;
+  // With tls: the control ports speak plain HTTP on loopback anyway
+  // (control_tls = off, which the daemons log as INSECURE). Off by default.
+  bool control_plain = false;
   // Control tokens (the product's default): each daemon makes its admin token
   // at first start in its state directory (token_path()); token() reads it.
   bool control_auth = true;
@@ -179,6 +183,11 @@ class LocalCluster {
   std::string token_path(Role r) const;
   // The token in it ("" with control_auth off or before the daemon made it).
   std::string token(Role r) const;
+  // How to call daemon `r`'s control API: its admin token, and HTTPS with
+  // the site CA when TLS is on (every control port then speaks HTTPS).
+  http::ClientOptions ControlClient(Role r) const;
+  // The CA file the HTTPS control ports verify against; "" when they speak plain HTTP.
+  std::string control_ca() const { return o_.tls && !o_.control_plain ? pki_dir() + "/ca.crt" : std::string(); }
   uint16_t mt_data_port() const { return mt_data_; }
   uint16_t mt_nbd_port() const { return mt_nbd_; }
   uint16_t ps_data_port() const { return ps_data_; }

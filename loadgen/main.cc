@@ -290,7 +290,7 @@ int CmdPlan(int argc, char** argv) {
 
 int CmdRecord(int argc, char** argv) {
   po::options_description d("record options");
-  d.add_options()("url", po::value<std::string>()->required(), "metrics URL, e.g. http://127.0.0.1:9100/metrics")(
+  d.add_options()("url", po::value<std::string>()->required(), "metrics URL, e.g. https://127.0.0.1:9100/metrics (CDP_TLS_CA: the site CA)")(
       "metric", po::value<std::string>()->default_value("cdp_agent_captured_bytes_total"), "counter to record")(
       "interval", po::value<Duration>()->default_value(Duration{10'000'000}), "polling interval")(
       "samples", po::value<uint64_t>()->default_value(360), "number of intervals to record")(
@@ -304,6 +304,7 @@ int CmdRecord(int argc, char** argv) {
   auto token = ClientToken("");
   if (!token.ok()) return Fail("record", token.status());
   url->token = *token;
+  if (const char* ca = std::getenv("CDP_TLS_CA"); ca != nullptr) url->tls_ca = ca;  // https: the site CA
   const std::string metric = vm["metric"].as<std::string>();
   const uint64_t interval = vm["interval"].as<Duration>().micros;
   if (interval == 0) return Fail("record", Status::InvalidArgument("--interval must be > 0"));
@@ -513,6 +514,7 @@ int CmdSweep(int argc, char** argv) {
       auto token = ClientToken("");  // one token for the three, from CDP_TOKEN / CDP_TOKEN_FILE
       if (!token.ok()) return Fail("sweep", token.status());
       t.agent_token = t.ps_token = t.mt_token = *token;
+      if (const char* ca = std::getenv("CDP_TLS_CA"); ca != nullptr) t.tls_ca = ca;  // https: the site CA
       if (t.agent_metrics.empty() || t.ps_metrics.empty() || t.mt_metrics.empty())
         return Fail("sweep", Status::InvalidArgument("give --local, or --from, or all three --*-metrics URLs"));
       std::string c = vm["compression"].as<std::string>();

@@ -63,12 +63,19 @@ Result<MetricSums> ParsePrometheusText(std::string_view text) {
 }
 
 Result<HttpUrl> ParseHttpUrl(std::string_view url) {
-  constexpr std::string_view kScheme = "http://";
-  if (url.substr(0, kScheme.size()) != kScheme) return Status::InvalidArgument("not an http:// URL: " + std::string(url));
-  std::string_view rest = url.substr(kScheme.size());
+  HttpUrl u;
+  std::string_view rest;
+  if (url.rfind("http://", 0) == 0) {
+    rest = url.substr(7);
+  } else if (url.rfind("https://", 0) == 0) {
+    rest = url.substr(8);
+    u.https = true;
+    u.port = 443;
+  } else {
+    return Status::InvalidArgument("not an http:// or https:// URL: " + std::string(url));
+  }
   size_t slash = rest.find('/');
   std::string_view hostport = rest.substr(0, slash);
-  HttpUrl u;
   if (slash != std::string_view::npos) u.target = std::string(rest.substr(slash));
   auto hp = ParseHostPort(hostport, HostPort::Rules::UrlAuthority(u.port));
   if (!hp.ok()) return Status::InvalidArgument(std::string(url) + ": " + hp.status().message());
@@ -78,12 +85,15 @@ Result<HttpUrl> ParseHttpUrl(std::string_view url) {
 }
 
 Result<MetricSums> Scrape(const HttpUrl& url, uint32_t timeout_ms) {
+  if (url.https && url.tls_ca.empty())
+    return Status::InvalidArgument("https://" + url.host + ": give the site CA (CDP_TLS_CA) to check the daemon");
   http::ClientOptions co;
   co.bearer_token = url.token;
+  if (url.https) co.tls_ca = url.tls_ca;
   CDP_ASSIGN_OR_RETURN(auto resp, http::HttpRequest(url.host, url.port, "GET", url.target, {},
                                                    std::chrono::milliseconds(timeout_ms), co));
   if (resp.status != 200)
-    return Status::Unavailable("GET http://" + url.host + ":" + std::to_string(url.port) + url.target + ": HTTP " +
+    return Status::Unavailable(std::string("GET ") + (url.https ? "https://" : "http://") + url.host + ":" + std::to_string(url.port) + url.target + ": HTTP " +
                                std::to_string(resp.status));
   return ParsePrometheusText(resp.body);
 }

@@ -33,17 +33,19 @@ namespace cdp::loadgen {
 using MetricSums = std::map<std::string, double, std::less<>>;
 Result<MetricSums> ParsePrometheusText(std::string_view text);
 
-// http://HOST:PORT/PATH (PATH defaults to /metrics).
+// https://HOST:PORT/PATH or http://HOST:PORT/PATH (PATH defaults to /metrics).
 struct HttpUrl {
   std::string host;
   uint16_t port = 80;
   std::string target = "/metrics";
-  std::string token;  // control token sent as a bearer ("" = none; common/http/control_token.h)
+  bool https = false;
+  std::string token;   // control token sent as a bearer ("" = none; common/http/control_token.h)
+  std::string tls_ca;  // https: the site CA the daemon's certificate verifies against
 };
 Result<HttpUrl> ParseHttpUrl(std::string_view url);
 
 // GET the URL and parse it. Failure: the HTTP client's status, kUnavailable
-// for a non-200 answer, or the parser's.
+// for a non-200 answer, or the parser's; kInvalidArgument for https without tls_ca.
 Result<MetricSums> Scrape(const HttpUrl& url, uint32_t timeout_ms = 5000);
 
 // One polled counter reading.

@@ -33,6 +33,7 @@ Result<DaemonSnapshot> Snapshot(const SweepTargets& t, const Clock* clock) {
   for (auto& it : items) {
     CDP_ASSIGN_OR_RETURN(HttpUrl u, ParseHttpUrl(*it.url));
     u.token = *it.token;
+    u.tls_ca = t.tls_ca;
     auto m = Scrape(u);
     if (!m.ok()) return m.status().WithContext(std::string("scrape ") + it.who + " " + *it.url);
     *it.out = std::move(*m);
@@ -166,8 +167,10 @@ Status RemoveAll(Env* env, const std::string& path) {
 }
 
 SweepTargets TargetsOf(const LocalCluster& c) {
-  auto metrics = [&](Role r) { return "http://127.0.0.1:" + std::to_string(c.control_port(r)) + "/metrics"; };
+  const std::string scheme = c.control_ca().empty() ? "http://" : "https://";
+  auto metrics = [&](Role r) { return scheme + "127.0.0.1:" + std::to_string(c.control_port(r)) + "/metrics"; };
   SweepTargets t;
+  t.tls_ca = c.control_ca();
   t.agent_metrics = metrics(Role::kAgent);
   t.ps_metrics = metrics(Role::kProcessServer);
   t.mt_metrics = metrics(Role::kMasterTarget);

@@ -32,8 +32,9 @@
 namespace cdp::loadgen {
 
 struct SweepTargets {
-  std::string agent_metrics, ps_metrics, mt_metrics;  // http://HOST:PORT/metrics
+  std::string agent_metrics, ps_metrics, mt_metrics;  // https://HOST:PORT/metrics (http:// with TLS off)
   std::string agent_token, ps_token, mt_token;        // their control tokens ("" = none)
+  std::string tls_ca;                                 // the site CA of https:// URLs
   std::string nbd_uri;                                // the protected volume's export, or
   std::string dir;                                    // a directory on a file system over it
 };

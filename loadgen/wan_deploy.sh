@@ -26,7 +26,11 @@ wan_down() {
   [ -n "${WAN_DIR:-}" ] && rm -rf "$WAN_DIR"
 }
 wan_get() {  # NETNS_PREFIX HOST:PORT TOKEN_FILE PATH
-  $1 curl -fsS --max-time 10 -H "Authorization: Bearer $(cat "$3" 2>/dev/null)" "http://$2$4"
+  if [ -n "${CDP_TLS_CA:-}" ]; then
+    $1 curl -fsS --max-time 10 --cacert "$CDP_TLS_CA" -H "Authorization: Bearer $(cat "$3" 2>/dev/null)" "https://$2$4"
+  else
+    $1 curl -fsS --max-time 10 -H "Authorization: Bearer $(cat "$3" 2>/dev/null)" "http://$2$4"
+  fi
 }
 wan_up() {
   local build=$1 rate=$2 delay=$3 codec=$4 conns=$5 _

@@ -78,7 +78,7 @@ tag() {
   echo "$out" | sed 's/^/  /'
 }
 ctl() {
-  "$CTL" --agent "$CDP_AGENT_CONTROL" --ps "$CDP_PS_CONTROL" --mt "$CDP_MT_CONTROL" --tenant $TENANT \
+  "$CTL" ${CDP_TLS_CA:+--tls-ca "$CDP_TLS_CA"} --agent "$CDP_AGENT_CONTROL" --ps "$CDP_PS_CONTROL" --mt "$CDP_MT_CONTROL" --tenant $TENANT \
     --agent-token-file "$CDP_AGENT_TOKEN_FILE" --ps-token-file "$CDP_PS_TOKEN_FILE" --mt-token-file "$CDP_MT_TOKEN_FILE" "$@"
 }
 
@@ -86,8 +86,10 @@ say "site PKI: a CA and one certificate per daemon, made by cdpctl pki"
 PKI=$DIR/pki
 "$CTL" pki init --dir "$PKI" --name "OpenCDP demo CA" | sed 's/^/  /'
 "$CTL" pki issue --dir "$PKI" --role mt --name demo-mt --out "$PKI/mt" | sed 's/^/  /'
-"$CTL" --tenant $TENANT pki issue --dir "$PKI" --role ps --name demo-ps --out "$PKI/ps" | sed 's/^/  /'
-"$CTL" --tenant $TENANT pki issue --dir "$PKI" --role agent --name demo-host --out "$PKI/agent" | sed 's/^/  /'
+"$CTL" --tenant $TENANT pki issue --dir "$PKI" --role ps --name demo-ps --out "$PKI/ps" --hosts localhost,127.0.0.1 |
+  sed 's/^/  /'
+"$CTL" --tenant $TENANT pki issue --dir "$PKI" --role agent --name demo-host --out "$PKI/agent" \
+  --hosts localhost,127.0.0.1 | sed 's/^/  /'
 "$CTL" pki show "$PKI/agent.crt" | sed 's/^/  agent certificate: /'
 [ "$(stat -c %a "$PKI/agent.key")" = 600 ] || die "agent.key is not mode 0600"
 
@@ -110,8 +112,11 @@ MT_CTL=${CDP_MT_CONTROL##*:}
 echo "  master target :${CDP_MT_CONTROL##*:}, process server :${CDP_PS_CONTROL##*:}, agent :$AG_CTL (control ports)"
 echo "  protected volume exported at $URI"
 
+# The control ports speak HTTPS with the site PKI: curl checks them against its CA.
+CURL_TLS=(--cacert "$CDP_TLS_CA")
+[ -n "$CDP_TLS_CA" ] || die "the control ports should speak HTTPS (no CDP_TLS_CA from the cluster)"
 # GET on a control port with the daemon's admin token (made at its first start, mode 0600).
-get() { curl -fsS -H "Authorization: Bearer $(cat "$2")" "http://127.0.0.1:$1$3"; }
+get() { curl -fsS "${CURL_TLS[@]}" -H "Authorization: Bearer $(cat "$2")" "https://127.0.0.1:$1$3"; }
 echo "  control tokens: $CDP_AGENT_TOKEN_FILE, $CDP_PS_TOKEN_FILE, $CDP_MT_TOKEN_FILE (mode $(stat -c %a "$CDP_MT_TOKEN_FILE"))"
 
 # Waits until every write the agent captured is applied at the master target.
@@ -230,13 +235,16 @@ grep -q "TLS on: certificate 'demo-host'" "$DIR/agent.log" && tls_links=$((tls_l
 echo "  daemons on TLS with the demo certificates: $tls_links of 3"
 check "agent, PS and MT on TLS 1.3 with certificates from cdpctl pki" 3 "$tls_links"
 say "check: the control ports answer only their tokens"
-code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
-  -d "{\"volume\":\"$VOL\",\"seq\":1}" "http://127.0.0.1:$MT_CTL/v1/export")
+code=$(curl -s "${CURL_TLS[@]}" -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
+  -d "{\"volume\":\"$VOL\",\"seq\":1}" "https://127.0.0.1:$MT_CTL/v1/export")
 echo "  POST /v1/export without a token: HTTP $code"
+plain=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$MT_CTL/status" || true)
+echo "  plain HTTP to the master target's control port (HTTPS only): HTTP ${plain:-none}"
+check "control ports speak HTTPS only: plain HTTP gets no answer" "000" "$plain"
 other=$(ctl --tenant other-tenant token issue 2>&1 || true)
 echo "  cdpctl token issue for a tenant the MT does not serve: $other"
 tt=$(ctl token issue 2>/dev/null)
-seen=$(curl -fsS -H "Authorization: Bearer $tt" "http://127.0.0.1:$MT_CTL/v1/volumes" | grep -o "\"volume\":\"[^\"]*\"" | tr '\n' ' ')
+seen=$(curl -fsS "${CURL_TLS[@]}" -H "Authorization: Bearer $tt" "https://127.0.0.1:$MT_CTL/v1/volumes" | grep -o "\"volume\":\"[^\"]*\"" | tr '\n' ' ')
 echo "  tenant $TENANT's own token (cdpctl token issue) sees: $seen"
 check "control API: 401 without a token, a tenant token sees its volume" "401 \"volume\":\"$VOL\" " "$code $seen"
 if [ "$(same "$DIR/copies/before-upgrade.img" "$DIR/copies/after-upgrade.img")" = same ]; then

@@ -202,16 +202,13 @@ Result<std::unique_ptr<ControlTokens>> ControlTokens::Open(Env* env, const std::
   CDP_RETURN_IF_ERROR(CheckPrivateFile(env, admin_path, "a token file"));
   CDP_ASSIGN_OR_RETURN(std::string admin, ReadTokenFile(env, admin_path));
   t->admin_ = DigestOf(admin);
-  if (!tenant_path.empty() && env->Exists(tenant_path)) {
-    CDP_RETURN_IF_ERROR(CheckPrivateFile(env, tenant_path, "a token file"));
-    CDP_RETURN_IF_ERROR(t->LoadIssued());
-  }
+  if (!tenant_path.empty() && env->Exists(tenant_path)) CDP_RETURN_IF_ERROR(t->LoadIssued());
   return t;
 }
 
 // The format: docs/formats/control-tokens.md.
 Status ControlTokens::LoadIssued() {
-  CDP_RETURN_IF_ERROR(CheckPrivate(env_, tenant_path_));
+  CDP_RETURN_IF_ERROR(CheckPrivateFile(env_, tenant_path_, "a token file"));
   CDP_ASSIGN_OR_RETURN(Bytes data, ReadWholeFile(env_, tenant_path_));
   std::string_view text(reinterpret_cast<const char*>(data.data()), data.size());
   const uint64_t now = clock_->WallMicros();

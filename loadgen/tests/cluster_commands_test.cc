@@ -73,9 +73,8 @@ TEST_CASE(
   CHECK(env.find("CDP_MTB_DATA='127.0.0.1:" + std::to_string(c.mtb_data_port()) + "'") != std::string::npos);
 
   auto get = [&](Role r, const std::string &path) {
-    http::ClientOptions co;
-    co.bearer_token = c.token(r);
-    return http::HttpRequest("127.0.0.1", c.control_port(r), "GET", path, {}, std::chrono::seconds(10), co);
+    return http::HttpRequest("127.0.0.1", c.control_port(r), "GET", path, {}, std::chrono::seconds(10),
+                             c.ControlClient(r));
   };
   // The PS ships to both master targets (copies = 2).
   auto ps = get(Role::kProcessServer, "/status");
