@@ -26,7 +26,8 @@
 //                      --ps_token F --mt_token F --tenant T --volume V
 //                      --point POINT (an id, seq:N or a tag, as cdpctl export)
 //                      [--runs 1000] [--ops status,points,export,tag]
-//                      [--cdpctl PATH] [--label L] [--no_header]
+//                      [--cdpctl PATH] [--label L] [--no_header] [--tls_ca CA]
+//   --tls_ca: the site CA of HTTPS control ports (the product's default); without it, plain HTTP
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,6 +61,7 @@ struct Args {
   int runs = 1000;
   std::vector<std::string> ops{"status", "points", "export", "tag"};
   std::string cdpctl;
+  std::string tls_ca;  // HTTPS control ports: the site CA ("" = plain HTTP)
   std::string label = "loopback";
   bool header = true;
 };
@@ -139,6 +141,7 @@ Args Parse(int argc, char** argv) {
   a.runs = std::atoi(opt("runs", "1000").c_str());
   a.ops = Split(opt("ops", "status,points,export,tag"));
   a.cdpctl = opt("cdpctl", "");
+  a.tls_ca = opt("tls_ca", "");
   a.label = opt("label", "loopback");
   if (!kv.empty()) Die("unknown option --" + kv.begin()->first);
   if (a.runs < 1) Die("--runs must be >= 1");
@@ -174,9 +177,12 @@ std::string JsonField(const std::string& body, const std::string& key) {
   return q == std::string::npos ? "" : body.substr(p, q - p);
 }
 
+std::string g_tls_ca;  // --tls_ca
+
 std::string Call(const Endpoint& e, std::string_view method, const std::string& target, const std::string& body) {
   cdp::http::ClientOptions o;
   o.bearer_token = e.token;
+  o.tls_ca = g_tls_ca;
   auto r = cdp::http::HttpRequest(e.host, e.port, method, target, body, std::chrono::milliseconds(30000), o);
   if (!r.ok()) Die(std::string(method) + " " + target + ": " + r.status().ToString());
   if (r->status != 200) Die(std::string(method) + " " + target + ": HTTP " + std::to_string(r->status) + " " + r->body);
@@ -191,6 +197,7 @@ std::string RunCdpctl(const Args& a, const std::vector<std::string>& args) {
                                 "--agent-token-file", a.agent.token_file,
                                 "--ps-token-file", a.ps.token_file,
                                 "--mt-token-file", a.mt.token_file};
+  if (!a.tls_ca.empty()) argv.insert(argv.end(), {"--tls-ca", a.tls_ca});
   argv.insert(argv.end(), args.begin(), args.end());
   int fds[2];
   if (pipe(fds) != 0) Die("pipe");
@@ -240,6 +247,7 @@ void Report(const Args& a, const std::string& op, std::vector<double> v) {
 
 int main(int argc, char** argv) {
   const Args a = Parse(argc, argv);
+  g_tls_ca = a.tls_ca;
   const bool api = a.cdpctl.empty();
   const std::string tenant_q = "&tenant=" + a.tenant;  // names are [A-Za-z0-9._-]: no escaping needed
   const std::string export_body = "{\"volume\":" + JsonString(a.volume) + ",\"tenant\":" + JsonString(a.tenant) +

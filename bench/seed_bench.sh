@@ -209,7 +209,7 @@ cb() {  # LINK RUNS OPS [--cdpctl PATH]
   phase "control_bench $l ${1:+cdpctl }$ops x $runs"
   client "$l" "$CONTROL_BENCH" --agent $H:$AG_CTL --ps $H:$PS_CTL --mt $H:$MT_CTL --agent_token "$AG_TOKEN" \
     --ps_token "$PS_TOKEN" --mt_token "$MT_TOKEN" --tenant bench --volume v --point p1 --runs "$runs" --ops "$ops" \
-    --label "$l" --no_header "$@" >>"$OUT/control.csv.tmp"
+    --label "$l" --no_header ${CDP_TLS_CA:+--tls_ca "$CDP_TLS_CA"} "$@" >>"$OUT/control.csv.tmp"
 }
 # Tags last: each adds a recovery point, and `points` answers with all of them.
 for ops in status,points,export tag; do

@@ -63,7 +63,9 @@ class SecondMt {
                                      "--mt-token-file",
                                      c_.token_path(Which::kMasterTargetB),
                                      "--tenant",
-                                     c_.options().tenant};
+                                     c_.options().tenant,
+                                     "--tls-ca",
+                                     cdp::e2e::ControlClient("").tls_ca};
     argv.insert(argv.end(), args.begin(), args.end());
     auto r = cdp::testing::RunCommand(argv, 60000);
     boost::system::error_code ec;

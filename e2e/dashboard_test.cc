@@ -10,6 +10,13 @@
 //   - screenshots are saved in <build>/e2e-artifacts/ (paths printed).
 #include <catch2/catch.hpp>
 
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/sha.h>
+#include <openssl/x509.h>
+
+#include <cstdio>
+
 #include <boost/json.hpp>
 #include <filesystem>
 #include <iostream>
@@ -163,6 +170,26 @@ void Click(Browser& b, const std::string& css) {
   REQUIRE(ok);
 }
 
+// Base64 of the SHA-256 of a certificate's SubjectPublicKeyInfo (what
+// Chromium's --ignore-certificate-errors-spki-list takes); "" on error.
+std::string SpkiSha256(const std::string& cert_path) {
+  FILE* f = std::fopen(cert_path.c_str(), "r");
+  if (f == nullptr) return "";
+  X509* cert = PEM_read_X509(f, nullptr, nullptr, nullptr);
+  std::fclose(f);
+  if (cert == nullptr) return "";
+  unsigned char* der = nullptr;
+  const int n = i2d_X509_PUBKEY(X509_get_X509_PUBKEY(cert), &der);
+  X509_free(cert);
+  if (n <= 0) return "";
+  unsigned char md[SHA256_DIGEST_LENGTH];
+  SHA256(der, size_t(n), md);
+  OPENSSL_free(der);
+  unsigned char b64[64];
+  const int len = EVP_EncodeBlock(b64, md, sizeof md);
+  return std::string(reinterpret_cast<char*>(b64), size_t(len));
+}
+
 // Signs out (as the page's button does: the tab's token and the cookie go),
 // then in with `token` through a link carrying it in the fragment.
 void SignIn(Browser& b, const std::string& base, const std::string& token) {
@@ -196,7 +223,7 @@ std::string Screenshot(Browser& b, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("dashboard: two tenants in headless Chromium, token-gated, points as cdpctl lists them, exports from the page",
+TEST_CASE("dashboard: two tenants in headless Chromium over HTTPS, token-gated, a session cookie that is not the token, points as cdpctl lists them, exports from the page",
           "[e2e][dashboard]") {
   INFO("needs Debian chromium, chromium-driver and libnbd-bin (scripts/install-deps.sh)");
   REQUIRE(Browser::Available());
@@ -220,7 +247,9 @@ TEST_CASE("dashboard: two tenants in headless Chromium, token-gated, points as c
   const std::string acme = IssueToken(c, "acme"), beta = IssueToken(c, "beta");
   const std::string admin = c.token(Which::kMasterTarget);
   const uint16_t port = c.mt_control();
-  const std::string base = "http://127.0.0.1:" + std::to_string(port);
+  // The control port speaks HTTPS only (the site PKI; the MT's certificate
+  // names 127.0.0.1).
+  const std::string base = "https://127.0.0.1:" + std::to_string(port);
 
   // Without a browser: the page and its script need a token, the sign-in page does not.
   CHECK(HttpStatus(port, "/ui", "") == 401);
@@ -248,7 +277,10 @@ TEST_CASE("dashboard: two tenants in headless Chromium, token-gated, points as c
   Browser b;
   const std::string bdir = c.Path("browser");
   std::filesystem::create_directories(bdir);
-  cdp::Status started = b.Start(bdir);
+  // Chromium trusts exactly the MT's key (the site CA is not in its store).
+  const std::string spki = SpkiSha256(c.pki_dir() + "/mt.crt");
+  REQUIRE(!spki.empty());
+  cdp::Status started = b.Start(bdir, 1440, 2000, {"--ignore-certificate-errors-spki-list=" + spki});
   INFO(started.ToString());
   REQUIRE(started.ok());
 
@@ -264,6 +296,28 @@ TEST_CASE("dashboard: two tenants in headless Chromium, token-gated, points as c
   // Tenant A: only its volume.
   SignIn(b, base, acme);
   CHECK(*b.Url() == base + "/ui");
+  // The session cookie is a random id, never the token: __Host-, Secure,
+  // HttpOnly, SameSite=Strict, and it expires.
+  {
+    auto cookies = b.Cookies();
+    REQUIRE(cookies.ok());
+    INFO(json::serialize(*cookies));
+    REQUIRE(cookies->is_array());
+    REQUIRE(cookies->as_array().size() == 1);
+    const json::object& k = cookies->as_array()[0].as_object();
+    CHECK(k.at("name") == "__Host-cdp_session");
+    const std::string value(k.at("value").as_string());
+    CHECK(value.size() == 64);
+    CHECK(value != acme);
+    CHECK(value.find(acme) == std::string::npos);
+    CHECK(k.at("secure") == true);
+    CHECK(k.at("httpOnly") == true);
+    CHECK(k.at("sameSite") == "Strict");
+    CHECK(k.at("path") == "/");
+    CHECK(k.contains("expiry"));
+    // The id is no token: the API refuses it as a bearer.
+    CHECK(HttpStatus(port, "/v1/volumes", value) == 401);
+  }
   CHECK(ShownTenants(b) == std::set<std::string>{"acme"});
   CHECK(ShownVolumes(b) == std::set<std::string>{acme_key});
   CHECK(Str(Eval(b, "return document.body.textContent.includes('ledger') || "

@@ -12,6 +12,7 @@
 
 #include "common/crypto/pki.h"
 #include "common/http/control_token.h"
+#include "common/http/http_client.h"
 #include "e2e/harness.h"
 
 namespace {
@@ -114,9 +115,13 @@ TEST_CASE("docs/examples configs start the three daemons, which then replicate",
   REQUIRE(dp.Start({CDP_PS_BIN, "--config", dir.Join("ps.conf")}, dir.Join("ps.log")));
   REQUIRE(da.Start({CDP_AGENT_BIN, "--config", dir.Join("agent.conf")}, dir.Join("agent.log")));
   // Each daemon makes its admin control token at first start, in its state directory.
+  // Their control ports speak HTTPS with the example's site CA.
   auto token = [&](const std::string& file) {
     auto t = cdp::ReadTokenFile(cdp::DefaultEnv(), file);
-    return t.ok() ? *t : std::string();
+    cdp::http::ClientOptions co;
+    co.bearer_token = t.ok() ? *t : std::string();
+    co.tls_ca = tls + "/ca.crt";
+    return co;
   };
   const std::pair<uint16_t, std::string> daemons[] = {{mt_ctl, dir.Join("mt/control.token")},
                                                       {ps_ctl, dir.Join("spool/control.token")},

@@ -38,7 +38,10 @@ http::ClientOptions ControlClient(const std::string& token) {
 }
 
 std::optional<json::value> GetJson(uint16_t port, const std::string& target, const std::string& token) {
-  http::ClientOptions co = ControlClient(token);
+  return GetJson(port, target, ControlClient(token));
+}
+
+std::optional<json::value> GetJson(uint16_t port, const std::string& target, const http::ClientOptions& co) {
   auto r = http::HttpRequest("127.0.0.1", port, "GET", target, {}, std::chrono::milliseconds(5000), co);
   if (!r.ok() || r->status != 200) return std::nullopt;
   boost::system::error_code ec;

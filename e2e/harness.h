@@ -54,6 +54,8 @@ http::ClientOptions ControlClient(const std::string& token);
 // GET https://127.0.0.1:port/target as JSON with control token `token`;
 // nullopt when unreachable, not 200 or not JSON.
 std::optional<boost::json::value> GetJson(uint16_t port, const std::string& target, const std::string& token);
+// The same with explicit client options (a daemon of a site PKI of the test's own).
+std::optional<boost::json::value> GetJson(uint16_t port, const std::string& target, const http::ClientOptions& co);
 
 // SHA-256 of a file's contents as hex ("" on error), via sha256sum.
 std::string Sha256File(const std::string& path);

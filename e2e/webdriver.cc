@@ -56,7 +56,7 @@ Result<json::value> Browser::Call(const std::string& method, const std::string& 
   return value;
 }
 
-Status Browser::Start(const std::string& dir, int width, int height) {
+Status Browser::Start(const std::string& dir, int width, int height, const std::vector<std::string>& extra_args) {
   port_ = FreePort();
   if (port_ == 0) return Status::IOError("no free port for chromedriver");
   if (!driver_.Start({kDriver, "--port=" + std::to_string(port_)}, dir + "/chromedriver.log"))
@@ -76,6 +76,7 @@ Status Browser::Start(const std::string& dir, int width, int height) {
                    "--hide-scrollbars",
                    "--user-data-dir=" + dir + "/chromium-profile",
                    "--window-size=" + std::to_string(width) + "," + std::to_string(height)};
+  for (const std::string& a : extra_args) args.push_back(json::value(a));
   json::object caps{{"browserName", "chrome"},
                     {"goog:chromeOptions", json::object{{"binary", kChromium}, {"args", args}}}};
   CDP_ASSIGN_OR_RETURN(auto v, Call("POST", "/session", json::object{{"capabilities", json::object{{"alwaysMatch", caps}}}}));
@@ -126,6 +127,8 @@ Status Browser::Screenshot(const std::string& path) {
   if (!f.good()) return Status::IOError("cannot write " + path);
   return Status::OK();
 }
+
+Result<json::value> Browser::Cookies() { return Call("GET", "/session/" + session_ + "/cookie", nullptr); }
 
 Result<std::string> Browser::Url() {
   CDP_ASSIGN_OR_RETURN(auto v, Call("GET", "/session/" + session_ + "/url", nullptr));

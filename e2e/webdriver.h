@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/base/result.h"
 #include "common/base/status.h"
@@ -39,8 +40,10 @@ class Browser {
 
   // Starts chromedriver (log in `dir`/chromedriver.log) and a headless
   // Chromium session with a fresh profile in `dir`, a window of
-  // width x height CSS pixels.
-  Status Start(const std::string& dir, int width = 1440, int height = 2000);
+  // width x height CSS pixels, and `extra_args` for Chromium (e.g. the
+  // server key it trusts: --ignore-certificate-errors-spki-list=).
+  Status Start(const std::string& dir, int width = 1440, int height = 2000,
+               const std::vector<std::string>& extra_args = {});
 
   // Navigates to `url` (returns when the page has loaded).
   Status Go(const std::string& url);
@@ -56,6 +59,9 @@ class Browser {
   Status Screenshot(const std::string& path);
   // The URL of the page now shown.
   Result<std::string> Url();
+  // The cookies the browser holds for the current page (WebDriver's list:
+  // name, value, secure, httpOnly, sameSite, expiry...), HttpOnly ones included.
+  Result<boost::json::value> Cookies();
 
  private:
   Result<boost::json::value> Call(const std::string& method, const std::string& path, const boost::json::value& body);

@@ -54,22 +54,22 @@ void AddDashboardRoutes(http::Server& server) {
   // before the page navigates to /ui (a cookie written by script may not be).
   server.Route(
       "POST", "/ui/session",
-      [](const http::Request& r) {
+      [&server](const http::Request& r) {
         // Access::kToken: the router has checked the bearer token (a 401 before this).
+        // The cookie holds a random session id, never the token (http_server.h).
+        auto cookie = server.OpenSession(r, r.token);
+        if (!cookie.ok()) return http::ErrorResponse(cookie.status());
         http::Response resp = http::Response::Json(200, boost::json::object{{"signed_in", true}});
-        resp.headers = {{"Set-Cookie", std::string(http::kSessionCookie) + "=" + r.token +
-                                           "; Path=/ui; HttpOnly; SameSite=Strict"},
-                        {"Cache-Control", "no-store"}};
+        resp.headers = {{"Set-Cookie", *cookie}, {"Cache-Control", "no-store"}};
         return resp;
       },
       // Signing in changes nothing at the daemon: a tenant-read token may too.
       http::Access::kToken, [](const http::Request&) { return false; });
   server.Route(
       "POST", "/ui/logout",
-      [](const http::Request&) {
+      [&server](const http::Request& r) {
         http::Response resp = http::Response::Json(200, boost::json::object{{"signed_in", false}});
-        resp.headers = {{"Set-Cookie", std::string(http::kSessionCookie) + "=; Path=/ui; Max-Age=0; HttpOnly; SameSite=Strict"},
-                        {"Cache-Control", "no-store"}};
+        resp.headers = {{"Set-Cookie", server.EndSession(r)}, {"Cache-Control", "no-store"}};
         return resp;
       },
       http::Access::kPublic);

@@ -27,12 +27,13 @@
 //  - The sign-in page takes the token typed in, or from the URL fragment
 //    (/ui/login#token=TOKEN: a fragment is never sent to the server, so it
 //    reaches no log), and sends it as a bearer header to POST /ui/session,
-//    which answers 401 for a token that is not valid, else sets the session
-//    cookie `cdp_ui_token` (Path=/ui, HttpOnly, SameSite=Strict; no Secure
-//    flag: the control port speaks plain HTTP, put TLS in front of it across
-//    networks) so that the browser's GET /ui is authenticated too. The page
-//    keeps the token in the tab's sessionStorage for its API calls. Sign-out
-//    clears both (POST /ui/logout).
+//    which answers 401 for a token that is not valid, else opens a session
+//    and sets its cookie: a random session id, never the token, named
+//    `__Host-cdp_session` (Secure, HttpOnly, SameSite=Strict, Path=/, expires
+//    with the session; http_server.h, Access::kSession) as the control port
+//    speaks HTTPS, so that the browser's GET /ui is authenticated too. The
+//    page keeps the token in the tab's sessionStorage for its API calls.
+//    Sign-out ends the session and clears both (POST /ui/logout).
 //  - GET /ui and /ui/app.js need a valid token, from that cookie or a bearer
 //    header; without one they answer 401 with a page that says so and links
 //    to the sign-in page. The page itself shows "unauthorized" when an API
@@ -72,7 +73,7 @@ const DashboardAsset* FindDashboardAsset(std::string_view name);
 extern const char kDashboardCsp[];
 
 // Adds the /ui routes: the pages Access::kSession (the router checks the
-// bearer token or the session cookie, http::kSessionCookie; a page answers an
+// bearer token or the session cookie, http::kSessionCookieTls; a page answers an
 // anonymous request), POST /ui/session Access::kToken, the rest kPublic.
 // Before server.Start().
 void AddDashboardRoutes(http::Server& server);

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/http/http_router.h"
 
+#include <openssl/rand.h>
+
 #include <boost/asio/ip/address.hpp>
 #include <boost/json.hpp>
 #include <cctype>
@@ -191,7 +193,7 @@ Response Router::Dispatch(Request& req) const {
   } else if (opts_.authenticate && access == Access::kSession) {
     // A bearer header wins; only without one does the session cookie count.
     std::string token(BearerToken(req.authorization));
-    if (token.empty()) token = CookieValue(req.cookie, kSessionCookie);
+    if (token.empty()) token = SessionToken(SessionId(req), std::chrono::steady_clock::now());
     if (!token.empty()) {
       if (auto caller = opts_.authenticate(token); caller.ok()) {
         req.caller = std::move(*caller);
@@ -250,6 +252,48 @@ Response Router::Dispatch(Request& req) const {
     cdp::log::Get("http")->error("{} {}: handler failed: {}", req.method, req.path, e.what());
     return Response::Error(500, e.what());
   }
+}
+
+std::string Router::SessionId(const Request& req) {
+  // Over TLS only the __Host- cookie counts; a plain-HTTP cookie of the same
+  // host (any web server there may set one) never does.
+  return CookieValue(req.cookie, req.tls ? kSessionCookieTls : kSessionCookiePlain);
+}
+
+Result<std::string> Router::OpenSession(const std::string& token, std::chrono::steady_clock::time_point now) {
+  uint8_t raw[32];
+  if (RAND_bytes(raw, sizeof raw) != 1) return Status::IOError("session id: the random generator failed");
+  static const char* kHex = "0123456789abcdef";
+  std::string id;
+  for (uint8_t b : raw) id += {kHex[b >> 4], kHex[b & 15]};
+  std::lock_guard<std::mutex> lk(session_mu_);
+  while (sessions_.size() >= kMaxSessions && !session_order_.empty()) {
+    sessions_.erase(session_order_.front());
+    session_order_.pop_front();
+  }
+  sessions_[id] = Session{token, now + std::chrono::seconds(opts_.session_lifetime_s)};
+  session_order_.push_back(id);
+  if (session_order_.size() > 2 * kMaxSessions) {  // drop ids of sessions already ended
+    std::erase_if(session_order_, [&](const std::string& x) { return sessions_.count(x) == 0; });
+  }
+  return id;
+}
+
+std::string Router::SessionToken(const std::string& id, std::chrono::steady_clock::time_point now) const {
+  if (id.empty()) return "";
+  std::lock_guard<std::mutex> lk(session_mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return "";
+  if (now >= it->second.expires) {
+    sessions_.erase(it);
+    return "";
+  }
+  return it->second.token;
+}
+
+void Router::EndSession(const std::string& id) {
+  std::lock_guard<std::mutex> lk(session_mu_);
+  sessions_.erase(id);
 }
 
 }  // namespace cdp::http::detail

@@ -14,7 +14,11 @@
 // handlers and ServerOptions::status concurrently if the server has several.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -74,6 +78,16 @@ class Router {
   // The response to `req`; sets req.rest for a prefix route. Never throws.
   Response Dispatch(Request& req) const;
 
+  // Browser sessions (http_server.h, Access::kSession). OpenSession returns
+  // the new id; SessionToken the token of a live session ("" when unknown or
+  // past its lifetime, which also forgets it); EndSession forgets one. `now`
+  // is steady time, for tests.
+  Result<std::string> OpenSession(const std::string& token, std::chrono::steady_clock::time_point now);
+  std::string SessionToken(const std::string& id, std::chrono::steady_clock::time_point now) const;
+  void EndSession(const std::string& id);
+  // The session id in a request's cookie ("" when none).
+  static std::string SessionId(const Request& req);
+
  private:
   struct Entry {
     std::string method;
@@ -85,6 +99,13 @@ class Router {
   };
   const ServerOptions& opts_;
   std::vector<Entry> routes_;
+  struct Session {
+    std::string token;
+    std::chrono::steady_clock::time_point expires;
+  };
+  mutable std::mutex session_mu_;
+  mutable std::map<std::string, Session> sessions_;  // id -> session; guarded by session_mu_
+  mutable std::deque<std::string> session_order_;    // ids, oldest first (may hold ended ones)
 };
 
 }  // namespace cdp::http::detail

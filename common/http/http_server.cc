@@ -378,6 +378,19 @@ Server::Server(ServerOptions opts) : impl_(std::make_unique<Impl>(std::move(opts
 
 Server::~Server() { Stop(); }
 
+Result<std::string> Server::OpenSession(const Request& request, const std::string& token) {
+  CDP_ASSIGN_OR_RETURN(std::string id, impl_->router.OpenSession(token, std::chrono::steady_clock::now()));
+  return std::string(request.tls ? kSessionCookieTls : kSessionCookiePlain) + "=" + id + "; Path=/; " +
+         (request.tls ? "Secure; " : "") + "HttpOnly; SameSite=Strict; Max-Age=" +
+         std::to_string(impl_->opts.session_lifetime_s);
+}
+
+std::string Server::EndSession(const Request& request) {
+  impl_->router.EndSession(detail::Router::SessionId(request));
+  return std::string(request.tls ? kSessionCookieTls : kSessionCookiePlain) + "=; Path=/; " +
+         (request.tls ? "Secure; " : "") + "HttpOnly; SameSite=Strict; Max-Age=0";
+}
+
 void Server::Route(std::string method, std::string path, Handler handler, Access access, ChangesState changes) {
   impl_->router.Add(std::move(method), std::move(path), std::move(handler), access, std::move(changes));
 }

@@ -173,13 +173,26 @@ ChangesState ChangesStateWhenSet(std::string key);
 // then left empty and the handler decides (the dashboard's sign-out and its
 // static files). Without ServerOptions::authenticate every caller is the
 // admin on every route. kSession: a page of a browser session (the master target's dashboard): the
-// bearer token, or else the session cookie (kSessionCookie, which a kToken
-// sign-in route sets), is checked here like kToken's; the handler runs either
-// way and answers an anonymous request itself (Request::signed_in). Only for
-// GETs of pages: a browser sends the cookie along with cross-site requests
-// too, so nothing that changes state may honour it.
+// bearer token, or else the session cookie, is checked here like kToken's;
+// the handler runs either way and answers an anonymous request itself
+// (Request::signed_in). Only for GETs of pages: a browser sends the cookie
+// along with cross-site requests too, so nothing that changes state may
+// honour it.
+//
+// Sessions: a sign-in route (kToken) calls Server::OpenSession with the
+// caller's token and sets the cookie SessionCookie() returns. The cookie holds
+// a random session id (256 bits), never the token: over HTTPS it is
+// "__Host-cdp_session=ID; Path=/; Secure; HttpOnly; SameSite=Strict;
+// Max-Age=LIFETIME" (the __Host- prefix: only this origin, only over TLS, no
+// Domain), in plain HTTP (control_tls = off, loopback) "cdp_session=ID; ..."
+// without Secure. A session lasts ServerOptions::session_lifetime_s from its
+// opening; its token is checked again at every use, so revoking or expiring
+// the token ends its sessions. At most kMaxSessions live: opening one more
+// ends the oldest. Sessions live in memory: a restart signs every browser out.
 enum class Access { kToken, kPublic, kSession };
-inline constexpr std::string_view kSessionCookie = "cdp_ui_token";
+inline constexpr std::string_view kSessionCookieTls = "__Host-cdp_session";
+inline constexpr std::string_view kSessionCookiePlain = "cdp_session";
+inline constexpr size_t kMaxSessions = 1024;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";  // address to bind (IPv4 or IPv6 literal, or "localhost")
@@ -212,6 +225,7 @@ struct ServerOptions {
   // (in-process tests; daemons log a warning when an operator turns it off).
   std::function<Result<Caller>(std::string_view token)> authenticate;
   bool metrics_public = false;  // /metrics without a token (the operator opted in)
+  uint64_t session_lifetime_s = 8 * 3600;  // a browser session (Access::kSession) from its opening
 };
 
 class Server {
@@ -229,6 +243,15 @@ class Server {
   // GET and HEAD does). Only before Start().
   void Route(std::string method, std::string path, Handler handler, Access access = Access::kToken,
              ChangesState changes = nullptr);
+
+  // A browser session for `token` (see Access::kSession): its Set-Cookie
+  // value for `request` (the sign-in request: its TLS decides the cookie's
+  // name and Secure), or kIOError when no random id can be made. Any thread,
+  // also from a handler.
+  Result<std::string> OpenSession(const Request& request, const std::string& token);
+  // The Set-Cookie value that ends the session of `request`'s cookie (and
+  // forgets the session).
+  std::string EndSession(const Request& request);
 
   // Binds host:port, listens and starts the threads. Failure: kIOError /
   // kInvalidArgument naming host:port (port in use, bad address). Once only.

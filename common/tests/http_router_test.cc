@@ -136,11 +136,12 @@ TEST_CASE("Router: a public route reaches its handler without a token, every oth
 
 // The dashboard's cookie check is the router's (Access::kSession), not a
 // second token check in the page's handler.
-TEST_CASE("Router: a session route signs in by bearer token or else the session cookie, and runs its handler either way",
+TEST_CASE("Router: a session route signs in by bearer token or else a session cookie holding a random id, never the token, and runs its handler either way",
           "[http]") {
   ServerOptions o;
-  o.authenticate = [](std::string_view token) -> cdp::Result<Caller> {
-    if (token == "good") return Caller{false, "acme", false, ""};
+  bool good_revoked = false;
+  o.authenticate = [&](std::string_view token) -> cdp::Result<Caller> {
+    if (token == "good" && !good_revoked) return Caller{false, "acme", false, ""};
     if (token == "root") return Caller{true, "", false, ""};
     return cdp::Status::PermissionDenied("the control token is not valid here");
   };
@@ -150,13 +151,14 @@ TEST_CASE("Router: a session route signs in by bearer token or else the session 
   };
   router.Add("GET", "/ui", echo, Access::kSession);
   router.Add("GET", "/v1/x", echo);
-  auto call = [&](std::string path, std::string auth, std::string cookie) {
+  auto call = [&](std::string path, std::string auth, std::string cookie, bool tls = true) {
     Request r;
     r.method = "GET";
     r.path = std::move(path);
     r.host = "localhost";
     r.authorization = std::move(auth);
     r.cookie = std::move(cookie);
+    r.tls = tls;
     Response resp = router.Dispatch(r);
     return std::make_pair(resp.status, resp.status == 200 ? boost::json::parse(resp.body) : boost::json::value());
   };
@@ -165,23 +167,51 @@ TEST_CASE("Router: a session route signs in by bearer token or else the session 
   CHECK(anonymous.second.at("signed_in") == false);
   CHECK(anonymous.second.at("tenant") == "");
 
-  auto by_cookie = call("/ui", "", "x=1; cdp_ui_token=good ; y=2");
+  const auto now = std::chrono::steady_clock::now();
+  auto id = router.OpenSession("good", now);
+  REQUIRE(id.ok());
+  CHECK(id->size() == 64);
+  CHECK(id->find("good") == std::string::npos);
+  auto other = router.OpenSession("good", now);
+  REQUIRE(other.ok());
+  CHECK(*other != *id);  // random, not derived from the token
+
+  auto by_cookie = call("/ui", "", "x=1; __Host-cdp_session=" + *id + " ; y=2");
   CHECK(by_cookie.second.at("signed_in") == true);
   CHECK(by_cookie.second.at("tenant") == "acme");
-  CHECK(by_cookie.second.at("token") == "good");
-
-  CHECK(call("/ui", "", "cdp_ui_token=bad").second.at("signed_in") == false);
-  CHECK(call("/ui", "", "other_cdp_ui_token=good").second.at("signed_in") == false);
+  // Over TLS only the __Host- cookie counts; in plain HTTP only the plain one.
+  CHECK(call("/ui", "", "cdp_session=" + *id).second.at("signed_in") == false);
+  CHECK(call("/ui", "", "cdp_session=" + *id, false).second.at("signed_in") == true);
+  // The token itself in a cookie signs nothing in, nor does an unknown id.
+  CHECK(call("/ui", "", "__Host-cdp_session=good").second.at("signed_in") == false);
+  CHECK(call("/ui", "", "cdp_ui_token=good").second.at("signed_in") == false);
+  CHECK(call("/ui", "", "__Host-cdp_session=" + std::string(64, '0')).second.at("signed_in") == false);
   // A bearer header wins over the cookie, whichever is valid.
-  CHECK(call("/ui", "Bearer bad", "cdp_ui_token=good").second.at("signed_in") == false);
-  auto by_bearer = call("/ui", "bearer root", "cdp_ui_token=good");
+  CHECK(call("/ui", "Bearer bad", "__Host-cdp_session=" + *id).second.at("signed_in") == false);
+  auto by_bearer = call("/ui", "bearer root", "__Host-cdp_session=" + *id);
   CHECK(by_bearer.second.at("signed_in") == true);
   CHECK(by_bearer.second.at("token") == "root");
   // The cookie never reaches a token route (no CSRF through the API).
-  CHECK(call("/v1/x", "", "cdp_ui_token=good").first == 401);
+  CHECK(call("/v1/x", "", "__Host-cdp_session=" + *id).first == 401);
   auto api = call("/v1/x", "Bearer good", "");
   CHECK(api.first == 200);
   CHECK(api.second.at("signed_in") == true);
+  // A session's token is checked at every use: revoked, the session signs nothing in.
+  good_revoked = true;
+  CHECK(call("/ui", "", "__Host-cdp_session=" + *id).second.at("signed_in") == false);
+  good_revoked = false;
+  // Ended, or past its lifetime, a session is gone.
+  router.EndSession(*id);
+  CHECK(call("/ui", "", "__Host-cdp_session=" + *id).second.at("signed_in") == false);
+  CHECK(router.SessionToken(*other, now + std::chrono::seconds(o.session_lifetime_s) - std::chrono::seconds(1)) ==
+        "good");
+  CHECK(router.SessionToken(*other, now + std::chrono::seconds(o.session_lifetime_s)).empty());
+  CHECK(call("/ui", "", "__Host-cdp_session=" + *other).second.at("signed_in") == false);
+  // At most kMaxSessions: the oldest goes first.
+  auto first = router.OpenSession("root", now);
+  REQUIRE(first.ok());
+  for (size_t i = 0; i < cdp::http::kMaxSessions; ++i) REQUIRE(router.OpenSession("root", now).ok());
+  CHECK(router.SessionToken(*first, now).empty());
 
   // Without authentication every caller is the admin, signed in.
   ServerOptions open;
