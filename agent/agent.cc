@@ -103,7 +103,7 @@ Status Agent::StartParts() {
     sites_.push_back(std::move(site));
   }
   if (opts_.tls.enabled) {
-    auto creds = TlsCredentials::Load(TlsFiles{opts_.tls.ca, opts_.tls.cert, opts_.tls.key});
+    auto creds = TlsCredentials::Load(TlsFiles{opts_.tls.ca, opts_.tls.cert, opts_.tls.key, opts_.tls.crl});
     if (!creds.ok()) {
       return creds.status().WithContext("TLS");
     }

@@ -47,7 +47,7 @@ constexpr const char* kUsage =
     "                  or CDP_TOKEN / CDP_TOKEN_FILE in the environment\n"
     "  pki init --dir DIR [--name NAME] [--days N] |\n"
     "  pki issue --dir DIR --role agent|ps|mt [--tenant T] --name NAME [--out PREFIX] [--days N] [--hosts H1,H2] |\n"
-    "  pki show CERT\n"
+    "  pki show CERT | pki revoke --dir DIR CERT\n"
     "  --help | --version\n";
 
 }  // namespace

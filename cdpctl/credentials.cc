@@ -28,7 +28,19 @@ namespace cdp::ctl {
 // pki issue --dir DIR --role agent|ps|mt --name NAME [--out PREFIX] [--days N] [--hosts H1,H2]   (tenant: --tenant)
 //   --hosts: the names and addresses its HTTPS control port answers on (subjectAltName)
 // pki show CERT
+// pki revoke --dir DIR CERT   adds CERT to DIR/crl.pem (the daemons' tls_crl; reload them with SIGHUP)
 int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args[1] == "revoke") {
+    if (args.size() != 5 || args[2] != "--dir") return err << "cdpctl: pki revoke wants --dir DIR CERT\n", 2;
+    cdp::Status s = pki::Revoke(args[3], args[4]);
+    if (!s.ok()) return err << "cdpctl: " << s.ToString() << "\n", 1;
+    auto id = pki::IdentityOfFile(args[4]);
+    out << "revoked: " << args[4] << (id.ok() ? " (" + std::string(pki::RoleName(id->role)) + " " + id->name + ")" : "")
+        << " in " << args[3] << "/crl.pem\n"
+        << "  copy it to every daemon's tls_crl and send them SIGHUP (systemctl reload): new connections are refused\n"
+        << "  at once, live sessions end within a second\n";
+    return 0;
+  }
   if (args[1] == "show" && args.size() != 3) return err << "cdpctl: pki show wants one CERT file\n", 2;
   if (args[1] == "show") {
     std::string not_after;

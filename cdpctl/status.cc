@@ -36,6 +36,15 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
     return (a.reached || p.reached || m.reached) ? 0 : 1;
   }
   char line[512];
+  // Every insecure setting a daemon has in force, loudly, first.
+  for (const auto& [who, c] : {std::pair{"agent", &a}, std::pair{"process server", &p}, std::pair{"master target", &m}}) {
+    const json::object* st = c->body.if_object();
+    const json::value* ins = st ? st->if_contains("insecure") : nullptr;
+    if (ins == nullptr || !ins->is_array()) continue;
+    for (const auto& x : ins->as_array()) {
+      if (x.is_string()) out << "INSECURE: " << who << ": " << std::string(x.as_string()) << "\n";
+    }
+  }
   out << "agent " << Where(o.agent) << (a.reached ? "" : "  unreachable: " + a.error) << "\n";
   if (auto* vols = Volumes(a.body)) {
     std::snprintf(line, sizeof line, "  %-16s %-9s %-5s %10s %10s %12s %12s  %s\n", "VOLUME", "MODE", "LINK",

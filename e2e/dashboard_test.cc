@@ -72,7 +72,7 @@ void MakeBetaVolume(Cluster& c) {
   cdp::Status s = cdp::pki::Issue(dir, io, dir + "/beta-ps.key", dir + "/beta-ps.crt");
   INFO(s.ToString());
   REQUIRE(s.ok());
-  auto ctx = cdp::TlsContext::Load(cdp::TlsFiles{dir + "/ca.crt", dir + "/beta-ps.crt", dir + "/beta-ps.key"});
+  auto ctx = cdp::TlsContext::Load(cdp::TlsFiles{dir + "/ca.crt", dir + "/beta-ps.crt", dir + "/beta-ps.key", ""});
   REQUIRE(ctx.ok());
   std::shared_ptr<const cdp::TlsContext> tls = *ctx;
   cdp::StreamWrapper wrap = [tls](std::unique_ptr<cdp::ByteStream> st) {

@@ -259,7 +259,7 @@ TEST_CASE("nbd: 300 idle NBD clients do not lock out a fresh client", "[e2e][sec
   const std::string name = ExportTag(c, "idle");
   const std::string certs = c.nbd_client_dir();
   auto ctx = cdp::TlsContext::Load(
-      cdp::TlsFiles{certs + "/ca-cert.pem", certs + "/client-cert.pem", certs + "/client-key.pem"});
+      cdp::TlsFiles{certs + "/ca-cert.pem", certs + "/client-cert.pem", certs + "/client-key.pem", ""});
   INFO(ctx.status().ToString());
   REQUIRE(ctx.ok());
   // 40 clients finish the handshake (TLS, GO) and idle in transmission.

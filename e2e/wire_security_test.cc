@@ -40,7 +40,7 @@ using cdp::pki::CertRole;
 using namespace std::chrono_literals;
 
 std::shared_ptr<const cdp::TlsContext> Context(const std::string& dir, const std::string& stem) {
-  auto c = cdp::TlsContext::Load(cdp::TlsFiles{dir + "/ca.crt", dir + "/" + stem + ".crt", dir + "/" + stem + ".key"});
+  auto c = cdp::TlsContext::Load(cdp::TlsFiles{dir + "/ca.crt", dir + "/" + stem + ".crt", dir + "/" + stem + ".key", ""});
   INFO(c.status().ToString());
   REQUIRE(c.ok());
   return *c;

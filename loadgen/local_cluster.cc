@@ -131,6 +131,7 @@ Status MakeNbdClientCertificates(const std::string& ca_dir, const pki::Identity&
 Status LocalCluster::MakeCertificates() {
   const std::string dir = pki_dir();
   if (!DefaultEnv()->Exists(dir + "/ca.key")) CDP_RETURN_IF_ERROR(pki::InitCa(dir, pki::CaOptions{}));
+  CDP_RETURN_IF_ERROR(pki::EnsureCrl(dir));  // every daemon loads it (tls_crl): `cdpctl pki revoke` + SIGHUP
   const struct {
     const char* file;
     pki::CertRole role;
@@ -167,7 +168,8 @@ http::ClientOptions LocalCluster::ControlClient(Role r) const {
 std::string LocalCluster::TlsKeys(const std::string& who) const {
   if (!o_.tls) return "tls = off\n";
   const std::string dir = pki_dir();
-  return "tls_ca = " + dir + "/ca.crt\ntls_cert = " + dir + "/" + who + ".crt\ntls_key = " + dir + "/" + who + ".key\n" +
+  return "tls_ca = " + dir + "/ca.crt\ntls_cert = " + dir + "/" + who + ".crt\ntls_key = " + dir + "/" + who +
+         ".key\ntls_crl = " + dir + "/crl.pem\n" +
          (o_.control_plain ? "control_tls = off\n" : "");
 }
 

@@ -362,7 +362,7 @@ Status MasterTarget::Start() {
   CDP_RETURN_IF_ERROR(m.LoadVolumes());
 
   if (o_.tls.enabled) {
-    auto creds = TlsCredentials::Load(TlsFiles{o_.tls.ca, o_.tls.cert, o_.tls.key});
+    auto creds = TlsCredentials::Load(TlsFiles{o_.tls.ca, o_.tls.cert, o_.tls.key, o_.tls.crl});
     if (!creds.ok()) return creds.status().WithContext("TLS");
     m.tls = std::move(*creds);
   }
@@ -396,6 +396,7 @@ Status MasterTarget::Start() {
     ho.max_connections_per_peer = o_.connection_caps.control_per_peer;
     ho.registry = &registry_;
     ho.status = [this] { return impl_->StatusJson(); };
+    if (m.nbd && !o_.nbd_tls) ho.insecure.push_back("nbd_tls = off");  // exports in clear text on TCP
     auto tokens = ApplyControlAuth(o_.control_auth, JoinPath(o_.data_dir, "control.token"),
                                    JoinPath(o_.data_dir, "tenant_tokens"), "mt", &ho, m.tls.get());
     if (!tokens.ok()) {

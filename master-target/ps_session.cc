@@ -148,6 +148,9 @@ std::unique_ptr<repl::ReplicationReceiver> MasterTarget::Impl::MakeReceiver() {
            " may not connect to the master target: connect through a process server" +
            (peer.role == proto::Role::kAgent ? " (the tenant allows no direct agents)" : "");
   };
+  // A certificate revoked since its session began (tls_crl, reloaded on
+  // SIGHUP) ends the session.
+  if (tls) r.distrusted = [creds = tls.get()](const TlsPeer& peer) { return creds->Distrusted(peer); };
   r.make_sink = [this](const repl::Session& s) { return std::make_unique<SessionSink>(*this, s); };
   r.clock = o.clock;
   r.stopping = &stopping;

@@ -303,6 +303,9 @@ std::unique_ptr<repl::ReplicationReceiver> ProcessServer::Impl::MakeReceiver() {
   r.admit = [](const std::string&, const PeerIdentity& peer) -> std::string {
     return peer.role == proto::Role::kAgent ? "" : "role " + std::to_string(int(peer.role)) + " is not an agent";
   };
+  // A certificate revoked since its session began (tls_crl, reloaded on
+  // SIGHUP) ends the session.
+  if (tls) r.distrusted = [creds = tls.get()](const TlsPeer& peer) { return creds->Distrusted(peer); };
   r.make_sink = [this](const repl::Session& s) { return std::make_unique<SessionSink>(*this, s); };
   r.clock = opt->clock;
   r.stopping = &stopping;

@@ -339,7 +339,7 @@ Status ProcessServer::Start() {
     spool_lock_ = std::move(*lock);
   }
   if (opt_.tls.enabled) {
-    CDP_ASSIGN_OR_RETURN(im.tls, TlsCredentials::Load(TlsFiles{opt_.tls.ca, opt_.tls.cert, opt_.tls.key}));
+    CDP_ASSIGN_OR_RETURN(im.tls, TlsCredentials::Load(TlsFiles{opt_.tls.ca, opt_.tls.cert, opt_.tls.key, opt_.tls.crl}));
     const TlsPeer& self = im.tls->Current()->self();
     im.log->info("TLS on: certificate '{}' (role {}, tenant {})", self.name, self.role, self.tenant);
   } else {

@@ -25,6 +25,7 @@
 
 #include "common/base/host_port.h"
 #include "common/base/names.h"
+#include "common/env/env.h"
 
 namespace cdp::pki {
 
@@ -239,7 +240,94 @@ Status InitCa(const std::string& dir, const CaOptions& options) {
                        }));
   CDP_ASSIGN_OR_RETURN(std::string cert_pem, Pem([&](BIO* b) { return PEM_write_bio_X509(b, cert.get()); }));
   // A stale ca.crt without its key is useless: it is replaced.
-  return WriteKeyAndCert(key_path, &key_pem, dir + "/ca.crt", cert_pem);
+  CDP_RETURN_IF_ERROR(WriteKeyAndCert(key_path, &key_pem, dir + "/ca.crt", cert_pem));
+  return EnsureCrl(dir);
+}
+
+namespace {
+
+using CrlPtr = std::unique_ptr<X509_CRL, Deleter<X509_CRL, X509_CRL_free>>;
+constexpr int64_t kCrlValidSeconds = 3650LL * 86400;
+
+// The CA of `ca_dir`, its key checked against its certificate.
+Status ReadCa(const std::string& ca_dir, KeyPtr* key, CertPtr* cert) {
+  CDP_ASSIGN_OR_RETURN(*key, ReadKey(ca_dir + "/ca.key"));
+  CDP_ASSIGN_OR_RETURN(*cert, ReadCert(ca_dir + "/ca.crt"));
+  if (X509_check_private_key(cert->get(), key->get()) != 1) {
+    ERR_clear_error();
+    return Status::InvalidArgument(ca_dir + "/ca.key is not the key of " + ca_dir + "/ca.crt");
+  }
+  return Status::OK();
+}
+
+// Signs `crl` (now, valid kCrlValidSeconds) and writes it to ca_dir/crl.pem.
+Status SignAndWriteCrl(const std::string& ca_dir, X509_CRL* crl, X509* ca_cert, EVP_PKEY* ca_key) {
+  if (X509_CRL_set_version(crl, 1) != 1 || X509_CRL_set_issuer_name(crl, X509_get_subject_name(ca_cert)) != 1)
+    return SslFailure("CRL issuer");
+  std::unique_ptr<ASN1_TIME, Deleter<ASN1_TIME, ASN1_TIME_free>> last(X509_time_adj_ex(nullptr, 0, 0, nullptr));
+  std::unique_ptr<ASN1_TIME, Deleter<ASN1_TIME, ASN1_TIME_free>> next(
+      X509_time_adj_ex(nullptr, int(kCrlValidSeconds / 86400), 0, nullptr));
+  if (!last || !next || X509_CRL_set1_lastUpdate(crl, last.get()) != 1 ||
+      X509_CRL_set1_nextUpdate(crl, next.get()) != 1)
+    return SslFailure("CRL times");
+  if (X509_CRL_sort(crl) != 1 || X509_CRL_sign(crl, ca_key, EVP_sha256()) == 0) return SslFailure("signing the CRL");
+  CDP_ASSIGN_OR_RETURN(std::string pem, Pem([&](BIO* b) { return PEM_write_bio_X509_CRL(b, crl); }));
+  return WriteFileAtomic(DefaultEnv(), ca_dir + "/crl.pem",
+                         ByteSpan(reinterpret_cast<const uint8_t*>(pem.data()), pem.size()), 0644);
+}
+
+Result<CrlPtr> ReadCrl(const std::string& path) {
+  BioPtr bio(BIO_new_file(path.c_str(), "r"));
+  if (!bio) return Status::NotFound(path + ": " + OpenSslErrors());
+  CrlPtr crl(PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr));
+  if (!crl) return Status::InvalidArgument(path + ": not a PEM CRL: " + OpenSslErrors());
+  return crl;
+}
+
+}  // namespace
+
+std::string SerialHex(X509* cert) {
+  BnPtr bn(ASN1_INTEGER_to_BN(X509_get0_serialNumber(cert), nullptr));
+  if (!bn) return "";
+  char* hex = BN_bn2hex(bn.get());
+  std::string out = hex != nullptr ? hex : "";
+  OPENSSL_free(hex);
+  return out;
+}
+
+Status EnsureCrl(const std::string& ca_dir) {
+  if (::access((ca_dir + "/crl.pem").c_str(), F_OK) == 0) return Status::OK();
+  ERR_clear_error();
+  KeyPtr ca_key;
+  CertPtr ca_cert;
+  CDP_RETURN_IF_ERROR(ReadCa(ca_dir, &ca_key, &ca_cert));
+  CrlPtr crl(X509_CRL_new());
+  if (!crl) return SslFailure("X509_CRL_new");
+  return SignAndWriteCrl(ca_dir, crl.get(), ca_cert.get(), ca_key.get());
+}
+
+Status Revoke(const std::string& ca_dir, const std::string& cert_path) {
+  ERR_clear_error();
+  KeyPtr ca_key;
+  CertPtr ca_cert;
+  CDP_RETURN_IF_ERROR(ReadCa(ca_dir, &ca_key, &ca_cert));
+  CDP_ASSIGN_OR_RETURN(CertPtr cert, ReadCert(cert_path));
+  if (X509_verify(cert.get(), X509_get0_pubkey(ca_cert.get())) != 1) {
+    ERR_clear_error();
+    return Status::InvalidArgument(cert_path + " was not issued by the CA of " + ca_dir);
+  }
+  CDP_RETURN_IF_ERROR(EnsureCrl(ca_dir));
+  CDP_ASSIGN_OR_RETURN(CrlPtr crl, ReadCrl(ca_dir + "/crl.pem"));
+  X509_REVOKED* already = nullptr;
+  if (X509_CRL_get0_by_serial(crl.get(), &already, X509_get0_serialNumber(cert.get())) == 1) return Status::OK();
+  X509_REVOKED* r = X509_REVOKED_new();
+  std::unique_ptr<ASN1_TIME, Deleter<ASN1_TIME, ASN1_TIME_free>> now(X509_time_adj_ex(nullptr, 0, 0, nullptr));
+  if (r == nullptr || !now || X509_REVOKED_set_serialNumber(r, X509_get_serialNumber(cert.get())) != 1 ||
+      X509_REVOKED_set_revocationDate(r, now.get()) != 1 || X509_CRL_add0_revoked(crl.get(), r) != 1) {
+    if (r != nullptr) X509_REVOKED_free(r);
+    return SslFailure("adding to the CRL");
+  }
+  return SignAndWriteCrl(ca_dir, crl.get(), ca_cert.get(), ca_key.get());
 }
 
 

@@ -72,6 +72,19 @@ struct IssueOptions {
 Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::string& key_path,
              const std::string& cert_path);
 
+// Revocation (`cdpctl pki revoke`; daemons load the list as tls_crl,
+// common/net/tls_stream.h). The CA's list is ca_dir/crl.pem: one X.509 v2
+// CRL, signed with ca.key (SHA-256), valid for 10 years from its last change,
+// written atomically with mode 0644 (it is public). Revoke adds the serial
+// number of the certificate at `cert_path`, which this CA must have issued
+// (kInvalidArgument otherwise); a certificate revoked already changes
+// nothing. EnsureCrl writes an empty list when ca_dir/crl.pem is missing
+// (InitCa does); both fail with the errors of Issue for a bad CA.
+Status Revoke(const std::string& ca_dir, const std::string& cert_path);
+Status EnsureCrl(const std::string& ca_dir);
+// A certificate's serial number in upper-case hex (as CRLs and logs show it).
+std::string SerialHex(X509* cert);
+
 // OpenSSL's error queue, drained into one line ("unknown OpenSSL error" when
 // empty). For the Status messages of this file and common/net/tls_stream.cc.
 std::string OpenSslErrors();

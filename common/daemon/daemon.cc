@@ -124,7 +124,9 @@ void AddTlsOptions(boost::program_options::options_description* desc) {
                       "TLS 1.3 with mutual certificates on the data path: on | off (off = clear text)")(
       "tls_ca", po::value<std::string>()->default_value(""), "site CA certificate (PEM)")(
       "tls_cert", po::value<std::string>()->default_value(""), "this daemon's certificate (PEM)")(
-      "tls_key", po::value<std::string>()->default_value(""), "this daemon's private key (PEM)");
+      "tls_key", po::value<std::string>()->default_value(""), "this daemon's private key (PEM)")(
+      "tls_crl", po::value<std::string>()->default_value(""),
+      "the site CA's revocation list (PEM, cdpctl pki revoke); reloaded on SIGHUP");
 }
 
 Result<TlsSettings> GetTlsSettings(const boost::program_options::variables_map& vm) {
@@ -136,6 +138,7 @@ Result<TlsSettings> GetTlsSettings(const boost::program_options::variables_map& 
   t.ca = vm["tls_ca"].as<std::string>();
   t.cert = vm["tls_cert"].as<std::string>();
   t.key = vm["tls_key"].as<std::string>();
+  t.crl = vm["tls_crl"].as<std::string>();
   if (t.enabled) {
     for (auto [key, value] : {std::pair{"tls_ca", &t.ca}, {"tls_cert", &t.cert}, {"tls_key", &t.key}}) {
       if (value->empty()) return Status::InvalidArgument(std::string("'") + key + "' is required with tls = on");

@@ -73,12 +73,16 @@ Result<ConnectionCaps> GetConnectionCaps(const boost::program_options::variables
 //   tls_ca = FILE      the site CA (`cdpctl pki init`)
 //   tls_cert = FILE    this daemon's certificate (`cdpctl pki issue`)
 //   tls_key = FILE     its private key
+//   tls_crl = FILE     optional: the site CA's revocation list (`cdpctl pki
+//                      revoke`), loaded at start and on SIGHUP; a revoked
+//                      peer is refused and its live sessions end
 // With tls on, a missing file key is kInvalidArgument naming the key.
 struct TlsSettings {
   bool enabled = true;
   std::string ca;
   std::string cert;
   std::string key;
+  std::string crl;
 
   static TlsSettings Off() {
     TlsSettings t;

@@ -450,12 +450,14 @@ Result<std::shared_ptr<ControlTokens>> ApplyControlAuth(const ControlAuthSetting
   auto log = log::Get(std::string(who));
   opts->metrics_public = settings.metrics_public;
   opts->allowed_hosts = settings.allowed_hosts;
+  if (tls == nullptr) opts->insecure.push_back("tls = off");  // the data links in clear text too
   if (!settings.tls) {
     if (!IsLoopbackHost(opts->host))
       return Status::InvalidArgument("control_tls = off serves plain HTTP, which is allowed on a loopback address "
                                      "only, not on " + opts->host);
     log->warn("INSECURE: control_tls = off: the control API at {}:{} speaks plain HTTP (loopback only); tokens "
               "and answers cross in clear text", opts->host, opts->port);
+    opts->insecure.push_back("control_tls = off");
   } else if (tls == nullptr) {
     log->warn("INSECURE: tls = off: the control API at {}:{} speaks plain HTTP; tokens cross in clear text",
               opts->host, opts->port);
@@ -463,7 +465,8 @@ Result<std::shared_ptr<ControlTokens>> ApplyControlAuth(const ControlAuthSetting
     opts->tls = tls;
   }
   if (!settings.enabled) {
-    log->warn("control_auth = off: anyone who reaches {}:{} controls this daemon", opts->host, opts->port);
+    log->warn("INSECURE: control_auth = off: anyone who reaches {}:{} controls this daemon", opts->host, opts->port);
+    opts->insecure.push_back("control_auth = off");
     return std::shared_ptr<ControlTokens>();
   }
   const std::string path = settings.token_file.empty() ? default_token_file : settings.token_file;

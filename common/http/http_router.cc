@@ -232,7 +232,13 @@ Response Router::Dispatch(Request& req) const {
     }
     if (req.path == "/status" && opts_.status) {
       if (req.method != "GET") return Response::Error(405, "method " + req.method + " not allowed on /status");
-      return Response::Json(200, opts_.status());
+      boost::json::value st = opts_.status();
+      if (st.is_object()) {
+        boost::json::array insecure;
+        for (const std::string& x : opts_.insecure) insecure.push_back(boost::json::value(x));
+        st.as_object()["insecure"] = std::move(insecure);
+      }
+      return Response::Json(200, st);
     }
     if (best == nullptr) {
       if (path_known) return Response::Error(405, "method " + req.method + " not allowed on " + req.path);

@@ -400,6 +400,13 @@ Status Server::Start() {
   std::string where = im.opts.host + ":" + std::to_string(im.opts.port);
   if (im.started) return Status::InvalidArgument("http server " + where + " already started");
   if (im.opts.threads < 1) return Status::InvalidArgument("http server " + where + ": threads must be >= 1");
+  if (im.opts.registry != nullptr) {
+    for (const std::string& x : im.opts.insecure) {
+      im.opts.registry
+          ->GetGauge("cdp_insecure_setting", "An insecure setting in force at this daemon (1)", {{"setting", x}})
+          ->Set(1);
+    }
+  }
   im.ioc = std::make_unique<net::io_context>(im.opts.threads);
   im.work.emplace(im.ioc->get_executor());
   Listener::Options lo;

@@ -134,7 +134,7 @@ Bytes OptionRequest(uint32_t option, const Bytes& data) {
 }  // namespace
 
 Status NbdClient::StartTls(const std::string& dir) {
-  TlsFiles files{dir + "/ca-cert.pem", dir + "/client-cert.pem", dir + "/client-key.pem"};
+  TlsFiles files{dir + "/ca-cert.pem", dir + "/client-cert.pem", dir + "/client-key.pem", ""};
   auto ctx = TlsContext::Load(files);
   if (!ctx.ok()) return Fail(ctx.status().WithContext("tls-certificates " + dir));
   CDP_RETURN_IF_ERROR(SendAll({OptionRequest(nbd::kOptStartTls, {})}));

@@ -53,6 +53,7 @@ struct TlsPeer {
   std::string role;    // "agent" | "ps" | "mt"
   std::string tenant;  // empty for "mt"
   std::string name;    // the certificate's CN
+  std::string serial;  // the certificate's serial number, upper-case hex (revocation)
   std::array<uint8_t, 32> binding{};
 };
 

@@ -2,6 +2,7 @@
 #include "common/net/tls_stream.h"
 
 #include <openssl/bio.h>
+#include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
@@ -40,6 +41,7 @@ Result<TlsPeer> PeerOf(SSL* ssl) {
   p.role = std::string(pki::RoleName(id.role));
   p.tenant = id.tenant;
   p.name = id.name;
+  p.serial = pki::SerialHex(cert);
   if (SSL_export_keying_material(ssl, p.binding.data(), p.binding.size(), kExporterLabel,
                                  sizeof(kExporterLabel) - 1, nullptr, 0, 0) != 1) {
     return Status::IOError("TLS exporter failed: " + pki::OpenSslErrors());
@@ -359,7 +361,45 @@ Result<std::shared_ptr<const TlsContext>> TlsContext::Load(const TlsFiles& files
     return Status::InvalidArgument("tls_cert " + files.cert + " does not verify against tls_ca " + files.ca + ": " +
                                    X509_verify_cert_error_string(X509_STORE_CTX_get_error(vctx.get())));
   }
+  if (!files.crl.empty()) CDP_RETURN_IF_ERROR(c->LoadCrl(files));
   return std::shared_ptr<const TlsContext>(std::move(c));
+}
+
+Status TlsContext::LoadCrl(const TlsFiles& files) {
+  ERR_clear_error();
+  std::unique_ptr<BIO, void (*)(BIO*)> bio(BIO_new_file(files.crl.c_str(), "r"), BIO_free_all);
+  if (!bio) return Status::InvalidArgument("tls_crl " + files.crl + ": " + pki::OpenSslErrors());
+  std::unique_ptr<X509_CRL, void (*)(X509_CRL*)> crl(PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr),
+                                                     X509_CRL_free);
+  if (!crl) return Status::InvalidArgument("tls_crl " + files.crl + ": not a PEM CRL: " + pki::OpenSslErrors());
+  // It must be the site CA's: signed by it, and not past its next update.
+  X509_STORE* store = SSL_CTX_get_cert_store(ctx_);
+  X509* ca = nullptr;
+  {
+    std::unique_ptr<BIO, void (*)(BIO*)> cabio(BIO_new_file(files.ca.c_str(), "r"), BIO_free_all);
+    if (cabio) ca = PEM_read_bio_X509(cabio.get(), nullptr, nullptr, nullptr);
+  }
+  std::unique_ptr<X509, void (*)(X509*)> ca_owner(ca, X509_free);
+  if (ca == nullptr || X509_CRL_verify(crl.get(), X509_get0_pubkey(ca)) != 1) {
+    ERR_clear_error();
+    return Status::InvalidArgument("tls_crl " + files.crl + " is not signed by tls_ca " + files.ca);
+  }
+  const ASN1_TIME* next = X509_CRL_get0_nextUpdate(crl.get());
+  if (next != nullptr && X509_cmp_current_time(next) < 0)
+    return Status::InvalidArgument("tls_crl " + files.crl + " is past its next update (make a new one: cdpctl pki revoke)");
+  STACK_OF(X509_REVOKED)* revoked = X509_CRL_get_REVOKED(crl.get());
+  for (int i = 0; i < sk_X509_REVOKED_num(revoked); ++i) {
+    const ASN1_INTEGER* serial = X509_REVOKED_get0_serialNumber(sk_X509_REVOKED_value(revoked, i));
+    std::unique_ptr<BIGNUM, void (*)(BIGNUM*)> bn(ASN1_INTEGER_to_BN(serial, nullptr), BN_free);
+    if (!bn) continue;
+    char* hex = BN_bn2hex(bn.get());
+    if (hex != nullptr) revoked_.insert(hex);
+    OPENSSL_free(hex);
+  }
+  // The handshake checks the peer's certificate (the leaf) against the list.
+  if (X509_STORE_add_crl(store, crl.get()) != 1) return Status::IOError("tls_crl: " + pki::OpenSslErrors());
+  X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+  return Status::OK();
 }
 
 // ---- TlsCredentials ----
@@ -383,6 +423,11 @@ Status TlsCredentials::Reload() {
   reloads_.fetch_add(1, std::memory_order_relaxed);
   log::Get("tls")->info("TLS credentials reloaded: certificate '{}' for new connections", Current()->self().name);
   return Status::OK();
+}
+
+std::string TlsCredentials::Distrusted(const TlsPeer& peer) const {
+  if (peer.serial.empty() || !Current()->Revoked(peer.serial)) return "";
+  return "certificate '" + peer.name + "' (serial " + peer.serial + ") is revoked";
 }
 
 std::shared_ptr<const TlsContext> TlsCredentials::Current() const {

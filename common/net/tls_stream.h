@@ -39,6 +39,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "common/base/result.h"
@@ -50,11 +51,15 @@ typedef struct ssl_ctx_st SSL_CTX;
 namespace cdp {
 
 // A daemon's TLS files: the site CA to trust, its certificate and its key
-// (PEM, as `cdpctl pki` writes them).
+// (PEM, as `cdpctl pki` writes them), and optionally the CA's revocation
+// list (`tls_crl`, ca_dir/crl.pem of `cdpctl pki revoke`): a peer whose
+// certificate it lists is refused at the handshake, and the live sessions of
+// one revoked after they began are ended by their owners (Revoked()).
 struct TlsFiles {
   std::string ca;
   std::string cert;
   std::string key;
+  std::string crl;  // "" = no revocation list
 };
 
 // One loaded identity: an SSL_CTX for both sides (every daemon is a TLS server
@@ -74,11 +79,16 @@ class TlsContext {
   SSL_CTX* native() const { return ctx_; }
   // This daemon's own identity, from its certificate.
   const TlsPeer& self() const { return self_; }
+  // True when the loaded revocation list names the certificate serial `serial_hex`
+  // (TlsPeer::serial).
+  bool Revoked(const std::string& serial_hex) const { return revoked_.count(serial_hex) != 0; }
 
  private:
   TlsContext() = default;
+  Status LoadCrl(const TlsFiles& files);
   SSL_CTX* ctx_ = nullptr;
   TlsPeer self_;
+  std::set<std::string> revoked_;  // serials of the CRL (upper-case hex)
 };
 
 // The credentials a daemon uses for new connections. Reload() (on SIGHUP)
@@ -92,6 +102,11 @@ class TlsCredentials {
 
   Status Reload();
   std::shared_ptr<const TlsContext> Current() const;
+  // "" while `peer`'s certificate is trusted by the current credentials;
+  // else why not ("certificate 'NAME' (serial S) is revoked"). For owners of
+  // live sessions to end those of a certificate revoked since (a Reload() on
+  // SIGHUP loads a new list); cheap: a set lookup.
+  std::string Distrusted(const TlsPeer& peer) const;
   uint64_t reloads() const { return reloads_.load(std::memory_order_relaxed); }
 
  private:

@@ -910,7 +910,7 @@ struct Pki {
   TlsFiles Issue(pki::CertRole role, const std::string& tenant, const std::string& name) {
     pki::IssueOptions io;
     io.identity = pki::Identity{role, tenant, name};
-    TlsFiles f{ca + "/ca.crt", dir.Join(name + ".crt"), dir.Join(name + ".key")};
+    TlsFiles f{ca + "/ca.crt", dir.Join(name + ".crt"), dir.Join(name + ".key"), ""};
     REQUIRE(pki::Issue(ca, io, f.key, f.cert).ok());
     return f;
   }

@@ -54,7 +54,7 @@ struct Pki {
     cdp::Status s = cdp::pki::Issue(dir, io, dir + "/" + stem + ".key", dir + "/" + stem + ".crt");
     INFO(s.ToString());
     REQUIRE(s.ok());
-    return cdp::TlsFiles{dir + "/ca.crt", dir + "/" + stem + ".crt", dir + "/" + stem + ".key"};
+    return cdp::TlsFiles{dir + "/ca.crt", dir + "/" + stem + ".crt", dir + "/" + stem + ".key", ""};
   }
   std::string dir;
 };
@@ -158,10 +158,10 @@ TEST_CASE("pki: issued certificates carry exactly the identity, verify against t
 
   // Loading checks the certificate against the configured CA.
   CHECK(cdp::TlsContext::Load(agent).ok());
-  auto mixed = cdp::TlsContext::Load(cdp::TlsFiles{b.dir + "/ca.crt", agent.cert, agent.key});
+  auto mixed = cdp::TlsContext::Load(cdp::TlsFiles{b.dir + "/ca.crt", agent.cert, agent.key, ""});
   REQUIRE_FALSE(mixed.ok());
   CHECK(mixed.status().message().find("does not verify against tls_ca") != std::string::npos);
-  auto wrong_key = cdp::TlsContext::Load(cdp::TlsFiles{agent.ca, agent.cert, ps.key});
+  auto wrong_key = cdp::TlsContext::Load(cdp::TlsFiles{agent.ca, agent.cert, ps.key, ""});
   REQUIRE_FALSE(wrong_key.ok());
   INFO(wrong_key.status().message());
   CHECK(wrong_key.status().message().find("tls_key " + ps.key) == 0);

@@ -188,6 +188,12 @@ class SessionLoop {
     auto next_check = std::chrono::steady_clock::time_point::min();
     while (o_.stopping == nullptr || !o_.stopping->load()) {
       if (const auto now = std::chrono::steady_clock::now(); now >= next_check) {
+        if (o_.distrusted && ch_.tls_peer() != nullptr) {
+          if (std::string why = o_.distrusted(*ch_.tls_peer()); !why.empty()) {
+            log_->warn("{} {}: the session ends", Where(""), why);
+            return Status::PermissionDenied(why);
+          }
+        }
         if (!CheckFences(&end)) return end;
         next_check = now + kFenceCheck;
       }

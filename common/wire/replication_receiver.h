@@ -20,6 +20,7 @@
 //     FailbackPlanRequest, PullRequest -> sink.Call(request, reply)   (capped)
 //     Heartbeat       -> echoed;  Stats -> ignored;  anything else -> close
 //     every 500 ms, between messages (busy or idle):
+//       the peer's certificate distrusted since (revoked: `distrusted`) -> close
 //       a handle's volume that became fenced -> Nack{handle, kWrongGeneration, fence}
 //       a volume this session refused as fenced that no longer is -> close,
 //       so that the peer reopens it at once
@@ -122,6 +123,10 @@ struct ReceiverOptions {
   // refused (logged, sent as Nack{kPermissionDenied}).
   std::function<std::string(const std::string& tenant, const PeerIdentity& peer)> admit;
   std::function<std::unique_ptr<ReceiverSink>(const Session& session)> make_sink;
+  // Over TLS: "" while the peer's certificate is still trusted, else why not
+  // (TlsCredentials::Distrusted: revoked since the session began); the
+  // session then ends, within 500 ms of the daemon loading the new list.
+  std::function<std::string(const TlsPeer& peer)> distrusted;
   const Clock* clock = nullptr;  // heartbeat answers
   const std::atomic<bool>* stopping = nullptr;  // the daemon's; sessions end when set
   uint64_t inbox_bytes = 32u << 20;   // received ahead (FrameInbox)

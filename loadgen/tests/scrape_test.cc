@@ -43,7 +43,14 @@ TEST_CASE("HTTP URL parsing", "[scrape]") {
   u = ParseHttpUrl("http://h:1");
   REQUIRE(u.ok());
   CHECK(u->target == "/metrics");
-  CHECK(ParseHttpUrl("https://h/metrics").status().code() == Code::kInvalidArgument);
+  auto h = ParseHttpUrl("https://h/metrics");  // the daemons' control ports speak HTTPS
+  REQUIRE(h.ok());
+  CHECK(h->https);
+  CHECK(h->port == 443);
+  CHECK(h->host == "h");
+  CHECK(ParseHttpUrl("ftp://h/metrics").status().code() == Code::kInvalidArgument);
+  // https without the site CA to check the daemon against is refused before connecting.
+  CHECK(Scrape(*h).status().code() == Code::kInvalidArgument);
   CHECK(ParseHttpUrl("http://h:x/").status().code() == Code::kInvalidArgument);
 }
 

@@ -397,10 +397,10 @@ TEST_CASE("e2e: kill -9 of the cdp-process-server daemon mid-stream loses no ack
   issue(cdp::pki::CertRole::kProcessServer, "acme", "ps");
   issue(cdp::pki::CertRole::kAgent, "acme", "agent");
   auto mt_options = MtOptions(mt_dir.path(), 0);
-  mt_options.tls = cdp::TlsSettings{true, pki + "/ca.crt", pki + "/mt.crt", pki + "/mt.key"};
+  mt_options.tls = cdp::TlsSettings{true, pki + "/ca.crt", pki + "/mt.crt", pki + "/mt.key", ""};
   cdp::mt::MasterTarget mt(mt_options);
   REQUIRE(mt.Start().ok());
-  auto agent_tls = cdp::TlsCredentials::Load(cdp::TlsFiles{pki + "/ca.crt", pki + "/agent.crt", pki + "/agent.key"});
+  auto agent_tls = cdp::TlsCredentials::Load(cdp::TlsFiles{pki + "/ca.crt", pki + "/agent.crt", pki + "/agent.key", ""});
   REQUIRE(agent_tls.ok());
   uint16_t ps_port = FreePort();
   std::string config = ps_dir.path() + "/ps.conf";
