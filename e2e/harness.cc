@@ -109,6 +109,7 @@ loadgen::LocalClusterOptions LocalOptions(const ClusterOptions& o, const std::st
   l.ps_extra_config = o.ps_extra_config;
   l.agent_extra_config = o.agent_extra_config;
   l.direct_agent = o.direct_agent;
+  l.control_plain = o.control_plain;
   return l;
 }
 

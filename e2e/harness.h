@@ -96,6 +96,7 @@ struct ClusterOptions {
   std::string point_interval = "1s";  // MT crash-consistent point interval
   std::string mt_extra_config, ps_extra_config, agent_extra_config;  // more config lines (loadgen/local_cluster.h)
   bool direct_agent = false;  // the agent ships straight to the MT (loadgen/local_cluster.h)
+  bool control_plain = false;  // control_tls = off: plain HTTP control ports on loopback (INSECURE)
   // 2: a second master target (Which::kMasterTargetB) and the PS ships a copy to each.
   int master_targets = 1;
 };

@@ -9,6 +9,8 @@
 //   and a throttle below the floor is a 400 that changes nothing.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <boost/json.hpp>
 #include <fstream>
 #include <sstream>
@@ -242,4 +244,32 @@ TEST_CASE("Control ports: tokens, Host, content type, tenant scope, freeze hook"
     CHECK(json::parse(th.body).at("limit_mbps").to_number<double>() == 0);  // unchanged: unlimited
     CHECK(Call(c.ps_control(), "POST", "/v1/throttle", ps, R"({"mbps":0.5})").status == 200);
   }
+}
+
+TEST_CASE("insecure settings in force are shown by /status, a metric and cdpctl status, not one log line",
+          "[e2e][security][control]") {
+  cdp::e2e::ClusterOptions o;
+  o.control_plain = true;  // control_tls = off (loopback only)
+  o.mt_extra_config = "nbd_tls = off\n";
+  Cluster c(o);
+  INFO(c.why());
+  REQUIRE(c.Start());
+  auto st = c.StatusOf(Which::kMasterTarget);
+  REQUIRE(st.has_value());
+  INFO(json::serialize(*st));
+  const json::array& mt = st->at("insecure").as_array();
+  CHECK(std::find(mt.begin(), mt.end(), json::value("control_tls = off")) != mt.end());
+  CHECK(std::find(mt.begin(), mt.end(), json::value("nbd_tls = off")) != mt.end());
+  auto ps = c.StatusOf(Which::kProcessServer);
+  REQUIRE(ps.has_value());
+  CHECK(ps->at("insecure").as_array() == json::array{"control_tls = off"});
+  auto metrics = Call(c.mt_control(), "GET", "/metrics", c.token(Which::kMasterTarget));
+  CHECK(metrics.body.find("cdp_insecure_setting{setting=\"control_tls = off\"} 1") != std::string::npos);
+  CHECK(metrics.body.find("cdp_insecure_setting{setting=\"nbd_tls = off\"} 1") != std::string::npos);
+  auto status = c.Cdpctl({"status"});
+  INFO(status.output);
+  REQUIRE(status.exit_code == 0);
+  CHECK(status.output.rfind("INSECURE: agent: control_tls = off\n", 0) == 0);  // first, loudly
+  CHECK(status.output.find("INSECURE: process server: control_tls = off\n") != std::string::npos);
+  CHECK(status.output.find("INSECURE: master target: nbd_tls = off\n") != std::string::npos);
 }

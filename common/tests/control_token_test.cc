@@ -545,3 +545,33 @@ TEST_CASE("HTTP auth: /metrics without a token only where the operator opted in"
   CHECK(s.Call("GET", "/status", "") == 401);
   CHECK(s.Call("POST", "/v1/act", "") == 401);
 }
+
+TEST_CASE("control auth: control_tls = off is refused off loopback, and every plain-HTTP setting is listed as insecure",
+          "[http][security]") {
+  cdp::testing::ScratchDir dir;
+  cdp::ControlAuthSettings plain;
+  plain.tls = false;
+  cdp::http::ServerOptions wide;
+  wide.host = "0.0.0.0";
+  auto refused = cdp::ApplyControlAuth(plain, dir.Join("a.token"), "", "test", &wide, nullptr);
+  CHECK(refused.status().code() == cdp::Code::kInvalidArgument);
+  CHECK(refused.status().message() ==
+        "control_tls = off serves plain HTTP, which is allowed on a loopback address only, not on 0.0.0.0");
+  for (const char* host : {"127.0.0.1", "127.3.4.5", "::1", "localhost"}) {
+    INFO(host);
+    cdp::http::ServerOptions lo;
+    lo.host = host;
+    REQUIRE(cdp::ApplyControlAuth(plain, dir.Join("b.token"), "", "test", &lo, nullptr).ok());
+    CHECK(lo.tls == nullptr);
+    CHECK(lo.insecure == std::vector<std::string>{"tls = off", "control_tls = off"});
+  }
+  // tls = off (no credentials) with control_tls on: plain HTTP too, and said so.
+  cdp::ControlAuthSettings on;
+  cdp::http::ServerOptions o;
+  REQUIRE(cdp::ApplyControlAuth(on, dir.Join("c.token"), "", "test", &o, nullptr).ok());
+  CHECK(o.insecure == std::vector<std::string>{"tls = off"});
+  auto off = cdp::ControlAuthSettings::Off();
+  cdp::http::ServerOptions o2;
+  REQUIRE(cdp::ApplyControlAuth(off, dir.Join("d.token"), "", "test", &o2, nullptr).ok());
+  CHECK(o2.insecure == std::vector<std::string>{"tls = off", "control_auth = off"});
+}

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <sstream>
@@ -472,4 +473,56 @@ TEST_CASE("tls: a gathered write arrives whole and in order, small buffers shari
   CHECK(n >= 2);
   CHECK(n <= int(expect.size() / (256 << 10)) + 1);
   CHECK(below.load() - below_before > expect.size());  // record overhead on top
+}
+
+TEST_CASE("tls: a certificate revoked in the CA's list is refused at the handshake once the list is reloaded, and its live stream is named distrusted",
+          "[tls][pki][security]") {
+  cdp::testing::ScratchDir dir;
+  Pki p(dir.Join("pki"));
+  const std::string crl = p.dir + "/crl.pem";
+  REQUIRE(std::filesystem::exists(crl));  // InitCa writes an empty list
+  auto agent = p.Issue("agent", CertRole::kAgent, "acme", "host-1");
+  auto other = p.Issue("agent2", CertRole::kAgent, "acme", "host-2");
+  auto ps_files = p.Issue("ps", CertRole::kProcessServer, "acme", "ps-1");
+  ps_files.crl = crl;
+  auto creds = cdp::TlsCredentials::Load(ps_files);
+  INFO(creds.status().ToString());
+  REQUIRE(creds.ok());
+  auto live = Run(Load(agent), (*creds)->Current());
+  REQUIRE(live.server.ok());
+  const cdp::TlsPeer peer = *(**live.server).tls_peer();
+  CHECK(!peer.serial.empty());
+  CHECK((*creds)->Distrusted(peer).empty());
+
+  // Revoked: the list changes on disk; nothing changes until the reload.
+  REQUIRE(cdp::pki::Revoke(p.dir, agent.cert).ok());
+  REQUIRE(cdp::pki::Revoke(p.dir, agent.cert).ok());  // again: no change, no error
+  CHECK((*creds)->Distrusted(peer).empty());
+  REQUIRE((*creds)->Reload().ok());
+  CHECK((*creds)->Distrusted(peer) == "certificate 'host-1' (serial " + peer.serial + ") is revoked");
+  auto next = Run(Load(agent), (*creds)->Current());
+  REQUIRE_FALSE(next.server.ok());
+  CHECK(next.server.status().code() == cdp::Code::kPermissionDenied);
+  CHECK(next.server.status().message().find("certificate revoked") != std::string::npos);
+  // Another certificate of the same CA still connects.
+  auto fine = Run(Load(other), (*creds)->Current());
+  REQUIRE(fine.server.ok());
+  CHECK((*creds)->Distrusted(*(**fine.server).tls_peer()).empty());
+
+  // A certificate of another CA cannot be revoked here; a list not signed by
+  // the trusted CA is refused at load, naming it, and a failed reload keeps
+  // the credentials.
+  Pki foreign(dir.Join("foreign"));
+  auto alien = foreign.Issue("agent", CertRole::kAgent, "acme", "host-9");
+  cdp::Status s = cdp::pki::Revoke(p.dir, alien.cert);
+  CHECK(s.code() == cdp::Code::kInvalidArgument);
+  CHECK(s.message() == alien.cert + " was not issued by the CA of " + p.dir);
+  auto wrong = ps_files;
+  wrong.crl = foreign.dir + "/crl.pem";
+  auto bad = cdp::TlsContext::Load(wrong);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message() == "tls_crl " + wrong.crl + " is not signed by tls_ca " + ps_files.ca);
+  REQUIRE(std::filesystem::copy_file(wrong.crl, crl, std::filesystem::copy_options::overwrite_existing));
+  CHECK_FALSE((*creds)->Reload().ok());
+  CHECK((*creds)->Distrusted(peer) == "certificate 'host-1' (serial " + peer.serial + ") is revoked");
 }
