@@ -37,6 +37,14 @@ http::ClientOptions ControlClient(const std::string& token) {
   return co;
 }
 
+Answer Call(uint16_t port, const std::string& method, const std::string& target, const std::string& token,
+            const std::string& body) {
+  auto r = http::HttpRequest("127.0.0.1", port, method, target, body, std::chrono::milliseconds(20000),
+                             ControlClient(token));
+  if (!r.ok()) return Answer{0, method + " " + target + ": " + r.status().ToString()};
+  return Answer{r->status, r->body};
+}
+
 std::optional<json::value> GetJson(uint16_t port, const std::string& target, const std::string& token) {
   return GetJson(port, target, ControlClient(token));
 }

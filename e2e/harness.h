@@ -51,6 +51,16 @@ bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeou
 // as every daemon's control port speaks it.
 http::ClientOptions ControlClient(const std::string& token);
 
+// One control request to 127.0.0.1:port with control token `token`
+// (ControlClient): the HTTP status and body, or status 0 and the transport
+// error as the body.
+struct Answer {
+  int status = 0;
+  std::string body;
+};
+Answer Call(uint16_t port, const std::string& method, const std::string& target, const std::string& token,
+            const std::string& body = "");
+
 // GET https://127.0.0.1:port/target as JSON with control token `token`;
 // nullopt when unreachable, not 200 or not JSON.
 std::optional<boost::json::value> GetJson(uint16_t port, const std::string& target, const std::string& token);

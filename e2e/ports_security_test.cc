@@ -26,19 +26,8 @@ using cdp::e2e::Cluster;
 using cdp::e2e::ClusterOptions;
 using cdp::e2e::Which;
 
-struct Answer {
-  int status = 0;
-  std::string body;
-};
-
-Answer Call(uint16_t port, const std::string& method, const std::string& target, const std::string& token,
-            const std::string& body = "") {
-  cdp::http::ClientOptions co = cdp::e2e::ControlClient(token);
-  auto r = cdp::http::HttpRequest("127.0.0.1", port, method, target, body, std::chrono::milliseconds(20000), co);
-  INFO(method << " " << target);
-  REQUIRE(r.ok());
-  return Answer{r->status, r->body};
-}
+using cdp::e2e::Answer;
+using cdp::e2e::Call;
 
 // curl with extra arguments; prints the HTTP status code only.
 std::string Curl(uint16_t port, const std::string& path, const std::vector<std::string>& extra) {

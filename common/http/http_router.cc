@@ -233,7 +233,7 @@ Response Router::Dispatch(Request& req) const {
     if (req.path == "/status" && opts_.status) {
       if (req.method != "GET") return Response::Error(405, "method " + req.method + " not allowed on /status");
       boost::json::value st = opts_.status();
-      if (st.is_object()) {
+      if (st.is_object() && !opts_.insecure.empty()) {
         boost::json::array insecure;
         for (const std::string& x : opts_.insecure) insecure.push_back(boost::json::value(x));
         st.as_object()["insecure"] = std::move(insecure);

@@ -228,7 +228,7 @@ struct ServerOptions {
   uint64_t session_lifetime_s = 8 * 3600;  // a browser session (Access::kSession) from its opening
   // The daemon's insecure settings in force ("tls = off", "control_auth = off",
   // ...; ApplyControlAuth adds the control port's): /status answers them as
-  // "insecure": [...] (an object status only), and Start() sets the gauge
+  // "insecure": [...] (an object status only; absent when none), and Start() sets the gauge
   // cdp_insecure_setting{setting="..."} = 1 for each in `registry`, so that
   // cdpctl status, Prometheus and the dashboard show them, not one log line.
   std::vector<std::string> insecure;
