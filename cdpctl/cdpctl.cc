@@ -46,7 +46,8 @@ constexpr const char* kUsage =
     "  control tokens: --token-file F, --agent-token-file F, --ps-token-file F, --mt-token-file F,\n"
     "                  or CDP_TOKEN / CDP_TOKEN_FILE in the environment\n"
     "  pki init --dir DIR [--name NAME] [--days N] |\n"
-    "  pki issue --dir DIR --role agent|ps|mt [--tenant T] --name NAME [--out PREFIX] [--days N] [--hosts H1,H2] |\n"
+    "  pki issue --dir DIR --role agent|ps|mt|admin|tenant [--tenant T] --name NAME [--out PREFIX] [--days N]\n"
+    "            [--hosts H1,H2] |\n"
     "  pki show CERT | pki revoke --dir DIR CERT\n"
     "  --help | --version\n";
 

@@ -25,7 +25,8 @@
 
 namespace cdp::ctl {
 
-// pki issue --dir DIR --role agent|ps|mt --name NAME [--out PREFIX] [--days N] [--hosts H1,H2]   (tenant: --tenant)
+// pki issue --dir DIR --role agent|ps|mt|admin|tenant --name NAME [--out PREFIX] [--days N] [--hosts H1,H2]
+//   (--tenant T for agent, ps and tenant; admin and tenant are people on the control API)
 //   --hosts: the names and addresses its HTTPS control port answers on (subjectAltName)
 // pki show CERT
 // pki revoke --dir DIR CERT   adds CERT to DIR/crl.pem (the daemons' tls_crl; reload them with SIGHUP)
@@ -80,14 +81,14 @@ int Pki(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   }
   if (args[1] == "issue") {
     if (!flags.count("--role") || !flags.count("--name")) {
-      return err << "cdpctl: pki issue needs --role agent|ps|mt and --name NAME\n", 2;
+      return err << "cdpctl: pki issue needs --role agent|ps|mt|admin|tenant and --name NAME\n", 2;
     }
     auto role = pki::ParseRole(flags["--role"]);
     if (!role.ok()) return err << "cdpctl: " << role.status().message() << "\n", 2;
-    if (*role == pki::CertRole::kMasterTarget && !o.tenant.empty()) {
-      return err << "cdpctl: a master target certificate has no tenant: drop --tenant\n", 2;
+    if (!pki::HasTenant(*role) && !o.tenant.empty()) {
+      return err << "cdpctl: a certificate of role " << flags["--role"] << " has no tenant: drop --tenant\n", 2;
     }
-    if (*role != pki::CertRole::kMasterTarget && o.tenant.empty()) {
+    if (pki::HasTenant(*role) && o.tenant.empty()) {
       return err << "cdpctl: pki issue --role " << flags["--role"] << " needs --tenant T\n", 2;
     }
     pki::IssueOptions io;

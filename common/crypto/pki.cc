@@ -209,15 +209,23 @@ std::string_view RoleName(CertRole r) {
       return "ps";
     case CertRole::kMasterTarget:
       return "mt";
+    case CertRole::kAdmin:
+      return "admin";
+    case CertRole::kTenant:
+      return "tenant";
   }
   return "?";
 }
+
+bool HasTenant(CertRole r) { return r != CertRole::kMasterTarget && r != CertRole::kAdmin; }
 
 Result<CertRole> ParseRole(std::string_view text) {
   if (text == "agent") return CertRole::kAgent;
   if (text == "ps") return CertRole::kProcessServer;
   if (text == "mt") return CertRole::kMasterTarget;
-  return Status::InvalidArgument("unknown role '" + std::string(text) + "' (want agent, ps or mt)");
+  if (text == "admin") return CertRole::kAdmin;
+  if (text == "tenant") return CertRole::kTenant;
+  return Status::InvalidArgument("unknown role '" + std::string(text) + "' (want agent, ps, mt, admin or tenant)");
 }
 
 Status InitCa(const std::string& dir, const CaOptions& options) {
@@ -335,8 +343,11 @@ Status Issue(const std::string& ca_dir, const IssueOptions& options, const std::
              const std::string& cert_path) {
   const Identity& id = options.identity;
   if (!ValidName(id.name)) return Status::InvalidArgument("bad certificate name '" + id.name + "'");
-  if (id.role == CertRole::kMasterTarget) {
-    if (!id.tenant.empty()) return Status::InvalidArgument("a master target certificate has no tenant");
+  if (!HasTenant(id.role)) {
+    if (!id.tenant.empty()) {
+      return Status::InvalidArgument("a" + std::string(id.role == CertRole::kAdmin ? "n admin" : " master target") +
+                                     " certificate has no tenant");
+    }
   } else if (!ValidName(id.tenant)) {
     return Status::InvalidArgument("role " + std::string(RoleName(id.role)) + " needs a valid tenant, not '" +
                                    id.tenant + "'");
@@ -392,15 +403,19 @@ Result<Identity> IdentityOf(X509* cert) {
   if (roles.empty()) return Status::PermissionDenied("certificate has no role (OU)");
   if (roles.size() > 1) return Status::PermissionDenied("certificate has more than one role (OU)");
   Result<CertRole> role = ParseRole(roles[0]);
-  if (!role.ok()) return Status::PermissionDenied("certificate role (OU) '" + roles[0] + "' is not agent, ps or mt");
+  if (!role.ok()) {
+    return Status::PermissionDenied("certificate role (OU) '" + roles[0] + "' is not agent, ps, mt, admin or tenant");
+  }
   if (names.size() != 1 || !ValidName(names[0])) {
     return Status::PermissionDenied("certificate needs exactly one valid name (CN)");
   }
   Identity id;
   id.role = *role;
   id.name = names[0];
-  if (*role == CertRole::kMasterTarget) {
-    if (!tenants.empty()) return Status::PermissionDenied("a master target certificate has a tenant (O)");
+  if (!HasTenant(*role)) {
+    if (!tenants.empty()) {
+      return Status::PermissionDenied("a certificate of role " + std::string(RoleName(*role)) + " has a tenant (O)");
+    }
   } else {
     if (tenants.size() != 1 || !ValidName(tenants[0])) {
       return Status::PermissionDenied("certificate needs exactly one valid tenant (O)");

@@ -29,13 +29,18 @@ typedef struct x509_st X509;
 
 namespace cdp::pki {
 
-enum class CertRole { kAgent, kProcessServer, kMasterTarget };
-std::string_view RoleName(CertRole r);              // "agent" | "ps" | "mt"
+// kAgent, kProcessServer, kMasterTarget: the daemons (the data links and NBD).
+// kAdmin, kTenant: people and their tools on the control API (cdpctl --tls-cert),
+// mapped to an admin or a tenant caller as a token would be
+// (common/http/http_server.h); the data links refuse them.
+enum class CertRole { kAgent, kProcessServer, kMasterTarget, kAdmin, kTenant };
+std::string_view RoleName(CertRole r);              // "agent" | "ps" | "mt" | "admin" | "tenant"
 Result<CertRole> ParseRole(std::string_view text);  // kInvalidArgument naming the text
+bool HasTenant(CertRole r);  // false for kMasterTarget and kAdmin (they see every tenant)
 
 struct Identity {
   CertRole role = CertRole::kAgent;
-  std::string tenant;  // empty for kMasterTarget
+  std::string tenant;  // empty for kMasterTarget and kAdmin, required for the others
   std::string name;    // CN
 };
 
@@ -51,7 +56,7 @@ struct CaOptions {
 Status InitCa(const std::string& dir, const CaOptions& options);
 
 struct IssueOptions {
-  Identity identity;  // tenant required for agent and ps, refused for mt
+  Identity identity;  // tenant required for agent, ps and tenant, refused for mt and admin
   // Validity relative to now, in seconds (tests make expired ones with < 0).
   int64_t not_before_s = -300;
   int64_t not_after_s = 825LL * 86400;

@@ -7,6 +7,7 @@
 #include <boost/json.hpp>
 #include <cctype>
 #include <map>
+#include <optional>
 
 #include "common/base/log.h"
 #include "common/daemon/metrics.h"
@@ -101,6 +102,25 @@ std::string_view BearerToken(std::string_view authorization) {
     return {};
   }
   return authorization.substr(kBearer.size());
+}
+
+// The caller a client certificate stands for (verified against the site CA by
+// the TLS handshake; Request::cert_*): role admin is an admin, role tenant its
+// tenant. The daemons' own roles (agent, ps, mt) carry no control authority:
+// a compromised protected host holds an agent certificate.
+std::optional<Caller> CertificateCaller(const Request& req) {
+  if (!req.tls) return std::nullopt;
+  Caller c;
+  c.token_id = "certificate:" + req.cert_name;
+  if (req.cert_role == "admin") {
+    c.admin = true;
+    return c;
+  }
+  if (req.cert_role == "tenant" && !req.cert_tenant.empty()) {
+    c.tenant = req.cert_tenant;
+    return c;
+  }
+  return std::nullopt;
 }
 
 std::string CookieValue(std::string_view header, std::string_view name) {
@@ -200,13 +220,19 @@ Response Router::Dispatch(Request& req) const {
         req.signed_in = true;
         req.token = std::move(token);
       }
+    } else if (auto caller = CertificateCaller(req)) {
+      req.caller = std::move(*caller);
+      req.signed_in = true;
     }
   } else if (opts_.authenticate && !(opts_.metrics_public && req.path == "/metrics")) {
     std::string_view token = BearerToken(req.authorization);
-    if (token.empty()) {
-      return Response::Error(401, "a control token is required (Authorization: Bearer TOKEN; cdpctl --token-file)");
+    std::optional<Caller> by_cert = token.empty() ? CertificateCaller(req) : std::nullopt;
+    if (token.empty() && !by_cert) {
+      return Response::Error(401,
+                             "a control token or an admin or tenant certificate is required "
+                             "(Authorization: Bearer TOKEN; cdpctl --token-file, or --tls-cert and --tls-key)");
     }
-    auto caller = opts_.authenticate(token);
+    Result<Caller> caller = by_cert ? Result<Caller>(std::move(*by_cert)) : opts_.authenticate(token);
     if (!caller.ok()) return Response::Error(401, caller.status().message());
     req.caller = std::move(*caller);
     req.signed_in = true;

@@ -225,11 +225,15 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       X509* cert = SSL_get1_peer_certificate(stream_.native_handle());
       if (cert == nullptr) return;
       auto id = pki::IdentityOf(cert);
+      if (!id.ok()) {
+        X509_free(cert);
+        return;
+      }
+      peer_.role = std::string(pki::RoleName(id->role));
+      peer_.tenant = id->tenant;
+      peer_.name = id->name;
+      peer_.serial = pki::SerialHex(cert);
       X509_free(cert);
-      if (!id.ok()) return;
-      cert_role_ = std::string(pki::RoleName(id->role));
-      cert_tenant_ = id->tenant;
-      cert_name_ = id->name;
     }
   }
 
@@ -267,11 +271,16 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     if (ec == bhttp::error::body_limit) return TooLarge();
     if (ec) return Close();
     auto& preq = parser_->get();
+    // A certificate revoked (and the list reloaded) since the handshake ends
+    // its connection before another request, as the data links end sessions.
+    if (!peer_.name.empty() && srv_->opts.tls != nullptr && !srv_->opts.tls->Distrusted(peer_).empty()) {
+      return Close();
+    }
     Request req = ToRequest(preq);
     req.tls = kTls;
-    req.cert_role = cert_role_;
-    req.cert_tenant = cert_tenant_;
-    req.cert_name = cert_name_;
+    req.cert_role = peer_.role;
+    req.cert_tenant = peer_.tenant;
+    req.cert_name = peer_.name;
     Response r = srv_->router.Dispatch(req);
     // A valid token (or no authentication configured): the listener no
     // longer evicts this connection at its cap.
@@ -336,7 +345,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   Stream stream_;
   ServerState* srv_;
   Listener::Slot slot_;
-  std::string cert_role_, cert_tenant_, cert_name_;
+  TlsPeer peer_;  // the client's certificate; empty name when it sent none
   beast::flat_buffer buf_;
   std::optional<RequestParser> parser_;
   std::optional<bhttp::response<bhttp::empty_body>> cont_;

@@ -75,7 +75,9 @@ struct Caller {
   // A read-only token (scope tenant-read): the router refuses it, with 403,
   // every request that changes state (ChangesState), before any handler.
   bool read_only = false;
-  std::string token_id;  // an issued token's public id; "" for the daemon's own admin token
+  // An issued token's public id; "" for the daemon's own admin token;
+  // "certificate:NAME" for a caller known by its client certificate.
+  std::string token_id;
   // The one scope rule: the admin sees every tenant's objects, a tenant its own.
   bool Sees(const std::string& owner) const { return admin || owner == tenant; }
 };
@@ -100,7 +102,10 @@ struct Request {
   std::string token;
   // The connection: over TLS (ServerOptions::tls), and the identity of the
   // client's certificate when it presented one (verified against the site
-  // CA; common/crypto/pki.h): role "agent" | "ps" | "mt", tenant, name.
+  // CA; common/crypto/pki.h): role "agent" | "ps" | "mt" | "admin" | "tenant",
+  // tenant, name. Without a bearer token, a certificate of role admin is an
+  // admin caller and one of role tenant its tenant's caller; the daemons' own
+  // roles are no caller (the router; a protected host holds an agent's).
   bool tls = false;
   std::string cert_role, cert_tenant, cert_name;
 };

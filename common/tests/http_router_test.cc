@@ -134,6 +134,44 @@ TEST_CASE("Router: a public route reaches its handler without a token, every oth
   CHECK(call("/ui", "", "evil.example").status == 403);  // the Host check still applies
 }
 
+TEST_CASE("Router: without a token a verified admin certificate is an admin, a tenant certificate its tenant, a "
+          "daemon's certificate or a claim without TLS nothing, and a token wins over the certificate",
+          "[http]") {
+  ServerOptions o;
+  o.authenticate = [](std::string_view token) -> cdp::Result<Caller> {
+    if (token == "good") return Caller{false, "acme", true, "t1"};
+    return cdp::Status::PermissionDenied("the control token is not valid here");
+  };
+  Router router(o);
+  router.Add("GET", "/v1/x", [](const Request& r) {
+    return Response::Json(200, {{"admin", r.caller.admin}, {"tenant", r.caller.tenant}, {"id", r.caller.token_id}});
+  });
+  auto call = [&](bool tls, std::string role, std::string tenant, std::string auth = "") {
+    Request r;
+    r.method = "GET";
+    r.path = "/v1/x";
+    r.host = "localhost";
+    r.authorization = std::move(auth);
+    r.tls = tls;
+    r.cert_role = std::move(role);
+    r.cert_tenant = std::move(tenant);
+    r.cert_name = "n";
+    return router.Dispatch(r);
+  };
+  CHECK(call(true, "admin", "").body == R"({"admin":true,"tenant":"","id":"certificate:n"})");
+  CHECK(call(true, "tenant", "acme").body == R"({"admin":false,"tenant":"acme","id":"certificate:n"})");
+  for (const char* role : {"agent", "ps", "mt"}) {
+    INFO(role);
+    Response r = call(true, role, role == std::string("mt") ? "" : "acme");
+    CHECK(r.status == 401);
+    CHECK(r.body.find("a control token or an admin or tenant certificate is required") != std::string::npos);
+  }
+  CHECK(call(true, "tenant", "").status == 401);
+  CHECK(call(false, "admin", "").status == 401);  // only the TLS handshake sets a certificate
+  CHECK(call(true, "admin", "", "Bearer good").body == R"({"admin":false,"tenant":"acme","id":"t1"})");
+  CHECK(call(true, "admin", "", "Bearer bad").status == 401);
+}
+
 // The dashboard's cookie check is the router's (Access::kSession), not a
 // second token check in the page's handler.
 TEST_CASE("Router: a session route signs in by bearer token or else a session cookie holding a random id, never the token, and runs its handler either way",

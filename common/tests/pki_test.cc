@@ -145,7 +145,8 @@ CertPtr WithSubject(const std::vector<std::pair<std::string, std::string>>& fiel
 }  // namespace
 
 TEST_CASE("pki: role names round-trip and an unknown role is named in the refusal", "[pki]") {
-  for (CertRole r : {CertRole::kAgent, CertRole::kProcessServer, CertRole::kMasterTarget}) {
+  for (CertRole r :
+       {CertRole::kAgent, CertRole::kProcessServer, CertRole::kMasterTarget, CertRole::kAdmin, CertRole::kTenant}) {
     auto back = cdp::pki::ParseRole(cdp::pki::RoleName(r));
     REQUIRE(back.ok());
     CHECK(*back == r);
@@ -153,7 +154,9 @@ TEST_CASE("pki: role names round-trip and an unknown role is named in the refusa
   CHECK(cdp::pki::RoleName(CertRole::kAgent) == "agent");
   CHECK(cdp::pki::RoleName(CertRole::kProcessServer) == "ps");
   CHECK(cdp::pki::RoleName(CertRole::kMasterTarget) == "mt");
-  for (const char* bad : {"admin", "", "Agent", "ps "}) {
+  CHECK(cdp::pki::RoleName(CertRole::kAdmin) == "admin");
+  CHECK(cdp::pki::RoleName(CertRole::kTenant) == "tenant");
+  for (const char* bad : {"operator", "", "Agent", "ps ", "Admin"}) {
     auto r = cdp::pki::ParseRole(bad);
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == cdp::Code::kInvalidArgument);
@@ -230,6 +233,8 @@ TEST_CASE("pki: issue for each role gives back exactly its identity, 0600 keys, 
       {CertRole::kAgent, "acme", "db-host-1"},
       {CertRole::kProcessServer, "acme", "ps-1"},
       {CertRole::kMasterTarget, "", "mt-1"},
+      {CertRole::kAdmin, "", "ops"},
+      {CertRole::kTenant, "acme", "alice"},
   };
   CertPtr ca = ReadCert(a + "/ca.crt");
   for (const Identity& want : ids) {
@@ -299,6 +304,8 @@ TEST_CASE("pki: issue refuses bad identities and existing keys, writing nothing"
       {"mt with a tenant", {CertRole::kMasterTarget, "acme", "mt-2"}},
       {"agent without a tenant", {CertRole::kAgent, "", "host"}},
       {"ps without a tenant", {CertRole::kProcessServer, "", "ps-2"}},
+      {"admin with a tenant", {CertRole::kAdmin, "acme", "ops"}},
+      {"tenant without a tenant", {CertRole::kTenant, "", "alice"}},
       {"empty name", {CertRole::kAgent, "acme", ""}},
       {"path in name", {CertRole::kAgent, "acme", "../etc"}},
       {"name with a comma", {CertRole::kAgent, "acme", "a,OU=mt"}},
@@ -403,7 +410,9 @@ TEST_CASE("pki: IdentityOf refuses any subject that is not exactly one role, nam
       {"no OU", {{"CN", "h-1"}, {"O", "acme"}}, "no role (OU)"},
       {"two OUs", {{"CN", "h-1"}, {"O", "acme"}, {"OU", "agent"}, {"OU", "agent"}}, "more than one role (OU)"},
       {"agent and mt", {{"CN", "h-1"}, {"OU", "mt"}, {"OU", "agent"}}, "more than one role (OU)"},
-      {"unknown role", {{"CN", "h-1"}, {"O", "acme"}, {"OU", "admin"}}, "'admin'"},
+      {"unknown role", {{"CN", "h-1"}, {"O", "acme"}, {"OU", "operator"}}, "'operator'"},
+      {"admin with an O", {{"CN", "ops"}, {"O", "acme"}, {"OU", "admin"}}, "tenant (O)"},
+      {"tenant without O", {{"CN", "alice"}, {"OU", "tenant"}}, "tenant (O)"},
       {"role in capitals", {{"CN", "h-1"}, {"O", "acme"}, {"OU", "Agent"}}, "'Agent'"},
       {"blank role", {{"CN", "h-1"}, {"O", "acme"}, {"OU", " "}}, "role (OU)"},
       {"no CN", {{"O", "acme"}, {"OU", "agent"}}, "name (CN)"},
