@@ -1185,6 +1185,49 @@ TEST_CASE("nbd server: at the connection cap the oldest handshaking connection m
   CHECK(fx.server->evicted_count() == 2);
 }
 
+TEST_CASE("nbd server: a tenant at its connection cap is refused by name, another tenant and the provider still "
+          "attach, and a closed connection gives its place back",
+          "[nbd][tls]") {
+  NbdServerOptions o;
+  o.max_connections_per_tenant = 2;
+  TlsFixture fx(o);
+  std::map<uint16_t, Bytes> got;
+  RawClient a1, a2;
+  REQUIRE(fx.Secure(&a1, *fx.pk.acme));
+  REQUIRE(a1.InfoOrGo(nbd::kOptGo, "acme/db@1", {}, &got) == nbd::kRepAck);
+  REQUIRE(fx.Secure(&a2, *fx.pk.acme));
+  REQUIRE(a2.InfoOrGo(nbd::kOptGo, "acme/logs@2", {}, &got) == nbd::kRepAck);
+
+  // The third of acme: NBD_REP_ERR_POLICY naming the cap; the connection
+  // stays in negotiation (it may ABORT), and INFO is still answered.
+  RawClient a3;
+  REQUIRE(fx.Secure(&a3, *fx.pk.acme));
+  REQUIRE(a3.SendOption(nbd::kOptGo, RawClient::InfoData("acme/db@1", {})));
+  RawClient::OptReply r;
+  REQUIRE(a3.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrPolicy);
+  CHECK(std::string(r.data.begin(), r.data.end()) ==
+        "tenant 'acme' already has 2 NBD connections (the cap nbd_max_connections_per_tenant)");
+  CHECK(a3.InfoOrGo(nbd::kOptInfo, "acme/db@1", {}, &got) == nbd::kRepAck);
+
+  // Another tenant and the provider are not counted against acme.
+  RawClient u, p;
+  REQUIRE(fx.Secure(&u, *fx.pk.umbrella));
+  CHECK(u.InfoOrGo(nbd::kOptGo, "umbrella/db@1", {}, &got) == nbd::kRepAck);
+  CHECK(u.Do(nbd::kCmdRead, 0, 4096) == 0);
+  REQUIRE(fx.Secure(&p, *fx.pk.provider));
+  CHECK(p.InfoOrGo(nbd::kOptGo, "acme/db@1", {}, &got) == nbd::kRepAck);
+  CHECK(a1.Do(nbd::kCmdRead, 0, 4096) == 0);
+
+  // One of acme's goes: its place comes back.
+  REQUIRE(a1.SendRequest(nbd::kCmdDisc, 9, 0, 0));
+  CHECK(a1.ClosedByPeer());
+  CHECK(WaitUntil([&] {
+    RawClient a4;
+    return fx.Secure(&a4, *fx.pk.acme) && a4.InfoOrGo(nbd::kOptGo, "acme/db@1", {}, &got) == nbd::kRepAck;
+  }));
+}
+
 TEST_CASE("nbd server: attached clients idle past idle_timeout_ms are closed, busy ones stay", "[nbd][tls]") {
   NbdServerOptions o;
   o.idle_timeout_ms = 300;

@@ -520,6 +520,48 @@ std::string StartExport(uint16_t cport, uint64_t seq, bool writable, std::string
 
 }  // namespace
 
+TEST_CASE("exports: a tenant at max_exports_per_tenant is refused naming the cap, another tenant's export still "
+          "serves, and an unexport makes room",
+          "[server][security]") {
+  RequireProgram("nbdinfo");
+  TempDir dir;
+  Daemon d(dir.path(), 0, 256, [](MasterTargetOptions& o) { o.max_exports_per_tenant = 2; });
+  for (const char* tenant : {"acme", "globex"}) {
+    auto ch = Client(d.mt->port(), tenant, std::string("s3cret-") + tenant);
+    uint32_t vid = OpenVolume(*ch, OpenMsg("vm1", 1 << 20), 0);
+    REQUIRE(std::holds_alternative<proto::Ack>(
+        Call(*ch, Batch(vid, {DataRecord(1, 0, Bytes(4096, 7)), FlushRecord(2)}))));
+  }
+  auto a1 = d.mt->StartExport("acme", "vm1", 2, false);
+  auto a2 = d.mt->StartExport("acme", "vm1", 2, true);
+  REQUIRE(a1.ok());
+  REQUIRE(a2.ok());
+  auto a3 = d.mt->StartExport("acme", "vm1", 2, false);
+  REQUIRE_FALSE(a3.ok());
+  CHECK(a3.status().code() == Code::kBusy);
+  CHECK(a3.status().message() ==
+        "tenant 'acme' already has 2 exports, the cap max_exports_per_tenant; remove one (cdpctl unexport) first");
+  // Over the control API the refusal is a 503 with the same words.
+  auto refused = http::HttpRequest("127.0.0.1", d.mt->control_port(), "POST", "/v1/export",
+                                   R"({"tenant":"acme","volume":"vm1","seq":2})", kTimeout);
+  REQUIRE(refused.ok());
+  INFO(refused->body);
+  CHECK(refused->body.find("the cap max_exports_per_tenant") != std::string::npos);
+  CHECK(refused->status >= 400);
+
+  // globex is not counted against acme: its export starts and serves.
+  auto g = d.mt->StartExport("globex", "vm1", 2, false);
+  REQUIRE(g.ok());
+  auto info = RunCommand({"nbdinfo", "--size", "nbd://127.0.0.1:" + std::to_string(d.mt->nbd_port()) + "/" + *g}, 30000);
+  INFO(info.output);
+  CHECK(info.exit_code == 0);
+  CHECK(info.output == std::to_string(1 << 20) + "\n");
+
+  // One of acme's removed: acme may export again.
+  REQUIRE(d.mt->StopExport(*a1).ok());
+  CHECK(d.mt->StartExport("acme", "vm1", 2, false).ok());
+}
+
 TEST_CASE("qemu-img convert and nbdcopy of a point-in-time export equal the reference, while replication goes on",
           "[server][e2e]") {
   RequireProgram("qemu-img");
