@@ -46,60 +46,18 @@
 #include "common/wire/channel.h"
 #include "common/wire/protocol.h"
 #include "fuzz/fuzz_util.h"
+#include "fuzz/mem_stream.h"
 
 namespace {
 
 using namespace cdp;
 using cdp::fuzz::Check;
+using cdp::fuzz::MemStream;
+using cdp::fuzz::Wire;
 
 constexpr char kSecret[] = "s3cret-of-acme-0123456789";
 constexpr char kTenant[] = "acme";
 constexpr std::chrono::milliseconds kTimeout{5000};
-
-// What the stream reads and what the channel wrote; outlives the stream.
-struct Wire {
-  Bytes script;
-  size_t pos = 0;
-  size_t chunk = 0;                    // 0: all that fits
-  std::function<std::optional<Bytes>()> refill;  // once, when the script ends
-  Bytes written;
-  bool shut = false;
-};
-
-class MemStream final : public ByteStream {
- public:
-  MemStream(Wire* wire, const TlsPeer* tls) : wire_(wire), tls_(tls) {}
-  Result<size_t> ReadSome(std::span<uint8_t> buf, Deadline) override {
-    if (wire_->shut) return Status::Aborted("fuzz: stream shut down");
-    if (wire_->pos == wire_->script.size() && wire_->refill) {
-      auto refill = std::move(wire_->refill);
-      wire_->refill = nullptr;
-      if (std::optional<Bytes> more = refill()) {
-        wire_->script = std::move(*more);
-        wire_->pos = 0;
-      }
-    }
-    size_t n = std::min(buf.size(), wire_->script.size() - wire_->pos);
-    if (wire_->chunk > 0) n = std::min(n, wire_->chunk);
-    if (n == 0) return Status::Unavailable("fuzz: end of input");
-    std::copy_n(wire_->script.begin() + long(wire_->pos), n, buf.begin());
-    wire_->pos += n;
-    return n;
-  }
-  Status WriteAll(std::span<const ByteSpan> bufs, Deadline) override {
-    if (wire_->shut) return Status::Aborted("fuzz: stream shut down");
-    for (ByteSpan b : bufs) wire_->written.insert(wire_->written.end(), b.begin(), b.end());
-    return Status::OK();
-  }
-  void Shutdown() override { wire_->shut = true; }
-  const std::string& peer() const override { return peer_; }
-  const TlsPeer* tls_peer() const override { return tls_; }
-
- private:
-  Wire* const wire_;
-  const TlsPeer* const tls_;
-  const std::string peer_ = "fuzz:peer";
-};
 
 // The complete frames of `b` (whatever follows the last one is ignored).
 std::vector<proto::Message> Frames(ByteSpan b, std::vector<uint64_t>* seqs = nullptr) {

@@ -479,6 +479,45 @@ void NbdServerSeeds(const std::string& dir) {
   Write(dir, "big-option-skipped", Cat(Cat(flags, Option(nbd::kOptInfo, Bytes(9000, 0))), Option(nbd::kOptList, {})));
 }
 
+// ---- nbd_client: a flags byte, four op bytes (nbd_client_fuzz.cc), then
+// what a server sends.
+
+Bytes Reply(uint32_t error, uint64_t handle) {
+  Bytes r(nbd::kSimpleReplySize);
+  nbd::EncodeSimpleReply(r.data(), error, handle);
+  return r;
+}
+
+void NbdClientSeeds(const std::string& dir) {
+  const uint16_t tflags = nbd::kFlagHasFlags | nbd::kFlagSendFlush | nbd::kFlagSendFua | nbd::kFlagSendWriteZeroes;
+  auto negotiation = [&](uint16_t flags, uint32_t max_block) {
+    Bytes b = nbd::EncodeGreeting(nbd::kFlagFixedNewstyle | nbd::kFlagNoZeroes);
+    b = Cat(b, nbd::EncodeOptionReply(nbd::kOptGo, nbd::kRepInfo, nbd::EncodeInfoExport(1 << 20, flags)));
+    b = Cat(b, nbd::EncodeOptionReply(nbd::kOptGo, nbd::kRepInfo, nbd::EncodeInfoBlockSize(1, 4096, max_block)));
+    return Cat(b, nbd::EncodeOptionReply(nbd::kOptGo, nbd::kRepAck));
+  };
+  // Write at 0, Read at block 1, Flush, Close (max_inflight 1): handles 1, 2, 3.
+  Bytes io = Cat(Cat(Reply(0, 1), Reply(0, 2)), Bytes(4096, 0x11));
+  io = Cat(io, Reply(0, 3));
+  Write(dir, "write-read-flush-close", Cat(Cat(Bytes{0x00, 0x00, 0x0a, 0x04, 0x05}, negotiation(tflags, 1 << 20)), io));
+  // Pipelined writes (max_inflight 16), replies out of order, one failing.
+  Write(dir, "pipelined-one-fails", Cat(Cat(Bytes{0x0c, 0x00, 0x0e, 0x11, 0x03}, negotiation(tflags, 1 << 20)),
+                                        Cat(Cat(Reply(0, 2), Reply(5, 1)), Reply(0, 3))));
+  // A read of max_block (16 KiB) in 7-byte chunks.
+  Write(dir, "read-max-block-chunked", Cat(Cat(Bytes{0x02, 0x07, 0x05, 0x05, 0x05}, negotiation(tflags, 16384)),
+                                           Cat(Reply(0, 1), Bytes(16384, 0x22))));
+  // Read-only, no flush: writes refused locally.
+  Write(dir, "read-only", Cat(Cat(Bytes{0x00, 0x00, 0x01, 0x02, 0x04}, negotiation(nbd::kFlagHasFlags | nbd::kFlagReadOnly, 1 << 20)),
+                              Cat(Reply(0, 1), Bytes(4096, 0x33))));
+  // GO refused with a text carrying an escape sequence.
+  Bytes refused = Cat(nbd::EncodeGreeting(nbd::kFlagFixedNewstyle),
+                      nbd::EncodeOptionReply(nbd::kOptGo, nbd::kRepErrPolicy, std::string_view("cap\x1b[2Jreached")));
+  Write(dir, "go-refused", Cat(Bytes{0x00, 0x00, 0x00, 0x00, 0x00}, refused));
+  // A reply for a handle never sent, and a reply with a bad magic.
+  Write(dir, "unknown-handle", Cat(Cat(Bytes{0x00, 0x00, 0x03, 0x00, 0x00}, negotiation(tflags, 1 << 20)), Reply(0, 99)));
+  Write(dir, "bad-magic", Cat(Cat(Bytes{0x00, 0x02, 0x00, 0x00, 0x00}, negotiation(tflags, 1 << 20)), Bytes(16, 0xff)));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -502,5 +541,6 @@ int main(int argc, char** argv) {
   X509Identity(root + "/x509_identity");
   FrameHandshake(root + "/frame_handshake");
   NbdServerSeeds(root + "/nbd_server");
+  NbdClientSeeds(root + "/nbd_client");
   return g_ok ? 0 : 1;
 }

@@ -84,8 +84,18 @@ Result<std::unique_ptr<NbdClient>> NbdClient::Connect(const NbdUri& uri, const N
     s = ConnectTcpStream(uri.host, uri.port, timeout);
   }
   if (!s.ok()) return s.status().WithContext(where);
-  std::unique_ptr<NbdClient> c(new NbdClient(std::move(*s), opts));
-  CDP_RETURN_IF_ERROR(c->Negotiate(uri).WithContext(where));
+  auto c = ConnectOver(std::move(*s), uri, opts);
+  if (!c.ok()) return c.status().WithContext(where);
+  return c;
+}
+
+Result<std::unique_ptr<NbdClient>> NbdClient::ConnectOver(std::unique_ptr<ByteStream> stream, const NbdUri& uri,
+                                                          const NbdClientOptions& opts) {
+  if (uri.tls && uri.tls_certificates.empty()) {
+    return Status::InvalidArgument("an nbds:// URI needs ?tls-certificates=DIR");
+  }
+  std::unique_ptr<NbdClient> c(new NbdClient(std::move(stream), opts));
+  CDP_RETURN_IF_ERROR(c->Negotiate(uri));
   return c;
 }
 
@@ -128,6 +138,13 @@ Bytes OptionRequest(uint32_t option, const Bytes& data) {
   nbd::PutBE32(out, option);
   nbd::PutBE32(out, uint32_t(data.size()));
   out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+// A server's error text as it may be shown: printable ASCII, at most 256 bytes.
+std::string PrintableText(const Bytes& body) {
+  std::string out;
+  for (size_t i = 0; i < body.size() && i < 256; ++i) out += body[i] >= 0x20 && body[i] < 0x7f ? char(body[i]) : '?';
   return out;
 }
 
@@ -185,7 +202,7 @@ Status NbdClient::Negotiate(const NbdUri& uri) {
     Bytes body(len);
     if (len) CDP_RETURN_IF_ERROR(RecvAll(body.data(), len));
     if (type & nbd::kRepErrBit) {
-      std::string msg(body.begin(), body.end());
+      std::string msg = PrintableText(body);
       if (type == nbd::kRepErrUnknown)
         return Fail(Status::NotFound("export '" + export_name + "' unknown" + (msg.empty() ? "" : ": " + msg)));
       if (type == nbd::kRepErrTlsReqd)

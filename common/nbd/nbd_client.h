@@ -28,7 +28,9 @@
 //   transmission --Write/Read/Flush--> (window full: read replies) --Close--> DISC
 //
 // Errors: a reply with a non-zero error becomes kIOError naming the NBD error,
-// offset and length; a broken protocol (bad magic, unknown handle, a reply
+// offset and length; the text of an option error reply is quoted in the
+// status with every byte outside printable ASCII as '?', at most 256 bytes (a
+// hostile server writes nothing to the operator's terminal but text); a broken protocol (bad magic, unknown handle, a reply
 // longer than asked) is kCorruption; transport failures are the stream's
 // (kUnavailable, kBusy for a timeout), a failed TLS handshake
 // kPermissionDenied. After any error the client is unusable (every further
@@ -80,6 +82,11 @@ class NbdClient {
   // nbds:// URI needs tls_certificates (kInvalidArgument otherwise); the
   // files must hold a certificate of the site PKI (common/crypto/pki.h).
   static Result<std::unique_ptr<NbdClient>> Connect(const NbdUri& uri, const NbdClientOptions& opts = {});
+  // The same over a stream already connected to the server (uri's host,
+  // port and socket are not used): Connect's second half, and how the fuzz
+  // target (fuzz/nbd_client_fuzz.cc) plays a hostile server.
+  static Result<std::unique_ptr<NbdClient>> ConnectOver(std::unique_ptr<ByteStream> stream, const NbdUri& uri,
+                                                        const NbdClientOptions& opts = {});
   ~NbdClient();  // closes the connection (without DISC if Close() was not called)
 
   uint64_t size() const { return size_; }
