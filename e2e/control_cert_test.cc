@@ -111,7 +111,7 @@ TEST_CASE("control certificates: admin is an admin, tenant its tenant, a daemon'
     INFO("certificate " << prefix);
     Reply r = GetAs(c, mt, "/v1/volumes", prefix);
     CHECK(r.status == 401);
-    CHECK(r.body.find("a control token or an admin or tenant certificate is required") != std::string::npos);
+    CHECK(r.body.find("or a client certificate of role admin or tenant") != std::string::npos);
   }
 
   // Revoke the admin certificate and reload the MT: refused at the handshake;

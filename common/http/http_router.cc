@@ -229,8 +229,8 @@ Response Router::Dispatch(Request& req) const {
     std::optional<Caller> by_cert = token.empty() ? CertificateCaller(req) : std::nullopt;
     if (token.empty() && !by_cert) {
       return Response::Error(401,
-                             "a control token or an admin or tenant certificate is required "
-                             "(Authorization: Bearer TOKEN; cdpctl --token-file, or --tls-cert and --tls-key)");
+                             "a control token is required (Authorization: Bearer TOKEN; cdpctl --token-file), or a "
+                             "client certificate of role admin or tenant (cdpctl --tls-cert, --tls-key)");
     }
     Result<Caller> caller = by_cert ? Result<Caller>(std::move(*by_cert)) : opts_.authenticate(token);
     if (!caller.ok()) return Response::Error(401, caller.status().message());

@@ -73,16 +73,12 @@ Result<std::unique_ptr<NbdClient>> NbdClient::Connect(const NbdUri& uri, const N
     return Status::InvalidArgument("an nbds:// URI needs ?tls-certificates=DIR (ca-cert.pem, client-cert.pem, "
                                    "client-key.pem)");
   const std::chrono::milliseconds timeout(opts.timeout_ms);
-  std::string where;
-  Result<std::unique_ptr<ByteStream>> s = Status::OK();
-  if (!uri.socket_path.empty()) {
-    where = "nbd+unix:///" + uri.export_name + "?socket=" + uri.socket_path;
-    s = ConnectUnixStream(uri.socket_path, timeout);
-  } else {
-    where = std::string(uri.tls ? "nbds://" : "nbd://") + uri.host + ":" + std::to_string(uri.port) + "/" +
-            uri.export_name;
-    s = ConnectTcpStream(uri.host, uri.port, timeout);
-  }
+  const bool unix_socket = !uri.socket_path.empty();
+  const std::string where = unix_socket ? "nbd+unix:///" + uri.export_name + "?socket=" + uri.socket_path
+                                        : std::string(uri.tls ? "nbds://" : "nbd://") + uri.host + ":" +
+                                              std::to_string(uri.port) + "/" + uri.export_name;
+  Result<std::unique_ptr<ByteStream>> s =
+      unix_socket ? ConnectUnixStream(uri.socket_path, timeout) : ConnectTcpStream(uri.host, uri.port, timeout);
   if (!s.ok()) return s.status().WithContext(where);
   auto c = ConnectOver(std::move(*s), uri, opts);
   if (!c.ok()) return c.status().WithContext(where);

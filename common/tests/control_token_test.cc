@@ -506,7 +506,7 @@ TEST_CASE("HTTP auth: no token or a wrong one is 401 and runs nothing, and tenan
   AuthServer s(dir.path());
   std::string body;
   CHECK(s.Call("POST", "/v1/act", "", &body) == 401);
-  CHECK(body == R"x({"error":"a control token is required (Authorization: Bearer TOKEN; cdpctl --token-file)"})x");
+  CHECK(body == R"x({"error":"a control token is required (Authorization: Bearer TOKEN; cdpctl --token-file), or a client certificate of role admin or tenant (cdpctl --tls-cert, --tls-key)"})x");
   CHECK(s.Call("POST", "/v1/act", s.admin.substr(1) + "x", &body) == 401);
   CHECK(body == R"({"error":"the control token is not valid here"})");
   CHECK(s.Call("GET", "/status", "") == 401);

@@ -164,7 +164,7 @@ TEST_CASE("Router: without a token a verified admin certificate is an admin, a t
     INFO(role);
     Response r = call(true, role, role == std::string("mt") ? "" : "acme");
     CHECK(r.status == 401);
-    CHECK(r.body.find("a control token or an admin or tenant certificate is required") != std::string::npos);
+    CHECK(r.body.find("or a client certificate of role admin or tenant") != std::string::npos);
   }
   CHECK(call(true, "tenant", "").status == 401);
   CHECK(call(false, "admin", "").status == 401);  // only the TLS handshake sets a certificate
