@@ -56,6 +56,11 @@ Status CaptureDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
   return file_->Read(offset, len, buf);
 }
 
+Status CaptureDevice::Extents(uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) {
+  if (offset > size_ || len > size_ - offset) return Status::OutOfRange("extents past the end of the volume");
+  return FileExtents(*file_, offset, len, out);
+}
+
 Status CaptureDevice::SyncBacking() {
   std::lock_guard lk(sync_mu_);
   return file_->Sync();

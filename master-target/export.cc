@@ -191,6 +191,25 @@ Status PointInTimeDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
   return Status::OK();
 }
 
+Status PointInTimeDevice::Extents(uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) {
+  if (offset > size_ || len > size_ - offset) return Status::OutOfRange("extents past the end of the export");
+  if (!overlay_) return volume_->ExtentsAt(pin_->seq(), offset, len, out);
+  std::lock_guard<std::mutex> lk(mu_);
+  const size_t first = out->size();
+  uint64_t pos = offset, end = offset + len;
+  while (pos < end && out->size() - first < kMaxDeviceExtents) {
+    const bool ov = in_overlay_[pos / block_];
+    uint64_t run_end = pos;
+    while (run_end < end && in_overlay_[run_end / block_] == ov) run_end = std::min(end, (run_end / block_ + 1) * block_);
+    // Blocks written here: the overlay file's allocation (zeroed blocks are
+    // holes punched in it); the rest: the point's.
+    CDP_RETURN_IF_ERROR(ov ? FileExtents(*overlay_, pos, run_end - pos, out)
+                           : volume_->ExtentsAt(pin_->seq(), pos, run_end - pos, out));
+    pos = run_end;
+  }
+  return Status::OK();
+}
+
 Status PointInTimeDevice::WriteLocked(uint64_t offset, const uint8_t* data, uint64_t len) {
   if (!overlay_) return Status::PermissionDenied("read-only export");
   if (quiesced_) return Status::PermissionDenied("export quiesced for failback: writes are refused");
