@@ -48,6 +48,7 @@ CaptureDevice::CaptureDevice(const Options& opts, std::unique_ptr<File> file, ui
 BlockDeviceFeatures CaptureDevice::features() const {
   BlockDeviceFeatures f;
   f.flush = f.fua = f.trim = f.write_zeroes = f.multi_conn = true;
+  f.fast_zero = true;  // a zero range is one record, and a hole punched in the backing store
   return f;
 }
 

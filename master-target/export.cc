@@ -141,6 +141,7 @@ BlockDeviceFeatures PointInTimeDevice::features() const {
     f.fua = true;
     f.trim = true;
     f.write_zeroes = true;
+    f.fast_zero = true;  // whole blocks become holes punched in the overlay
   }
   return f;
 }

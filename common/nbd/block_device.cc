@@ -50,6 +50,7 @@ BlockDeviceFeatures FileBlockDevice::features() const {
   f.trim = !read_only_;
   f.write_zeroes = !read_only_;
   f.multi_conn = true;  // no cache of our own: every connection sees the same File
+  f.fast_zero = !read_only_;  // may_trim punches a hole
   return f;
 }
 

@@ -35,6 +35,11 @@ struct BlockDeviceFeatures {
   // NBD_FLAG_CAN_MULTI_CONN: the device has no per-connection cache, so a
   // Flush() or FUA on one connection covers writes completed on any other.
   bool multi_conn = false;
+  // NBD_FLAG_SEND_FAST_ZERO: WriteZeroes with may_trim punches holes, so it
+  // costs no data writes. A WRITE_ZEROES with FAST_ZERO and NO_HOLE is then
+  // refused with ENOTSUP by the server (zeros would be written), so that the
+  // client writes its own zeros or skips them, as nbdcopy does.
+  bool fast_zero = false;
 };
 
 // One run of a device's allocation, as NBD's base:allocation reports it

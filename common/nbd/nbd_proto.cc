@@ -227,6 +227,7 @@ uint32_t CheckRequest(const Request& r, const ExportLimits& limits) {
     case kCmdWriteZeroes:
       needed_tflag = kFlagSendWriteZeroes;
       allowed_flags |= kCmdFlagNoHole;
+      if (tf & kFlagSendFastZero) allowed_flags |= kCmdFlagFastZero;
       writes = true;
       break;
     case kCmdBlockStatus:
@@ -241,6 +242,9 @@ uint32_t CheckRequest(const Request& r, const ExportLimits& limits) {
   if ((r.flags & ~allowed_flags) != 0) return kEINVAL;
   if (needed_tflag != 0 && (tf & needed_tflag) == 0) return kEINVAL;
   if (writes && (tf & kFlagReadOnly)) return kEPERM;
+  // FAST_ZERO: only a punched hole is fast (BlockDeviceFeatures::fast_zero);
+  // with NO_HOLE zeros would be written, so fail at once, touching nothing.
+  if ((r.flags & kCmdFlagFastZero) && (r.flags & kCmdFlagNoHole)) return kENOTSUP;
   if ((r.type == kCmdRead || r.type == kCmdWrite) && r.length > limits.max_payload) return kEINVAL;
   if (r.type == kCmdFlush) return 0;  // offset and length are reserved
   const bool past_end = r.offset > limits.size || uint64_t(r.length) > limits.size - r.offset;

@@ -259,6 +259,8 @@ struct ExportLimits {
 //   WRITE / WRITE_ZEROES past the end                                  -> ENOSPC
 //   READ / TRIM / BLOCK_STATUS past the end (or offset + length overflowing) -> EINVAL
 //   BLOCK_STATUS without a negotiated context, or of length 0           -> EINVAL
+//   FAST_ZERO on WRITE_ZEROES unless NBD_FLAG_SEND_FAST_ZERO was advertised -> EINVAL
+//   FAST_ZERO with NO_HOLE (zeros would be written, not a hole punched)  -> ENOTSUP
 // NBD_CMD_DISC always returns 0 (it has no reply).
 uint32_t CheckRequest(const Request& r, const ExportLimits& limits);
 

@@ -106,6 +106,7 @@ inline uint16_t ComputeTransmissionFlags(const BlockDevice& dev) {
   if (f.trim && !ro) t |= nbd::kFlagSendTrim;
   if (f.write_zeroes && !ro) t |= nbd::kFlagSendWriteZeroes;
   if (f.multi_conn) t |= nbd::kFlagCanMultiConn;
+  if (f.fast_zero && f.write_zeroes && !ro) t |= nbd::kFlagSendFastZero;
   return t;
 }
 

@@ -193,6 +193,21 @@ TEST_CASE("nbd request validation follows the spec's error values", "[nbd]") {
   CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 512), ro) == 0);
   CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 512, nbd::kCmdFlagFua), ro) == nbd::kEINVAL);
   CHECK(nbd::CheckRequest(req(nbd::kCmdTrim, 0, 512), ro) == nbd::kEINVAL);  // not advertised
+  // BLOCK_STATUS once base:allocation was negotiated; REQ_ONE on it only.
+  nbd::ExportLimits bs = rw;
+  bs.block_status = true;
+  CHECK(nbd::CheckRequest(req(nbd::kCmdBlockStatus, 0, 1 << 20), bs) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdBlockStatus, 0, 512, nbd::kCmdFlagReqOne), bs) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdBlockStatus, 0, 0), bs) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdBlockStatus, 1 << 20, 1), bs) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 512, nbd::kCmdFlagReqOne), bs) == nbd::kEINVAL);
+  // FAST_ZERO once advertised; with NO_HOLE it would write zeros: ENOTSUP.
+  nbd::ExportLimits fz = rw;
+  fz.transmission_flags |= nbd::kFlagSendFastZero;
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWriteZeroes, 0, 512, nbd::kCmdFlagFastZero), fz) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWriteZeroes, 0, 512, nbd::kCmdFlagFastZero | nbd::kCmdFlagNoHole), fz) ==
+        nbd::kENOTSUP);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWrite, 0, 512, nbd::kCmdFlagFastZero), fz) == nbd::kEINVAL);
 }
 
 TEST_CASE("nbd maps Status codes to NBD errors", "[nbd]") {
@@ -1705,6 +1720,30 @@ TEST_CASE("nbdinfo --map, qemu-img map and nbdcopy see a sparse export as nbdkit
   CHECK(allocated >= data);
   CHECK(allocated <= data + (1 << 20));  // nbdcopy's and the file system's rounding
   kit->Stop(SIGTERM, std::chrono::seconds(5));
+}
+
+TEST_CASE("nbd server: FAST_ZERO is advertised by a file device, punches the hole, and with NO_HOLE fails at once "
+          "with ENOTSUP touching nothing",
+          "[nbd][block-status]") {
+  SparseFixture fx;
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Handshake());
+  std::map<uint16_t, Bytes> got;
+  REQUIRE(c.InfoOrGo(nbd::kOptGo, "sparse", {}, &got) == nbd::kRepAck);
+  REQUIRE(got.count(nbd::kInfoExport));
+  CHECK((nbd::DecodeBE16(got[nbd::kInfoExport].data() + 8) & nbd::kFlagSendFastZero) != 0);
+  const uint64_t at = 1 << 20;
+  CHECK(c.Do(nbd::kCmdWriteZeroes, at, 8192, nbd::kCmdFlagFastZero | nbd::kCmdFlagNoHole) == nbd::kENOTSUP);
+  Bytes back;
+  REQUIRE(c.Do(nbd::kCmdRead, at, 8192, 0, {}, &back) == 0);
+  CHECK(back == Bytes(fx.a.begin(), fx.a.begin() + 8192));  // untouched
+  CHECK(c.Do(nbd::kCmdWriteZeroes, at, 8192, nbd::kCmdFlagFastZero) == 0);
+  REQUIRE(c.Do(nbd::kCmdRead, at, 8192, 0, {}, &back) == 0);
+  CHECK(back == Bytes(8192, 0));
+  std::vector<DeviceExtent> ext;
+  REQUIRE(fx.dev->Extents(at, 8192, &ext).ok());
+  CHECK(ext == std::vector<DeviceExtent>{{8192, true, true}});  // a hole, not written zeros
 }
 
 }  // namespace
