@@ -48,12 +48,18 @@ CaptureDevice::CaptureDevice(const Options& opts, std::unique_ptr<File> file, ui
 BlockDeviceFeatures CaptureDevice::features() const {
   BlockDeviceFeatures f;
   f.flush = f.fua = f.trim = f.write_zeroes = f.multi_conn = true;
+  f.fast_zero = true;  // a zero range is one record, and a hole punched in the backing store
   return f;
 }
 
 Status CaptureDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
   if (offset > size_ || len > size_ - offset) return Status::OutOfRange("read past the end of the volume");
   return file_->Read(offset, len, buf);
+}
+
+Status CaptureDevice::Extents(uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) {
+  if (offset > size_ || len > size_ - offset) return Status::OutOfRange("extents past the end of the volume");
+  return FileExtents(*file_, offset, len, out);
 }
 
 Status CaptureDevice::SyncBacking() {

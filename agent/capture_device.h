@@ -90,6 +90,9 @@ class CaptureDevice final : public BlockDevice {
   Status Write(uint64_t offset, ByteSpan data, bool fua) override;
   Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override;
   Status Trim(uint64_t offset, uint64_t len, bool fua) override;
+  // The backing store's allocation (FileExtents): what the tap's clients see
+  // through NBD_CMD_BLOCK_STATUS.
+  Status Extents(uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) override;
   Status Flush() override;
 
   // --- For the sender, resync and tags ---

@@ -6,7 +6,8 @@
 // of client flags, then option headers, each followed by its data (options
 // longer than NbdServerOptions::max_option_bytes end the input, as the server
 // skips or closes). Every option's data goes through the decoder the server
-// uses for it (NBD_OPT_INFO/GO: ParseInfoRequest; EXPORT_NAME: ValidWireName).
+// uses for it (NBD_OPT_INFO/GO: ParseInfoRequest; LIST/SET_META_CONTEXT:
+// ParseMetaContextRequest; EXPORT_NAME: ValidWireName).
 // The whole input is also given to ParseInfoRequest directly, so mutations
 // reach it without a valid header in front.
 //
@@ -36,6 +37,24 @@ void CheckInfoRequest(ByteSpan data) {
   PutBytes(again, r.name);
   PutBE16(again, uint16_t(r.infos.size()));
   for (uint16_t i : r.infos) PutBE16(again, i);
+  Check(again == Bytes(data.begin(), data.end()));
+}
+
+// LIST/SET_META_CONTEXT data: a parsed request accounts for every byte and
+// re-encodes to it; at most kMaxMetaQueries valid strings.
+void CheckMetaContextRequest(ByteSpan data) {
+  MetaContextRequest r;
+  if (!ParseMetaContextRequest(data, &r).ok()) return;
+  Check(ValidWireName(r.name) && r.queries.size() <= kMaxMetaQueries);
+  Bytes again;
+  PutBE32(again, uint32_t(r.name.size()));
+  PutBytes(again, r.name);
+  PutBE32(again, uint32_t(r.queries.size()));
+  for (const std::string& q : r.queries) {
+    Check(ValidWireName(q));
+    PutBE32(again, uint32_t(q.size()));
+    PutBytes(again, q);
+  }
   Check(again == Bytes(data.begin(), data.end()));
 }
 
@@ -72,6 +91,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         case kOptGo:
           CheckInfoRequest(payload);
           break;
+        case kOptListMetaContext:
+        case kOptSetMetaContext:
+          CheckMetaContextRequest(payload);
+          break;
         case kOptExportName:
           (void)ValidWireName(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
           break;
@@ -81,7 +104,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
 
-  // Straight to the INFO/GO decoder.
+  // Straight to the INFO/GO and META_CONTEXT decoders.
   CheckInfoRequest(in);
+  CheckMetaContextRequest(in);
   return 0;
 }

@@ -141,6 +141,7 @@ BlockDeviceFeatures PointInTimeDevice::features() const {
     f.fua = true;
     f.trim = true;
     f.write_zeroes = true;
+    f.fast_zero = true;  // whole blocks become holes punched in the overlay
   }
   return f;
 }
@@ -186,6 +187,25 @@ Status PointInTimeDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {
     } else {
       CDP_RETURN_IF_ERROR(ReadPoint(pos, run_end - pos, dst));
     }
+    pos = run_end;
+  }
+  return Status::OK();
+}
+
+Status PointInTimeDevice::Extents(uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) {
+  if (offset > size_ || len > size_ - offset) return Status::OutOfRange("extents past the end of the export");
+  if (!overlay_) return volume_->ExtentsAt(pin_->seq(), offset, len, out);
+  std::lock_guard<std::mutex> lk(mu_);
+  const size_t first = out->size();
+  uint64_t pos = offset, end = offset + len;
+  while (pos < end && out->size() - first < kMaxDeviceExtents) {
+    const bool ov = in_overlay_[pos / block_];
+    uint64_t run_end = pos;
+    while (run_end < end && in_overlay_[run_end / block_] == ov) run_end = std::min(end, (run_end / block_ + 1) * block_);
+    // Blocks written here: the overlay file's allocation (zeroed blocks are
+    // holes punched in it); the rest: the point's.
+    CDP_RETURN_IF_ERROR(ov ? FileExtents(*overlay_, pos, run_end - pos, out)
+                           : volume_->ExtentsAt(pin_->seq(), pos, run_end - pos, out));
     pos = run_end;
   }
   return Status::OK();

@@ -92,6 +92,9 @@ class PointInTimeDevice final : public BlockDevice {
   Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override;
   Status Trim(uint64_t offset, uint64_t len, bool fua) override;
   Status Flush() override;
+  // The point's allocation (ReplicaVolume::ExtentsAt), and the overlay's for
+  // the blocks written here.
+  Status Extents(uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) override;
 
   uint64_t point_seq() const { return pin_->seq(); }
   // Blocks in the overlay (written since the export began); for a persistent

@@ -93,6 +93,23 @@ Status UndoLog::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_
   return Status::OK();
 }
 
+Status UndoLog::ExtentsAt(uint64_t point_seq, uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) const {
+  std::shared_lock<std::shared_mutex> lk = LockIndexShared();
+  if (point_seq < horizon_)
+    return Status::OutOfRange(o_.name + ": point " + std::to_string(point_seq) + " is below the retention horizon");
+  CDP_ASSIGN_OR_RETURN(std::vector<ReadPiece> pieces, undo_->Lookup(point_seq, offset, len));
+  const size_t first = out->size();
+  for (const ReadPiece& p : pieces) {
+    if (out->size() - first >= kMaxDeviceExtents) break;
+    if (p.from_undo) {
+      AppendExtent(out, DeviceExtent{p.length, false, false});
+    } else {
+      CDP_RETURN_IF_ERROR(FileExtents(*store_->file(), p.offset, p.length, out));
+    }
+  }
+  return Status::OK();
+}
+
 Result<std::vector<UndoEntry>> UndoLog::EntriesBetween(uint64_t lo, uint64_t hi) const {
   auto lk = LockIndexShared();
   return undo_->EntriesBetween(lo, hi);

@@ -48,6 +48,7 @@
 #include "common/base/result.h"
 #include "common/base/status.h"
 #include "common/env/env.h"
+#include "common/nbd/block_device.h"
 #include "common/store/sqlite.h"
 #include "master-target/journal.h"
 #include "master-target/replica_store.h"
@@ -101,6 +102,12 @@ class UndoLog {
   // the undo records after the point over the replica. kOutOfRange below the
   // horizon; kCorruption when a journal read fails its check.
   Status ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const;
+  // The allocation of the image ReadAt reads (BlockDevice::Extents): a range
+  // an undo record after the point covers is data (its old bytes are in the
+  // journal, whatever the replica holds now); the rest is the replica file's
+  // own allocation (FileExtents), read under the same lock as ReadAt, so
+  // that an apply meanwhile cannot make a hole of what the point holds.
+  Status ExtentsAt(uint64_t point_seq, uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) const;
   // The undo records with lo < seq <= hi.
   Result<std::vector<UndoEntry>> EntriesBetween(uint64_t lo, uint64_t hi) const;
   // Runs `fn` with `seq` reachable (horizon <= seq <= applied) and the index

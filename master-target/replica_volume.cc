@@ -104,6 +104,13 @@ Status ReplicaVolume::ReadStoredAt(uint64_t point_seq, uint64_t offset, uint64_t
   return ReadDeviceAt(point_seq, offset, len, buf);
 }
 
+Status ReplicaVolume::ExtentsAt(uint64_t point_seq, uint64_t offset, uint64_t len,
+                               std::vector<DeviceExtent>* out) const {
+  const uint64_t end = DeviceSize(id_);
+  if (offset > end || len > end - offset) return Status::OutOfRange(id_.name + ": extents past the end of the replica");
+  return journal_->ExtentsAt(point_seq, offset, len, out);
+}
+
 Status ReplicaVolume::ReadDeviceAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const {
   return journal_->ReadAt(point_seq, offset, len, buf);
 }

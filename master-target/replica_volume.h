@@ -198,6 +198,11 @@ class ReplicaVolume {
   // stored blocks, then its MACs (the space a sealed promoted failover's
   // overlay covers). kOutOfRange past it.
   Status ReadStoredAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_t* buf) const;
+  // The allocation of [offset, offset + len) of the replica file's image at
+  // `point_seq` (ReadStoredAt's space; UndoLog::ExtentsAt): what an export's
+  // NBD_CMD_BLOCK_STATUS reports, so that nbdcopy and qemu-img skip the holes
+  // of a point, not of today's replica.
+  Status ExtentsAt(uint64_t point_seq, uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) const;
 
   // Pins `point_seq` for an export. kOutOfRange if it is below the horizon or
   // above the applied sequence.

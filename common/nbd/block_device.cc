@@ -50,6 +50,7 @@ BlockDeviceFeatures FileBlockDevice::features() const {
   f.trim = !read_only_;
   f.write_zeroes = !read_only_;
   f.multi_conn = true;  // no cache of our own: every connection sees the same File
+  f.fast_zero = !read_only_;  // may_trim punches a hole
   return f;
 }
 
@@ -64,6 +65,48 @@ Status FileBlockDevice::CheckRange(uint64_t offset, uint64_t len) const {
 Status FileBlockDevice::SyncFile() {
   std::lock_guard<std::mutex> lock(sync_mu_);
   return file_->Sync();
+}
+
+void AppendExtent(std::vector<DeviceExtent>* out, DeviceExtent e) {
+  if (e.length == 0) return;
+  if (!out->empty() && out->back().hole == e.hole && out->back().zero == e.zero) {
+    out->back().length += e.length;
+  } else {
+    out->push_back(e);
+  }
+}
+
+Status BlockDevice::Extents(uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) {
+  (void)offset;
+  AppendExtent(out, DeviceExtent{len, false, false});
+  return Status::OK();
+}
+
+Status FileExtents(const File& file, uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) {
+  const uint64_t end = offset + len;
+  const size_t first = out->size();
+  uint64_t pos = offset;
+  while (pos < end && out->size() - first < kMaxDeviceExtents) {
+    CDP_ASSIGN_OR_RETURN(uint64_t data, file.NextData(pos));
+    if (data > pos) {  // [pos, data) is a hole
+      const uint64_t stop = std::min(data, end);
+      AppendExtent(out, DeviceExtent{stop - pos, true, true});
+      pos = stop;
+      continue;
+    }
+    CDP_ASSIGN_OR_RETURN(uint64_t hole, file.NextHole(pos));
+    // A file past whose size the device reaches reads zeros there, but say
+    // data: only what the file system reports is a hole.
+    const uint64_t stop = hole > pos ? std::min(hole, end) : end;
+    AppendExtent(out, DeviceExtent{stop - pos, false, false});
+    pos = stop;
+  }
+  return Status::OK();
+}
+
+Status FileBlockDevice::Extents(uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) {
+  CDP_RETURN_IF_ERROR(CheckRange(offset, len));
+  return FileExtents(*file_, offset, len, out);
 }
 
 Status FileBlockDevice::Read(uint64_t offset, uint32_t len, uint8_t* buf) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/base/coding.h"
 #include "common/base/result.h"
@@ -34,7 +35,31 @@ struct BlockDeviceFeatures {
   // NBD_FLAG_CAN_MULTI_CONN: the device has no per-connection cache, so a
   // Flush() or FUA on one connection covers writes completed on any other.
   bool multi_conn = false;
+  // NBD_FLAG_SEND_FAST_ZERO: WriteZeroes with may_trim punches holes, so it
+  // costs no data writes. A WRITE_ZEROES with FAST_ZERO and NO_HOLE is then
+  // refused with ENOTSUP by the server (zeros would be written), so that the
+  // client writes its own zeros or skips them, as nbdcopy does.
+  bool fast_zero = false;
 };
+
+// One run of a device's allocation, as NBD's base:allocation reports it
+// (NBD_CMD_BLOCK_STATUS, and the holes of a structured READ reply).
+struct DeviceExtent {
+  uint64_t length = 0;
+  bool hole = false;  // not allocated in the backing store
+  bool zero = false;  // reads as zeros (known); false: data, or not known
+  bool operator==(const DeviceExtent&) const = default;
+};
+// Most extents one Extents() call returns; the client asks again from where
+// the answer stops.
+inline constexpr size_t kMaxDeviceExtents = 1024;
+// Appends to `out` the allocation of [offset, offset + len) of `file` (File::
+// NextData / NextHole: SEEK_DATA, SEEK_HOLE): holes as hole + zero, the rest
+// as data, adjacent runs merged, at most kMaxDeviceExtents, together at least
+// 1 and at most `len` bytes. A file that cannot tell is one data extent.
+Status FileExtents(const File& file, uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out);
+// Appends `e` to `out`, merged into the last extent when their flags match.
+void AppendExtent(std::vector<DeviceExtent>* out, DeviceExtent e);
 
 // A byte-addressed device the NBD server reads and writes. The server checks
 // every range against size() before calling, so implementations see only
@@ -76,6 +101,11 @@ class BlockDevice {
   virtual Status Trim(uint64_t offset, uint64_t len, bool fua) = 0;
   // Makes every write completed so far durable.
   virtual Status Flush() = 0;
+  // Appends the allocation of [offset, offset + len) to `out`, in order from
+  // `offset` (see FileExtents for the shape: at least 1 byte, at most `len`,
+  // at most kMaxDeviceExtents). An extent marked zero MUST read as zeros;
+  // when in doubt say data. Default: one data extent of `len` bytes.
+  virtual Status Extents(uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out);
 };
 
 // A BlockDevice over a cdp::File. Trim and WriteZeroes(may_trim) punch holes;
@@ -109,6 +139,7 @@ class FileBlockDevice final : public BlockDevice {
   Status Write(uint64_t offset, ByteSpan data, bool fua) override;
   Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override;
   Status Trim(uint64_t offset, uint64_t len, bool fua) override;
+  Status Extents(uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) override;
   Status Flush() override;
 
  private:

@@ -307,11 +307,39 @@ class Connection final : public ConnectionBase {
       case nbd::kOptInfo:
       case nbd::kOptGo:
         return HandleInfo(data, opt_.option == nbd::kOptGo);
+      case nbd::kOptStructuredReply:
+        if (!data.empty()) return OptionReply(nbd::kRepErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data");
+        structured_ = true;
+        return OptionReply(nbd::kRepAck);
+      case nbd::kOptListMetaContext:
+      case nbd::kOptSetMetaContext:
+        return HandleMetaContext(data, opt_.option == nbd::kOptSetMetaContext);
       default:
-        // STRUCTURED_REPLY, META_CONTEXT and anything unknown: we reply
-        // with simple replies only.
         return OptionReply(nbd::kRepErrUnsup, "option " + std::to_string(opt_.option) + " not supported");
     }
+  }
+
+  // LIST / SET_META_CONTEXT: the one context we serve is base:allocation.
+  // SET replaces the selection even when it fails; it selects base:allocation
+  // for the export named, and NBD_CMD_BLOCK_STATUS is valid only if the
+  // client then attaches to that same export.
+  void HandleMetaContext(ByteSpan data, bool set) {
+    if (set) meta_export_.reset();
+    if (!structured_) return OptionReply(nbd::kRepErrInvalid, "negotiate NBD_OPT_STRUCTURED_REPLY first");
+    nbd::MetaContextRequest req;
+    Status s = nbd::ParseMetaContextRequest(data, &req);
+    if (!s.ok()) return OptionReply(nbd::kRepErrInvalid, s.message());
+    auto e = impl_->Find(req.name, scope_);
+    if (!e) return OptionReply(nbd::kRepErrUnknown, "no export '" + req.name + "'");
+    bool match = !set && req.queries.empty();  // LIST without queries: every context; SET: none
+    for (const std::string& q : req.queries) {
+      if (q == nbd::kBaseAllocation || (!set && q == "base:")) match = true;
+    }
+    if (match) {
+      OptionReply(nbd::kRepMetaContext, nbd::EncodeMetaContext(set ? nbd::kBaseAllocationId : 0, nbd::kBaseAllocation));
+      if (set) meta_export_ = e;
+    }
+    OptionReply(nbd::kRepAck);
   }
 
   void HandleInfo(ByteSpan data, bool go) {
@@ -364,6 +392,9 @@ class Connection final : public ConnectionBase {
   }
 
   void OnTlsUp() {
+    // What was negotiated in the clear is negotiated again inside TLS.
+    structured_ = false;
+    meta_export_.reset();
     X509* cert = SSL_get0_peer_certificate(tls_->native_handle());
     if (cert == nullptr) return DoClose("TLS: no client certificate");
     Result<pki::Identity> id = pki::IdentityOf(cert);
@@ -383,6 +414,8 @@ class Connection final : public ConnectionBase {
     limits_.size = dev_->size();
     limits_.transmission_flags = e->tflags;
     limits_.max_payload = impl_->opts.max_request_bytes;
+    limits_.block_status = structured_ && meta_export_ == e;
+    meta_export_.reset();
     e->connections++;
     e->connections_total++;
     attached.store(e.get());
@@ -425,6 +458,9 @@ class Connection final : public ConnectionBase {
 
   // Runs on the worker strand: one request of this connection at a time.
   void Execute(const nbd::Request& r, Bytes payload, uint32_t err, uint64_t charge) {
+    if (structured_ && (r.type == nbd::kCmdRead || r.type == nbd::kCmdBlockStatus)) {
+      return Reply(r.type == nbd::kCmdRead ? StructuredRead(r, err) : BlockStatus(r, err), charge);
+    }
     Out reply;
     reply.charge = charge;
     reply.block_size = nbd::kSimpleReplySize;
@@ -480,6 +516,149 @@ class Connection final : public ConnectionBase {
     asio::post(socket_.get_executor(), [self = Self(), reply = std::move(reply)]() mutable {
       self->Enqueue(std::move(reply));
     });
+  }
+
+  // Worker strand: hands a reply to the socket's strand.
+  void Reply(Out reply, uint64_t charge) {
+    reply.charge = charge;
+    asio::post(socket_.get_executor(), [self = Self(), reply = std::move(reply)]() mutable {
+      self->Enqueue(std::move(reply));
+    });
+  }
+
+  // A structured reply of one NBD_REPLY_TYPE_ERROR chunk (no message: the
+  // log has the cause; the client gets the errno).
+  Out ErrorChunk(const nbd::Request& r, uint32_t err) {
+    Out o;
+    o.data.resize(nbd::kStructuredReplyHeaderSize + 6);
+    nbd::EncodeStructuredReply(o.data.data(), nbd::kReplyFlagDone, nbd::kReplyTypeError, r.handle, 6);
+    nbd::EncodeBE32(o.data.data() + nbd::kStructuredReplyHeaderSize, err);
+    o.data[nbd::kStructuredReplyHeaderSize + 4] = 0;
+    o.data[nbd::kStructuredReplyHeaderSize + 5] = 0;
+    export_->errors++;
+    return o;
+  }
+
+  // The device's allocation of [offset, offset + len), clipped to len; on a
+  // device error, one data extent (a read then finds the error itself).
+  std::vector<DeviceExtent> ExtentsOf(uint64_t offset, uint64_t len) {
+    std::vector<DeviceExtent> ext;
+    if (!dev_->Extents(offset, len, &ext).ok()) ext.clear();
+    uint64_t covered = 0;
+    std::vector<DeviceExtent> out;
+    for (DeviceExtent e : ext) {
+      if (covered >= len) break;
+      e.length = std::min(e.length, len - covered);
+      if (e.length == 0) continue;
+      AppendExtent(&out, e);
+      covered += e.length;
+    }
+    if (covered < len) AppendExtent(&out, DeviceExtent{len - covered, false, false});
+    return out;
+  }
+
+  // READ with structured replies: OFFSET_HOLE chunks for the runs the device
+  // reports as zeros, OFFSET_DATA chunks read in place for the rest, the last
+  // chunk flagged DONE; any failure is one ERROR chunk instead.
+  Out StructuredRead(const nbd::Request& r, uint32_t err) {
+    constexpr size_t kH = nbd::kStructuredReplyHeaderSize;
+    constexpr size_t kMaxChunks = 64;
+    ExportEntry& st = *export_;
+    if (err != 0) return ErrorChunk(r, err);
+    Out o;
+    if (r.length == 0) {
+      o.data.resize(kH);
+      nbd::EncodeStructuredReply(o.data.data(), nbd::kReplyFlagDone, nbd::kReplyTypeNone, r.handle, 0);
+      return o;
+    }
+    // Chunks: holes of at least one 4 KiB block, data between them; past
+    // kMaxChunks the rest is one data chunk.
+    struct Chunk {
+      uint64_t offset, length;
+      bool hole;
+    };
+    std::vector<Chunk> chunks;
+    uint64_t pos = r.offset;
+    for (const DeviceExtent& e : ExtentsOf(r.offset, r.length)) {
+      const bool hole = e.zero && e.length >= 4096 && chunks.size() + 2 < kMaxChunks;
+      if (!hole && !chunks.empty() && !chunks.back().hole) {
+        chunks.back().length += e.length;
+      } else {
+        chunks.push_back(Chunk{pos, e.length, hole});
+      }
+      pos += e.length;
+    }
+    size_t total = 0;
+    for (const Chunk& c : chunks) total += kH + (c.hole ? 12 : 8 + c.length);
+    o.block.reset(new uint8_t[total]);  // not zero-filled: every byte is written below
+    o.block_size = total;
+    uint8_t* p = o.block.get();
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const Chunk& c = chunks[i];
+      const uint16_t flags = i + 1 == chunks.size() ? nbd::kReplyFlagDone : 0;
+      if (c.hole) {
+        nbd::EncodeStructuredReply(p, flags, nbd::kReplyTypeOffsetHole, r.handle, 12);
+        nbd::EncodeBE64(p + kH, c.offset);
+        nbd::EncodeBE32(p + kH + 8, uint32_t(c.length));
+        p += kH + 12;
+        continue;
+      }
+      nbd::EncodeStructuredReply(p, flags, nbd::kReplyTypeOffsetData, r.handle, uint32_t(8 + c.length));
+      nbd::EncodeBE64(p + kH, c.offset);
+      Status s = dev_->Read(c.offset, uint32_t(c.length), p + kH + 8);
+      if (!s.ok()) {
+        impl_->log->warn("{} READ offset {} length {} failed: {}", log::Where{st.name, peer_, 0}, c.offset, c.length,
+                         s.ToString());
+        return ErrorChunk(r, nbd::ErrorFromStatus(s));
+      }
+      p += kH + 8 + c.length;
+    }
+    st.reads++, st.bytes_read += r.length;
+    return o;
+  }
+
+  // NBD_CMD_BLOCK_STATUS for base:allocation: one BLOCK_STATUS chunk, DONE.
+  Out BlockStatus(const nbd::Request& r, uint32_t err) {
+    if (err != 0) return ErrorChunk(r, err);
+    std::vector<DeviceExtent> ext;
+    Status s = dev_->Extents(r.offset, r.length, &ext);
+    if (!s.ok() || ext.empty()) {
+      impl_->log->warn("{} BLOCK_STATUS offset {} length {} failed: {}", log::Where{export_->name, peer_, 0},
+                       r.offset, r.length, s.ok() ? "no extents" : s.ToString());
+      return ErrorChunk(r, s.ok() ? nbd::kEIO : nbd::ErrorFromStatus(s));
+    }
+    const bool one = (r.flags & nbd::kCmdFlagReqOne) != 0;
+    // Descriptors: u32 lengths (a longer extent is split), at most
+    // kMaxDeviceExtents, never past the request.
+    std::vector<std::pair<uint32_t, uint32_t>> desc;
+    uint64_t covered = 0;
+    for (const DeviceExtent& e : ext) {
+      uint64_t left = std::min<uint64_t>(e.length, r.length - covered);
+      const uint32_t flags = (e.hole ? nbd::kStateHole : 0) | (e.zero ? nbd::kStateZero : 0);
+      while (left > 0 && desc.size() < kMaxDeviceExtents) {
+        const uint32_t n = uint32_t(std::min<uint64_t>(left, 0xfffff000u));
+        desc.emplace_back(n, flags);
+        left -= n;
+        covered += n;
+      }
+      if (one || covered >= r.length || desc.size() >= kMaxDeviceExtents) break;
+    }
+    if (one) desc.resize(1);
+    Out o;
+    const uint32_t len = uint32_t(4 + 8 * desc.size());
+    o.data.resize(nbd::kStructuredReplyHeaderSize + len);
+    uint8_t* p = o.data.data();
+    nbd::EncodeStructuredReply(p, nbd::kReplyFlagDone, nbd::kReplyTypeBlockStatus, r.handle, len);
+    p += nbd::kStructuredReplyHeaderSize;
+    nbd::EncodeBE32(p, nbd::kBaseAllocationId);
+    p += 4;
+    for (const auto& [n, f] : desc) {
+      nbd::EncodeBE32(p, n);
+      nbd::EncodeBE32(p + 4, f);
+      p += 8;
+    }
+    export_->block_status_ops++;
+    return o;
   }
 
   void PostDisc() {
@@ -608,6 +787,10 @@ class Connection final : public ConnectionBase {
 
   std::shared_ptr<ExportEntry> export_;
   std::shared_ptr<BlockDevice> dev_;
+  // Negotiated: structured replies (NBD_OPT_STRUCTURED_REPLY), and the export
+  // for which base:allocation was selected (SET_META_CONTEXT; until attach).
+  bool structured_ = false;
+  std::shared_ptr<ExportEntry> meta_export_;
   nbd::ExportLimits limits_;
 
   std::deque<Out> out_;

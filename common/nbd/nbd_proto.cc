@@ -72,6 +72,54 @@ Status ParseInfoRequest(ByteSpan payload, InfoRequest* out) {
   return Status::OK();
 }
 
+Status ParseMetaContextRequest(ByteSpan payload, MetaContextRequest* out) {
+  // A string at `p`: u32 length, then the bytes; advances `p`.
+  auto take = [&](ByteSpan* p, std::string* s, const char* what) -> Status {
+    if (p->size() < 4) return Status::InvalidArgument(std::string(what) + " length runs past the option data");
+    const uint32_t n = DecodeBE32(p->data());
+    if (n > p->size() - 4) return Status::InvalidArgument(std::string(what) + " runs past the option data");
+    if (n > kMaxStringLength) return Status::InvalidArgument(std::string(what) + " longer than 4096 bytes");
+    s->assign(reinterpret_cast<const char*>(p->data() + 4), n);
+    if (!ValidWireName(*s)) return Status::InvalidArgument(std::string(what) + " holds a NUL byte");
+    *p = p->subspan(4 + n);
+    return Status::OK();
+  };
+  ByteSpan p = payload;
+  MetaContextRequest r;
+  CDP_RETURN_IF_ERROR(take(&p, &r.name, "export name"));
+  if (p.size() < 4) return Status::InvalidArgument("meta context request without a query count");
+  const uint32_t count = DecodeBE32(p.data());
+  p = p.subspan(4);
+  if (count > kMaxMetaQueries) {
+    return Status::InvalidArgument("more than " + std::to_string(kMaxMetaQueries) + " meta context queries");
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    std::string q;
+    CDP_RETURN_IF_ERROR(take(&p, &q, "meta context query"));
+    r.queries.push_back(std::move(q));
+  }
+  if (!p.empty()) return Status::InvalidArgument("meta context request has bytes after its queries");
+  *out = std::move(r);
+  return Status::OK();
+}
+
+Bytes EncodeMetaContext(uint32_t id, std::string_view name) {
+  Bytes b;
+  PutBE32(b, id);
+  b.insert(b.end(), name.begin(), name.end());
+  return b;
+}
+
+void EncodeStructuredReply(uint8_t* p, uint16_t flags, uint16_t type, uint64_t handle, uint32_t length) {
+  EncodeBE32(p, kStructuredReplyMagic);
+  p[4] = uint8_t(flags >> 8);
+  p[5] = uint8_t(flags);
+  p[6] = uint8_t(type >> 8);
+  p[7] = uint8_t(type);
+  EncodeBE64(p + 8, handle);
+  EncodeBE32(p + 16, length);
+}
+
 Bytes EncodeGreeting(uint16_t handshake_flags) {
   Bytes b;
   b.reserve(kGreetingSize);
@@ -179,16 +227,24 @@ uint32_t CheckRequest(const Request& r, const ExportLimits& limits) {
     case kCmdWriteZeroes:
       needed_tflag = kFlagSendWriteZeroes;
       allowed_flags |= kCmdFlagNoHole;
+      if (tf & kFlagSendFastZero) allowed_flags |= kCmdFlagFastZero;
       writes = true;
       break;
+    case kCmdBlockStatus:
+      if (!limits.block_status || r.length == 0) return kEINVAL;
+      allowed_flags |= kCmdFlagReqOne;
+      break;
     default:
-      return kEINVAL;  // CACHE, BLOCK_STATUS and unknown commands
+      return kEINVAL;  // CACHE and unknown commands
   }
   // FUA is valid on every command once NBD_FLAG_SEND_FUA was advertised.
   if (tf & kFlagSendFua) allowed_flags |= kCmdFlagFua;
   if ((r.flags & ~allowed_flags) != 0) return kEINVAL;
   if (needed_tflag != 0 && (tf & needed_tflag) == 0) return kEINVAL;
   if (writes && (tf & kFlagReadOnly)) return kEPERM;
+  // FAST_ZERO: only a punched hole is fast (BlockDeviceFeatures::fast_zero);
+  // with NO_HOLE zeros would be written, so fail at once, touching nothing.
+  if ((r.flags & kCmdFlagFastZero) && (r.flags & kCmdFlagNoHole)) return kENOTSUP;
   if ((r.type == kCmdRead || r.type == kCmdWrite) && r.length > limits.max_payload) return kEINVAL;
   if (r.type == kCmdFlush) return 0;  // offset and length are reserved
   const bool past_end = r.offset > limits.size || uint64_t(r.length) > limits.size - r.offset;

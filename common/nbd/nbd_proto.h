@@ -33,6 +33,7 @@ inline constexpr uint64_t kIHaveOpt = 0x49484156454F5054ull;        // "IHAVEOPT
 inline constexpr uint64_t kOptReplyMagic = 0x0003e889045565a9ull;
 inline constexpr uint32_t kRequestMagic = 0x25609513u;
 inline constexpr uint32_t kSimpleReplyMagic = 0x67446698u;
+inline constexpr uint32_t kStructuredReplyMagic = 0x668e33efu;
 
 // ---- Handshake flags (server, 16 bits) and client flags (32 bits) ----------
 inline constexpr uint16_t kFlagFixedNewstyle = 1u << 0;
@@ -69,6 +70,7 @@ inline constexpr uint32_t kOptSetMetaContext = 10;
 inline constexpr uint32_t kRepAck = 1;
 inline constexpr uint32_t kRepServer = 2;
 inline constexpr uint32_t kRepInfo = 3;
+inline constexpr uint32_t kRepMetaContext = 4;
 inline constexpr uint32_t kRepErrBit = 1u << 31;
 inline constexpr uint32_t kRepErrUnsup = kRepErrBit | 1;
 inline constexpr uint32_t kRepErrPolicy = kRepErrBit | 2;
@@ -102,6 +104,20 @@ inline constexpr uint16_t kCmdFlagDf = 1u << 2;
 inline constexpr uint16_t kCmdFlagReqOne = 1u << 3;
 inline constexpr uint16_t kCmdFlagFastZero = 1u << 4;
 
+// ---- Structured replies (NBD_OPT_STRUCTURED_REPLY) and block status ----------
+inline constexpr uint16_t kReplyFlagDone = 1u << 0;
+inline constexpr uint16_t kReplyTypeNone = 0;
+inline constexpr uint16_t kReplyTypeOffsetData = 1;
+inline constexpr uint16_t kReplyTypeOffsetHole = 2;
+inline constexpr uint16_t kReplyTypeBlockStatus = 5;
+inline constexpr uint16_t kReplyTypeError = (1u << 15) + 1;
+// base:allocation flags of a block status descriptor.
+inline constexpr uint32_t kStateHole = 1u << 0;
+inline constexpr uint32_t kStateZero = 1u << 1;
+// The one metadata context we serve, and its id on every connection.
+inline constexpr std::string_view kBaseAllocation = "base:allocation";
+inline constexpr uint32_t kBaseAllocationId = 1;
+
 // ---- Errors (reply error field) ---------------------------------------------
 inline constexpr uint32_t kEPERM = 1;
 inline constexpr uint32_t kEIO = 5;
@@ -119,6 +135,7 @@ inline constexpr size_t kOptionHeaderSize = 16;  // IHAVEOPT, u32 option, u32 le
 inline constexpr size_t kOptReplyHeaderSize = 20;
 inline constexpr size_t kRequestHeaderSize = 28;
 inline constexpr size_t kSimpleReplySize = 16;
+inline constexpr size_t kStructuredReplyHeaderSize = 20;  // magic, flags, type, handle, length
 inline constexpr size_t kExportNameReplyZeroes = 124;
 inline constexpr size_t kMaxStringLength = 4096;  // spec: strings MUST be <= 4096 bytes
 
@@ -190,6 +207,19 @@ Status ParseInfoRequest(ByteSpan payload, InfoRequest* out);
 // A name the spec allows on the wire: <= 4096 bytes, no NUL.
 bool ValidWireName(std::string_view name);
 
+// NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT data: u32 name length,
+// name, u32 query count, then each query as u32 length + string. At most
+// kMaxMetaQueries queries, each a valid string; kInvalidArgument otherwise
+// (-> NBD_REP_ERR_INVALID), naming what is wrong.
+inline constexpr uint32_t kMaxMetaQueries = 64;
+struct MetaContextRequest {
+  std::string name;
+  std::vector<std::string> queries;
+};
+Status ParseMetaContextRequest(ByteSpan payload, MetaContextRequest* out);
+// The data of one NBD_REP_META_CONTEXT: u32 id, then the context's name.
+Bytes EncodeMetaContext(uint32_t id, std::string_view name);
+
 // ---- Encoders ---------------------------------------------------------------
 // Server greeting: NBDMAGIC, IHAVEOPT, handshake flags.
 Bytes EncodeGreeting(uint16_t handshake_flags);
@@ -206,6 +236,9 @@ Bytes EncodeInfoBlockSize(uint32_t minimum, uint32_t preferred, uint32_t maximum
 Bytes EncodeExportNameReply(uint64_t size, uint16_t transmission_flags, bool no_zeroes);
 // Simple reply header (16 bytes) written at `p`.
 void EncodeSimpleReply(uint8_t* p, uint32_t error, uint64_t handle);
+// Structured reply chunk header (20 bytes) written at `p`; `length` is the
+// payload's that follows.
+void EncodeStructuredReply(uint8_t* p, uint16_t flags, uint16_t type, uint64_t handle, uint32_t length);
 // A full request header, as a client sends it (used by tests and tools).
 Bytes EncodeRequest(const Request& r);
 
@@ -214,6 +247,9 @@ struct ExportLimits {
   uint64_t size = 0;
   uint16_t transmission_flags = 0;  // what was advertised to the client
   uint32_t max_payload = 32u << 20;  // cap for READ and WRITE lengths
+  // NBD_CMD_BLOCK_STATUS is valid: structured replies and base:allocation
+  // were negotiated for this export.
+  bool block_status = false;
 };
 // The NBD error a request must be answered with before touching the device,
 // or 0 if it may be executed. Follows proto.md "Error values":
@@ -221,7 +257,10 @@ struct ExportLimits {
 //   WRITE / TRIM / WRITE_ZEROES on a read-only export                  -> EPERM
 //   READ / WRITE longer than max_payload                               -> EINVAL
 //   WRITE / WRITE_ZEROES past the end                                  -> ENOSPC
-//   READ / TRIM past the end (or offset + length overflowing)           -> EINVAL
+//   READ / TRIM / BLOCK_STATUS past the end (or offset + length overflowing) -> EINVAL
+//   BLOCK_STATUS without a negotiated context, or of length 0           -> EINVAL
+//   FAST_ZERO on WRITE_ZEROES unless NBD_FLAG_SEND_FAST_ZERO was advertised -> EINVAL
+//   FAST_ZERO with NO_HOLE (zeros would be written, not a hole punched)  -> ENOTSUP
 // NBD_CMD_DISC always returns 0 (it has no reply).
 uint32_t CheckRequest(const Request& r, const ExportLimits& limits);
 

@@ -81,6 +81,7 @@ Result<NbdExportStats> NbdServer::ExportStats(const std::string& name) const {
   s.bytes_read = e->bytes_read;
   s.bytes_written = e->bytes_written;
   s.zero_ops = e->zero_ops;
+  s.block_status_ops = e->block_status_ops;
   s.bytes_zeroed = e->bytes_zeroed;
   s.trims = e->trims;
   s.bytes_trimmed = e->bytes_trimmed;

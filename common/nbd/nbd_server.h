@@ -11,10 +11,17 @@
 // What is implemented (docs/formats/nbd.md has the full list):
 //   - fixed newstyle handshake only (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
 //   - options EXPORT_NAME, ABORT, LIST, INFO, GO (NBD_INFO_EXPORT, NAME,
-//     DESCRIPTION, BLOCK_SIZE); STRUCTURED_REPLY and every other option is
-//     answered NBD_REP_ERR_UNSUP, so only simple replies are used;
+//     DESCRIPTION, BLOCK_SIZE), STRUCTURED_REPLY, LIST_META_CONTEXT and
+//     SET_META_CONTEXT (the one context base:allocation); anything else is
+//     answered NBD_REP_ERR_UNSUP;
 //   - commands READ, WRITE (+FUA), FLUSH, TRIM (+FUA), WRITE_ZEROES
-//     (+FUA, +NO_HOLE), DISC; transmission flags derived from the device.
+//     (+FUA, +NO_HOLE), BLOCK_STATUS (+REQ_ONE), DISC; transmission flags
+//     derived from the device.
+//   - with structured replies, a READ is answered with OFFSET_HOLE chunks
+//     for the runs BlockDevice::Extents reports as zeros and OFFSET_DATA
+//     chunks for the rest, and BLOCK_STATUS with the device's extents (holes
+//     and zeros): nbdcopy and qemu-img skip what a point never held. Other
+//     commands keep simple replies (the spec allows it).
 //   - the empty export name "" selects the only export when exactly one exists.
 //   - NBD_OPT_STARTTLS (x509, TLS 1.3, our site PKI: common/net/tls_stream.h).
 //
@@ -87,6 +94,7 @@ struct NbdExportStats {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;  // payload bytes of NBD_CMD_WRITE
   uint64_t zero_ops = 0;       // NBD_CMD_WRITE_ZEROES
+  uint64_t block_status_ops = 0;  // NBD_CMD_BLOCK_STATUS
   uint64_t bytes_zeroed = 0;
   uint64_t trims = 0;
   uint64_t bytes_trimmed = 0;

@@ -72,6 +72,7 @@ struct ExportEntry {
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
   std::atomic<uint64_t> zero_ops{0}, bytes_zeroed{0}, trims{0}, bytes_trimmed{0};
   std::atomic<uint64_t> flushes{0}, errors{0}, connections{0}, connections_total{0};
+  std::atomic<uint64_t> block_status_ops{0};
 };
 
 class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
@@ -105,6 +106,7 @@ inline uint16_t ComputeTransmissionFlags(const BlockDevice& dev) {
   if (f.trim && !ro) t |= nbd::kFlagSendTrim;
   if (f.write_zeroes && !ro) t |= nbd::kFlagSendWriteZeroes;
   if (f.multi_conn) t |= nbd::kFlagCanMultiConn;
+  if (f.fast_zero && f.write_zeroes && !ro) t |= nbd::kFlagSendFastZero;
   return t;
 }
 

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <csignal>
 #include <condition_variable>
 #include <mutex>
 #include <cstring>
@@ -23,6 +25,7 @@
 
 #include "common/crypto/pki.h"
 #include "common/env/env.h"
+#include "common/env/subprocess.h"
 #include "common/nbd/nbd_proto.h"
 #include "common/nbd/nbd_server.h"
 #include "common/net/tls_stream.h"
@@ -190,6 +193,21 @@ TEST_CASE("nbd request validation follows the spec's error values", "[nbd]") {
   CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 512), ro) == 0);
   CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 512, nbd::kCmdFlagFua), ro) == nbd::kEINVAL);
   CHECK(nbd::CheckRequest(req(nbd::kCmdTrim, 0, 512), ro) == nbd::kEINVAL);  // not advertised
+  // BLOCK_STATUS once base:allocation was negotiated; REQ_ONE on it only.
+  nbd::ExportLimits bs = rw;
+  bs.block_status = true;
+  CHECK(nbd::CheckRequest(req(nbd::kCmdBlockStatus, 0, 1 << 20), bs) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdBlockStatus, 0, 512, nbd::kCmdFlagReqOne), bs) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdBlockStatus, 0, 0), bs) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdBlockStatus, 1 << 20, 1), bs) == nbd::kEINVAL);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 512, nbd::kCmdFlagReqOne), bs) == nbd::kEINVAL);
+  // FAST_ZERO once advertised; with NO_HOLE it would write zeros: ENOTSUP.
+  nbd::ExportLimits fz = rw;
+  fz.transmission_flags |= nbd::kFlagSendFastZero;
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWriteZeroes, 0, 512, nbd::kCmdFlagFastZero), fz) == 0);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWriteZeroes, 0, 512, nbd::kCmdFlagFastZero | nbd::kCmdFlagNoHole), fz) ==
+        nbd::kENOTSUP);
+  CHECK(nbd::CheckRequest(req(nbd::kCmdWrite, 0, 512, nbd::kCmdFlagFastZero), fz) == nbd::kEINVAL);
 }
 
 TEST_CASE("nbd maps Status codes to NBD errors", "[nbd]") {
@@ -1411,6 +1429,321 @@ TEST_CASE("qemu-io on a read-only export cannot write", "[nbd][e2e]") {
   Bytes b(4096);
   REQUIRE((*dev)->Read(0, 4096, b.data()).ok());
   CHECK(b == Bytes(4096, 0));
+}
+
+
+// ---------------------------------------------------------------------------
+// Structured replies and base:allocation (NBD_CMD_BLOCK_STATUS)
+// ---------------------------------------------------------------------------
+
+namespace {
+
+struct Chunk {
+  uint16_t flags = 0, type = 0;
+  uint64_t handle = 0;
+  Bytes payload;
+};
+
+bool ReadChunk(RawClient* c, Chunk* out) {
+  Bytes h;
+  if (!c->Recv(nbd::kStructuredReplyHeaderSize, &h)) return false;
+  if (nbd::DecodeBE32(h.data()) != nbd::kStructuredReplyMagic) return false;
+  out->flags = nbd::DecodeBE16(h.data() + 4);
+  out->type = nbd::DecodeBE16(h.data() + 6);
+  out->handle = nbd::DecodeBE64(h.data() + 8);
+  const uint32_t len = nbd::DecodeBE32(h.data() + 16);
+  out->payload.clear();
+  return len == 0 || c->Recv(len, &out->payload);
+}
+
+// Every chunk of the reply to `handle`, through the one flagged DONE.
+std::vector<Chunk> ReadReplyChunks(RawClient* c, uint64_t handle) {
+  std::vector<Chunk> v;
+  for (;;) {
+    Chunk ch;
+    if (!ReadChunk(c, &ch) || ch.handle != handle) return {};
+    v.push_back(ch);
+    if (ch.flags & nbd::kReplyFlagDone) return v;
+  }
+}
+
+Bytes MetaData(const std::string& name, const std::vector<std::string>& queries) {
+  Bytes b;
+  nbd::PutBE32(b, uint32_t(name.size()));
+  PutBytes(b, name);
+  nbd::PutBE32(b, uint32_t(queries.size()));
+  for (const std::string& q : queries) {
+    nbd::PutBE32(b, uint32_t(q.size()));
+    PutBytes(b, q);
+  }
+  return b;
+}
+
+// The (length, flags) descriptors of one BLOCK_STATUS chunk for context 1.
+std::vector<std::pair<uint32_t, uint32_t>> Descriptors(const Chunk& ch) {
+  std::vector<std::pair<uint32_t, uint32_t>> d;
+  if (ch.type != nbd::kReplyTypeBlockStatus || ch.payload.size() < 12 || (ch.payload.size() - 4) % 8 != 0) return d;
+  if (nbd::DecodeBE32(ch.payload.data()) != nbd::kBaseAllocationId) return d;
+  for (size_t i = 4; i < ch.payload.size(); i += 8) {
+    d.emplace_back(nbd::DecodeBE32(ch.payload.data() + i), nbd::DecodeBE32(ch.payload.data() + i + 4));
+  }
+  return d;
+}
+
+// A 4 MiB sparse file on the real file system: 64 KiB of data at 1 MiB and
+// 4 KiB at 3 MiB, holes elsewhere; and a second export "other".
+struct SparseFixture {
+  SparseFixture() : env(NewPosixEnv()), mem(NewMemEnv()) {
+    FileBlockDevice::Options fo;
+    fo.create_size = 4 << 20;
+    auto d = FileBlockDevice::Open(env.get(), dir.Join("sparse.img"), fo);
+    REQUIRE(d.ok());
+    dev = *d;
+    a = Pattern(64 << 10, 7);
+    b = Pattern(4096, 9);
+    REQUIRE(dev->Write(1 << 20, a, false).ok());
+    REQUIRE(dev->Write(3 << 20, b, false).ok());
+    auto o2 = FileBlockDevice::Open(mem.get(), "/other.img", fo);
+    REQUIRE(o2.ok());
+    NbdServerOptions o;
+    o.tcp = {"127.0.0.1", 0};
+    server = std::make_unique<NbdServer>(o);
+    REQUIRE(server->AddExport("sparse", dev).ok());
+    REQUIRE(server->AddExport("other", *o2).ok());
+    REQUIRE(server->Start().ok());
+  }
+  // Handshake, STRUCTURED_REPLY (when asked), SET_META_CONTEXT base:allocation
+  // for `meta` (when not empty), GO `name`.
+  bool Open(RawClient* c, const std::string& name, bool structured, const std::string& meta) {
+    if (!c->ConnectTcp(server->port()) || !c->Handshake()) return false;
+    RawClient::OptReply r;
+    if (structured) {
+      if (!c->SendOption(nbd::kOptStructuredReply, {}) || !c->ReadOptReply(&r) || r.type != nbd::kRepAck) return false;
+    }
+    if (!meta.empty()) {
+      if (!c->SendOption(nbd::kOptSetMetaContext, MetaData(meta, {"base:allocation"}))) return false;
+      do {
+        if (!c->ReadOptReply(&r)) return false;
+      } while (r.type == nbd::kRepMetaContext);
+      if (r.type != nbd::kRepAck) return false;
+    }
+    std::map<uint16_t, Bytes> got;
+    return c->InfoOrGo(nbd::kOptGo, name, {}, &got) == nbd::kRepAck;
+  }
+  ScratchDir dir;
+  std::unique_ptr<Env> env, mem;
+  std::shared_ptr<FileBlockDevice> dev;
+  std::unique_ptr<NbdServer> server;
+  Bytes a, b;
+};
+
+}  // namespace
+
+TEST_CASE("nbd server: meta contexts need structured replies, LIST and SET offer base:allocation only",
+          "[nbd][block-status]") {
+  SparseFixture fx;
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Handshake());
+  RawClient::OptReply r;
+  // Before STRUCTURED_REPLY: invalid.
+  REQUIRE(c.SendOption(nbd::kOptSetMetaContext, MetaData("sparse", {"base:allocation"})));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrInvalid);
+  REQUIRE(c.SendOption(nbd::kOptStructuredReply, Bytes(1, 0)));  // with data: invalid
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrInvalid);
+  REQUIRE(c.SendOption(nbd::kOptStructuredReply, {}));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepAck);
+  // LIST with no query, with "base:", with an unknown namespace.
+  for (const auto& [queries, want] : std::vector<std::pair<std::vector<std::string>, bool>>{
+           {{}, true}, {{"base:"}, true}, {{"qemu:dirty-bitmap:x"}, false}, {{"base:allocation"}, true}}) {
+    REQUIRE(c.SendOption(nbd::kOptListMetaContext, MetaData("sparse", queries)));
+    REQUIRE(c.ReadOptReply(&r));
+    if (want) {
+      CHECK(r.type == nbd::kRepMetaContext);
+      CHECK(r.data == nbd::EncodeMetaContext(0, "base:allocation"));
+      REQUIRE(c.ReadOptReply(&r));
+    }
+    CHECK(r.type == nbd::kRepAck);
+  }
+  // SET selects it with id 1; an unknown export and a malformed request fail.
+  REQUIRE(c.SendOption(nbd::kOptSetMetaContext, MetaData("sparse", {"qemu:x", "base:allocation"})));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepMetaContext);
+  CHECK(r.data == nbd::EncodeMetaContext(nbd::kBaseAllocationId, "base:allocation"));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepAck);
+  REQUIRE(c.SendOption(nbd::kOptSetMetaContext, MetaData("nope", {"base:allocation"})));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrUnknown);
+  Bytes bad = MetaData("sparse", {"base:allocation"});
+  bad.pop_back();
+  REQUIRE(c.SendOption(nbd::kOptSetMetaContext, bad));
+  REQUIRE(c.ReadOptReply(&r));
+  CHECK(r.type == nbd::kRepErrInvalid);
+}
+
+TEST_CASE("nbd server: BLOCK_STATUS reports a sparse file's holes and data, REQ_ONE one extent, structured READs send "
+          "holes as OFFSET_HOLE",
+          "[nbd][block-status]") {
+  SparseFixture fx;
+  RawClient c;
+  REQUIRE(fx.Open(&c, "sparse", true, "sparse"));
+  constexpr uint32_t kHZ = nbd::kStateHole | nbd::kStateZero;
+  const std::vector<std::pair<uint32_t, uint32_t>> want = {
+      {1 << 20, kHZ}, {64 << 10, 0}, {(2 << 20) - (64 << 10), kHZ}, {4096, 0}, {(1 << 20) - 4096, kHZ}};
+  REQUIRE(c.SendRequest(nbd::kCmdBlockStatus, 1, 0, 4 << 20));
+  auto chunks = ReadReplyChunks(&c, 1);
+  REQUIRE(chunks.size() == 1);
+  CHECK(Descriptors(chunks[0]) == want);
+  // From the middle of a hole, and REQ_ONE clipped to the request.
+  REQUIRE(c.SendRequest(nbd::kCmdBlockStatus, 2, 4096, 8192, nbd::kCmdFlagReqOne));
+  chunks = ReadReplyChunks(&c, 2);
+  REQUIRE(chunks.size() == 1);
+  CHECK(Descriptors(chunks[0]) == std::vector<std::pair<uint32_t, uint32_t>>{{8192, kHZ}});
+  REQUIRE(c.SendRequest(nbd::kCmdBlockStatus, 3, 1 << 20, 3 << 20, nbd::kCmdFlagReqOne));
+  chunks = ReadReplyChunks(&c, 3);
+  REQUIRE(chunks.size() == 1);
+  CHECK(Descriptors(chunks[0]) == std::vector<std::pair<uint32_t, uint32_t>>{{64 << 10, 0}});
+  CHECK(fx.server->ExportStats("sparse")->block_status_ops == 3);
+
+  // A READ across a hole into data: an OFFSET_HOLE then an OFFSET_DATA chunk.
+  const uint64_t off = (1 << 20) - 8192;
+  REQUIRE(c.SendRequest(nbd::kCmdRead, 4, off, 16384));
+  chunks = ReadReplyChunks(&c, 4);
+  REQUIRE(chunks.size() == 2);
+  CHECK(chunks[0].type == nbd::kReplyTypeOffsetHole);
+  CHECK(chunks[0].flags == 0);
+  REQUIRE(chunks[0].payload.size() == 12);
+  CHECK(nbd::DecodeBE64(chunks[0].payload.data()) == off);
+  CHECK(nbd::DecodeBE32(chunks[0].payload.data() + 8) == 8192);
+  CHECK(chunks[1].type == nbd::kReplyTypeOffsetData);
+  CHECK(chunks[1].flags == nbd::kReplyFlagDone);
+  REQUIRE(chunks[1].payload.size() == 8 + 8192);
+  CHECK(nbd::DecodeBE64(chunks[1].payload.data()) == (1u << 20));
+  CHECK(Bytes(chunks[1].payload.begin() + 8, chunks[1].payload.end()) == Bytes(fx.a.begin(), fx.a.begin() + 8192));
+  // Data only: one OFFSET_DATA chunk. Past the end: one ERROR chunk, EINVAL.
+  REQUIRE(c.SendRequest(nbd::kCmdRead, 5, 3 << 20, 4096));
+  chunks = ReadReplyChunks(&c, 5);
+  REQUIRE(chunks.size() == 1);
+  CHECK(chunks[0].type == nbd::kReplyTypeOffsetData);
+  CHECK(Bytes(chunks[0].payload.begin() + 8, chunks[0].payload.end()) == fx.b);
+  REQUIRE(c.SendRequest(nbd::kCmdRead, 6, 4 << 20, 4096));
+  chunks = ReadReplyChunks(&c, 6);
+  REQUIRE(chunks.size() == 1);
+  CHECK(chunks[0].type == nbd::kReplyTypeError);
+  CHECK(chunks[0].flags == nbd::kReplyFlagDone);
+  REQUIRE(chunks[0].payload.size() >= 6);
+  CHECK(nbd::DecodeBE32(chunks[0].payload.data()) == nbd::kEINVAL);
+  // Other commands keep simple replies.
+  CHECK(c.Do(nbd::kCmdFlush, 0, 0) == 0);
+}
+
+TEST_CASE("nbd server: BLOCK_STATUS is EINVAL without base:allocation for the attached export, and without "
+          "structured replies READ stays a simple reply",
+          "[nbd][block-status]") {
+  SparseFixture fx;
+  SECTION("structured replies but no context") {
+    RawClient c;
+    REQUIRE(fx.Open(&c, "sparse", true, ""));
+    REQUIRE(c.SendRequest(nbd::kCmdBlockStatus, 1, 0, 4096));
+    auto chunks = ReadReplyChunks(&c, 1);
+    REQUIRE(chunks.size() == 1);
+    CHECK(chunks[0].type == nbd::kReplyTypeError);
+    CHECK(nbd::DecodeBE32(chunks[0].payload.data()) == nbd::kEINVAL);
+  }
+  SECTION("the context was set for another export") {
+    RawClient c;
+    REQUIRE(fx.Open(&c, "other", true, "sparse"));
+    REQUIRE(c.SendRequest(nbd::kCmdBlockStatus, 1, 0, 4096));
+    auto chunks = ReadReplyChunks(&c, 1);
+    REQUIRE(chunks.size() == 1);
+    CHECK(nbd::DecodeBE32(chunks[0].payload.data()) == nbd::kEINVAL);
+  }
+  SECTION("simple replies") {
+    RawClient c;
+    REQUIRE(fx.Open(&c, "sparse", false, ""));
+    Bytes got;
+    CHECK(c.Do(nbd::kCmdRead, 1 << 20, 4096, 0, {}, &got) == 0);
+    CHECK(got == Bytes(fx.a.begin(), fx.a.begin() + 4096));
+    CHECK(c.Do(nbd::kCmdBlockStatus, 0, 4096) == nbd::kEINVAL);
+  }
+}
+
+TEST_CASE("nbdinfo --map, qemu-img map and nbdcopy see a sparse export as nbdkit file does", "[nbd][e2e][block-status]") {
+  RequireProgram("nbdinfo");
+  RequireProgram("nbdcopy");
+  RequireProgram("nbdkit");
+  RequireProgram("qemu-img");
+  PosixFixture fx(64 << 20);
+  // Scattered 1 MiB extents and a few 4 KiB blocks.
+  for (uint64_t mib : {3u, 17u, 18u, 40u, 63u}) REQUIRE(fx.dev->Write(mib << 20, Pattern(1 << 20, int(mib)), false).ok());
+  for (uint64_t k : {100u, 5000u, 9001u}) REQUIRE(fx.dev->Write(k * 4096, Pattern(4096, int(k)), false).ok());
+  REQUIRE(fx.dev->Flush().ok());
+  // nbdkit serving the same file (read-only) on a Unix socket of its own.
+  const std::string sock = fx.dir.Join("nbdkit.sock");
+  SpawnOptions so;
+  so.argv = {"nbdkit", "-f", "-r", "-U", sock, "file", fx.path};
+  so.output_file = fx.dir.Join("nbdkit.log");
+  so.die_with_parent = true;
+  auto kit = Subprocess::Spawn(so);
+  REQUIRE(kit.ok());
+  REQUIRE(WaitUntil([&] { return ::access(sock.c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  const std::string kit_url = "nbd+unix:///?socket=" + sock;
+
+  auto ours = RunCommand({"nbdinfo", "--map", fx.url}, 30000);
+  auto theirs = RunCommand({"nbdinfo", "--map", kit_url}, 30000);
+  INFO(ours.output << "\n---- nbdkit:\n" << theirs.output);
+  REQUIRE(ours.exit_code == 0);
+  REQUIRE(theirs.exit_code == 0);
+  CHECK(ours.output == theirs.output);
+  CHECK(ours.output.find("hole,zero") != std::string::npos);
+  auto qo = RunCommand({"qemu-img", "map", "--output=json", "-f", "raw", fx.url}, 30000);
+  auto qt = RunCommand({"qemu-img", "map", "--output=json", "-f", "raw", kit_url}, 30000);
+  INFO(qo.output << "\n---- nbdkit:\n" << qt.output);
+  REQUIRE(qo.exit_code == 0);
+  CHECK(qo.output == qt.output);
+
+  // nbdcopy to a sparse file: byte-equal, and only the data allocated.
+  const std::string out = fx.dir.Join("copy.img");
+  auto cp = RunCommand({"nbdcopy", fx.url, out}, 60000);
+  INFO(cp.output);
+  REQUIRE(cp.exit_code == 0);
+  CHECK(RunCommand({"cmp", fx.path, out}).exit_code == 0);
+  struct stat st {};
+  REQUIRE(::stat(out.c_str(), &st) == 0);
+  const uint64_t allocated = uint64_t(st.st_blocks) * 512;
+  const uint64_t data = 5 * (1 << 20) + 3 * 4096;
+  INFO("allocated " << allocated << " data " << data);
+  CHECK(allocated >= data);
+  CHECK(allocated <= data + (1 << 20));  // nbdcopy's and the file system's rounding
+  kit->Stop(SIGTERM, std::chrono::seconds(5));
+}
+
+TEST_CASE("nbd server: FAST_ZERO is advertised by a file device, punches the hole, and with NO_HOLE fails at once "
+          "with ENOTSUP touching nothing",
+          "[nbd][block-status]") {
+  SparseFixture fx;
+  RawClient c;
+  REQUIRE(c.ConnectTcp(fx.server->port()));
+  REQUIRE(c.Handshake());
+  std::map<uint16_t, Bytes> got;
+  REQUIRE(c.InfoOrGo(nbd::kOptGo, "sparse", {}, &got) == nbd::kRepAck);
+  REQUIRE(got.count(nbd::kInfoExport));
+  CHECK((nbd::DecodeBE16(got[nbd::kInfoExport].data() + 8) & nbd::kFlagSendFastZero) != 0);
+  const uint64_t at = 1 << 20;
+  CHECK(c.Do(nbd::kCmdWriteZeroes, at, 8192, nbd::kCmdFlagFastZero | nbd::kCmdFlagNoHole) == nbd::kENOTSUP);
+  Bytes back;
+  REQUIRE(c.Do(nbd::kCmdRead, at, 8192, 0, {}, &back) == 0);
+  CHECK(back == Bytes(fx.a.begin(), fx.a.begin() + 8192));  // untouched
+  CHECK(c.Do(nbd::kCmdWriteZeroes, at, 8192, nbd::kCmdFlagFastZero) == 0);
+  REQUIRE(c.Do(nbd::kCmdRead, at, 8192, 0, {}, &back) == 0);
+  CHECK(back == Bytes(8192, 0));
+  std::vector<DeviceExtent> ext;
+  REQUIRE(fx.dev->Extents(at, 8192, &ext).ok());
+  CHECK(ext == std::vector<DeviceExtent>{{8192, true, true}});  // a hole, not written zeros
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 
 #include <boost/json.hpp>
 #include <chrono>
@@ -560,6 +561,105 @@ TEST_CASE("exports: a tenant at max_exports_per_tenant is refused naming the cap
   // One of acme's removed: acme may export again.
   REQUIRE(d.mt->StopExport(*a1).ok());
   CHECK(d.mt->StartExport("acme", "vm1", 2, false).ok());
+}
+
+namespace {
+
+struct MapEntry {
+  uint64_t offset, length;
+  uint32_t type;  // base:allocation flags: 1 hole, 2 zero
+};
+
+// `nbdinfo --map URL` as (offset, length, type) rows.
+std::vector<MapEntry> NbdMap(const std::string& url) {
+  auto r = RunCommand({"nbdinfo", "--map", url}, 30000);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::vector<MapEntry> v;
+  std::istringstream in(r.output);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream l(line);
+    MapEntry e{};
+    if (l >> e.offset >> e.length >> e.type) v.push_back(e);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("block status of a point-in-time export: the point's holes, not today's replica's; nbdcopy copies only "
+          "its data",
+          "[server][e2e][block-status]") {
+  RequireProgram("nbdinfo");
+  RequireProgram("nbdcopy");
+  TempDir dir;
+  Daemon d(dir.path());
+  const uint64_t size = 64 << 20;
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  uint32_t vid = OpenVolume(*ch, OpenMsg("vm1", size), 0);
+  // Before the point: 1 MiB at 3 MiB, 1 MiB at 40 MiB, 4 KiB at 63 MiB.
+  std::vector<proto::Record> before;
+  uint64_t seq = 0;
+  for (uint64_t base : {3ull << 20, 40ull << 20}) {
+    for (uint64_t off = base; off < base + (1 << 20); off += 256 << 10) {
+      ++seq;
+      before.push_back(DataRecord(seq, off, Bytes(256 << 10, uint8_t(0x30 + seq))));
+    }
+  }
+  before.push_back(DataRecord(++seq, 63ull << 20, Bytes(4096, 0x77)));
+  before.push_back(FlushRecord(++seq));
+  const uint64_t point = seq;
+  REQUIRE(std::holds_alternative<proto::Ack>(Call(*ch, Batch(vid, before))));
+  // After it: new data in a hole of the point, and the point's extent at
+  // 3 MiB trimmed away in today's replica.
+  std::vector<proto::Record> after{DataRecord(seq + 1, 20ull << 20, Bytes(1 << 20, 0x55)),
+                                   ZeroRecord(seq + 2, 3ull << 20, 1 << 20, true), FlushRecord(seq + 3)};
+  REQUIRE(std::holds_alternative<proto::Ack>(Call(*ch, Batch(vid, after))));
+
+  auto name = d.mt->StartExport("acme", "vm1", point, false);
+  REQUIRE(name.ok());
+  const std::string url = "nbd://127.0.0.1:" + std::to_string(d.mt->nbd_port()) + "/" + *name;
+  Bytes image(size);
+  REQUIRE(d.mt->FindVolume("acme", "vm1")->ReadAt(point, 0, size, image.data()).ok());
+
+  const std::vector<MapEntry> map = NbdMap(url);
+  REQUIRE(!map.empty());
+  uint64_t pos = 0, data = 0;
+  for (const MapEntry& e : map) {
+    INFO("extent " << e.offset << " +" << e.length << " type " << e.type);
+    CHECK(e.offset == pos);
+    pos = e.offset + e.length;
+    if (e.type & 2) {  // zero: the point's bytes there are zeros
+      CHECK(std::all_of(image.begin() + long(e.offset), image.begin() + long(pos), [](uint8_t b) { return b == 0; }));
+    } else {
+      data += e.length;
+    }
+  }
+  CHECK(pos == size);
+  // The point's data (2 MiB + 4 KiB) and the range an undo record covers
+  // (20 MiB: zeros at the point, but held in the journal) are data; the
+  // 3 MiB extent, trimmed in today's replica, is data at the point.
+  const uint64_t want = (3ull << 20) + 4096;
+  CHECK(data >= want);
+  CHECK(data <= want + (1 << 20));
+  bool three_is_data = false;
+  for (const MapEntry& e : map) {
+    if (e.offset <= (3ull << 20) && e.offset + e.length >= (4ull << 20)) three_is_data = (e.type & 2) == 0;
+  }
+  CHECK(three_is_data);
+
+  // nbdcopy skips the holes: the copy equals the point, and its file holds
+  // about the data only.
+  const std::string out = dir.path() + "/restored.img";
+  auto cp = RunCommand({"nbdcopy", url, out}, 60000);
+  INFO(cp.output);
+  REQUIRE(cp.exit_code == 0);
+  REQUIRE(ReadFile(out) == image);
+  struct stat st {};
+  REQUIRE(::stat(out.c_str(), &st) == 0);
+  INFO("allocated " << uint64_t(st.st_blocks) * 512);
+  CHECK(uint64_t(st.st_blocks) * 512 <= want + (2 << 20));
 }
 
 TEST_CASE("qemu-img convert and nbdcopy of a point-in-time export equal the reference, while replication goes on",
