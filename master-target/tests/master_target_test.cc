@@ -588,7 +588,7 @@ std::vector<MapEntry> NbdMap(const std::string& url) {
 
 }  // namespace
 
-TEST_CASE("block status of a point-in-time export: the point's holes, not today's replica's; nbdcopy copies only "
+TEST_CASE("block status of a point-in-time export: the point's holes, not today's replica's, and nbdcopy copies only "
           "its data",
           "[server][e2e][block-status]") {
   RequireProgram("nbdinfo");
