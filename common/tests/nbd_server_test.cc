@@ -442,7 +442,7 @@ TEST_CASE("nbd server: GO, write, read back, stats", "[nbd]") {
   REQUIRE(tf >= 0);
   CHECK(size == (4u << 20));
   CHECK(tf == (nbd::kFlagHasFlags | nbd::kFlagSendFlush | nbd::kFlagSendFua | nbd::kFlagSendTrim |
-               nbd::kFlagSendWriteZeroes | nbd::kFlagCanMultiConn));
+               nbd::kFlagSendWriteZeroes | nbd::kFlagCanMultiConn | nbd::kFlagSendFastZero));
   Bytes data = Pattern(65536, 1);
   CHECK(c.Do(nbd::kCmdWrite, 12345, uint32_t(data.size()), nbd::kCmdFlagFua, data) == 0);
   Bytes back;
@@ -627,9 +627,9 @@ TEST_CASE("nbd server: options LIST, INFO, unsupported, default export, ABORT", 
   CHECK(c.InfoOrGo(nbd::kOptInfo, "missing", {}, &got) == nbd::kRepErrUnknown);
   CHECK(got.empty());
   CHECK(c.InfoOrGo(nbd::kOptInfo, "", {}, &got) == nbd::kRepErrUnknown);  // two exports: no default
-  REQUIRE(c.SendOption(nbd::kOptStructuredReply, {}));
+  REQUIRE(c.SendOption(nbd::kOptStructuredReply, {}));  // structured replies: supported
   REQUIRE(c.ReadOptReply(&r));
-  CHECK(r.type == nbd::kRepErrUnsup);
+  CHECK(r.type == nbd::kRepAck);
   REQUIRE(c.SendOption(nbd::kOptStartTls, {}));
   REQUIRE(c.ReadOptReply(&r));
   CHECK(r.type == nbd::kRepErrUnsup);
