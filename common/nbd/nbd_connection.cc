@@ -579,7 +579,11 @@ class Connection final : public ConnectionBase {
     };
     std::vector<Chunk> chunks;
     uint64_t pos = r.offset;
-    for (const DeviceExtent& e : ExtentsOf(r.offset, r.length)) {
+    // Inside a data extent of this connection's last BLOCK_STATUS (as
+    // nbdcopy and qemu-img read): one data chunk, no second query.
+    const std::vector<DeviceExtent> ext =
+        KnownData(r.offset, r.length) ? std::vector<DeviceExtent>{{r.length, false, false}} : ExtentsOf(r.offset, r.length);
+    for (const DeviceExtent& e : ext) {
       const bool hole = e.zero && e.length >= 4096 && chunks.size() + 2 < kMaxChunks;
       if (!hole && !chunks.empty() && !chunks.back().hole) {
         chunks.back().length += e.length;
@@ -617,6 +621,18 @@ class Connection final : public ConnectionBase {
     return o;
   }
 
+  // Whether [offset, offset + len) lies in one data extent of the last
+  // BLOCK_STATUS reply. A data claim stays true whatever is written since
+  // (data means allocated or unknown); a zero claim would not, so only data
+  // is remembered.
+  bool KnownData(uint64_t offset, uint64_t len) const {
+    auto it = std::upper_bound(known_data_.begin(), known_data_.end(), offset,
+                               [](uint64_t off, const std::pair<uint64_t, uint64_t>& r) { return off < r.first; });
+    if (it == known_data_.begin()) return false;
+    --it;
+    return offset >= it->first && offset + len <= it->second;
+  }
+
   // NBD_CMD_BLOCK_STATUS for base:allocation: one BLOCK_STATUS chunk, DONE.
   Out BlockStatus(const nbd::Request& r, uint32_t err) {
     if (err != 0) return ErrorChunk(r, err);
@@ -644,6 +660,19 @@ class Connection final : public ConnectionBase {
       if (one || covered >= r.length || desc.size() >= kMaxDeviceExtents) break;
     }
     if (one) desc.resize(1);
+    // Remember the data extents for the READs that follow (KnownData).
+    known_data_.clear();
+    uint64_t at = r.offset;
+    for (const auto& [n, f] : desc) {
+      if ((f & nbd::kStateZero) == 0) {
+        if (!known_data_.empty() && known_data_.back().second == at) {
+          known_data_.back().second = at + n;
+        } else {
+          known_data_.emplace_back(at, at + n);
+        }
+      }
+      at += n;
+    }
     Out o;
     const uint32_t len = uint32_t(4 + 8 * desc.size());
     o.data.resize(nbd::kStructuredReplyHeaderSize + len);
@@ -791,6 +820,8 @@ class Connection final : public ConnectionBase {
   // for which base:allocation was selected (SET_META_CONTEXT; until attach).
   bool structured_ = false;
   std::shared_ptr<ExportEntry> meta_export_;
+  // Worker strand: the data extents [begin, end) of the last BLOCK_STATUS.
+  std::vector<std::pair<uint64_t, uint64_t>> known_data_;
   nbd::ExportLimits limits_;
 
   std::deque<Out> out_;
