@@ -8,7 +8,6 @@
 
 #include <catch2/catch.hpp>
 
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,24 +18,13 @@ namespace {
 using cdp::e2e::Cluster;
 using cdp::testing::RunCommand;
 
-struct MapEntry {
-  uint64_t offset = 0, length = 0;
-  uint32_t type = 0;  // base:allocation: 1 hole, 2 zero
-  bool operator==(const MapEntry&) const = default;
-};
+using cdp::testing::MapEntry;
 
 std::vector<MapEntry> NbdMap(const std::string& uri) {
-  auto r = RunCommand({"nbdinfo", "--map", uri}, 30000);
-  INFO(uri << "\n" << r.output);
-  REQUIRE(r.exit_code == 0);
-  std::vector<MapEntry> v;
-  std::istringstream in(r.output);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream l(line);
-    MapEntry e;
-    if (l >> e.offset >> e.length >> e.type) v.push_back(e);
-  }
+  std::string out;
+  std::vector<MapEntry> v = cdp::testing::NbdMap(uri, &out);
+  INFO(uri << "\n" << out);
+  REQUIRE(!v.empty());
   return v;
 }
 

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,5 +89,29 @@ class ScratchDir {
  private:
   std::string path_;
 };
+
+// One row of `nbdinfo --map URI`: an extent and its base:allocation type
+// (1 hole, 2 zero, 0 data).
+struct MapEntry {
+  uint64_t offset = 0, length = 0;
+  uint32_t type = 0;
+  bool operator==(const MapEntry&) const = default;
+};
+// `nbdinfo --map uri` as rows; empty (and `*output` says why) when nbdinfo
+// fails.
+inline std::vector<MapEntry> NbdMap(const std::string& uri, std::string* output = nullptr) {
+  CommandResult r = RunCommand({"nbdinfo", "--map", uri}, 30000);
+  if (output != nullptr) *output = r.output;
+  std::vector<MapEntry> v;
+  if (r.exit_code != 0) return v;
+  std::istringstream in(r.output);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream l(line);
+    MapEntry e;
+    if (l >> e.offset >> e.length >> e.type) v.push_back(e);
+  }
+  return v;
+}
 
 }  // namespace cdp::testing

@@ -563,30 +563,7 @@ TEST_CASE("exports: a tenant at max_exports_per_tenant is refused naming the cap
   CHECK(d.mt->StartExport("acme", "vm1", 2, false).ok());
 }
 
-namespace {
-
-struct MapEntry {
-  uint64_t offset, length;
-  uint32_t type;  // base:allocation flags: 1 hole, 2 zero
-};
-
-// `nbdinfo --map URL` as (offset, length, type) rows.
-std::vector<MapEntry> NbdMap(const std::string& url) {
-  auto r = RunCommand({"nbdinfo", "--map", url}, 30000);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  std::vector<MapEntry> v;
-  std::istringstream in(r.output);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream l(line);
-    MapEntry e{};
-    if (l >> e.offset >> e.length >> e.type) v.push_back(e);
-  }
-  return v;
-}
-
-}  // namespace
+using cdp::testing::MapEntry;
 
 TEST_CASE("block status of a point-in-time export: the point's holes, not today's replica's, and nbdcopy copies only "
           "its data",
@@ -623,7 +600,9 @@ TEST_CASE("block status of a point-in-time export: the point's holes, not today'
   Bytes image(size);
   REQUIRE(d.mt->FindVolume("acme", "vm1")->ReadAt(point, 0, size, image.data()).ok());
 
-  const std::vector<MapEntry> map = NbdMap(url);
+  std::string map_text;
+  const std::vector<MapEntry> map = cdp::testing::NbdMap(url, &map_text);
+  INFO(map_text);
   REQUIRE(!map.empty());
   uint64_t pos = 0, data = 0;
   for (const MapEntry& e : map) {
