@@ -42,16 +42,19 @@ class Outlet {
     return true;
   }
 
-  // Sends `m` for a request holding a slot of `kind`, then frees the slot.
+  // Frees the slot of `kind` that the request held, then sends `m`. Freed
+  // first: a peer that sends its next request once it has this answer must
+  // find the slot free (freed after the send, it could be refused over the
+  // cap; the receiver test saw it under load). At most the one answer being
+  // sent is beyond the cap.
   void Post(proto::Message m, Slot kind) {
     std::unique_lock<std::mutex> l(mu_);
     if (closing_) return;  // the slot goes with the connection
     if (std::this_thread::get_id() == session_) {
+      Free(kind);
       FrameChannel* ch = ch_;
       l.unlock();
       if (Status sent = ch->Send(m); !sent.ok()) NotSent(m, sent);
-      l.lock();
-      Free(kind);
       return;
     }
     outbox_.push_back({std::move(m), kind});
@@ -101,12 +104,12 @@ class Outlet {
       if (closing_) return;
       auto [m, kind] = std::move(outbox_.front());
       outbox_.pop_front();
+      Free(kind);  // before the send, as in Post
       l.unlock();
       // Compresses a pull answer here, not on the relay's thread. A failure
       // ends the session at its next send or receive.
       if (Status sent = ch_->Send(m); !sent.ok()) NotSent(m, sent);
       l.lock();
-      Free(kind);
     }
   }
 
