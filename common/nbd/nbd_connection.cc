@@ -9,6 +9,8 @@ using nbd_detail::kInputBufferSize;
 using nbd_detail::kMaxGather;
 using nbd_detail::kMaxOptionSkip;
 using nbd_detail::kRequestOverhead;
+using nbd_detail::RequestContext;
+using Out = nbd_detail::Reply;
 
 namespace {
 
@@ -47,17 +49,6 @@ class Connection final : public ConnectionBase {
     kPayloadSkip,
     kDone,
   };
-  // A queued reply. A READ reply (header + data) lives in `block`, allocated
-  // without being zero-filled first: the device overwrites every data byte,
-  // and a failed read sends the header alone.
-  struct Out {
-    Bytes data;
-    uint64_t charge = 0;
-    std::unique_ptr<uint8_t[]> block;
-    size_t block_size = 0;
-    asio::const_buffer Buffer() const { return block ? asio::buffer(block.get(), block_size) : asio::buffer(data); }
-  };
-
   using TlsLayer = asio::ssl::stream<Socket&>;
   static constexpr bool kTcp = std::is_same_v<Socket, TcpSocket>;
 
@@ -458,236 +449,12 @@ class Connection final : public ConnectionBase {
 
   // Runs on the worker strand: one request of this connection at a time.
   void Execute(const nbd::Request& r, Bytes payload, uint32_t err, uint64_t charge) {
-    if (structured_ && (r.type == nbd::kCmdRead || r.type == nbd::kCmdBlockStatus)) {
-      return Reply(r.type == nbd::kCmdRead ? StructuredRead(r, err) : BlockStatus(r, err), charge);
-    }
-    Out reply;
-    reply.charge = charge;
-    reply.block_size = nbd::kSimpleReplySize;
-    if (err == 0 && r.type == nbd::kCmdRead) reply.block_size += r.length;
-    reply.block.reset(new uint8_t[reply.block_size]);  // default-initialised: not zero-filled
-    ExportEntry& st = *export_;
-    if (err == 0) {
-      const bool fua = (r.flags & nbd::kCmdFlagFua) != 0;
-      const uint64_t len = r.length;
-      Status s;
-      // Zero-length requests succeed without reaching the device.
-      switch (r.type) {
-        case nbd::kCmdRead:
-          if (len > 0) s = dev_->Read(r.offset, r.length, reply.block.get() + nbd::kSimpleReplySize);
-          if (s.ok()) st.reads++, st.bytes_read += len;
-          break;
-        case nbd::kCmdWrite:
-          if (len > 0) s = dev_->Write(r.offset, ByteSpan(payload.data(), payload.size()), fua);
-          if (s.ok()) st.writes++, st.bytes_written += len;
-          break;
-        case nbd::kCmdTrim:
-          if (len > 0) s = dev_->Trim(r.offset, len, fua);
-          if (s.ok()) st.trims++, st.bytes_trimmed += len;
-          break;
-        case nbd::kCmdWriteZeroes:
-          if (len > 0) s = dev_->WriteZeroes(r.offset, len, fua, (r.flags & nbd::kCmdFlagNoHole) == 0);
-          if (s.ok()) st.zero_ops++, st.bytes_zeroed += len;
-          break;
-        case nbd::kCmdFlush:
-          s = dev_->Flush();
-          if (s.ok()) st.flushes++;
-          break;
-        default:
-          s = Status::InvalidArgument("unexpected command");  // CheckRequest let it through
-          break;
-      }
-      err = nbd::ErrorFromStatus(s);
-      if (err != 0) {
-        impl_->log->warn("{} {} offset {} length {} failed: {}", log::Where{st.name, peer_, 0},
-                         nbd::CommandName(r.type), r.offset, r.length, s.ToString());
-      }
-    } else {
-      impl_->log->debug("{} {} offset {} length {} flags 0x{:x} refused with error {}",
-                        log::Where{st.name, peer_, 0}, nbd::CommandName(r.type), r.offset, r.length,
-                        r.flags, err);
-    }
-    if (err != 0) {
-      st.errors++;
-      reply.block_size = nbd::kSimpleReplySize;  // a simple reply carries no data on error
-    }
-    nbd::EncodeSimpleReply(reply.block.get(), err, r.handle);
-    Bytes().swap(payload);
-    asio::post(socket_.get_executor(), [self = Self(), reply = std::move(reply)]() mutable {
-      self->Enqueue(std::move(reply));
-    });
-  }
-
-  // Worker strand: hands a reply to the socket's strand.
-  void Reply(Out reply, uint64_t charge) {
+    RequestContext ctx{*export_, *dev_, *impl_->log, peer_, structured_, &known_data_};
+    Out reply = ExecuteRequest(ctx, r, std::move(payload), err);
     reply.charge = charge;
     asio::post(socket_.get_executor(), [self = Self(), reply = std::move(reply)]() mutable {
       self->Enqueue(std::move(reply));
     });
-  }
-
-  // A structured reply of one NBD_REPLY_TYPE_ERROR chunk (no message: the
-  // log has the cause; the client gets the errno).
-  Out ErrorChunk(const nbd::Request& r, uint32_t err) {
-    Out o;
-    o.data.resize(nbd::kStructuredReplyHeaderSize + 6);
-    nbd::EncodeStructuredReply(o.data.data(), nbd::kReplyFlagDone, nbd::kReplyTypeError, r.handle, 6);
-    nbd::EncodeBE32(o.data.data() + nbd::kStructuredReplyHeaderSize, err);
-    o.data[nbd::kStructuredReplyHeaderSize + 4] = 0;
-    o.data[nbd::kStructuredReplyHeaderSize + 5] = 0;
-    export_->errors++;
-    return o;
-  }
-
-  // The device's allocation of [offset, offset + len), clipped to len; on a
-  // device error, one data extent (a read then finds the error itself).
-  std::vector<DeviceExtent> ExtentsOf(uint64_t offset, uint64_t len) {
-    std::vector<DeviceExtent> ext;
-    if (!dev_->Extents(offset, len, &ext).ok()) ext.clear();
-    uint64_t covered = 0;
-    std::vector<DeviceExtent> out;
-    for (DeviceExtent e : ext) {
-      if (covered >= len) break;
-      e.length = std::min(e.length, len - covered);
-      if (e.length == 0) continue;
-      AppendExtent(&out, e);
-      covered += e.length;
-    }
-    if (covered < len) AppendExtent(&out, DeviceExtent{len - covered, false, false});
-    return out;
-  }
-
-  // READ with structured replies: OFFSET_HOLE chunks for the runs the device
-  // reports as zeros, OFFSET_DATA chunks read in place for the rest, the last
-  // chunk flagged DONE; any failure is one ERROR chunk instead.
-  Out StructuredRead(const nbd::Request& r, uint32_t err) {
-    constexpr size_t kH = nbd::kStructuredReplyHeaderSize;
-    constexpr size_t kMaxChunks = 64;
-    ExportEntry& st = *export_;
-    if (err != 0) return ErrorChunk(r, err);
-    Out o;
-    if (r.length == 0) {
-      o.data.resize(kH);
-      nbd::EncodeStructuredReply(o.data.data(), nbd::kReplyFlagDone, nbd::kReplyTypeNone, r.handle, 0);
-      return o;
-    }
-    // Chunks: holes of at least one 4 KiB block, data between them; past
-    // kMaxChunks the rest is one data chunk.
-    struct Chunk {
-      uint64_t offset, length;
-      bool hole;
-    };
-    std::vector<Chunk> chunks;
-    uint64_t pos = r.offset;
-    // Inside a data extent of this connection's last BLOCK_STATUS (as
-    // nbdcopy and qemu-img read): one data chunk, no second query.
-    const std::vector<DeviceExtent> ext =
-        KnownData(r.offset, r.length) ? std::vector<DeviceExtent>{{r.length, false, false}} : ExtentsOf(r.offset, r.length);
-    for (const DeviceExtent& e : ext) {
-      const bool hole = e.zero && e.length >= 4096 && chunks.size() + 2 < kMaxChunks;
-      if (!hole && !chunks.empty() && !chunks.back().hole) {
-        chunks.back().length += e.length;
-      } else {
-        chunks.push_back(Chunk{pos, e.length, hole});
-      }
-      pos += e.length;
-    }
-    size_t total = 0;
-    for (const Chunk& c : chunks) total += kH + (c.hole ? 12 : 8 + c.length);
-    o.block.reset(new uint8_t[total]);  // not zero-filled: every byte is written below
-    o.block_size = total;
-    uint8_t* p = o.block.get();
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      const Chunk& c = chunks[i];
-      const uint16_t flags = i + 1 == chunks.size() ? nbd::kReplyFlagDone : 0;
-      if (c.hole) {
-        nbd::EncodeStructuredReply(p, flags, nbd::kReplyTypeOffsetHole, r.handle, 12);
-        nbd::EncodeBE64(p + kH, c.offset);
-        nbd::EncodeBE32(p + kH + 8, uint32_t(c.length));
-        p += kH + 12;
-        continue;
-      }
-      nbd::EncodeStructuredReply(p, flags, nbd::kReplyTypeOffsetData, r.handle, uint32_t(8 + c.length));
-      nbd::EncodeBE64(p + kH, c.offset);
-      Status s = dev_->Read(c.offset, uint32_t(c.length), p + kH + 8);
-      if (!s.ok()) {
-        impl_->log->warn("{} READ offset {} length {} failed: {}", log::Where{st.name, peer_, 0}, c.offset, c.length,
-                         s.ToString());
-        return ErrorChunk(r, nbd::ErrorFromStatus(s));
-      }
-      p += kH + 8 + c.length;
-    }
-    st.reads++, st.bytes_read += r.length;
-    return o;
-  }
-
-  // Whether [offset, offset + len) lies in one data extent of the last
-  // BLOCK_STATUS reply. A data claim stays true whatever is written since
-  // (data means allocated or unknown); a zero claim would not, so only data
-  // is remembered.
-  bool KnownData(uint64_t offset, uint64_t len) const {
-    auto it = std::upper_bound(known_data_.begin(), known_data_.end(), offset,
-                               [](uint64_t off, const std::pair<uint64_t, uint64_t>& r) { return off < r.first; });
-    if (it == known_data_.begin()) return false;
-    --it;
-    return offset >= it->first && offset + len <= it->second;
-  }
-
-  // NBD_CMD_BLOCK_STATUS for base:allocation: one BLOCK_STATUS chunk, DONE.
-  Out BlockStatus(const nbd::Request& r, uint32_t err) {
-    if (err != 0) return ErrorChunk(r, err);
-    std::vector<DeviceExtent> ext;
-    Status s = dev_->Extents(r.offset, r.length, &ext);
-    if (!s.ok() || ext.empty()) {
-      impl_->log->warn("{} BLOCK_STATUS offset {} length {} failed: {}", log::Where{export_->name, peer_, 0},
-                       r.offset, r.length, s.ok() ? "no extents" : s.ToString());
-      return ErrorChunk(r, s.ok() ? nbd::kEIO : nbd::ErrorFromStatus(s));
-    }
-    const bool one = (r.flags & nbd::kCmdFlagReqOne) != 0;
-    // Descriptors: u32 lengths (a longer extent is split), at most
-    // kMaxDeviceExtents, never past the request.
-    std::vector<std::pair<uint32_t, uint32_t>> desc;
-    uint64_t covered = 0;
-    for (const DeviceExtent& e : ext) {
-      uint64_t left = std::min<uint64_t>(e.length, r.length - covered);
-      const uint32_t flags = (e.hole ? nbd::kStateHole : 0) | (e.zero ? nbd::kStateZero : 0);
-      while (left > 0 && desc.size() < kMaxDeviceExtents) {
-        const uint32_t n = uint32_t(std::min<uint64_t>(left, 0xfffff000u));
-        desc.emplace_back(n, flags);
-        left -= n;
-        covered += n;
-      }
-      if (one || covered >= r.length || desc.size() >= kMaxDeviceExtents) break;
-    }
-    if (one) desc.resize(1);
-    // Remember the data extents for the READs that follow (KnownData).
-    known_data_.clear();
-    uint64_t at = r.offset;
-    for (const auto& [n, f] : desc) {
-      if ((f & nbd::kStateZero) == 0) {
-        if (!known_data_.empty() && known_data_.back().second == at) {
-          known_data_.back().second = at + n;
-        } else {
-          known_data_.emplace_back(at, at + n);
-        }
-      }
-      at += n;
-    }
-    Out o;
-    const uint32_t len = uint32_t(4 + 8 * desc.size());
-    o.data.resize(nbd::kStructuredReplyHeaderSize + len);
-    uint8_t* p = o.data.data();
-    nbd::EncodeStructuredReply(p, nbd::kReplyFlagDone, nbd::kReplyTypeBlockStatus, r.handle, len);
-    p += nbd::kStructuredReplyHeaderSize;
-    nbd::EncodeBE32(p, nbd::kBaseAllocationId);
-    p += 4;
-    for (const auto& [n, f] : desc) {
-      nbd::EncodeBE32(p, n);
-      nbd::EncodeBE32(p + 4, f);
-      p += 8;
-    }
-    export_->block_status_ops++;
-    return o;
   }
 
   void PostDisc() {
@@ -703,12 +470,7 @@ class Connection final : public ConnectionBase {
 
   // ---- Output ----------------------------------------------------------------
 
-  void Enqueue(Bytes data, uint64_t charge) {
-    Out o;
-    o.data = std::move(data);
-    o.charge = charge;
-    Enqueue(std::move(o));
-  }
+  void Enqueue(Bytes data, uint64_t charge) { Enqueue(Out::Of(std::move(data), charge)); }
   void Enqueue(Out o) {
     if (closed_) return;
     if (phase_ < Phase::kTransmission) {
@@ -820,8 +582,8 @@ class Connection final : public ConnectionBase {
   // for which base:allocation was selected (SET_META_CONTEXT; until attach).
   bool structured_ = false;
   std::shared_ptr<ExportEntry> meta_export_;
-  // Worker strand: the data extents [begin, end) of the last BLOCK_STATUS.
-  std::vector<std::pair<uint64_t, uint64_t>> known_data_;
+  // Worker strand: the data extents of the last BLOCK_STATUS.
+  nbd::KnownData known_data_;
   nbd::ExportLimits limits_;
 
   std::deque<Out> out_;

@@ -32,6 +32,7 @@
 #include "common/base/log.h"
 #include "common/crypto/pki.h"
 #include "common/nbd/nbd_proto.h"
+#include "common/nbd/nbd_replies.h"
 #include "common/net/listener.h"
 #include "common/net/tls_stream.h"
 
@@ -74,6 +75,41 @@ struct ExportEntry {
   std::atomic<uint64_t> flushes{0}, errors{0}, connections{0}, connections_total{0};
   std::atomic<uint64_t> block_status_ops{0};
 };
+
+// A queued reply. A READ reply (header + data) lives in `block`, allocated
+// without being zero-filled first: the device overwrites every data byte,
+// and a failed read sends the header alone. `charge` is what it counts
+// against the connection's in-flight cap until written.
+struct Reply {
+  Bytes data;
+  uint64_t charge = 0;
+  std::unique_ptr<uint8_t[]> block;
+  size_t block_size = 0;
+  asio::const_buffer Buffer() const { return block ? asio::buffer(block.get(), block_size) : asio::buffer(data); }
+  static Reply Of(Bytes bytes, uint64_t charge = 0) {
+    Reply r;
+    r.data = std::move(bytes);
+    r.charge = charge;
+    return r;
+  }
+};
+
+// What a request runs against: the attached export and its device, and what
+// the connection negotiated. Worker strand only.
+struct RequestContext {
+  ExportEntry& export_entry;
+  BlockDevice& device;
+  spdlog::logger& log;
+  const std::string& peer;
+  bool structured;           // NBD_OPT_STRUCTURED_REPLY: READ and BLOCK_STATUS answer in chunks
+  nbd::KnownData* known;     // the data ranges of this connection's last BLOCK_STATUS
+};
+
+// Runs one transmission request (not DISC) on the export and counts it in
+// its stats: the reply to send, simple or structured. `err` != 0: the
+// request was refused (nbd::CheckRequest) with that errno and is not run.
+// A device failure is logged and answered with its errno. nbd_requests.cc.
+Reply ExecuteRequest(const RequestContext& ctx, const nbd::Request& r, Bytes payload, uint32_t err);
 
 class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
  public:
