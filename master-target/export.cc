@@ -32,6 +32,13 @@ Bytes BitmapHeader(const VolumeIdentity& id, uint64_t blocks, uint64_t point_seq
 
 }  // namespace
 
+PointInTimeDevice::PointInTimeDevice(std::shared_ptr<ReplicaVolume> v, std::unique_ptr<PointPin> pin)
+    : volume_(std::move(v)),
+      pin_(std::move(pin)),
+      size_(DeviceSize(volume_->identity())),
+      stored_space_(volume_->identity().sealed),
+      block_(volume_->identity().block_size) {}
+
 Status PointInTimeDevice::RemoveOverlay(Env* env, const std::string& data_path, const std::string& bitmap_path) {
   for (const std::string& p : {bitmap_path, data_path}) {
     if (!env->Exists(p)) continue;
@@ -47,11 +54,7 @@ Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::OpenPersistent(std
                                                                              const std::string& bitmap_path,
                                                                              bool create) {
   CDP_ASSIGN_OR_RETURN(auto pin, volume->Pin(point_seq));
-  ReplicaVolume* v = volume.get();
   std::shared_ptr<PointInTimeDevice> d(new PointInTimeDevice(std::move(volume), std::move(pin)));
-  d->stored_space_ = v->identity().sealed;
-  d->size_ = DeviceSize(v->identity());
-  d->block_ = v->identity().block_size;
   d->env_ = env;
   const uint64_t blocks = (d->size_ + d->block_ - 1) / d->block_;
   d->in_overlay_.assign(blocks, false);
@@ -65,7 +68,7 @@ Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::OpenPersistent(std
     CDP_RETURN_IF_ERROR(d->overlay_->Truncate(d->size_));
     CDP_RETURN_IF_ERROR(d->overlay_->Sync());
     CDP_ASSIGN_OR_RETURN(d->bitmap_, env->Open(bitmap_path, o));
-    CDP_RETURN_IF_ERROR(d->bitmap_->Write(0, BitmapHeader(v->identity(), blocks, point_seq)));
+    CDP_RETURN_IF_ERROR(d->bitmap_->Write(0, BitmapHeader(d->volume_->identity(), blocks, point_seq)));
     CDP_RETURN_IF_ERROR(d->bitmap_->Truncate(kBitsOffset + d->bits_.size()));
     CDP_RETURN_IF_ERROR(d->bitmap_->Sync());
     CDP_RETURN_IF_ERROR(env->SyncDir(DirName(data_path)));
@@ -103,11 +106,7 @@ Status PointInTimeDevice::LoadBitmap(uint64_t point_seq) {
 Result<std::shared_ptr<PointInTimeDevice>> PointInTimeDevice::Open(std::shared_ptr<ReplicaVolume> volume, uint64_t point_seq,
                                                                    Env* env, const std::string& overlay_path) {
   CDP_ASSIGN_OR_RETURN(auto pin, volume->Pin(point_seq));
-  ReplicaVolume* v = volume.get();
   std::shared_ptr<PointInTimeDevice> d(new PointInTimeDevice(std::move(volume), std::move(pin)));
-  d->stored_space_ = v->identity().sealed;
-  d->size_ = DeviceSize(v->identity());
-  d->block_ = v->identity().block_size;
   if (!overlay_path.empty()) {
     OpenOptions o;
     o.create = true;

@@ -109,7 +109,8 @@ class PointInTimeDevice final : public BlockDevice {
   std::vector<proto::BlockExtent> WrittenExtents() const;
 
  private:
-  PointInTimeDevice(std::shared_ptr<ReplicaVolume> v, std::unique_ptr<PointPin> pin) : volume_(std::move(v)), pin_(std::move(pin)) {}
+  // The device of `v` at the pinned point, without an overlay yet.
+  PointInTimeDevice(std::shared_ptr<ReplicaVolume> v, std::unique_ptr<PointPin> pin);
   Status WriteLocked(uint64_t offset, const uint8_t* data, uint64_t len);  // data == nullptr: zeros
   Status FlushLocked();
   Status LoadBitmap(uint64_t point_seq);
