@@ -9,15 +9,16 @@ using nbd_detail::kInputBufferSize;
 using nbd_detail::kMaxGather;
 using nbd_detail::kMaxOptionSkip;
 using nbd_detail::kRequestOverhead;
+using nbd_detail::kInlineMaxBytes;
 using nbd_detail::RequestContext;
 using Out = nbd_detail::Reply;
 
 namespace {
 
 // One client connection; see the pipeline diagram in nbd_server.h.
-// Every member except the worker-side ones is touched only on the socket's
-// strand. Worker-side: Execute() runs on wstrand_ and reads dev_/export_,
-// which are set before the first request is posted and never change.
+// Every member is touched only on the socket's strand, but for what a device
+// call reads (dev_, export_, structured_, known_data_): RunRequest makes the
+// call here or on dstrand_, never both at once.
 template <typename Socket>
 class Connection final : public ConnectionBase {
  public:
@@ -25,7 +26,7 @@ class Connection final : public ConnectionBase {
       : impl_(impl),
         socket_(std::move(socket)),
         timer_(socket_.get_executor()),
-        wstrand_(asio::make_strand(*impl->workers)),
+        dstrand_(asio::make_strand(impl->io)),
         id_(id),
         peer_(std::move(peer)),
         in_(std::max<size_t>(kInputBufferSize, size_t(impl->opts.max_option_bytes) + 64)) {}
@@ -171,12 +172,12 @@ class Connection final : public ConnectionBase {
     Consume(nbd::kRequestHeaderSize);
     if (r.type == nbd::kCmdDisc) {
       disc_ = true;
-      PostDisc();
+      OnDisc();
       return false;
     }
     const uint32_t err = nbd::CheckRequest(r, limits_);
     if (r.type != nbd::kCmdWrite) {
-      PostTask(r, {}, err);
+      RunRequest(r, {}, err);
       return true;
     }
     // A WRITE's payload follows its header whatever we think of the request.
@@ -185,7 +186,7 @@ class Connection final : public ConnectionBase {
       return false;
     }
     if (err != 0) {
-      PostTask(r, {}, err);
+      RunRequest(r, {}, err);
       skip_left_ = r.length;
       phase_ = Phase::kPayloadSkip;
       return true;
@@ -196,7 +197,7 @@ class Connection final : public ConnectionBase {
     if (have > 0) std::memcpy(payload.data(), rest.data(), have);
     Consume(have);
     if (have == r.length) {
-      PostTask(r, std::move(payload), 0);
+      RunRequest(r, std::move(payload), 0);
       return true;
     }
     // Read the remainder straight into the payload buffer.
@@ -210,7 +211,7 @@ class Connection final : public ConnectionBase {
       if (self->closed_) return;
       if (ec) return self->OnReadError(ec);
       self->phase_ = Phase::kTransmission;
-      self->PostTask(self->pending_, std::move(self->payload_), 0);
+      self->RunRequest(self->pending_, std::move(self->payload_), 0);
       self->Drive();
     };
     WithStream([&](auto& stream) { asio::async_read(stream, asio::buffer(dst, r.length - have), done); });
@@ -438,34 +439,54 @@ class Connection final : public ConnectionBase {
     });
   }
 
-  void PostTask(const nbd::Request& r, Bytes payload, uint32_t err) {
+  // Runs one request on the device and queues its reply. A small READ or
+  // WRITE and a BLOCK_STATUS run here, on the socket's strand, when nothing
+  // of this connection is on the device strand: no hand-off to another thread
+  // and back, which is most of the cost of a small read. Anything else (a
+  // large transfer, FLUSH, TRIM, WRITE_ZEROES, or anything behind them) goes
+  // to the device strand, so that the socket strand reads the next request
+  // (and its payload) meanwhile. Either way the requests of one connection
+  // reach the device one at a time and in arrival order.
+  void RunRequest(const nbd::Request& r, Bytes payload, uint32_t err) {
     uint64_t charge = kRequestOverhead;
     if (err == 0 && (r.type == nbd::kCmdRead || r.type == nbd::kCmdWrite)) charge += r.length;
     inflight_ += charge;
-    asio::post(wstrand_, [self = Self(), r, payload = std::move(payload), err, charge]() mutable {
-      self->Execute(r, std::move(payload), err, charge);
-    });
-  }
-
-  // Runs on the worker strand: one request of this connection at a time.
-  void Execute(const nbd::Request& r, Bytes payload, uint32_t err, uint64_t charge) {
-    RequestContext ctx{*export_, *dev_, *impl_->log, peer_, structured_, &known_data_};
-    Out reply = ExecuteRequest(ctx, r, std::move(payload), err);
-    reply.charge = charge;
-    asio::post(socket_.get_executor(), [self = Self(), reply = std::move(reply)]() mutable {
-      self->Enqueue(std::move(reply));
-    });
-  }
-
-  void PostDisc() {
-    // Runs after every request received before the DISC has executed and
-    // queued its reply; then the connection closes once the replies are out.
-    asio::post(wstrand_, [self = Self()] {
-      asio::post(self->socket_.get_executor(), [self] {
-        self->close_after_drain_ = true;
-        self->MaybeFinish();
+    const bool small = ((r.type == nbd::kCmdRead || r.type == nbd::kCmdWrite) && r.length <= kInlineMaxBytes) ||
+                       r.type == nbd::kCmdBlockStatus;
+    if (small && on_device_strand_ == 0) {
+      Out reply = Execute(r, std::move(payload), err);
+      reply.charge = charge;
+      return Enqueue(std::move(reply));
+    }
+    ++on_device_strand_;
+    asio::post(dstrand_, [self = Self(), r, payload = std::move(payload), err, charge]() mutable {
+      Out reply = self->Execute(r, std::move(payload), err);
+      reply.charge = charge;
+      asio::post(self->socket_.get_executor(), [self, reply = std::move(reply)]() mutable {
+        --self->on_device_strand_;
+        self->Enqueue(std::move(reply));
       });
     });
+  }
+
+  // The device call of one request (either strand; one at a time).
+  Out Execute(const nbd::Request& r, Bytes payload, uint32_t err) {
+    RequestContext ctx{*export_, *dev_, *impl_->log, peer_, structured_, &known_data_};
+    return ExecuteRequest(ctx, r, std::move(payload), err);
+  }
+
+  // Every request before the DISC has run and queued its reply: the
+  // connection closes once the replies are out.
+  void OnDisc() {
+    if (on_device_strand_ > 0) {
+      // Behind the requests still on the device strand.
+      asio::post(dstrand_, [self = Self()] {
+        asio::post(self->socket_.get_executor(), [self] { self->OnDisc(); });
+      });
+      return;
+    }
+    close_after_drain_ = true;
+    MaybeFinish();
   }
 
   // ---- Output ----------------------------------------------------------------
@@ -559,7 +580,7 @@ class Connection final : public ConnectionBase {
   std::unique_ptr<TlsLayer> tls_;  // after STARTTLS; over socket_
   Scope scope_;                    // narrowed by the client certificate
   asio::steady_timer timer_;       // handshake deadline, then idle timeout
-  asio::strand<asio::thread_pool::executor_type> wstrand_;
+  Strand dstrand_;                 // the device strand (RunRequest), on the same pool
   const uint64_t id_;
   const std::string peer_;
 
@@ -582,13 +603,14 @@ class Connection final : public ConnectionBase {
   // for which base:allocation was selected (SET_META_CONTEXT; until attach).
   bool structured_ = false;
   std::shared_ptr<ExportEntry> meta_export_;
-  // Worker strand: the data extents of the last BLOCK_STATUS.
+  // The data extents of the last BLOCK_STATUS.
   nbd::KnownData known_data_;
   nbd::ExportLimits limits_;
 
   std::deque<Out> out_;
   bool writing_ = false;
   uint64_t inflight_ = 0;
+  uint64_t on_device_strand_ = 0;  // requests posted to dstrand_ whose reply is not queued yet
   bool disc_ = false;
   bool close_after_drain_ = false;
   bool closed_ = false;

@@ -132,13 +132,14 @@ Status NbdServer::Start() {
   m.listener = std::make_unique<Listener>(lo, [&m](Listener::Connection c) { m.OnConnection(std::move(c)); });
   if (Status s = m.listener->Start(); !s.ok()) return s.WithContext("NBD server");
   port_ = m.listener->tcp_port();
-  m.workers = std::make_unique<asio::thread_pool>(size_t(opts_.worker_threads));
   m.guard.emplace(m.io.get_executor());
   {
     std::lock_guard<std::mutex> lock(m.mu);
     m.started = true;
   }
-  for (int i = 0; i < opts_.io_threads; ++i) m.threads.emplace_back([&m] { m.io.run(); });
+  // One pool: a thread runs a connection's socket I/O and its device calls
+  // alike (nbd_server.h, "Request pipeline").
+  for (int i = 0; i < opts_.io_threads + opts_.worker_threads; ++i) m.threads.emplace_back([&m] { m.io.run(); });
   m.log->info("NBD server listening on {}{}{}{}",
               opts_.tcp.off() ? std::string() : HostPort{opts_.tcp.host, port_.load()}.ToString(),
               !opts_.tcp.off() && !opts_.unix_path.empty() ? " and " : "",
@@ -164,8 +165,7 @@ void NbdServer::Stop() {
   m.listener->Stop();  // no new connection from here on; the Unix socket file is removed
   for (auto& c : conns) c->Close("server stopping");
   conns.clear();
-  // Device calls already queued finish; their replies go nowhere.
-  m.workers->join();
+  // Device calls running finish; their replies go nowhere.
   m.guard.reset();
   for (auto& t : m.threads) t.join();
   m.threads.clear();

@@ -51,18 +51,25 @@
 //
 // Request pipeline of one connection:
 //
-//   socket --read header/payload--> [queue] --worker strand--> BlockDevice
-//      ^   (keeps reading while       |        (one request at a time,
-//      |    replies go out; pauses    |         in arrival order)
-//      |    above max_inflight_bytes) v
-//      +------ async_write <----- [reply queue, in completion order]
+//   socket --read header/payload--+--(small READ/WRITE, BLOCK_STATUS; device strand idle)--> BlockDevice
+//      ^   (keeps reading while   |                                                          |
+//      |    replies go out;       +--(the rest)--> device strand --> BlockDevice             |
+//      |    pauses above                           (one request at a time)                   |
+//      |    max_inflight_bytes)                                    |                          |
+//      +------ async_write <----- [reply queue] <-----------------+--------------------------+
 //
-// Requests of one connection reach the BlockDevice one at a time and in
-// the order they arrived; requests of different connections run in parallel
-// on the worker pool.
+// A small request runs on the socket's strand, on the thread that read it:
+// a hand-off to another thread and back costs two thread wake-ups, most of
+// the cost of a small read (docs/benchmarks.md, "Export reads without a
+// hand-off"). A large one runs on the connection's device strand so that the
+// socket strand reads the next request meanwhile. Requests of one connection
+// reach the BlockDevice one at a time and in the order they arrived; a small
+// one waits behind any request still on the device strand. Both strands run
+// on one pool of io_threads + worker_threads threads, so connections run in
+// parallel and a device call that blocks holds one thread.
 //
 // Thread safety: every public method of NbdServer is thread-safe. The server
-// runs its own io_context threads and worker threads between Start() and
+// runs its own pool of threads between Start() and
 // Stop(); the destructor calls Stop(). Every socket operation of one
 // connection (plain or TLS) runs on that connection's strand, so an
 // asio::ssl::stream never has more than one read and one write outstanding.
@@ -111,8 +118,11 @@ struct NbdServerOptions {
   // Unix socket path; empty disables it. An existing socket file at the path
   // is replaced; the file is removed by Stop().
   std::string unix_path;
-  int io_threads = 1;      // threads running socket I/O
-  int worker_threads = 2;  // threads calling BlockDevices
+  // The pool has io_threads + worker_threads threads, each running socket
+  // I/O and device calls; worker_threads is how many connections may be in a
+  // blocking device call while io_threads more still serve the others.
+  int io_threads = 1;
+  int worker_threads = 2;
   // Largest READ/WRITE length accepted (advertised as the maximum block
   // size); larger requests get EINVAL (a too-large WRITE payload is read and
   // discarded when <= max_skip_bytes, otherwise the connection is closed).

@@ -57,6 +57,9 @@ constexpr size_t kInputBufferSize = 128u << 10;
 constexpr uint64_t kMaxOptionSkip = 1u << 20;  // over-long options beyond this close the connection
 constexpr uint64_t kRequestOverhead = 4096;    // in-flight charge of a request without data
 constexpr size_t kMaxGather = 64;              // replies written by one gather write
+// A READ or WRITE up to this size runs on the socket's strand (nbd_server.h,
+// "Request pipeline"): docs/benchmarks.md, "Export reads without a hand-off".
+constexpr uint64_t kInlineMaxBytes = 256u << 10;
 
 }  // namespace nbd_detail
 
@@ -95,7 +98,7 @@ struct Reply {
 };
 
 // What a request runs against: the attached export and its device, and what
-// the connection negotiated. Worker strand only.
+// the connection negotiated. On the connection's strand only.
 struct RequestContext {
   ExportEntry& export_entry;
   BlockDevice& device;
@@ -174,7 +177,6 @@ struct NbdServer::Impl {
   std::shared_ptr<spdlog::logger> log;
   asio::io_context io;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
-  std::unique_ptr<asio::thread_pool> workers;
   std::vector<std::thread> threads;
   std::unique_ptr<Listener> listener;
 
