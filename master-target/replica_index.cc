@@ -11,11 +11,12 @@ namespace cdp::mt {
 
 namespace {
 
-// 2: the undo index is in the tables `undo*` (undo_index.h). An index of
-// version 1 is opened and filled to version 2 at open (UndoLog::RebuildIndex); a
-// binary that knows only version 1 refuses it then, rather than apply batches
-// without indexing their undo records.
-constexpr int kIndexFormatVersion = 2;
+// kIndexFormatVersion (replica_undo.h): 2 put the undo index in the tables
+// `undo*` (undo_index.h); 3 added its long-record summary. An index of
+// version 1 is opened and filled to the current version at open
+// (UndoLog::RebuildIndex), one of version 2 gets the column (MigrateIndex); a
+// binary that knows only an older version refuses it then, rather than apply
+// batches without indexing their undo records or summing them up.
 
 const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS volume(
@@ -98,6 +99,20 @@ Status CreateIndexSchema(sqlite::Db& db) {
   return db.Exec("ALTER TABLE points ADD COLUMN applied_us INTEGER NOT NULL DEFAULT 0");
 }
 
+Status ReplicaVolume::MigrateIndex() {
+  CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT format_version FROM volume WHERE id = 1"));
+  CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+  if (!row || st.ColumnInt64(0) != 2) return Status::OK();
+  CDP_RETURN_IF_ERROR(st.Reset());
+  // Version 2 -> 3: the undo index's long-record summary, and the version,
+  // in one transaction.
+  CDP_ASSIGN_OR_RETURN(auto tx, sqlite::Transaction::Begin(*db_));
+  CDP_RETURN_IF_ERROR(UndoIndex::AddLongSummary(db_.get()));
+  CDP_RETURN_IF_ERROR(db_->Exec("UPDATE volume SET format_version = " + std::to_string(kIndexFormatVersion) +
+                                " WHERE id = 1"));
+  return tx.Commit();
+}
+
 Status ReplicaVolume::CreateFiles(const VolumeIdentity& id) {
   if (!ValidName(id.name)) return Status::InvalidArgument("bad volume name");
   if (!std::has_single_bit(id.block_size) || id.block_size < 512 || id.block_size > (1u << 20))
@@ -144,7 +159,7 @@ Status ReplicaVolume::LoadIndex(UndoLog::Row* jrow) {
         " journal_offset, horizon_seq, state, rollback_to FROM volume WHERE id = 1"));
     CDP_ASSIGN_OR_RETURN(bool row, st.Step());
     if (!row) return Status::Corruption(o_.index_path + ": no volume row");
-    if (st.ColumnInt64(0) != kIndexFormatVersion && st.ColumnInt64(0) != 1)
+    if (st.ColumnInt64(0) != kIndexFormatVersion && st.ColumnInt64(0) != 1)  // 2: MigrateIndex
       return Status::Corruption(o_.index_path + ": unsupported index format " + std::to_string(st.ColumnInt64(0)));
     jrow->index_version = int(st.ColumnInt64(0));
     id_.name = st.ColumnText(1);

@@ -174,7 +174,8 @@ Status UndoLog::RebuildIndex() {
     }
     CDP_RETURN_IF_ERROR(undo_->Insert(chunk));
     CDP_RETURN_IF_ERROR(undo_->MarkBuilt());
-    CDP_RETURN_IF_ERROR(db_->Exec("UPDATE volume SET format_version = 2 WHERE id = 1"));
+    CDP_RETURN_IF_ERROR(db_->Exec("UPDATE volume SET format_version = " + std::to_string(kIndexFormatVersion) +
+                                  " WHERE id = 1"));
     Status s = tx.Commit();
     auto lk = LockIndexExclusive();
     if (!s.ok()) {
@@ -182,7 +183,7 @@ Status UndoLog::RebuildIndex() {
       return s;
     }
     undo_->Committed();
-    index_version_ = 2;
+    index_version_ = kIndexFormatVersion;
   }
   auto lk = LockIndexExclusive();
   seg_files_ = std::move(files);

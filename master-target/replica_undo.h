@@ -57,6 +57,10 @@
 
 namespace cdp::mt {
 
+// volume.format_version of the index this binary writes (docs/formats/
+// mt-index.md, "Version note"): 3 since the undo index's long-record summary.
+inline constexpr int kIndexFormatVersion = 3;
+
 class UndoLog {
  public:
   struct Options {

@@ -65,6 +65,7 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
     if (!create) return Status::NotFound("volume index " + o_.index_path + " holds no volume");
     CDP_RETURN_IF_ERROR(CreateFiles(*create));
   }
+  CDP_RETURN_IF_ERROR(MigrateIndex());
   UndoLog::Row row;
   CDP_RETURN_IF_ERROR(LoadIndex(&row));
   CDP_ASSIGN_OR_RETURN(store_, ReplicaStore::Open(o_.env, o_.dir, id_, o_.replica_direct_io,

@@ -335,6 +335,8 @@ class ReplicaVolume {
   explicit ReplicaVolume(VolumeOptions opts) : o_(std::move(opts)) {}
   Status Init(const VolumeIdentity* create);
   Status CreateFiles(const VolumeIdentity& id);
+  // An index of format 2 becomes 3 (UndoIndex::AddLongSummary), in one transaction.
+  Status MigrateIndex();
   // The volume row (identity, applied sequence; the journal's part in `row`),
   // the fence and the point catalogue.
   Status LoadIndex(UndoLog::Row* row);

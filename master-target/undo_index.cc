@@ -22,7 +22,8 @@ CREATE TABLE IF NOT EXISTS undo(
 CREATE INDEX IF NOT EXISTS undo_by_seq ON undo(seq);
 CREATE TABLE IF NOT EXISTS undo_regions(
   region INTEGER PRIMARY KEY,
-  max_seq INTEGER NOT NULL);
+  max_seq INTEGER NOT NULL,
+  long_max_seq INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS undo_meta(
   id INTEGER PRIMARY KEY CHECK (id = 1),
   region_shift INTEGER NOT NULL,
@@ -104,6 +105,7 @@ std::vector<ReadPiece> PaintPieces(uint64_t offset, uint64_t len, std::vector<Un
 UndoIndex::UndoIndex(sqlite::Db* db, std::unique_ptr<sqlite::Db> reader, uint64_t volume_size)
     : db_(db), region_shift_(RegionShift(volume_size)), reader_(std::move(reader)) {
   region_max_.assign(size_t((volume_size + (uint64_t(1) << region_shift_) - 1) >> region_shift_), 0);
+  region_long_max_.assign(region_max_.size(), 0);
 }
 
 Result<std::unique_ptr<UndoIndex>> UndoIndex::Open(sqlite::Db* db, const std::string& db_path,
@@ -118,6 +120,16 @@ Result<std::unique_ptr<UndoIndex>> UndoIndex::Open(sqlite::Db* db, const std::st
   CDP_RETURN_IF_ERROR(idx->LoadMeta());
   CDP_RETURN_IF_ERROR(idx->Prepare());
   return idx;
+}
+
+Status UndoIndex::AddLongSummary(sqlite::Db* db) {
+  CDP_ASSIGN_OR_RETURN(auto st,
+                       db->Prepare("SELECT COUNT(*) FROM pragma_table_info('undo_regions') WHERE name = 'long_max_seq'"));
+  CDP_ASSIGN_OR_RETURN(bool row, st.Step());
+  if (row && st.ColumnInt64(0) == 1) return Status::OK();
+  return db->Exec(
+      "ALTER TABLE undo_regions ADD COLUMN long_max_seq INTEGER NOT NULL DEFAULT 0;"
+      "UPDATE undo_regions SET long_max_seq = max_seq;");
 }
 
 Status UndoIndex::LoadMeta() {
@@ -138,13 +150,14 @@ Status UndoIndex::LoadMeta() {
     max_len_ = uint32_t(st.ColumnInt64(2));
     built_ = st.ColumnInt64(3) != 0;
   }
-  CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT region, max_seq FROM undo_regions"));
+  CDP_ASSIGN_OR_RETURN(auto st, db_->Prepare("SELECT region, max_seq, long_max_seq FROM undo_regions"));
   for (;;) {
     CDP_ASSIGN_OR_RETURN(bool row, st.Step());
     if (!row) break;
     uint64_t r = uint64_t(st.ColumnInt64(0));
     if (r >= region_max_.size()) return Status::Corruption(db_->path() + ": undo summary region past the volume");
     region_max_[r] = uint64_t(st.ColumnInt64(1));
+    region_long_max_[r] = uint64_t(st.ColumnInt64(2));
   }
   return Status::OK();
 }
@@ -153,8 +166,9 @@ Status UndoIndex::Prepare() {
   CDP_ASSIGN_OR_RETURN(auto ins, db_->Prepare(std::string("INSERT INTO undo(") + kColumns +
                                               ") VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"));
   insert_.emplace(std::move(ins));
-  CDP_ASSIGN_OR_RETURN(auto reg, db_->Prepare("INSERT INTO undo_regions VALUES(?1, ?2) ON CONFLICT(region) DO "
-                                              "UPDATE SET max_seq = MAX(max_seq, excluded.max_seq)"));
+  CDP_ASSIGN_OR_RETURN(auto reg, db_->Prepare("INSERT INTO undo_regions VALUES(?1, ?2, ?3) ON CONFLICT(region) DO "
+                                              "UPDATE SET max_seq = MAX(max_seq, excluded.max_seq), "
+                                              "long_max_seq = MAX(long_max_seq, excluded.long_max_seq)"));
   upsert_region_.emplace(std::move(reg));
   CDP_ASSIGN_OR_RETURN(auto up_to, db_->Prepare("DELETE FROM undo WHERE seq <= ?1"));
   remove_up_to_.emplace(std::move(up_to));
@@ -179,7 +193,7 @@ void UndoIndex::Stage(const UndoEntry& e) { staged_.push_back(e); }
 Status UndoIndex::Insert(std::span<const UndoEntry> entries) {
   if (entries.empty()) return Status::OK();
   uint32_t max_len = 0;
-  std::vector<std::pair<uint64_t, uint64_t>> regions;  // (region, max seq), sorted by region after the loop
+  std::vector<RegionMax> regions;  // one per record, sorted by region after the loop
   // In key order, so that the records of a batch that share a page of `undo`
   // change it in one run: in journal order, records at scattered offsets
   // each took a page that the small writer cache (kIndexCacheKiB) had
@@ -197,16 +211,20 @@ Status UndoIndex::Insert(std::span<const UndoEntry> entries) {
                                          e.file_offset, int64_t(e.crc), e.time_us));
     CDP_RETURN_IF_ERROR(insert_->Run());
     max_len = std::max(max_len, e.length);
-    regions.emplace_back(e.offset >> region_shift_, e.seq);
+    regions.push_back(RegionMax{e.offset >> region_shift_, e.seq, e.length > kShortRecordBytes ? e.seq : 0});
   }
-  std::sort(regions.begin(), regions.end());
-  for (size_t i = 0; i < regions.size(); ++i) {
-    // The last of each region's run has its highest seq.
-    if (i + 1 < regions.size() && regions[i + 1].first == regions[i].first) continue;
+  std::sort(regions.begin(), regions.end(),
+            [](const RegionMax& a, const RegionMax& b) { return a.region < b.region; });
+  for (size_t i = 0; i < regions.size();) {
+    RegionMax m = regions[i];
+    for (++i; i < regions.size() && regions[i].region == m.region; ++i) {
+      m.max_seq = std::max(m.max_seq, regions[i].max_seq);
+      m.long_max_seq = std::max(m.long_max_seq, regions[i].long_max_seq);
+    }
     CDP_RETURN_IF_ERROR(upsert_region_->Reset());
-    CDP_RETURN_IF_ERROR(upsert_region_->BindAll(regions[i].first, regions[i].second));
+    CDP_RETURN_IF_ERROR(upsert_region_->BindAll(m.region, m.max_seq, m.long_max_seq));
     CDP_RETURN_IF_ERROR(upsert_region_->Run());
-    pending_regions_.push_back(regions[i]);
+    pending_regions_.push_back(m);
   }
   CDP_RETURN_IF_ERROR(update_meta_->Reset());
   CDP_RETURN_IF_ERROR(update_meta_->BindAll(int64_t(entries.size()), int64_t(max_len)));
@@ -254,10 +272,14 @@ void UndoIndex::Committed() {
     max_len_ = 0;
     built_ = false;
     std::fill(region_max_.begin(), region_max_.end(), 0);
+    std::fill(region_long_max_.begin(), region_long_max_.end(), 0);
   }
   count_ = uint64_t(int64_t(count_) + pending_count_);
   max_len_ = std::max(max_len_, pending_max_len_);
-  for (auto [r, seq] : pending_regions_) region_max_[r] = std::max(region_max_[r], seq);
+  for (const RegionMax& m : pending_regions_) {
+    region_max_[m.region] = std::max(region_max_[m.region], m.max_seq);
+    region_long_max_[m.region] = std::max(region_long_max_[m.region], m.long_max_seq);
+  }
   built_ = built_ || pending_built_;
   staged_.clear();
   Discarded();
@@ -273,6 +295,7 @@ void UndoIndex::Discarded() {
 }
 
 Result<bool> UndoIndex::Seek(uint64_t offset, uint64_t seq, UndoEntry* out) const {
+  seeks_++;
   CDP_RETURN_IF_ERROR(seek_->Reset());
   CDP_RETURN_IF_ERROR(seek_->BindAll(offset, seq));
   CDP_ASSIGN_OR_RETURN(bool row, seek_->Step());
@@ -308,11 +331,17 @@ Result<std::vector<ReadPiece>> UndoIndex::Lookup(uint64_t point, uint64_t offset
       }
     } end_read{this, &in_txn};
     uint64_t cur = offset >= max_len_ - 1 ? offset - (max_len_ - 1) : 0;
+    // A record of at most kShortRecordBytes that starts before `near` ends
+    // before `offset`: there only the long records' summary counts.
+    const uint64_t near = offset >= kShortRecordBytes - 1 ? offset - (kShortRecordBytes - 1) : 0;
     while (cur < end) {
       const uint64_t region = cur >> region_shift_;
       if (region >= region_max_.size()) break;
-      if (region_max_[region] <= point) {  // nothing newer than the point starts here
-        cur = (region + 1) << region_shift_;
+      const bool far = cur < near;
+      if ((far ? region_long_max_[region] : region_max_[region]) <= point) {
+        // Nothing newer than the point that can reach the read starts here.
+        const uint64_t next = (region + 1) << region_shift_;
+        cur = far ? std::min(next, near) : next;
         continue;
       }
       if (!in_txn) {

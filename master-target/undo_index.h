@@ -7,7 +7,7 @@
 //
 // Memory does not grow with the journal: the records live in the volume's
 // index database (tables `undo`, `undo_regions`, `undo_meta`); memory holds
-// a summary of at most kMaxRegions regions (8 bytes each), the lookup
+// a summary of at most kMaxRegions regions (16 bytes each), the lookup
 // connection's page cache (kReaderCacheKiB) and the records of the batch
 // being applied.
 //
@@ -27,9 +27,14 @@
 // record with seq > P and walks on only while later records there reach
 // further (records of equal length at one offset, the common case of a hot
 // block, cost one seek). The summary keeps, per region of the volume, the
-// highest seq of any record starting in it; a region whose highest seq is
-// <= P is skipped without a seek (an over-estimate after retention or a
-// rollback costs seeks, never a wrong answer).
+// highest seq of any record starting in it, and the highest seq of a record
+// longer than kShortRecordBytes starting in it; a region whose highest seq is
+// <= P is skipped without a seek. Short records (the common 4-64 KiB write)
+// can reach a read only from kShortRecordBytes before it, so further back a
+// region is sought only if its long records are newer than P: the old bulk
+// copy that made max_length() large no longer makes every small rewrite in
+// the window a seek. An over-estimate (after retention or a rollback, or an
+// index from before the long summary) costs seeks, never a wrong answer.
 //
 // Thread safety: the owner (ReplicaVolume) guards it with a shared_mutex —
 // Lookup/EntriesBetween/size under the shared lock; Stage/Committed/Discarded
@@ -86,6 +91,11 @@ class UndoIndex {
   static constexpr uint64_t kMaxRegions = 32 * 1024;  // summary entries per volume (256 KiB)
   static constexpr int kReaderCacheKiB = 256;         // the lookup connection's page cache
   static constexpr uint64_t kMinRegionBytes = 1u << 20;
+  // Records up to this long are short: a lookup looks for them only from
+  // kShortRecordBytes - 1 before the read. Further back, up to max_length(),
+  // only the regions whose long records (the second summary) are newer than
+  // the point are sought.
+  static constexpr uint64_t kShortRecordBytes = 64u << 10;
 
   // Creates the tables in `db` (the volume's index database, the writer's
   // connection) if missing, loads the summary, and opens `db_path` again
@@ -94,6 +104,11 @@ class UndoIndex {
                                                  const std::string& vfs = "");
   UndoIndex(const UndoIndex&) = delete;
   UndoIndex& operator=(const UndoIndex&) = delete;
+
+  // Index format 2 -> 3, inside the caller's transaction on `db`: adds
+  // undo_regions.long_max_seq, filled with each region's max_seq (an
+  // over-estimate: correct, just not pruned). Does nothing if it is there.
+  static Status AddLongSummary(sqlite::Db* db);
 
   // False for an index made before the undo tables existed: the owner fills
   // it from the journal (Insert), then MarkBuilt, in one transaction.
@@ -126,6 +141,8 @@ class UndoIndex {
   // most one per Lookup (all its seeks read one snapshot), none for a lookup
   // the summary answers alone.
   uint64_t lookup_transactions() const { return lookup_txns_.load(); }
+  // Index seeks made by Lookup since Open (each a B-tree descent of `undo`).
+  uint64_t seeks() const { return seeks_.load(); }
 
  private:
   UndoIndex(sqlite::Db* db, std::unique_ptr<sqlite::Db> reader, uint64_t volume_size);
@@ -138,7 +155,8 @@ class UndoIndex {
 
   sqlite::Db* db_;
   int region_shift_ = 20;
-  std::vector<uint64_t> region_max_;  // highest seq of a record starting in each region
+  std::vector<uint64_t> region_max_;       // highest seq of a record starting in each region
+  std::vector<uint64_t> region_long_max_;  // the same, of records longer than kShortRecordBytes
   uint64_t count_ = 0;
   uint32_t max_len_ = 0;
   bool built_ = false;
@@ -147,7 +165,10 @@ class UndoIndex {
   // Changes written in the open transaction, applied by Committed().
   int64_t pending_count_ = 0;
   uint32_t pending_max_len_ = 0;
-  std::vector<std::pair<uint64_t, uint64_t>> pending_regions_;  // (region, max seq)
+  struct RegionMax {
+    uint64_t region = 0, max_seq = 0, long_max_seq = 0;
+  };
+  std::vector<RegionMax> pending_regions_;
   bool pending_built_ = false;
   bool pending_clear_ = false;
 
@@ -159,6 +180,7 @@ class UndoIndex {
   std::unique_ptr<sqlite::Db> reader_;
   mutable std::optional<sqlite::Statement> seek_, begin_read_, end_read_;
   mutable std::atomic<uint64_t> lookup_txns_{0};
+  mutable std::atomic<uint64_t> seeks_{0};
 };
 
 }  // namespace cdp::mt

@@ -208,7 +208,32 @@ TEST_CASE("randomized apply: every point read through an export and rolled back 
     auto st = (*db)->Prepare("SELECT format_version FROM volume");
     REQUIRE(st.ok());
     REQUIRE(*st->Step());
-    CHECK(st->ColumnInt64(0) == 2);
+    CHECK(st->ColumnInt64(0) == kIndexFormatVersion);
+  }
+
+  // An index of version 2 (before the undo index's long-record summary) gets
+  // the column, filled from max_seq, and version 3 at open; it reads the same.
+  v->reset();
+  {
+    auto db = sqlite::Db::Open(tmp.path() + "/index.db");
+    REQUIRE(db.ok());
+    REQUIRE((*db)->Exec("ALTER TABLE undo_regions DROP COLUMN long_max_seq; "
+                        "UPDATE volume SET format_version = 2").ok());
+  }
+  v = ReplicaVolume::Open(Opts(env.get(), &clock, tmp.path() + "/index.db"), nullptr);
+  REQUIRE(v.ok());
+  for (const auto& p : points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
+  {
+    auto db = sqlite::Db::Open(tmp.path() + "/index.db");
+    REQUIRE(db.ok());
+    auto st = (*db)->Prepare("SELECT format_version FROM volume");
+    REQUIRE(st.ok());
+    REQUIRE(*st->Step());
+    CHECK(st->ColumnInt64(0) == 3);
+    auto same = (*db)->Prepare("SELECT COUNT(*) FROM undo_regions WHERE long_max_seq != max_seq");
+    REQUIRE(same.ok());
+    REQUIRE(*same->Step());
+    CHECK(same->ColumnInt64(0) == 0);
   }
 
   // Roll back to points, newest to oldest: the replica file equals the reference.
