@@ -45,6 +45,33 @@ boost::json::value Libnbd(const std::vector<std::string>& args) {
   return v;
 }
 
+// Writes through the tap 1 MiB of 0x5a at 8 MiB and 64 KiB of 0x6b at
+// 20 MiB; the rest of the (sparse) volume file stays a hole.
+void WriteLayout(Cluster& c) {
+  auto w = RunCommand({"qemu-io", "-f", "raw", "-c", "write -P 0x5a 8M 1M", "-c", "write -P 0x6b 20M 64k", "-c",
+                       "flush", c.nbd_uri()},
+                      30000);
+  INFO(w.output);
+  REQUIRE(w.exit_code == 0);
+}
+
+// Tags `tag`, waits until the master target has it, and exports that point:
+// the export's nbds:// URI (TLS, the tenant's certificate).
+std::string ExportTag(Cluster& c, const std::string& tag) {
+  auto t = c.Cdpctl({"tag", tag});
+  INFO(t.output);
+  REQUIRE(t.exit_code == 0);
+  REQUIRE(c.WaitDrained());
+  const int64_t id = c.TagPointId(tag);
+  REQUIRE(id >= 0);
+  auto e = c.CdpctlJson({"export", c.options().volume + "@" + std::to_string(id)});
+  INFO(c.why());
+  REQUIRE(e.has_value());
+  const std::string uri = c.mt_export_uri(std::string(e->at("export").as_string()));
+  REQUIRE(uri.rfind("nbds://", 0) == 0);
+  return uri;
+}
+
 }  // namespace
 
 TEST_CASE("block status: libnbd sees the tap's and a TLS point-in-time export's holes and data as the image has "
@@ -58,11 +85,7 @@ TEST_CASE("block status: libnbd sees the tap's and a TLS point-in-time export's 
   INFO(c.why());
   REQUIRE(c.Start());
   const uint64_t size = c.options().volume_size;
-  auto w = RunCommand({"qemu-io", "-f", "raw", "-c", "write -P 0x5a 8M 1M", "-c", "write -P 0x6b 20M 64k", "-c",
-                       "flush", c.nbd_uri()},
-                      30000);
-  INFO(w.output);
-  REQUIRE(w.exit_code == 0);
+  WriteLayout(c);
   // NBD_STATE_HOLE | NBD_STATE_ZERO = 3, data = 0.
   const boost::json::value want = boost::json::parse(
       "[[0, 8388608, 3], [8388608, 1048576, 0], [9437184, 11534336, 3], [20971520, 65536, 0], [21037056, " +
@@ -71,17 +94,7 @@ TEST_CASE("block status: libnbd sees the tap's and a TLS point-in-time export's 
   CHECK(tap.at("size").to_number<uint64_t>() == size);
   CHECK(boost::json::serialize(tap.at("extents")) == boost::json::serialize(want));
 
-  auto t = c.Cdpctl({"tag", "lib"});
-  INFO(t.output);
-  REQUIRE(t.exit_code == 0);
-  REQUIRE(c.WaitDrained());
-  const int64_t id = c.TagPointId("lib");
-  REQUIRE(id >= 0);
-  auto e = c.CdpctlJson({"export", c.options().volume + "@" + std::to_string(id)});
-  INFO(c.why());
-  REQUIRE(e.has_value());
-  const std::string uri = c.mt_export_uri(std::string(e->at("export").as_string()));
-  REQUIRE(uri.rfind("nbds://", 0) == 0);
+  const std::string uri = ExportTag(c, "lib");
   auto pit = Libnbd({"extents", uri});
   CHECK(boost::json::serialize(pit.at("extents")) == boost::json::serialize(want));
 
@@ -115,13 +128,7 @@ TEST_CASE("block status: the tap and the point-in-time export over TLS map the s
   INFO(c.why());
   REQUIRE(c.Start());
   const uint64_t size = c.options().volume_size;
-  // 1 MiB at 8 MiB and 64 KiB at 20 MiB through the tap; the rest of the
-  // (sparse) volume file stays a hole.
-  auto w = RunCommand({"qemu-io", "-f", "raw", "-c", "write -P 0x5a 8M 1M", "-c", "write -P 0x6b 20M 64k", "-c",
-                       "flush", c.nbd_uri()},
-                      30000);
-  INFO(w.output);
-  REQUIRE(w.exit_code == 0);
+  WriteLayout(c);
   const std::vector<MapEntry> want = {{0, 8 << 20, 3},
                                       {8 << 20, 1 << 20, 0},
                                       {9 << 20, 11 << 20, 3},
@@ -129,17 +136,7 @@ TEST_CASE("block status: the tap and the point-in-time export over TLS map the s
                                       {(20 << 20) + (64 << 10), size - (20 << 20) - (64 << 10), 3}};
   CHECK(NbdMap(c.nbd_uri()) == want);
 
-  auto t = c.Cdpctl({"tag", "bs"});
-  INFO(t.output);
-  REQUIRE(t.exit_code == 0);
-  REQUIRE(c.WaitDrained());
-  const int64_t id = c.TagPointId("bs");
-  REQUIRE(id >= 0);
-  auto e = c.CdpctlJson({"export", c.options().volume + "@" + std::to_string(id)});
-  INFO(c.why());
-  REQUIRE(e.has_value());
-  const std::string uri = c.mt_export_uri(std::string(e->at("export").as_string()));
-  CHECK(uri.rfind("nbds://", 0) == 0);
+  const std::string uri = ExportTag(c, "bs");
   CHECK(NbdMap(uri) == want);
 
   const std::string out = c.Path("restored.img");

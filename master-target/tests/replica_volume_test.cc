@@ -190,51 +190,36 @@ TEST_CASE("randomized apply: every point read through an export and rolled back 
   REQUIRE((*v)->GetStatus().undo_records == undo_records);
   for (const auto& p : points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
 
-  // An index made before the undo tables existed is filled from the journal at open.
-  v->reset();
-  {
-    auto db = sqlite::Db::Open(tmp.path() + "/index.db");
+  // An older index, changed by `sql` while the volume is closed, opens and
+  // reads every point as before; the first integer `check` selects, after.
+  const std::string index = tmp.path() + "/index.db";
+  auto reopen_older = [&](const std::string& sql, const std::string& check) {
+    v->reset();
+    {
+      auto db = sqlite::Db::Open(index);
+      REQUIRE(db.ok());
+      REQUIRE((*db)->Exec(sql).ok());
+    }
+    v = ReplicaVolume::Open(Opts(env.get(), &clock, index), nullptr);
+    REQUIRE(v.ok());
+    REQUIRE((*v)->GetStatus().undo_records == undo_records);
+    for (const auto& p : points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
+    auto db = sqlite::Db::Open(index);
     REQUIRE(db.ok());
-    REQUIRE((*db)->Exec("DROP TABLE undo; DROP TABLE undo_regions; DROP TABLE undo_meta; "
-                        "UPDATE volume SET format_version = 1").ok());
-  }
-  v = ReplicaVolume::Open(Opts(env.get(), &clock, tmp.path() + "/index.db"), nullptr);
-  REQUIRE(v.ok());
-  REQUIRE((*v)->GetStatus().undo_records == undo_records);
-  for (const auto& p : points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
-  {
-    auto db = sqlite::Db::Open(tmp.path() + "/index.db");
-    REQUIRE(db.ok());
-    auto st = (*db)->Prepare("SELECT format_version FROM volume");
+    auto st = (*db)->Prepare(check);
     REQUIRE(st.ok());
     REQUIRE(*st->Step());
-    CHECK(st->ColumnInt64(0) == kIndexFormatVersion);
-  }
-
-  // An index of version 2 (before the undo index's long-record summary) gets
-  // the column, filled from max_seq, and version 3 at open; it reads the same.
-  v->reset();
-  {
-    auto db = sqlite::Db::Open(tmp.path() + "/index.db");
-    REQUIRE(db.ok());
-    REQUIRE((*db)->Exec("ALTER TABLE undo_regions DROP COLUMN long_max_seq; "
-                        "UPDATE volume SET format_version = 2").ok());
-  }
-  v = ReplicaVolume::Open(Opts(env.get(), &clock, tmp.path() + "/index.db"), nullptr);
-  REQUIRE(v.ok());
-  for (const auto& p : points) REQUIRE(ReadImage(**v, p.seq) == gen.ImageAt(p.seq));
-  {
-    auto db = sqlite::Db::Open(tmp.path() + "/index.db");
-    REQUIRE(db.ok());
-    auto st = (*db)->Prepare("SELECT format_version FROM volume");
-    REQUIRE(st.ok());
-    REQUIRE(*st->Step());
-    CHECK(st->ColumnInt64(0) == 3);
-    auto same = (*db)->Prepare("SELECT COUNT(*) FROM undo_regions WHERE long_max_seq != max_seq");
-    REQUIRE(same.ok());
-    REQUIRE(*same->Step());
-    CHECK(same->ColumnInt64(0) == 0);
-  }
+    return st->ColumnInt64(0);
+  };
+  // Version 1, made before the undo tables: filled from the journal at open.
+  CHECK(reopen_older("DROP TABLE undo; DROP TABLE undo_regions; DROP TABLE undo_meta; "
+                     "UPDATE volume SET format_version = 1",
+                     "SELECT format_version FROM volume") == kIndexFormatVersion);
+  // Version 2, before the undo index's long-record summary: the column,
+  // filled from max_seq, and version 3.
+  CHECK(reopen_older("ALTER TABLE undo_regions DROP COLUMN long_max_seq; UPDATE volume SET format_version = 2",
+                     "SELECT format_version FROM volume") == 3);
+  CHECK(reopen_older("", "SELECT COUNT(*) FROM undo_regions WHERE long_max_seq != max_seq") == 0);
 
   // Roll back to points, newest to oldest: the replica file equals the reference.
   // (Seven sequences undone at a time: rollbacks span several windows.)
