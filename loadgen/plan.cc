@@ -117,6 +117,8 @@ Result<PlanReport> MakePlan(const Profile& p, const PlanOptions& o) {
   if (!(o.growth >= 0)) return Status::InvalidArgument("growth must be >= 0");
   if (!(o.outage_hours >= 0) || !(o.retention_s >= 0)) return Status::InvalidArgument("outage and retention must be >= 0");
   if (o.link_bytes_per_s && !(*o.link_bytes_per_s > 0)) return Status::InvalidArgument("link must be > 0");
+  for (double u : o.curve)
+    if (!(u > 0 && u <= 1)) return Status::InvalidArgument("curve utilisations must be in (0, 1]");
   PlanReport r;
   r.opts = o;
   r.stats = ComputeStats(p);
@@ -129,6 +131,19 @@ Result<PlanReport> MakePlan(const Profile& p, const PlanOptions& o) {
     row.bw_90 = RequiredBandwidth(p, factor, rpo, 90);
     row.bw_pct = RequiredBandwidth(p, factor, rpo, o.percentile);
     r.rows.push_back(row);
+  }
+  if (r.avg_shipped > 0) {
+    const auto w = Weights(p);
+    for (double u : o.curve) {
+      CurveRow c;
+      c.utilisation = u;
+      c.link_bytes_per_s = r.avg_shipped / u;
+      const auto lag = SimulateLag(p, factor, c.link_bytes_per_s);
+      c.lag_p50 = WeightedPercentile(lag, w, 50);
+      c.lag_p99 = WeightedPercentile(lag, w, 99);
+      c.lag_max = *std::max_element(lag.begin(), lag.end());
+      r.curve.push_back(c);
+    }
   }
   if (o.link_bytes_per_s) {
     r.have_link = true;
@@ -221,6 +236,16 @@ std::string RenderPlanMarkdown(const PlanReport& r) {
     m += "| " + RpoName(row.rpo_s) + " | " + FormatMbit(row.bw_100) + " | " + FormatMbit(row.bw_90) + " | " +
          FormatMbit(row.bw_pct) + " |\n";
   m += "\n";
+  if (!r.curve.empty()) {
+    m += "## RPO against link utilisation\n\n";
+    m += "The link as a share of the average shipped rate, and the lag the queue model gives there (a floor: "
+         "the model does not see the link's round trips or batching; docs/loadgen.md).\n\n";
+    m += "| utilisation | link | lag p50 | lag p99 | worst lag |\n|---:|---:|---:|---:|---:|\n";
+    for (const CurveRow& c : r.curve)
+      m += "| " + Pct(c.utilisation * 100) + " | " + FormatMbit(c.link_bytes_per_s) + " | " + FormatSeconds(c.lag_p50) +
+           " | " + FormatSeconds(c.lag_p99) + " | " + FormatSeconds(c.lag_max) + " |\n";
+    m += "\n";
+  }
   if (r.have_link) {
     m += "## RPO achievable on a " + FormatMbit(*o.link_bytes_per_s) + " link\n\n";
     m += "| lag | value |\n|---|---:|\n";
@@ -254,6 +279,10 @@ boost::json::value RenderPlanJson(const PlanReport& r) {
   for (const auto& row : r.rows)
     rows.push_back(json::object{{"rpo_s", row.rpo_s}, {"bw_100_bps", row.bw_100 * 8}, {"bw_90_bps", row.bw_90 * 8},
                                 {"bw_pct_bps", row.bw_pct * 8}});
+  json::array curve;
+  for (const CurveRow& c : r.curve)
+    curve.push_back(json::object{{"utilisation", c.utilisation}, {"link_bps", c.link_bytes_per_s * 8},
+                                 {"lag_p50_s", c.lag_p50}, {"lag_p99_s", c.lag_p99}, {"lag_max_s", c.lag_max}});
   json::object out{{"version", 1},
                    {"compression", o.compression},
                    {"compression_source", o.compression_source},
@@ -262,6 +291,7 @@ boost::json::value RenderPlanJson(const PlanReport& r) {
                    {"churn", stats},
                    {"avg_shipped_bps", r.avg_shipped * 8},
                    {"rpo", rows},
+                   {"rpo_curve", curve},
                    {"ps_cache", json::object{{"outage_hours", o.outage_hours}, {"bytes", r.ps_cache_bytes},
                                              {"extrapolated", r.ps_cache_extrapolated},
                                              {"drain_s", r.ps_drain_s}}},

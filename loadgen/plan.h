@@ -17,6 +17,11 @@
 //   Required bandwidth: the smallest B meeting it, by bisection (lag is
 //   non-increasing in B) between 0 and max_i W'_i/(c d_i), to 1e-9 relative.
 //   Achievable RPO at a link B: the lag percentiles at that B.
+//   RPO curve: for each utilisation u in PlanOptions::curve, the link
+//   B = avg shipped / u and the lag percentiles (p50, p99, max) there. The
+//   model is a fluid queue: it sees only churn above the link within an
+//   interval, not the link's RTT, batching or the pipeline's own limits, so
+//   it is a floor that rpo_bench.sh measures against (docs/loadgen.md).
 //   PS cache for an outage of H hours: the largest sum of W' over any H-hour
 //   window (the spool keeps uncompressed records); if the profile is shorter
 //   than H, total W' x H / duration (extrapolated; flagged).
@@ -74,6 +79,16 @@ struct PlanOptions {
   double percentile = 95;                   // an extra "met p% of the time" column
   double outage_hours = 4;
   double retention_s = 86400;
+  // Utilisations (0 < u <= 1) of the RPO curve: link = average shipped / u.
+  std::vector<double> curve = {0.5, 0.6, 0.7, 0.8, 0.9, 0.95};
+};
+
+// One point of the RPO curve: a link at utilisation `utilisation` of the
+// average shipped rate, and the lag percentiles the queue model gives there.
+struct CurveRow {
+  double utilisation = 0;
+  double link_bytes_per_s = 0;
+  double lag_p50 = 0, lag_p99 = 0, lag_max = 0;  // seconds
 };
 
 struct RpoRow {
@@ -86,6 +101,7 @@ struct PlanReport {
   PlanOptions opts;
   double avg_shipped = 0;  // avg x (1+growth) / c, bytes/s: the floor of any link
   std::vector<RpoRow> rows;
+  std::vector<CurveRow> curve;  // empty when the average shipped rate is 0
   // At the given link:
   bool have_link = false;
   double link_lag_max = 0, link_lag_90 = 0, link_lag_pct = 0, link_final_backlog = 0;
@@ -98,7 +114,8 @@ struct PlanReport {
 };
 
 // Failure: kInvalidArgument (compression < 1, no RPO, percentile outside (0,100],
-// growth < 0, empty profile, zero total duration).
+// growth < 0, a curve utilisation outside (0, 1], empty profile, zero total
+// duration).
 Result<PlanReport> MakePlan(const Profile& p, const PlanOptions& o);
 std::string RenderPlanMarkdown(const PlanReport& r);
 boost::json::value RenderPlanJson(const PlanReport& r);

@@ -166,6 +166,39 @@ TEST_CASE("MakePlan: link RPO, PS cache, drain time, journal - Markdown and JSON
   CHECK(RenderPlanMarkdown(*r).find("backlog grows without bound") != std::string::npos);
 }
 
+TEST_CASE("MakePlan: the RPO curve against link utilisation, by hand, in Markdown and JSON", "[plan]") {
+  Profile p = Burst();  // 200000 B/s on average
+  PlanOptions o;
+  o.curve = {0.5, 0.8};
+  auto r = MakePlan(p, o);
+  REQUIRE(r.ok());
+  REQUIRE(r->curve.size() == 2);
+  // u = 0.5: B = 400000 B/s, lag_k = (120e6 - 24e6 k) / 4e5 = 240, 180, 120, 60, then 0.
+  CHECK(r->curve[0].link_bytes_per_s == Approx(400000));
+  CHECK(r->curve[0].lag_p50 == 0);  // six of ten intervals have no lag
+  CHECK(r->curve[0].lag_p99 == Approx(240));
+  CHECK(r->curve[0].lag_max == Approx(240));
+  // u = 0.8: B = 250000 B/s, lag_k = 480 - 60 k until 0: 420, 360, ..., 60, 0, 0, 0.
+  CHECK(r->curve[1].link_bytes_per_s == Approx(250000));
+  CHECK(r->curve[1].lag_p50 == Approx(120));  // the fifth smallest of 0, 0, 0, 60, 120, ...
+  CHECK(r->curve[1].lag_p99 == Approx(420));
+  CHECK(r->curve[1].lag_max == Approx(420));
+  const std::string md = RenderPlanMarkdown(*r);
+  CHECK(md.find("| 50% | 3.20 Mbit/s | 0.0 s | 4.0 min | 4.0 min |") != std::string::npos);
+  CHECK(md.find("| 80% | 2.00 Mbit/s | 2.0 min | 7.0 min | 7.0 min |") != std::string::npos);
+  auto j = RenderPlanJson(*r).as_object();
+  const auto& c = j.at("rpo_curve").as_array();
+  REQUIRE(c.size() == 2);
+  CHECK(c[1].as_object().at("link_bps").to_number<double>() == Approx(2e6));
+  CHECK(c[1].as_object().at("lag_p99_s").to_number<double>() == Approx(420));
+  // An idle profile has no curve (no rate to be a share of).
+  Profile idle;
+  idle.samples.push_back({0, 0, 60});
+  r = MakePlan(idle, o);
+  REQUIRE(r.ok());
+  CHECK(r->curve.empty());
+}
+
 TEST_CASE("MakePlan rejects bad options", "[plan]") {
   Profile p = Burst();
   PlanOptions o;
@@ -176,6 +209,11 @@ TEST_CASE("MakePlan rejects bad options", "[plan]") {
   CHECK(MakePlan(p, o).status().code() == Code::kInvalidArgument);
   o = PlanOptions();
   o.percentile = 0;
+  CHECK(MakePlan(p, o).status().code() == Code::kInvalidArgument);
+  o = PlanOptions();
+  o.curve = {0.5, 1.5};
+  CHECK(MakePlan(p, o).status().code() == Code::kInvalidArgument);
+  o.curve = {0};
   CHECK(MakePlan(p, o).status().code() == Code::kInvalidArgument);
   CHECK(MakePlan(Profile(), PlanOptions()).status().code() == Code::kInvalidArgument);
 }
