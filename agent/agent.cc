@@ -17,6 +17,7 @@
 #include "common/crypto/seal.h"
 #include "common/env/subprocess.h"
 #include "common/wire/hash.h"
+#include "common/wire/stage_metrics.h"
 
 namespace cdp::agent {
 
@@ -165,6 +166,13 @@ Status Agent::StartParts() {
     }
   }
   for (size_t i = 0; i < devices_.size(); ++i) RegisterMetrics(i);
+  // The stage costs per link to the PS (a shared link carries several volumes).
+  std::vector<const repl::ReplicationSender*> shipping;
+  for (const auto& s : senders_)
+    if (std::find(shipping.begin(), shipping.end(), s->link()) == shipping.end()) shipping.push_back(s->link());
+  for (size_t l = 0; l < shipping.size(); ++l)
+    repl::RegisterShipStages(registry_, "cdp_agent", [link = shipping[l]] { return link->Stats().stages; },
+                             metrics::Labels{{"link", std::to_string(l)}});
   metrics::RegisterProcessMetrics(registry_, opts_.env, opts_.clock);
   if (!opts_.control.off()) {
     http::ServerOptions ho;

@@ -173,6 +173,8 @@ class Sender final : private repl::RecordSource {
                  std::shared_ptr<repl::CallBytes> bytes);
   // ReplicationSender::WaitConnected of the link.
   bool WaitConnected(std::chrono::milliseconds timeout) { return link_->WaitConnected(timeout); }
+  // The link this volume ships on (its own, or one shared with other volumes).
+  const repl::ReplicationSender* link() const { return link_; }
 
  private:
   // repl::RecordSource over the capture queue.

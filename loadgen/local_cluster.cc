@@ -149,6 +149,10 @@ Status LocalCluster::MakeCertificates() {
     // Every daemon serves HTTPS on its control port: clients that check the
     // host name (curl, Chromium) reach it on loopback.
     if (c.role != pki::CertRole::kMasterTarget) io.hosts = {"localhost", "127.0.0.1", "::1"};
+    // An MT in another network namespace (--mt-host) is reached there: its
+    // certificate names that address too, beside pki's defaults for an MT.
+    if (c.role == pki::CertRole::kMasterTarget && mt_host() != "127.0.0.1" && mt_host() != o_.host)
+      io.hosts = {"localhost", "127.0.0.1", "::1", c.name, mt_host()};
     CDP_RETURN_IF_ERROR(pki::Issue(dir, io, key, dir + "/" + c.file + ".crt"));
   }
   pki::Identity nbd_client;

@@ -18,6 +18,9 @@
 #        returns once every daemon answers /status (or fails after 120 s)
 #   wan_down  stops the daemons, removes the emulator and WAN_DIR (EXIT trap)
 #   ps_metric NAME   sum of a process-server metric   agent_metric NAME   the agent's
+#   wan_snap PREFIX  the PS's, MT's and agent's /metrics into PREFIX.ps, .mt, .agent
+#   prom_sum FILE NAME [LABEL]  sum of NAME's series in FILE whose labels hold
+#                    LABEL (e.g. 'stage="read"')
 WAN_PIDS=()
 wan_down() {
   for p in "${WAN_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -62,4 +65,13 @@ ps_metric() {
 }
 agent_metric() {
   wan_get "$A" "$CDP_AGENT_CONTROL" "$CDP_AGENT_TOKEN_FILE" /metrics | awk -v n="$1" '$1 == n || index($1, n "{") == 1 {s += $2} END {printf "%.6f", s}'
+}
+wan_snap() {
+  wan_get "$A" "$CDP_PS_CONTROL" "$CDP_PS_TOKEN_FILE" /metrics >"$1.ps"
+  wan_get "$Bn" "$CDP_MT_CONTROL" "$CDP_MT_TOKEN_FILE" /metrics >"$1.mt"
+  wan_get "$A" "$CDP_AGENT_CONTROL" "$CDP_AGENT_TOKEN_FILE" /metrics >"$1.agent"
+}
+prom_sum() {
+  awk -v n="$2" -v l="${3:-}" '($1 == n || index($1, n "{") == 1) && (l == "" || index($1, l) > 0) {s += $2}
+    END {printf "%.6f", s}' "$1"
 }

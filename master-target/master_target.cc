@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "common/wire/stage_metrics.h"
 #include "master-target/dashboard.h"
 #include "master-target/master_target_impl.h"
 #include "master-target/mt_control_api.h"
@@ -335,6 +336,7 @@ Status MasterTarget::Start() {
                                          "Bytes received from process servers and not yet applied (all sessions)");
   m.batches_grouped = registry_.GetCounter("cdp_mt_batches_grouped_total",
                                            "WriteBatches applied in one group commit with the batch before them");
+  repl::RegisterReceiveStages(registry_, "cdp_mt", &m.receive_stages);
   metrics::RegisterProcessMetrics(registry_, o_.env, o_.clock);
   CDP_RETURN_IF_ERROR(o_.env->CreateDirs(o_.data_dir));
   {

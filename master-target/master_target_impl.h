@@ -118,6 +118,7 @@ struct MasterTarget::Impl {
   std::shared_ptr<metrics::Counter> nacks;
   std::shared_ptr<metrics::Gauge> received_queued;    // bytes received from PSs, not yet applied
   std::shared_ptr<metrics::Counter> batches_grouped;  // applied in one group commit with an earlier batch
+  repl::ReceiveStages receive_stages;                 // the PS sessions' stage costs (common/wire/stage_metrics.h)
 
   static std::string Key(const std::string& t, const std::string& n) { return t + "/" + n; }
 

@@ -159,6 +159,7 @@ std::unique_ptr<repl::ReplicationReceiver> MasterTarget::Impl::MakeReceiver() {
   r.nacks = nacks.get();
   r.queued_bytes = received_queued.get();
   r.batches_grouped = batches_grouped.get();
+  r.stages = &receive_stages;
   return std::make_unique<repl::ReplicationReceiver>(std::move(r));
 }
 

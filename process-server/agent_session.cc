@@ -309,6 +309,7 @@ std::unique_ptr<repl::ReplicationReceiver> ProcessServer::Impl::MakeReceiver() {
   r.make_sink = [this](const repl::Session& s) { return std::make_unique<SessionSink>(*this, s); };
   r.clock = opt->clock;
   r.stopping = &stopping;
+  r.stages = &receive_stages;
   return std::make_unique<repl::ReplicationReceiver>(std::move(r));
 }
 

@@ -107,6 +107,7 @@ class MtLink {
   void Notify() { sender_.Notify(); }
 
   bool connected() const { return sender_.connected(); }
+  repl::ShipStages stages() const { return sender_.Stats().stages; }
   uint64_t connects() const { return sender_.Stats().connects; }
   std::string state() const { return sender_.state(); }
 

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/wire/codec.h"
+#include "common/wire/stage_metrics.h"
 #include "process-server/process_server_impl.h"
 #include "process-server/ps_control_api.h"
 
@@ -393,6 +394,13 @@ Status ProcessServer::Start() {
       opt_.registry->AddComputed("cdp_ps_mt_connections", "Connections to the master target(s) configured",
                                  metrics::Type::kGauge, [n = double(ls.size())] { return n; },
                                  metrics::Labels{{"tenant", tenant}});
+      // The stage costs of the tenant's streams to the MT(s), over its links.
+      for (auto& sr : repl::RegisterShipStages(*opt_.registry, "cdp_ps", [ls] {
+             repl::ShipStages sum;
+             for (const MtLink* l : ls) sum += l->stages();
+             return sum;
+           }, metrics::Labels{{"tenant", tenant}}))
+        im.series.push_back(std::move(sr));
       im.series.emplace_back("cdp_ps_mt_connections_up", metrics::Labels{{"tenant", tenant}});
       im.series.emplace_back("cdp_ps_mt_connections", metrics::Labels{{"tenant", tenant}});
     }
@@ -429,6 +437,10 @@ Status ProcessServer::Start() {
   im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch, Listener::Slot& slot) { im.receiver->Serve(ch, &slot); }, secure));
   CDP_RETURN_IF_ERROR(im.listener->Start());
   agent_port_ = im.listener->tcp_port();
+
+  if (opt_.registry != nullptr)
+    for (auto& sr : repl::RegisterReceiveStages(*opt_.registry, "cdp_ps", &im.receive_stages))
+      im.series.push_back(std::move(sr));
 
   // Control server.
   if (!opt_.control.off()) CDP_RETURN_IF_ERROR(StartControl());

@@ -120,6 +120,7 @@ struct ProcessServer::Impl {
   // The receiver of the agents' connections, with the spools as its sink
   // (agent_session.cc).
   std::unique_ptr<repl::ReplicationReceiver> MakeReceiver();
+  repl::ReceiveStages receive_stages;  // the agent sessions' stage costs (common/wire/stage_metrics.h)
   std::unique_ptr<repl::ReplicationReceiver> receiver;
 };
 

@@ -8,6 +8,8 @@
 // Thread safety: every method of every Clock is thread-safe.
 #pragma once
 
+#include <time.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -51,5 +53,14 @@ class ManualClock final : public Clock {
   std::atomic<uint64_t> now_;
   uint64_t wall_offset_;
 };
+
+// CPU time the calling thread has used (CLOCK_THREAD_CPUTIME_ID), for the
+// stage costs of the data path (what a stage spent computing, as against
+// waiting); measurement only, never a deadline.
+inline uint64_t ThreadCpuMicros() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
+}
 
 }  // namespace cdp

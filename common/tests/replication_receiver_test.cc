@@ -93,6 +93,7 @@ struct Fixture {
   Shared shared;
   metrics::Gauge queued;
   metrics::Counter grouped, nacks;
+  ReceiveStages stages;
   std::atomic<bool> stopping{false};
   std::unique_ptr<ReplicationReceiver> receiver;
   std::unique_ptr<FrameChannel> client, server;
@@ -111,6 +112,7 @@ struct Fixture {
     o.queued_bytes = &queued;
     o.batches_grouped = &grouped;
     o.nacks = &nacks;
+    o.stages = &stages;
     receiver = std::make_unique<ReplicationReceiver>(std::move(o));
     asio::io_context ctx;
     tcp::acceptor acceptor(ctx, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
@@ -205,6 +207,14 @@ TEST_CASE("receiver: batches already received that continue the volume's sequenc
   CHECK(f.shared.appends[1] == std::make_pair(std::vector<uint64_t>{3, 4, 5, 6}, 3));
   CHECK(f.grouped.Value() == 2);
   CHECK(f.queued.Value() == 0);
+  // The stage costs: two group commits; the open and four batches received.
+  CHECK(f.stages.groups.load() == 2);
+  CHECK(f.stages.inbox.messages.load() == 5);
+  // Three batches waited in the queue while the first was held: until the
+  // queue held all four (>= 1 ms of the polling above, or it would not have
+  // seen them), and the held apply lasted at least as long.
+  CHECK(f.stages.inbox.queue_us.load() > 0);
+  CHECK(f.stages.apply_us.load() > 0);
 }
 
 TEST_CASE("receiver: hash requests over the cap are answered kFailed at once, a held answer given on another thread "

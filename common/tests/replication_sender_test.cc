@@ -103,6 +103,12 @@ class VectorSource final : public RecordSource {
     std::lock_guard l(mu_);
     rewound += frames;
   }
+  void Shipped(const proto::WriteBatch& batch, uint64_t wire_bytes) override {
+    std::lock_guard l(mu_);
+    ++shipped_frames;
+    shipped_wire += wire_bytes;
+    for (const auto& r : batch.records) shipped_data += r.data.size();
+  }
   void Fenced(const std::string& message) override {
     if (fence_hook) fence_hook();  // runs before the fence is recorded
     std::lock_guard l(mu_);
@@ -124,6 +130,7 @@ class VectorSource final : public RecordSource {
   uint64_t acked = 0;
   uint64_t max_told = 0;  // the highest sequence Acked or Resume ever said the peer holds
   uint64_t rewound = 0;
+  uint64_t shipped_frames = 0, shipped_wire = 0, shipped_data = 0;  // Shipped(): what went out
   std::vector<std::pair<uint64_t, ResumeCause>> resumes;
   std::vector<Status> stalls;
   std::vector<std::string> fences;
@@ -397,6 +404,32 @@ TEST_CASE("replication sender: several streams over one connection arrive comple
   CHECK(peer.connections() == 1);
   CHECK(sender.Stats().connects == 1);
   CHECK(sender.state() == "connected");
+}
+
+TEST_CASE("replication sender: the stage costs count every frame sent and acknowledged, with the bytes it carried",
+          "[replication]") {
+  ScriptedPeer peer;
+  auto o = Options(peer.port());
+  o.link.frame_records = 7;  // many frames
+  ReplicationSender sender(o);
+  VectorSource a("a", 300), b("b", 200);
+  sender.AddStream(&a);
+  sender.AddStream(&b);
+  CHECK(sender.Stats().stages.frames == 0);
+  sender.Start();
+  REQUIRE(WaitUntil([&] { return a.Acked() == 300 && b.Acked() == 200; }, 20s));
+  const cdp::repl::ShipStages g = sender.Stats().stages;
+  std::lock_guard la(a.mu_), lb(b.mu_);
+  CHECK(g.frames == a.shipped_frames + b.shipped_frames);
+  CHECK(g.frames >= (300 + 6) / 7 + (200 + 6) / 7);
+  CHECK(g.acked_frames == g.frames);  // the last Ack of each stream covered every frame before it
+  CHECK(g.wire_bytes == a.shipped_wire + b.shipped_wire);
+  uint64_t data = 0;
+  for (uint64_t s = 1; s <= 300; ++s) data += Payload("a", s).size();
+  for (uint64_t s = 1; s <= 200; ++s) data += Payload("b", s).size();
+  CHECK(g.record_bytes == data);
+  CHECK(a.shipped_data + b.shipped_data == data);
+  CHECK(g.ack_us > 0);  // a loopback round trip per frame, summed over dozens of frames
 }
 
 TEST_CASE("replication sender: a connection dropped mid-stream resumes at the peer's durable sequence",

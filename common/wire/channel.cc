@@ -7,6 +7,7 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/crypto/auth.h"
 
@@ -88,15 +89,34 @@ void FrameChannel::Close() {
   (void)Fail(Status::Aborted(peer_ + ": channel closed"));
 }
 
-Status FrameChannel::Send(const proto::Message& m, uint64_t* wire_bytes) {
+Status FrameChannel::Send(const proto::Message& m, uint64_t* wire_bytes, SendCost* cost) {
   if (broken()) {
     std::lock_guard<std::mutex> lock(error_mu_);
     return error_;
   }
+  const uint64_t t0 = cost != nullptr ? SystemClock::Get()->NowMicros() : 0;
+  const uint64_t c0 = cost != nullptr ? ThreadCpuMicros() : 0;
   // Gathered: the data of a batch's large records goes out from where it is.
   proto::PayloadPieces payload;
   Status encoded = proto::EncodePayloadPieces(m, &payload);
   if (!encoded.ok()) return encoded.WithContext(peer_);
+  uint64_t t1 = 0, c1 = 0;
+  if (cost != nullptr) {
+    t1 = SystemClock::Get()->NowMicros();
+    c1 = ThreadCpuMicros();
+    cost->encode_us = t1 - t0;
+    cost->encode_cpu_us = c1 - c0;
+  }
+  // Whatever way the send ends below, its write time is what it took.
+  struct WriteTimer {
+    SendCost* cost;
+    uint64_t t1, c1;
+    ~WriteTimer() {
+      if (cost == nullptr) return;
+      cost->write_us = SystemClock::Get()->NowMicros() - t1;
+      cost->write_cpu_us = ThreadCpuMicros() - c1;
+    }
+  } write_timer{cost, t1, c1};
 
   std::lock_guard<std::mutex> lock(send_mu_);
   if (broken()) {

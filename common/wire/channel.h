@@ -135,7 +135,18 @@ class FrameChannel {
   // the whole frame is in the kernel's send buffer, not that the peer has it.
   // kInvalidArgument if `m` breaks a cap or holds a bad name (channel stays usable).
   // `wire_bytes`, when given, receives the frame's size (header included).
-  Status Send(const proto::Message& m, uint64_t* wire_bytes = nullptr);
+  // `cost`, when given, receives what the send took (SendCost).
+  struct SendCost {
+    uint64_t encode_us = 0;      // encoding and compressing the payload, wall time
+    uint64_t encode_cpu_us = 0;  // ... this thread's CPU time in it
+    // Waiting for the channel (another thread's frame) and handing the frame
+    // to the stream: the filters (TLS encryption, the throttle's wait) and
+    // the kernel. CPU time is what the filters and system calls computed;
+    // the rest is waiting (throttle, a full send buffer, the other sender).
+    uint64_t write_us = 0;
+    uint64_t write_cpu_us = 0;
+  };
+  Status Send(const proto::Message& m, uint64_t* wire_bytes = nullptr, SendCost* cost = nullptr);
 
   // Waits at most `timeout` for the next frame, checks its sequence and parses
   // it. See the error list above; kBusy (timeout) leaves the channel usable.

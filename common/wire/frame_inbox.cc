@@ -4,6 +4,8 @@
 #include <span>
 #include <variant>
 
+#include "common/base/clock.h"
+
 namespace cdp {
 
 namespace {
@@ -22,8 +24,8 @@ uint64_t Charge(const Result<proto::Message>& m) {
 
 }  // namespace
 
-FrameInbox::FrameInbox(FrameChannel& ch, uint64_t max_bytes, metrics::Gauge* queued_bytes)
-    : ch_(ch), max_bytes_(max_bytes), gauge_(queued_bytes), reader_([this] { ReadLoop(); }) {}
+FrameInbox::FrameInbox(FrameChannel& ch, uint64_t max_bytes, metrics::Gauge* queued_bytes, Costs* costs)
+    : ch_(ch), max_bytes_(max_bytes), gauge_(queued_bytes), costs_(costs), reader_([this] { ReadLoop(); }) {}
 
 FrameInbox::~FrameInbox() {
   {
@@ -49,12 +51,20 @@ void FrameInbox::ReadLoop() {
       cv_.wait(lk, [&] { return stop_ || queued_bytes_ < max_bytes_; });
       if (stop_) return;
     }
+    // CPU time only: the wait for the peer's bytes costs none.
+    const uint64_t cpu0 = costs_ != nullptr ? ThreadCpuMicros() : 0;
     Result<proto::Message> m = ch_.Receive(kReceiveSlice);
+    uint64_t now = 0;
+    if (costs_ != nullptr) {
+      costs_->receive_cpu_us += ThreadCpuMicros() - cpu0;
+      now = SystemClock::Get()->NowMicros();
+    }
     if (!m.ok() && m.status().IsBusy()) continue;
     const bool last = !m.ok();
+    if (costs_ != nullptr && !last) ++costs_->messages;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      Item item{std::move(m), 0};
+      Item item{std::move(m), 0, now};
       item.bytes = Charge(item.message);
       Account(int64_t(item.bytes));
       queue_.push_back(std::move(item));
@@ -62,6 +72,12 @@ void FrameInbox::ReadLoop() {
     cv_.notify_all();
     if (last) return;
   }
+}
+
+void FrameInbox::Taken(const Item& item) {
+  if (costs_ == nullptr || !item.message.ok()) return;
+  const uint64_t now = SystemClock::Get()->NowMicros();
+  if (now > item.received_us) costs_->queue_us += now - item.received_us;
 }
 
 Result<proto::Message> FrameInbox::Pop(std::chrono::milliseconds timeout) {
@@ -73,6 +89,7 @@ Result<proto::Message> FrameInbox::Pop(std::chrono::milliseconds timeout) {
   Item item = std::move(queue_.front());
   queue_.pop_front();
   Account(-int64_t(item.bytes));
+  Taken(item);
   if (!item.message.ok()) end_ = item.message.status();
   lk.unlock();
   cv_.notify_all();
@@ -90,6 +107,7 @@ std::optional<proto::WriteBatch> FrameInbox::PopBatchFor(uint32_t volume_id, uin
   }
   std::optional<proto::WriteBatch> out(std::move(*wb));
   Account(-int64_t(queue_.front().bytes));
+  Taken(queue_.front());
   queue_.pop_front();
   lk.unlock();
   cv_.notify_all();

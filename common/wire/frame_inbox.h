@@ -28,6 +28,7 @@
 // reader returns) and joins the reader.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -45,10 +46,18 @@ namespace cdp {
 
 class FrameInbox {
  public:
-  // Starts the reader; `ch` must outlive the inbox. `queued_bytes` (may be
-  // null; must outlive the inbox) follows the bytes queued: several inboxes
-  // may share one gauge.
-  FrameInbox(FrameChannel& ch, uint64_t max_bytes, metrics::Gauge* queued_bytes = nullptr);
+  // What the inbox's stages cost, summed (several inboxes may share one).
+  // Microseconds.
+  struct Costs {
+    std::atomic<uint64_t> messages{0};        // received
+    std::atomic<uint64_t> receive_cpu_us{0};  // the reader's CPU: TLS, decompression, CRC, parsing, system calls
+    std::atomic<uint64_t> queue_us{0};        // from received to taken by the consumer, summed over messages
+  };
+
+  // Starts the reader; `ch` must outlive the inbox. `queued_bytes` and
+  // `costs` (each may be null; must outlive the inbox) follow the bytes
+  // queued and the costs: several inboxes may share them.
+  FrameInbox(FrameChannel& ch, uint64_t max_bytes, metrics::Gauge* queued_bytes = nullptr, Costs* costs = nullptr);
   ~FrameInbox();
   FrameInbox(const FrameInbox&) = delete;
   FrameInbox& operator=(const FrameInbox&) = delete;
@@ -68,13 +77,16 @@ class FrameInbox {
   struct Item {
     Result<proto::Message> message;
     uint64_t bytes = 0;
+    uint64_t received_us = 0;  // SystemClock NowMicros, when costs_ is set
   };
+  void Taken(const Item& item);  // counts its queue time
   void ReadLoop();
   void Account(int64_t bytes);  // queued_bytes_ and the gauge; under mu_
 
   FrameChannel& ch_;
   const uint64_t max_bytes_;
   metrics::Gauge* const gauge_;
+  Costs* const costs_;
   std::mutex mu_;
   std::condition_variable cv_;  // an item queued, room made, or stopping
   std::deque<Item> queue_;

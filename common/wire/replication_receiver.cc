@@ -134,11 +134,12 @@ class SessionLoop {
         s_(s),
         sink_(sink),
         log_(log::Get(o.log_name)),
+        clock_(o.clock != nullptr ? o.clock : SystemClock::Get()),
         outlet_(std::make_shared<Outlet>(ch, std::this_thread::get_id(), log_)) {}
 
   void Run() {
     {
-      FrameInbox inbox(ch_, o_.inbox_bytes, o_.queued_bytes);
+      FrameInbox inbox(ch_, o_.inbox_bytes, o_.queued_bytes, o_.stages != nullptr ? &o_.stages->inbox : nullptr);
       const Status end = Loop(inbox);
       const bool quiet = end.code() == Code::kUnavailable || (o_.stopping != nullptr && o_.stopping->load());
       if (!end.ok() && quiet) {
@@ -261,7 +262,12 @@ class SessionLoop {
     if (it == handles_.end()) {
       answer = proto::Nack{handle, proto::NackReason::kUnknownVolume, 0, "volume not open on this connection"};
     } else {
+      const uint64_t t0 = clock_->NowMicros();
       Verdict v = it->second->Append(std::move(wb.records), batches);
+      if (o_.stages != nullptr) {
+        o_.stages->apply_us += clock_->NowMicros() - t0;
+        ++o_.stages->groups;
+      }
       if (v.nack) {
         v.nack->volume_id = handle;
         if (proto::IsFailedOverNack(*v.nack)) fenced_[it->second->key()] = it->second;
@@ -270,7 +276,9 @@ class SessionLoop {
         answer = proto::Ack{handle, v.durable_seq};
       }
     }
+    const uint64_t t0 = clock_->NowMicros();
     for (int i = 0; i < batches; ++i) CDP_RETURN_IF_ERROR(Send(answer));
+    if (o_.stages != nullptr) o_.stages->answer_us += clock_->NowMicros() - t0;
     return Status::OK();
   }
 
@@ -307,6 +315,7 @@ class SessionLoop {
   const Session& s_;
   ReceiverSink& sink_;
   std::shared_ptr<spdlog::logger> log_;
+  const Clock* const clock_;  // the stage times
   std::shared_ptr<Outlet> outlet_;
   std::map<uint32_t, std::shared_ptr<ReceiverVolume>> handles_;
   uint32_t next_handle_ = 1;

@@ -56,6 +56,7 @@
 #include "common/base/clock.h"
 #include "common/daemon/metrics.h"
 #include "common/wire/channel.h"
+#include "common/wire/frame_inbox.h"
 #include "common/wire/protocol.h"
 
 namespace cdp::repl {
@@ -114,6 +115,15 @@ struct Session {
   std::string address;  // the channel's peer address, for logs
 };
 
+// Where a session's time goes (issue 42: the stages of the stream), summed
+// over the sessions that share it. Microseconds.
+struct ReceiveStages {
+  FrameInbox::Costs inbox;               // receiving (TLS, decompression, parsing) and the queue
+  std::atomic<uint64_t> groups{0};       // group commits (one Append of one or more batches)
+  std::atomic<uint64_t> apply_us{0};     // ReceiverVolume::Append: the apply and its syncs
+  std::atomic<uint64_t> answer_us{0};    // sending the groups' acks and nacks
+};
+
 struct ReceiverOptions {
   std::string log_name = "wire";  // the logger
   // The tenant's secret, or nothing for an unknown tenant.
@@ -138,6 +148,7 @@ struct ReceiverOptions {
   metrics::Counter* nacks = nullptr;            // every Nack sent
   metrics::Gauge* queued_bytes = nullptr;       // received, not yet handled
   metrics::Counter* batches_grouped = nullptr;  // joined a group after its first
+  ReceiveStages* stages = nullptr;
 };
 
 // The answer to a HashRequest, FailbackPlanRequest or PullRequest that could

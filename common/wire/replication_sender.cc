@@ -309,9 +309,13 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
   // Message would be copied, record data and all, into a temporary.
   proto::Message msg{std::in_place_type<proto::WriteBatch>};
   proto::WriteBatch& b = std::get<proto::WriteBatch>(msg);
+  uint64_t read_us = 0;
   auto read = [&] {
     b.records.clear();
-    return st.src->Read(from, opt_.link.frame_bytes, opt_.link.frame_records, &b.records);
+    const uint64_t t0 = opt_.clock->NowMicros();
+    Status status = st.src->Read(from, opt_.link.frame_bytes, opt_.link.frame_records, &b.records);
+    read_us += opt_.clock->NowMicros() - t0;
+    return status;
   };
   Status r = read();
   if (r.ok() && opt_.link.linger_ms > 0 && inflight && !b.records.empty() && b.records.size() < opt_.link.frame_records) {
@@ -332,7 +336,11 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
     for (auto& [src, status] : notes) src->Stalled(status);
     return Status::OK();
   }
-  if (b.records.empty()) return Status::OK();
+  if (b.records.empty()) {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_.stages.idle_read_us += read_us;
+    return Status::OK();
+  }
   b.volume_id = handle;
   b.codec = st.src->codec();
   b.level = st.src->level();
@@ -343,15 +351,26 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
     st.sent_max = std::max(st.sent_max, last);
   }
   uint64_t wire = 0;
-  CDP_RETURN_IF_ERROR(s.ch->Send(msg, &wire));
+  FrameChannel::SendCost cost;
+  CDP_RETURN_IF_ERROR(s.ch->Send(msg, &wire, &cost));
   *sent = true;
-  s.last_tx_us = opt_.clock->NowMicros();
+  const uint64_t sent_us = opt_.clock->NowMicros();
+  s.last_tx_us = sent_us;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (st.rewinds == rewinds && st.next == from) {
       st.next = last + 1;
-      if (last > st.acked) st.inflight.push_back(last);
+      if (last > st.acked) st.inflight.push_back({last, sent_us});
     }
+    ShipStages& g = stats_.stages;
+    ++g.frames;
+    g.read_us += read_us;
+    g.encode_us += cost.encode_us;
+    g.encode_cpu_us += cost.encode_cpu_us;
+    g.write_us += cost.write_us;
+    g.write_cpu_us += cost.write_cpu_us;
+    for (const auto& rec : b.records) g.record_bytes += rec.data.size();
+    g.wire_bytes += wire;
   }
   st.src->Shipped(b, wire);
   return Status::OK();

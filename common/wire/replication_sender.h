@@ -142,6 +142,40 @@ struct SenderOptions {
   proto::Role role = proto::Role::kAgent;
 };
 
+// Where the time of shipping goes, summed over the link's frames since the
+// sender started (issue 42: the stages of the stream). A sending thread runs
+// read -> encode -> write for each frame, one after the other; ack is the
+// time from a frame's write to the peer's Ack that covers it (the round trip
+// plus the peer's queue, apply and sync). Microseconds.
+struct ShipStages {
+  uint64_t frames = 0;         // frames sent
+  uint64_t record_bytes = 0;   // their record data
+  uint64_t wire_bytes = 0;     // their frame bytes (compressed, header included)
+  uint64_t read_us = 0;        // RecordSource::Read of the frames sent (the spool, the capture queue)
+  uint64_t idle_read_us = 0;   // reads that found nothing to send
+  uint64_t encode_us = 0;      // encoding and compression (FrameChannel::SendCost)
+  uint64_t encode_cpu_us = 0;
+  uint64_t write_us = 0;       // handing the frame to the transport: TLS, the throttle, the kernel
+  uint64_t write_cpu_us = 0;   // ... of it computing (TLS, system calls); the rest waited
+  uint64_t acked_frames = 0;   // frames an Ack covered
+  uint64_t ack_us = 0;         // their time from write to Ack, summed
+
+  ShipStages& operator+=(const ShipStages& o) {
+    frames += o.frames;
+    record_bytes += o.record_bytes;
+    wire_bytes += o.wire_bytes;
+    read_us += o.read_us;
+    idle_read_us += o.idle_read_us;
+    encode_us += o.encode_us;
+    encode_cpu_us += o.encode_cpu_us;
+    write_us += o.write_us;
+    write_cpu_us += o.write_cpu_us;
+    acked_frames += o.acked_frames;
+    ack_us += o.ack_us;
+    return *this;
+  }
+};
+
 struct LinkStats {
   bool connected = false;
   uint64_t connects = 0;
@@ -149,6 +183,7 @@ struct LinkStats {
   uint64_t busy_nacks = 0;
   uint64_t gap_nacks = 0;
   std::string last_error;  // why the last connection attempt or session ended; kept until a volume opens
+  ShipStages stages;
 };
 
 class ReplicationSender {

@@ -116,7 +116,11 @@ void ReplicationSender::Handle(Session& s, proto::Message& m, uint64_t frame_byt
         const uint64_t d = a->durable_seq;
         after.push_back([st, d] { st->src->Acked(d); });
       }
-      while (!st->inflight.empty() && st->inflight.front() <= st->acked) st->inflight.pop_front();
+      while (!st->inflight.empty() && st->inflight.front().last <= st->acked) {
+        if (now > st->inflight.front().sent_us) stats_.stages.ack_us += now - st->inflight.front().sent_us;
+        ++stats_.stages.acked_frames;
+        st->inflight.pop_front();
+      }
       if (st->next <= st->acked) st->next = st->acked + 1;
     }
   } else if (auto* n = std::get_if<proto::Nack>(&m)) {

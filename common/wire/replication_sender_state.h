@@ -41,7 +41,11 @@ struct ReplicationSender::Stream {
   uint64_t sent_max = 0;    // the highest sequence ever sent or told by an open
   uint64_t gap_expected = 0;  // the last gap rewind target (repeats are ignored)
   uint64_t rewinds = 0;       // bumped when `next` moves back: a racing send is not counted
-  std::deque<uint64_t> inflight;  // last sequence of each unacknowledged frame
+  struct InFlight {
+    uint64_t last = 0;     // the frame's last sequence
+    uint64_t sent_us = 0;  // when its Send returned (the clock's NowMicros)
+  };
+  std::deque<InFlight> inflight;  // the unacknowledged frames, oldest first
   size_t window = 1;              // frames in flight at most (the source's, or max_inflight)
   uint64_t hold_until_us = 0;
 };
