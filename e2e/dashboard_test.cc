@@ -229,7 +229,7 @@ TEST_CASE("dashboard: two tenants in headless Chromium over HTTPS, token-gated, 
   REQUIRE(Browser::Available());
   REQUIRE(HaveProgram("nbdinfo"));
   ClusterOptions o;
-  o.mt_extra_config = "tenant = beta:beta-secret-0123456789\n";
+  o.mt_extra_config = "tenant = beta:beta-secret-0123456789\nlink_mbit = 100\n";
   Cluster c(o);
   INFO(c.why());
   REQUIRE(c.Start());
@@ -332,6 +332,31 @@ TEST_CASE("dashboard: two tenants in headless Chromium over HTTPS, token-gated, 
   CHECK(csp.find("script-src 'self'") != std::string::npos);
   CHECK(csp.find("unsafe-inline") == std::string::npos);
 
+  // The volume's use of the link: the bytes its stream put on the wire in the
+  // last hour, as /v1/lag has them (drained: nothing more arrives), shown as a
+  // share of the configured link.
+  {
+    const std::string chart = "article.volume[data-volume=\"" + acme_key + "\"] svg.link-use";
+    const std::string lag_bytes = Str(Eval(b, "return fetch('/v1/lag?tenant=acme&volume=" + vol +
+                                                  "', {headers: {Authorization: 'Bearer " + acme +
+                                                  "'}}).then(r => r.json()).then(j => String(j.samples.reduce("
+                                                  "(a, s) => a + s.wire_bytes, 0)));"));
+    INFO("wire bytes in /v1/lag: " << lag_bytes);
+    // Exactly the frame bytes the process server sent for the volume (a clean
+    // run: nothing sent twice).
+    cdp::http::ClientOptions co = cdp::e2e::ControlClient(c.token(Which::kProcessServer));
+    auto m = cdp::http::HttpRequest("127.0.0.1", c.ps_control(), "GET", "/metrics", "", 10s, co);
+    REQUIRE(m.ok());
+    const std::string series = "\ncdp_ps_bytes_out_total{tenant=\"acme\",volume=\"" + vol + "\"} ";
+    const size_t at = m->body.find(series);
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stod(m->body.substr(at + series.size())) == double(std::stoull(lag_bytes)));
+    CHECK(std::stoull(lag_bytes) > 0);
+    CHECK(Str(Eval(b, "return document.querySelector('" + chart + "').dataset.wireBytes;")) == lag_bytes);
+    CHECK(Str(Eval(b, "return document.querySelector('" + chart + "').dataset.linkMbit;")) == "100");
+    CHECK(Str(Eval(b, "return document.querySelector('" + chart + " .link-peak').textContent;")).find("% of 100 Mbit/s") !=
+          std::string::npos);
+  }
   // The timeline shows exactly the points cdpctl lists (the page redraws
   // every few seconds: wait until they agree).
   std::set<std::string> listed, shown;

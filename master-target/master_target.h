@@ -142,6 +142,9 @@ struct MasterTargetOptions {
   // keeps at once (a failover's export is not counted).
   int nbd_max_connections_per_tenant = 0;
   int max_exports_per_tenant = 0;
+  // The WAN link's capacity (Mbit/s; 0 = not known), for each volume's share
+  // of it on the dashboard (GET /v1/lag).
+  double link_mbit = 0;
   // Tenants whose agents may connect straight to the MT (role "agent" over
   // TLS, or the agent role in clear text). Everyone else must be a process server.
   std::set<std::string> direct_agent_tenants;

@@ -25,6 +25,9 @@ po::options_description MasterTargetConfigDescription() {
       ("nbd_max_connections", po::value<int>()->default_value(256), "NBD connections at most (1..65536)")
       ("nbd_max_connections_per_tenant", po::value<int>()->default_value(64),
        "NBD connections in transmission at most per tenant (1..65536)")
+      ("link_mbit", po::value<double>()->default_value(0),
+       "capacity of the WAN link the process servers' streams arrive on, Mbit/s: the dashboard shows each "
+       "volume's share of it (0 = not known: the rate alone)")
       ("max_exports_per_tenant", po::value<int>()->default_value(32),
        "point-in-time exports at most per tenant (1..65536; a failover's export not counted)")
       ("data_dir", po::value<std::string>()->default_value("/var/lib/opencdp/master-target"), "replicas, journals, indexes")
@@ -116,6 +119,8 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   o.nbd_max_connections_per_tenant = vm["nbd_max_connections_per_tenant"].as<int>();
   if (o.nbd_max_connections_per_tenant < 1 || o.nbd_max_connections_per_tenant > 65536)
     return Status::InvalidArgument("'nbd_max_connections_per_tenant' must be 1..65536");
+  o.link_mbit = vm["link_mbit"].as<double>();
+  if (!(o.link_mbit >= 0 && o.link_mbit <= 1e7)) return Status::InvalidArgument("'link_mbit' must be 0..10000000");
   o.max_exports_per_tenant = vm["max_exports_per_tenant"].as<int>();
   if (o.max_exports_per_tenant < 1 || o.max_exports_per_tenant > 65536)
     return Status::InvalidArgument("'max_exports_per_tenant' must be 1..65536");

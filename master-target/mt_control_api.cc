@@ -210,13 +210,17 @@ void MasterTarget::Impl::AddRoutes() {
       const uint64_t now = o.clock->WallMicros();
       json::array samples;
       for (const auto& x : e->lag.Samples(now)) {
-        samples.push_back(json::object{{"time_us", x.time_us}, {"max_lag_seconds", x.max_lag_seconds}, {"batches", x.batches}});
+        samples.push_back(json::object{{"time_us", x.time_us},
+                                       {"max_lag_seconds", x.max_lag_seconds},
+                                       {"batches", x.batches},
+                                       {"wire_bytes", x.wire_bytes}});
       }
       return http::Response::Json(200, json::object{{"tenant", e->tenant},
                                                     {"volume", e->name},
                                                     {"now_us", now},
                                                     {"bucket_seconds", e->lag.bucket_us() / 1'000'000},
                                                     {"window_seconds", e->lag.window_us() / 1'000'000},
+                                                    {"link_mbit", o.link_mbit},
                                                     {"samples", samples}});
     });
   });

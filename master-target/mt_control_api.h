@@ -18,9 +18,11 @@
 //   GET  /v1/volumes                          the caller's volumes and their state ("protecting",
 //                                             "stalled: no space", "failed-over", ...; "stall",
 //                                             "failover", retention_max_bytes / _age_seconds)
-//   GET  /v1/lag?volume=V[&tenant=T]          apply lag over the last hour (master-target/lag_history.h):
-//                                             {"bucket_seconds", "window_seconds", "now_us",
-//                                              "samples": [{"time_us", "max_lag_seconds", "batches"}]}
+//   GET  /v1/lag?volume=V[&tenant=T]          apply lag and link use over the last hour
+//                                             (master-target/lag_history.h):
+//                                             {"bucket_seconds", "window_seconds", "now_us", "link_mbit",
+//                                              "samples": [{"time_us", "max_lag_seconds", "batches",
+//                                                           "wire_bytes"}]}
 //   GET  /v1/points?volume=V[&tenant=T]       recovery points
 //   POST /v1/rollback {"volume","tenant","point": id | "tag": name | "seq": n}
 //   POST /v1/export   {"volume","tenant","point": id | "tag": name | "seq": n, "writable": bool}

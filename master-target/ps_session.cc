@@ -22,7 +22,10 @@ class SessionVolume : public repl::ReceiverVolume {
   const std::string& key() const override { return key_; }
   std::string Fence() override { return e_->volume->fence().Fence(); }
 
-  repl::Verdict Append(std::vector<proto::Record> records, int) override {
+  repl::Verdict Append(std::vector<proto::Record> records, int, uint64_t wire_bytes) override {
+    // The group crossed the link whatever becomes of it here (a refused
+    // batch is sent again, and crosses it again).
+    e_->lag.AddWireBytes(m_.o.clock->WallMicros(), wire_bytes);
     ReplicaVolume& vol = *e_->volume;
     if (vol.fence().generation() != generation_)
       return repl::Verdict::Refuse(proto::NackReason::kWrongGeneration,

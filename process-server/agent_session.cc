@@ -56,7 +56,7 @@ class SessionVolume : public repl::ReceiverVolume {
   const std::string& key() const override { return key_; }
   std::string Fence() override { return v_->fenced(); }
 
-  repl::Verdict Append(std::vector<proto::Record> records, int batches) override {
+  repl::Verdict Append(std::vector<proto::Record> records, int batches, uint64_t) override {
     if (std::string fence = v_->fenced(); !fence.empty())
       return repl::Verdict::Refuse(proto::NackReason::kWrongGeneration, fence);
     for (const auto& r : records) {

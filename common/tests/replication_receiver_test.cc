@@ -34,6 +34,7 @@ struct Shared {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::pair<std::vector<uint64_t>, int>> appends;  // sequences, batches
+  std::vector<uint64_t> append_wire;                           // each Append's wire_bytes
   std::string fence;
   bool hold_first_append = false;  // the first Append waits for release
   bool released = false;
@@ -54,11 +55,12 @@ class TestVolume : public ReceiverVolume {
     std::lock_guard<std::mutex> l(s_.mu);
     return s_.fence;
   }
-  Verdict Append(std::vector<proto::Record> records, int batches) override {
+  Verdict Append(std::vector<proto::Record> records, int batches, uint64_t wire_bytes) override {
     std::unique_lock<std::mutex> l(s_.mu);
     std::vector<uint64_t> seqs;
     for (const auto& r : records) seqs.push_back(r.seq);
     s_.appends.emplace_back(seqs, batches);
+    s_.append_wire.push_back(wire_bytes);
     s_.cv.notify_all();
     if (s_.appends.size() == 1 && s_.hold_first_append) s_.cv.wait(l, [&] { return s_.released; });
     return Verdict::Accept(seqs.back());
@@ -179,12 +181,13 @@ TEST_CASE("receiver: batches already received that continue the volume's sequenc
   REQUIRE(f.Handshake().ok());
   const uint32_t h = f.Open();
   CHECK(h == 1);
-  REQUIRE(f.client->Send(Batch(h, 1, 2)).ok());
+  uint64_t wire[4] = {};  // each frame's size as sent
+  REQUIRE(f.client->Send(Batch(h, 1, 2), &wire[0]).ok());
   REQUIRE(f.shared.WaitFor([&] { return f.shared.appends.size() == 1; }));
   // While the first is being stored, three more arrive.
-  REQUIRE(f.client->Send(Batch(h, 3, 1)).ok());
-  REQUIRE(f.client->Send(Batch(h, 4, 2)).ok());
-  REQUIRE(f.client->Send(Batch(h, 6, 1)).ok());
+  REQUIRE(f.client->Send(Batch(h, 3, 1), &wire[1]).ok());
+  REQUIRE(f.client->Send(Batch(h, 4, 2), &wire[2]).ok());
+  REQUIRE(f.client->Send(Batch(h, 6, 1), &wire[3]).ok());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (f.queued.Value() < 4 * 4096 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(milliseconds(1));
@@ -205,6 +208,9 @@ TEST_CASE("receiver: batches already received that continue the volume's sequenc
   REQUIRE(f.shared.appends.size() == 2);
   CHECK(f.shared.appends[0] == std::make_pair(std::vector<uint64_t>{1, 2}, 1));
   CHECK(f.shared.appends[1] == std::make_pair(std::vector<uint64_t>{3, 4, 5, 6}, 3));
+  // Each group is told the wire bytes of its frames (the volume's share of the link).
+  CHECK(wire[0] > 0);
+  CHECK(f.shared.append_wire == std::vector<uint64_t>{wire[0], wire[1] + wire[2] + wire[3]});
   CHECK(f.grouped.Value() == 2);
   CHECK(f.queued.Value() == 0);
   // The stage costs: two group commits; the open and four batches received.

@@ -53,7 +53,8 @@ void FrameInbox::ReadLoop() {
     }
     // CPU time only: the wait for the peer's bytes costs none.
     const uint64_t cpu0 = costs_ != nullptr ? ThreadCpuMicros() : 0;
-    Result<proto::Message> m = ch_.Receive(kReceiveSlice);
+    uint64_t wire = 0;
+    Result<proto::Message> m = ch_.Receive(kReceiveSlice, &wire);
     uint64_t now = 0;
     if (costs_ != nullptr) {
       costs_->receive_cpu_us += ThreadCpuMicros() - cpu0;
@@ -64,7 +65,7 @@ void FrameInbox::ReadLoop() {
     if (costs_ != nullptr && !last) ++costs_->messages;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      Item item{std::move(m), 0, now};
+      Item item{std::move(m), 0, now, wire};
       item.bytes = Charge(item.message);
       Account(int64_t(item.bytes));
       queue_.push_back(std::move(item));
@@ -80,7 +81,7 @@ void FrameInbox::Taken(const Item& item) {
   if (now > item.received_us) costs_->queue_us += now - item.received_us;
 }
 
-Result<proto::Message> FrameInbox::Pop(std::chrono::milliseconds timeout) {
+Result<proto::Message> FrameInbox::Pop(std::chrono::milliseconds timeout, uint64_t* wire_bytes) {
   std::unique_lock<std::mutex> lk(mu_);
   if (!cv_.wait_for(lk, timeout, [&] { return !queue_.empty() || end_.has_value(); })) {
     return Status::Busy("no message within " + std::to_string(timeout.count()) + " ms");
@@ -90,6 +91,7 @@ Result<proto::Message> FrameInbox::Pop(std::chrono::milliseconds timeout) {
   queue_.pop_front();
   Account(-int64_t(item.bytes));
   Taken(item);
+  if (wire_bytes != nullptr) *wire_bytes = item.wire_bytes;
   if (!item.message.ok()) end_ = item.message.status();
   lk.unlock();
   cv_.notify_all();
@@ -97,7 +99,7 @@ Result<proto::Message> FrameInbox::Pop(std::chrono::milliseconds timeout) {
 }
 
 std::optional<proto::WriteBatch> FrameInbox::PopBatchFor(uint32_t volume_id, uint64_t first_seq, uint64_t max_work,
-                                                         size_t max_records) {
+                                                         size_t max_records, uint64_t* wire_bytes) {
   std::unique_lock<std::mutex> lk(mu_);
   if (queue_.empty() || !queue_.front().message.ok()) return std::nullopt;
   auto* wb = std::get_if<proto::WriteBatch>(&*queue_.front().message);
@@ -108,6 +110,7 @@ std::optional<proto::WriteBatch> FrameInbox::PopBatchFor(uint32_t volume_id, uin
   std::optional<proto::WriteBatch> out(std::move(*wb));
   Account(-int64_t(queue_.front().bytes));
   Taken(queue_.front());
+  if (wire_bytes != nullptr) *wire_bytes = queue_.front().wire_bytes;
   queue_.pop_front();
   lk.unlock();
   cv_.notify_all();

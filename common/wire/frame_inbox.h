@@ -63,21 +63,23 @@ class FrameInbox {
   FrameInbox& operator=(const FrameInbox&) = delete;
 
   // The next message; kBusy when none arrived within `timeout`; the channel's
-  // error once every message before it was returned.
-  Result<proto::Message> Pop(std::chrono::milliseconds timeout);
+  // error once every message before it was returned. `wire_bytes`, when
+  // given, receives the message's frame size (FrameChannel::Receive's).
+  Result<proto::Message> Pop(std::chrono::milliseconds timeout, uint64_t* wire_bytes = nullptr);
 
   // The next message if it is already here and is a WriteBatch for
   // `volume_id` whose first record is `first_seq`, whose work
   // (proto::BatchWork) fits in `max_work` and whose records are at most
-  // `max_records`; otherwise nothing is taken.
+  // `max_records`; otherwise nothing is taken. `wire_bytes` as for Pop.
   std::optional<proto::WriteBatch> PopBatchFor(uint32_t volume_id, uint64_t first_seq, uint64_t max_work,
-                                               size_t max_records);
+                                               size_t max_records, uint64_t* wire_bytes = nullptr);
 
  private:
   struct Item {
     Result<proto::Message> message;
     uint64_t bytes = 0;
     uint64_t received_us = 0;  // SystemClock NowMicros, when costs_ is set
+    uint64_t wire_bytes = 0;   // the frame's size
   };
   void Taken(const Item& item);  // counts its queue time
   void ReadLoop();

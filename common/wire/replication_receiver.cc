@@ -201,7 +201,8 @@ class SessionLoop {
         if (!CheckFences(&end)) return end;
         next_check = now + kFenceCheck;
       }
-      auto m = inbox.Pop(kFenceCheck);
+      uint64_t wire = 0;
+      auto m = inbox.Pop(kFenceCheck, &wire);
       if (!m.ok()) {
         if (m.status().IsBusy()) continue;
         return m.status();
@@ -209,7 +210,7 @@ class SessionLoop {
       if (auto* open = std::get_if<proto::VolumeOpen>(&*m)) {
         end = Open(*open);
       } else if (auto* wb = std::get_if<proto::WriteBatch>(&*m)) {
-        end = Append(inbox, *wb);
+        end = Append(inbox, *wb, wire);
       } else if (auto* hr = std::get_if<proto::HashRequest>(&*m)) {
         end = Digests(*hr);
       } else if (std::holds_alternative<proto::FailbackPlanRequest>(*m) ||
@@ -241,16 +242,18 @@ class SessionLoop {
     return Send(proto::VolumeOpenReply{handle, r.verdict.durable_seq});
   }
 
-  Status Append(FrameInbox& inbox, proto::WriteBatch& wb) {
+  Status Append(FrameInbox& inbox, proto::WriteBatch& wb, uint64_t wire) {
     const uint32_t handle = wb.volume_id;
     // Group commit: the volume's batches that continue this one and are
     // already here join it; each is answered with the group's outcome.
     int batches = 1;
     uint64_t work = proto::BatchWork(wb.records);
     while (!wb.records.empty() && work < o_.group_work) {
+      uint64_t more_wire = 0;
       auto more = inbox.PopBatchFor(handle, wb.records.back().seq + 1, o_.group_work - work,
-                                    proto::kMaxRecords - wb.records.size());
+                                    proto::kMaxRecords - wb.records.size(), &more_wire);
       if (!more) break;
+      wire += more_wire;
       work += proto::BatchWork(more->records);
       ++batches;
       if (o_.batches_grouped != nullptr) o_.batches_grouped->Inc();
@@ -263,7 +266,7 @@ class SessionLoop {
       answer = proto::Nack{handle, proto::NackReason::kUnknownVolume, 0, "volume not open on this connection"};
     } else {
       const uint64_t t0 = clock_->NowMicros();
-      Verdict v = it->second->Append(std::move(wb.records), batches);
+      Verdict v = it->second->Append(std::move(wb.records), batches, wire);
       if (o_.stages != nullptr) {
         o_.stages->apply_us += clock_->NowMicros() - t0;
         ++o_.stages->groups;

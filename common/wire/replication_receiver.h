@@ -87,7 +87,9 @@ class ReceiverVolume {
   virtual std::string Fence() = 0;
   // Stores one group of contiguous WriteBatches (`batches` of them) in
   // sequence order: duplicates skipped, a gap or a bad record refuses all.
-  virtual Verdict Append(std::vector<proto::Record> records, int batches) = 0;
+  // `wire_bytes`: the group's frames as they crossed the network
+  // (compressed, headers included), for the volume's share of the link.
+  virtual Verdict Append(std::vector<proto::Record> records, int batches, uint64_t wire_bytes) = 0;
   // Answers `request` (its volume_id and request_id set by the sink) through
   // `reply`, now or later; never refuses with a Nack.
   virtual void Digests(const proto::HashRequest& request, Reply reply) = 0;

@@ -362,6 +362,9 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
       st.next = last + 1;
       if (last > st.acked) st.inflight.push_back({last, sent_us});
     }
+    // Its Ack came before the write returned (the reader may also have moved
+    // `next` past it): acknowledged, with no time to count.
+    if (last <= st.acked) ++stats_.stages.acked_frames;
     ShipStages& g = stats_.stages;
     ++g.frames;
     g.read_us += read_us;

@@ -157,7 +157,7 @@ struct ShipStages {
   uint64_t encode_cpu_us = 0;
   uint64_t write_us = 0;       // handing the frame to the transport: TLS, the throttle, the kernel
   uint64_t write_cpu_us = 0;   // ... of it computing (TLS, system calls); the rest waited
-  uint64_t acked_frames = 0;   // frames an Ack covered
+  uint64_t acked_frames = 0;   // frames an Ack covered (a frame sent again after a rewind counts once more in frames)
   uint64_t ack_us = 0;         // their time from write to Ack, summed
 
   ShipStages& operator+=(const ShipStages& o) {

@@ -85,6 +85,11 @@ TEST_CASE("master target config: addresses, tenants from flags and a file, quota
   CHECK(lk->retention.lock_us == 7'200'000'000ull);
   CHECK(lk->tenant_lock_us.at("beta") == 7 * 86'400'000'000ull);
   CHECK(lk->volume_lock_us.at("acme/db") == 0);
+  // The WAN link's capacity for the dashboard: not known unless given.
+  CHECK(o->link_mbit == 0);
+  auto link = Load(env.get(), "link_mbit = 100\n");
+  REQUIRE(link.ok());
+  CHECK(link->link_mbit == 100);
 }
 
 TEST_CASE("master target config: every bad value names its key or line", "[config]") {
@@ -124,6 +129,7 @@ TEST_CASE("master target config: every bad value names its key or line", "[confi
   CHECK(Error(env.get(), "control = none\nnbd = none\nmax_connections_per_peer = 0\n") ==
         "'max_connections_per_peer' must be 1..65536");
   CHECK(Error(env.get(), "storage = nfs\n") == "'storage' must be local or ceph, not 'nfs'");
+  CHECK(Error(env.get(), "link_mbit = -1\n") == "'link_mbit' must be 0..10000000");
 }
 
 TEST_CASE("master target config: storage = ceph without a reachable cluster fails at start, naming it", "[config]") {

@@ -108,7 +108,7 @@ function sparkline(lag) {
   const g = svg('svg', {class: 'spark', viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': 'RPO lag, last hour'});
   const end = lag.now_us, start = end - lag.window_seconds * 1e6;
   const xs = (t) => L + (W - L - R) * (t - start) / (end - start);
-  const samples = lag.samples || [];
+  const samples = (lag.samples || []).filter((s) => s.batches > 0);
   const peak = samples.reduce((m, s) => Math.max(m, s.max_lag_seconds), 0);
   const top = Math.max(peak, 0.001);
   const ys = (v) => H - B - (H - B - T) * v / top;
@@ -128,6 +128,44 @@ function sparkline(lag) {
     const y = Math.min(ys(s.max_lag_seconds), H - B - 1.5);
     const bar = svg('rect', {x: xs(s.time_us), y, width: bw, height: H - B - y, class: 'spark-bar'});
     hover(bar, [secs(s.max_lag_seconds) + ' largest lag', clock(s.time_us) + ' · ' + s.batches + ' batch(es) applied']);
+    g.append(bar);
+  }
+  return g;
+}
+
+// --- the volume's use of the WAN link over the last hour: one bar per bucket ---
+// (its wire bytes as a rate; as a share of the link when the MT knows the
+// link's capacity, link_mbit in its config).
+function linkChart(lag) {
+  const W = 300, H = 118, L = 4, R = 4, T = 18, B = 16;
+  const samples = (lag.samples || []).filter((s) => s.wire_bytes > 0);
+  const total = samples.reduce((a, s) => a + s.wire_bytes, 0);
+  const g = svg('svg', {class: 'spark link-use', viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': 'Link use, last hour',
+                        'data-wire-bytes': String(total), 'data-link-mbit': String(lag.link_mbit || 0)});
+  const end = lag.now_us, start = end - lag.window_seconds * 1e6;
+  const xs = (t) => L + (W - L - R) * (t - start) / (end - start);
+  const mbit = (s) => s.wire_bytes * 8 / lag.bucket_seconds / 1e6;
+  const link = lag.link_mbit || 0;
+  const peak = samples.reduce((m, s) => Math.max(m, mbit(s)), 0);
+  const top = Math.max(peak, link, 0.001);
+  const ys = (v) => H - B - (H - B - T) * v / top;
+  for (const f of [0.5, 1]) g.append(svg('line', {x1: L, x2: W - R, y1: ys(top * f), y2: ys(top * f), class: 'grid'}));
+  g.append(svg('line', {x1: L, x2: W - R, y1: H - B, y2: H - B, class: 'axis'}));
+  g.append(svg('text', {x: L, y: H - 3, class: 'spark-max', text: '−60 min'}));
+  g.append(svg('text', {x: W - R, y: H - 3, class: 'spark-max', 'text-anchor': 'end', text: 'now'}));
+  const share = (v) => link > 0 ? ' · ' + (100 * v / link).toFixed(1) + '% of ' + link + ' Mbit/s' : '';
+  if (samples.length === 0) {
+    g.append(svg('text', {x: W / 2, y: H / 2, class: 'spark-empty', 'text-anchor': 'middle', text: 'nothing received in the last hour'}));
+    return g;
+  }
+  g.append(svg('text', {x: W - R, y: 11, class: 'spark-max link-peak', 'text-anchor': 'end',
+                        text: 'peak ' + peak.toFixed(2) + ' Mbit/s' + share(peak)}));
+  const step = lag.bucket_seconds * 1e6;
+  const bw = Math.max((W - L - R) * step / (end - start) - 0.6, 1.2);
+  for (const s of samples) {
+    const y = Math.min(ys(mbit(s)), H - B - 1.5);
+    const bar = svg('rect', {x: xs(s.time_us), y, width: bw, height: H - B - y, class: 'spark-bar'});
+    hover(bar, [mbit(s).toFixed(2) + ' Mbit/s on the wire' + share(mbit(s)), clock(s.time_us) + ' · ' + bytes(s.wire_bytes) + ' received']);
     g.append(bar);
   }
   return g;
@@ -307,7 +345,7 @@ function exportsTable(list, port, tls) {
 
 function volumeCard(v, pts, lag, exports, port, tls, nowUs) {
   const key = v.tenant + '/' + v.volume;
-  const last = (lag.samples || []).slice(-1)[0];
+  const last = (lag.samples || []).filter((s) => s.batches > 0).slice(-1)[0];
   const lastLag = last ? secs(last.max_lag_seconds) : '–';
   let tl;
   const pick = (id) => {
@@ -331,6 +369,7 @@ function volumeCard(v, pts, lag, exports, port, tls, nowUs) {
       stat('Undo journal', journalBar(v))),
     el('div', {class: 'charts'},
       el('div', {class: 'chart'}, el('div', {class: 'chart-title', text: 'RPO lag · last hour'}), sparkline(lag)),
+      el('div', {class: 'chart'}, el('div', {class: 'chart-title', text: 'Link use · last hour'}), linkChart(lag)),
       el('div', {class: 'chart wide'}, el('div', {class: 'chart-title', text: 'Recovery points'}), tl,
         el('div', {class: 'legend'}, el('span', {class: 'lg crash'}), 'crash-consistent', el('span', {class: 'lg tag'}), 'tag',
           el('span', {class: 'lg sel'}), 'chosen for export'))),
