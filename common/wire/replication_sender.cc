@@ -356,6 +356,8 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
   *sent = true;
   const uint64_t sent_us = opt_.clock->NowMicros();
   s.last_tx_us = sent_us;
+  uint64_t record_bytes = 0;  // counted outside the lock the reader takes for every Ack
+  for (const auto& rec : b.records) record_bytes += rec.data.size();
   {
     std::lock_guard<std::mutex> l(mu_);
     if (st.rewinds == rewinds && st.next == from) {
@@ -372,7 +374,7 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
     g.encode_cpu_us += cost.encode_cpu_us;
     g.write_us += cost.write_us;
     g.write_cpu_us += cost.write_cpu_us;
-    for (const auto& rec : b.records) g.record_bytes += rec.data.size();
+    g.record_bytes += record_bytes;
     g.wire_bytes += wire;
   }
   st.src->Shipped(b, wire);
