@@ -95,6 +95,15 @@ Status CaptureDevice::WriteFailback(uint64_t offset, uint64_t len, ByteSpan data
 }
 
 Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
+  return WriteKeeping(offset, data, nullptr, fua);
+}
+
+Status CaptureDevice::WriteShared(uint64_t offset, std::shared_ptr<const Bytes> data, bool fua) {
+  const ByteSpan view(data->data(), data->size());
+  return WriteKeeping(offset, view, std::move(data), fua);
+}
+
+Status CaptureDevice::WriteKeeping(uint64_t offset, ByteSpan data, std::shared_ptr<const Bytes> keep, bool fua) {
   const uint64_t len = data.size();
   if (len == 0) return Status::OK();
   if (std::string f = write_fence(); !f.empty()) return Status::PermissionDenied(f);
@@ -106,10 +115,12 @@ Status CaptureDevice::Write(uint64_t offset, ByteSpan data, bool fua) {
   if (widen && BlockCeil(offset + len) - BlockFloor(offset) > proto::kMaxRecordLength)
     return Status::InvalidArgument("write larger than a record");
   CDP_RETURN_IF_ERROR(bitmap_->MarkAndPin(offset, len));
-  // Copy the data for the queue before taking the capture lock (the mode may
-  // change meanwhile; the copy is then simply dropped).
+  // The data for the queue: the caller's buffer, or a copy made before
+  // taking the capture lock (the mode may change meanwhile; the copy is then
+  // simply dropped).
   std::shared_ptr<const Bytes> copy;
-  if (!widen && queue_->mode() == CaptureMode::kData) copy = std::make_shared<const Bytes>(data.begin(), data.end());
+  if (!widen && queue_->mode() == CaptureMode::kData)
+    copy = keep ? std::move(keep) : std::make_shared<const Bytes>(data.begin(), data.end());
   {
     auto lk = queue_->Lock();
     Status s = file_->Write(offset, data);

@@ -88,6 +88,8 @@ class CaptureDevice final : public BlockDevice {
   uint32_t preferred_block_size() const override { return opts_.block_size; }
   Status Read(uint64_t offset, uint32_t len, uint8_t* buf) override;
   Status Write(uint64_t offset, ByteSpan data, bool fua) override;
+  // In data mode the queued record is `data` itself, not a copy of it.
+  Status WriteShared(uint64_t offset, std::shared_ptr<const Bytes> data, bool fua) override;
   Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override;
   Status Trim(uint64_t offset, uint64_t len, bool fua) override;
   // The backing store's allocation (FileExtents): what the tap's clients see
@@ -181,6 +183,9 @@ class CaptureDevice final : public BlockDevice {
   bool ConsistentLocked() const;
 
  private:
+  // Write() and WriteShared(): `keep`, when not null, holds `data`'s bytes
+  // for the queue; else they are copied for it.
+  Status WriteKeeping(uint64_t offset, ByteSpan data, std::shared_ptr<const Bytes> keep, bool fua);
   CaptureDevice(const Options& opts, std::unique_ptr<File> file, uint64_t size,
                 std::unique_ptr<DirtyBitmap> bitmap);
   // Applies a zero/trim range under the capture lock, in record-sized chunks.

@@ -293,3 +293,27 @@ TEST_CASE("capture: a jump to incompressible writes queues an anomaly record nam
   REQUIRE(anomaly_seq != 0);
   CHECK(f.dev->queue().Stats().anomalies == 1);
 }
+
+// Issue 41 (a leaner agent): the NBD server hands a WRITE's payload over
+// (BlockDevice::WriteShared) and the capture queue keeps that buffer as the
+// record's data: no copy between the tap and the queue. A plain Write() of a
+// span the caller owns is copied.
+TEST_CASE("capture: a handed-over write is queued as the very buffer, a span is copied", "[agent][capture]") {
+  Fixture f;
+  auto buf = std::make_shared<const cdp::Bytes>(8192, uint8_t(0x5a));
+  REQUIRE(f.dev->WriteShared(4096, buf, false).ok());
+  const uint64_t s1 = f.dev->queue().Stats().next_seq - 1;
+  const uint64_t s2 = f.Write(kMiB, 4096, 0x33);
+  std::vector<cdp::agent::QueuedRecord> recs;
+  REQUIRE(f.dev->queue().Peek(s1, 1 << 20, 16, &recs));
+  REQUIRE(recs.size() == 2);
+  CHECK(recs[0].seq == s1);
+  CHECK(recs[0].has_data);
+  CHECK(recs[0].data.get() == buf.get());
+  CHECK(recs[1].seq == s2);
+  REQUIRE(recs[1].data);
+  CHECK(*recs[1].data == cdp::Bytes(4096, 0x33));
+  cdp::Bytes back(8192);
+  REQUIRE(f.dev->ReadBacking(4096, 8192, back.data()).ok());
+  CHECK(back == *buf);
+}

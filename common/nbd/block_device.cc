@@ -82,6 +82,10 @@ Status BlockDevice::Extents(uint64_t offset, uint64_t len, std::vector<DeviceExt
   return Status::OK();
 }
 
+Status BlockDevice::WriteShared(uint64_t offset, std::shared_ptr<const Bytes> data, bool fua) {
+  return Write(offset, ByteSpan(data->data(), data->size()), fua);
+}
+
 Status FileExtents(const File& file, uint64_t offset, uint64_t len, std::vector<DeviceExtent>* out) {
   const uint64_t end = offset + len;
   const size_t first = out->size();

@@ -92,6 +92,12 @@ class BlockDevice {
   virtual Status Read(uint64_t offset, uint32_t len, uint8_t* buf) = 0;
   // Writes `data` at `offset`. With `fua`, returns only once the data is durable.
   virtual Status Write(uint64_t offset, ByteSpan data, bool fua) = 0;
+  // Write() of a buffer the caller hands over and never changes again: a
+  // device that keeps the written bytes (the agent's capture queue, until the
+  // process server has them) may keep `data` itself instead of a copy. The
+  // NBD server passes every WRITE's payload this way. `data` is not null.
+  // Default: Write(offset, *data, fua).
+  virtual Status WriteShared(uint64_t offset, std::shared_ptr<const Bytes> data, bool fua);
   // Makes [offset, offset+len) read as zeros. With `may_trim` the device may
   // deallocate the range (punch a hole); without it (NBD_CMD_FLAG_NO_HOLE)
   // the range must stay allocated. `fua` as for Write.

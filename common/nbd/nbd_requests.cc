@@ -84,7 +84,8 @@ Reply SimpleReply(const RequestContext& ctx, const nbd::Request& r, Bytes payloa
         if (s.ok()) st.reads++, st.bytes_read += len;
         break;
       case nbd::kCmdWrite:
-        if (len > 0) s = dev.Write(r.offset, ByteSpan(payload.data(), payload.size()), fua);
+        // Handed over, not copied: the capture queue keeps this very buffer.
+        if (len > 0) s = dev.WriteShared(r.offset, std::make_shared<const Bytes>(std::move(payload)), fua);
         if (s.ok()) st.writes++, st.bytes_written += len;
         break;
       case nbd::kCmdTrim:

@@ -833,6 +833,70 @@ class HoldingDevice final : public BlockDevice {
   bool held_ = false, released_ = false;
 };
 
+// A device over another that keeps every buffer WriteShared hands it.
+class KeepingDevice final : public BlockDevice {
+ public:
+  explicit KeepingDevice(std::shared_ptr<BlockDevice> next) : next_(std::move(next)) {}
+  uint64_t size() const override { return next_->size(); }
+  bool read_only() const override { return next_->read_only(); }
+  BlockDeviceFeatures features() const override { return next_->features(); }
+  Status Read(uint64_t offset, uint32_t len, uint8_t* buf) override { return next_->Read(offset, len, buf); }
+  Status Write(uint64_t offset, ByteSpan data, bool fua) override {
+    ++copied_writes;
+    return next_->Write(offset, data, fua);
+  }
+  Status WriteShared(uint64_t offset, std::shared_ptr<const Bytes> data, bool fua) override {
+    kept.push_back(data);
+    return next_->Write(offset, ByteSpan(data->data(), data->size()), fua);
+  }
+  Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override {
+    return next_->WriteZeroes(offset, len, fua, may_trim);
+  }
+  Status Trim(uint64_t offset, uint64_t len, bool fua) override { return next_->Trim(offset, len, fua); }
+  Status Flush() override { return next_->Flush(); }
+
+  std::vector<std::shared_ptr<const Bytes>> kept;  // the connection's requests reach the device one at a time
+  int copied_writes = 0;
+
+ private:
+  std::shared_ptr<BlockDevice> next_;
+};
+
+// Issue 41 (a leaner agent): a WRITE's payload is handed to the device, which
+// may keep that very buffer (the agent's capture queue does) instead of
+// copying it. Small writes run on the socket's strand, large ones on the
+// device strand after the rest of the payload is read: both hand it over.
+TEST_CASE("nbd server: a WRITE's payload is handed over to the device, not copied", "[nbd]") {
+  auto env = NewMemEnv();
+  FileBlockDevice::Options fo;
+  fo.create_size = 4 << 20;
+  auto base = FileBlockDevice::Open(env.get(), "/keep.img", fo);
+  REQUIRE(base.ok());
+  auto dev = std::make_shared<KeepingDevice>(*base);
+  NbdServerOptions o;
+  o.tcp = {"127.0.0.1", 0};
+  NbdServer server(o);
+  REQUIRE(server.AddExport("keep", dev).ok());
+  REQUIRE(server.Start().ok());
+  RawClient c;
+  REQUIRE(c.ConnectTcp(server.port()));
+  REQUIRE(c.Open("keep") >= 0);
+  const Bytes small = Pattern(4096, 3), large = Pattern(1 << 20, 4);
+  REQUIRE(c.Do(nbd::kCmdWrite, 8192, uint32_t(small.size()), 0, small) == 0);
+  REQUIRE(c.Do(nbd::kCmdWrite, 1 << 20, uint32_t(large.size()), 0, large) == 0);
+  Bytes back;
+  REQUIRE(c.Do(nbd::kCmdRead, 1 << 20, uint32_t(large.size()), 0, {}, &back) == 0);
+  CHECK(back == large);
+  server.Stop();
+  CHECK(dev->copied_writes == 0);
+  REQUIRE(dev->kept.size() == 2);
+  CHECK(*dev->kept[0] == small);
+  CHECK(*dev->kept[1] == large);
+  // The server let go of both: the device holds the only reference.
+  CHECK(dev->kept[0].use_count() == 1);
+  CHECK(dev->kept[1].use_count() == 1);
+}
+
 // Regression (issue 17, export reads slower than nbdkit file): a READ reply
 // buffer is no longer zero-filled before the device fills it (one pass over
 // every byte read; bench/export_profile.sh counted it). What the buffer held
