@@ -18,6 +18,7 @@
 # agent's capture mode changes during the run (data -> metadata -> bitmap:
 # what the queue did when the pipeline fell behind) and its CPU s/GB.
 # STRICT=1 (the smoke run in `make test`): exit 1 when a run wrote nothing.
+# PERF=DIR: a system-wide perf record of each pipeline run (bench/lib.sh).
 # shellcheck source=bench/lib.sh
 source "$(dirname "$0")/lib.sh"
 bench_init tap_bench "${1:?usage: tap_bench.sh BUILD_DIR [SIZE_MB] [RUNTIME_S] [BS] [QD]}"
@@ -89,7 +90,9 @@ pipeline_run() {
   local m0 c0
   m0=$(modes)
   c0=$(cpu_ticks "$AG_PID")
+  bench_perf_start "pipeline-$mode"
   fio_run "ag-$mode" "nbd+unix:///vol?socket=$CLUSTER_DIR/agent/nbd.sock" "$@"
+  bench_perf_stop
   R_TICKS=$(( $(cpu_ticks "$AG_PID") - c0 ))
   R_MODES=$(( $(modes) - m0 ))
   cluster_down
