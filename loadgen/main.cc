@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // cdp-loadgen: the change-rate tool operators use to size WAN links.
-// Subcommands: tree, churn, plan, record, sweep, wanem (loadgen/wanem.cc), cluster
+// Subcommands: tree, churn, plan, record, profile (loadgen/device_profile.h), sweep, wanem (loadgen/wanem.cc), cluster
 // (loadgen/cluster_cli.cc); docs/loadgen.md.
 #include <cctype>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstdio>
 #include <iostream>
@@ -25,6 +26,7 @@
 #include "loadgen/cli.h"
 #include "loadgen/data.h"
 #include "loadgen/local_cluster.h"
+#include "loadgen/device_profile.h"
 #include "loadgen/plan.h"
 #include "loadgen/profile.h"
 #include "loadgen/scrape.h"
@@ -71,6 +73,7 @@ constexpr const char* kUsage =
     "  churn   hold a change rate against an NBD export or a file\n"
     "  plan    WAN sizing report from a churn profile (CSV)\n"
     "  record  poll a daemon's /metrics counter into a churn profile CSV\n"
+    "  profile profile block devices' churn from the kernel (tracefs) into a churn profile CSV\n"
     "  sweep   the seed's experiment against running daemons: tables (Markdown, CSV) and SVG charts\n"
     "  wanem   emulated WAN between two network namespaces (root): up, down\n"
     "  cluster the whole product on loopback (the local cluster of make demo) until SIGTERM\n";
@@ -413,6 +416,96 @@ Result<std::string> RenderSweep(const std::vector<SweepSample>& samples, double 
   return md;
 }
 
+volatile std::sig_atomic_t g_profile_stop = 0;
+
+int CmdProfile(int argc, char** argv) {
+  po::options_description d("profile options");
+  d.add_options()("device", po::value<std::vector<std::string>>()->required(), "block device to profile (repeatable)")(
+      "interval", po::value<Duration>()->default_value(Duration{10'000'000}), "length of one row")(
+      "duration", po::value<Duration>()->default_value(Duration{3600'000'000}), "how long to profile (24h for a day)")(
+      "source", po::value<std::string>()->default_value("auto"), "auto | tracefs | diskstats")(
+      "buffer-kb", po::value<uint32_t>()->default_value(4096), "tracing ring buffer per CPU, KiB")(
+      "out", po::value<std::string>()->default_value(""), "CSV file (default: standard output)");
+  LoadedConfig cfg;
+  if (int rc = Load(argc, argv, d, "Profile the churn of block devices from the kernel (read-only).", &cfg); rc >= 0)
+    return rc;
+  const auto& vm = cfg.vars;
+  DeviceProfileOptions o;
+  o.devices = vm["device"].as<std::vector<std::string>>();
+  const std::string src = vm["source"].as<std::string>();
+  if (src == "tracefs") o.source = DeviceProfileOptions::Source::kTracefs;
+  else if (src == "diskstats") o.source = DeviceProfileOptions::Source::kDiskstats;
+  else if (src != "auto") return Fail("profile", Status::InvalidArgument("--source must be auto, tracefs or diskstats"));
+  o.buffer_kb = vm["buffer-kb"].as<uint32_t>();
+  // SIGINT/SIGTERM end the profile early: the last row and the summary are
+  // written, and the tracing instance is removed.
+  o.stop = &g_profile_stop;
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_profile_stop = 1; };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  if (o.buffer_kb == 0) return Fail("profile", Status::InvalidArgument("--buffer-kb must be > 0"));
+  const uint64_t interval = vm["interval"].as<Duration>().micros;
+  const uint64_t duration = vm["duration"].as<Duration>().micros;
+  if (interval < 1000) return Fail("profile", Status::InvalidArgument("--interval must be at least 1ms"));
+  const uint64_t rows = std::max<uint64_t>(1, duration / interval);
+  auto prof = DeviceProfiler::Start(o);
+  if (!prof.ok()) return Fail("profile", prof.status());
+  DeviceProfiler& p = **prof;
+  std::unique_ptr<File> file;
+  if (const std::string out = vm["out"].as<std::string>(); !out.empty()) {
+    OpenOptions oo;
+    oo.create = true;
+    oo.truncate = true;
+    auto f = DefaultEnv()->Open(out, oo);
+    if (!f.ok()) return Fail("profile", f.status());
+    file = std::move(*f);
+  }
+  auto emit = [&](const std::string& line) -> Status {
+    if (!file) {
+      std::cout << line << std::flush;
+      return Status::OK();
+    }
+    return file->Append(ByteSpan(reinterpret_cast<const uint8_t*>(line.data()), line.size()));
+  };
+  std::string head = "# cdp-loadgen profile: source " + p.source() + "; devices";
+  for (size_t i = 0; i < o.devices.size(); ++i) head += " " + p.names()[i] + " (" + o.devices[i] + ")";
+  head += "\ntimestamp,bytes,seconds,unique_bytes,lost_events";
+  for (const std::string& n : p.names()) head += ",bytes:" + n + ",unique_bytes:" + n;
+  if (Status s = emit(head + "\n"); !s.ok()) return Fail("profile", s);
+  auto* clock = SystemClock::Get();
+  uint64_t lost = 0;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const double start = double(clock->WallMicros()) / 1e6;
+    const uint64_t t0 = clock->NowMicros();
+    auto iv = p.Collect(std::chrono::milliseconds(interval / 1000));
+    if (!iv.ok()) return Fail("profile", iv.status());
+    const double secs = double(clock->NowMicros() - t0) / 1e6;
+    uint64_t bytes = 0, unique = 0;
+    for (const DeviceInterval& x : *iv) bytes += x.bytes, unique += x.unique_bytes;
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%.3f,%llu,%.3f,", start, static_cast<unsigned long long>(bytes), secs);
+    std::string row = buf;
+    if (p.has_unique()) row += std::to_string(unique);
+    row += "," + std::to_string(p.lost_events() - lost);
+    lost = p.lost_events();
+    for (const DeviceInterval& x : *iv) {
+      row += "," + std::to_string(x.bytes) + ",";
+      if (p.has_unique()) row += std::to_string(x.unique_bytes);
+    }
+    if (Status s = emit(row + "\n"); !s.ok()) return Fail("profile", s);
+    if (g_profile_stop != 0) break;
+  }
+  std::string tail = "# lost events: " + std::to_string(p.lost_events());
+  if (p.lost_events() > 0) tail += " (the kernel dropped them: the rows under-count; use a larger --buffer-kb)";
+  if (Status s = emit(tail + "\n"); !s.ok()) return Fail("profile", s);
+  if (file) {
+    if (Status s = file->Sync(); !s.ok()) return Fail("profile", s);
+  }
+  return 0;
+}
+
 int CmdSweep(int argc, char** argv) {
   po::options_description d("sweep options");
   d.add_options()("local", po::value<std::string>()->default_value(""),
@@ -547,6 +640,7 @@ int main(int argc, char** argv) {
     if (cmd == "churn") return CmdChurn(argc - 1, argv + 1);
     if (cmd == "plan") return CmdPlan(argc - 1, argv + 1);
     if (cmd == "record") return CmdRecord(argc - 1, argv + 1);
+    if (cmd == "profile") return CmdProfile(argc - 1, argv + 1);
     if (cmd == "sweep") return CmdSweep(argc - 1, argv + 1);
     if (cmd == "wanem") return CmdWanem(argc - 1, argv + 1);
     if (cmd == "cluster") return CmdCluster(argc - 1, argv + 1);

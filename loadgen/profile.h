@@ -16,6 +16,18 @@
 // The header line is optional. Timestamps must increase strictly. At most
 // 10 million rows.
 //
+// Version 2, what `cdp-loadgen profile` writes (loadgen/device_profile.h):
+// after `seconds`, the header names more columns, every row has them all:
+//
+//   timestamp,bytes,seconds,unique_bytes,lost_events,bytes:loop0,unique_bytes:loop0
+//
+//   unique_bytes     4 KiB blocks written in the interval, at least once,
+//                    x 4096 (what a catch-up ships); empty when the source
+//                    cannot tell (/proc/diskstats)
+//   lost_events      write events the kernel dropped in the interval (the
+//                    row's figures are short by them)
+//   bytes:D, unique_bytes:D   the same per device D (their sums are the totals)
+//
 // `cdp-loadgen record` writes this format from an agent's /metrics
 // (cdp_agent_captured_bytes_total), see scrape.h.
 //
@@ -32,12 +44,18 @@
 namespace cdp::loadgen {
 
 struct ProfileSample {
+  ProfileSample() = default;
+  ProfileSample(double ts, double b, double s) : timestamp(ts), bytes(b), seconds(s) {}
   double timestamp = 0;  // Unix seconds
   double bytes = 0;
   double seconds = 0;    // interval length
+  double unique_bytes = -1;  // version 2; -1: not known
+  double lost_events = 0;    // version 2
+  std::vector<double> device_bytes, device_unique;  // version 2: per Profile::devices; unique -1 = not known
 };
 
 struct Profile {
+  std::vector<std::string> devices;  // version 2's per-device columns, in order
   std::vector<ProfileSample> samples;
   double total_bytes() const;
   double total_seconds() const;

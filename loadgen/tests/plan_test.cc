@@ -47,10 +47,45 @@ TEST_CASE("Profile CSV errors name the line", "[plan][profile]") {
   auto b = ParseProfileCsv("1,-5,1\n");
   CHECK(b.status().message() == "profile line 1: bad bytes '-5'");
   auto c = ParseProfileCsv("time,bytes\n1,1\n");
-  CHECK(c.status().message() == "profile line 1: header must be 'timestamp,bytes' or 'timestamp,bytes,seconds'");
+  CHECK(c.status().message() == "profile line 1: header must be 'timestamp,bytes' or 'timestamp,bytes,seconds[,...]'");
   CHECK(ParseProfileCsv("1,5\n").status().code() == Code::kInvalidArgument);  // one row, no interval
   CHECK(ParseProfileCsv("").status().code() == Code::kInvalidArgument);
   CHECK(ParseProfileCsv("1,5,0\n").status().message() == "profile line 1: bad seconds '0'");
+}
+
+// Version 2 (cdp-loadgen profile, loadgen/device_profile.h): unique bytes,
+// lost events and a per-device breakdown; unique bytes may be unknown.
+TEST_CASE("Profile CSV version 2: unique bytes, lost events, devices", "[plan][profile]") {
+  auto p = ParseProfileCsv(
+      "# cdp-loadgen profile: source tracefs\n"
+      "timestamp,bytes,seconds,unique_bytes,lost_events,bytes:sda,unique_bytes:sda,bytes:sdb,unique_bytes:sdb\n"
+      "100,12288,10,8192,0,4096,4096,8192,4096\n"
+      "110,0,10,0,3,0,0,0,0\n"
+      "# lost events: 3\n");
+  REQUIRE(p.ok());
+  CHECK(p->devices == std::vector<std::string>{"sda", "sdb"});
+  REQUIRE(p->samples.size() == 2);
+  CHECK(p->samples[0].bytes == 12288);
+  CHECK(p->samples[0].unique_bytes == 8192);
+  CHECK(p->samples[0].device_bytes == std::vector<double>{4096, 8192});
+  CHECK(p->samples[0].device_unique == std::vector<double>{4096, 4096});
+  CHECK(p->samples[1].lost_events == 3);
+  // /proc/diskstats: unique bytes not known.
+  auto d = ParseProfileCsv("timestamp,bytes,seconds,unique_bytes,lost_events,bytes:sda,unique_bytes:sda\n1,512,1,,0,512,\n");
+  REQUIRE(d.ok());
+  CHECK(d->samples[0].unique_bytes == -1);
+  CHECK(d->samples[0].device_unique == std::vector<double>{-1});
+  CHECK(ParseProfileCsv("timestamp,bytes,seconds,unique_bytes\n1,5,1\n").status().message() ==
+        "profile line 2: expected 4 columns, as the header");
+  CHECK(ParseProfileCsv("timestamp,bytes,seconds,colour\n1,5,1,2\n").status().message() ==
+        "profile line 1: unknown column 'colour'");
+  CHECK(ParseProfileCsv("timestamp,bytes,seconds,lost_events\n1,5,1,\n").status().message() ==
+        "profile line 2: bad value '' in column 4");
+  // Plain churn profiles read as before: nothing of version 2.
+  auto old = ParseProfileCsv("timestamp,bytes,seconds\n1,5,1\n");
+  REQUIRE(old.ok());
+  CHECK(old->samples[0].unique_bytes == -1);
+  CHECK(old->devices.empty());
 }
 
 TEST_CASE("Churn statistics of a hand-computed profile", "[plan]") {
