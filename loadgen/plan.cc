@@ -160,6 +160,32 @@ Result<PlanReport> MakePlan(const Profile& p, const PlanOptions& o) {
   if (r.have_link && *o.link_bytes_per_s > r.avg_shipped)
     r.ps_drain_s = r.ps_cache_bytes / o.compression / (*o.link_bytes_per_s - r.avg_shipped);
   r.journal_bytes = WindowMax(p, o.retention_s, &r.journal_extrapolated) * g;
+  bool all_unique = true;
+  Profile q;
+  for (const ProfileSample& s : p.samples) {
+    r.lost_events += s.lost_events;
+    all_unique = all_unique && s.unique_bytes >= 0;
+    q.samples.emplace_back(s.timestamp, s.unique_bytes, s.seconds);
+  }
+  if (all_unique) {
+    CDP_ASSIGN_OR_RETURN(PlanReport cr, MakePlan(q, o));
+    r.coalesced = std::make_shared<const PlanReport>(std::move(cr));
+  }
+  for (size_t d = 0; d < p.devices.size(); ++d) {
+    DeviceRow row;
+    row.name = p.devices[d];
+    bool known = true;
+    double unique = 0;
+    for (const ProfileSample& s : p.samples) {
+      if (d < s.device_bytes.size()) row.bytes += s.device_bytes[d];
+      const double u = d < s.device_unique.size() ? s.device_unique[d] : -1;
+      known = known && u >= 0;
+      unique += u;
+    }
+    row.unique_bytes = known ? unique : -1;
+    row.gb_per_day = row.bytes / r.stats.duration_s * 86400 / 1e9;
+    r.devices.push_back(row);
+  }
   return r;
 }
 
@@ -264,6 +290,41 @@ std::string RenderPlanMarkdown(const PlanReport& r) {
   std::snprintf(buf, sizeof(buf), "| master-target journal for %s retention%s | %s |\n", RpoName(o.retention_s).c_str(),
                 r.journal_extrapolated ? " (extrapolated from the average)" : "", FormatBytes(r.journal_bytes).c_str());
   m += buf;
+  if (!r.devices.empty()) {
+    m += "\n## Devices\n\n| device | written | unique 4 KiB blocks | GB/day |\n|---|---:|---:|---:|\n";
+    for (const DeviceRow& d : r.devices) {
+      std::snprintf(buf, sizeof(buf), "| %s | %s | %s | %.2f |\n", d.name.c_str(), FormatBytes(d.bytes).c_str(),
+                    d.unique_bytes >= 0 ? FormatBytes(d.unique_bytes).c_str() : "not known", d.gb_per_day);
+      m += buf;
+    }
+  }
+  if (r.lost_events > 0) {
+    std::snprintf(buf, sizeof(buf),
+                  "\n**The profile lost %.0f write events** (the kernel's ring buffer was full): every figure above "
+                  "under-counts. Profile again with a larger --buffer-kb.\n",
+                  r.lost_events);
+    m += buf;
+  }
+  if (r.coalesced) {
+    const PlanReport& c = *r.coalesced;
+    m += "\n## The coalesced stream\n\n";
+    m += "Each interval's unique 4 KiB blocks, shipped once: what a catch-up ships when the agent's queue has fallen "
+         "back to its bitmap or metadata mode. The raw stream above is what data mode ships (every write, with its "
+         "point in time).\n\n";
+    std::snprintf(buf, sizeof(buf), "Unique blocks: %s of %s written (%.1f%%). Average shipped rate: %s.\n\n",
+                  FormatBytes(c.stats.total_bytes).c_str(), FormatBytes(s.total_bytes).c_str(),
+                  s.total_bytes > 0 ? 100 * c.stats.total_bytes / s.total_bytes : 0.0, FormatMbit(c.avg_shipped).c_str());
+    m += buf;
+    m += "| RPO | raw: met 100% | coalesced: met 100% | raw: met " + Pct(o.percentile) + " | coalesced: met " +
+         Pct(o.percentile) + " |\n|---|---:|---:|---:|---:|\n";
+    for (size_t i = 0; i < r.rows.size() && i < c.rows.size(); ++i)
+      m += "| " + RpoName(r.rows[i].rpo_s) + " | " + FormatMbit(r.rows[i].bw_100) + " | " + FormatMbit(c.rows[i].bw_100) +
+           " | " + FormatMbit(r.rows[i].bw_pct) + " | " + FormatMbit(c.rows[i].bw_pct) + " |\n";
+    if (r.have_link && c.have_link) {
+      m += "\nOn the " + FormatMbit(*o.link_bytes_per_s) + " link: worst lag " + FormatSeconds(r.link_lag_max) +
+           " raw, " + FormatSeconds(c.link_lag_max) + " coalesced.\n";
+    }
+  }
   return m;
 }
 
@@ -297,6 +358,15 @@ boost::json::value RenderPlanJson(const PlanReport& r) {
                                              {"drain_s", r.ps_drain_s}}},
                    {"journal", json::object{{"retention_s", o.retention_s}, {"bytes", r.journal_bytes},
                                             {"extrapolated", r.journal_extrapolated}}}};
+  if (r.coalesced) out["coalesced"] = RenderPlanJson(*r.coalesced);
+  if (!r.devices.empty()) {
+    json::array devs;
+    for (const DeviceRow& d : r.devices)
+      devs.push_back(json::object{{"name", d.name}, {"bytes", d.bytes}, {"unique_bytes", d.unique_bytes},
+                                  {"gb_per_day", d.gb_per_day}});
+    out["devices"] = devs;
+  }
+  out["lost_events"] = r.lost_events;
   if (r.have_link)
     out["link"] = json::object{{"bps", *o.link_bytes_per_s * 8},        {"lag_max_s", r.link_lag_max},
                                {"lag_90_s", r.link_lag_90},              {"lag_pct_s", r.link_lag_pct},

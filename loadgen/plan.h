@@ -27,11 +27,19 @@
 //   than H, total W' x H / duration (extrapolated; flagged).
 //   Journal for a retention window T: the same over T (the undo journal keeps
 //   the old data of every write, uncompressed).
+//   Coalesced stream (a version-2 profile whose every row knows its unique
+//   bytes, loadgen/device_profile.h): the same bandwidth rows, curve and link
+//   lags with W_i = the interval's unique 4 KiB blocks x 4096, what a
+//   catch-up ships when the agent's queue has fallen back to its bitmap or
+//   metadata mode (each dirty block once per interval). The raw stream is
+//   what data mode ships (every write, with its point in time); the two
+//   bound the link between them. Per-device rows: each device's share.
 //
 // Thread safety: pure functions.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -96,6 +104,13 @@ struct RpoRow {
   double bw_100 = 0, bw_90 = 0, bw_pct = 0;  // bytes per second
 };
 
+struct DeviceRow {
+  std::string name;
+  double bytes = 0;
+  double unique_bytes = -1;  // -1: not known
+  double gb_per_day = 0;
+};
+
 struct PlanReport {
   ChurnStats stats;
   PlanOptions opts;
@@ -111,6 +126,10 @@ struct PlanReport {
   double ps_drain_s = -1;  // time to drain the outage backlog at the link (-1: no link or never)
   double journal_bytes = 0;
   bool journal_extrapolated = false;
+  // Version-2 profiles (loadgen/device_profile.h):
+  std::shared_ptr<const PlanReport> coalesced;  // the plan of the coalesced stream; null when not known
+  std::vector<DeviceRow> devices;
+  double lost_events = 0;  // the profile's rows under-count by these write events
 };
 
 // Failure: kInvalidArgument (compression < 1, no RPO, percentile outside (0,100],

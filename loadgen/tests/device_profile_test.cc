@@ -69,6 +69,38 @@ bool Within(double got, double want, double tolerance) { return got >= want * (1
 
 }  // namespace
 
+// trace_pipe lines as this kernel prints them (with the I/O priority) and as
+// older ones do (without), and the lines that are not write events.
+TEST_CASE("profile: block_rq_issue lines of trace_pipe are parsed, other lines are not events", "[profile]") {
+  cdp::loadgen::BlockEvent e;
+  uint64_t lost = 9;
+  REQUIRE(cdp::loadgen::ParseBlockEvent(
+      "             fio-1234    [001] ..... 4075.123456: block_rq_issue: 7,0 WS 4096 () 2048 + 8 none,0,0 [fio]", &e, &lost));
+  CHECK(lost == 0);
+  CHECK(e.major == 7);
+  CHECK(e.minor == 0);
+  CHECK(e.write);
+  CHECK(e.sector == 2048);
+  CHECK(e.sectors == 8);
+  REQUIRE(cdp::loadgen::ParseBlockEvent("kworker/1:1H-42 [001] d..1. 1.5: block_rq_issue: 259,3 FWFS 1048576 () 123456789 + 2048 [kworker/1:1H]", &e, &lost));
+  CHECK(e.major == 259);
+  CHECK(e.minor == 3);
+  CHECK(e.write);  // a write with a preflush and FUA
+  CHECK(e.sectors == 2048);
+  REQUIRE(cdp::loadgen::ParseBlockEvent("x-1 [000] ..... 2.0: block_rq_issue: 8,0 R 4096 () 8 + 8 be,0,4 [cat]", &e, &lost));
+  CHECK_FALSE(e.write);
+  REQUIRE(cdp::loadgen::ParseBlockEvent("x-1 [000] ..... 2.0: block_rq_issue: 8,0 DS 1048576 () 0 + 2048 be,0,4 [fstrim]", &e, &lost));
+  CHECK_FALSE(e.write);  // a discard carries no data
+  REQUIRE(cdp::loadgen::ParseBlockEvent("x-1 [000] ..... 2.0: block_rq_issue: 8,0 FF 0 () 0 + 0 none,0,0 [kworker]", &e, &lost));
+  CHECK_FALSE(e.write);  // a flush
+  CHECK_FALSE(cdp::loadgen::ParseBlockEvent("CPU:1 [LOST 1234 EVENTS]", &e, &lost));
+  CHECK(lost == 1234);
+  CHECK_FALSE(cdp::loadgen::ParseBlockEvent("x-1 [000] ..... 2.0: block_rq_complete: 8,0 W () 8 + 8 [0]", &e, &lost));
+  CHECK(lost == 0);
+  CHECK_FALSE(cdp::loadgen::ParseBlockEvent("x-1 [000] ..... 2.0: block_rq_issue: 8,0 W", &e, &lost));
+  CHECK_FALSE(cdp::loadgen::ParseBlockEvent("x-1 [000] ..... 2.0: block_rq_issue: 8,0 W 4096 () 18446744073709551616 + 8", &e, &lost));
+}
+
 // The issue's pattern: random 4 KiB over a 64 MiB hot spot, then sequential
 // 1 MiB. fio's random map writes every block of the hot spot once per pass,
 // so 96 MiB of random writes over 64 MiB touch exactly 64 MiB; two passes of

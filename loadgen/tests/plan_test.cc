@@ -266,3 +266,47 @@ TEST_CASE("Measured compression ratio: zeros compress, random data does not", "[
   CHECK(*r == Approx(1.0).epsilon(0.01));
   CHECK(MeasureCompressionRatio(ByteSpan()).status().code() == Code::kInvalidArgument);
 }
+
+// A version-2 profile (cdp-loadgen profile): the coalesced stream is planned
+// as well. Burst() again, where the 120 MB written in the first minute touched
+// 60 MB of unique blocks: an RPO of 60 s needs B with 120e6 / B - 60 <= 60,
+// B = 1 MB/s, for the raw stream, and 0.5 MB/s coalesced.
+TEST_CASE("MakePlan: a device profile plans the raw and the coalesced stream, per device", "[plan]") {
+  Profile p = Burst();
+  p.devices = {"sda", "sdb"};
+  for (auto& s : p.samples) {
+    s.unique_bytes = s.bytes / 2;
+    s.device_bytes = {s.bytes / 4, s.bytes * 3 / 4};
+    s.device_unique = {s.bytes / 8, s.bytes * 3 / 8};
+  }
+  p.samples[3].lost_events = 7;
+  PlanOptions o;
+  o.rpo_s = {60};
+  o.link_bytes_per_s = 1e6;
+  auto r = MakePlan(p, o);
+  REQUIRE(r.ok());
+  REQUIRE(r->coalesced);
+  CHECK(r->rows[0].bw_100 == Approx(1e6).epsilon(1e-6));
+  CHECK(r->coalesced->rows[0].bw_100 == Approx(0.5e6).epsilon(1e-6));
+  CHECK(r->coalesced->stats.total_bytes == 60e6);
+  CHECK(r->link_lag_max == Approx(60).epsilon(1e-9));
+  CHECK(r->coalesced->link_lag_max == Approx(0).margin(1e-9));  // 60 MB in 60 s on a 1 MB/s link
+  REQUIRE(r->devices.size() == 2);
+  CHECK(r->devices[0].name == "sda");
+  CHECK(r->devices[0].bytes == 30e6);
+  CHECK(r->devices[1].unique_bytes == 45e6);
+  CHECK(r->devices[1].gb_per_day == Approx(90e6 / 600 * 86400 / 1e9));
+  CHECK(r->lost_events == 7);
+  const std::string md = RenderPlanMarkdown(*r);
+  CHECK(md.find("## The coalesced stream") != std::string::npos);
+  CHECK(md.find("| sdb | ") != std::string::npos);
+  CHECK(md.find("**The profile lost 7 write events**") != std::string::npos);
+  const auto j = RenderPlanJson(*r).as_object();
+  CHECK(j.at("coalesced").as_object().at("rpo").as_array().size() == 1);
+  CHECK(j.at("devices").as_array().size() == 2);
+  // Unique bytes not known in one row (diskstats): no coalesced plan.
+  p.samples[5].unique_bytes = -1;
+  auto raw = MakePlan(p, o);
+  REQUIRE(raw.ok());
+  CHECK_FALSE(raw->coalesced);
+}
