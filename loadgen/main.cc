@@ -291,6 +291,31 @@ int CmdPlan(int argc, char** argv) {
   return 0;
 }
 
+// Where record's and profile's CSV goes: a file (created or truncated) or,
+// for "", standard output (flushed line by line, for a pipe).
+class CsvOut {
+ public:
+  Status Open(const std::string& path) {
+    if (path.empty()) return Status::OK();
+    OpenOptions oo;
+    oo.create = true;
+    oo.truncate = true;
+    CDP_ASSIGN_OR_RETURN(file_, DefaultEnv()->Open(path, oo));
+    return Status::OK();
+  }
+  Status Emit(const std::string& text) {
+    if (!file_) {
+      std::cout << text << std::flush;
+      return Status::OK();
+    }
+    return file_->Append(ByteSpan(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  }
+  Status Sync() { return file_ ? file_->Sync() : Status::OK(); }
+
+ private:
+  std::unique_ptr<File> file_;
+};
+
 int CmdRecord(int argc, char** argv) {
   po::options_description d("record options");
   d.add_options()("url", po::value<std::string>()->required(), "metrics URL, e.g. https://127.0.0.1:9100/metrics (CDP_TLS_CA: the site CA)")(
@@ -312,23 +337,9 @@ int CmdRecord(int argc, char** argv) {
   const uint64_t interval = vm["interval"].as<Duration>().micros;
   if (interval == 0) return Fail("record", Status::InvalidArgument("--interval must be > 0"));
   const uint64_t samples = vm["samples"].as<uint64_t>();
-  const std::string out = vm["out"].as<std::string>();
-  std::unique_ptr<File> file;
-  if (!out.empty()) {
-    OpenOptions oo;
-    oo.create = true;
-    oo.truncate = true;
-    auto f = DefaultEnv()->Open(out, oo);
-    if (!f.ok()) return Fail("record", f.status());
-    file = std::move(*f);
-  }
-  auto emit = [&](const std::string& line) -> Status {
-    if (!file) {
-      std::cout << line << std::flush;
-      return Status::OK();
-    }
-    return file->Append(ByteSpan(reinterpret_cast<const uint8_t*>(line.data()), line.size()));
-  };
+  CsvOut csv;
+  if (Status s = csv.Open(vm["out"].as<std::string>()); !s.ok()) return Fail("record", s);
+  auto emit = [&](const std::string& line) { return csv.Emit(line); };
   if (Status s = emit("timestamp,bytes,seconds\n"); !s.ok()) return Fail("record", s);
   auto* clock = SystemClock::Get();
   std::vector<CounterReading> readings;
@@ -348,9 +359,7 @@ int CmdRecord(int argc, char** argv) {
     uint64_t now = clock->NowMicros();
     if (readings.size() < samples + 1 && next > now) Sleep(next - now);
   }
-  if (file) {
-    if (Status s = file->Sync(); !s.ok()) return Fail("record", s);
-  }
+  if (Status s = csv.Sync(); !s.ok()) return Fail("record", s);
   return 0;
 }
 
@@ -453,22 +462,9 @@ int CmdProfile(int argc, char** argv) {
   auto prof = DeviceProfiler::Start(o);
   if (!prof.ok()) return Fail("profile", prof.status());
   DeviceProfiler& p = **prof;
-  std::unique_ptr<File> file;
-  if (const std::string out = vm["out"].as<std::string>(); !out.empty()) {
-    OpenOptions oo;
-    oo.create = true;
-    oo.truncate = true;
-    auto f = DefaultEnv()->Open(out, oo);
-    if (!f.ok()) return Fail("profile", f.status());
-    file = std::move(*f);
-  }
-  auto emit = [&](const std::string& line) -> Status {
-    if (!file) {
-      std::cout << line << std::flush;
-      return Status::OK();
-    }
-    return file->Append(ByteSpan(reinterpret_cast<const uint8_t*>(line.data()), line.size()));
-  };
+  CsvOut csv;
+  if (Status s = csv.Open(vm["out"].as<std::string>()); !s.ok()) return Fail("profile", s);
+  auto emit = [&](const std::string& line) { return csv.Emit(line); };
   std::string head = "# cdp-loadgen profile: source " + p.source() + "; devices";
   for (size_t i = 0; i < o.devices.size(); ++i) head += " " + p.names()[i] + " (" + o.devices[i] + ")";
   head += "\ntimestamp,bytes,seconds,unique_bytes,lost_events";
@@ -500,9 +496,7 @@ int CmdProfile(int argc, char** argv) {
   std::string tail = "# lost events: " + std::to_string(p.lost_events());
   if (p.lost_events() > 0) tail += " (the kernel dropped them: the rows under-count; use a larger --buffer-kb)";
   if (Status s = emit(tail + "\n"); !s.ok()) return Fail("profile", s);
-  if (file) {
-    if (Status s = file->Sync(); !s.ok()) return Fail("profile", s);
-  }
+  if (Status s = csv.Sync(); !s.ok()) return Fail("profile", s);
   return 0;
 }
 
