@@ -477,7 +477,10 @@ int CmdProfile(int argc, char** argv) {
     const uint64_t t0 = clock->NowMicros();
     auto iv = p.Collect(std::chrono::milliseconds(interval / 1000));
     if (!iv.ok()) return Fail("profile", iv.status());
-    const double secs = double(clock->NowMicros() - t0) / 1e6;
+    // A stop (SIGTERM) right at the start of an interval ends it at once:
+    // its row lasts at least the 1 ms the CSV can say (never 0, which no
+    // profile may hold), and keeps what was drained.
+    const double secs = std::max(0.001, double(clock->NowMicros() - t0) / 1e6);
     uint64_t bytes = 0, unique = 0;
     for (const DeviceInterval& x : *iv) bytes += x.bytes, unique += x.unique_bytes;
     char buf[160];
