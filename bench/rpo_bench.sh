@@ -42,19 +42,6 @@ churn() {  # RATE_MBS SECONDS
   $A "$LG" churn --target "nbd+unix:///v?socket=$WAN_DIR/agent/nbd.sock" --rate "$1" --duration "$2" --pattern "$PATTERN" \
     --io-size "$IO_SIZE" --compressibility "$COMPRESSIBILITY" --flush-every "$FLUSH_EVERY" --json >"$WAN_DIR/churn.json" 2>/dev/null
 }
-lag() {
-  awk -v a="$(ps_metric cdp_ps_oldest_record_age_seconds)" -v b="$(agent_metric cdp_agent_rpo_lag_seconds)" \
-    'BEGIN {printf "%.3f", (a > b ? a : b)}'
-}
-drain() {
-  for _ in $(seq 1200); do
-    [ "$(ps_metric cdp_ps_backlog_bytes)" = "0.000000" ] && [ "$(agent_metric cdp_agent_rpo_lag_seconds)" = "0.000000" ] && return 0
-    sleep 0.1
-  done
-  echo "backlog did not drain within 120 s" >&2
-  return 1
-}
-
 # One row of stages.csv for step $1 over [$2, $3] from the snapshots s0 and s1.
 stage_row() {
   local d=$WAN_DIR
@@ -85,7 +72,7 @@ stage_row() {
 # Calibration: the ratio raw / wire of this data at zstd-1.
 r0=$(ps_metric cdp_ps_raw_bytes_out_total) w0=$(ps_metric cdp_ps_bytes_out_total)
 churn "$(awk -v l="$link_mbs" 'BEGIN {print l * 0.5}')" "$CALIB_SECS"
-drain
+wan_drain
 r1=$(ps_metric cdp_ps_raw_bytes_out_total) w1=$(ps_metric cdp_ps_bytes_out_total)
 ratio=$(awk -v r="$((${r1%.*} - ${r0%.*}))" -v w="$((${w1%.*} - ${w0%.*}))" 'BEGIN {printf "%.3f", r / w}')
 echo "link $RATE Mbit/s, RTT $(awk -v d="$DELAY" 'BEGIN {print 2 * d}') ms, zstd-1 ratio $ratio on this data"
@@ -102,7 +89,7 @@ for u in $UTILS; do
   w0=$(ps_metric cdp_ps_bytes_out_total); t0=$(date +%s.%N)
   wan_snap "$WAN_DIR/s0"
   : >"$WAN_DIR/lag"
-  while kill -0 "$cpid" 2>/dev/null; do lag >>"$WAN_DIR/lag"; echo >>"$WAN_DIR/lag"; sleep 0.25; done
+  while kill -0 "$cpid" 2>/dev/null; do wan_lag >>"$WAN_DIR/lag"; echo >>"$WAN_DIR/lag"; sleep 0.25; done
   wait "$cpid"
   w1=$(ps_metric cdp_ps_bytes_out_total); t1=$(date +%s.%N)
   wan_snap "$WAN_DIR/s1"
@@ -119,7 +106,7 @@ for u in $UTILS; do
   # The ratio of this step's data steers the next step (zipf rewrites compress differently over time).
   ratio=$(echo "$row" | awk -F, -v r="$ratio" '{print ($3 > 0 ? $2 / ($3 / 8) : r)}')
   echo "$row" | awk -F, '{printf "| %d%% | %s | %s | %s%% | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7}'
-  drain
+  wan_drain
 done
 
 echo

@@ -45,8 +45,8 @@ Result<Profile> ParseProfileCsv(std::string_view text) {
   std::vector<bool> has_seconds;
   size_t line_no = 0;
   bool first_content = true;
-  size_t v2_columns = 0;  // a version-2 header's column count: every row has it
-  // Version 2: the role of each column after `seconds`.
+  size_t wide_columns = 0;  // a header with optional columns: every row has its count
+  // The optional columns: the role of each column after `seconds`.
   enum class Col { kUnique, kLost, kDevBytes, kDevUnique };
   std::vector<std::pair<Col, size_t>> extra;  // (role, device index)
   while (!text.empty()) {
@@ -91,20 +91,20 @@ Result<Profile> ParseProfileCsv(std::string_view text) {
               return err("unknown column '" + std::string(c) + "'");
             }
           }
-          v2_columns = cols.size();
+          wide_columns = cols.size();
         }
         continue;
       }
     }
-    if (v2_columns != 0 && cols.size() != v2_columns)
-      return err("expected " + std::to_string(v2_columns) + " columns, as the header");
-    if (v2_columns == 0 && (cols.size() < 2 || cols.size() > 3)) return err("expected 2 or 3 columns");
+    if (wide_columns != 0 && cols.size() != wide_columns)
+      return err("expected " + std::to_string(wide_columns) + " columns, as the header");
+    if (wide_columns == 0 && (cols.size() < 2 || cols.size() > 3)) return err("expected 2 or 3 columns");
     ProfileSample s;
     if (!ParseNumber(cols[0], &s.timestamp)) return err("bad timestamp '" + std::string(Trim(cols[0])) + "'");
     if (!ParseNumber(cols[1], &s.bytes) || s.bytes < 0) return err("bad bytes '" + std::string(Trim(cols[1])) + "'");
     if (cols.size() >= 3 && (!ParseNumber(cols[2], &s.seconds) || !(s.seconds > 0)))
       return err("bad seconds '" + std::string(Trim(cols[2])) + "'");
-    if (v2_columns != 0) {
+    if (wide_columns != 0) {
       s.device_bytes.assign(p.devices.size(), 0);
       s.device_unique.assign(p.devices.size(), -1);
       for (size_t i = 0; i < extra.size(); ++i) {

@@ -16,8 +16,9 @@
 // The header line is optional. Timestamps must increase strictly. At most
 // 10 million rows.
 //
-// Version 2, what `cdp-loadgen profile` writes (loadgen/device_profile.h):
-// after `seconds`, the header names more columns, every row has them all:
+// Version 1's optional columns, what `cdp-loadgen profile` writes
+// (loadgen/device_profile.h): after `seconds`, the header names more columns,
+// every row has them all:
 //
 //   timestamp,bytes,seconds,unique_bytes,lost_events,bytes:loop0,unique_bytes:loop0
 //
@@ -49,13 +50,13 @@ struct ProfileSample {
   double timestamp = 0;  // Unix seconds
   double bytes = 0;
   double seconds = 0;    // interval length
-  double unique_bytes = -1;  // version 2; -1: not known
-  double lost_events = 0;    // version 2
-  std::vector<double> device_bytes, device_unique;  // version 2: per Profile::devices; unique -1 = not known
+  double unique_bytes = -1;  // optional column; -1: not known
+  double lost_events = 0;    // optional column
+  std::vector<double> device_bytes, device_unique;  // optional columns: per Profile::devices; unique -1 = not known
 };
 
 struct Profile {
-  std::vector<std::string> devices;  // version 2's per-device columns, in order
+  std::vector<std::string> devices;  // the per-device optional columns, in order
   std::vector<ProfileSample> samples;
   double total_bytes() const;
   double total_seconds() const;

@@ -21,6 +21,14 @@
 #   wan_snap PREFIX  the PS's, MT's and agent's /metrics into PREFIX.ps, .mt, .agent
 #   prom_sum FILE NAME [LABEL]  sum of NAME's series in FILE whose labels hold
 #                    LABEL (e.g. 'stage="read"')
+#   wan_lag          the RPO lag now: the age of the oldest write not yet durable
+#                    at the master target, max(oldest record in the PS spool,
+#                    oldest record the agent has not had acknowledged)
+#   wan_drain        waits until the PS's backlog and the agent's lag are zero
+#                    (fails after 120 s)
+#
+# WAN_VOLUME_IMAGE (environment): the protected volume's image or block device
+# (default: a sparse 4 GiB file in WAN_DIR).
 WAN_PIDS=()
 wan_down() {
   for p in "${WAN_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -42,8 +50,9 @@ wan_up() {
   trap wan_down EXIT
   "$LG" wanem up --name wan --rate-mbit "$rate" --delay-ms "$delay" >/dev/null
   A="ip netns exec wan-a" Bn="ip netns exec wan-b"
-  truncate -s 4G "$WAN_DIR/source.img"
-  $A "$LG" cluster --build "$build" --dir "$WAN_DIR" --volume v --tenant t --codec "$codec" --level 1 \
+  local image=${WAN_VOLUME_IMAGE:-$WAN_DIR/source.img}
+  [ -n "${WAN_VOLUME_IMAGE:-}" ] || truncate -s 4G "$image"
+  $A "$LG" cluster --build "$build" --dir "$WAN_DIR" --volume v --volume-image "$image" --tenant t --codec "$codec" --level 1 \
     --mt-host 10.77.0.2 --mt-wrapper="$Bn" --ps-args="--connections $conns" --env-file "$WAN_DIR/cluster.env" \
     >/dev/null 2>"$WAN_DIR/cluster.log" &
   WAN_PIDS+=($!)
@@ -74,4 +83,16 @@ wan_snap() {
 prom_sum() {
   awk -v n="$2" -v l="${3:-}" '($1 == n || index($1, n "{") == 1) && (l == "" || index($1, l) > 0) {s += $2}
     END {printf "%.6f", s}' "$1"
+}
+wan_lag() {
+  awk -v a="$(ps_metric cdp_ps_oldest_record_age_seconds)" -v b="$(agent_metric cdp_agent_rpo_lag_seconds)" \
+    'BEGIN {printf "%.3f", (a > b ? a : b)}'
+}
+wan_drain() {
+  for _ in $(seq 1200); do
+    [ "$(ps_metric cdp_ps_backlog_bytes)" = "0.000000" ] && [ "$(agent_metric cdp_agent_rpo_lag_seconds)" = "0.000000" ] && return 0
+    sleep 0.1
+  done
+  echo "backlog did not drain within 120 s" >&2
+  return 1
 }

@@ -53,9 +53,9 @@ TEST_CASE("Profile CSV errors name the line", "[plan][profile]") {
   CHECK(ParseProfileCsv("1,5,0\n").status().message() == "profile line 1: bad seconds '0'");
 }
 
-// Version 2 (cdp-loadgen profile, loadgen/device_profile.h): unique bytes,
+// The optional columns (cdp-loadgen profile, loadgen/device_profile.h): unique bytes,
 // lost events and a per-device breakdown; unique bytes may be unknown.
-TEST_CASE("Profile CSV version 2: unique bytes, lost events, devices", "[plan][profile]") {
+TEST_CASE("Profile CSV optional columns: unique bytes, lost events, devices", "[plan][profile]") {
   auto p = ParseProfileCsv(
       "# cdp-loadgen profile: source tracefs\n"
       "timestamp,bytes,seconds,unique_bytes,lost_events,bytes:sda,unique_bytes:sda,bytes:sdb,unique_bytes:sdb\n"
@@ -81,7 +81,7 @@ TEST_CASE("Profile CSV version 2: unique bytes, lost events, devices", "[plan][p
         "profile line 1: unknown column 'colour'");
   CHECK(ParseProfileCsv("timestamp,bytes,seconds,lost_events\n1,5,1,\n").status().message() ==
         "profile line 2: bad value '' in column 4");
-  // Plain churn profiles read as before: nothing of version 2.
+  // Plain churn profiles read as before: none of the optional columns.
   auto old = ParseProfileCsv("timestamp,bytes,seconds\n1,5,1\n");
   REQUIRE(old.ok());
   CHECK(old->samples[0].unique_bytes == -1);
