@@ -65,6 +65,7 @@ VolumeOptions MasterTarget::Impl::VolOpts(const std::string& tenant, const std::
   auto level = o.tenant_journal_zstd_level.find(tenant);
   vo.journal_zstd_level = level == o.tenant_journal_zstd_level.end() ? o.journal_zstd_level : level->second;
   vo.point_interval_us = o.point_interval_us;
+  vo.points_require_flush = o.points_require_flush;
   vo.replica_direct_io = o.replica_direct_io;
   vo.max_batch_work = o.max_batch_work;
   vo.retention = o.retention;

@@ -104,6 +104,7 @@ struct MasterTargetOptions {
   // volume keeps its ~9 files open and sqlite opens the index itself.
   size_t max_open_files = 1000;
   uint64_t point_interval_us = 5'000'000;
+  bool points_require_flush = false;  // VolumeOptions::points_require_flush
   // The history lock (retention.lock_us, master-target/history_lock.h) is
   // 24 h unless the admin configures it.
   RetentionPolicy retention{0, 0, kDefaultHistoryLockUs};

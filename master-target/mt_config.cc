@@ -44,7 +44,9 @@ po::options_description MasterTargetConfigDescription() {
        "direct | buffered: apply reads and writes the replicas' 4 KiB blocks with O_DIRECT, several at once "
        "(buffered: through the page cache, one at a time)")
       ("point_interval", po::value<Duration>()->default_value(Duration{5'000'000}),
-       "at most one crash-consistent point per interval")
+       "a crash-consistent point per interval, at a flush or a write (0: at every flush)")
+      ("point_require_flush", po::value<bool>()->default_value(false),
+       "crash-consistent points only at flushes (an application that never flushes gets none)")
       ("retention.max_age", po::value<Duration>(), "keep points younger than this (unset: no age limit)")
       ("volume_retention", po::value<std::vector<std::string>>()->composing(),
        "TENANT/VOLUME=DURATION: that volume keeps points younger than DURATION instead (repeatable)")
@@ -198,6 +200,7 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
     }
   }
   o.point_interval_us = vm["point_interval"].as<Duration>().micros;
+  o.points_require_flush = vm["point_require_flush"].as<bool>();
   if (vm.count("retention.max_age")) o.retention.max_age_us = vm["retention.max_age"].as<Duration>().micros;
   if (vm.count("retention.max_bytes")) o.retention.max_bytes = vm["retention.max_bytes"].as<ByteSize>().bytes;
   o.retention_check_us = vm["retention.check_interval"].as<Duration>().micros;

@@ -156,10 +156,11 @@ PointCatalogue::NewPoints PointCatalogue::PointsOf(const std::vector<proto::Reco
     }
   }
   auto written = [&](const proto::Record& r) { return r.timestamp_us != 0 ? r.timestamp_us : wall; };
+  const bool at_writes = !o_.points_require_flush && o_.point_interval_us > 0;
   for (size_t i = first; i < recs.size(); ++i) {
     const proto::Record& r = recs[i];
     const uint64_t when = written(r);
-    if (r.kind == proto::RecordKind::kFlush) {
+    if (r.kind == proto::RecordKind::kFlush || (at_writes && proto::IsWriteKind(r.kind))) {
       // A host clock stepped back starts the spacing again.
       if (last_crash == 0 || when >= last_crash + o_.point_interval_us || when < last_crash) {
         n.points.push_back(RecoveryPoint{0, r.seq, when, PointKind::kCrash, "", false, wall});

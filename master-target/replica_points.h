@@ -43,6 +43,7 @@ class PointCatalogue {
  public:
   struct Options {
     uint64_t point_interval_us = 5'000'000;  // VolumeOptions::point_interval_us
+    bool points_require_flush = false;       // VolumeOptions::points_require_flush
     uint64_t anomaly_hold_us = 0;            // VolumeOptions::anomaly_hold_us
     RetentionPolicy retention;               // VolumeOptions::retention
   };
@@ -82,10 +83,18 @@ class PointCatalogue {
 
   // ---- Apply lock held.
   // The points and anomalies of a batch's records recs[first..] (apply step
-  // 5): crash-consistent points at flushes, spaced point_interval_us apart by
-  // the host's clock (a clock stepped back starts the spacing again), tags,
-  // and a suspect-clean point per anomaly record (at its clean sequence, not
-  // below `horizon`). `wall` is this MT's clock (applied_us).
+  // 5): crash-consistent points spaced point_interval_us apart by the host's
+  // clock (a clock stepped back starts the spacing again), each at the first
+  // flush -- or write, unless points_require_flush or the interval is 0 --
+  // captured at least the interval after the last one; tags; and a
+  // suspect-clean point per anomaly record (at its clean sequence, not below
+  // `horizon`). `wall` is this MT's clock (applied_us). Only the records
+  // decide, not how they were batched: every copy of the stream makes the
+  // same points. A point at a write is as consistent as one at a flush: the
+  // agent writes each write to the volume and numbers it under one lock,
+  // before the write completes, so every prefix of the stream is the volume
+  // as it was at one instant, a state a power cut could have left
+  // (docs/recovery.md, "Points without flushes").
   struct NewPoints {
     std::vector<RecoveryPoint> points;
     // Each anomaly's point_id is the index of its point in `points` until

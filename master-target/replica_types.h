@@ -193,7 +193,13 @@ struct VolumeOptions {
   // volume's other files, e.g. in a Ceph pool).
   std::string index_vfs;
   uint64_t segment_bytes = 64ull << 20;
-  uint64_t point_interval_us = 5'000'000;  // at most one crash-consistent point per interval
+  // Crash-consistent points: at most one per interval, at the first flush or
+  // write whose capture time is at least point_interval_us after the last
+  // one (PointCatalogue::PointsOf). 0: one at every flush, none at writes.
+  uint64_t point_interval_us = 5'000'000;
+  // Only flushes make crash-consistent points (an application that never
+  // flushes gets none between tags); config point_require_flush.
+  bool points_require_flush = false;
   // A batch asking more ranged work (sum of data/zero/trim lengths: bytes
   // read into the undo journal) is refused with kBadRecord, nothing applied.
   uint64_t max_batch_work = proto::kMaxBatchWork;

@@ -50,7 +50,7 @@ Status ReplicaVolume::Init(const VolumeIdentity* create) {
   }
   fence_ = std::make_unique<VolumeFence>(db_.get(), o_.clock);
   catalogue_ = std::make_unique<PointCatalogue>(
-      db_.get(), o_.clock, PointCatalogue::Options{o_.point_interval_us, o_.anomaly_hold_us, o_.retention});
+      db_.get(), o_.clock, PointCatalogue::Options{o_.point_interval_us, o_.points_require_flush, o_.anomaly_hold_us, o_.retention});
   // Memory per volume stays bounded (sqlite's default cache is 2 MB): the
   // operating system's page cache holds the rest of the index.
   CDP_RETURN_IF_ERROR(db_->Exec("PRAGMA cache_size = -" + std::to_string(kIndexCacheKiB)));

@@ -3,7 +3,8 @@
 // two copies fed the same stream at different moments, in different
 // batches, list the same points with the same ids and times; retention and
 // the history lock count from the apply time; VOLUME@TIME picks the newest
-// point written at or before TIME.
+// point written at or before TIME. A stream without flushes gets a point
+// every interval too (issue #43), each the volume as of its sequence.
 #include <catch2/catch.hpp>
 
 #include "common/base/clock.h"
@@ -39,6 +40,9 @@ VolumeOptions Opts(Env* env, const Clock* clock, const std::string& dir, const s
   o.index_path = index;
   o.segment_bytes = 64 * 1024;
   o.point_interval_us = 5 * kSecond;
+  // This stream flushes every second: its points are at the flushes, as
+  // their times below are (points at writes: the last test).
+  o.points_require_flush = true;
   return o;
 }
 
@@ -202,4 +206,60 @@ TEST_CASE("points: UTC times as an operator writes them", "[points]") {
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == Code::kInvalidArgument);
   }
+}
+
+// Issue #43: an application that never flushes. Writes every 250 ms of the
+// host's clock, 4 KiB each at a block of its own (the block of write i holds
+// i's bytes), no flush in 60 s.
+TEST_CASE("points: a stream without flushes gets a point every interval, the same at every copy, each the volume "
+          "as of its sequence",
+          "[points]") {
+  TempDir tmp;
+  auto env = NewMemEnv();
+  std::vector<proto::Record> s;
+  constexpr int kWrites = 240;
+  constexpr uint64_t kBlocks = kSize / 4096;
+  for (int i = 0; i < kWrites; ++i) {
+    proto::Record d = DataRecord(uint64_t(i) + 1, (uint64_t(i) * 7 % kBlocks) * 4096, RandomBytes(4096, uint64_t(i)));
+    d.timestamp_us = kHostStart + uint64_t(i) * kSecond / 4;
+    s.push_back(d);
+  }
+  ManualClock clock;
+  clock.Set(kHostStart + 3600 * kSecond);
+  const VolumeIdentity id = Ident();
+  VolumeOptions oa = Opts(env.get(), &clock, "/a", tmp.path() + "/a.db");
+  VolumeOptions ob = Opts(env.get(), &clock, "/b", tmp.path() + "/b.db");
+  VolumeOptions oc = Opts(env.get(), &clock, "/c", tmp.path() + "/c.db");
+  oa.points_require_flush = ob.points_require_flush = false;
+  auto a = ReplicaVolume::Open(oa, &id);
+  auto b = ReplicaVolume::Open(ob, &id);
+  auto c = ReplicaVolume::Open(oc, &id);  // configured to require flushes
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(c.ok());
+  Feed(**a, s, 3);
+  Feed(**b, s, 50);
+  Feed(**c, s, 50);
+  const auto pa = (*a)->points().List(), pb = (*b)->points().List();
+  // At the first write, then at the first write of every 5 s of the host's
+  // clock: writes 0, 20, 40, ... 220.
+  REQUIRE(pa.size() == 12);
+  REQUIRE(pb.size() == pa.size());
+  for (size_t k = 0; k < pa.size(); ++k) {
+    INFO("point " << k);
+    CHECK(pa[k].kind == PointKind::kCrash);
+    CHECK(pa[k].seq == 20 * k + 1);
+    CHECK(pa[k].time_us == kHostStart + 5 * kSecond * k);
+    CHECK(pb[k].seq == pa[k].seq);
+    CHECK(pb[k].time_us == pa[k].time_us);
+    // The image at the point: every write up to its sequence, none after.
+    Bytes want(kSize, 0), got(kSize);
+    for (uint64_t i = 0; i < pa[k].seq; ++i) {
+      const Bytes& d = s[i].data;
+      std::copy(d.begin(), d.end(), want.begin() + std::ptrdiff_t(s[i].offset));
+    }
+    REQUIRE((*a)->ReadAt(pa[k].seq, 0, kSize, got.data()).ok());
+    CHECK(got == want);
+  }
+  CHECK((*c)->points().List().empty());
 }
