@@ -146,6 +146,10 @@ Status Agent::StartParts() {
     } else {
       log::Get("agent")->warn("tls = off: writes reach the process server in clear text");
     }
+    group_holds_ = std::make_unique<GroupHolds>([this](const std::string& v) { return FindDevice(v); });
+    opts_.sender.on_peer_request = [h = group_holds_.get()](repl::ReplicationSender& link, proto::Message m) {
+      h->OnRequest(std::move(m), [&link](const proto::Message& answer) { return link.Send(answer); });
+    };
     size_t shared = 0;  // volumes on the shared links
     for (const auto& v : opts_.volumes) shared += v.frame_bytes == 0 ? 1 : 0;
     const size_t links = std::min(shared, size_t(std::max(1, opts_.ps_connections)));
@@ -212,6 +216,7 @@ void Agent::DropParts() {
   nbd_.reset();
   senders_.clear();
   links_.clear();
+  group_holds_.reset();
   resync_driver_.reset();
   devices_.clear();
 }
@@ -226,6 +231,7 @@ void Agent::Stop() {
   for (auto& l : links_) l->Stop();  // fails the pending hash requests of every volume
   if (resync_driver_) resync_driver_->Stop();
   for (auto& s : senders_) s->Stop();
+  if (group_holds_) group_holds_->Stop();
   if (http_) http_->Stop();
   for (auto& d : devices_) {
     auto r = d->bitmap().Checkpoint();
@@ -340,6 +346,8 @@ boost::json::value Agent::StatusJson() const {
     v["to_bitmap"] = qs.to_bitmap;
     v["to_data"] = qs.to_data;
     v["anomalies"] = qs.anomalies;  // possible ransomware seen (agent/anomaly_detector.h)
+    v["group_holds"] = qs.holds;  // group points' holds (docs/groups.md), and those that lapsed
+    v["group_holds_lapsed"] = qs.holds_lapsed;
     v["last_anomaly"] = qs.last_anomaly;
     v["anomaly_windows"] = d->anomaly_counters().windows;  // detection windows closed
     v["dirty_regions"] = d->bitmap().DirtyCount();
@@ -419,6 +427,15 @@ void Agent::RegisterMetrics(size_t i) {
                           },
                           lt);
   }
+  // Group points (docs/groups.md): the time writes waited for a hold, and the holds.
+  d->queue().SetHoldWaits(registry_.GetHistogram(
+      "cdp_agent_group_hold_seconds", "Time application writes waited for a group point's hold",
+      {0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5}, l));
+  registry_.AddComputed("cdp_agent_group_holds_total", "Group holds put on (one per group round)", Type::kCounter,
+                        [q] { return double(q().holds); }, l);
+  registry_.AddComputed("cdp_agent_group_holds_lapsed_total",
+                        "Group holds that ended at their timeout, not released by their coordinator", Type::kCounter,
+                        [q] { return double(q().holds_lapsed); }, l);
   registry_.AddComputed("cdp_agent_dirty_regions", "Regions dirty in the persistent bitmap", Type::kGauge,
                         [d] { return double(d->bitmap().DirtyCount()); }, l);
   registry_.AddComputed("cdp_agent_resync_remaining_regions", "Regions waiting for a resync", Type::kGauge,

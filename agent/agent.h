@@ -44,6 +44,7 @@
 #include "agent/branch_store.h"
 #include "agent/capture_device.h"
 #include "agent/failback.h"
+#include "agent/group_hold.h"
 #include "agent/sender.h"
 #include "agent/site_state.h"
 #include "common/base/clock.h"
@@ -173,6 +174,7 @@ class Agent {
   metrics::Registry& registry() { return registry_; }
   CaptureDevice* device(size_t i) { return devices_.at(i).get(); }
   Sender* sender(size_t i) { return senders_.empty() ? nullptr : senders_.at(i).get(); }
+  GroupHolds* group_holds() { return group_holds_.get(); }
 
  private:
   Status StartParts();  // Start without the clean-up
@@ -222,6 +224,9 @@ class Agent {
   // Runs every volume's resync (one thread per link, not per volume); stopped
   // after the links, before the senders.
   std::unique_ptr<ResyncDriver> resync_driver_;
+  // Group holds asked by the process server (docs/groups.md); outlives the
+  // links, stopped after them.
+  std::unique_ptr<GroupHolds> group_holds_;
   std::vector<std::unique_ptr<Sender>> senders_;
   std::vector<std::unique_ptr<VolumeSite>> sites_;  // one per volume
   std::unique_ptr<NbdServer> nbd_;

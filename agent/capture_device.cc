@@ -122,7 +122,7 @@ Status CaptureDevice::WriteKeeping(uint64_t offset, ByteSpan data, std::shared_p
   if (!widen && queue_->mode() == CaptureMode::kData)
     copy = keep ? std::move(keep) : std::make_shared<const Bytes>(data.begin(), data.end());
   {
-    auto lk = queue_->Lock();
+    auto lk = queue_->LockForWrite();
     Status s = file_->Write(offset, data);
     if (!s.ok()) {
       // Part of it may have landed: the client gets the error, and the
@@ -175,7 +175,7 @@ Status CaptureDevice::ApplyRange(proto::RecordKind kind, uint64_t offset, uint64
   if (std::string f = write_fence(); !f.empty()) return Status::PermissionDenied(f);
   CDP_RETURN_IF_ERROR(bitmap_->MarkAndPin(offset, len));
   static const Bytes kZeros(kZeroChunk, 0);
-  auto lk = queue_->Lock();
+  auto lk = queue_->LockForWrite();
   Status s;
   if (punch) s = file_->PunchHole(offset, len);
   if (!punch || !s.ok()) {
@@ -247,7 +247,7 @@ Status CaptureDevice::Trim(uint64_t offset, uint64_t len, bool fua) {
 
 Status CaptureDevice::Flush() {
   CDP_RETURN_IF_ERROR(SyncBacking());
-  auto lk = queue_->Lock();
+  auto lk = queue_->LockForWrite();
   (void)queue_->AppendFlushLocked(ConsistentLocked());
   return Status::OK();
 }

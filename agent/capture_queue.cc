@@ -23,6 +23,51 @@ CaptureQueue::CaptureQueue(Options opts) : opts_(std::move(opts)) {
   data_limit_ = opts_.budget - opts_.budget / 8;
 }
 
+std::unique_lock<std::mutex> CaptureQueue::LockForWrite() {
+  std::unique_lock<std::mutex> l(mu_);
+  if (hold_round_ == 0) return l;
+  const auto start = std::chrono::steady_clock::now();
+  while (hold_round_ != 0) {
+    if (std::chrono::steady_clock::now() >= hold_deadline_) {
+      log::Get("agent")->warn("{} group hold {} lapsed after its timeout: writes flow again",
+                              log::Where{opts_.volume, "", next_seq_}, hold_round_);
+      hold_round_ = 0;
+      ++st_.holds_lapsed;
+      hold_cv_.notify_all();
+      break;
+    }
+    hold_cv_.wait_until(l, hold_deadline_);
+  }
+  ++st_.held_writes;
+  if (hold_waits_) {
+    hold_waits_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return l;
+}
+
+bool CaptureQueue::HoldLocked(uint64_t round, std::chrono::steady_clock::time_point deadline) {
+  if (hold_round_ != 0 && std::chrono::steady_clock::now() < hold_deadline_) return false;
+  if (hold_round_ != 0) ++st_.holds_lapsed;  // lapsed with nobody waiting
+  hold_round_ = round;
+  hold_deadline_ = deadline;
+  ++st_.holds;
+  return true;
+}
+
+bool CaptureQueue::EndHoldLocked(uint64_t round) {
+  if (hold_round_ != round || round == 0) return false;
+  const bool on_time = std::chrono::steady_clock::now() < hold_deadline_;
+  if (!on_time) ++st_.holds_lapsed;
+  hold_round_ = 0;
+  hold_cv_.notify_all();
+  return on_time;
+}
+
+void CaptureQueue::SetHoldWaits(std::shared_ptr<metrics::Histogram> h) {
+  std::lock_guard<std::mutex> l(mu_);
+  hold_waits_ = std::move(h);
+}
+
 void CaptureQueue::SetModeLocked(CaptureMode m, const char* why) {
   if (m == st_.mode) return;
   CaptureMode old = st_.mode;

@@ -34,6 +34,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -46,6 +48,7 @@
 #include "common/base/clock.h"
 #include "common/base/coding.h"
 #include "common/base/status.h"
+#include "common/daemon/metrics.h"
 #include "common/wire/protocol.h"
 
 namespace cdp::agent {
@@ -84,6 +87,9 @@ struct CaptureQueueStats {
   uint64_t to_data = 0;
   uint64_t bitmap_mode_ops = 0;  // writes that were not queued (bitmap mode)
   uint64_t anomalies = 0;        // anomaly records queued (agent/anomaly_detector.h)
+  uint64_t holds = 0;            // group holds put on
+  uint64_t holds_lapsed = 0;     // ... that ended at their deadline, not by their coordinator
+  uint64_t held_writes = 0;      // writes that waited for a hold
   std::string last_anomaly;      // the last one's message ("" : none)
 };
 
@@ -102,6 +108,29 @@ class CaptureQueue {
 
   // The capture lock.
   std::unique_lock<std::mutex> Lock() { return std::unique_lock<std::mutex>(mu_); }
+
+  // --- Group holds (docs/groups.md) ---
+  // While a hold is on, no application write (or flush) is applied, numbered
+  // or completed: the capture device takes the lock for one with
+  // LockForWrite, which waits, the lock released meanwhile, until the hold
+  // ends. A hold ends at EndHoldLocked or at its deadline, whichever comes
+  // first: the first writer to wake past the deadline ends it, and so does
+  // EndHoldLocked. The queue's own records (tags, anomalies, resync and
+  // repair ranges) are not held: they take Lock().
+  //
+  // The capture lock for an application write: waits while a hold is on.
+  std::unique_lock<std::mutex> LockForWrite();
+  // Puts hold `round` (non-zero) on until `deadline`. False, and nothing
+  // changes, when another one is on.
+  bool HoldLocked(uint64_t round, std::chrono::steady_clock::time_point deadline);
+  // Ends hold `round`. True if it was still on and its deadline not passed:
+  // no write was numbered since HoldLocked, so a record queued now (before
+  // this call, under the same lock) lands at the held place. False when the
+  // hold had lapsed or is another round's (then it is left alone).
+  bool EndHoldLocked(uint64_t round);
+  // Writes that waited for a hold are observed here (seconds); null: none.
+  // Set before writes arrive.
+  void SetHoldWaits(std::shared_ptr<metrics::Histogram> h);
 
   // Queues a captured write (kData: `data` holds length bytes), zero-write or
   // trim (no data) in the current mode. Returns its sequence, or 0 when the
@@ -177,6 +206,10 @@ class CaptureQueue {
   uint64_t data_limit_;
   mutable std::mutex mu_;
   std::function<void()> on_append_;  // guarded by mu_
+  std::condition_variable hold_cv_;  // a hold ended
+  uint64_t hold_round_ = 0;          // 0: no hold on
+  std::chrono::steady_clock::time_point hold_deadline_;
+  std::shared_ptr<metrics::Histogram> hold_waits_;
   std::deque<QueuedRecord> q_;  // seqs acked_+1 .. next_seq_-1, in order
   uint64_t next_seq_ = 1;
   uint64_t acked_ = 0;

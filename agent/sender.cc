@@ -32,6 +32,7 @@ repl::SenderOptions ReplOptions(const SenderOptions& o) {
   l.peer_name = "process server";
   l.label = "tenant=" + o.link.tenant;
   l.role = proto::Role::kAgent;
+  l.on_peer_request = o.on_peer_request;
   if (o.tls != nullptr) l.wrap = TlsWrapper(o.tls, TlsSide::kClient, std::chrono::milliseconds(o.link.connect_timeout_ms));
   return l;
 }

@@ -69,6 +69,8 @@ struct SenderOptions {
   uint64_t generation = 1;
   const Clock* clock = nullptr;      // must outlive the sender
   const TlsCredentials* tls = nullptr;  // TLS to the PS; null = clear text; must outlive the sender
+  // The process server's own requests (group holds): repl::SenderOptions::on_peer_request.
+  std::function<void(repl::ReplicationSender&, proto::Message)> on_peer_request;
 };
 
 struct SenderStats {

@@ -38,6 +38,10 @@ constexpr const char* kUsage =
     "  failover VOLUME --to POINT [--test] | failover VOLUME --undo | failover VOLUME --commit |\n"
     "  failback VOLUME [--passes N] | branches |\n"
     "  reprotect VOLUME |\n"
+    "  group create G --member AGENT:VOLUME [--member ...] [--interval MS] [--hold-max MS] [--hold-timeout MS] |\n"
+    "  group list | group remove G | group point G | group points G |\n"
+    "  failover --group G --to GPOINT | rollback --group G --to GPOINT | export --group G --to GPOINT\n"
+    "    (GPOINT: latest, a round or a marker from 'group points'; groups need --tenant) |\n"
     "  token issue --tenant T [--scope tenant|tenant-read] [--expires DURATION] |\n"
     "  token issue --scope admin [--expires DURATION] |\n"
     "  token revoke ID | token revoke --tenant T | token list\n"
@@ -58,7 +62,8 @@ int Usage(const std::vector<std::string>& args, std::ostream& err) {
   for (const std::string& a : args) {
     if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size" && a != "--repair" &&
         a != "--max-rate" && a != "--scope" && a != "--expires" && a != "--test" && a != "--undo" && a != "--commit" &&
-        a != "--key-file" && a != "--out" && a != "--socket" && a != "--tls-certificates" && a != "--hosts") {
+        a != "--key-file" && a != "--out" && a != "--socket" && a != "--tls-certificates" && a != "--hosts" && a != "--group" &&
+        a != "--member" && a != "--interval" && a != "--hold-max" && a != "--hold-timeout") {
       err << "cdpctl: unknown option '" << a << "'\n";
       break;
     }
@@ -103,6 +108,10 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   if (cmd == "--help" && args.size() == 1) return out << kUsage, 0;
   if (cmd == "--version" && args.size() == 1) return out << VersionText("cdpctl"), 0;
   if (cmd == "status" && args.size() == 1) return Status(o, out, err);
+  if (cmd == "group" && args.size() >= 2) return GroupCommand(o, args, out, err);
+  if ((cmd == "failover" || cmd == "rollback" || cmd == "export") && args.size() == 5 && args[1] == "--group" &&
+      args[3] == "--to")
+    return GroupRecovery(o, cmd, args[2], args[4], out, err);
   if (cmd == "tag" && args.size() == 2) return Tag(o, args[1], out, err);
   if (cmd == "points" && args.size() == 2) return Points(o, args[1], out, err);
   if (cmd == "anomalies" && args.size() == 2) return Anomalies(o, args[1], "", out, err);

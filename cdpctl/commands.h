@@ -7,6 +7,7 @@
 //   recovery.cc     rollback, reprotect, failback, export / resolve,
 //                   failover, branches, unexport
 //   verify.cc       verify (and repair)
+//   group.cc        group, and failover / rollback / export --group
 //   serve.cc        serve (a sealed volume decrypted at the tenant's site)
 //   credentials.cc  pki, token, keys
 // Every command returns the process exit code (cdpctl.h: 0, 1 failed, 2
@@ -80,6 +81,19 @@ int Failover(const Options& o, const std::string& volume, const std::string& act
              std::ostream& out, std::ostream& err);
 int Branches(const Options& o, std::ostream& out, std::ostream& err);
 int Unexport(const Options& o, const std::string& name, std::ostream& out, std::ostream& err);
+
+// ---- group.cc ----
+// group create G --member AGENT:VOLUME ... | group list | group remove G |
+// group point G | group points G  (`args` from "group").
+int GroupCommand(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+// failover | rollback | export of every member of `group` at its group point
+// `point` ("latest", a round or a marker): the single-volume step of each
+// member at its marker's sequence.
+int GroupRecovery(const Options& o, const std::string& action, const std::string& group, const std::string& point,
+                  std::ostream& out, std::ostream& err);
+// The groups of a process server's /status or /v1/groups body, as lines of
+// cdpctl status (nothing when it has none).
+void GroupLines(const json::value& ps_body, std::ostream& out);
 
 // ---- serve.cc ----
 // serve VOLUME@POINT | VOLUME@failover --key-file F --socket PATH [--tls-certificates DIR]:

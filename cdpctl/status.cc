@@ -119,6 +119,7 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
       }
     }
   }
+  GroupLines(p.body, out);  // consistency groups coordinated there
   out << "master target " << Where(o.mt) << (m.reached ? "" : "  unreachable: " + m.error) << "\n";
   if (auto* vols = Volumes(m.body)) {
     std::snprintf(line, sizeof line, "  %-16s %-10s %-17s %12s %12s %7s\n", "VOLUME", "TENANT", "STATE", "APPLIED",

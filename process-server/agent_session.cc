@@ -169,8 +169,21 @@ class SessionSink : public repl::ReceiverSink {
 
   void Call(proto::Message request, repl::Reply reply) override;
 
+  // Group rounds (process-server/group_coordinator.h) reach the agent through `push`.
+  void Attach(repl::Reply push) override {
+    if (ps_.groups) group_handle_ = ps_.groups->Attach(s_.tenant, s_.peer.client_id, std::move(push));
+  }
+  void Answered(proto::Message answer) override {
+    if (auto* h = std::get_if<proto::GroupHeld>(&answer); h != nullptr && ps_.groups && group_handle_ != 0)
+      ps_.groups->Answered(group_handle_, *h);
+  }
+  ~SessionSink() override {
+    if (ps_.groups && group_handle_ != 0) ps_.groups->Detach(group_handle_);
+  }
+
  private:
   static constexpr uint64_t kDeferred = UINT64_MAX;
+  uint64_t group_handle_ = 0;  // GroupCoordinator::Attach's, 0: none
 
   // Where the agent resumes: the spool's durable sequence, or the master
   // targets' when they hold more; kDeferred (why in deferred_) while that is

@@ -433,6 +433,12 @@ Status ProcessServer::Start() {
   lo.registry = opt_.registry;
   StreamWrapper secure;
   if (im.tls) secure = TlsWrapper(im.tls.get(), TlsSide::kServer, std::chrono::milliseconds(10'000));
+  GroupCoordinator::Options go;
+  go.env = opt_.env;
+  go.path = JoinPath(opt_.spool_dir, "groups.json");
+  go.registry = opt_.registry;
+  im.groups = std::make_unique<GroupCoordinator>(go);
+  CDP_RETURN_IF_ERROR(im.groups->Start());
   im.receiver = im.MakeReceiver();
   im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch, Listener::Slot& slot) { im.receiver->Serve(ch, &slot); }, secure));
   CDP_RETURN_IF_ERROR(im.listener->Start());
@@ -495,6 +501,7 @@ void ProcessServer::Stop() {
     for (auto& [t, v] : site)
       for (auto& l : v) l->Stop();              // wakes sessions waiting on the master target
   if (im.listener) im.listener->Stop();       // joins the agent threads
+  if (im.groups) im.groups->Stop();
   {
     std::lock_guard<std::mutex> l(im.mu);  // stopping was set: the flusher sees it under mu
   }

@@ -30,6 +30,7 @@
 #include "common/net/tls_stream.h"
 #include "common/wire/channel.h"
 #include "common/wire/replication_receiver.h"
+#include "process-server/group_coordinator.h"
 #include "process-server/mt_link.h"
 #include "process-server/process_server.h"
 #include "process-server/spooled_volume.h"
@@ -122,6 +123,9 @@ struct ProcessServer::Impl {
   std::unique_ptr<repl::ReplicationReceiver> MakeReceiver();
   repl::ReceiveStages receive_stages;  // the agent sessions' stage costs (common/wire/stage_metrics.h)
   std::unique_ptr<repl::ReplicationReceiver> receiver;
+  // Consistency groups of agents shipping here (docs/groups.md); made in
+  // Start before the listener, stopped after it.
+  std::unique_ptr<GroupCoordinator> groups;
 };
 
 }  // namespace cdp::ps

@@ -51,6 +51,68 @@ Status ProcessServer::StartControl() {
     opt_.throttle = t;
     return http::Response::Json(200, json::object{{"limit_mbps", throttle_->CurrentMbps()}});
   });
+  // Consistency groups (process-server/group_coordinator.h, docs/groups.md).
+  im.http->Route("GET", "/v1/groups", [&im](const http::Request&) {
+    return http::Response::Json(200, json::object{{"groups", im.groups->Json()}});
+  });
+  im.http->Route("POST", "/v1/groups", [&im](const http::Request& r) {
+    auto p = http::Params::Of(r, {"tenant", "name", "members", "interval_ms", "hold_max_ms", "hold_timeout_ms"});
+    if (!p.ok()) return http::ErrorResponse(p.status());
+    auto tenant = p->String("tenant");
+    auto name = p->String("name");
+    auto members = p->String("members");
+    auto interval = p->Uint("interval_ms");
+    auto hold_max = p->Uint("hold_max_ms");
+    auto hold_timeout = p->Uint("hold_timeout_ms");
+    for (const Status& s : {tenant.status(), name.status(), members.status(), interval.status(), hold_max.status(),
+                            hold_timeout.status()}) {
+      if (!s.ok()) return http::ErrorResponse(s);
+    }
+    if (!*tenant || !*name || !*members)
+      return http::Response::Error(400, "body must be {\"tenant\", \"name\", \"members\": \"AGENT:VOLUME,...\"}");
+    GroupSpec g;
+    g.tenant = **tenant;
+    g.name = **name;
+    std::string all = **members;
+    for (size_t at = 0; at <= all.size();) {
+      size_t comma = all.find(',', at);
+      if (comma == std::string::npos) comma = all.size();
+      auto m = ParseMember(all.substr(at, comma - at));
+      if (!m.ok()) return http::ErrorResponse(m.status());
+      g.members.push_back(*m);
+      at = comma + 1;
+    }
+    if (*interval) g.interval_ms = **interval;
+    if (*hold_max) g.hold_max_ms = **hold_max;
+    if (*hold_timeout) g.hold_timeout_ms = **hold_timeout;
+    if (Status s = im.groups->Put(g); !s.ok()) return http::ErrorResponse(s);
+    return http::Response::Json(200, json::object{{"group", g.name}, {"members", g.members.size()}});
+  });
+  im.http->Route("POST", "/v1/groups/remove", [&im](const http::Request& r) {
+    auto p = http::Params::Of(r, {"tenant", "name"});
+    if (!p.ok()) return http::ErrorResponse(p.status());
+    auto tenant = p->String("tenant");
+    auto name = p->String("name");
+    if (!tenant.ok() || !name.ok() || !*tenant || !*name)
+      return http::Response::Error(400, "body must be {\"tenant\", \"name\"}");
+    if (Status s = im.groups->Remove(**tenant, **name); !s.ok()) return http::ErrorResponse(s);
+    return http::Response::Json(200, json::object{{"removed", **name}});
+  });
+  // One round now (a point on demand), whatever the schedule: 200 with the
+  // marker when made, 409 with the reason when abandoned.
+  im.http->Route("POST", "/v1/groups/point", [&im](const http::Request& r) {
+    auto p = http::Params::Of(r, {"tenant", "name"});
+    if (!p.ok()) return http::ErrorResponse(p.status());
+    auto tenant = p->String("tenant");
+    auto name = p->String("name");
+    if (!tenant.ok() || !name.ok() || !*tenant || !*name)
+      return http::Response::Error(400, "body must be {\"tenant\", \"name\"}");
+    auto out = im.groups->RunRound(**tenant, **name);
+    if (!out.ok()) return http::ErrorResponse(out.status());
+    if (!out->made) return http::Response::Error(409, "group round abandoned: " + out->why);
+    return http::Response::Json(200, json::object{{"round", out->round}, {"marker", out->marker},
+                                                  {"hold_us", out->hold_us}});
+  });
   im.http->Route("POST", "/v1/reprotect", [this](const http::Request& r) {
     auto p = http::Params::Of(r, {"volume", "tenant"});
     if (!p.ok()) return http::ErrorResponse(p.status());
@@ -150,6 +212,7 @@ json::value ProcessServer::StatusJson() {
   th["throttling"] = t.throttling;
   o["throttle"] = std::move(th);
   o["volumes"] = std::move(vols.as_object()["volumes"]);
+  if (impl_->groups) o["groups"] = impl_->groups->Json();
   return o;
 }
 

@@ -112,6 +112,11 @@ std::vector<Message> EveryMessage() {
   v.push_back(pr);
   v.push_back(PullResponse{83, FailbackStatus::kOk, Codec::kNone, 0, {}});
   v.push_back(PullResponse{84, FailbackStatus::kFailed, Codec::kNone, 0, {}});
+  v.push_back(GroupHold{1'700'000'000'001, 200, {"db_data-1", "logs"}});
+  v.push_back(GroupHeld{1'700'000'000'001, GroupHoldStatus::kHeld, ""});
+  v.push_back(GroupHeld{1'700'000'000'002, GroupHoldStatus::kRefused, "volume logs is in metadata mode"});
+  v.push_back(GroupRelease{1'700'000'000'001, "group.app.1700000000001.2"});
+  v.push_back(GroupRelease{1'700'000'000'002, ""});
   return v;
 }
 
@@ -784,6 +789,56 @@ TEST_CASE("the encoder refuses what the parser would refuse", "[protocol]") {
   CHECK(!EncodeMessage(HashRequest{1, 1, 4096, 0, 1, 10, 9}, 1).ok());
   CHECK(!EncodeMessage(HashRequest{1, 1, 4096, 0, kMaxHashes + 1}, 1).ok());
   CHECK(!EncodeMessage(HashRequest{1, 1, 4096, ~0ull, 1}, 1).ok());
+}
+
+TEST_CASE("group messages: a bad round, timeout, volume list or marker is refused both ways", "[protocol]") {
+  auto encodes = [](const Message& m) { return EncodePayload(m).ok(); };
+  CHECK_FALSE(encodes(GroupHold{0, 200, {"a"}}));
+  CHECK_FALSE(encodes(GroupHold{1, 0, {"a"}}));
+  CHECK_FALSE(encodes(GroupHold{1, kMaxGroupHoldMs + 1, {"a"}}));
+  CHECK_FALSE(encodes(GroupHold{1, 200, {}}));
+  CHECK_FALSE(encodes(GroupHold{1, 200, {"bad name"}}));
+  CHECK_FALSE(encodes(GroupHold{1, 200, std::vector<std::string>(kMaxGroupVolumes + 1, "v")}));
+  CHECK_FALSE(encodes(GroupRelease{1, "not a name!"}));
+  CHECK(encodes(GroupRelease{1, ""}));
+  // The parser refuses the same, and a volume named twice, built by hand.
+  auto hold = [](uint64_t round, uint32_t timeout, std::vector<std::string> names) {
+    Bytes p;
+    PutFixed64(p, round);
+    PutFixed32(p, timeout);
+    PutFixed32(p, uint32_t(names.size()));
+    for (const std::string& n : names) {
+      PutFixed16(p, uint16_t(n.size()));
+      PutBytes(p, n);
+    }
+    return FrameOf(MsgType::kGroupHold, p);
+  };
+  auto parses = [](const Bytes& frame) {
+    Frame f;
+    REQUIRE(DecodeFrame(frame, &f).state == DecodeState::kComplete);
+    return ParseMessage(f);
+  };
+  REQUIRE(parses(hold(5, 200, {"a", "b"})).ok());
+  CHECK(parses(hold(5, 200, {"a", "a"})).status().ToString().find("named twice") != std::string::npos);
+  CHECK_FALSE(parses(hold(0, 200, {"a"})).ok());
+  CHECK_FALSE(parses(hold(5, kMaxGroupHoldMs + 1, {"a"})).ok());
+  CHECK_FALSE(parses(hold(5, 200, {})).ok());
+  CHECK_FALSE(parses(hold(5, 200, {"-x"})).ok());
+  Bytes huge;  // a count far beyond the bytes that follow: refused before reserving
+  PutFixed64(huge, 5);
+  PutFixed32(huge, 200);
+  PutFixed32(huge, 0xFFFFFFFFu);
+  CHECK_FALSE(parses(FrameOf(MsgType::kGroupHold, huge)).ok());
+  Bytes held;
+  PutFixed64(held, 5);
+  PutU8(held, 7);  // no such status
+  PutFixed16(held, 0);
+  CHECK_FALSE(parses(FrameOf(MsgType::kGroupHeld, held)).ok());
+  Bytes rel;
+  PutFixed64(rel, 5);
+  PutFixed16(rel, 3);
+  PutBytes(rel, std::string("a b"));
+  CHECK_FALSE(parses(FrameOf(MsgType::kGroupRelease, rel)).ok());
 }
 
 TEST_CASE("failback messages: bad extents, counts and records are refused both ways", "[protocol]") {

@@ -164,6 +164,27 @@ struct PayloadEncoder {
     wb.records = m.records;  // a copy: EncodeBatch takes a batch
     return EncodeBatch(wb, b);
   }
+  Status operator()(const GroupHold& m) {
+    if (m.round == 0) return Invalid("group hold: round 0");
+    if (m.timeout_ms == 0 || m.timeout_ms > kMaxGroupHoldMs) return Invalid("group hold: timeout out of range");
+    if (m.volumes.empty() || m.volumes.size() > kMaxGroupVolumes) return Invalid("group hold: volume count out of range");
+    PutFixed64(b, m.round);
+    PutFixed32(b, m.timeout_ms);
+    PutFixed32(b, uint32_t(m.volumes.size()));
+    for (const std::string& v : m.volumes) CDP_RETURN_IF_ERROR(PutName(b, v, "volume"));
+    return Status::OK();
+  }
+  Status operator()(const GroupHeld& m) {
+    if (m.status > GroupHoldStatus::kRefused) return Invalid("group held: unknown status");
+    PutFixed64(b, m.round);
+    b.push_back(uint8_t(m.status));
+    return PutText(b, m.message, "message");
+  }
+  Status operator()(const GroupRelease& m) {
+    if (!m.marker.empty() && !ValidName(m.marker)) return Invalid("group release: invalid marker name");
+    PutFixed64(b, m.round);
+    return PutText(b, m.marker, "marker");  // empty: abandoned
+  }
   Status operator()(const Stats& m) {
     if (m.values.size() > kMaxStats) return Invalid("more than kMaxStats values");
     PutFixed32(b, uint32_t(m.values.size()));
@@ -368,6 +389,45 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
       m.records = std::move(wb.records);
       return Message(std::move(m));
     }
+    case MsgType::kGroupHold: {
+      GroupHold m;
+      uint32_t count = 0;
+      if (!r.GetFixed64(&m.round) || !r.GetFixed32(&m.timeout_ms) || !r.GetFixed32(&count)) {
+        return Bad("truncated group hold");
+      }
+      if (m.round == 0) return Bad("group hold: round 0");
+      if (m.timeout_ms == 0 || m.timeout_ms > kMaxGroupHoldMs) return Bad("group hold: timeout out of range");
+      // Each name takes at least 2 + 1 bytes.
+      if (count == 0 || count > kMaxGroupVolumes || uint64_t(count) * 3 > r.remaining()) {
+        return Bad("group hold: volume count out of range");
+      }
+      m.volumes.reserve(count);
+      for (uint32_t i = 0; i < count; ++i) {
+        std::string name;
+        if (!GetName(r, &name)) return Bad("group hold: invalid volume name");
+        if (std::find(m.volumes.begin(), m.volumes.end(), name) != m.volumes.end()) {
+          return Bad("group hold: a volume named twice");
+        }
+        m.volumes.push_back(std::move(name));
+      }
+      return Message(std::move(m));
+    }
+    case MsgType::kGroupHeld: {
+      GroupHeld m;
+      uint8_t status = 0;
+      if (!r.GetFixed64(&m.round) || !r.GetU8(&status)) return Bad("truncated group held");
+      if (status > uint8_t(GroupHoldStatus::kRefused)) return Bad("group held: unknown status");
+      m.status = GroupHoldStatus(status);
+      if (!GetString(r, kMaxTextLength, &m.message)) return Bad("group held: bad message");
+      return Message(std::move(m));
+    }
+    case MsgType::kGroupRelease: {
+      GroupRelease m;
+      if (!r.GetFixed64(&m.round)) return Bad("truncated group release");
+      if (!GetString(r, kMaxTextLength, &m.marker)) return Bad("group release: bad marker");
+      if (!m.marker.empty() && !ValidName(m.marker)) return Bad("group release: invalid marker name");
+      return Message(std::move(m));
+    }
     case MsgType::kStats: {
       Stats m;
       uint32_t count = 0;
@@ -395,7 +455,8 @@ MsgType TypeOf(const Message& m) {
   static_assert(std::is_same_v<std::variant_alternative_t<0, Message>, Hello>);
   static_assert(std::is_same_v<std::variant_alternative_t<12, Message>, Stats>);
   static_assert(std::is_same_v<std::variant_alternative_t<16, Message>, PullResponse>);
-  static_assert(std::variant_size_v<Message> == size_t(MsgType::kPullResponse));
+  static_assert(std::is_same_v<std::variant_alternative_t<19, Message>, GroupRelease>);
+  static_assert(std::variant_size_v<Message> == size_t(MsgType::kGroupRelease));
   return MsgType(uint8_t(m.index() + 1));
 }
 

@@ -51,6 +51,8 @@ inline constexpr size_t kMaxTextLength = 4096;          // AuthResult.reason, Na
 inline constexpr uint32_t kMaxStats = 4096;             // values in one Stats message
 inline constexpr uint32_t kMaxExtents = 1u << 16;       // extents in one failback plan
 inline constexpr uint32_t kMaxPullBlocks = 4096;        // blocks in one pull request
+inline constexpr uint32_t kMaxGroupVolumes = 64;        // volumes of one agent in one group hold
+inline constexpr uint32_t kMaxGroupHoldMs = 10'000;     // GroupHold.timeout_ms
 
 enum class MsgType : uint8_t {
   kHello = 1,          // client -> server: who I am, my nonce
@@ -70,6 +72,9 @@ enum class MsgType : uint8_t {
   kFailbackPlan = 15,         // MT -> PS -> agent: extents of those blocks (paged)
   kPullRequest = 16,          // agent -> PS -> MT: these blocks, unless equal to my digests
   kPullResponse = 17,         // MT -> PS -> agent: the blocks that differ, as records
+  kGroupHold = 18,            // PS -> agent: hold these volumes' writes for a group point
+  kGroupHeld = 19,            // agent -> PS: held (or refused)
+  kGroupRelease = 20,         // PS -> agent: release, with the marker if the point is made
 };
 
 enum class Role : uint8_t { kAgent = 1, kProcessServer = 2, kControl = 3 };
@@ -324,6 +329,37 @@ struct PullResponse {
   std::vector<Record> records;
 };
 
+// ---- Group points (docs/groups.md) ----
+// The process server coordinating a consistency group asks an agent to hold
+// the writes of some of its volumes: the agent takes each volume's capture
+// lock, checks that the volume can promise a consistent point, marks it held
+// (no write is applied, numbered or completed while it is) and answers
+// GroupHeld. It lets go on GroupRelease or by itself after timeout_ms,
+// whichever comes first; a GroupRelease with a marker that arrives while the
+// hold is still on queues a kTag record named `marker` at the held place in
+// every held volume first.
+struct GroupHold {
+  uint64_t round = 0;               // the coordinator's, non-zero
+  uint32_t timeout_ms = 200;        // 1..kMaxGroupHoldMs
+  std::vector<std::string> volumes; // 1..kMaxGroupVolumes valid names, distinct
+};
+
+enum class GroupHoldStatus : uint8_t {
+  kHeld = 0,
+  kRefused = 1,  // a volume unknown, not able to promise a point, or already held: `message` says which
+};
+
+struct GroupHeld {
+  uint64_t round = 0;
+  GroupHoldStatus status = GroupHoldStatus::kHeld;
+  std::string message;  // kRefused: why (<= kMaxTextLength)
+};
+
+struct GroupRelease {
+  uint64_t round = 0;
+  std::string marker;  // a valid tag name: the point is made; empty: abandoned
+};
+
 // Total blocks of `extents`, or nullopt when one is empty, they are unsorted
 // or overlapping, or the sum overflows.
 std::optional<uint64_t> ExtentBlocks(std::span<const BlockExtent> extents);
@@ -333,7 +369,7 @@ std::vector<BlockExtent> MergeExtents(std::vector<BlockExtent> v);
 
 using Message = std::variant<Hello, Challenge, Auth, AuthResult, VolumeOpen, VolumeOpenReply, WriteBatch, Ack,
                              Nack, HashRequest, HashResponse, Heartbeat, Stats, FailbackPlanRequest,
-                             FailbackPlan, PullRequest, PullResponse>;
+                             FailbackPlan, PullRequest, PullResponse, GroupHold, GroupHeld, GroupRelease>;
 
 MsgType TypeOf(const Message& m);
 

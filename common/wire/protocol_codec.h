@@ -33,7 +33,7 @@ inline constexpr uint32_t kMinRegionSize = 4096;  // the digest leaf (common/wir
 inline constexpr uint32_t kMaxRegionSize = 1u << 30;
 
 inline bool KnownType(uint8_t t) {
-  return t >= uint8_t(MsgType::kHello) && t <= uint8_t(MsgType::kPullResponse);
+  return t >= uint8_t(MsgType::kHello) && t <= uint8_t(MsgType::kGroupRelease);
 }
 inline bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 

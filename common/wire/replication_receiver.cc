@@ -138,6 +138,7 @@ class SessionLoop {
         outlet_(std::make_shared<Outlet>(ch, std::this_thread::get_id(), log_)) {}
 
   void Run() {
+    sink_.Attach([o = outlet_](proto::Message m) { o->Post(std::move(m), Outlet::Slot::kNone); });
     {
       FrameInbox inbox(ch_, o_.inbox_bytes, o_.queued_bytes, o_.stages != nullptr ? &o_.stages->inbox : nullptr);
       const Status end = Loop(inbox);
@@ -220,6 +221,8 @@ class SessionLoop {
         if (hb->echo_us == 0) end = Send(proto::Heartbeat{o_.clock->WallMicros(), hb->sent_us});
       } else if (std::holds_alternative<proto::Stats>(*m)) {
         // The peer's counters are not used here.
+      } else if (std::holds_alternative<proto::GroupHeld>(*m)) {
+        sink_.Answered(std::move(*m));
       } else {
         log_->warn("{} tenant {}: unexpected message type {}; closing", Where(""), s_.tenant, int(proto::TypeOf(*m)));
         return Status::OK();

@@ -18,7 +18,10 @@
 //                        -> volume.Append(records, n) -> n replies: Ack | Nack
 //     HashRequest     -> volume.Digests(request, reply)   (capped in flight)
 //     FailbackPlanRequest, PullRequest -> sink.Call(request, reply)   (capped)
-//     Heartbeat       -> echoed;  Stats -> ignored;  anything else -> close
+//     Heartbeat       -> echoed;  Stats -> ignored
+//     GroupHeld       -> sink.Answered (the answer to a GroupHold the daemon
+//                        pushed through sink.Attach's function)
+//     anything else   -> close
 //     every 500 ms, between messages (busy or idle):
 //       the peer's certificate distrusted since (revoked: `distrusted`) -> close
 //       a handle's volume that became fenced -> Nack{handle, kWrongGeneration, fence}
@@ -108,6 +111,14 @@ class ReceiverSink {
   // A FailbackPlanRequest or PullRequest (it names its volume): answered
   // through `reply` with the same request_id, now or later.
   virtual void Call(proto::Message request, Reply reply) = 0;
+  // Requests of the daemon's own to the peer (GroupHold, GroupRelease: a
+  // group point, docs/groups.md). `push` sends one from any thread, through
+  // the session's replier; after the session ends it goes nowhere. Given
+  // once, before any message is handled.
+  virtual void Attach(Reply push) { (void)push; }
+  // The peer's answer to such a request (a GroupHeld), on the session's
+  // thread: must not block.
+  virtual void Answered(proto::Message answer) { (void)answer; }
 };
 
 // Who is on the other end, once admitted.

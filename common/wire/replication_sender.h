@@ -37,6 +37,7 @@
 //   a Nack for handle 0 (or an unknown one) while opens are pending refuses the
 //   oldest open: that stream stalls.
 //   Heartbeat after heartbeat_ms without sending; the peer echoes it.
+//   GroupHold, GroupRelease   given to opts.on_peer_request (none: a protocol error)
 //   "every stream stalled" does not count streams whose open this connection
 //   refused as failed over: the peer closes the session itself when that
 //   fence lifts (master-target/ps_session.cc), and a fenced volume's link
@@ -94,6 +95,8 @@
 
 namespace cdp::repl {
 
+class ReplicationSender;
+
 // A link to a peer: where it is, who we are, how records are cut into frames,
 // the window, and how the link recovers. One struct, embedded whole in the
 // agent's SenderOptions (agent -> PS, agent/sender.h) and in the PS's
@@ -140,6 +143,12 @@ struct SenderOptions {
   std::string label;               // in log lines: which link ("tenant=acme link=0")
   StreamWrapper wrap;              // filters over the transport (the throttle, TLS); may be empty
   proto::Role role = proto::Role::kAgent;
+  // The peer's own requests on this connection (GroupHold, GroupRelease: the
+  // process server coordinating a group point, docs/groups.md). Called on the
+  // reader's thread without the sender's lock held, in the order received;
+  // it must not block (an answer goes out through Send from another thread).
+  // Empty: such a message is a protocol error that ends the session.
+  std::function<void(ReplicationSender& from, proto::Message)> on_peer_request;
 };
 
 // Where the time of shipping goes, summed over the link's frames since the
@@ -253,6 +262,11 @@ class ReplicationSender {
   // (before `done` runs).
   using CallCallback = std::function<void(Result<proto::Message>)>;
   void CallAsync(proto::Message request, CallCallback done, std::shared_ptr<CallBytes> bytes = nullptr);
+
+  // Sends `m` (a GroupHeld: the answer to a peer's request) on the current
+  // connection. kUnavailable when not connected or the send fails. Blocks
+  // while the transport does: not for the reader's thread.
+  Status Send(const proto::Message& m);
 
   bool connected() const { return connected_.load(); }
   // Waits at most `timeout` for a connection (a call sent now goes out);

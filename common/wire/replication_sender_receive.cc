@@ -229,6 +229,9 @@ void ReplicationSender::Handle(Session& s, proto::Message& m, uint64_t frame_byt
         }
       }
     }
+  } else if ((std::holds_alternative<proto::GroupHold>(m) || std::holds_alternative<proto::GroupRelease>(m)) &&
+             opt_.on_peer_request) {
+    after.push_back([this, r = std::move(m)]() mutable { opt_.on_peer_request(*this, std::move(r)); });
   } else if (std::holds_alternative<proto::Heartbeat>(m) || std::holds_alternative<proto::Stats>(m)) {
     // Liveness only. Not answered from this thread: a reader blocked behind
     // a full send buffer would stop reading the acks that drain it.
@@ -286,6 +289,17 @@ uint64_t ReplicationSender::AddCallLocked(size_t stream, proto::MsgType answer, 
   calls_[request_id] = std::move(p);
   last_call_us_ = std::max<uint64_t>(opt_.clock->NowMicros(), 1);
   return request_id;
+}
+
+Status ReplicationSender::Send(const proto::Message& m) {
+  std::shared_ptr<FrameChannel> ch;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ch = channel_;
+  }
+  if (ch == nullptr || stop_.load()) return Status::Unavailable("not connected to the " + opt_.peer_name);
+  if (Status s = ch->Send(m); !s.ok()) return Status::Unavailable(opt_.peer_name + " connection lost: " + s.ToString());
+  return Status::OK();
 }
 
 void ReplicationSender::SendCall(const std::shared_ptr<FrameChannel>& ch, const proto::Message& request,

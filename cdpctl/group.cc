@@ -1,0 +1,282 @@
+// SPDX-License-Identifier: Apache-2.0
+// cdpctl group ...: consistency groups across agents (docs/groups.md).
+// Groups live at the process server that coordinates them
+// (process-server/group_coordinator.h); their points are the markers
+// group.<G>.<round>.<members> in the member volumes' histories at the master
+// target. A group point is listed once every member volume holds its
+// marker; recovery by group runs the single-volume step of every member at
+// that marker.
+#include <algorithm>
+#include <boost/json.hpp>
+#include <charconv>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <sstream>
+
+#include "cdpctl/commands.h"
+
+namespace cdp::ctl {
+
+namespace {
+
+struct Member {
+  std::string agent, volume;
+};
+
+struct GroupPoint {
+  uint64_t round = 0;
+  std::string marker;
+  std::vector<std::pair<std::string, uint64_t>> seqs;  // volume -> its marker's sequence
+  double time_us = 0;                                   // the newest member's
+};
+
+bool NeedTenant(const Options& o, std::ostream& err) {
+  if (!o.tenant.empty()) return true;
+  err << "cdpctl: group commands need --tenant T\n";
+  return false;
+}
+
+// The group's members as the process server has them; false (and the error) when not.
+bool Members(const Options& o, const std::string& group, std::vector<Member>* out, std::ostream& err) {
+  Call c = Http(o, o.ps, "GET", "/v1/groups");
+  if (!c.reached || c.status != 200) return Fail(err, "group " + group, c), false;
+  const json::object* b = c.body.if_object();
+  const json::value* gs = b ? b->if_contains("groups") : nullptr;
+  if (gs != nullptr && gs->is_array()) {
+    for (const auto& gv : gs->as_array()) {
+      const json::object* g = gv.if_object();
+      if (g == nullptr || Str(*g, "name") != group || Str(*g, "tenant") != o.tenant) continue;
+      if (const json::value* ms = g->if_contains("members"); ms && ms->is_array()) {
+        for (const auto& m : ms->as_array()) {
+          if (!m.is_string()) continue;
+          std::string s(m.as_string());
+          const size_t colon = s.find(':');
+          out->push_back({s.substr(0, colon), colon == std::string::npos ? "" : s.substr(colon + 1)});
+        }
+      }
+      return true;
+    }
+  }
+  err << "cdpctl: no group " << group << " of tenant " << o.tenant << " at the process server " << Where(o.ps)
+      << "\n";
+  return false;
+}
+
+// The complete group points, oldest first: the markers every member volume
+// holds at the master target.
+bool Points(const Options& o, const std::string& group, const std::vector<Member>& members,
+            std::vector<GroupPoint>* out, std::ostream& err) {
+  const std::string prefix = "group." + group + ".";
+  const std::string suffix = "." + std::to_string(members.size());
+  std::map<std::string, GroupPoint> by_marker;
+  for (const Member& m : members) {
+    Call c = Http(o, o.mt, "GET", "/v1/points?volume=" + Q(m.volume) + TenantParam(o));
+    if (!c.reached || c.status != 200) return Fail(err, "points of " + m.volume, c), false;
+    const json::value* pts = c.body.as_object().if_contains("points");
+    if (pts == nullptr || !pts->is_array()) continue;
+    for (const auto& pv : pts->as_array()) {
+      const json::object& p = pv.as_object();
+      const std::string name = Str(p, "name");
+      if (name.rfind(prefix, 0) != 0 || name.size() <= prefix.size() + suffix.size() ||
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
+      if (const json::value* rb = p.if_contains("rolled_back"); rb && rb->is_bool() && rb->as_bool()) continue;
+      const std::string round = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+      GroupPoint& g = by_marker[name];
+      g.marker = name;
+      std::from_chars(round.data(), round.data() + round.size(), g.round);
+      g.seqs.emplace_back(m.volume, uint64_t(Num(p, "seq")));
+      g.time_us = std::max(g.time_us, Num(p, "time_us"));
+    }
+  }
+  for (auto& [marker, g] : by_marker)
+    if (g.seqs.size() == members.size()) out->push_back(std::move(g));
+  std::sort(out->begin(), out->end(), [](const GroupPoint& a, const GroupPoint& b) { return a.round < b.round; });
+  return true;
+}
+
+// POINT of a group: "latest", a round number, or a marker.
+const GroupPoint* Resolve(const std::vector<GroupPoint>& pts, const std::string& point) {
+  if (pts.empty()) return nullptr;
+  if (point == "latest") return &pts.back();
+  for (const GroupPoint& g : pts)
+    if (g.marker == point || std::to_string(g.round) == point) return &g;
+  return nullptr;
+}
+
+json::object PointJson(const GroupPoint& g) {
+  json::object seqs;
+  for (const auto& [v, s] : g.seqs) seqs[v] = s;
+  return json::object{{"round", g.round}, {"marker", g.marker}, {"time_us", g.time_us}, {"seqs", std::move(seqs)}};
+}
+
+int Create(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  // group create G --member A:V [--member ...] [--interval MS] [--hold-max MS] [--hold-timeout MS]
+  json::object b{{"tenant", o.tenant}, {"name", args[2]}};
+  std::string members;
+  for (size_t i = 3; i < args.size(); i += 2) {
+    if (i + 1 >= args.size()) return Usage({args[i]}, err);
+    const std::string& v = args[i + 1];
+    auto ms = [&](const char* key) {
+      uint64_t n = 0;
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec != std::errc() || p != v.data() + v.size()) return false;
+      b[key] = n;
+      return true;
+    };
+    if (args[i] == "--member") members += (members.empty() ? "" : ",") + v;
+    else if (args[i] == "--interval" ? !ms("interval_ms")
+             : args[i] == "--hold-max" ? !ms("hold_max_ms")
+             : args[i] == "--hold-timeout" ? !ms("hold_timeout_ms")
+                                            : true) {
+      err << "cdpctl: group create: bad option " << args[i] << " " << v << " (milliseconds are whole numbers)\n";
+      return 2;
+    }
+  }
+  if (members.empty()) {
+    err << "cdpctl: group create G --member AGENT:VOLUME [--member ...] [--interval MS] [--hold-max MS] "
+           "[--hold-timeout MS]\n";
+    return 2;
+  }
+  b["members"] = members;
+  Call c = Http(o, o.ps, "POST", "/v1/groups", b);
+  if (!c.reached || c.status != 200) return Fail(err, "group create " + args[2], c);
+  if (o.json) out << json::serialize(c.body) << "\n";
+  else out << "group " << args[2] << " created at the process server " << Where(o.ps) << "\n";
+  return 0;
+}
+
+int List(const Options& o, std::ostream& out, std::ostream& err) {
+  Call c = Http(o, o.ps, "GET", "/v1/groups");
+  if (!c.reached || c.status != 200) return Fail(err, "group list", c);
+  if (o.json) {
+    out << json::serialize(c.body) << "\n";
+    return 0;
+  }
+  GroupLines(c.body, out);
+  return 0;
+}
+
+}  // namespace
+
+void GroupLines(const json::value& ps_body, std::ostream& out) {
+  const json::object* b = ps_body.if_object();
+  const json::value* gs = b ? b->if_contains("groups") : nullptr;
+  if (gs == nullptr || !gs->is_array() || gs->as_array().empty()) return;
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-16s %-10s %7s %9s %8s %10s  %s\n", "GROUP", "TENANT", "MEMBERS", "INTERVAL",
+                "POINTS", "ABANDONED", "LAST POINT");
+  out << line;
+  for (const auto& gv : gs->as_array()) {
+    const json::object* g = gv.if_object();
+    if (g == nullptr) continue;
+    std::string last = "-";
+    if (const json::value* lp = g->if_contains("last_point"); lp && lp->is_object()) {
+      const std::time_t t = std::time_t(Num(lp->as_object(), "unix_us") / 1e6);
+      char tb[64];
+      std::strftime(tb, sizeof tb, "%Y-%m-%d %H:%M:%S", std::gmtime(&t));
+      char held[64];
+      std::snprintf(held, sizeof held, " (held %.2f ms)", Num(lp->as_object(), "hold_us") / 1000.0);
+      last = std::string(tb) + held;
+    }
+    const json::value* ms = g->if_contains("members");
+    std::snprintf(line, sizeof line, "  %-16s %-10s %7zu %8.1fs %8.0f %10.0f  %s\n", Str(*g, "name").c_str(),
+                  Str(*g, "tenant").c_str(), ms && ms->is_array() ? ms->as_array().size() : size_t(0),
+                  Num(*g, "interval_ms") / 1000.0, Num(*g, "points_made"), Num(*g, "rounds_abandoned"), last.c_str());
+    out << line;
+    const json::value* up = g->if_contains("connected");
+    if (ms && ms->is_array() && up && up->is_array()) {
+      for (size_t i = 0; i < ms->as_array().size() && i < up->as_array().size(); ++i) {
+        const json::value& u = up->as_array()[i];
+        if (u.is_bool() && !u.as_bool() && ms->as_array()[i].is_string())
+          out << "    MEMBER NOT CONNECTED: " << std::string(ms->as_array()[i].as_string()) << "\n";
+      }
+    }
+    if (const json::value* la = g->if_contains("last_abandoned"); la && la->is_object())
+      out << "    LAST ROUND ABANDONED: " << Str(la->as_object(), "why") << "\n";
+  }
+}
+
+int GroupCommand(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  const std::string sub = args.size() >= 2 ? args[1] : "";
+  if (sub == "list" && args.size() == 2) return List(o, out, err);
+  if (args.size() < 3) return Usage(args, err);
+  if (!NeedTenant(o, err)) return 2;
+  const std::string& group = args[2];
+  if (sub == "create") return Create(o, args, out, err);
+  if (sub == "remove" && args.size() == 3) {
+    Call c = Http(o, o.ps, "POST", "/v1/groups/remove", json::object{{"tenant", o.tenant}, {"name", group}});
+    if (!c.reached || c.status != 200) return Fail(err, "group remove " + group, c);
+    out << (o.json ? json::serialize(c.body) : "group " + group + " removed") << "\n";
+    return 0;
+  }
+  if (sub == "point" && args.size() == 3) {
+    Call c = Http(o, o.ps, "POST", "/v1/groups/point", json::object{{"tenant", o.tenant}, {"name", group}});
+    if (!c.reached || c.status != 200) return Fail(err, "group point " + group, c);
+    if (o.json) out << json::serialize(c.body) << "\n";
+    else out << "group point " << Str(c.body.as_object(), "marker") << " made\n";
+    return 0;
+  }
+  if (sub == "points" && args.size() == 3) {
+    std::vector<Member> members;
+    std::vector<GroupPoint> pts;
+    if (!Members(o, group, &members, err) || !Points(o, group, members, &pts, err)) return 1;
+    if (o.json) {
+      json::array a;
+      for (const GroupPoint& g : pts) a.push_back(PointJson(g));
+      out << json::serialize(json::object{{"group", group}, {"points", std::move(a)}}) << "\n";
+      return 0;
+    }
+    out << "group " << group << ": " << pts.size() << " point(s) held by all " << members.size() << " members\n";
+    for (const GroupPoint& g : pts) {
+      out << "  " << g.round;
+      for (const auto& [v, s] : g.seqs) out << "  " << v << "@seq:" << s;
+      out << "\n";
+    }
+    return 0;
+  }
+  return Usage(args, err);
+}
+
+int GroupRecovery(const Options& o, const std::string& action, const std::string& group, const std::string& point,
+                  std::ostream& out, std::ostream& err) {
+  if (!NeedTenant(o, err)) return 2;
+  std::vector<Member> members;
+  std::vector<GroupPoint> pts;
+  if (!Members(o, group, &members, err) || !Points(o, group, members, &pts, err)) return 1;
+  const GroupPoint* g = Resolve(pts, point);
+  if (g == nullptr) {
+    err << "cdpctl: group " << group << " has no point '" << point << "' held by all " << members.size()
+        << " members (cdpctl group points " << group << ")\n";
+    return 1;
+  }
+  // Each member's single-volume step at its marker: the same cut everywhere.
+  int rc = 0;
+  json::array results;
+  for (const auto& [volume, seq] : g->seqs) {
+    std::ostringstream one, one_err;
+    Options q = o;
+    int r = 0;
+    if (action == "failover") r = Failover(q, volume, "--to", "seq:" + std::to_string(seq), one, one_err);
+    else if (action == "rollback") r = Rollback(q, volume, "seq:" + std::to_string(seq), false, one, one_err);
+    else r = Export(q, volume + "@seq:" + std::to_string(seq), false, one, one_err);
+    rc = std::max(rc, r);
+    err << one_err.str();
+    if (o.json) {
+      boost::system::error_code ec;
+      json::value v = json::parse(one.str(), ec);
+      json::value result = ec ? json::value(json::string(one.str())) : std::move(v);
+      results.push_back(json::object{{"volume", volume}, {"seq", seq}, {"exit", r}, {"result", std::move(result)}});
+    } else {
+      out << "member " << volume << " (sequence " << seq << "):\n" << one.str();
+    }
+  }
+  if (o.json) {
+    out << json::serialize(json::object{{"group", group}, {"point", PointJson(*g)}, {"members", std::move(results)}})
+        << "\n";
+  }
+  return rc;
+}
+
+}  // namespace cdp::ctl

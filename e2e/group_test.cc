@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+// Group points across two agents (docs/groups.md, issue #43): real daemons,
+// TLS, two cdp-agent processes with their own client ids, volumes, backing
+// files and taps, shipping through one process server, which coordinates
+// the group.
+#include <signal.h>
+
+#include <boost/json.hpp>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "common/env/env.h"
+#include "common/nbd/nbd_client.h"
+#include "e2e/harness.h"
+
+namespace {
+
+using namespace cdp::e2e;
+namespace json = boost::json;
+using std::chrono::milliseconds;
+
+// A second agent beside the cluster's (volume vol1): client id host-b, volume vol2 on its own file, tap, bitmap
+// directory and control port; the same tenant, process server and site PKI.
+class SecondAgent {
+ public:
+  bool Start(Cluster& c, std::string* why) {
+    dir_ = c.Path("agent-b");
+    REQUIRE(cdp::DefaultEnv()->CreateDirs(dir_).ok());
+    if (!MakeSparseFile(c.Path("source-b.img"), c.options().volume_size)) return *why = "source-b.img", false;
+    std::ifstream in(c.Path("etc/agent.conf"));
+    std::ostringstream conf;
+    std::string line;
+    control_ = FreePort();
+    while (std::getline(in, line)) {
+      if (line.rfind("volume = ", 0) == 0) line = "volume = vol2=" + c.Path("source-b.img");
+      else if (line.rfind("nbd_unix = ", 0) == 0) line = "nbd_unix = " + dir_ + "/nbd.sock";
+      else if (line.rfind("client_id = ", 0) == 0) first_ = line.substr(12), line = "client_id = host-b";
+      else if (line.rfind("bitmap_dir = ", 0) == 0) line = "bitmap_dir = " + dir_;
+      else if (line.rfind("control = ", 0) == 0) line = "control = 127.0.0.1:" + std::to_string(control_);
+      conf << line << "\n";
+    }
+    std::ofstream(c.Path("etc/agent-b.conf")) << conf.str();
+    if (!d_.Start({CDP_AGENT_BIN, "--config", c.Path("etc/agent-b.conf")}, c.Path("agent-b.log")))
+      return *why = "cdp-agent did not start", false;
+    if (!WaitFor([&] { return cdp::DefaultEnv()->Exists(dir_ + "/nbd.sock"); }, milliseconds(30000)))
+      return *why = "agent-b's tap did not appear", false;
+    return true;
+  }
+  std::string nbd_uri() const { return "nbd+unix:///vol2?socket=" + dir_ + "/nbd.sock"; }
+  // The group's members: the cluster's agent's vol1 and this one's vol2.
+  std::vector<std::string> Members() const { return {"--member", first_ + ":vol1", "--member", "host-b:vol2"}; }
+  Daemon& daemon() { return d_; }
+
+ private:
+  Daemon d_;
+  std::string dir_;
+  uint16_t control_ = 0;
+  std::string first_;  // the cluster's agent's client_id
+};
+
+std::vector<std::string> Group(std::vector<std::string> args) {
+  args.insert(args.begin(), {"--tenant", "acme"});
+  return args;
+}
+
+std::unique_ptr<cdp::NbdClient> Open(const std::string& text) {
+  auto uri = cdp::ParseNbdUri(text);
+  REQUIRE(uri.ok());
+  cdp::NbdClientOptions no;
+  no.max_inflight = 1;  // each write completes before the next is sent
+  auto client = cdp::NbdClient::Connect(*uri, no);
+  INFO(client.status().ToString());
+  REQUIRE(client.ok());
+  return std::move(*client);
+}
+
+// Writes `n` in every word of block 0 and waits for its completion.
+void WriteCounter(cdp::NbdClient& c, uint64_t n) {
+  cdp::Bytes b(4096);
+  for (size_t w = 0; w < b.size(); w += 8) std::memcpy(b.data() + w, &n, 8);
+  cdp::Status s = c.Write(0, cdp::ByteSpan(b.data(), b.size()));
+  if (s.ok()) s = c.Drain();
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+}
+
+// The counter in block 0 of `volume` at sequence `seq`, through a
+// point-in-time export of the master target.
+uint64_t CounterAt(Cluster& c, const std::string& volume, uint64_t seq) {
+  auto e = c.CdpctlJson(Group({"export", volume + "@seq:" + std::to_string(seq)}));
+  REQUIRE(e.has_value());
+  const std::string name(e->at("export").as_string());
+  auto client = Open(c.mt_export_uri(name));
+  cdp::Bytes b(4096);
+  REQUIRE(client->Read(0, 4096, b.data()).ok());
+  (void)client->Close();
+  REQUIRE(c.Cdpctl({"unexport", name}).exit_code == 0);
+  uint64_t n = 0;
+  std::memcpy(&n, b.data(), 8);
+  for (size_t w = 0; w < b.size(); w += 8) REQUIRE(std::memcmp(b.data() + w, &n, 8) == 0);  // not torn
+  return n;
+}
+
+// Waits (60 s) for a round of group app to be made: until the members'
+// initial syncs are done their volumes cannot promise a point.
+bool FirstPoint(Cluster& c) {
+  std::string last;
+  const bool made = WaitFor(
+      [&] {
+        auto r = c.Cdpctl(Group({"group", "point", "app"}));
+        last = r.output;
+        return r.exit_code == 0;
+      },
+      milliseconds(60000), milliseconds(250));
+  if (!made) UNSCOPED_INFO("last cdpctl group point: " << last << "\n" << c.Logs());
+  return made;
+}
+
+// The group's points held by both members, as cdpctl lists them.
+json::array GroupPoints(Cluster& c) {
+  auto p = c.CdpctlJson(Group({"group", "points", "app"}));
+  REQUIRE(p.has_value());
+  return p->at("points").as_array();
+}
+
+// Observations of cdp_agent_group_hold_seconds above `le` at an agent.
+uint64_t HeldLongerThan(uint16_t port, const std::string& token, const std::string& le) {
+  Answer a = Call(port, "GET", "/metrics", token);
+  REQUIRE(a.status == 200);
+  uint64_t at_le = 0, all = 0;
+  std::istringstream in(a.body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("cdp_agent_group_hold_seconds_bucket{", 0) != 0) continue;
+    const uint64_t v = std::stoull(line.substr(line.rfind(' ') + 1));
+    if (line.find("le=\"" + le + "\"") != std::string::npos) at_le = v;
+    if (line.find("le=\"+Inf\"") != std::string::npos) all = v;
+  }
+  return all - at_le;
+}
+
+}  // namespace
+
+TEST_CASE("group points across two agents are causally consistent: a write on host-b implies every write on "
+          "the other agent that completed before it",
+          "[e2e][groups]") {
+  Cluster c;  // TLS, tokens
+  INFO(c.why());
+  REQUIRE(c.Start());
+  SecondAgent b;
+  std::string why;
+  INFO(why);
+  REQUIRE(b.Start(c, &why));
+  std::vector<std::string> create = {"group", "create", "app", "--interval", "250"};
+  for (const std::string& m : b.Members()) create.push_back(m);
+  auto created = c.Cdpctl(Group(create));
+  INFO(created.output);
+  REQUIRE(created.exit_code == 0);
+  // Until host-b's first sync is done its volume cannot promise a point: rounds are refused.
+  REQUIRE(FirstPoint(c));
+
+  // The writer: A(n) on the cluster's agent, wait for it, then B(n) on host-b, for
+  // 12 s while a group round runs every 250 ms.
+  auto a = Open(c.nbd_uri());
+  auto bw = Open(b.nbd_uri());
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t n = 0;
+  while (std::chrono::steady_clock::now() - start < milliseconds(12000)) {
+    ++n;
+    WriteCounter(*a, n);
+    WriteCounter(*bw, n);
+  }
+  // A last point after the writer, and every point's markers applied at the MT.
+  auto last = c.CdpctlJson(Group({"group", "point", "app"}));
+  REQUIRE(last.has_value());
+  const std::string last_marker(last->at("marker").as_string());
+  REQUIRE(WaitFor(
+      [&] {
+        for (const auto& p : GroupPoints(c))
+          if (p.at("marker").as_string() == last_marker) return true;
+        return false;
+      },
+      milliseconds(90000), milliseconds(250)));
+
+  const json::array pts = GroupPoints(c);
+  INFO(json::serialize(pts));
+  REQUIRE(pts.size() >= 20);  // ~48 scheduled rounds; some may be abandoned on a loaded machine
+  // Every point (at most 40 of them, spread evenly, always the last).
+  const size_t step = (pts.size() + 39) / 40;
+  size_t checked = 0, between = 0;
+  for (size_t i = 0; i < pts.size(); ++i) {
+    if (i % step != 0 && i + 1 != pts.size()) continue;
+    const json::object& seqs = pts[i].at("seqs").as_object();
+    const uint64_t ca = CounterAt(c, "vol1", json::value_to<uint64_t>(seqs.at("vol1")));
+    const uint64_t cb = CounterAt(c, "vol2", json::value_to<uint64_t>(seqs.at("vol2")));
+    INFO("point " << json::serialize(pts[i]) << ": vol1 shows " << ca << ", host-b " << cb);
+    // host-b at n means B(n) completed, so A(n) had completed before it: A
+    // shows n, or n + 1 when the cut fell between A(n+1) and B(n+1).
+    CHECK((ca == cb || ca == cb + 1));
+    between += ca == cb + 1 ? 1 : 0;
+    ++checked;
+  }
+  // The last point came after the writer: both show its last counter.
+  const json::object& final_seqs = pts.back().at("seqs").as_object();
+  CHECK(CounterAt(c, "vol1", json::value_to<uint64_t>(final_seqs.at("vol1"))) == n);
+  CHECK(CounterAt(c, "vol2", json::value_to<uint64_t>(final_seqs.at("vol2"))) == n);
+  WARN(checked << " of " << pts.size() << " group points checked over " << n << " write pairs, " << between
+                 << " fell between A(n+1) and B(n+1)");
+  CHECK(checked >= 20);
+
+  // cdpctl status shows the group and its last point.
+  auto st = c.Cdpctl(Group({"status"}));
+  INFO(st.output);
+  CHECK(st.output.find("app") != std::string::npos);
+  CHECK(st.output.find("LAST ROUND ABANDONED") == std::string::npos);
+}
+
+TEST_CASE("a member that stops answering or dies: its round is abandoned within group_hold_max and the other "
+          "member's writes are never held past the hold timeout",
+          "[e2e][groups]") {
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  SecondAgent b;
+  std::string why;
+  INFO(why);
+  REQUIRE(b.Start(c, &why));
+  std::vector<std::string> create = {"group", "create", "app", "--interval", "100", "--hold-max", "50",
+                                     "--hold-timeout", "200"};
+  for (const std::string& m : b.Members()) create.push_back(m);
+  REQUIRE(c.Cdpctl(Group(create)).exit_code == 0);
+  REQUIRE(FirstPoint(c));
+  auto a = Open(c.nbd_uri());
+  uint64_t n = 0;
+  auto write_for = [&](milliseconds how_long) {
+    const auto until = std::chrono::steady_clock::now() + how_long;
+    while (std::chrono::steady_clock::now() < until) WriteCounter(*a, ++n);
+  };
+
+  // host-b stops answering (SIGSTOP): its GroupHeld never comes.
+  REQUIRE(::kill(b.daemon().pid(), SIGSTOP) == 0);
+  write_for(milliseconds(1500));
+  auto r = c.Cdpctl(Group({"group", "point", "app"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("did not hold within 50 ms") != std::string::npos);
+  // kill -9 of the stopped member: its session ends, rounds find it gone.
+  REQUIRE(b.daemon().Stop(SIGKILL) != -1);
+  REQUIRE(WaitFor(
+      [&] {
+        auto p = c.Cdpctl(Group({"group", "point", "app"}));
+        return p.exit_code == 1 && p.output.find("agent host-b is not connected") != std::string::npos;
+      },
+      milliseconds(60000), milliseconds(200)));
+  write_for(milliseconds(1000));
+  auto st = c.Cdpctl(Group({"status"}));
+  INFO(st.output);
+  CHECK(st.output.find("MEMBER NOT CONNECTED: host-b:vol2") != std::string::npos);
+  CHECK(st.output.find("LAST ROUND ABANDONED: agent host-b is not connected") != std::string::npos);
+
+  // The coordinator dies (kill -9 of the PS) while rounds run every 100 ms:
+  // whatever hold was on at the cluster's agent ends by itself.
+  REQUIRE(c.Kill9(Which::kProcessServer));
+  write_for(milliseconds(1000));
+
+  // No write at the cluster's agent waited longer than the 200 ms timeout (plus
+  // 50 ms for the wake-up on this loaded machine).
+  CHECK(HeldLongerThan(c.agent_control(), c.token(Which::kAgent), "0.25") == 0);
+  // And the abandoned rounds made no group point.
+  REQUIRE(c.Restart(Which::kProcessServer));
+}
