@@ -53,6 +53,14 @@ start_member() {
   BENCH_EXTRA_PIDS+=("$!")
 }
 member() { [ "$1" = 1 ] && echo "$A1:m1" || echo "host-$1:m$1"; }
+# held I: "COUNT SUM" of member I's cdp_agent_group_hold_seconds (writes that waited for a hold, seconds waited).
+held() {
+  local m
+  if [ "$1" = 1 ]; then m=$(agent_get /metrics); else
+    m=$(bench_get "$(sed -n 's/^control = 127.0.0.1://p' "$DIR/agent-$1.conf")" "$DIR/a$1/control.token" /metrics)
+  fi
+  echo "$(echo "$m" | sed -n 's/^cdp_agent_group_hold_seconds_count{[^}]*} //p') $(echo "$m" | sed -n 's/^cdp_agent_group_hold_seconds_sum{[^}]*} //p')"
+}
 sock() { [ "$1" = 1 ] && echo "$SOCK_1" || echo "$DIR/a$1/nbd.sock"; }
 
 # group_of NAME N INTERVAL: the group of members 1..N; waits (60 s) until a
@@ -96,27 +104,33 @@ echo "## group_bench: $(date -u +%FT%TZ), $(nproc) CPUs, TLS, fio 4 KiB randwrit
 echo
 group_of warm 2 3600000  # both initial syncs done before anything is measured
 ctl group remove warm >/dev/null
-echo "| scenario | member | writes | p50 ms | p99 ms | p99.9 ms | max ms | p99 added ms | rounds made / abandoned |"
-echo "|---|---|---:|---:|---:|---:|---:|---:|---|"
-declare -A BASE
+echo "| scenario | member | writes | p50 ms | p99 ms | p99.9 ms | max ms | p99 added ms | rounds made / abandoned | writes held, mean wait ms |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---|---|"
+declare -A BASE HELD
 for sc in none $INTERVALS; do
   made="-"
   if [ "$sc" != none ]; then
     group_of "pair" 2 "$sc"
     read -r m0 a0 < <(rounds pair)
   fi
+  read -r hc1 hs1 < <(held 1)
+  read -r hc2 hs2 < <(held 2)
   fio_pair "$sc"
   if [ "$sc" != none ]; then
     read -r m1 a1 < <(rounds pair)
     made="$((m1 - m0)) / $((a1 - a0))"
     ctl group remove pair >/dev/null
   fi
+  read -r hd1 hsd1 < <(held 1)
+  read -r hd2 hsd2 < <(held 2)
+  HELD[1]=$(python3 -c "c = $hd1 - $hc1; print('%d, %.3f' % (c, ($hsd1 - $hs1) / c * 1e3) if c else '0, -')")
+  HELD[2]=$(python3 -c "c = $hd2 - $hc2; print('%d, %.3f' % (c, ($hsd2 - $hs2) / c * 1e3) if c else '0, -')")
   for i in 1 2; do
     read -r p50 p99 p999 max n < <(lat "$DIR/$sc-$i.json")
     [ "$sc" = none ] && BASE[$i]=$p99
     added=$(python3 -c "print('%.3f' % ($p99 - ${BASE[$i]}))")
     label=$([ "$sc" = none ] && echo "no group" || echo "a point every ${sc} ms")
-    echo "| $label | $(member "$i") | $n | $p50 | $p99 | $p999 | $max | $added | $made |"
+    echo "| $label | $(member "$i") | $n | $p50 | $p99 | $p999 | $max | $added | $made | ${HELD[$i]} |"
   done
 done
 echo
