@@ -163,7 +163,7 @@ PY
   # The last made round is a group point at the master target once applied.
   if [ -n "$last" ]; then
     ok=0
-    for t in $(seq 1 240); do
+    for t in $(seq 1 2400); do  # 600 s: after a run flat out the master target has gigabytes to apply first
       ctl --json group points "g$n" 2>/dev/null | grep -q "\"$last\"" && { ok=1; break; }
       sleep 0.25  # polling a condition (the markers applied at the MT)
     done

@@ -12,9 +12,11 @@
 #include <boost/asio/write.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <future>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -493,6 +495,37 @@ TEST_CASE("inbox: messages come out in order, and PopBatchFor takes only the bat
   auto none = inbox.Pop(milliseconds(20));
   REQUIRE_FALSE(none.ok());
   CHECK(none.status().IsBusy());
+}
+
+TEST_CASE("inbox: an urgent message is handed over by the reader while the messages before it wait in the queue",
+          "[channel][inbox]") {
+  auto [client, server] = Pair();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<uint64_t> urgent;
+  FrameInbox inbox(*server, 64u << 20, nullptr, nullptr, [&](proto::Message& m) {
+    auto* h = std::get_if<proto::GroupHeld>(&m);
+    if (h == nullptr) return false;
+    std::lock_guard<std::mutex> l(mu);
+    urgent.push_back(h->round);
+    cv.notify_all();
+    return true;
+  });
+  REQUIRE(client->Send(InboxBatch(1, 1, 2)).ok());
+  REQUIRE(client->Send(proto::GroupHeld{9, proto::GroupHoldStatus::kHeld, ""}).ok());
+  REQUIRE(client->Send(proto::Heartbeat{5, 0}).ok());
+  {
+    // Nobody has popped the batch before it: the answer is out all the same.
+    std::unique_lock<std::mutex> l(mu);
+    REQUIRE(cv.wait_for(l, std::chrono::seconds(10), [&] { return !urgent.empty(); }));
+    CHECK(urgent == std::vector<uint64_t>{9});
+  }
+  auto first = inbox.Pop(milliseconds(5000));
+  REQUIRE(first.ok());
+  CHECK(std::holds_alternative<proto::WriteBatch>(*first));
+  auto second = inbox.Pop(milliseconds(5000));
+  REQUIRE(second.ok());
+  CHECK(std::holds_alternative<proto::Heartbeat>(*second));  // the urgent one was not queued
 }
 
 TEST_CASE("inbox: the channel's end comes after the messages before it, then again on every Pop", "[channel][inbox]") {

@@ -24,8 +24,14 @@ uint64_t Charge(const Result<proto::Message>& m) {
 
 }  // namespace
 
-FrameInbox::FrameInbox(FrameChannel& ch, uint64_t max_bytes, metrics::Gauge* queued_bytes, Costs* costs)
-    : ch_(ch), max_bytes_(max_bytes), gauge_(queued_bytes), costs_(costs), reader_([this] { ReadLoop(); }) {}
+FrameInbox::FrameInbox(FrameChannel& ch, uint64_t max_bytes, metrics::Gauge* queued_bytes, Costs* costs,
+                       Urgent urgent)
+    : ch_(ch),
+      max_bytes_(max_bytes),
+      gauge_(queued_bytes),
+      costs_(costs),
+      urgent_(std::move(urgent)),
+      reader_([this] { ReadLoop(); }) {}
 
 FrameInbox::~FrameInbox() {
   {
@@ -61,6 +67,7 @@ void FrameInbox::ReadLoop() {
       now = SystemClock::Get()->NowMicros();
     }
     if (!m.ok() && m.status().IsBusy()) continue;
+    if (m.ok() && urgent_ && urgent_(*m)) continue;
     const bool last = !m.ok();
     if (costs_ != nullptr && !last) ++costs_->messages;
     {

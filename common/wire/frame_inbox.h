@@ -33,6 +33,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -54,10 +55,17 @@ class FrameInbox {
     std::atomic<uint64_t> queue_us{0};        // from received to taken by the consumer, summed over messages
   };
 
+  // A message the reader hands over at once instead of queueing it behind
+  // the others (an answer someone waits for: a group hold's GroupHeld must
+  // not wait behind a batch's fdatasync). Called on the reader thread; true:
+  // taken, not queued. Must not block.
+  using Urgent = std::function<bool(proto::Message&)>;
+
   // Starts the reader; `ch` must outlive the inbox. `queued_bytes` and
   // `costs` (each may be null; must outlive the inbox) follow the bytes
-  // queued and the costs: several inboxes may share them.
-  FrameInbox(FrameChannel& ch, uint64_t max_bytes, metrics::Gauge* queued_bytes = nullptr, Costs* costs = nullptr);
+  // queued and the costs: several inboxes may share them. `urgent` may be empty.
+  FrameInbox(FrameChannel& ch, uint64_t max_bytes, metrics::Gauge* queued_bytes = nullptr, Costs* costs = nullptr,
+             Urgent urgent = nullptr);
   ~FrameInbox();
   FrameInbox(const FrameInbox&) = delete;
   FrameInbox& operator=(const FrameInbox&) = delete;
@@ -89,6 +97,7 @@ class FrameInbox {
   const uint64_t max_bytes_;
   metrics::Gauge* const gauge_;
   Costs* const costs_;
+  const Urgent urgent_;
   std::mutex mu_;
   std::condition_variable cv_;  // an item queued, room made, or stopping
   std::deque<Item> queue_;

@@ -140,7 +140,14 @@ class SessionLoop {
   void Run() {
     sink_.Attach([o = outlet_](proto::Message m) { o->Post(std::move(m), Outlet::Slot::kNone); });
     {
-      FrameInbox inbox(ch_, o_.inbox_bytes, o_.queued_bytes, o_.stages != nullptr ? &o_.stages->inbox : nullptr);
+      // A GroupHeld goes to the sink from the reader: it must not wait
+      // behind the batches queued before it (their syncs).
+      FrameInbox inbox(ch_, o_.inbox_bytes, o_.queued_bytes, o_.stages != nullptr ? &o_.stages->inbox : nullptr,
+                       [this](proto::Message& m) {
+                         if (!std::holds_alternative<proto::GroupHeld>(m)) return false;
+                         sink_.Answered(std::move(m));
+                         return true;
+                       });
       const Status end = Loop(inbox);
       const bool quiet = end.code() == Code::kUnavailable || (o_.stopping != nullptr && o_.stopping->load());
       if (!end.ok() && quiet) {
@@ -221,8 +228,6 @@ class SessionLoop {
         if (hb->echo_us == 0) end = Send(proto::Heartbeat{o_.clock->WallMicros(), hb->sent_us});
       } else if (std::holds_alternative<proto::Stats>(*m)) {
         // The peer's counters are not used here.
-      } else if (std::holds_alternative<proto::GroupHeld>(*m)) {
-        sink_.Answered(std::move(*m));
       } else {
         log_->warn("{} tenant {}: unexpected message type {}; closing", Where(""), s_.tenant, int(proto::TypeOf(*m)));
         return Status::OK();

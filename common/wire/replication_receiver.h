@@ -19,8 +19,10 @@
 //     HashRequest     -> volume.Digests(request, reply)   (capped in flight)
 //     FailbackPlanRequest, PullRequest -> sink.Call(request, reply)   (capped)
 //     Heartbeat       -> echoed;  Stats -> ignored
-//     GroupHeld       -> sink.Answered (the answer to a GroupHold the daemon
-//                        pushed through sink.Attach's function)
+//     GroupHeld       -> sink.Answered at once, from the inbox's reader (the
+//                        answer to a GroupHold the daemon pushed through
+//                        sink.Attach's function; it does not wait for the
+//                        batches queued before it)
 //     anything else   -> close
 //     every 500 ms, between messages (busy or idle):
 //       the peer's certificate distrusted since (revoked: `distrusted`) -> close
@@ -44,7 +46,8 @@
 //
 // Thread safety: Serve may run on many threads at once (one per connection).
 // A sink is used by its session's thread only, except the Reply functions,
-// which any thread may call, exactly once each.
+// which any thread may call, exactly once each, and Answered (the inbox's
+// reader thread).
 #pragma once
 
 #include <atomic>
@@ -117,7 +120,9 @@ class ReceiverSink {
   // once, before any message is handled.
   virtual void Attach(Reply push) { (void)push; }
   // The peer's answer to such a request (a GroupHeld), on the session's
-  // thread: must not block.
+  // inbox reader thread (FrameInbox's urgent messages: not behind the
+  // batches received before it), concurrently with the session's own calls:
+  // must not block.
   virtual void Answered(proto::Message answer) { (void)answer; }
 };
 
