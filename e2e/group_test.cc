@@ -10,12 +10,14 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
 
 #include "common/env/env.h"
 #include "common/nbd/nbd_client.h"
+#include "e2e/fs_util.h"
 #include "e2e/harness.h"
 
 namespace {
@@ -23,6 +25,7 @@ namespace {
 using namespace cdp::e2e;
 namespace json = boost::json;
 using std::chrono::milliseconds;
+using cdp::e2e::ClusterOptions;
 
 // A second agent beside the cluster's (volume vol1): client id host-b, volume vol2 on its own file, tap, bitmap
 // directory and control port; the same tenant, process server and site PKI.
@@ -212,6 +215,24 @@ TEST_CASE("group points across two agents are causally consistent: a write on ho
                  << " fell between A(n+1) and B(n+1)");
   CHECK(checked >= 20);
 
+  // export --group at the latest point (made after the writer stopped, so
+  // both members show the writer's last counter), by the point's cut.
+  auto ex = c.CdpctlJson(Group({"export", "--group", "app", "--to", "latest"}));
+  REQUIRE(ex.has_value());
+  INFO(json::serialize(*ex));
+  REQUIRE(ex->at("members").as_array().size() == 2);
+  for (const auto& mv : ex->at("members").as_array()) {
+    const std::string name(mv.at("result").at("export").as_string());
+    auto client = Open(c.mt_export_uri(name));
+    cdp::Bytes buf(4096);
+    REQUIRE(client->Read(0, 4096, buf.data()).ok());
+    uint64_t got = 0;
+    std::memcpy(&got, buf.data(), 8);
+    CHECK(got == n);
+    (void)client->Close();
+    CHECK(c.Cdpctl({"unexport", name}).exit_code == 0);
+  }
+
   // cdpctl status shows the group and its last point.
   auto st = c.Cdpctl(Group({"status"}));
   INFO(st.output);
@@ -272,4 +293,100 @@ TEST_CASE("a member that stops answering or dies: its round is abandoned within 
   CHECK(HeldLongerThan(c.agent_control(), c.token(Which::kAgent), "0.25") == 0);
   // And the abandoned rounds made no group point.
   REQUIRE(c.Restart(Which::kProcessServer));
+}
+
+TEST_CASE("failover --group: every member fails over at the same group point, and ext4 on each passes e2fsck "
+          "with its files",
+          "[e2e][groups][filesystem]") {
+  if (std::string missing = MissingFsPrerequisite(); !missing.empty()) {
+    WARN("skipped: " << missing);
+    return;
+  }
+  ClusterOptions co;
+  co.volume_size = 64ull << 20;
+  Cluster c(co);
+  INFO(c.why());
+  REQUIRE(c.Start());
+  SecondAgent b;
+  std::string why;
+  INFO(why);
+  REQUIRE(b.Start(c, &why));
+  std::vector<std::string> create = {"group", "create", "app", "--interval", "500"};
+  for (const std::string& m : b.Members()) create.push_back(m);
+  REQUIRE(c.Cdpctl(Group(create)).exit_code == 0);
+  REQUIRE(FirstPoint(c));
+
+  // ext4 on each member's tap, a tree of files in each, unmounted again
+  // (clean) while the group's points keep coming every 500 ms.
+  const std::vector<std::pair<std::string, std::string>> taps = {{"vol1", c.nbd_uri()}, {"vol2", b.nbd_uri()}};
+  std::map<std::string, std::vector<cdp::e2e::TreeFile>> trees;
+  for (const auto& [vol, uri] : taps) {
+    trees[vol] = cdp::e2e::MakeTree(vol == "vol1" ? 11 : 12);
+    cdp::e2e::Attachments at;
+    const std::string dev =
+        cdp::e2e::Attach({uri}, c.Path("fuse-" + vol), false, co.volume_size, c.Path("nbdfuse-" + vol + ".log"), &at, &why);
+    REQUIRE(!dev.empty());
+    auto mk = cdp::testing::RunCommand({"mkfs.ext4", "-q", "-F", "-E", "nodiscard", dev}, 120000);
+    INFO(mk.output);
+    REQUIRE(mk.exit_code == 0);
+    const std::string fs = c.Path("fs-" + vol);
+    cdp::testing::RunCommand({"mkdir", "-p", fs});
+    auto m = cdp::testing::RunCommand({"mount", dev, fs}, 30000);
+    INFO(m.output);
+    REQUIRE(m.exit_code == 0);
+    at.Push([fs] { cdp::testing::RunCommand({"umount", fs}, 60000); });
+    REQUIRE(cdp::e2e::WriteTree(fs, trees[vol], &why));
+    at.Pop(3);  // umount, loop device, nbdfuse: the filesystem is clean on the tap
+  }
+  // A point after both filesystems are clean, and its markers at the MT.
+  auto made = c.CdpctlJson(Group({"group", "point", "app"}));
+  REQUIRE(made.has_value());
+  const std::string marker(made->at("marker").as_string());
+  REQUIRE(WaitFor(
+      [&] {
+        for (const auto& p : GroupPoints(c))
+          if (p.at("marker").as_string() == marker) return true;
+        return false;
+      },
+      milliseconds(120000), milliseconds(250)));
+
+  // By its marker: the schedule may have made newer points meanwhile.
+  auto f = c.CdpctlJson(Group({"failover", "--group", "app", "--to", marker}));
+  INFO(c.why());
+  REQUIRE(f.has_value());
+  INFO(json::serialize(*f));
+  CHECK(f->at("point").at("marker").as_string() == marker);
+  const json::object& seqs = f->at("point").at("seqs").as_object();
+  REQUIRE(f->at("members").as_array().size() == 2);
+  for (const auto& mv : f->at("members").as_array()) {
+    const json::object& m = mv.as_object();
+    CHECK(m.at("exit").as_int64() == 0);
+    const std::string vol(m.at("volume").as_string());
+    // Each member failed over at its own marker's sequence.
+    CHECK(m.at("seq") == seqs.at(vol));
+    CHECK(m.at("result").at("failover").at("history_seq") == seqs.at(vol));
+  }
+  for (const auto& [vol, uri] : taps) {
+    INFO(vol);
+    const std::vector<std::string> source = {"--command", "nbdkit", "-s", "--exit-with-parent", "nbd",
+                                             "hostname=127.0.0.1", "port=" + std::to_string(c.mt_nbd_port()),
+                                             "export=acme/" + vol + "@failover", "tls=require",
+                                             "tls-certificates=" + c.nbd_client_dir()};
+    cdp::e2e::Attachments at;
+    const std::string dev = cdp::e2e::Attach(source, c.Path("fuse-fo-" + vol), true, co.volume_size,
+                                             c.Path("nbdfuse-fo-" + vol + ".log"), &at, &why);
+    REQUIRE(!dev.empty());
+    auto fsck = cdp::testing::RunCommand({"e2fsck", "-n", "-f", dev}, 120000);
+    INFO(fsck.output);
+    REQUIRE(fsck.exit_code == 0);
+    const std::string fs = c.Path("fs-fo-" + vol);
+    cdp::testing::RunCommand({"mkdir", "-p", fs});
+    auto m = cdp::testing::RunCommand({"mount", "-o", "ro,noload", dev, fs}, 30000);
+    INFO(m.output);
+    REQUIRE(m.exit_code == 0);
+    at.Push([fs] { cdp::testing::RunCommand({"umount", fs}, 60000); });
+    size_t same = 0;
+    for (const auto& file : trees[vol]) same += cdp::e2e::ReadAll(fs + "/" + file.path) == file.data ? 1 : 0;
+    CHECK(same == trees[vol].size());
+  }
 }
