@@ -94,6 +94,9 @@ int GroupRecovery(const Options& o, const std::string& action, const std::string
 // The groups of a process server's /status or /v1/groups body, as lines of
 // cdpctl status (nothing when it has none).
 void GroupLines(const json::value& ps_body, std::ostream& out);
+// The groups' recoverable points as the master target holds them (its
+// /v1/groups body), as lines of cdpctl status.
+void MtGroupLines(const json::value& mt_groups, std::ostream& out);
 
 // ---- serve.cc ----
 // serve VOLUME@POINT | VOLUME@failover --key-file F --socket PATH [--tls-certificates DIR]:

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // cdpctl group ...: consistency groups across agents (docs/groups.md).
 // Groups live at the process server that coordinates them
-// (process-server/group_coordinator.h); their points are the markers
-// group.<G>.<round>.<members> in the member volumes' histories at the master
-// target. A group point is listed once every member volume holds its
-// marker; recovery by group runs the single-volume step of every member at
-// that marker.
+// (process-server/group_coordinator.h): create, list, remove and point ask
+// it. Their points are the markers group.<G>.<round>.<members> in the member
+// volumes' histories at the master target, which lists them (GET
+// /v1/groups): `points` and recovery by group ask the master target only, so
+// they work with the protected site gone. Recovery by group runs the
+// single-volume step of every member at its marker's sequence.
 #include <algorithm>
 #include <boost/json.hpp>
 #include <charconv>
@@ -20,10 +21,6 @@ namespace cdp::ctl {
 
 namespace {
 
-struct Member {
-  std::string agent, volume;
-};
-
 struct GroupPoint {
   uint64_t round = 0;
   std::string marker;
@@ -37,61 +34,30 @@ bool NeedTenant(const Options& o, std::ostream& err) {
   return false;
 }
 
-// The group's members as the process server has them; false (and the error) when not.
-bool Members(const Options& o, const std::string& group, std::vector<Member>* out, std::ostream& err) {
-  Call c = Http(o, o.ps, "GET", "/v1/groups");
-  if (!c.reached || c.status != 200) return Fail(err, "group " + group, c), false;
-  const json::object* b = c.body.if_object();
-  const json::value* gs = b ? b->if_contains("groups") : nullptr;
-  if (gs != nullptr && gs->is_array()) {
-    for (const auto& gv : gs->as_array()) {
-      const json::object* g = gv.if_object();
-      if (g == nullptr || Str(*g, "name") != group || Str(*g, "tenant") != o.tenant) continue;
-      if (const json::value* ms = g->if_contains("members"); ms && ms->is_array()) {
-        for (const auto& m : ms->as_array()) {
-          if (!m.is_string()) continue;
-          std::string s(m.as_string());
-          const size_t colon = s.find(':');
-          out->push_back({s.substr(0, colon), colon == std::string::npos ? "" : s.substr(colon + 1)});
-        }
-      }
-      return true;
-    }
-  }
-  err << "cdpctl: no group " << group << " of tenant " << o.tenant << " at the process server " << Where(o.ps)
-      << "\n";
-  return false;
-}
-
-// The complete group points, oldest first: the markers every member volume
-// holds at the master target.
-bool Points(const Options& o, const std::string& group, const std::vector<Member>& members,
-            std::vector<GroupPoint>* out, std::ostream& err) {
-  const std::string prefix = "group." + group + ".";
-  const std::string suffix = "." + std::to_string(members.size());
-  std::map<std::string, GroupPoint> by_marker;
-  for (const Member& m : members) {
-    Call c = Http(o, o.mt, "GET", "/v1/points?volume=" + Q(m.volume) + TenantParam(o));
-    if (!c.reached || c.status != 200) return Fail(err, "points of " + m.volume, c), false;
-    const json::value* pts = c.body.as_object().if_contains("points");
-    if (pts == nullptr || !pts->is_array()) continue;
-    for (const auto& pv : pts->as_array()) {
+// The group's complete points, oldest first, as the master target holds
+// them (its /v1/groups: the markers every member volume holds). The process
+// server is not asked: at a disaster the protected site may be gone.
+bool Points(const Options& o, const std::string& group, std::vector<GroupPoint>* out, uint64_t* partial,
+            std::ostream& err) {
+  Call c = Http(o, o.mt, "GET", "/v1/groups?group=" + Q(group) + TenantParam(o));
+  if (!c.reached || c.status != 200) return Fail(err, "points of group " + group, c), false;
+  *partial = 0;
+  const json::value* gs = c.body.as_object().if_contains("groups");
+  if (gs == nullptr || !gs->is_array()) return true;
+  for (const auto& gv : gs->as_array()) {
+    const json::object& g = gv.as_object();
+    if (Str(g, "name") != group) continue;
+    if (const json::value* pa = g.if_contains("partial"); pa && pa->is_array()) *partial += pa->as_array().size();
+    for (const auto& pv : g.at("points").as_array()) {
       const json::object& p = pv.as_object();
-      const std::string name = Str(p, "name");
-      if (name.rfind(prefix, 0) != 0 || name.size() <= prefix.size() + suffix.size() ||
-          name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-        continue;
-      if (const json::value* rb = p.if_contains("rolled_back"); rb && rb->is_bool() && rb->as_bool()) continue;
-      const std::string round = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-      GroupPoint& g = by_marker[name];
-      g.marker = name;
-      std::from_chars(round.data(), round.data() + round.size(), g.round);
-      g.seqs.emplace_back(m.volume, uint64_t(Num(p, "seq")));
-      g.time_us = std::max(g.time_us, Num(p, "time_us"));
+      GroupPoint gp;
+      gp.round = json::value_to<uint64_t>(p.at("round"));
+      gp.marker = Str(p, "marker");
+      gp.time_us = Num(p, "time_us");
+      for (const auto& [v, s] : p.at("seqs").as_object()) gp.seqs.emplace_back(v, json::value_to<uint64_t>(s));
+      out->push_back(std::move(gp));
     }
   }
-  for (auto& [marker, g] : by_marker)
-    if (g.seqs.size() == members.size()) out->push_back(std::move(g));
   std::sort(out->begin(), out->end(), [](const GroupPoint& a, const GroupPoint& b) { return a.round < b.round; });
   return true;
 }
@@ -198,6 +164,31 @@ void GroupLines(const json::value& ps_body, std::ostream& out) {
   }
 }
 
+void MtGroupLines(const json::value& mt_groups, std::ostream& out) {
+  const json::object* b = mt_groups.if_object();
+  const json::value* gs = b ? b->if_contains("groups") : nullptr;
+  if (gs == nullptr || !gs->is_array()) return;
+  for (const auto& gv : gs->as_array()) {
+    const json::object* g = gv.if_object();
+    if (g == nullptr) continue;
+    const json::value* pts = g->if_contains("points");
+    const json::value* pa = g->if_contains("partial");
+    const size_t n = pts && pts->is_array() ? pts->as_array().size() : 0;
+    const size_t partial = pa && pa->is_array() ? pa->as_array().size() : 0;
+    out << "  group " << Str(*g, "name") << " (tenant " << Str(*g, "tenant") << "): " << n << " recoverable point(s)";
+    if (n > 0) {
+      const json::object& last = pts->as_array().back().as_object();
+      const std::time_t t = std::time_t(Num(last, "time_us") / 1e6);
+      char tb[64];
+      std::strftime(tb, sizeof tb, "%Y-%m-%d %H:%M:%S", std::gmtime(&t));
+      out << ", last " << Str(last, "marker") << " at " << tb << " UTC";
+    }
+    out << "\n";
+    if (partial > 0)
+      out << "    PARTIAL: " << partial << " group point(s) some member volume lacks (not recoverable as a group)\n";
+  }
+}
+
 int GroupCommand(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   const std::string sub = args.size() >= 2 ? args[1] : "";
   if (sub == "list" && args.size() == 2) return List(o, out, err);
@@ -219,16 +210,18 @@ int GroupCommand(const Options& o, const std::vector<std::string>& args, std::os
     return 0;
   }
   if (sub == "points" && args.size() == 3) {
-    std::vector<Member> members;
     std::vector<GroupPoint> pts;
-    if (!Members(o, group, &members, err) || !Points(o, group, members, &pts, err)) return 1;
+    uint64_t partial = 0;
+    if (!Points(o, group, &pts, &partial, err)) return 1;
     if (o.json) {
       json::array a;
       for (const GroupPoint& g : pts) a.push_back(PointJson(g));
-      out << json::serialize(json::object{{"group", group}, {"points", std::move(a)}}) << "\n";
+      out << json::serialize(json::object{{"group", group}, {"points", std::move(a)}, {"partial", partial}}) << "\n";
       return 0;
     }
-    out << "group " << group << ": " << pts.size() << " point(s) held by all " << members.size() << " members\n";
+    out << "group " << group << ": " << pts.size() << " point(s) held by every member volume at the master target"
+        << (partial ? ", " + std::to_string(partial) + " partial (a member lacks the marker: not recoverable)" : "")
+        << "\n";
     for (const GroupPoint& g : pts) {
       out << "  " << g.round;
       for (const auto& [v, s] : g.seqs) out << "  " << v << "@seq:" << s;
@@ -242,13 +235,13 @@ int GroupCommand(const Options& o, const std::vector<std::string>& args, std::os
 int GroupRecovery(const Options& o, const std::string& action, const std::string& group, const std::string& point,
                   std::ostream& out, std::ostream& err) {
   if (!NeedTenant(o, err)) return 2;
-  std::vector<Member> members;
   std::vector<GroupPoint> pts;
-  if (!Members(o, group, &members, err) || !Points(o, group, members, &pts, err)) return 1;
+  uint64_t partial = 0;
+  if (!Points(o, group, &pts, &partial, err)) return 1;
   const GroupPoint* g = Resolve(pts, point);
   if (g == nullptr) {
-    err << "cdpctl: group " << group << " has no point '" << point << "' held by all " << members.size()
-        << " members (cdpctl group points " << group << ")\n";
+    err << "cdpctl: group " << group << " has no point '" << point
+        << "' held by every member volume at the master target (cdpctl group points " << group << ")\n";
     return 1;
   }
   // Each member's single-volume step at its marker: the same cut everywhere.

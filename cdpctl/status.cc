@@ -27,11 +27,14 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
   Call a = Http(o, o.agent, "GET", "/status");
   Call p = Http(o, o.ps, "GET", "/status");
   Call m = Http(o, o.mt, "GET", "/status");
+  Call mg = m.reached ? Http(o, o.mt, "GET", "/v1/groups" + std::string(o.tenant.empty() ? "" : "?tenant=" + Q(o.tenant)))
+                      : Call{};
   if (o.json) {
     json::object all;
     all["agent"] = a.reached ? a.body : json::value(json::object{{"error", a.error}});
     all["process_server"] = p.reached ? p.body : json::value(json::object{{"error", p.error}});
     all["master_target"] = m.reached ? m.body : json::value(json::object{{"error", m.error}});
+    if (mg.reached && mg.status == 200) all["groups"] = mg.body.as_object()["groups"];
     out << json::serialize(all) << "\n";
     return (a.reached || p.reached || m.reached) ? 0 : 1;
   }
@@ -149,6 +152,7 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
       }
     }
   }
+  if (mg.reached && mg.status == 200) MtGroupLines(mg.body, out);
   // Volumes on the MT's storage it cannot open (another MT holds the Ceph
   // lock, an I/O error): it serves nothing of them.
   if (const json::object* mo = m.body.if_object()) {

@@ -287,6 +287,11 @@ TEST_CASE("a member that stops answering or dies: its round is abandoned within 
   // whatever hold was on at the cluster's agent ends by itself.
   REQUIRE(c.Kill9(Which::kProcessServer));
   write_for(milliseconds(1000));
+  // The group's points come from the master target alone: listed with the
+  // protected site's process server gone, as at a disaster.
+  auto gp = c.CdpctlJson(Group({"group", "points", "app"}));
+  REQUIRE(gp.has_value());
+  CHECK(gp->at("points").as_array().size() >= 1);
 
   // No write at the cluster's agent waited longer than the 200 ms timeout (plus
   // 50 ms for the wake-up on this loaded machine).

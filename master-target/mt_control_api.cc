@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "master-target/mt_control_api.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
+#include "common/base/group_marker.h"
 #include "common/crypto/seal.h"
 #include "common/http/control_token.h"
 #include "common/wire/block_digest.h"
@@ -233,6 +235,66 @@ void MasterTarget::Impl::AddRoutes() {
                                                     {"volume", e->name},
                                                     {"applied_seq", e->volume->applied_seq()},
                                                     {"points", pts}});
+    });
+  });
+  // Consistency groups as this master target holds them (docs/groups.md):
+  // the markers group.<G>.<round>.<members> among the tag points of the
+  // caller's volumes (a tenant's, or the one asked). A group point is
+  // complete when <members> volumes of the tenant hold its marker; an
+  // incomplete one older than the newest complete point is partial (a
+  // member's hold lapsed, or its records were lost) and never a recovery
+  // point of the group. Rolled-back markers are left out.
+  http->Route("GET", "/v1/groups", [this](const http::Request& r) {
+    return WithParams(r, {"tenant", "group"}, [&](const http::Params& p) -> Result<http::Response> {
+      CDP_ASSIGN_OR_RETURN(std::optional<std::string> tenant, p.String("tenant"));
+      CDP_ASSIGN_OR_RETURN(std::optional<std::string> only, p.String("group"));
+      if ((tenant && !ValidName(*tenant)) || (only && !ValidName(*only)))
+        return Status::InvalidArgument("tenant and group must be valid names");
+      struct Mark {
+        uint64_t members = 0;
+        uint64_t time_us = 0;
+        std::map<std::string, uint64_t> seqs;  // volume -> the marker's sequence
+      };
+      // (tenant, group) -> round -> its marker's volumes
+      std::map<std::pair<std::string, std::string>, std::map<uint64_t, Mark>> found;
+      {
+        std::lock_guard<std::mutex> lk(vol_mu);
+        for (auto& [k, e] : volumes) {
+          if (!r.caller.Sees(e->tenant) || (tenant && *tenant != e->tenant)) continue;
+          for (const auto& pt : e->volume->points().List()) {
+            if (pt.kind != PointKind::kTag || pt.rolled_back) continue;
+            auto m = ParseGroupMarker(pt.name);
+            if (!m || (only && *only != m->group)) continue;
+            Mark& mk = found[{e->tenant, m->group}][m->round];
+            mk.members = m->members;
+            mk.time_us = std::max(mk.time_us, pt.time_us);
+            mk.seqs[e->name] = pt.seq;
+          }
+        }
+      }
+      json::array groups;
+      for (const auto& [key, rounds] : found) {
+        json::array complete, partial;
+        uint64_t last_complete = 0;
+        for (const auto& [round, mk] : rounds)
+          if (mk.seqs.size() == mk.members) last_complete = round;
+        for (const auto& [round, mk] : rounds) {
+          json::object seqs;
+          for (const auto& [v, s] : mk.seqs) seqs[v] = s;
+          json::object pt{{"round", round},
+                          {"marker", GroupMarker(key.second, round, mk.members)},
+                          {"members", mk.members},
+                          {"time_us", mk.time_us},
+                          {"seqs", std::move(seqs)}};
+          if (mk.seqs.size() == mk.members) complete.push_back(std::move(pt));
+          else if (round < last_complete) partial.push_back(std::move(pt));
+        }
+        groups.push_back(json::object{{"tenant", key.first},
+                                      {"name", key.second},
+                                      {"points", std::move(complete)},
+                                      {"partial", std::move(partial)}});
+      }
+      return http::Response::Json(200, json::object{{"groups", std::move(groups)}});
     });
   });
   http->Route("POST", "/v1/rollback", [this](const http::Request& r) {

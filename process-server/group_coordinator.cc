@@ -102,10 +102,6 @@ Status ValidateGroup(const GroupSpec& g) {
   return Status::OK();
 }
 
-std::string GroupMarker(const std::string& group, uint64_t round, size_t members) {
-  return "group." + group + "." + std::to_string(round) + "." + std::to_string(members);
-}
-
 GroupCoordinator::GroupCoordinator(Options o) : o_(std::move(o)) {
   if (o_.registry != nullptr) {
     round_seconds_ = o_.registry->GetHistogram(

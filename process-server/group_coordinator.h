@@ -41,6 +41,7 @@
 
 #include <boost/json/value.hpp>
 
+#include "common/base/group_marker.h"
 #include "common/base/result.h"
 #include "common/daemon/metrics.h"
 #include "common/env/env.h"
@@ -71,8 +72,6 @@ inline constexpr uint64_t kGroupHoldMarginMs = 20;
 Result<GroupMember> ParseMember(const std::string& s);
 // Every rule of GroupSpec; the message names the field.
 Status ValidateGroup(const GroupSpec& g);
-// The marker of a made round: group.<name>.<round>.<members>.
-std::string GroupMarker(const std::string& group, uint64_t round, size_t members);
 
 struct RoundOutcome {
   uint64_t round = 0;

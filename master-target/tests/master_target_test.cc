@@ -1341,3 +1341,51 @@ TEST_CASE("a volume the master target cannot open is shown refused in /status an
   CHECK(st.at("refused").as_array().empty());
   CHECK(st.at("volumes").as_array().size() == 1);
 }
+
+TEST_CASE("control API: /v1/groups lists a group's points complete when every member volume holds the marker, "
+          "partial when an older one lacks it",
+          "[server][control][groups]") {
+  TempDir tmp;
+  Daemon d(tmp.path());
+  auto ch = Client(d.mt->port(), "acme", "s3cret-acme");
+  const uint32_t a = OpenVolume(*ch, OpenMsg("a", 1 << 20), 0);
+  const uint32_t b = OpenVolume(*ch, OpenMsg("b", 1 << 20), 0);
+  // Rounds 10 and 30 reach both volumes, round 20 only a (b's hold lapsed),
+  // round 40 only a so far (b's records still on their way).
+  auto m = Call(*ch, Batch(a, {DataRecord(1, 0, Bytes(4096, 1)), TagRecord(2, "group.app.10.2"),
+                               TagRecord(3, "group.app.20.2"), TagRecord(4, "group.app.30.2"),
+                               TagRecord(5, "group.app.40.2"), TagRecord(6, "group.app.x.2")}));
+  REQUIRE(std::holds_alternative<proto::Ack>(m));
+  m = Call(*ch, Batch(b, {TagRecord(1, "group.app.10.2"), DataRecord(2, 0, Bytes(4096, 2)),
+                          TagRecord(3, "group.app.30.2"), TagRecord(4, "group.other.7.1")}));
+  REQUIRE(std::holds_alternative<proto::Ack>(m));
+  // A tenant of its own with a group of the same name.
+  auto other = Client(d.mt->port(), "globex", "s3cret-globex");
+  const uint32_t g = OpenVolume(*other, OpenMsg("a", 1 << 20), 0);
+  m = Call(*other, Batch(g, {TagRecord(1, "group.app.10.1")}));
+  REQUIRE(std::holds_alternative<proto::Ack>(m));
+
+  const uint16_t cport = d.mt->control_port();
+  auto gs = Http(cport, "GET", "/v1/groups?tenant=acme", "", 200).at("groups").as_array();
+  REQUIRE(gs.size() == 2);  // app and other, in name order
+  const json::object& app = gs[0].as_object();
+  CHECK(app.at("name") == "app");
+  const json::array& pts = app.at("points").as_array();
+  REQUIRE(pts.size() == 2);
+  CHECK(pts[0].at("round") == 10);
+  CHECK(pts[0].at("seqs") == json::object{{"a", 2}, {"b", 1}});
+  CHECK(pts[1].at("marker") == "group.app.30.2");
+  CHECK(pts[1].at("seqs") == json::object{{"a", 4}, {"b", 3}});
+  const json::array& partial = app.at("partial").as_array();
+  REQUIRE(partial.size() == 1);  // 20; 40 is newer than the last complete point: still on its way
+  CHECK(partial[0].at("round") == 20);
+  CHECK(partial[0].at("seqs") == json::object{{"a", 3}});
+  CHECK(gs[1].at("name") == "other");
+  CHECK(gs[1].at("points").as_array().size() == 1);
+  // One group asked; every tenant the admin sees; a bad parameter.
+  auto one = Http(cport, "GET", "/v1/groups?group=other", "", 200).at("groups").as_array();
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].at("tenant") == "acme");
+  CHECK(Http(cport, "GET", "/v1/groups", "", 200).at("groups").as_array().size() == 3);
+  Http(cport, "GET", "/v1/groups?group=../x", "", 400);
+}
