@@ -19,6 +19,7 @@
 
 #include <boost/json.hpp>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <set>
 
@@ -242,6 +243,20 @@ TEST_CASE("dashboard: two tenants in headless Chromium over HTTPS, token-gated, 
   w = cdp::e2e::RandomWrites(c.nbd_uri(), c.options().volume_size, 32, 1, 20, 0, c.dir());
   REQUIRE(w.empty());
   REQUIRE(c.Cdpctl({"tag", "after-upgrade"}).exit_code == 0);
+  // A consistency group of the agent's volume (docs/groups.md) with one
+  // point made on demand: the page lists it under its tenant.
+  std::string agent_id;
+  {
+    std::ifstream conf(c.Path("etc/agent.conf"));
+    for (std::string line; std::getline(conf, line);)
+      if (line.rfind("client_id = ", 0) == 0) agent_id = line.substr(12);
+  }
+  REQUIRE(c.Cdpctl({"--tenant", "acme", "group", "create", "app", "--member", agent_id + ":" + vol, "--interval",
+                    "3600000"})
+              .exit_code == 0);
+  auto gp = c.CdpctlJson({"--tenant", "acme", "group", "point", "app"});
+  REQUIRE(gp.has_value());
+  const std::string marker(gp->at("marker").as_string());
   REQUIRE(c.WaitDrained());
   MakeBetaVolume(c);
   const std::string acme = IssueToken(c, "acme"), beta = IssueToken(c, "beta");
@@ -322,6 +337,11 @@ TEST_CASE("dashboard: two tenants in headless Chromium over HTTPS, token-gated, 
   CHECK(ShownVolumes(b) == std::set<std::string>{acme_key});
   CHECK(Str(Eval(b, "return document.body.textContent.includes('ledger') || "
                     "document.body.textContent.includes('beta');")) == "false");
+  // The tenant's group: one recoverable point, its marker, nothing partial.
+  Wait(b, "return document.querySelector('section.tenant[data-tenant=\"acme\"] tr.group[data-group=\"app\"]') !== null;");
+  CHECK(Str(Eval(b, "return document.querySelector('tr.group[data-group=\"app\"]').dataset.points;")) == "1");
+  CHECK(Str(Eval(b, "return document.querySelector('tr.group[data-group=\"app\"]').dataset.last;")) == marker);
+  CHECK(Str(Eval(b, "return document.querySelector('tr.group[data-group=\"app\"]').dataset.partial;")) == "0");
   // State and failover state, as /v1/volumes has them.
   CHECK(Str(Eval(b, "return document.querySelector('article.volume[data-volume=\"" + acme_key +
                         "\"] .badge').dataset.state;")) == "protecting");
@@ -413,6 +433,7 @@ TEST_CASE("dashboard: two tenants in headless Chromium over HTTPS, token-gated, 
   SignIn(b, base, beta);
   CHECK(ShownTenants(b) == std::set<std::string>{"beta"});
   CHECK(ShownVolumes(b) == std::set<std::string>{"beta/ledger"});
+  CHECK(Str(Eval(b, "return document.querySelectorAll('tr.group').length;")) == "0");  // acme's group is not beta's
   // Its anomaly shows as a badge (and acme's volume has none).
   CHECK(Str(Eval(b, "return document.querySelector('article.volume[data-volume=\"beta/ledger\"] .badge.anomaly')"
                     ".dataset.anomalies;")) == "1");

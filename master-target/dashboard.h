@@ -15,8 +15,8 @@
 //   POST /ui/session  (bearer token)        checks the token, sets the cookie below
 //   POST /ui/logout                         clears it
 // Any other /ui/ path: 404. The page's data all comes from the control API
-// (master-target/mt_control_api.h: /v1/whoami, /v1/volumes, /v1/points,
-// /v1/lag, /v1/exports, /v1/export, /v1/unexport).
+// (master-target/mt_control_api.h: /v1/whoami, /v1/volumes, /v1/groups,
+// /v1/points, /v1/lag, /v1/exports, /v1/export, /v1/unexport).
 //
 // Access (the router's modes, common/http/http_server.h; what each answers, here):
 //  - Data is read and changed only through the control API, with

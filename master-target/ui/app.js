@@ -343,6 +343,30 @@ function exportsTable(list, port, tls) {
     el('tbody', {}, rows));
 }
 
+// A tenant's consistency groups (docs/groups.md) as this master target holds
+// them (/v1/groups): the recoverable group points (every member volume
+// holds the marker), the last one's cut, and partial ones (a member lacks it).
+function groupsCard(groups) {
+  const rows = groups.map((g) => {
+    const pts = g.points || [];
+    const last = pts.length ? pts[pts.length - 1] : null;
+    const partial = (g.partial || []).length;
+    const cut = last ? Object.entries(last.seqs).map(([v, s]) => `${v}@seq:${s}`).join('  ') : '';
+    return el('tr', {class: 'group', 'data-group': g.name, 'data-points': String(pts.length),
+                     'data-partial': String(partial), 'data-last': last ? last.marker : ''},
+      el('td', {text: g.name}),
+      el('td', {text: String(pts.length)}),
+      el('td', {text: last ? stamp(last.time_us) : '-'}),
+      el('td', {class: 'mono', text: cut || '-'}),
+      el('td', {}, partial ? el('span', {class: 'badge warn', text: `${partial} partial`}) : el('span', {class: 'muted', text: 'none'})));
+  });
+  return el('div', {class: 'card groups'},
+    el('h3', {text: 'Consistency groups'}),
+    el('table', {class: 'exports'},
+      el('thead', {}, el('tr', {}, ...['group', 'recoverable points', 'last point', 'its cut', 'partial'].map((h) => el('th', {text: h})))),
+      el('tbody', {}, ...rows)));
+}
+
 function volumeCard(v, pts, lag, exports, port, tls, nowUs) {
   const key = v.tenant + '/' + v.volume;
   const last = (lag.samples || []).filter((s) => s.batches > 0).slice(-1)[0];
@@ -408,7 +432,8 @@ async function refresh() {
   if (busy) return;
   busy = true;
   try {
-    const [who, vols, exps] = await Promise.all([api('GET', '/v1/whoami'), api('GET', '/v1/volumes'), api('GET', '/v1/exports')]);
+    const [who, vols, exps, grps] = await Promise.all([api('GET', '/v1/whoami'), api('GET', '/v1/volumes'),
+      api('GET', '/v1/exports'), api('GET', '/v1/groups')]);
     const volumes = vols.volumes || [];
     const details = await Promise.all(volumes.map(async (v) => {
       const q = 'tenant=' + encodeURIComponent(v.tenant) + '&volume=' + encodeURIComponent(v.volume);
@@ -439,9 +464,11 @@ async function refresh() {
       const cards = ds.sort((a, b) => a.v.volume.localeCompare(b.v.volume)).map((d) =>
         volumeCard(d.v, d.pts, d.lag, (exps.exports || []).filter((x) => x.tenant === d.v.tenant && x.volume === d.v.volume), exps.port, who.nbd_tls, nowUs));
       const jbytes = ds.reduce((a, d) => a + (d.v.journal_bytes || 0), 0);
+      const groups = (grps.groups || []).filter((g) => g.tenant === t);
       sections.push(el('section', {class: 'tenant', 'data-tenant': t},
         el('div', {class: 'tenant-head'}, el('h2', {}, el('span', {class: 'muted', text: 'tenant '}), t),
           el('div', {class: 'tenant-meta', text: `${ds.length} volume(s) · journals ${bytes(jbytes)}`})),
+        ...(groups.length ? [groupsCard(groups)] : []),
         cards.length ? cards : el('div', {class: 'card muted', text: 'No volume yet.'})));
     }
     hideTip();  // its target is being replaced
