@@ -131,6 +131,22 @@ json::array GroupPoints(Cluster& c) {
   return p->at("points").as_array();
 }
 
+// Makes a point of group app now and waits (120 s) until the master target
+// lists it (every member's marker applied there): its marker.
+std::string PointAtTheMasterTarget(Cluster& c) {
+  auto made = c.CdpctlJson(Group({"group", "point", "app"}));
+  REQUIRE(made.has_value());
+  const std::string marker(made->at("marker").as_string());
+  REQUIRE(WaitFor(
+      [&] {
+        for (const auto& p : GroupPoints(c))
+          if (p.at("marker").as_string() == marker) return true;
+        return false;
+      },
+      milliseconds(120000), milliseconds(250)));
+  return marker;
+}
+
 // Observations of cdp_agent_group_hold_seconds above `le` at an agent.
 uint64_t HeldLongerThan(uint16_t port, const std::string& token, const std::string& le) {
   Answer a = Call(port, "GET", "/metrics", token);
@@ -178,16 +194,7 @@ TEST_CASE("group points across two agents are causally consistent: a write on ho
     WriteCounter(*bw, n);
   }
   // A last point after the writer, and every point's markers applied at the MT.
-  auto last = c.CdpctlJson(Group({"group", "point", "app"}));
-  REQUIRE(last.has_value());
-  const std::string last_marker(last->at("marker").as_string());
-  REQUIRE(WaitFor(
-      [&] {
-        for (const auto& p : GroupPoints(c))
-          if (p.at("marker").as_string() == last_marker) return true;
-        return false;
-      },
-      milliseconds(90000), milliseconds(250)));
+  (void)PointAtTheMasterTarget(c);
 
   const json::array pts = GroupPoints(c);
   INFO(json::serialize(pts));
@@ -344,16 +351,7 @@ TEST_CASE("failover --group: every member fails over at the same group point, an
     at.Pop(3);  // umount, loop device, nbdfuse: the filesystem is clean on the tap
   }
   // A point after both filesystems are clean, and its markers at the MT.
-  auto made = c.CdpctlJson(Group({"group", "point", "app"}));
-  REQUIRE(made.has_value());
-  const std::string marker(made->at("marker").as_string());
-  REQUIRE(WaitFor(
-      [&] {
-        for (const auto& p : GroupPoints(c))
-          if (p.at("marker").as_string() == marker) return true;
-        return false;
-      },
-      milliseconds(120000), milliseconds(250)));
+  const std::string marker = PointAtTheMasterTarget(c);
 
   // By its marker: the schedule may have made newer points meanwhile.
   auto f = c.CdpctlJson(Group({"failover", "--group", "app", "--to", marker}));

@@ -9,6 +9,17 @@ namespace cdp::ps {
 
 namespace json = boost::json;
 
+namespace {
+// {"tenant": T, "name": G}: the group a request names.
+Result<std::pair<std::string, std::string>> GroupNamed(const http::Request& r) {
+  CDP_ASSIGN_OR_RETURN(http::Params p, http::Params::Of(r, {"tenant", "name"}));
+  CDP_ASSIGN_OR_RETURN(std::optional<std::string> tenant, p.String("tenant"));
+  CDP_ASSIGN_OR_RETURN(std::optional<std::string> name, p.String("name"));
+  if (!tenant || !name) return Status::InvalidArgument("body must be {\"tenant\", \"name\"}");
+  return std::pair{*tenant, *name};
+}
+}  // namespace
+
 Status ProcessServer::StartControl() {
   Impl& im = *impl_;
   http::ServerOptions ho;
@@ -89,25 +100,17 @@ Status ProcessServer::StartControl() {
     return http::Response::Json(200, json::object{{"group", g.name}, {"members", g.members.size()}});
   });
   im.http->Route("POST", "/v1/groups/remove", [&im](const http::Request& r) {
-    auto p = http::Params::Of(r, {"tenant", "name"});
-    if (!p.ok()) return http::ErrorResponse(p.status());
-    auto tenant = p->String("tenant");
-    auto name = p->String("name");
-    if (!tenant.ok() || !name.ok() || !*tenant || !*name)
-      return http::Response::Error(400, "body must be {\"tenant\", \"name\"}");
-    if (Status s = im.groups->Remove(**tenant, **name); !s.ok()) return http::ErrorResponse(s);
-    return http::Response::Json(200, json::object{{"removed", **name}});
+    auto g = GroupNamed(r);
+    if (!g.ok()) return http::ErrorResponse(g.status());
+    if (Status s = im.groups->Remove(g->first, g->second); !s.ok()) return http::ErrorResponse(s);
+    return http::Response::Json(200, json::object{{"removed", g->second}});
   });
   // One round now (a point on demand), whatever the schedule: 200 with the
   // marker when made, 409 with the reason when abandoned.
   im.http->Route("POST", "/v1/groups/point", [&im](const http::Request& r) {
-    auto p = http::Params::Of(r, {"tenant", "name"});
-    if (!p.ok()) return http::ErrorResponse(p.status());
-    auto tenant = p->String("tenant");
-    auto name = p->String("name");
-    if (!tenant.ok() || !name.ok() || !*tenant || !*name)
-      return http::Response::Error(400, "body must be {\"tenant\", \"name\"}");
-    auto out = im.groups->RunRound(**tenant, **name);
+    auto g = GroupNamed(r);
+    if (!g.ok()) return http::ErrorResponse(g.status());
+    auto out = im.groups->RunRound(g->first, g->second);
     if (!out.ok()) return http::ErrorResponse(out.status());
     if (!out->made) return http::Response::Error(409, "group round abandoned: " + out->why);
     return http::Response::Json(200, json::object{{"round", out->round}, {"marker", out->marker},
