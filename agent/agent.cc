@@ -146,7 +146,8 @@ Status Agent::StartParts() {
     } else {
       log::Get("agent")->warn("tls = off: writes reach the process server in clear text");
     }
-    group_holds_ = std::make_unique<GroupHolds>([this](const std::string& v) { return FindDevice(v); });
+    group_holds_ = std::make_unique<GroupHolds>([this](const std::string& v) { return FindDevice(v); },
+                                                opts_.group_hold_max_ms);
     opts_.sender.on_peer_request = [h = group_holds_.get()](repl::ReplicationSender& link, proto::Message m) {
       h->OnRequest(std::move(m), [&link](const proto::Message& answer) { return link.Send(answer); });
     };

@@ -97,6 +97,10 @@ struct AgentOptions {
   std::string freeze_command;    // run through /bin/sh -c before a tag ("" = none)
   std::string thaw_command;      // run after a tag, always
   uint64_t freeze_timeout_ms = 10'000;
+  // The longest hold of writes a group point's coordinator may ask
+  // (agent/group_hold.h); a longer one is refused. 0: every hold is refused.
+  // What a compromised process server can cost the application per hold.
+  uint64_t group_hold_max_ms = 200;
   // TLS to the process server (common/net/tls_stream.h). The config's default is
   // on; options built by hand (in-process tests) are clear unless they set it.
   TlsSettings tls = TlsSettings::Off();

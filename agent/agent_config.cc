@@ -75,6 +75,8 @@ po::options_description AgentConfigDescription() {
       ("freeze_command", value<std::string>()->default_value(""), "run before a tag (e.g. 'fsfreeze -f /data')")
       ("thaw_command", value<std::string>()->default_value(""), "run after a tag, always (e.g. 'fsfreeze -u /data')")
       ("freeze_timeout", value<Duration>()->default_value(Duration{10'000'000}), "bound on the freeze window")
+      ("group_hold_max", value<Duration>()->default_value(Duration{200'000}),
+       "longest hold of writes a group point may ask of this agent (0 = none: the agent is in no group)")
       ("log.level", value<std::string>()->default_value(""), "trace|debug|info|warn|error")
       ("log.file", value<std::string>()->default_value(""), "log file ('' = stderr)");
   repl::AddLinkConfig(&desc, AgentLinkDefaults());
@@ -254,6 +256,10 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   ao.freeze_command = vm["freeze_command"].as<std::string>();
   ao.thaw_command = vm["thaw_command"].as<std::string>();
   ao.freeze_timeout_ms = vm["freeze_timeout"].as<Duration>().millis();
+  ao.group_hold_max_ms = vm["group_hold_max"].as<Duration>().millis();
+  if (ao.group_hold_max_ms > proto::kMaxGroupHoldMs) {
+    return Status::InvalidArgument("group_hold_max must be at most " + std::to_string(proto::kMaxGroupHoldMs) + " ms");
+  }
   if (log != nullptr) {
     log->level = vm["log.level"].as<std::string>();
     log->file = vm["log.file"].as<std::string>();

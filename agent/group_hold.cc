@@ -13,7 +13,8 @@ namespace {
 constexpr size_t kMaxRounds = 64;
 }  // namespace
 
-GroupHolds::GroupHolds(Find find) : find_(std::move(find)), answerer_([this] { Answer(); }) {}
+GroupHolds::GroupHolds(Find find, uint64_t max_hold_ms)
+    : find_(std::move(find)), max_hold_ms_(max_hold_ms), answerer_([this] { Answer(); }) {}
 
 GroupHolds::~GroupHolds() { Stop(); }
 
@@ -44,7 +45,13 @@ proto::GroupHeld GroupHolds::Hold(const proto::GroupHold& h) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(h.timeout_ms);
   std::vector<CaptureDevice*> held;
   std::string refused;
-  for (const std::string& v : h.volumes) {
+  if (max_hold_ms_ == 0) {
+    refused = "this agent takes no group holds (group_hold_max = 0)";
+  } else if (h.timeout_ms > max_hold_ms_) {
+    refused = "a hold of " + std::to_string(h.timeout_ms) + " ms is above this agent's group_hold_max (" +
+              std::to_string(max_hold_ms_) + " ms)";
+  }
+  for (const std::string& v : refused.empty() ? h.volumes : std::vector<std::string>{}) {
     CaptureDevice* d = find_(v);
     if (d == nullptr) {
       refused = "no volume " + v + " at this agent";

@@ -5,9 +5,9 @@
 // this takes the capture lock, checks that the volume can promise a
 // consistent point (CaptureDevice::ConsistentLocked) and puts the hold on
 // (CaptureQueue::HoldLocked) until now + timeout_ms. Then it answers
-// GroupHeld{kHeld}, or kRefused with the reason (an unknown volume, one that
-// cannot promise a point, one already held by another round), after ending
-// the holds it had put on. GroupRelease{round, marker} ends the round's
+// GroupHeld{kHeld}, or kRefused with the reason (a timeout above the agent's
+// group_hold_max, an unknown volume, one that cannot promise a point, one
+// already held by another round), after ending the holds it had put on. GroupRelease{round, marker} ends the round's
 // holds; when the marker is non-empty and a volume's hold had not lapsed, a
 // kTag record named `marker` is queued first, at the held place. A hold
 // that lapsed gets no marker, so the coordinator's point lacks this member's
@@ -39,7 +39,8 @@ namespace cdp::agent {
 class GroupHolds {
  public:
   using Find = std::function<CaptureDevice*(const std::string& volume)>;
-  explicit GroupHolds(Find find);
+  // A hold asking a timeout above `max_hold_ms` is refused (0: every one).
+  GroupHolds(Find find, uint64_t max_hold_ms);
   ~GroupHolds();  // Stop()s
   GroupHolds(const GroupHolds&) = delete;
   GroupHolds& operator=(const GroupHolds&) = delete;
@@ -67,6 +68,7 @@ class GroupHolds {
   void Answer();
 
   const Find find_;
+  const uint64_t max_hold_ms_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, std::vector<CaptureDevice*>> rounds_;  // held, by round (a lapsed one stays until its release)

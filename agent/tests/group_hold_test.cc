@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <optional>
 
 #include "common/env/env.h"
 
@@ -28,7 +29,7 @@ struct Fixture {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<proto::GroupHeld> answers;
-  GroupHolds holds{[this](const std::string& v) { return devs.count(v) ? devs[v].get() : nullptr; }};
+  GroupHolds holds{[this](const std::string& v) { return devs.count(v) ? devs[v].get() : nullptr; }, 5000};
 
   Fixture() {
     for (const char* v : {"a", "b"}) {
@@ -166,4 +167,26 @@ TEST_CASE("a hold is refused for an unknown volume, one already held, or one tha
   CHECK(h.status == proto::GroupHoldStatus::kRefused);
   CHECK(h.message.find("volume b cannot promise a consistent point now") == 0);
   REQUIRE(f.devs["a"]->Write(0, cdp::ByteSpan(cdp::Bytes(4096, 7)), false).ok());
+}
+
+TEST_CASE("a hold longer than the agent's group_hold_max is refused, and with 0 every hold is", "[groups]") {
+  for (uint64_t max : {uint64_t(200), uint64_t(0)}) {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<proto::GroupHeld> got;
+    GroupHolds h([](const std::string&) -> CaptureDevice* { return nullptr; }, max);
+    h.OnRequest(proto::GroupHold{1, 201, {"a"}}, [&](const proto::Message& m) {
+      std::lock_guard<std::mutex> l(mu);
+      got = std::get<proto::GroupHeld>(m);
+      cv.notify_all();
+      return cdp::Status::OK();
+    });
+    std::unique_lock<std::mutex> l(mu);
+    REQUIRE(cv.wait_for(l, std::chrono::seconds(10), [&] { return got.has_value(); }));
+    CHECK(got->status == proto::GroupHoldStatus::kRefused);
+    CHECK(got->message == (max == 0 ? "this agent takes no group holds (group_hold_max = 0)"
+                                    : "a hold of 201 ms is above this agent's group_hold_max (200 ms)"));
+    l.unlock();
+    h.Stop();
+  }
 }
