@@ -105,7 +105,7 @@ TEST_CASE("a round with every member held in time is made: one hold per agent na
   CHECK(r2->round > r->round);
 }
 
-TEST_CASE("a round is abandoned when a member is not connected, refuses, or holds too late; every agent asked "
+TEST_CASE("a round is abandoned when a member is not connected, refuses, or holds too late, and every agent asked "
           "is released without a marker",
           "[groups]") {
   auto env = cdp::NewMemEnv();
