@@ -146,8 +146,25 @@ Status Agent::StartParts() {
     } else {
       log::Get("agent")->warn("tls = off: writes reach the process server in clear text");
     }
+    // A group tag's freeze (docs/groups.md) runs the same hooks as a local
+    // tag, and excludes one as Tag excludes another: the freeze takes tag_mu_
+    // and the thaw, on the same thread, lets it go.
+    GroupHolds::Hooks hooks;
+    hooks.max_freeze_ms = opts_.freeze_timeout_ms;
+    hooks.min_interval_ms = opts_.group_freeze_min_interval_ms;
+    hooks.freeze = [this](uint64_t timeout_ms) {
+      tag_mu_.lock();
+      return opts_.freeze_command.empty() ? Status::OK() : RunHook(opts_.freeze_command, timeout_ms);
+    };
+    hooks.thaw = [this] {
+      if (!opts_.thaw_command.empty()) {
+        if (Status s = RunHook(opts_.thaw_command, opts_.freeze_timeout_ms); !s.ok())
+          log::Get("agent")->error("group tag: thaw hook: {}", s.ToString());
+      }
+      tag_mu_.unlock();
+    };
     group_holds_ = std::make_unique<GroupHolds>([this](const std::string& v) { return FindDevice(v); },
-                                                opts_.group_hold_max_ms);
+                                                opts_.group_hold_max_ms, std::move(hooks));
     opts_.sender.on_peer_request = [h = group_holds_.get()](repl::ReplicationSender& link, proto::Message m) {
       h->OnRequest(std::move(m), [&link](const proto::Message& answer) { return link.Send(answer); });
     };
@@ -171,6 +188,17 @@ Status Agent::StartParts() {
     }
   }
   for (size_t i = 0; i < devices_.size(); ++i) RegisterMetrics(i);
+  if (group_holds_) {
+    auto fs = [h = group_holds_.get()] { return h->freeze_stats(); };
+    registry_.AddComputed("cdp_agent_group_freezes_total", "Group tags' freezes answered (application frozen)",
+                          metrics::Type::kCounter, [fs] { return double(fs().frozen); });
+    registry_.AddComputed("cdp_agent_group_freezes_refused_total",
+                          "Group tags' freezes refused (hook failed, another on, over freeze_timeout)",
+                          metrics::Type::kCounter, [fs] { return double(fs().refused); });
+    registry_.AddComputed("cdp_agent_group_thaws_at_timeout_total",
+                          "Group tags' freezes ended by their window, with no release from the coordinator",
+                          metrics::Type::kCounter, [fs] { return double(fs().thawed_at_timeout); });
+  }
   // The stage costs per link to the PS (a shared link carries several volumes).
   std::vector<const repl::ReplicationSender*> shipping;
   for (const auto& s : senders_)

@@ -101,6 +101,10 @@ struct AgentOptions {
   // (agent/group_hold.h); a longer one is refused. 0: every hold is refused.
   // What a compromised process server can cost the application per hold.
   uint64_t group_hold_max_ms = 200;
+  // A group tag's freeze (the freeze hook, asked by the coordinator) sooner
+  // than this after the last one began is refused: a compromised process
+  // server cannot keep the application frozen.
+  uint64_t group_freeze_min_interval_ms = 30'000;
   // TLS to the process server (common/net/tls_stream.h). The config's default is
   // on; options built by hand (in-process tests) are clear unless they set it.
   TlsSettings tls = TlsSettings::Off();

@@ -77,6 +77,8 @@ po::options_description AgentConfigDescription() {
       ("freeze_timeout", value<Duration>()->default_value(Duration{10'000'000}), "bound on the freeze window")
       ("group_hold_max", value<Duration>()->default_value(Duration{200'000}),
        "longest hold of writes a group point may ask of this agent (0 = none: the agent is in no group)")
+      ("group_freeze_min_interval", value<Duration>()->default_value(Duration{30'000'000}),
+       "a group tag's freeze asked sooner than this after the last one began is refused")
       ("log.level", value<std::string>()->default_value(""), "trace|debug|info|warn|error")
       ("log.file", value<std::string>()->default_value(""), "log file ('' = stderr)");
   repl::AddLinkConfig(&desc, AgentLinkDefaults());
@@ -257,6 +259,7 @@ Result<AgentOptions> AgentOptionsFromConfig(const po::variables_map& vm, Env* en
   ao.thaw_command = vm["thaw_command"].as<std::string>();
   ao.freeze_timeout_ms = vm["freeze_timeout"].as<Duration>().millis();
   ao.group_hold_max_ms = vm["group_hold_max"].as<Duration>().millis();
+  ao.group_freeze_min_interval_ms = vm["group_freeze_min_interval"].as<Duration>().millis();
   if (ao.group_hold_max_ms > proto::kMaxGroupHoldMs) {
     return Status::InvalidArgument("group_hold_max must be at most " + std::to_string(proto::kMaxGroupHoldMs) + " ms");
   }

@@ -13,8 +13,8 @@ namespace {
 constexpr size_t kMaxRounds = 64;
 }  // namespace
 
-GroupHolds::GroupHolds(Find find, uint64_t max_hold_ms)
-    : find_(std::move(find)), max_hold_ms_(max_hold_ms), answerer_([this] { Answer(); }) {}
+GroupHolds::GroupHolds(Find find, uint64_t max_hold_ms, Hooks hooks)
+    : find_(std::move(find)), max_hold_ms_(max_hold_ms), hooks_(std::move(hooks)), worker_([this] { Work(); }) {}
 
 GroupHolds::~GroupHolds() { Stop(); }
 
@@ -24,21 +24,92 @@ void GroupHolds::Stop() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (answerer_.joinable()) answerer_.join();
+  if (worker_.joinable()) worker_.join();
 }
 
 void GroupHolds::OnRequest(proto::Message m, Send send) {
+  std::function<void()> job;
   if (auto* h = std::get_if<proto::GroupHold>(&m)) {
-    proto::GroupHeld held = Hold(*h);
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (stop_) return;
-      outbox_.emplace_back(std::move(send), std::move(held));
+    if (h->freeze) {
+      job = [this, h = std::move(*h), send = std::move(send), came = Clock::now()] {
+        const proto::GroupHeld held = Freeze(h, came);
+        if (Status s = send(held); !s.ok())
+          log::Get("agent")->warn("group round {}: answer not sent: {}", held.round, s.ToString());
+      };
+    } else {
+      job = [held = Hold(*h), send = std::move(send)] {
+        if (Status s = send(held); !s.ok())
+          log::Get("agent")->warn("group round {}: answer not sent: {}", held.round, s.ToString());
+      };
     }
-    cv_.notify_all();
   } else if (auto* r = std::get_if<proto::GroupRelease>(&m)) {
     Release(*r);
+    // The round's freeze, if any, ends after its marker is queued.
+    job = [this, round = r->round] {
+      if (frozen_ && frozen_->round == round) Thaw("released");
+    };
+  } else {
+    return;
   }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_) return;
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+}
+
+proto::GroupHeld GroupHolds::Freeze(const proto::GroupHold& h, Clock::time_point came) {
+  const auto until = came + std::chrono::milliseconds(h.timeout_ms);
+  std::string refused;
+  if (max_hold_ms_ == 0) {
+    refused = "this agent takes no group holds (group_hold_max = 0)";
+  } else if (h.timeout_ms > hooks_.max_freeze_ms) {
+    refused = "a freeze of " + std::to_string(h.timeout_ms) + " ms is above this agent's freeze_timeout (" +
+              std::to_string(hooks_.max_freeze_ms) + " ms)";
+  } else if (frozen_) {
+    refused = "the application is frozen for group round " + std::to_string(frozen_->round);
+  } else if (last_freeze_ && came - *last_freeze_ < std::chrono::milliseconds(hooks_.min_interval_ms)) {
+    refused = "the last group freeze began " +
+              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(came - *last_freeze_).count()) +
+              " ms ago (group_freeze_min_interval " + std::to_string(hooks_.min_interval_ms) + " ms)";
+  } else {
+    for (const std::string& v : h.volumes) {
+      if (find_(v) == nullptr) {
+        refused = "no volume " + v + " at this agent";
+        break;
+      }
+    }
+  }
+  if (refused.empty()) {
+    frozen_ = Frozen{h.round, until};
+    last_freeze_ = Clock::now();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    Status st = left <= 0 ? Status::Aborted("no time left of the freeze window")
+                : hooks_.freeze ? hooks_.freeze(uint64_t(left))
+                                : Status::OK();
+    if (st.ok() && Clock::now() >= until) st = Status::Aborted("the freeze hook outlasted the window");
+    if (!st.ok()) {
+      refused = "freeze hook: " + st.ToString();
+      Thaw("the freeze failed");
+    }
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  if (!refused.empty()) {
+    ++freeze_stats_.refused;
+    log::Get("agent")->warn("group round {}: freeze refused: {}", h.round, refused);
+    return proto::GroupHeld{h.round, proto::GroupHoldStatus::kRefused, refused};
+  }
+  ++freeze_stats_.frozen;
+  log::Get("agent")->info("group round {}: application frozen for at most {} ms", h.round, h.timeout_ms);
+  return proto::GroupHeld{h.round, proto::GroupHoldStatus::kHeld, ""};
+}
+
+void GroupHolds::Thaw(const char* why) {
+  const uint64_t round = frozen_->round;
+  frozen_.reset();
+  if (hooks_.thaw) hooks_.thaw();
+  log::Get("agent")->info("group round {}: application thawed ({})", round, why);
 }
 
 proto::GroupHeld GroupHolds::Hold(const proto::GroupHold& h) {
@@ -117,17 +188,30 @@ GroupHolds::Released GroupHolds::last_released() const {
   return last_;
 }
 
-void GroupHolds::Answer() {
+GroupHolds::FreezeStats GroupHolds::freeze_stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return freeze_stats_;
+}
+
+void GroupHolds::Work() {
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
-    cv_.wait(l, [&] { return stop_ || !outbox_.empty(); });
-    if (stop_) return;
-    auto [send, held] = std::move(outbox_.front());
-    outbox_.pop_front();
-    l.unlock();
-    if (Status s = send(held); !s.ok()) {
-      log::Get("agent")->warn("group round {}: answer not sent: {}", held.round, s.ToString());
+    auto ready = [&] { return stop_ || !jobs_.empty(); };
+    if (frozen_) cv_.wait_until(l, frozen_->until, ready);
+    else cv_.wait(l, ready);
+    if (frozen_ && (stop_ || Clock::now() >= frozen_->until)) {
+      const bool stopping = stop_;
+      if (!stopping) ++freeze_stats_.thawed_at_timeout;
+      l.unlock();
+      Thaw(stopping ? "the agent stops" : "no release within the freeze window");
+      l.lock();
     }
+    if (stop_) return;  // answers not sent yet are dropped
+    if (jobs_.empty()) continue;
+    std::function<void()> job = std::move(jobs_.front());
+    jobs_.pop_front();
+    l.unlock();
+    job();
     l.lock();
   }
 }

@@ -40,8 +40,9 @@ constexpr const char* kUsage =
     "  reprotect VOLUME |\n"
     "  group create G --member AGENT:VOLUME [--member ...] [--interval MS] [--hold-max MS] [--hold-timeout MS] |\n"
     "  group list | group remove G | group point G | group points G |\n"
+    "  tag --group G NAME [--freeze-ms MS]   (every member agent's freeze hook: an application-consistent point) |\n"
     "  failover --group G --to GPOINT | rollback --group G --to GPOINT | export --group G --to GPOINT\n"
-    "    (GPOINT: latest, a round or a marker from 'group points'; groups need --tenant) |\n"
+    "    (GPOINT: latest, a round, a marker or a group tag's NAME from 'group points'; groups need --tenant) |\n"
     "  token issue --tenant T [--scope tenant|tenant-read] [--expires DURATION] |\n"
     "  token issue --scope admin [--expires DURATION] |\n"
     "  token revoke ID | token revoke --tenant T | token list\n"
@@ -63,7 +64,7 @@ int Usage(const std::vector<std::string>& args, std::ostream& err) {
     if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size" && a != "--repair" &&
         a != "--max-rate" && a != "--scope" && a != "--expires" && a != "--test" && a != "--undo" && a != "--commit" &&
         a != "--key-file" && a != "--out" && a != "--socket" && a != "--tls-certificates" && a != "--hosts" && a != "--group" &&
-        a != "--member" && a != "--interval" && a != "--hold-max" && a != "--hold-timeout") {
+        a != "--member" && a != "--interval" && a != "--hold-max" && a != "--hold-timeout" && a != "--freeze-ms") {
       err << "cdpctl: unknown option '" << a << "'\n";
       break;
     }
@@ -113,6 +114,9 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
       args[3] == "--to")
     return GroupRecovery(o, cmd, args[2], args[4], out, err);
   if (cmd == "tag" && args.size() == 2) return Tag(o, args[1], out, err);
+  if (cmd == "tag" && args.size() >= 4 && args[1] == "--group" &&
+      (args.size() == 4 || (args.size() == 6 && args[4] == "--freeze-ms")))
+    return GroupTag(o, args[2], args[3], args.size() == 6 ? args[5] : "", out, err);
   if (cmd == "points" && args.size() == 2) return Points(o, args[1], out, err);
   if (cmd == "anomalies" && args.size() == 2) return Anomalies(o, args[1], "", out, err);
   if (cmd == "anomalies" && args.size() == 4 && args[2] == "--ack") return Anomalies(o, args[1], args[3], out, err);

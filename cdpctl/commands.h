@@ -89,6 +89,11 @@ int GroupCommand(const Options& o, const std::vector<std::string>& args, std::os
 // failover | rollback | export of every member of `group` at its group point
 // `point` ("latest", a round or a marker): the single-volume step of each
 // member at its marker's sequence.
+// tag --group G NAME [--freeze-ms MS]: an application-consistent group
+// point (docs/groups.md): the PS has every member agent freeze, holds and
+// marks the group, and every agent thaws.
+int GroupTag(const Options& o, const std::string& group, const std::string& tag, const std::string& freeze_ms,
+             std::ostream& out, std::ostream& err);
 int GroupRecovery(const Options& o, const std::string& action, const std::string& group, const std::string& point,
                   std::ostream& out, std::ostream& err);
 // The groups of a process server's /status or /v1/groups body, as lines of

@@ -24,6 +24,7 @@ namespace {
 struct GroupPoint {
   uint64_t round = 0;
   std::string marker;
+  std::string tag;  // an application-consistent point's (cdpctl tag --group)
   std::vector<std::pair<std::string, uint64_t>> seqs;  // volume -> its marker's sequence
   double time_us = 0;                                   // the newest member's
 };
@@ -53,6 +54,7 @@ bool Points(const Options& o, const std::string& group, std::vector<GroupPoint>*
       GroupPoint gp;
       gp.round = json::value_to<uint64_t>(p.at("round"));
       gp.marker = Str(p, "marker");
+      gp.tag = Str(p, "tag");
       gp.time_us = Num(p, "time_us");
       for (const auto& [v, s] : p.at("seqs").as_object()) gp.seqs.emplace_back(v, json::value_to<uint64_t>(s));
       out->push_back(std::move(gp));
@@ -62,19 +64,25 @@ bool Points(const Options& o, const std::string& group, std::vector<GroupPoint>*
   return true;
 }
 
-// POINT of a group: "latest", a round number, or a marker.
+// POINT of a group: "latest", a round number, a marker, or a group tag's
+// name (its newest point).
 const GroupPoint* Resolve(const std::vector<GroupPoint>& pts, const std::string& point) {
   if (pts.empty()) return nullptr;
   if (point == "latest") return &pts.back();
   for (const GroupPoint& g : pts)
     if (g.marker == point || std::to_string(g.round) == point) return &g;
+  for (auto it = pts.rbegin(); it != pts.rend(); ++it)
+    if (it->tag == point) return &*it;
   return nullptr;
 }
 
 json::object PointJson(const GroupPoint& g) {
   json::object seqs;
   for (const auto& [v, s] : g.seqs) seqs[v] = s;
-  return json::object{{"round", g.round}, {"marker", g.marker}, {"time_us", g.time_us}, {"seqs", std::move(seqs)}};
+  json::object o{{"round", g.round}, {"marker", g.marker}, {"time_us", g.time_us}, {"seqs", std::move(seqs)}};
+  o["consistency"] = g.tag.empty() ? "crash" : "application";
+  if (!g.tag.empty()) o["tag"] = g.tag;
+  return o;
 }
 
 int Create(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -224,12 +232,41 @@ int GroupCommand(const Options& o, const std::vector<std::string>& args, std::os
         << "\n";
     for (const GroupPoint& g : pts) {
       out << "  " << g.round;
+      if (!g.tag.empty()) out << "  tag " << g.tag << " (application-consistent)";
       for (const auto& [v, s] : g.seqs) out << "  " << v << "@seq:" << s;
       out << "\n";
     }
     return 0;
   }
   return Usage(args, err);
+}
+
+int GroupTag(const Options& o, const std::string& group, const std::string& tag, const std::string& freeze_ms,
+             std::ostream& out, std::ostream& err) {
+  if (!NeedTenant(o, err)) return 2;
+  json::object b{{"tenant", o.tenant}, {"name", group}, {"tag", tag}};
+  uint64_t window = 10'000;  // the PS's default freeze window (proto::kMaxGroupHoldMs)
+  if (!freeze_ms.empty()) {
+    uint64_t ms = 0;
+    auto [p, ec] = std::from_chars(freeze_ms.data(), freeze_ms.data() + freeze_ms.size(), ms);
+    if (ec != std::errc() || p != freeze_ms.data() + freeze_ms.size()) {
+      err << "cdpctl: tag --group: --freeze-ms takes whole milliseconds\n";
+      return 2;
+    }
+    b["freeze_ms"] = ms;
+    window = ms;
+  }
+  Options q = o;  // the answer comes after every member froze: wait for the window
+  q.timeout_ms = std::max<int>(o.timeout_ms, int(std::min<uint64_t>(window, 60'000)) + 5'000);
+  // Every member agent runs its freeze hook, then the group is held and
+  // marked, then every agent thaws: one application-consistent point.
+  Call c = Http(q, o.ps, "POST", "/v1/groups/point", b);
+  if (!c.reached || c.status != 200) return Fail(err, "tag --group " + group + " " + tag, c);
+  if (o.json) out << json::serialize(c.body) << "\n";
+  else
+    out << "group " << group << " tagged " << tag << " (every member frozen): marker " << Str(c.body.as_object(), "marker")
+        << "\n";
+  return 0;
 }
 
 int GroupRecovery(const Options& o, const std::string& action, const std::string& group, const std::string& point,

@@ -3,7 +3,10 @@
 // TLS, two cdp-agent processes with their own client ids, volumes, backing
 // files and taps, shipping through one process server, which coordinates
 // the group.
+#include <fcntl.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <boost/json.hpp>
 #include <catch2/catch.hpp>
@@ -14,6 +17,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <atomic>
 
 #include "common/env/env.h"
 #include "common/nbd/nbd_client.h"
@@ -31,7 +35,9 @@ using cdp::e2e::ClusterOptions;
 // directory and control port; the same tenant, process server and site PKI.
 class SecondAgent {
  public:
-  bool Start(Cluster& c, std::string* why) {
+  // `lines`: config lines of its own, each replacing the cluster agent's line
+  // that starts with the same key ("freeze_command = ...").
+  bool Start(Cluster& c, std::string* why, const std::vector<std::string>& lines = {}) {
     dir_ = c.Path("agent-b");
     REQUIRE(cdp::DefaultEnv()->CreateDirs(dir_).ok());
     if (!MakeSparseFile(c.Path("source-b.img"), c.options().volume_size)) return *why = "source-b.img", false;
@@ -45,6 +51,8 @@ class SecondAgent {
       else if (line.rfind("client_id = ", 0) == 0) first_ = line.substr(12), line = "client_id = host-b";
       else if (line.rfind("bitmap_dir = ", 0) == 0) line = "bitmap_dir = " + dir_;
       else if (line.rfind("control = ", 0) == 0) line = "control = 127.0.0.1:" + std::to_string(control_);
+      for (const std::string& own : lines)
+        if (line.rfind(own.substr(0, own.find('=') + 1), 0) == 0) line = own;
       conf << line << "\n";
     }
     std::ofstream(c.Path("etc/agent-b.conf")) << conf.str();
@@ -391,5 +399,175 @@ TEST_CASE("failover --group: every member fails over at the same group point, an
     size_t same = 0;
     for (const auto& file : trees[vol]) same += cdp::e2e::ReadAll(fs + "/" + file.path) == file.data ? 1 : 0;
     CHECK(same == trees[vol].size());
+  }
+}
+
+namespace {
+
+// Generation i of the writer's files on filesystem `fs`: 4 KiB, the first 8
+// bytes i, the rest derived from it; it goes to slot i % kSlots, written
+// over the slot's file in place with one write() (never truncated).
+constexpr uint64_t kSlots = 1000;
+std::string WriterFile(int fs, uint64_t i) {
+  std::string d(4096, '\0');
+  std::memcpy(d.data(), &i, 8);
+  for (size_t k = 8; k < d.size(); ++k) d[k] = char((i * 131 + k * 7 + uint64_t(fs) * 17) & 0xff);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("tag --group: every member agent's freeze hook runs, and the tag's point of ext4 mounted and written on "
+          "both hosts holds every file written before it, fscks clean, and is the failover target by its name",
+          "[e2e][groups][filesystem]") {
+  if (std::string missing = MissingFsPrerequisite(); !missing.empty()) {
+    WARN("skipped: " << missing);
+    return;
+  }
+  // The mount points, named in the agents' hooks before the cluster exists.
+  char tmpl[] = "/tmp/cdp-group-tag-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string top = tmpl;
+  cdp::e2e::Attachments scratch;
+  scratch.Push([top] { cdp::testing::RunCommand({"rm", "-rf", top}); });
+  const std::string fs[2] = {top + "/fs-vol1", top + "/fs-vol2"};
+  auto hooks = [&](int k) {
+    const std::string log = top + "/hooks-" + std::to_string(k + 1);
+    return std::vector<std::string>{"freeze_command = fsfreeze -f " + fs[k] + " && echo froze >> " + log,
+                                    "thaw_command = fsfreeze -u " + fs[k] + " && echo thawed >> " + log};
+  };
+  ClusterOptions co;
+  co.volume_size = 64ull << 20;
+  for (const std::string& l : hooks(0)) co.agent_extra_config += l + "\n";
+  Cluster c(co);
+  INFO(c.why());
+  REQUIRE(c.Start());
+  SecondAgent b;
+  std::string why;
+  INFO(why);
+  REQUIRE(b.Start(c, &why, hooks(1)));
+  std::vector<std::string> create = {"group", "create", "app", "--interval", "1000"};
+  for (const std::string& m : b.Members()) create.push_back(m);
+  REQUIRE(c.Cdpctl(Group(create)).exit_code == 0);
+  REQUIRE(FirstPoint(c));
+
+  // ext4 on each member's tap, mounted, and a writer creating 4 KiB files
+  // in both (never an fsync: only the freeze puts the last ones on disk).
+  const std::string uris[2] = {c.nbd_uri(), b.nbd_uri()};
+  cdp::e2e::Attachments at;
+  for (int k = 0; k < 2; ++k) {
+    const std::string vol = "vol" + std::to_string(k + 1);
+    const std::string dev = cdp::e2e::Attach({uris[k]}, c.Path("fuse-" + vol), false, co.volume_size,
+                                             c.Path("nbdfuse-" + vol + ".log"), &at, &why);
+    REQUIRE(!dev.empty());
+    auto mk = cdp::testing::RunCommand({"mkfs.ext4", "-q", "-F", "-E", "nodiscard", dev}, 120000);
+    INFO(mk.output);
+    REQUIRE(mk.exit_code == 0);
+    cdp::testing::RunCommand({"mkdir", "-p", fs[k]});
+    auto m = cdp::testing::RunCommand({"mount", dev, fs[k]}, 30000);
+    INFO(m.output);
+    REQUIRE(m.exit_code == 0);
+    at.Push([d = fs[k]] { cdp::testing::RunCommand({"umount", d}, 60000); });
+  }
+  // The writer: generation after generation over kSlots files in each
+  // filesystem (never an fsync: only a freeze puts the last ones on disk).
+  std::vector<std::atomic<uint64_t>> last_done(kSlots);  // per slot: the last generation written + 1
+  std::atomic<uint64_t> done{0};
+  std::atomic<bool> stop{false}, failed{false};
+  std::thread writer([&] {
+    for (uint64_t i = 0; !stop; ++i) {
+      for (int k = 0; k < 2; ++k) {
+        const std::string d = WriterFile(k, i);
+        const int fd = ::open((fs[k] + "/f" + std::to_string(i % kSlots)).c_str(), O_CREAT | O_WRONLY, 0644);
+        if (fd < 0 || ::pwrite(fd, d.data(), d.size(), 0) != ssize_t(d.size())) failed = true;
+        if (fd >= 0) ::close(fd);
+      }
+      last_done[i % kSlots] = i + 1;
+      done = i + 1;
+    }
+  });
+  struct Join {
+    std::thread& t;
+    std::atomic<bool>& stop;
+    ~Join() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } join{writer, stop};
+  REQUIRE(WaitFor([&] { return done >= 2 * kSlots; }, milliseconds(60000)));
+
+  // The tag, with the writer going: what each slot held before it was asked.
+  std::vector<uint64_t> before(kSlots);
+  for (uint64_t j = 0; j < kSlots; ++j) before[j] = last_done[j];
+  auto tag = c.Cdpctl(Group({"tag", "--group", "app", "nightly"}));
+  INFO(tag.output);
+  REQUIRE(tag.exit_code == 0);
+  CHECK(tag.output.find(".tag.nightly") != std::string::npos);
+  // Both applications were thawed: the writer goes on, and each agent ran
+  // its hooks once.
+  const uint64_t after = done;
+  REQUIRE(WaitFor([&] { return done >= after + kSlots; }, milliseconds(60000)));
+  stop = true;
+  writer.join();
+  REQUIRE_FALSE(failed);
+  for (int k = 0; k < 2; ++k) {
+    const std::string hooks_log = top + "/hooks-" + std::to_string(k + 1);
+    INFO("agent " << k + 1 << "'s hooks: " << cdp::e2e::ReadAll(hooks_log));
+    CHECK(WaitFor([&] { return cdp::e2e::ReadAll(hooks_log) == "froze\nthawed\n"; }, milliseconds(30000)));
+  }
+
+  // The point at the master target, by its name: application-consistent.
+  json::object point;
+  REQUIRE(WaitFor(
+      [&] {
+        for (const auto& p : GroupPoints(c))
+          if (p.as_object().contains("tag") && p.at("tag") == "nightly") return point = p.as_object(), true;
+        return false;
+      },
+      milliseconds(120000), milliseconds(250)));
+  CHECK(point.at("consistency") == "application");
+  auto f = c.CdpctlJson(Group({"failover", "--group", "app", "--to", "nightly"}));
+  REQUIRE(f.has_value());
+  INFO(json::serialize(*f));
+  CHECK(f->at("point").at("marker") == point.at("marker"));
+  for (const auto& mv : f->at("members").as_array()) CHECK(mv.at("exit").as_int64() == 0);
+
+  for (int k = 0; k < 2; ++k) {
+    const std::string vol = "vol" + std::to_string(k + 1);
+    INFO(vol);
+    const std::vector<std::string> source = {"--command", "nbdkit", "-s", "--exit-with-parent", "nbd",
+                                             "hostname=127.0.0.1", "port=" + std::to_string(c.mt_nbd_port()),
+                                             "export=acme/" + vol + "@failover", "tls=require",
+                                             "tls-certificates=" + c.nbd_client_dir()};
+    cdp::e2e::Attachments fo;
+    const std::string dev = cdp::e2e::Attach(source, c.Path("fuse-fo-" + vol), true, co.volume_size,
+                                             c.Path("nbdfuse-fo-" + vol + ".log"), &fo, &why);
+    REQUIRE(!dev.empty());
+    // The freeze left the journal empty: clean without a replay.
+    auto fsck = cdp::testing::RunCommand({"e2fsck", "-n", "-f", dev}, 120000);
+    INFO(fsck.output);
+    REQUIRE(fsck.exit_code == 0);
+    const std::string mnt = c.Path("fs-fo-" + vol);
+    cdp::testing::RunCommand({"mkdir", "-p", mnt});
+    auto m = cdp::testing::RunCommand({"mount", "-o", "ro,noload", dev, mnt}, 30000);
+    INFO(m.output);
+    REQUIRE(m.exit_code == 0);
+    fo.Push([mnt] { cdp::testing::RunCommand({"umount", mnt}, 60000); });
+    // Every slot holds a whole generation no older than the one it held
+    // when the tag was asked (a freeze writes everything out; a crash point
+    // would miss what sat in the page cache).
+    uint64_t newer = 0, bad = 0;
+    for (uint64_t j = 0; j < kSlots; ++j) {
+      const std::string got = cdp::e2e::ReadAll(mnt + "/f" + std::to_string(j));
+      uint64_t g = 0;
+      if (got.size() == 4096) std::memcpy(&g, got.data(), 8);
+      const bool ok = got.size() == 4096 && g % kSlots == j && got == WriterFile(k, g) && g + 1 >= before[j];
+      newer += ok && g + 1 > before[j] ? 1 : 0;
+      if (!ok && ++bad <= 3) UNSCOPED_INFO("f" << j << ": " << got.size() << " bytes, generation " << g << ", the slot had "
+                                                 << before[j] << " before the tag");
+    }
+    CHECK(bad == 0);
+    WARN(vol << ": every slot at or past its generation before the tag; " << newer << " of " << kSlots
+              << " newer (written while the tag was asked)");
   }
 }

@@ -77,6 +77,7 @@ std::vector<Message> Samples() {
   }
   v.push_back(PullResponse{7, FailbackStatus::kNotFailingBack, Codec::kNone, 0, {}});
   v.push_back(GroupHold{8, 200, {"db1", "logs"}});
+  v.push_back(GroupHold{9, 10'000, {"db1"}, true});
   v.push_back(GroupHeld{8, GroupHoldStatus::kRefused, "busy"});
   v.push_back(GroupRelease{8, "group.app.8.2"});
   return v;

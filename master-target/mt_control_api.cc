@@ -238,7 +238,7 @@ void MasterTarget::Impl::AddRoutes() {
     });
   });
   // Consistency groups as this master target holds them (docs/groups.md):
-  // the markers group.<G>.<round>.<members> among the tag points of the
+  // the markers group.<G>.<round>.<members>[.tag.<T>] among the tag points of the
   // caller's volumes (a tenant's, or the one asked). A group point is
   // complete when <members> volumes of the tenant hold its marker; an
   // incomplete one older than the newest complete point is partial (a
@@ -252,6 +252,7 @@ void MasterTarget::Impl::AddRoutes() {
         return Status::InvalidArgument("tenant and group must be valid names");
       struct Mark {
         uint64_t members = 0;
+        std::string tag;  // an application-consistent point's
         uint64_t time_us = 0;
         std::map<std::string, uint64_t> seqs;  // volume -> the marker's sequence
       };
@@ -267,6 +268,7 @@ void MasterTarget::Impl::AddRoutes() {
             if (!m || (only && *only != m->group)) continue;
             Mark& mk = found[{e->tenant, m->group}][m->round];
             mk.members = m->members;
+            mk.tag = m->tag;
             mk.time_us = std::max(mk.time_us, pt.time_us);
             mk.seqs[e->name] = pt.seq;
           }
@@ -282,10 +284,12 @@ void MasterTarget::Impl::AddRoutes() {
           json::object seqs;
           for (const auto& [v, s] : mk.seqs) seqs[v] = s;
           json::object pt{{"round", round},
-                          {"marker", GroupMarker(key.second, round, mk.members)},
+                          {"marker", GroupMarker(key.second, round, mk.members, mk.tag)},
                           {"members", mk.members},
+                          {"consistency", mk.tag.empty() ? "crash" : "application"},
                           {"time_us", mk.time_us},
                           {"seqs", std::move(seqs)}};
+          if (!mk.tag.empty()) pt["tag"] = mk.tag;
           if (mk.seqs.size() == mk.members) complete.push_back(std::move(pt));
           else if (round < last_complete) partial.push_back(std::move(pt));
         }

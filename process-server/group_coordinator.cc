@@ -206,7 +206,8 @@ Status GroupCoordinator::Remove(const std::string& tenant, const std::string& na
   return Status::OK();
 }
 
-Result<RoundOutcome> GroupCoordinator::RunRound(const std::string& tenant, const std::string& name) {
+Result<RoundOutcome> GroupCoordinator::RunRound(const std::string& tenant, const std::string& name,
+                                                const std::string& tag, uint64_t freeze_ms) {
   GroupSpec spec;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -214,16 +215,48 @@ Result<RoundOutcome> GroupCoordinator::RunRound(const std::string& tenant, const
     if (it == groups_.end()) return Status::NotFound("no group " + name + " of tenant " + tenant);
     spec = it->second.spec;
   }
-  return Run(spec);
+  if (!tag.empty()) {
+    if (!ValidGroupTag(tag)) return Status::InvalidArgument("invalid tag name '" + tag + "' (a valid name without dots)");
+    if (GroupMarker(spec.name, ~uint64_t(0), spec.members.size(), tag).size() > kMaxNameLength)
+      return Status::InvalidArgument("tag name too long for the group's markers");
+    if (freeze_ms > proto::kMaxGroupHoldMs || freeze_ms < spec.hold_max_ms + kGroupHoldMarginMs + 100)
+      return Status::InvalidArgument("freeze_ms must be " + std::to_string(spec.hold_max_ms + kGroupHoldMarginMs + 100) +
+                                     ".." + std::to_string(proto::kMaxGroupHoldMs));
+  }
+  return Run(spec, tag, freeze_ms);
 }
 
-RoundOutcome GroupCoordinator::Run(const GroupSpec& g) {
+std::string GroupCoordinator::Ask(const Sessions& sessions, const ByAgent& by_agent,
+                                  uint64_t round, uint32_t timeout_ms, bool freeze, Clock::time_point deadline,
+                                  Clock::time_point* t_last) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    round_->answers.clear();
+  }
+  for (const auto& [agent, s] : sessions) s.second(proto::GroupHold{round, timeout_ms, by_agent.at(agent), freeze});
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_until(l, deadline, [&] { return stop_ || round_->answers.size() == by_agent.size(); });
+  *t_last = round_->answers.size() == by_agent.size() ? round_->t_last : Clock::now();
+  const std::string verb = freeze ? "freeze" : "hold";
+  for (const auto& [agent, vols] : by_agent) {
+    auto a = round_->answers.find(agent);
+    if (a == round_->answers.end())
+      return "agent " + agent + " did not " + verb + " within " +
+             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - round_->t0).count()) +
+             " ms";
+    if (a->second.status != proto::GroupHoldStatus::kHeld)
+      return "agent " + agent + " refused" + (freeze ? " the freeze" : "") + ": " + a->second.message;
+  }
+  return "";
+}
+
+RoundOutcome GroupCoordinator::Run(const GroupSpec& g, const std::string& tag, uint64_t freeze_ms) {
   std::lock_guard<std::mutex> one(round_mu_);
   RoundOutcome out;
   // The member volumes of each agent, and that agent's newest session.
-  std::map<std::string, std::vector<std::string>> by_agent;
+  ByAgent by_agent;
   for (const GroupMember& m : g.members) by_agent[m.agent].push_back(m.volume);
-  std::map<std::string, std::pair<uint64_t, Push>> sessions;
+  Sessions sessions;
   const auto t0 = Clock::now();
   {
     std::unique_lock<std::mutex> l(mu_);
@@ -243,37 +276,41 @@ RoundOutcome GroupCoordinator::Run(const GroupSpec& g) {
     if (out.why.empty()) {
       round_.emplace();
       round_->id = out.round;
+      round_->t0 = t0;
       for (const auto& [agent, s] : sessions) round_->asked[s.first] = agent;
     }
   }
   if (out.why.empty()) {
-    for (const auto& [agent, s] : sessions) {
-      s.second(proto::GroupHold{out.round, uint32_t(g.hold_timeout_ms), by_agent[agent]});
+    auto t_last = t0;
+    auto hold_from = t0;
+    if (!tag.empty()) {
+      // An application-consistent point: every member frozen first. The
+      // agents thaw by themselves freeze_ms after the request; the hold
+      // below must be answered before that, by the margin for the clocks.
+      out.why = Ask(sessions, by_agent, out.round, uint32_t(freeze_ms), true,
+                    t0 + std::chrono::milliseconds(freeze_ms - g.hold_max_ms - kGroupHoldMarginMs), &t_last);
+      hold_from = Clock::now();
+      std::lock_guard<std::mutex> l(mu_);
+      round_->t0 = hold_from;
     }
-    std::unique_lock<std::mutex> l(mu_);
-    const auto deadline = t0 + std::chrono::milliseconds(g.hold_max_ms);
-    cv_.wait_until(l, deadline, [&] { return stop_ || round_->answers.size() == by_agent.size(); });
-    for (const auto& [agent, vols] : by_agent) {
-      auto a = round_->answers.find(agent);
-      if (a == round_->answers.end()) {
-        out.why = "agent " + agent + " did not hold within " + std::to_string(g.hold_max_ms) + " ms";
-        break;
-      }
-      if (a->second.status != proto::GroupHoldStatus::kHeld) {
-        out.why = "agent " + agent + " refused: " + a->second.message;
-        break;
-      }
+    if (out.why.empty()) {
+      out.why = Ask(sessions, by_agent, out.round, uint32_t(g.hold_timeout_ms), false,
+                    hold_from + std::chrono::milliseconds(g.hold_max_ms), &t_last);
+      out.hold_us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(t_last - hold_from).count());
+      if (out.why.empty() && t_last - hold_from >= std::chrono::milliseconds(g.hold_max_ms))
+        out.why = "the members held only after " + std::to_string(out.hold_us / 1000) + " ms";
+      if (out.why.empty() && !tag.empty() &&
+          t_last - t0 >= std::chrono::milliseconds(freeze_ms - kGroupHoldMarginMs))
+        out.why = "the members held only after their freeze window";
     }
-    const auto t_last = round_->answers.size() == by_agent.size() ? round_->t_last : Clock::now();
-    out.hold_us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(t_last - t0).count());
-    if (out.why.empty() && t_last - t0 >= std::chrono::milliseconds(g.hold_max_ms)) {
-      out.why = "the members held only after " + std::to_string(out.hold_us / 1000) + " ms";
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      round_.reset();
     }
-    round_.reset();
     out.made = out.why.empty();
-    if (out.made) out.marker = GroupMarker(g.name, out.round, g.members.size());
-    l.unlock();
-    // Every agent asked is released, marked or not (a refused one holds nothing).
+    if (out.made) out.marker = GroupMarker(g.name, out.round, g.members.size(), tag);
+    // Every agent asked is released, marked or not (a refused one holds
+    // nothing; a frozen one thaws).
     for (const auto& [agent, s] : sessions) s.second(proto::GroupRelease{out.round, out.marker});
   }
   std::lock_guard<std::mutex> l(mu_);
@@ -289,8 +326,10 @@ RoundOutcome GroupCoordinator::Run(const GroupSpec& g) {
   }
   if (out.made) {
     if (round_seconds_) round_seconds_->Observe(double(out.hold_us) / 1e6);
+    if (!tag.empty()) log::Get("ps")->info("group {}/{}: tag {} made ({})", g.tenant, g.name, tag, out.marker);
   } else {
-    log::Get("ps")->warn("group {}/{} round {} abandoned: {}", g.tenant, g.name, out.round, out.why);
+    log::Get("ps")->warn("group {}/{} round {}{} abandoned: {}", g.tenant, g.name, out.round,
+                         tag.empty() ? "" : " (tag " + tag + ")", out.why);
   }
   return out;
 }
@@ -310,7 +349,7 @@ void GroupCoordinator::Schedule() {
     }
     if (due) {
       l.unlock();
-      (void)Run(*due);
+      (void)Run(*due, "", 0);
       l.lock();
       continue;
     }

@@ -22,6 +22,10 @@
 // abandoned: nothing is marked, every agent asked is released at once. No
 // partial points.
 //
+// An application-consistent point (RunRound with a tag, `cdpctl tag
+// --group`) first asks every member agent to freeze (its freeze hook), then
+// holds and marks as above while all are frozen; see RunRound.
+//
 // Groups are kept in <spool_dir>/groups.json (docs/formats/groups.md),
 // written atomically on every change and read at start.
 //
@@ -111,8 +115,16 @@ class GroupCoordinator {
   Status Put(GroupSpec g);
   // kNotFound when there is no such group.
   Status Remove(const std::string& tenant, const std::string& name);
-  // Runs one round of the group now, outside its schedule.
-  Result<RoundOutcome> RunRound(const std::string& tenant, const std::string& name);
+  // Runs one round of the group now, outside its schedule. With a `tag`
+  // (ValidGroupTag) the point is application-consistent: every member agent
+  // is first asked to freeze (GroupHold{freeze}, its freeze hook) within
+  // `freeze_ms`, then held as in any round, and the marker is
+  //   group.<name>.<round>.<members>.tag.<tag>
+  // A member that cannot freeze abandons the round; every agent asked is
+  // released (and thaws) either way. kNotFound, kInvalidArgument (the tag,
+  // or freeze_ms outside hold_max_ms + margin + 100 .. kMaxGroupHoldMs).
+  Result<RoundOutcome> RunRound(const std::string& tenant, const std::string& name, const std::string& tag = "",
+                                uint64_t freeze_ms = proto::kMaxGroupHoldMs);
   // Every group with its counters and last round (the /v1/groups body).
   boost::json::value Json() const;
 
@@ -130,12 +142,20 @@ class GroupCoordinator {
   };
   struct Round {
     uint64_t id = 0;
+    std::chrono::steady_clock::time_point t0;  // of the current question
     std::map<uint64_t, std::string> asked;  // session handle -> agent
     std::map<std::string, proto::GroupHeld> answers;  // by agent
     std::chrono::steady_clock::time_point t_last;
   };
 
-  RoundOutcome Run(const GroupSpec& g);  // one round; serialised by round_mu_
+  using Clock = std::chrono::steady_clock;
+  using Sessions = std::map<std::string, std::pair<uint64_t, Push>>;  // agent -> its newest session
+  using ByAgent = std::map<std::string, std::vector<std::string>>;    // agent -> its member volumes
+  RoundOutcome Run(const GroupSpec& g, const std::string& tag, uint64_t freeze_ms);  // serialised by round_mu_
+  // Sends every agent the hold (or freeze) of `round` and waits for all
+  // answers until `deadline`; "" when all held, else why not.
+  std::string Ask(const Sessions& sessions, const ByAgent& by_agent, uint64_t round,
+                  uint32_t timeout_ms, bool freeze, Clock::time_point deadline, Clock::time_point* t_last);
   Status SaveLocked();                   // mu_ held
   void Schedule();
 

@@ -11,12 +11,29 @@ namespace json = boost::json;
 
 namespace {
 // {"tenant": T, "name": G}: the group a request names.
-Result<std::pair<std::string, std::string>> GroupNamed(const http::Request& r) {
-  CDP_ASSIGN_OR_RETURN(http::Params p, http::Params::Of(r, {"tenant", "name"}));
+Result<std::pair<std::string, std::string>> GroupNamed(const http::Params& p) {
   CDP_ASSIGN_OR_RETURN(std::optional<std::string> tenant, p.String("tenant"));
   CDP_ASSIGN_OR_RETURN(std::optional<std::string> name, p.String("name"));
   if (!tenant || !name) return Status::InvalidArgument("body must be {\"tenant\", \"name\"}");
   return std::pair{*tenant, *name};
+}
+Result<std::pair<std::string, std::string>> GroupNamed(const http::Request& r) {
+  CDP_ASSIGN_OR_RETURN(http::Params p, http::Params::Of(r, {"tenant", "name"}));
+  return GroupNamed(p);
+}
+// A point on demand: the group, and for an application-consistent one its
+// tag and freeze window.
+struct PointAsked {
+  std::string tenant, name, tag;
+  uint64_t freeze_ms = proto::kMaxGroupHoldMs;
+};
+Result<PointAsked> PointOf(const http::Request& r) {
+  CDP_ASSIGN_OR_RETURN(http::Params p, http::Params::Of(r, {"tenant", "name", "tag", "freeze_ms"}));
+  CDP_ASSIGN_OR_RETURN(auto g, GroupNamed(p));
+  CDP_ASSIGN_OR_RETURN(std::optional<std::string> tag, p.String("tag"));
+  CDP_ASSIGN_OR_RETURN(std::optional<uint64_t> freeze_ms, p.Uint("freeze_ms"));
+  if (freeze_ms && !tag) return Status::InvalidArgument("freeze_ms is for a tag");
+  return PointAsked{g.first, g.second, tag.value_or(""), freeze_ms.value_or(proto::kMaxGroupHoldMs)};
 }
 }  // namespace
 
@@ -106,11 +123,12 @@ Status ProcessServer::StartControl() {
     return http::Response::Json(200, json::object{{"removed", g->second}});
   });
   // One round now (a point on demand), whatever the schedule: 200 with the
-  // marker when made, 409 with the reason when abandoned.
+  // marker when made, 409 with the reason when abandoned. With "tag" the
+  // point is application-consistent (every member's freeze hook first).
   im.http->Route("POST", "/v1/groups/point", [&im](const http::Request& r) {
-    auto g = GroupNamed(r);
+    auto g = PointOf(r);
     if (!g.ok()) return http::ErrorResponse(g.status());
-    auto out = im.groups->RunRound(g->first, g->second);
+    auto out = im.groups->RunRound(g->tenant, g->name, g->tag, g->freeze_ms);
     if (!out.ok()) return http::ErrorResponse(out.status());
     if (!out->made) return http::Response::Error(409, "group round abandoned: " + out->why);
     return http::Response::Json(200, json::object{{"round", out->round}, {"marker", out->marker},

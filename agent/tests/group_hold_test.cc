@@ -29,9 +29,11 @@ struct Fixture {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<proto::GroupHeld> answers;
-  GroupHolds holds{[this](const std::string& v) { return devs.count(v) ? devs[v].get() : nullptr; }, 5000};
+  GroupHolds holds;
 
-  Fixture() {
+  explicit Fixture(GroupHolds::Hooks hooks = {})
+      : holds([this](const std::string& v) { return devs.count(v) ? devs[v].get() : nullptr; }, 5000,
+              std::move(hooks)) {
     for (const char* v : {"a", "b"}) {
       const std::string dir = std::string("/") + v;
       REQUIRE(env->CreateDirs(dir).ok());
@@ -57,13 +59,14 @@ struct Fixture {
   }
   ~Fixture() { holds.Stop(); }
 
-  proto::GroupHeld Hold(uint64_t round, std::vector<std::string> vols, uint32_t timeout_ms = 5000) {
+  proto::GroupHeld Hold(uint64_t round, std::vector<std::string> vols, uint32_t timeout_ms = 5000,
+                        bool freeze = false) {
     size_t before;
     {
       std::lock_guard<std::mutex> l(mu);
       before = answers.size();
     }
-    holds.OnRequest(proto::GroupHold{round, timeout_ms, std::move(vols)}, [this](const proto::Message& m) {
+    holds.OnRequest(proto::GroupHold{round, timeout_ms, std::move(vols), freeze}, [this](const proto::Message& m) {
       std::lock_guard<std::mutex> l(mu);
       answers.push_back(std::get<proto::GroupHeld>(m));
       cv.notify_all();
@@ -189,4 +192,114 @@ TEST_CASE("a hold longer than the agent's group_hold_max is refused, and with 0 
     l.unlock();
     h.Stop();
   }
+}
+
+namespace {
+
+// The hooks of a group tag's freeze, as the agent runs them: each call
+// recorded in order.
+struct HookLog {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> calls;
+  cdp::Status freeze_result;
+
+  GroupHolds::Hooks Hooks(uint64_t max_freeze_ms = 10'000) {
+    GroupHolds::Hooks h;
+    h.max_freeze_ms = max_freeze_ms;
+    h.freeze = [this](uint64_t timeout_ms) {
+      std::lock_guard<std::mutex> l(mu);
+      calls.push_back("freeze " + std::to_string(timeout_ms > 0));
+      cv.notify_all();
+      return freeze_result;
+    };
+    h.thaw = [this] {
+      std::lock_guard<std::mutex> l(mu);
+      calls.push_back("thaw");
+      cv.notify_all();
+    };
+    return h;
+  }
+  // Waits (at most 10 s) for `n` calls; returns them.
+  std::vector<std::string> Wait(size_t n) {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait_for(l, std::chrono::seconds(10), [&] { return calls.size() >= n; });
+    return calls;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a group tag's freeze runs the freeze hook before it answers, and its release thaws after the marker",
+          "[groups]") {
+  HookLog hooks;
+  Fixture f(hooks.Hooks());
+  REQUIRE(f.devs["a"]->Write(0, cdp::ByteSpan(cdp::Bytes(4096, 1)), false).ok());
+  proto::GroupHeld frozen = f.Hold(21, {"a", "b"}, 5000, true);
+  REQUIRE(frozen.status == proto::GroupHoldStatus::kHeld);
+  CHECK(hooks.Wait(1) == std::vector<std::string>{"freeze 1"});
+  // A freeze holds no write: the application's own hook quiesces it.
+  REQUIRE(f.devs["a"]->Write(4096, cdp::ByteSpan(cdp::Bytes(4096, 2)), false).ok());
+  const uint64_t before = f.Last("a");
+  REQUIRE(f.Hold(21, {"a", "b"}).status == proto::GroupHoldStatus::kHeld);
+  f.Release(21, "group.app.21.2.tag.nightly");
+  CHECK(hooks.Wait(2) == std::vector<std::string>{"freeze 1", "thaw"});
+  GroupHolds::Released r = f.holds.last_released();
+  REQUIRE(r.marked.size() == 2);
+  CHECK(r.marked[0] == std::pair<std::string, uint64_t>{"a", before + 1});
+  CHECK(f.holds.freeze_stats().frozen == 1);
+  CHECK(f.holds.freeze_stats().thawed_at_timeout == 0);
+}
+
+TEST_CASE("a freeze with no release thaws by itself at its window, a second one is refused while it is on, and a "
+          "failed freeze hook is refused and still thawed",
+          "[groups]") {
+  HookLog hooks;
+  Fixture f(hooks.Hooks(2000));
+  REQUIRE(f.Hold(31, {"a"}, 300, true).status == proto::GroupHoldStatus::kHeld);
+  proto::GroupHeld second = f.Hold(32, {"b"}, 300, true);
+  CHECK(second.status == proto::GroupHoldStatus::kRefused);
+  CHECK(second.message == "the application is frozen for group round 31");
+  // The coordinator never releases round 31 (it died): the agent thaws.
+  CHECK(hooks.Wait(2) == std::vector<std::string>{"freeze 1", "thaw"});
+  CHECK(f.holds.freeze_stats().thawed_at_timeout == 1);
+  f.Release(31, "");  // late: nothing thaws twice
+  f.Release(32, "");
+
+  proto::GroupHeld over = f.Hold(33, {"a"}, 2001, true);
+  CHECK(over.status == proto::GroupHoldStatus::kRefused);
+  CHECK(over.message == "a freeze of 2001 ms is above this agent's freeze_timeout (2000 ms)");
+  proto::GroupHeld unknown = f.Hold(34, {"a", "nope"}, 300, true);
+  CHECK(unknown.message == "no volume nope at this agent");
+
+  {
+    std::lock_guard<std::mutex> l(hooks.mu);
+    hooks.freeze_result = cdp::Status::Aborted("hook 'fsfreeze -f /data' failed (exit 1)");
+  }
+  proto::GroupHeld failed = f.Hold(35, {"a"}, 300, true);
+  CHECK(failed.status == proto::GroupHoldStatus::kRefused);
+  CHECK(failed.message.find("freeze hook: ") == 0);
+  CHECK(failed.message.find("fsfreeze -f /data") != std::string::npos);
+  // Thawed at once, not at the window; the refused ones never froze.
+  CHECK(hooks.Wait(4) == std::vector<std::string>{"freeze 1", "thaw", "freeze 1", "thaw"});
+  CHECK(f.holds.freeze_stats().frozen == 1);
+  CHECK(f.holds.freeze_stats().refused == 4);
+  CHECK(f.holds.freeze_stats().thawed_at_timeout == 1);
+}
+
+TEST_CASE("a group freeze asked sooner than group_freeze_min_interval after the last one is refused", "[groups]") {
+  HookLog hooks;
+  GroupHolds::Hooks h = hooks.Hooks();
+  h.min_interval_ms = 3'600'000;
+  Fixture f(std::move(h));
+  REQUIRE(f.Hold(41, {"a"}, 300, true).status == proto::GroupHoldStatus::kHeld);
+  f.Release(41, "");
+  CHECK(hooks.Wait(2) == std::vector<std::string>{"freeze 1", "thaw"});
+  proto::GroupHeld again = f.Hold(42, {"a"}, 300, true);
+  CHECK(again.status == proto::GroupHoldStatus::kRefused);
+  CHECK(again.message.find("the last group freeze began ") == 0);
+  CHECK(again.message.find("ms ago (group_freeze_min_interval 3600000 ms)") != std::string::npos);
+  // Crash-consistent holds are not limited by it.
+  CHECK(f.Hold(43, {"a"}).status == proto::GroupHoldStatus::kHeld);
+  f.Release(43, "");
 }

@@ -21,3 +21,35 @@ TEST_CASE("group markers: made and parsed back, and anything else is not one", "
     CHECK_FALSE(cdp::ParseGroupMarker(bad).has_value());
   }
 }
+
+TEST_CASE("group markers: an application-consistent point's marker carries its tag and never reads as a crash point's",
+          "[groups]") {
+  CHECK(cdp::GroupMarker("app", 7, 2, "nightly") == "group.app.7.2.tag.nightly");
+  auto m = cdp::ParseGroupMarker("group.web.tag.7.2.tag.nightly-1");  // "tag" inside the group name
+  REQUIRE(m.has_value());
+  CHECK(m->group == "web.tag");
+  CHECK(m->round == 7);
+  CHECK(m->members == 2);
+  CHECK(m->tag == "nightly-1");
+  auto crash = cdp::ParseGroupMarker("group.web.tag.7.2");
+  REQUIRE(crash.has_value());
+  CHECK(crash->group == "web.tag");
+  CHECK(crash->round == 7);
+  CHECK(crash->tag.empty());
+  auto a = cdp::ParseGroupMarker("group.a.tag.b.3.4");  // group "a.tag.b", a crash point
+  REQUIRE(a.has_value());
+  CHECK(a->group == "a.tag.b");
+  CHECK(a->tag.empty());
+  auto num = cdp::ParseGroupMarker("group.a.3.4.tag.5");  // a decimal tag is a tag
+  REQUIRE(num.has_value());
+  CHECK(num->tag == "5");
+  CHECK(num->round == 3);
+  CHECK(cdp::ValidGroupTag("daily_2026-11-28"));
+  CHECK_FALSE(cdp::ValidGroupTag("a.b"));
+  CHECK_FALSE(cdp::ValidGroupTag(""));
+  for (const char* bad : {"group.app.1.2.tag.", "group.app.1.2.tag.-x", "group.app.tag.x", "group.app.1.tag.x",
+                          "group.app.1.0.tag.x", "group.app.1.2.tag.a b"}) {
+    INFO(bad);
+    CHECK_FALSE(cdp::ParseGroupMarker(bad).has_value());
+  }
+}

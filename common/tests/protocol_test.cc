@@ -113,6 +113,7 @@ std::vector<Message> EveryMessage() {
   v.push_back(PullResponse{83, FailbackStatus::kOk, Codec::kNone, 0, {}});
   v.push_back(PullResponse{84, FailbackStatus::kFailed, Codec::kNone, 0, {}});
   v.push_back(GroupHold{1'700'000'000'001, 200, {"db_data-1", "logs"}});
+  v.push_back(GroupHold{1'700'000'000'003, 10'000, {"db_data-1"}, true});
   v.push_back(GroupHeld{1'700'000'000'001, GroupHoldStatus::kHeld, ""});
   v.push_back(GroupHeld{1'700'000'000'002, GroupHoldStatus::kRefused, "volume logs is in metadata mode"});
   v.push_back(GroupRelease{1'700'000'000'001, "group.app.1700000000001.2"});
@@ -802,7 +803,7 @@ TEST_CASE("group messages: a bad round, timeout, volume list or marker is refuse
   CHECK_FALSE(encodes(GroupRelease{1, "not a name!"}));
   CHECK(encodes(GroupRelease{1, ""}));
   // The parser refuses the same, and a volume named twice, built by hand.
-  auto hold = [](uint64_t round, uint32_t timeout, std::vector<std::string> names) {
+  auto hold = [](uint64_t round, uint32_t timeout, std::vector<std::string> names, int freeze = 0) {
     Bytes p;
     PutFixed64(p, round);
     PutFixed32(p, timeout);
@@ -811,6 +812,7 @@ TEST_CASE("group messages: a bad round, timeout, volume list or marker is refuse
       PutFixed16(p, uint16_t(n.size()));
       PutBytes(p, n);
     }
+    if (freeze >= 0) p.push_back(uint8_t(freeze));
     return FrameOf(MsgType::kGroupHold, p);
   };
   auto parses = [](const Bytes& frame) {
@@ -819,6 +821,11 @@ TEST_CASE("group messages: a bad round, timeout, volume list or marker is refuse
     return ParseMessage(f);
   };
   REQUIRE(parses(hold(5, 200, {"a", "b"})).ok());
+  auto frozen = parses(hold(5, 200, {"a"}, 1));
+  REQUIRE(frozen.ok());
+  CHECK(std::get<GroupHold>(*frozen).freeze);
+  CHECK(parses(hold(5, 200, {"a"}, 2)).status().ToString().find("unknown freeze value") != std::string::npos);
+  CHECK(parses(hold(5, 200, {"a"}, -1)).status().ToString().find("truncated group hold") != std::string::npos);
   CHECK(parses(hold(5, 200, {"a", "a"})).status().ToString().find("named twice") != std::string::npos);
   CHECK_FALSE(parses(hold(0, 200, {"a"})).ok());
   CHECK_FALSE(parses(hold(5, kMaxGroupHoldMs + 1, {"a"})).ok());

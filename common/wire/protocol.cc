@@ -172,6 +172,7 @@ struct PayloadEncoder {
     PutFixed32(b, m.timeout_ms);
     PutFixed32(b, uint32_t(m.volumes.size()));
     for (const std::string& v : m.volumes) CDP_RETURN_IF_ERROR(PutName(b, v, "volume"));
+    b.push_back(m.freeze ? 1 : 0);
     return Status::OK();
   }
   Status operator()(const GroupHeld& m) {
@@ -410,6 +411,10 @@ Result<Message> ParsePayload(MsgType type, ByteReader& r) {
         }
         m.volumes.push_back(std::move(name));
       }
+      uint8_t freeze = 0;
+      if (!r.GetU8(&freeze)) return Bad("truncated group hold");
+      if (freeze > 1) return Bad("group hold: unknown freeze value");
+      m.freeze = freeze == 1;
       return Message(std::move(m));
     }
     case MsgType::kGroupHeld: {

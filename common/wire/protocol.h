@@ -338,10 +338,18 @@ struct PullResponse {
 // whichever comes first; a GroupRelease with a marker that arrives while the
 // hold is still on queues a kTag record named `marker` at the held place in
 // every held volume first.
+//
+// With `freeze` (an application-consistent group tag: the first of its two
+// holds) nothing is held: the agent runs its freeze hook, answers GroupHeld
+// once the application is frozen (or kRefused when the hook failed), and
+// runs its thaw hook on the round's GroupRelease or by itself timeout_ms
+// after the request came, whichever is first. The coordinator then asks the
+// ordinary hold, with the same round, while every member is frozen.
 struct GroupHold {
   uint64_t round = 0;               // the coordinator's, non-zero
   uint32_t timeout_ms = 200;        // 1..kMaxGroupHoldMs
   std::vector<std::string> volumes; // 1..kMaxGroupVolumes valid names, distinct
+  bool freeze = false;
 };
 
 enum class GroupHoldStatus : uint8_t {

@@ -1353,11 +1353,11 @@ TEST_CASE("control API: /v1/groups lists a group's points complete when every me
   // Rounds 10 and 30 reach both volumes, round 20 only a (b's hold lapsed),
   // round 40 only a so far (b's records still on their way).
   auto m = Call(*ch, Batch(a, {DataRecord(1, 0, Bytes(4096, 1)), TagRecord(2, "group.app.10.2"),
-                               TagRecord(3, "group.app.20.2"), TagRecord(4, "group.app.30.2"),
+                               TagRecord(3, "group.app.20.2"), TagRecord(4, "group.app.30.2.tag.nightly"),
                                TagRecord(5, "group.app.40.2"), TagRecord(6, "group.app.x.2")}));
   REQUIRE(std::holds_alternative<proto::Ack>(m));
   m = Call(*ch, Batch(b, {TagRecord(1, "group.app.10.2"), DataRecord(2, 0, Bytes(4096, 2)),
-                          TagRecord(3, "group.app.30.2"), TagRecord(4, "group.other.7.1")}));
+                          TagRecord(3, "group.app.30.2.tag.nightly"), TagRecord(4, "group.other.7.1")}));
   REQUIRE(std::holds_alternative<proto::Ack>(m));
   // A tenant of its own with a group of the same name.
   auto other = Client(d.mt->port(), "globex", "s3cret-globex");
@@ -1374,7 +1374,12 @@ TEST_CASE("control API: /v1/groups lists a group's points complete when every me
   REQUIRE(pts.size() == 2);
   CHECK(pts[0].at("round") == 10);
   CHECK(pts[0].at("seqs") == json::object{{"a", 2}, {"b", 1}});
-  CHECK(pts[1].at("marker") == "group.app.30.2");
+  CHECK(pts[0].at("consistency") == "crash");
+  CHECK_FALSE(pts[0].as_object().contains("tag"));
+  // Round 30 was a tag (`cdpctl tag --group`): application-consistent.
+  CHECK(pts[1].at("marker") == "group.app.30.2.tag.nightly");
+  CHECK(pts[1].at("tag") == "nightly");
+  CHECK(pts[1].at("consistency") == "application");
   CHECK(pts[1].at("seqs") == json::object{{"a", 4}, {"b", 3}});
   const json::array& partial = app.at("partial").as_array();
   REQUIRE(partial.size() == 1);  // 20; 40 is newer than the last complete point: still on its way

@@ -31,7 +31,7 @@ GroupSpec App() {
 struct FakeAgent {
   GroupCoordinator* gc = nullptr;
   uint64_t handle = 0;
-  enum class Mode { kHold, kRefuse, kSilent, kSlow } mode = Mode::kHold;
+  enum class Mode { kHold, kRefuse, kSilent, kSlow, kRefuseFreeze } mode = Mode::kHold;
   std::vector<proto::Message> got;
   std::thread late;
 
@@ -41,7 +41,10 @@ struct FakeAgent {
       got.push_back(m);
       auto* h = std::get_if<proto::GroupHold>(&m);
       if (h == nullptr) return;
-      if (mode == Mode::kHold) gc->Answered(handle, {h->round, proto::GroupHoldStatus::kHeld, ""});
+      if (mode == Mode::kHold || (mode == Mode::kRefuseFreeze && !h->freeze))
+        gc->Answered(handle, {h->round, proto::GroupHoldStatus::kHeld, ""});
+      if (mode == Mode::kRefuseFreeze && h->freeze)
+        gc->Answered(handle, {h->round, proto::GroupHoldStatus::kRefused, "freeze hook: exit 1"});
       if (mode == Mode::kRefuse) gc->Answered(handle, {h->round, proto::GroupHoldStatus::kRefused, "mode metadata"});
       if (mode == Mode::kSlow) {
         const uint64_t round = h->round;
@@ -232,4 +235,56 @@ TEST_CASE("the groups file: a failed write changes nothing, a power cut at any s
   auto s = bad.Start();
   CHECK(s.code() == Code::kCorruption);
   CHECK(s.ToString().find("/ps/groups.json") != std::string::npos);
+}
+
+TEST_CASE("an application-consistent round freezes every member agent first, then holds, and its marker carries "
+          "the tag; a member that cannot freeze abandons it",
+          "[groups]") {
+  auto env = cdp::NewMemEnv();
+  REQUIRE(env->CreateDirs("/ps").ok());
+  GroupCoordinator gc(Opts(env.get()));
+  REQUIRE(gc.Start().ok());
+  REQUIRE(gc.Put(App()).ok());
+  FakeAgent web, db;
+  web.Attach(gc, "acme", "web");
+  db.Attach(gc, "acme", "db");
+  auto r = gc.RunRound("acme", "app", "nightly", 5000);
+  REQUIRE(r.ok());
+  INFO(r->why);
+  REQUIRE(r->made);
+  CHECK(r->marker == "group.app." + std::to_string(r->round) + ".3.tag.nightly");
+  for (FakeAgent* a : {&web, &db}) {
+    // freeze, hold, release: in that order, one round.
+    REQUIRE(a->got.size() == 3);
+    auto* f = std::get_if<proto::GroupHold>(&a->got[0]);
+    auto* h = std::get_if<proto::GroupHold>(&a->got[1]);
+    auto* rel = std::get_if<proto::GroupRelease>(&a->got[2]);
+    REQUIRE((f && h && rel));
+    CHECK(f->freeze);
+    CHECK(f->timeout_ms == 5000);
+    CHECK_FALSE(h->freeze);
+    CHECK(h->timeout_ms == 200);
+    CHECK(f->round == r->round);
+    CHECK(h->round == r->round);
+    CHECK(rel->marker == r->marker);
+  }
+
+  db.mode = FakeAgent::Mode::kRefuseFreeze;
+  web.got.clear();
+  db.got.clear();
+  r = gc.RunRound("acme", "app", "nightly2", 5000);
+  REQUIRE(r.ok());
+  CHECK_FALSE(r->made);
+  CHECK(r->why == "agent db refused the freeze: freeze hook: exit 1");
+  // No hold was asked of anyone; both are released (and thaw).
+  for (FakeAgent* a : {&web, &db}) {
+    REQUIRE(a->got.size() == 2);
+    CHECK(std::get<proto::GroupHold>(a->got[0]).freeze);
+    CHECK(std::get<proto::GroupRelease>(a->got[1]).marker.empty());
+  }
+
+  CHECK(gc.RunRound("acme", "app", "a.b", 5000).status().code() == Code::kInvalidArgument);
+  CHECK(gc.RunRound("acme", "app", "ok", 100).status().code() == Code::kInvalidArgument);
+  CHECK(gc.RunRound("acme", "app", "ok", proto::kMaxGroupHoldMs + 1).status().code() == Code::kInvalidArgument);
+  CHECK(gc.RunRound("acme", "app", std::string(200, 't'), 5000).status().code() == Code::kInvalidArgument);
 }
