@@ -105,11 +105,24 @@ cache_state() {  # before each timed copy
   sync
   if [ "$COLD" = 1 ]; then echo 3 >/proc/sys/vm/drop_caches; fi
 }
-copy() {  # SOURCE_URI DEST: prints the seconds nbdcopy took
+# What reached the disk holding the bench's files during each copy
+# (/proc/diskstats of its partition: reads, sectors, merges, time reading),
+# on stderr and in $D/disk.txt: the shape of the cold reads, ours against
+# nbdkit's.
+DISK=$(basename "$(df --output=source "$D" | tail -1)")
+disk_reads() { awk -v d="$DISK" '$3 == d {print $4, $5, $6, $7}' /proc/diskstats; }
+copy() {  # SOURCE_URI DEST LABEL: prints the seconds nbdcopy took
   cache_state
   rm -f "$2"
-  local t0 t1
+  local t0 t1 before after
+  before=$(disk_reads)
   t0=$(now); nbdcopy "$1" "$2"; t1=$(now)
+  after=$(disk_reads)
+  if [ -n "$before" ] && [ -n "$after" ]; then
+    echo "$before $after" | awk -v l="$3" -v dev="$DISK" '{r = $5 - $1; m = $6 - $2; s = $7 - $3; t = $8 - $4;
+      printf "disk %s during %s: %d reads (%d merged), %.1f MiB, %.1f KiB per read, %d ms reading\n",
+             dev, l, r, m, s / 2048, r ? s / 2 / r : 0, t}' | tee -a "$D/disk.txt" >&2
+  fi
   secs "$t0" "$t1"
 }
 data_b=$((DATA_MIB << 20))
@@ -117,11 +130,11 @@ echo "| round | volume | data | page cache | ours (s) | nbdkit file (s) | data o
 echo "|---|---|---:|---|---:|---:|---:|---|---|---|---|"
 for round in $(seq "$RUNS"); do
   say "round $round: measured: nbdcopy from the point-in-time export"
-  ours_s=$(copy "$OURS" "$D/restored.img")
+  ours_s=$(copy "$OURS" "$D/restored.img" "round $round ours")
   say "round $round: reference: nbdcopy from nbdkit file (TLS)"
-  kit_s=$(copy "$THEIRS" "$D/kit.img")
+  kit_s=$(copy "$THEIRS" "$D/kit.img" "round $round nbdkit")
   say "round $round: reference: nbdcopy of the data only (TLS)"
-  dense_s=$(copy "$DENSE" "$D/dense.img")
+  dense_s=$(copy "$DENSE" "$D/dense.img" "round $round data-only")
   check=$(cmp -s "$D/source.img" "$D/restored.img" && echo identical || echo MISMATCH)
   [ "$check" = identical ] || bench_wrong "the restored image differs from the source"
   cmp -s "$D/source.img" "$D/kit.img" || bench_wrong "nbdkit's copy differs from the source"
