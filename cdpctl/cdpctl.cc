@@ -41,7 +41,8 @@ constexpr const char* kUsage =
     "  group create G --member AGENT:VOLUME [--member ...] [--interval MS] [--hold-max MS] [--hold-timeout MS] |\n"
     "  group list | group remove G | group point G | group points G |\n"
     "  tag --group G NAME [--freeze-ms MS]   (every member agent's freeze hook: an application-consistent point) |\n"
-    "  failover --group G --to GPOINT | rollback --group G --to GPOINT | export --group G --to GPOINT\n"
+    "  failover --group G --to GPOINT | rollback --group G --to GPOINT | export --group G --to GPOINT |\n"
+    "  failback --group G --member-agent AGENT=HOST:PORT[@TOKEN_FILE] ... [--passes N]\n"
     "    (GPOINT: latest, a round, a marker or a group tag's NAME from 'group points'; groups need --tenant) |\n"
     "  token issue --tenant T [--scope tenant|tenant-read] [--expires DURATION] |\n"
     "  token issue --scope admin [--expires DURATION] |\n"
@@ -64,7 +65,8 @@ int Usage(const std::vector<std::string>& args, std::ostream& err) {
     if (a.size() > 1 && a[0] == '-' && a != "--to" && a != "--writable" && a != "--region-size" && a != "--repair" &&
         a != "--max-rate" && a != "--scope" && a != "--expires" && a != "--test" && a != "--undo" && a != "--commit" &&
         a != "--key-file" && a != "--out" && a != "--socket" && a != "--tls-certificates" && a != "--hosts" && a != "--group" &&
-        a != "--member" && a != "--interval" && a != "--hold-max" && a != "--hold-timeout" && a != "--freeze-ms") {
+        a != "--member" && a != "--interval" && a != "--hold-max" && a != "--hold-timeout" && a != "--freeze-ms" &&
+        a != "--member-agent" && a != "--passes") {
       err << "cdpctl: unknown option '" << a << "'\n";
       break;
     }
@@ -113,6 +115,7 @@ int Run(const Options& o, const std::vector<std::string>& args, std::ostream& ou
   if ((cmd == "failover" || cmd == "rollback" || cmd == "export") && args.size() == 5 && args[1] == "--group" &&
       args[3] == "--to")
     return GroupRecovery(o, cmd, args[2], args[4], out, err);
+  if (cmd == "failback" && args.size() >= 3 && args[1] == "--group") return GroupFailback(o, args, out, err);
   if (cmd == "tag" && args.size() == 2) return Tag(o, args[1], out, err);
   if (cmd == "tag" && args.size() >= 4 && args[1] == "--group" &&
       (args.size() == 4 || (args.size() == 6 && args[4] == "--freeze-ms")))

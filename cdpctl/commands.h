@@ -94,6 +94,12 @@ int GroupCommand(const Options& o, const std::vector<std::string>& args, std::os
 // marks the group, and every agent thaws.
 int GroupTag(const Options& o, const std::string& group, const std::string& tag, const std::string& freeze_ms,
              std::ostream& out, std::ostream& err);
+// failback --group G --member-agent AGENT=HOST:PORT[@TOKEN_FILE] ...
+// [--passes N]: shows the plan per member (its agent, its volume's state and
+// failover at the master target), then runs each member's failback at its
+// own agent, one after another; stops at the first failure (the same
+// command finishes the job: every step is idempotent).
+int GroupFailback(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int GroupRecovery(const Options& o, const std::string& action, const std::string& group, const std::string& point,
                   std::ostream& out, std::ostream& err);
 // The groups of a process server's /status or /v1/groups body, as lines of

@@ -16,6 +16,8 @@
 #include <sstream>
 
 #include "cdpctl/commands.h"
+#include "common/env/env.h"
+#include "common/http/control_token.h"
 
 namespace cdp::ctl {
 
@@ -266,6 +268,127 @@ int GroupTag(const Options& o, const std::string& group, const std::string& tag,
   else
     out << "group " << group << " tagged " << tag << " (every member frozen): marker " << Str(c.body.as_object(), "marker")
         << "\n";
+  return 0;
+}
+
+int GroupFailback(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  // failback --group G --member-agent AGENT=HOST:PORT[@TOKEN_FILE] ... [--passes N]
+  if (!NeedTenant(o, err)) return 2;
+  const std::string& group = args[2];
+  std::map<std::string, Endpoint> agents;  // by client_id
+  int passes = 5;  // as failback VOLUME
+  for (size_t i = 3; i < args.size(); i += 2) {
+    if (i + 1 >= args.size()) return Usage({args[i]}, err);
+    const std::string& v = args[i + 1];
+    if (args[i] == "--passes") {
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), passes);
+      if (ec != std::errc() || p != v.data() + v.size() || passes < 1) {
+        err << "cdpctl: --passes takes a whole number >= 1\n";
+        return 2;
+      }
+      continue;
+    }
+    if (args[i] != "--member-agent") return Usage({args[i]}, err);
+    const size_t eq = v.find('='), at = v.find('@', eq == std::string::npos ? 0 : eq);
+    Endpoint ep = o.agent;
+    if (eq == std::string::npos || !ParseEndpoint(v.substr(eq + 1, at == std::string::npos ? std::string::npos
+                                                                                          : at - eq - 1),
+                                                  &ep)) {
+      err << "cdpctl: --member-agent wants AGENT=HOST:PORT[@TOKEN_FILE] (AGENT: the agent's client_id)\n";
+      return 2;
+    }
+    ep.token = o.agent.token;
+    if (at != std::string::npos) {
+      auto t = ReadTokenFile(DefaultEnv(), v.substr(at + 1));
+      if (!t.ok()) {
+        err << "cdpctl: --member-agent " << v.substr(0, eq) << ": " << t.status().ToString() << "\n";
+        return 2;
+      }
+      ep.token = *t;
+    }
+    agents[v.substr(0, eq)] = ep;
+  }
+  // The members, from the process server that coordinates the group (the
+  // original site is back: failback needs it anyway).
+  Call gc = Http(o, o.ps, "GET", "/v1/groups");
+  if (!gc.reached || gc.status != 200) return Fail(err, "failback --group " + group + ": the group's members", gc);
+  std::vector<std::pair<std::string, std::string>> members;  // (agent, volume)
+  for (const auto& gv : gc.body.as_object().at("groups").as_array()) {
+    const json::object& g = gv.as_object();
+    if (Str(g, "tenant") != o.tenant || Str(g, "name") != group) continue;
+    for (const auto& m : g.at("members").as_array()) {
+      const std::string text(m.as_string());
+      members.emplace_back(text.substr(0, text.find(':')), text.substr(text.find(':') + 1));
+    }
+  }
+  if (members.empty()) {
+    err << "cdpctl: failback --group: no group " << group << " of tenant " << o.tenant << " at the process server "
+        << Where(o.ps) << "\n";
+    return 1;
+  }
+  // The plan, per member: its agent, and its volume at the master target.
+  Call vc = Http(o, o.mt, "GET", "/v1/volumes");
+  if (!vc.reached || vc.status != 200) return Fail(err, "failback --group " + group + ": the volumes", vc);
+  json::array plan;
+  std::string missing;
+  for (const auto& [agent, volume] : members) {
+    json::object p{{"agent", agent}, {"volume", volume}};
+    auto a = agents.find(agent);
+    if (a == agents.end()) missing += (missing.empty() ? "" : ", ") + agent;
+    else p["agent_at"] = Where(a->second);
+    for (const auto& vv : vc.body.as_object().at("volumes").as_array()) {
+      const json::object& v = vv.as_object();
+      if (Str(v, "tenant") != o.tenant || Str(v, "volume") != volume) continue;
+      p["state"] = Str(v, "state");
+      if (const json::value* f = v.if_contains("failover"); f && f->is_object()) p["failover"] = *f;
+    }
+    plan.push_back(std::move(p));
+  }
+  if (!missing.empty()) {
+    err << "cdpctl: failback --group " << group << ": give --member-agent AGENT=HOST:PORT[@TOKEN_FILE] for " << missing
+        << "\n";
+    return 2;
+  }
+  if (!o.json) {
+    out << "failback of group " << group << ": " << members.size() << " member(s), one after another\n";
+    for (const auto& pv : plan) {
+      const json::object& p = pv.as_object();
+      out << "  " << Str(p, "agent") << ":" << Str(p, "volume") << " at agent " << Str(p, "agent_at")
+          << ", master target: " << (p.contains("state") ? Str(p, "state") : std::string("no such volume"));
+      if (const json::value* f = p.if_contains("failover"); f && f->is_object())
+        out << ", failed over at sequence " << uint64_t(Num(f->as_object(), "history_seq")) << ", "
+            << uint64_t(Num(f->as_object(), "provider_written_blocks")) << " block(s) written at the provider";
+      out << "\n";
+    }
+  }
+  // Each member's single-volume failback at its own agent. Every step is
+  // idempotent: after a failure, the same command finishes the job.
+  json::array results;
+  std::string done;
+  for (const auto& [agent, volume] : members) {
+    Options q = o;
+    q.agent = agents.at(agent);
+    std::ostringstream one, one_err;
+    const int r = Failback(q, volume, passes, one, one_err);
+    err << one_err.str();
+    if (o.json) {
+      boost::system::error_code ec;
+      json::value v = json::parse(one.str(), ec);
+      results.push_back(json::object{{"agent", agent}, {"volume", volume}, {"exit", r},
+                                     {"result", ec ? json::value(json::string(one.str())) : std::move(v)}});
+    } else {
+      out << "member " << agent << ":" << volume << ":\n" << one.str();
+    }
+    if (r != 0) {
+      err << "cdpctl: failback --group " << group << " stopped at member " << agent << ":" << volume
+          << (done.empty() ? "" : " (failed back: " + done + ")") << "; run the same command again to finish\n";
+      if (o.json) out << json::serialize(json::object{{"group", group}, {"plan", plan}, {"members", results}}) << "\n";
+      return r;
+    }
+    done += (done.empty() ? "" : ", ") + agent + ":" + volume;
+  }
+  if (o.json) out << json::serialize(json::object{{"group", group}, {"plan", plan}, {"members", results}}) << "\n";
+  else out << "group " << group << ": every member failed back; next: cdpctl reprotect VOLUME for each\n";
   return 0;
 }
 

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -65,6 +67,13 @@ class SecondAgent {
   std::string nbd_uri() const { return "nbd+unix:///vol2?socket=" + dir_ + "/nbd.sock"; }
   // The group's members: the cluster's agent's vol1 and this one's vol2.
   std::vector<std::string> Members() const { return {"--member", first_ + ":vol1", "--member", "host-b:vol2"}; }
+  // --member-agent of both agents (cdpctl failback --group).
+  std::vector<std::string> MemberAgents(Cluster& c) const {
+    return {"--member-agent",
+            first_ + "=127.0.0.1:" + std::to_string(c.agent_control()) + "@" + c.token_path(Which::kAgent),
+            "--member-agent", "host-b=127.0.0.1:" + std::to_string(control_) + "@" + dir_ + "/control.token"};
+  }
+  std::string first() const { return first_; }
   Daemon& daemon() { return d_; }
 
  private:
@@ -570,4 +579,112 @@ TEST_CASE("tag --group: every member agent's freeze hook runs, and the tag's poi
     WARN(vol << ": every slot at or past its generation before the tag; " << newer << " of " << kSlots
               << " newer (written while the tag was asked)");
   }
+}
+
+namespace {
+
+// The whole image behind an NBD URI.
+cdp::Bytes ReadImage(const std::string& uri, uint64_t size) {
+  auto client = Open(uri);
+  cdp::Bytes img(size);
+  for (uint64_t off = 0; off < size; off += 1u << 20) REQUIRE(client->Read(off, 1u << 20, img.data() + off).ok());
+  (void)client->Close();
+  return img;
+}
+
+}  // namespace
+
+TEST_CASE("failback --group: the plan names every member with its provider-side writes, and each member's "
+          "original volume ends equal to its promoted image, exactly those blocks pulled",
+          "[e2e][groups][failback]") {
+  Cluster c;
+  INFO(c.why());
+  REQUIRE(c.Start());
+  SecondAgent b;
+  std::string why;
+  INFO(why);
+  REQUIRE(b.Start(c, &why));
+  std::vector<std::string> create = {"group", "create", "app", "--interval", "500"};
+  for (const std::string& m : b.Members()) create.push_back(m);
+  REQUIRE(c.Cdpctl(Group(create)).exit_code == 0);
+  REQUIRE(FirstPoint(c));
+  // Some data on both members, then a group point after the last write.
+  const uint64_t size = c.options().volume_size;
+  const std::string taps[2] = {c.nbd_uri(), b.nbd_uri()};
+  std::mt19937_64 rng(43);
+  for (const std::string& uri : taps) {
+    auto w = Open(uri);
+    for (int i = 0; i < 200; ++i) {
+      cdp::Bytes blk(4096);
+      for (auto& x : blk) x = uint8_t(rng());
+      REQUIRE(w->Write((rng() % (size / 4096)) * 4096, cdp::ByteSpan(blk.data(), blk.size())).ok());
+    }
+    REQUIRE(w->Flush().ok());
+    (void)w->Close();
+  }
+  const std::string marker = PointAtTheMasterTarget(c);
+  auto f = c.CdpctlJson(Group({"failover", "--group", "app", "--to", marker}));
+  REQUIRE(f.has_value());
+  for (const auto& mv : f->at("members").as_array()) REQUIRE(mv.at("exit").as_int64() == 0);
+
+  // The application runs at the provider: K distinct blocks written on each
+  // member's promoted export.
+  constexpr uint64_t kProviderBlocks = 37;
+  cdp::Bytes promoted[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string vol = "vol" + std::to_string(k + 1);
+    const std::string uri = c.mt_export_uri("acme/" + vol + "@failover");
+    auto w = Open(uri);
+    std::set<uint64_t> blocks;
+    while (blocks.size() < kProviderBlocks) blocks.insert(rng() % (size / 4096));
+    for (uint64_t blk : blocks) {
+      cdp::Bytes d(4096);
+      for (auto& x : d) x = uint8_t(rng() | 1);  // never the block it replaces
+      REQUIRE(w->Write(blk * 4096, cdp::ByteSpan(d.data(), d.size())).ok());
+    }
+    REQUIRE(w->Flush().ok());
+    (void)w->Close();
+    promoted[k] = ReadImage(uri, size);
+  }
+
+  // Without an agent's address for every member: refused before anything runs.
+  auto partial = c.Cdpctl(Group({"failback", "--group", "app", "--member-agent",
+                                 "host-b=127.0.0.1:" + std::to_string(c.agent_control())}));
+  CHECK(partial.exit_code == 2);
+  CHECK(partial.output.find("give --member-agent AGENT=HOST:PORT[@TOKEN_FILE] for " + b.first()) !=
+        std::string::npos);
+
+  std::vector<std::string> fb = {"--json", "failback", "--group", "app"};
+  for (const std::string& a : b.MemberAgents(c)) fb.push_back(a);
+  auto r = c.CdpctlJson(Group(fb));
+  INFO(c.why());
+  REQUIRE(r.has_value());
+  INFO(json::serialize(*r));
+  // The plan: both members, each failed over at its marker's sequence, with
+  // exactly the blocks the provider wrote.
+  const json::array& plan = r->at("plan").as_array();
+  REQUIRE(plan.size() == 2);
+  for (const auto& pv : plan) {
+    CHECK(pv.at("failover").at("history_seq") == f->at("point").at("seqs").at(pv.at("volume").as_string()));
+    CHECK(pv.at("failover").at("provider_written_blocks") == kProviderBlocks);
+  }
+  const json::array& members = r->at("members").as_array();
+  REQUIRE(members.size() == 2);
+  for (const auto& mv : members) {
+    CHECK(mv.at("exit").as_int64() == 0);
+    uint64_t pulled = 0;
+    for (const auto& p : mv.at("result").at("passes").as_array()) pulled += json::value_to<uint64_t>(p.at("pulled_blocks"));
+    CHECK(pulled == kProviderBlocks);
+  }
+  // Each original volume now holds its promoted image, byte for byte.
+  const std::string sources[2] = {c.source_path(), c.Path("source-b.img")};
+  for (int k = 0; k < 2; ++k) {
+    INFO("member " << k + 1);
+    CHECK(cdp::e2e::ReadAll(sources[k]) == std::string(promoted[k].begin(), promoted[k].end()));
+  }
+  // Re-running it finishes nothing new and fails nothing: every step is idempotent.
+  auto again = c.Cdpctl(Group(std::vector<std::string>(fb.begin() + 1, fb.end())));
+  INFO(again.output);
+  CHECK(again.exit_code == 0);
+  CHECK(again.output.find("every member failed back") != std::string::npos);
 }
