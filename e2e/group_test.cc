@@ -179,6 +179,50 @@ uint64_t HeldLongerThan(uint16_t port, const std::string& token, const std::stri
   return all - at_le;
 }
 
+// ext4 made on the tap at `uri` (nbdfuse + loop) and mounted at `dir`; the
+// undo steps (umount, loop device, nbdfuse) go to `at`.
+void MountNewExt4(Cluster& c, const std::string& vol, const std::string& uri, const std::string& dir,
+                  cdp::e2e::Attachments* at) {
+  std::string why;
+  const std::string dev = cdp::e2e::Attach({uri}, c.Path("fuse-" + vol), false, c.options().volume_size,
+                                           c.Path("nbdfuse-" + vol + ".log"), at, &why);
+  INFO(why);
+  REQUIRE(!dev.empty());
+  auto mk = cdp::testing::RunCommand({"mkfs.ext4", "-q", "-F", "-E", "nodiscard", dev}, 120000);
+  INFO(mk.output);
+  REQUIRE(mk.exit_code == 0);
+  cdp::testing::RunCommand({"mkdir", "-p", dir});
+  auto m = cdp::testing::RunCommand({"mount", dev, dir}, 30000);
+  INFO(m.output);
+  REQUIRE(m.exit_code == 0);
+  at->Push([dir] { cdp::testing::RunCommand({"umount", dir}, 60000); });
+}
+
+// The promoted export of `vol` at the master target (after a failover),
+// through nbdkit's nbd plugin with the tenant's certificate: e2fsck -n -f
+// must find it clean, then it is mounted read-only; returns the mount point.
+std::string MountFailedOver(Cluster& c, const std::string& vol, cdp::e2e::Attachments* at) {
+  const std::vector<std::string> source = {"--command", "nbdkit", "-s", "--exit-with-parent", "nbd",
+                                           "hostname=127.0.0.1", "port=" + std::to_string(c.mt_nbd_port()),
+                                           "export=acme/" + vol + "@failover", "tls=require",
+                                           "tls-certificates=" + c.nbd_client_dir()};
+  std::string why;
+  const std::string dev = cdp::e2e::Attach(source, c.Path("fuse-fo-" + vol), true, c.options().volume_size,
+                                           c.Path("nbdfuse-fo-" + vol + ".log"), at, &why);
+  INFO(why);
+  REQUIRE(!dev.empty());
+  auto fsck = cdp::testing::RunCommand({"e2fsck", "-n", "-f", dev}, 120000);
+  INFO(fsck.output);
+  REQUIRE(fsck.exit_code == 0);
+  const std::string mnt = c.Path("fs-fo-" + vol);
+  cdp::testing::RunCommand({"mkdir", "-p", mnt});
+  auto m = cdp::testing::RunCommand({"mount", "-o", "ro,noload", dev, mnt}, 30000);
+  INFO(m.output);
+  REQUIRE(m.exit_code == 0);
+  at->Push([mnt] { cdp::testing::RunCommand({"umount", mnt}, 60000); });
+  return mnt;
+}
+
 }  // namespace
 
 TEST_CASE("group points across two agents are causally consistent: a write on host-b implies every write on "
@@ -352,18 +396,8 @@ TEST_CASE("failover --group: every member fails over at the same group point, an
   for (const auto& [vol, uri] : taps) {
     trees[vol] = cdp::e2e::MakeTree(vol == "vol1" ? 11 : 12);
     cdp::e2e::Attachments at;
-    const std::string dev =
-        cdp::e2e::Attach({uri}, c.Path("fuse-" + vol), false, co.volume_size, c.Path("nbdfuse-" + vol + ".log"), &at, &why);
-    REQUIRE(!dev.empty());
-    auto mk = cdp::testing::RunCommand({"mkfs.ext4", "-q", "-F", "-E", "nodiscard", dev}, 120000);
-    INFO(mk.output);
-    REQUIRE(mk.exit_code == 0);
     const std::string fs = c.Path("fs-" + vol);
-    cdp::testing::RunCommand({"mkdir", "-p", fs});
-    auto m = cdp::testing::RunCommand({"mount", dev, fs}, 30000);
-    INFO(m.output);
-    REQUIRE(m.exit_code == 0);
-    at.Push([fs] { cdp::testing::RunCommand({"umount", fs}, 60000); });
+    MountNewExt4(c, vol, uri, fs, &at);
     REQUIRE(cdp::e2e::WriteTree(fs, trees[vol], &why));
     at.Pop(3);  // umount, loop device, nbdfuse: the filesystem is clean on the tap
   }
@@ -388,23 +422,8 @@ TEST_CASE("failover --group: every member fails over at the same group point, an
   }
   for (const auto& [vol, uri] : taps) {
     INFO(vol);
-    const std::vector<std::string> source = {"--command", "nbdkit", "-s", "--exit-with-parent", "nbd",
-                                             "hostname=127.0.0.1", "port=" + std::to_string(c.mt_nbd_port()),
-                                             "export=acme/" + vol + "@failover", "tls=require",
-                                             "tls-certificates=" + c.nbd_client_dir()};
     cdp::e2e::Attachments at;
-    const std::string dev = cdp::e2e::Attach(source, c.Path("fuse-fo-" + vol), true, co.volume_size,
-                                             c.Path("nbdfuse-fo-" + vol + ".log"), &at, &why);
-    REQUIRE(!dev.empty());
-    auto fsck = cdp::testing::RunCommand({"e2fsck", "-n", "-f", dev}, 120000);
-    INFO(fsck.output);
-    REQUIRE(fsck.exit_code == 0);
-    const std::string fs = c.Path("fs-fo-" + vol);
-    cdp::testing::RunCommand({"mkdir", "-p", fs});
-    auto m = cdp::testing::RunCommand({"mount", "-o", "ro,noload", dev, fs}, 30000);
-    INFO(m.output);
-    REQUIRE(m.exit_code == 0);
-    at.Push([fs] { cdp::testing::RunCommand({"umount", fs}, 60000); });
+    const std::string fs = MountFailedOver(c, vol, &at);
     size_t same = 0;
     for (const auto& file : trees[vol]) same += cdp::e2e::ReadAll(fs + "/" + file.path) == file.data ? 1 : 0;
     CHECK(same == trees[vol].size());
@@ -464,20 +483,7 @@ TEST_CASE("tag --group: every member agent's freeze hook runs, and the tag's poi
   // in both (never an fsync: only the freeze puts the last ones on disk).
   const std::string uris[2] = {c.nbd_uri(), b.nbd_uri()};
   cdp::e2e::Attachments at;
-  for (int k = 0; k < 2; ++k) {
-    const std::string vol = "vol" + std::to_string(k + 1);
-    const std::string dev = cdp::e2e::Attach({uris[k]}, c.Path("fuse-" + vol), false, co.volume_size,
-                                             c.Path("nbdfuse-" + vol + ".log"), &at, &why);
-    REQUIRE(!dev.empty());
-    auto mk = cdp::testing::RunCommand({"mkfs.ext4", "-q", "-F", "-E", "nodiscard", dev}, 120000);
-    INFO(mk.output);
-    REQUIRE(mk.exit_code == 0);
-    cdp::testing::RunCommand({"mkdir", "-p", fs[k]});
-    auto m = cdp::testing::RunCommand({"mount", dev, fs[k]}, 30000);
-    INFO(m.output);
-    REQUIRE(m.exit_code == 0);
-    at.Push([d = fs[k]] { cdp::testing::RunCommand({"umount", d}, 60000); });
-  }
+  for (int k = 0; k < 2; ++k) MountNewExt4(c, "vol" + std::to_string(k + 1), uris[k], fs[k], &at);
   // The writer: generation after generation over kSlots files in each
   // filesystem (never an fsync: only a freeze puts the last ones on disk).
   std::vector<std::atomic<uint64_t>> last_done(kSlots);  // per slot: the last generation written + 1
@@ -544,24 +550,9 @@ TEST_CASE("tag --group: every member agent's freeze hook runs, and the tag's poi
   for (int k = 0; k < 2; ++k) {
     const std::string vol = "vol" + std::to_string(k + 1);
     INFO(vol);
-    const std::vector<std::string> source = {"--command", "nbdkit", "-s", "--exit-with-parent", "nbd",
-                                             "hostname=127.0.0.1", "port=" + std::to_string(c.mt_nbd_port()),
-                                             "export=acme/" + vol + "@failover", "tls=require",
-                                             "tls-certificates=" + c.nbd_client_dir()};
     cdp::e2e::Attachments fo;
-    const std::string dev = cdp::e2e::Attach(source, c.Path("fuse-fo-" + vol), true, co.volume_size,
-                                             c.Path("nbdfuse-fo-" + vol + ".log"), &fo, &why);
-    REQUIRE(!dev.empty());
     // The freeze left the journal empty: clean without a replay.
-    auto fsck = cdp::testing::RunCommand({"e2fsck", "-n", "-f", dev}, 120000);
-    INFO(fsck.output);
-    REQUIRE(fsck.exit_code == 0);
-    const std::string mnt = c.Path("fs-fo-" + vol);
-    cdp::testing::RunCommand({"mkdir", "-p", mnt});
-    auto m = cdp::testing::RunCommand({"mount", "-o", "ro,noload", dev, mnt}, 30000);
-    INFO(m.output);
-    REQUIRE(m.exit_code == 0);
-    fo.Push([mnt] { cdp::testing::RunCommand({"umount", mnt}, 60000); });
+    const std::string mnt = MountFailedOver(c, vol, &fo);
     // Every slot holds a whole generation no older than the one it held
     // when the tag was asked (a freeze writes everything out; a crash point
     // would miss what sat in the page cache).

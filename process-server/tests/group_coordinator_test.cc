@@ -238,7 +238,7 @@ TEST_CASE("the groups file: a failed write changes nothing, a power cut at any s
 }
 
 TEST_CASE("an application-consistent round freezes every member agent first, then holds, and its marker carries "
-          "the tag; a member that cannot freeze abandons it",
+          "the tag, and a member that cannot freeze abandons it",
           "[groups]") {
   auto env = cdp::NewMemEnv();
   REQUIRE(env->CreateDirs("/ps").ok());
