@@ -39,7 +39,7 @@ if [ "$COLD" = 1 ] && [ "$(id -u)" != 0 ]; then
   echo "restore_bench: COLD=1 drops the page cache and needs root (COLD=0: warm, and said so)" >&2
   exit 2
 fi
-bench_need python3 nbdcopy nbdkit cmp numfmt awk
+bench_need python3 nbdcopy nbdkit cmp numfmt awk getconf /usr/bin/time
 bench_pki on
 say() { echo "restore_bench: $*" >&2; }
 now() { date +%s.%N; }
@@ -111,13 +111,22 @@ cache_state() {  # before each timed copy
 # nbdkit's.
 DISK=$(basename "$(df --output=source "$D" | tail -1)")
 disk_reads() { awk -v d="$DISK" '$3 == d {print $4, $5, $6, $7}' /proc/diskstats; }
-copy() {  # SOURCE_URI DEST LABEL: prints the seconds nbdcopy took
+# CPU seconds (user + system) of a process so far.
+cpu_of() { awk -v t="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); printf "%.2f", ($12 + $13) / t}' "/proc/$1/stat"; }
+copy() {  # SOURCE_URI DEST LABEL SERVER_PID: prints the seconds nbdcopy took
   cache_state
   rm -f "$2"
-  local t0 t1 before after
+  local t0 t1 before after s0 s1
   before=$(disk_reads)
-  t0=$(now); nbdcopy "$1" "$2"; t1=$(now)
+  s0=$(cpu_of "$4")
+  bench_perf_start "${3// /-}"  # PERF=DIR: a profile of each copy (bench/lib.sh)
+  t0=$(now); /usr/bin/time -f "%U %S" -o "$D/nbdcopy.cpu" nbdcopy "$1" "$2"; t1=$(now)
+  bench_perf_stop
+  s1=$(cpu_of "$4")
   after=$(disk_reads)
+  # Where the copy's time went besides the disk: the server's and nbdcopy's CPU.
+  awk -v l="$3" -v a="$s0" -v b="$s1" -v w="$(secs "$t0" "$t1")" '{printf "cpu during %s: server %.2f s, nbdcopy %.2f s, over %.2f s\n", l, b - a, $1 + $2, w}' \
+    "$D/nbdcopy.cpu" | tee -a "$D/disk.txt" >&2
   if [ -n "$before" ] && [ -n "$after" ]; then
     echo "$before $after" | awk -v l="$3" -v dev="$DISK" '{r = $5 - $1; m = $6 - $2; s = $7 - $3; t = $8 - $4;
       printf "disk %s during %s: %d reads (%d merged), %.1f MiB, %.1f KiB per read, %d ms reading\n",
@@ -130,11 +139,11 @@ echo "| round | volume | data | page cache | ours (s) | nbdkit file (s) | data o
 echo "|---|---|---:|---|---:|---:|---:|---|---|---|---|"
 for round in $(seq "$RUNS"); do
   say "round $round: measured: nbdcopy from the point-in-time export"
-  ours_s=$(copy "$OURS" "$D/restored.img" "round $round ours")
+  ours_s=$(copy "$OURS" "$D/restored.img" "round $round ours" "$MT_PID")
   say "round $round: reference: nbdcopy from nbdkit file (TLS)"
-  kit_s=$(copy "$THEIRS" "$D/kit.img" "round $round nbdkit")
+  kit_s=$(copy "$THEIRS" "$D/kit.img" "round $round nbdkit" "$KIT_PID")
   say "round $round: reference: nbdcopy of the data only (TLS)"
-  dense_s=$(copy "$DENSE" "$D/dense.img" "round $round data-only")
+  dense_s=$(copy "$DENSE" "$D/dense.img" "round $round data-only" "$KIT_DENSE_PID")
   check=$(cmp -s "$D/source.img" "$D/restored.img" && echo identical || echo MISMATCH)
   [ "$check" = identical ] || bench_wrong "the restored image differs from the source"
   cmp -s "$D/source.img" "$D/kit.img" || bench_wrong "nbdkit's copy differs from the source"

@@ -7,7 +7,7 @@ set -euo pipefail
 
 # Build: compiler, CMake and the libraries of DESIGN.md.
 # Test: real NBD clients (qemu-utils; libnbd-bin, which ships nbdinfo, nbdcopy and
-# nbdfuse; nbdkit; libnbd-dev for bench/export_bench; python3-libnbd for e2e/libnbd_checks.py), fio, strace (bench/export_profile.sh), e2fsprogs, rsync; systemd for systemd-analyze (the units' test);
+# nbdfuse; nbdkit; libnbd-dev for bench/export_bench; python3-libnbd for e2e/libnbd_checks.py), fio, strace (bench/export_profile.sh), time (the CPU of a copy in bench/restore_bench.sh), e2fsprogs, rsync; systemd for systemd-analyze (the units' test);
 # clang and its libFuzzer runtime for the fuzz.* tests (cmake/fuzz_tests.cmake); help2man
 # (man pages), lintian and adduser for the Debian packages and their test (cmake/packaging.cmake);
 # prometheus for promtool (the alert rules' test, e2e/monitoring_test.cc); chromium and
@@ -20,7 +20,7 @@ PACKAGES=(
   libboost1.81-dev libboost-json1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev libsqlite3-dev libzstd-dev liblz4-dev libxxhash-dev libssl-dev
   catch2 libbenchmark-dev
-  zstd lz4 qemu-utils libnbd-bin libnbd-dev python3-libnbd nbdkit fio strace e2fsprogs rsync iproute2 util-linux curl
+  zstd lz4 qemu-utils libnbd-bin libnbd-dev python3-libnbd nbdkit fio strace time e2fsprogs rsync iproute2 util-linux curl
   systemd
   clang libclang-rt-14-dev
   help2man lintian adduser
