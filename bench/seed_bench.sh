@@ -11,6 +11,7 @@
 #                QUICK=1      smoke run: tiny sizes and run counts (figures worthless)
 #                RUNS=1000    runs of each control operation (loopback; WAN cdpctl)
 #                WAN_API_RUNS=200  runs of each raw-API operation at 25 ms RTT
+#                CH_LO="--reads 1000 --bytes 32MiB"  export_bench chunk arguments on loopback
 #                KEEP=1       keep the scratch directory and logs
 #
 # Deployment: the master target, the process server and the agent run in netns
@@ -56,7 +57,7 @@ if [ "$QUICK" = 1 ]; then
 else
   # Loopback: max(1000 reads, 32 MiB) per chunk size. 25 ms RTT: 40 reads per
   # chunk size (a fixed count: at one read in flight a read costs >= 1 RTT).
-  CH_LO="--reads 1000 --bytes 32MiB" CH_WAN="--reads 40 --bytes 0" SEQ_LO="--runs 50" SEQ_WAN="--runs 10" CONN="--runs 20"
+  CH_LO=${CH_LO:-"--reads 1000 --bytes 32MiB"} CH_WAN="--reads 40 --bytes 0" SEQ_LO="--runs 50" SEQ_WAN="--runs 10" CONN="--runs 20"
 fi
 mkdir -p "$OUT"
 T0=$(date +%s)

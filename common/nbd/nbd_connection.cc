@@ -2,6 +2,7 @@
 // One NBD client connection (the pipeline diagram of nbd_server.h) and how
 // the listener's sockets become connections. Internals: nbd_server_impl.h.
 #include "common/nbd/nbd_server_impl.h"
+#include "common/net/socket_tls.h"
 
 namespace cdp {
 
@@ -50,7 +51,8 @@ class Connection final : public ConnectionBase {
     kPayloadSkip,
     kDone,
   };
-  using TlsLayer = asio::ssl::stream<Socket&>;
+  // TLS after STARTTLS: OpenSSL on the socket itself (common/net/socket_tls.h).
+  using TlsLayer = SocketTls<Socket>;
   static constexpr bool kTcp = std::is_same_v<Socket, TcpSocket>;
 
   std::shared_ptr<Connection> Self() { return std::static_pointer_cast<Connection>(shared_from_this()); }
@@ -577,7 +579,7 @@ class Connection final : public ConnectionBase {
 
   NbdServer::Impl* impl_;
   Socket socket_;
-  std::unique_ptr<TlsLayer> tls_;  // after STARTTLS; over socket_
+  std::unique_ptr<TlsLayer> tls_;  // after STARTTLS; on socket_
   Scope scope_;                    // narrowed by the client certificate
   asio::steady_timer timer_;       // handshake deadline, then idle timeout
   Strand dstrand_;                 // the device strand (RunRequest), on the same pool

@@ -23,7 +23,8 @@
 //     and zeros): nbdcopy and qemu-img skip what a point never held. Other
 //     commands keep simple replies (the spec allows it).
 //   - the empty export name "" selects the only export when exactly one exists.
-//   - NBD_OPT_STARTTLS (x509, TLS 1.3, our site PKI: common/net/tls_stream.h).
+//   - NBD_OPT_STARTTLS (x509, TLS 1.3, our site PKI: common/net/tls_stream.h),
+//     with OpenSSL reading and writing the socket itself (common/net/socket_tls.h).
 //
 // Security at the port (docs/formats/nbd.md, "TLS and tenants"):
 //   - tls_mode kRequire: on TCP connections only STARTTLS and ABORT are
@@ -71,8 +72,9 @@
 // Thread safety: every public method of NbdServer is thread-safe. The server
 // runs its own pool of threads between Start() and
 // Stop(); the destructor calls Stop(). Every socket operation of one
-// connection (plain or TLS) runs on that connection's strand, so an
-// asio::ssl::stream never has more than one read and one write outstanding.
+// connection (plain or TLS) runs on that connection's strand, so its SSL
+// object is never entered by two threads and has at most one read and one
+// write outstanding.
 #pragma once
 
 #include <atomic>
