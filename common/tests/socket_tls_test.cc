@@ -94,6 +94,12 @@ struct Pair {
     if (!*client_ok) ::shutdown(fd, SHUT_RDWR);  // a server still waiting sees the end
     return done.get_future().get();
   }
+  // Both handshakes succeed.
+  void HandshakeOk() {
+    bool client_ok = false;
+    REQUIRE(!Handshake(&client_ok));
+    REQUIRE(client_ok);
+  }
   bool ClientWrite(const Bytes& b) {
     size_t off = 0;
     while (off < b.size()) {
@@ -135,9 +141,7 @@ TEST_CASE("socket tls: 16 MiB each way at once, the server's write waiting on a 
           "[tls][socket_tls]") {
   Certs certs;
   Pair p(certs, *certs.client);
-  bool client_ok = false;
-  REQUIRE(!p.Handshake(&client_ok));
-  REQUIRE(client_ok);
+  p.HandshakeOk();
 
   const Bytes down = Random(16u << 20, 1), up = Random(16u << 20, 2);
   Bytes got(up.size());
@@ -175,9 +179,7 @@ TEST_CASE("socket tls: the peer's close_notify reads as eof, a connection cut wi
   Certs certs;
   for (bool notify : {true, false}) {
     Pair p(certs, *certs.client);
-    bool client_ok = false;
-    REQUIRE(!p.Handshake(&client_ok));
-    REQUIRE(client_ok);
+    p.HandshakeOk();
     Bytes buf(64);
     std::promise<std::pair<error_code, size_t>> first, second;
     p.OnStrand([&] {
@@ -217,9 +219,7 @@ TEST_CASE("socket tls: a read waiting for data ends with operation_aborted when 
           "[tls][socket_tls]") {
   Certs certs;
   Pair p(certs, *certs.client);
-  bool client_ok = false;
-  REQUIRE(!p.Handshake(&client_ok));
-  REQUIRE(client_ok);
+  p.HandshakeOk();
   Bytes buf(16);
   std::promise<error_code> read;
   std::promise<void> started;
