@@ -141,6 +141,25 @@ bool FirstPoint(Cluster& c) {
   return made;
 }
 
+// The group of every test: starts the second agent `b` beside the cluster's
+// (its own config lines `b_config`), creates group app of both agents'
+// volumes with `options` (after "group create app"), and waits for its
+// first point.
+void GroupUp(Cluster& c, SecondAgent& b, const std::vector<std::string>& options,
+             const std::vector<std::string>& b_config = {}) {
+  std::string why;
+  const bool started = b.Start(c, &why, b_config);
+  INFO(why);
+  REQUIRE(started);
+  std::vector<std::string> create = {"group", "create", "app"};
+  create.insert(create.end(), options.begin(), options.end());
+  for (const std::string& m : b.Members()) create.push_back(m);
+  auto created = c.Cdpctl(Group(create));
+  INFO(created.output);
+  REQUIRE(created.exit_code == 0);
+  REQUIRE(FirstPoint(c));
+}
+
 // The group's points held by both members, as cdpctl lists them.
 json::array GroupPoints(Cluster& c) {
   auto p = c.CdpctlJson(Group({"group", "points", "app"}));
@@ -232,16 +251,8 @@ TEST_CASE("group points across two agents are causally consistent: a write on ho
   INFO(c.why());
   REQUIRE(c.Start());
   SecondAgent b;
-  std::string why;
-  INFO(why);
-  REQUIRE(b.Start(c, &why));
-  std::vector<std::string> create = {"group", "create", "app", "--interval", "250"};
-  for (const std::string& m : b.Members()) create.push_back(m);
-  auto created = c.Cdpctl(Group(create));
-  INFO(created.output);
-  REQUIRE(created.exit_code == 0);
   // Until host-b's first sync is done its volume cannot promise a point: rounds are refused.
-  REQUIRE(FirstPoint(c));
+  GroupUp(c, b, {"--interval", "250"});
 
   // The writer: A(n) on the cluster's agent, wait for it, then B(n) on host-b, for
   // 12 s while a group round runs every 250 ms.
@@ -315,14 +326,7 @@ TEST_CASE("a member that stops answering or dies: its round is abandoned within 
   INFO(c.why());
   REQUIRE(c.Start());
   SecondAgent b;
-  std::string why;
-  INFO(why);
-  REQUIRE(b.Start(c, &why));
-  std::vector<std::string> create = {"group", "create", "app", "--interval", "100", "--hold-max", "50",
-                                     "--hold-timeout", "200"};
-  for (const std::string& m : b.Members()) create.push_back(m);
-  REQUIRE(c.Cdpctl(Group(create)).exit_code == 0);
-  REQUIRE(FirstPoint(c));
+  GroupUp(c, b, {"--interval", "100", "--hold-max", "50", "--hold-timeout", "200"});
   auto a = Open(c.nbd_uri());
   uint64_t n = 0;
   auto write_for = [&](milliseconds how_long) {
@@ -381,13 +385,7 @@ TEST_CASE("failover --group: every member fails over at the same group point, an
   INFO(c.why());
   REQUIRE(c.Start());
   SecondAgent b;
-  std::string why;
-  INFO(why);
-  REQUIRE(b.Start(c, &why));
-  std::vector<std::string> create = {"group", "create", "app", "--interval", "500"};
-  for (const std::string& m : b.Members()) create.push_back(m);
-  REQUIRE(c.Cdpctl(Group(create)).exit_code == 0);
-  REQUIRE(FirstPoint(c));
+  GroupUp(c, b, {"--interval", "500"});
 
   // ext4 on each member's tap, a tree of files in each, unmounted again
   // (clean) while the group's points keep coming every 500 ms.
@@ -398,7 +396,10 @@ TEST_CASE("failover --group: every member fails over at the same group point, an
     cdp::e2e::Attachments at;
     const std::string fs = c.Path("fs-" + vol);
     MountNewExt4(c, vol, uri, fs, &at);
-    REQUIRE(cdp::e2e::WriteTree(fs, trees[vol], &why));
+    std::string why;
+    const bool written = cdp::e2e::WriteTree(fs, trees[vol], &why);
+    INFO(why);
+    REQUIRE(written);
     at.Pop(3);  // umount, loop device, nbdfuse: the filesystem is clean on the tap
   }
   // A point after both filesystems are clean, and its markers at the MT.
@@ -471,13 +472,7 @@ TEST_CASE("tag --group: every member agent's freeze hook runs, and the tag's poi
   INFO(c.why());
   REQUIRE(c.Start());
   SecondAgent b;
-  std::string why;
-  INFO(why);
-  REQUIRE(b.Start(c, &why, hooks(1)));
-  std::vector<std::string> create = {"group", "create", "app", "--interval", "1000"};
-  for (const std::string& m : b.Members()) create.push_back(m);
-  REQUIRE(c.Cdpctl(Group(create)).exit_code == 0);
-  REQUIRE(FirstPoint(c));
+  GroupUp(c, b, {"--interval", "1000"}, hooks(1));
 
   // ext4 on each member's tap, mounted, and a writer creating 4 KiB files
   // in both (never an fsync: only the freeze puts the last ones on disk).
@@ -592,13 +587,7 @@ TEST_CASE("failback --group: the plan names every member with its provider-side 
   INFO(c.why());
   REQUIRE(c.Start());
   SecondAgent b;
-  std::string why;
-  INFO(why);
-  REQUIRE(b.Start(c, &why));
-  std::vector<std::string> create = {"group", "create", "app", "--interval", "500"};
-  for (const std::string& m : b.Members()) create.push_back(m);
-  REQUIRE(c.Cdpctl(Group(create)).exit_code == 0);
-  REQUIRE(FirstPoint(c));
+  GroupUp(c, b, {"--interval", "500"});
   // Some data on both members, then a group point after the last write.
   const uint64_t size = c.options().volume_size;
   const std::string taps[2] = {c.nbd_uri(), b.nbd_uri()};

@@ -77,15 +77,23 @@ GroupCoordinator::Options Opts(cdp::Env* env) {
   return o;
 }
 
+// A started coordinator on a MemEnv holding group App().
+struct AppFixture {
+  AppFixture() {
+    REQUIRE(env->CreateDirs("/ps").ok());
+    REQUIRE(gc.Start().ok());
+    REQUIRE(gc.Put(App()).ok());
+  }
+  std::unique_ptr<cdp::Env> env = cdp::NewMemEnv();
+  GroupCoordinator gc{Opts(env.get())};
+};
+
 }  // namespace
 
 TEST_CASE("a round with every member held in time is made: one hold per agent naming its volumes, one marker",
           "[groups]") {
-  auto env = cdp::NewMemEnv();
-  REQUIRE(env->CreateDirs("/ps").ok());
-  GroupCoordinator gc(Opts(env.get()));
-  REQUIRE(gc.Start().ok());
-  REQUIRE(gc.Put(App()).ok());
+  AppFixture fx;
+  GroupCoordinator& gc = fx.gc;
   FakeAgent web, db, other;
   web.Attach(gc, "acme", "web");
   db.Attach(gc, "acme", "db");
@@ -111,11 +119,8 @@ TEST_CASE("a round with every member held in time is made: one hold per agent na
 TEST_CASE("a round is abandoned when a member is not connected, refuses, or holds too late, and every agent asked "
           "is released without a marker",
           "[groups]") {
-  auto env = cdp::NewMemEnv();
-  REQUIRE(env->CreateDirs("/ps").ok());
-  GroupCoordinator gc(Opts(env.get()));
-  REQUIRE(gc.Start().ok());
-  REQUIRE(gc.Put(App()).ok());
+  AppFixture fx;
+  GroupCoordinator& gc = fx.gc;
   FakeAgent web, db;
   web.Attach(gc, "acme", "web");
   auto r = gc.RunRound("acme", "app");
@@ -240,11 +245,8 @@ TEST_CASE("the groups file: a failed write changes nothing, a power cut at any s
 TEST_CASE("an application-consistent round freezes every member agent first, then holds, and its marker carries "
           "the tag, and a member that cannot freeze abandons it",
           "[groups]") {
-  auto env = cdp::NewMemEnv();
-  REQUIRE(env->CreateDirs("/ps").ok());
-  GroupCoordinator gc(Opts(env.get()));
-  REQUIRE(gc.Start().ok());
-  REQUIRE(gc.Put(App()).ok());
+  AppFixture fx;
+  GroupCoordinator& gc = fx.gc;
   FakeAgent web, db;
   web.Attach(gc, "acme", "web");
   db.Attach(gc, "acme", "db");
