@@ -31,6 +31,9 @@
 //   an ssl category error               OpenSSL's (a bad record, an alert, a
 //                                       failed handshake)
 //   asio::error::operation_aborted      the socket was closed meanwhile
+//   asio::error::bad_descriptor         the operation began after the socket
+//                                       was closed (the descriptor is never
+//                                       used after its close)
 //
 // The socket is switched to non-blocking mode. SocketTls never closes it;
 // SIGPIPE must be ignored (the daemons and test binaries do).
@@ -152,6 +155,11 @@ class SocketTls {
     }
   }
 
+  // An operation started after the socket was closed (a composed write going
+  // on after a partial write, say) fails without touching the descriptor:
+  // its number may already belong to another connection.
+  static boost::asio::error::basic_errors Closed() { return boost::asio::error::bad_descriptor; }
+
   // Waits for the socket, then runs `again` (on the socket's executor).
   template <typename Again>
   void Wait(Next next, Again&& again) {
@@ -173,6 +181,7 @@ class SocketTls {
 
   template <typename Handler>
   void Handshake(Handler&& handler, bool resumed = false) {
+    if (!socket_.is_open()) return Complete(resumed, std::forward<Handler>(handler), error_code(Closed()));
     ERR_clear_error();
     errno = 0;
     const int r = SSL_do_handshake(ssl_);
@@ -188,6 +197,7 @@ class SocketTls {
 
   template <typename Handler>
   void Read(boost::asio::mutable_buffer buf, Handler&& handler, bool resumed = false) {
+    if (!socket_.is_open()) return Complete(resumed, std::forward<Handler>(handler), error_code(Closed()), size_t(0));
     auto* p = static_cast<unsigned char*>(buf.data());
     size_t total = 0;
     error_code ec;
@@ -221,6 +231,7 @@ class SocketTls {
   // chunk built from one place is never shorter than before.
   template <typename ConstBuffers, typename Handler>
   void Write(const ConstBuffers& buffers, Handler&& handler, bool resumed = false) {
+    if (!socket_.is_open()) return Complete(resumed, std::forward<Handler>(handler), error_code(Closed()), size_t(0));
     size_t total = 0;
     error_code ec;
     Next next = Next::kFail;

@@ -6,6 +6,7 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -233,6 +234,44 @@ TEST_CASE("socket tls: a read waiting for data ends with operation_aborted when 
     p.socket->close(ig);
   });
   CHECK(read.get_future().get() == asio::error::operation_aborted);
+}
+
+TEST_CASE("socket tls: an operation begun after the socket is closed fails and never writes to the descriptor's "
+          "number, reused meanwhile",
+          "[tls][socket_tls]") {
+  Certs certs;
+  Pair p(certs, *certs.client);
+  p.HandshakeOk();
+  int pipe_fds[2];
+  REQUIRE(::pipe2(pipe_fds, O_NONBLOCK) == 0);
+  std::promise<std::pair<error_code, size_t>> wrote, read;
+  const Bytes data = Random(4096, 3);
+  Bytes buf(16);
+  p.OnStrand([&] {
+    // As a composed write goes on after a partial write that a close followed:
+    // the number is another file's by then (here a pipe's).
+    const int number = int(p.socket->native_handle());
+    error_code ig;
+    p.socket->close(ig);
+    REQUIRE(::dup2(pipe_fds[1], number) == number);
+    p.tls->async_write_some(asio::buffer(data), [&, number](const error_code& ec, size_t n) {
+      p.tls->async_read_some(asio::buffer(buf), [&, number](const error_code& ec2, size_t n2) {
+        ::close(number);
+        read.set_value({ec2, n2});
+      });
+      wrote.set_value({ec, n});
+    });
+  });
+  auto w = wrote.get_future().get();
+  auto r = read.get_future().get();
+  CHECK(w.first == asio::error::bad_descriptor);
+  CHECK(w.second == 0);
+  CHECK(r.first == asio::error::bad_descriptor);
+  CHECK(r.second == 0);
+  uint8_t leaked[64];
+  CHECK(::read(pipe_fds[0], leaked, sizeof(leaked)) == -1);  // nothing reached the pipe
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
 }
 
 }  // namespace
