@@ -38,7 +38,8 @@ constexpr const char* kUsage =
     "  failover VOLUME --to POINT [--test] | failover VOLUME --undo | failover VOLUME --commit |\n"
     "  failback VOLUME [--passes N] | branches |\n"
     "  reprotect VOLUME |\n"
-    "  group create G --member AGENT:VOLUME [--member ...] [--interval MS] [--hold-max MS] [--hold-timeout MS] |\n"
+    "  group create G --member AGENT:VOLUME [--member ...] [--interval MS] [--hold-max MS] [--hold-timeout MS]\n"
+    "    [--at ps|mt]   (mt: members behind several process servers, coordinated at the master target) |\n"
     "  group list | group remove G | group point G | group points G |\n"
     "  tag --group G NAME [--freeze-ms MS]   (every member agent's freeze hook: an application-consistent point) |\n"
     "  failover --group G --to GPOINT | rollback --group G --to GPOINT | export --group G --to GPOINT |\n"
@@ -66,7 +67,7 @@ int Usage(const std::vector<std::string>& args, std::ostream& err) {
         a != "--max-rate" && a != "--scope" && a != "--expires" && a != "--test" && a != "--undo" && a != "--commit" &&
         a != "--key-file" && a != "--out" && a != "--socket" && a != "--tls-certificates" && a != "--hosts" && a != "--group" &&
         a != "--member" && a != "--interval" && a != "--hold-max" && a != "--hold-timeout" && a != "--freeze-ms" &&
-        a != "--member-agent" && a != "--passes") {
+        a != "--member-agent" && a != "--passes" && a != "--at") {
       err << "cdpctl: unknown option '" << a << "'\n";
       break;
     }

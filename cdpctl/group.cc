@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // cdpctl group ...: consistency groups across agents (docs/groups.md).
-// Groups live at the process server that coordinates them
-// (process-server/group_coordinator.h): create, list, remove and point ask
-// it. Their points are the markers group.<G>.<round>.<members> in the member
+// Groups live at the daemon that coordinates them
+// (common/wire/group_coordinator.h): the process server their members ship
+// through, or the master target (`group create --at mt`) for members behind
+// several process servers. create asks the one named; remove, point and tag
+// --group ask the master target when it coordinates the group, else the
+// process server. Their points are the markers group.<G>.<round>.<members> in the member
 // volumes' histories at the master target, which lists them (GET
 // /v1/groups): `points` and recovery by group ask the master target only, so
 // they work with the protected site gone. Recovery by group runs the
@@ -87,10 +90,35 @@ json::object PointJson(const GroupPoint& g) {
   return o;
 }
 
+// The groups a coordinator lists: the process server's "groups", the master
+// target's "coordinated" (its "groups" are the points it holds).
+const json::array* Coordinated(const Call& c, bool mt) {
+  if (!c.reached || c.status != 200 || !c.body.is_object()) return nullptr;
+  const json::value* gs = c.body.as_object().if_contains(mt ? "coordinated" : "groups");
+  return gs != nullptr && gs->is_array() ? &gs->as_array() : nullptr;
+}
+
+// Group `name` of the caller's tenant in a coordinator's list, or null.
+const json::object* Find(const json::array* groups, const Options& o, const std::string& name) {
+  if (groups == nullptr) return nullptr;
+  for (const auto& gv : *groups)
+    if (gv.is_object() && Str(gv.as_object(), "name") == name && Str(gv.as_object(), "tenant") == o.tenant)
+      return &gv.as_object();
+  return nullptr;
+}
+
+// The daemon that coordinates `group`: the master target when it lists the
+// group among those it coordinates, else the process server.
+bool AtMasterTarget(const Options& o, const std::string& group) {
+  Call c = Http(o, o.mt, "GET", "/v1/groups?group=" + Q(group) + TenantParam(o));
+  return Find(Coordinated(c, true), o, group) != nullptr;
+}
+
 int Create(const Options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  // group create G --member A:V [--member ...] [--interval MS] [--hold-max MS] [--hold-timeout MS]
+  // group create G --member A:V [--member ...] [--interval MS] [--hold-max MS] [--hold-timeout MS] [--at ps|mt]
   json::object b{{"tenant", o.tenant}, {"name", args[2]}};
   std::string members;
+  bool at_mt = false;
   for (size_t i = 3; i < args.size(); i += 2) {
     if (i + 1 >= args.size()) return Usage({args[i]}, err);
     const std::string& v = args[i + 1];
@@ -102,35 +130,52 @@ int Create(const Options& o, const std::vector<std::string>& args, std::ostream&
       return true;
     };
     if (args[i] == "--member") members += (members.empty() ? "" : ",") + v;
+    else if (args[i] == "--at" && (v == "mt" || v == "ps")) at_mt = v == "mt";
     else if (args[i] == "--interval" ? !ms("interval_ms")
              : args[i] == "--hold-max" ? !ms("hold_max_ms")
              : args[i] == "--hold-timeout" ? !ms("hold_timeout_ms")
                                             : true) {
-      err << "cdpctl: group create: bad option " << args[i] << " " << v << " (milliseconds are whole numbers)\n";
+      err << "cdpctl: group create: bad option " << args[i] << " " << v
+          << " (milliseconds are whole numbers; --at is ps or mt)\n";
       return 2;
     }
   }
   if (members.empty()) {
     err << "cdpctl: group create G --member AGENT:VOLUME [--member ...] [--interval MS] [--hold-max MS] "
-           "[--hold-timeout MS]\n";
+           "[--hold-timeout MS] [--at ps|mt]\n";
     return 2;
   }
   b["members"] = members;
-  Call c = Http(o, o.ps, "POST", "/v1/groups", b);
+  Call c = Http(o, at_mt ? o.mt : o.ps, "POST", "/v1/groups", b);
   if (!c.reached || c.status != 200) return Fail(err, "group create " + args[2], c);
   if (o.json) out << json::serialize(c.body) << "\n";
-  else out << "group " << args[2] << " created at the process server " << Where(o.ps) << "\n";
+  else
+    out << "group " << args[2] << " created at the " << (at_mt ? "master target " : "process server ")
+        << Where(at_mt ? o.mt : o.ps) << "\n";
   return 0;
 }
 
+// Both coordinators' groups: the process server's, then the master target's.
 int List(const Options& o, std::ostream& out, std::ostream& err) {
-  Call c = Http(o, o.ps, "GET", "/v1/groups");
-  if (!c.reached || c.status != 200) return Fail(err, "group list", c);
+  Call p = Http(o, o.ps, "GET", "/v1/groups");
+  Call m = Http(o, o.mt, "GET", "/v1/groups" + std::string(o.tenant.empty() ? "" : "?tenant=" + Q(o.tenant)));
+  const json::array* at_ps = Coordinated(p, false);
+  const json::array* at_mt = Coordinated(m, true);
+  if (at_ps == nullptr && at_mt == nullptr) return Fail(err, "group list", p.reached ? m : p);
   if (o.json) {
-    out << json::serialize(c.body) << "\n";
+    out << json::serialize(json::object{{"process_server", at_ps ? json::value(*at_ps) : json::value(nullptr)},
+                                        {"master_target", at_mt ? json::value(*at_mt) : json::value(nullptr)}})
+        << "\n";
     return 0;
   }
-  GroupLines(c.body, out);
+  if (at_ps != nullptr) {
+    out << "coordinated at the process server " << Where(o.ps) << "\n";
+    GroupLines(p.body, out);
+  }
+  if (at_mt != nullptr) {
+    out << "coordinated at the master target " << Where(o.mt) << "\n";
+    GroupLines(json::object{{"groups", *at_mt}}, out);
+  }
   return 0;
 }
 
@@ -207,13 +252,14 @@ int GroupCommand(const Options& o, const std::vector<std::string>& args, std::os
   const std::string& group = args[2];
   if (sub == "create") return Create(o, args, out, err);
   if (sub == "remove" && args.size() == 3) {
-    Call c = Http(o, o.ps, "POST", "/v1/groups/remove", json::object{{"tenant", o.tenant}, {"name", group}});
+    Call c = Http(o, AtMasterTarget(o, group) ? o.mt : o.ps, "POST", "/v1/groups/remove", json::object{{"tenant", o.tenant}, {"name", group}});
     if (!c.reached || c.status != 200) return Fail(err, "group remove " + group, c);
     out << (o.json ? json::serialize(c.body) : "group " + group + " removed") << "\n";
     return 0;
   }
   if (sub == "point" && args.size() == 3) {
-    Call c = Http(o, o.ps, "POST", "/v1/groups/point", json::object{{"tenant", o.tenant}, {"name", group}});
+    Call c = Http(o, AtMasterTarget(o, group) ? o.mt : o.ps, "POST", "/v1/groups/point",
+                  json::object{{"tenant", o.tenant}, {"name", group}});
     if (!c.reached || c.status != 200) return Fail(err, "group point " + group, c);
     if (o.json) out << json::serialize(c.body) << "\n";
     else out << "group point " << Str(c.body.as_object(), "marker") << " made\n";
@@ -262,7 +308,7 @@ int GroupTag(const Options& o, const std::string& group, const std::string& tag,
   q.timeout_ms = std::max<int>(o.timeout_ms, int(std::min<uint64_t>(window, 60'000)) + 5'000);
   // Every member agent runs its freeze hook, then the group is held and
   // marked, then every agent thaws: one application-consistent point.
-  Call c = Http(q, o.ps, "POST", "/v1/groups/point", b);
+  Call c = Http(q, AtMasterTarget(o, group) ? o.mt : o.ps, "POST", "/v1/groups/point", b);
   if (!c.reached || c.status != 200) return Fail(err, "tag --group " + group + " " + tag, c);
   if (o.json) out << json::serialize(c.body) << "\n";
   else
@@ -308,22 +354,22 @@ int GroupFailback(const Options& o, const std::vector<std::string>& args, std::o
     }
     agents[v.substr(0, eq)] = ep;
   }
-  // The members, from the process server that coordinates the group (the
-  // original site is back: failback needs it anyway).
-  Call gc = Http(o, o.ps, "GET", "/v1/groups");
+  // The members, from the daemon that coordinates the group (the master
+  // target, or the process server: the original site is back, failback
+  // needs it anyway).
+  const bool at_mt = AtMasterTarget(o, group);
+  Call gc = Http(o, at_mt ? o.mt : o.ps, "GET", at_mt ? "/v1/groups?group=" + Q(group) + TenantParam(o) : "/v1/groups");
   if (!gc.reached || gc.status != 200) return Fail(err, "failback --group " + group + ": the group's members", gc);
   std::vector<std::pair<std::string, std::string>> members;  // (agent, volume)
-  for (const auto& gv : gc.body.as_object().at("groups").as_array()) {
-    const json::object& g = gv.as_object();
-    if (Str(g, "tenant") != o.tenant || Str(g, "name") != group) continue;
-    for (const auto& m : g.at("members").as_array()) {
+  if (const json::object* g = Find(Coordinated(gc, at_mt), o, group)) {
+    for (const auto& m : g->at("members").as_array()) {
       const std::string text(m.as_string());
       members.emplace_back(text.substr(0, text.find(':')), text.substr(text.find(':') + 1));
     }
   }
   if (members.empty()) {
     err << "cdpctl: failback --group: no group " << group << " of tenant " << o.tenant << " at the process server "
-        << Where(o.ps) << "\n";
+        << Where(o.ps) << " or the master target " << Where(o.mt) << "\n";
     return 1;
   }
   // The plan, per member: its agent, and its volume at the master target.

@@ -34,7 +34,10 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
     all["agent"] = a.reached ? a.body : json::value(json::object{{"error", a.error}});
     all["process_server"] = p.reached ? p.body : json::value(json::object{{"error", p.error}});
     all["master_target"] = m.reached ? m.body : json::value(json::object{{"error", m.error}});
-    if (mg.reached && mg.status == 200) all["groups"] = mg.body.as_object()["groups"];
+    if (mg.reached && mg.status == 200) {
+      all["groups"] = mg.body.as_object()["groups"];
+      all["coordinated_groups"] = mg.body.as_object()["coordinated"];  // groups coordinated at the MT
+    }
     out << json::serialize(all) << "\n";
     return (a.reached || p.reached || m.reached) ? 0 : 1;
   }
@@ -152,7 +155,12 @@ int Status(const Options& o, std::ostream& out, std::ostream& err) {
       }
     }
   }
-  if (mg.reached && mg.status == 200) MtGroupLines(mg.body, out);
+  if (mg.reached && mg.status == 200) {
+    // Groups coordinated at the master target (members behind several process servers), then every group's points.
+    if (const json::value* cg = mg.body.as_object().if_contains("coordinated"))
+      GroupLines(json::object{{"groups", *cg}}, out);
+    MtGroupLines(mg.body, out);
+  }
   // Volumes on the MT's storage it cannot open (another MT holds the Ceph
   // lock, an I/O error): it serves nothing of them.
   if (const json::object* mo = m.body.if_object()) {

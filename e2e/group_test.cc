@@ -83,6 +83,45 @@ class SecondAgent {
   std::string first_;  // the cluster's agent's client_id
 };
 
+// A second process server beside the cluster's, for the same tenant and
+// master target: its own certificate (local-ps-b: the master target knows a
+// process server by its certificate's name), client_id, ports and spool.
+class SecondPs {
+ public:
+  bool Start(Cluster& c, std::string* why) {
+    auto issued = cdp::testing::RunCommand({CDP_CTL_BIN, "pki", "issue", "--dir", c.pki_dir(), "--role", "ps",
+                                            "--tenant", "acme", "--name", "local-ps-b", "--out", c.Path("ps-b"),
+                                            "--hosts", "localhost,127.0.0.1"});
+    if (issued.exit_code != 0) return *why = "pki issue: " + issued.output, false;
+    REQUIRE(cdp::DefaultEnv()->CreateDirs(c.Path("ps-b/spool")).ok());
+    std::ifstream in(c.Path("etc/process-server.conf"));
+    std::ostringstream conf;
+    std::string line;
+    data_ = FreePort();
+    while (std::getline(in, line)) {
+      if (line.rfind("listen = ", 0) == 0) line = "listen = 127.0.0.1:" + std::to_string(data_);
+      else if (line.rfind("control = ", 0) == 0) line = "control = 127.0.0.1:" + std::to_string(FreePort());
+      else if (line.rfind("spool_dir = ", 0) == 0) line = "spool_dir = " + c.Path("ps-b/spool");
+      else if (line.rfind("tls_cert = ", 0) == 0) line = "tls_cert = " + c.Path("ps-b.crt");
+      else if (line.rfind("tls_key = ", 0) == 0) line = "tls_key = " + c.Path("ps-b.key");
+      conf << line << "\n";
+      if (line.rfind("tenant = ", 0) == 0) conf << "client_id = ps-b\n";
+    }
+    std::ofstream(c.Path("etc/process-server-b.conf")) << conf.str();
+    if (::chmod(c.Path("etc/process-server-b.conf").c_str(), 0600) != 0) return *why = "chmod", false;
+    if (!d_.Start({CDP_PS_BIN, "--config", c.Path("etc/process-server-b.conf")}, c.Path("ps-b.log")))
+      return *why = "cdp-process-server did not start", false;
+    return true;
+  }
+  // The agent's line that ships to it.
+  std::string AgentLine() const { return "ps = 127.0.0.1:" + std::to_string(data_); }
+  Daemon& daemon() { return d_; }
+
+ private:
+  Daemon d_;
+  uint16_t data_ = 0;
+};
+
 std::vector<std::string> Group(std::vector<std::string> args) {
   args.insert(args.begin(), {"--tenant", "acme"});
   return args;
@@ -183,6 +222,52 @@ std::string PointAtTheMasterTarget(Cluster& c) {
   return marker;
 }
 
+// The writer: A(n) on the cluster's agent, wait for it, then B(n) on host-b,
+// for `how_long` while group app makes a point every 250 ms. Then a last
+// point, and every point (at most 40, spread evenly, always the last) checked
+// through exports of the master target: host-b at n implies vol1 at n or n + 1.
+// Returns the last counter written.
+uint64_t WriteAndCheckEveryPoint(Cluster& c, SecondAgent& b, milliseconds how_long) {
+  auto a = Open(c.nbd_uri());
+  auto bw = Open(b.nbd_uri());
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t n = 0;
+  while (std::chrono::steady_clock::now() - start < how_long) {
+    ++n;
+    WriteCounter(*a, n);
+    WriteCounter(*bw, n);
+  }
+  // A last point after the writer, and every point's markers applied at the MT.
+  (void)PointAtTheMasterTarget(c);
+
+  const json::array pts = GroupPoints(c);
+  INFO(json::serialize(pts));
+  const size_t expected = size_t(how_long.count() / 250 * 5 / 12);  // of the scheduled rounds: a loaded machine abandons some
+  REQUIRE(pts.size() >= expected);
+  const size_t step = (pts.size() + 39) / 40;
+  size_t checked = 0, between = 0;
+  for (size_t i = 0; i < pts.size(); ++i) {
+    if (i % step != 0 && i + 1 != pts.size()) continue;
+    const json::object& seqs = pts[i].at("seqs").as_object();
+    const uint64_t ca = CounterAt(c, "vol1", json::value_to<uint64_t>(seqs.at("vol1")));
+    const uint64_t cb = CounterAt(c, "vol2", json::value_to<uint64_t>(seqs.at("vol2")));
+    INFO("point " << json::serialize(pts[i]) << ": vol1 shows " << ca << ", host-b " << cb);
+    // host-b at n means B(n) completed, so A(n) had completed before it: A
+    // shows n, or n + 1 when the cut fell between A(n+1) and B(n+1).
+    CHECK((ca == cb || ca == cb + 1));
+    between += ca == cb + 1 ? 1 : 0;
+    ++checked;
+  }
+  // The last point came after the writer: both show its last counter.
+  const json::object& final_seqs = pts.back().at("seqs").as_object();
+  CHECK(CounterAt(c, "vol1", json::value_to<uint64_t>(final_seqs.at("vol1"))) == n);
+  CHECK(CounterAt(c, "vol2", json::value_to<uint64_t>(final_seqs.at("vol2"))) == n);
+  WARN(checked << " of " << pts.size() << " group points checked over " << n << " write pairs, " << between
+                 << " fell between A(n+1) and B(n+1)");
+  CHECK(checked >= std::min<size_t>(expected, 20));
+  return n;
+}
+
 // Observations of cdp_agent_group_hold_seconds above `le` at an agent.
 uint64_t HeldLongerThan(uint16_t port, const std::string& token, const std::string& le) {
   Answer a = Call(port, "GET", "/metrics", token);
@@ -254,45 +339,7 @@ TEST_CASE("group points across two agents are causally consistent: a write on ho
   // Until host-b's first sync is done its volume cannot promise a point: rounds are refused.
   GroupUp(c, b, {"--interval", "250"});
 
-  // The writer: A(n) on the cluster's agent, wait for it, then B(n) on host-b, for
-  // 12 s while a group round runs every 250 ms.
-  auto a = Open(c.nbd_uri());
-  auto bw = Open(b.nbd_uri());
-  const auto start = std::chrono::steady_clock::now();
-  uint64_t n = 0;
-  while (std::chrono::steady_clock::now() - start < milliseconds(12000)) {
-    ++n;
-    WriteCounter(*a, n);
-    WriteCounter(*bw, n);
-  }
-  // A last point after the writer, and every point's markers applied at the MT.
-  (void)PointAtTheMasterTarget(c);
-
-  const json::array pts = GroupPoints(c);
-  INFO(json::serialize(pts));
-  REQUIRE(pts.size() >= 20);  // ~48 scheduled rounds; some may be abandoned on a loaded machine
-  // Every point (at most 40 of them, spread evenly, always the last).
-  const size_t step = (pts.size() + 39) / 40;
-  size_t checked = 0, between = 0;
-  for (size_t i = 0; i < pts.size(); ++i) {
-    if (i % step != 0 && i + 1 != pts.size()) continue;
-    const json::object& seqs = pts[i].at("seqs").as_object();
-    const uint64_t ca = CounterAt(c, "vol1", json::value_to<uint64_t>(seqs.at("vol1")));
-    const uint64_t cb = CounterAt(c, "vol2", json::value_to<uint64_t>(seqs.at("vol2")));
-    INFO("point " << json::serialize(pts[i]) << ": vol1 shows " << ca << ", host-b " << cb);
-    // host-b at n means B(n) completed, so A(n) had completed before it: A
-    // shows n, or n + 1 when the cut fell between A(n+1) and B(n+1).
-    CHECK((ca == cb || ca == cb + 1));
-    between += ca == cb + 1 ? 1 : 0;
-    ++checked;
-  }
-  // The last point came after the writer: both show its last counter.
-  const json::object& final_seqs = pts.back().at("seqs").as_object();
-  CHECK(CounterAt(c, "vol1", json::value_to<uint64_t>(final_seqs.at("vol1"))) == n);
-  CHECK(CounterAt(c, "vol2", json::value_to<uint64_t>(final_seqs.at("vol2"))) == n);
-  WARN(checked << " of " << pts.size() << " group points checked over " << n << " write pairs, " << between
-                 << " fell between A(n+1) and B(n+1)");
-  CHECK(checked >= 20);
+  const uint64_t n = WriteAndCheckEveryPoint(c, b, milliseconds(12000));
 
   // export --group at the latest point (made after the writer stopped, so
   // both members show the writer's last counter), by the point's cut.
@@ -667,4 +714,53 @@ TEST_CASE("failback --group: the plan names every member with its provider-side 
   INFO(again.output);
   CHECK(again.exit_code == 0);
   CHECK(again.output.find("every member failed back") != std::string::npos);
+}
+
+TEST_CASE("a group across two process servers, coordinated at the master target: every point is causally "
+          "consistent, and a process server gone abandons the round",
+          "[e2e][groups]") {
+  Cluster c;  // TLS, tokens
+  INFO(c.why());
+  REQUIRE(c.Start());
+  SecondPs ps_b;
+  std::string why;
+  const bool ps_started = ps_b.Start(c, &why);
+  INFO(why);
+  REQUIRE(ps_started);
+  SecondAgent b;  // host-b ships through the second process server
+  REQUIRE(b.Start(c, &why, {ps_b.AgentLine()}));
+  std::vector<std::string> create = {"group", "create", "app", "--at", "mt", "--interval", "250"};
+  for (const std::string& m : b.Members()) create.push_back(m);
+  auto created = c.Cdpctl(Group(create));
+  INFO(created.output);
+  REQUIRE(created.exit_code == 0);
+  REQUIRE(created.output.find("created at the master target") != std::string::npos);
+  REQUIRE(FirstPoint(c));
+  // The process server coordinates nothing: the rounds are the master target's.
+  auto at_ps = c.CdpctlJson(Group({"group", "list"}));
+  REQUIRE(at_ps.has_value());
+  CHECK(at_ps->at("process_server").as_array().empty());
+  REQUIRE(at_ps->at("master_target").as_array().size() == 1);
+
+  const uint64_t n = WriteAndCheckEveryPoint(c, b, milliseconds(8000));
+  CHECK(n > 0);
+  for (const auto& p : GroupPoints(c))
+    CHECK(json::value_to<uint64_t>(p.at("round")) >= (uint64_t(1) << 63));  // the master target's rounds
+
+  // cdpctl status shows the group coordinated at the master target.
+  auto st = c.Cdpctl(Group({"status"}));
+  INFO(st.output);
+  CHECK(st.output.find("app") != std::string::npos);
+
+  // The second process server gone: a round is refused at once, nothing is marked.
+  REQUIRE(ps_b.daemon().Stop(SIGKILL) != -1);
+  std::string last;
+  CHECK(WaitFor(
+      [&] {
+        auto r = c.Cdpctl(Group({"group", "point", "app"}));
+        last = r.output;
+        return r.exit_code != 0 && r.output.find("peer local-ps-b is not connected") != std::string::npos;
+      },
+      milliseconds(30000), milliseconds(250)));
+  INFO(last);
 }

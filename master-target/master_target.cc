@@ -392,6 +392,21 @@ Status MasterTarget::Start() {
   }
   // A failover's export is served again before anything else can reach the volumes.
   m.RestorePromoted();
+  // Groups across process servers, coordinated here (common/wire/group_coordinator.h).
+  {
+    GroupCoordinator::Options go;
+    go.env = o_.env;
+    go.path = JoinPath(o_.data_dir, "groups.json");
+    go.registry = &registry_;
+    go.metric_prefix = "cdp_mt";
+    go.log_name = "mt";
+    go.route_by_volume = true;
+    m.groups = std::make_unique<GroupCoordinator>(go);
+    if (Status s = m.groups->Start(); !s.ok()) {
+      Stop();
+      return s.WithContext("groups");
+    }
+  }
   if (!o_.control.off()) {
     http::ServerOptions ho;
     ho.host = o_.control.host;
@@ -457,6 +472,7 @@ void MasterTarget::Stop() {
     m.ret_cv.notify_all();
   }
   if (m.retention_thread.joinable()) m.retention_thread.join();
+  if (m.groups) m.groups->Stop();  // no round pushes to a session after this
   if (m.listener) m.listener->Stop();  // every PS connection sees EOF; joins their threads
   if (m.http) m.http->Stop();
   if (m.nbd) m.nbd->Stop();

@@ -31,6 +31,7 @@
 #include "common/net/tls_stream.h"
 #include "common/store/sqlite_vfs.h"
 #include "common/wire/channel.h"
+#include "common/wire/group_coordinator.h"
 #include "common/wire/replication_receiver.h"
 #include "master-target/export.h"
 #include "master-target/lag_history.h"
@@ -91,6 +92,9 @@ struct MasterTarget::Impl {
 
   std::shared_ptr<ControlTokens> control_tokens;  // null with control_auth off
   std::unique_ptr<http::Server> http;
+  // Groups whose members ship through several process servers (their rounds
+  // relayed by each PS); sessions attach to it (ps_session.cc).
+  std::unique_ptr<GroupCoordinator> groups;
   std::unique_ptr<NbdServer> nbd;
   std::mutex export_mu;
   std::map<std::string, ExportEntry> exports;

@@ -9,6 +9,7 @@
 #include "common/crypto/seal.h"
 #include "common/http/control_token.h"
 #include "common/wire/block_digest.h"
+#include "common/wire/group_routes.h"
 #include "common/wire/hash.h"
 
 namespace cdp::mt {
@@ -274,7 +275,7 @@ void MasterTarget::Impl::AddRoutes() {
           }
         }
       }
-      json::array groups;
+      json::array listed;
       for (const auto& [key, rounds] : found) {
         json::array complete, partial;
         uint64_t last_complete = 0;
@@ -293,14 +294,17 @@ void MasterTarget::Impl::AddRoutes() {
           if (mk.seqs.size() == mk.members) complete.push_back(std::move(pt));
           else if (round < last_complete) partial.push_back(std::move(pt));
         }
-        groups.push_back(json::object{{"tenant", key.first},
+        listed.push_back(json::object{{"tenant", key.first},
                                       {"name", key.second},
                                       {"points", std::move(complete)},
                                       {"partial", std::move(partial)}});
       }
-      return http::Response::Json(200, json::object{{"groups", std::move(groups)}});
+      // With the groups coordinated here: their members, rounds and last point.
+      return http::Response::Json(200, json::object{{"groups", std::move(listed)},
+                                                    {"coordinated", this->groups->Json(r.caller)}});
     });
   });
+  AddGroupRoutes(*http, *this->groups);
   http->Route("POST", "/v1/rollback", [this](const http::Request& r) {
     return WithParams(r, {"tenant", "volume", "point", "tag", "seq", "time", "discard_history"},
                       [&](const http::Params& p) -> Result<http::Response> {

@@ -113,8 +113,23 @@ class SessionSink : public repl::ReceiverSink {
       out.verdict = repl::Verdict::Refuse(r->second.reason, r->second.message);
       return out;
     }
+    // The groups coordinated here reach this volume through this peer (known
+    // as its volumes are: by its certificate's name, or its client_id).
+    if (m_.groups) m_.groups->Opened(s_.tenant, open.name, upstream_.name);
     out.verdict = repl::Verdict::Accept(r->second.durable_seq);
     return out;
+  }
+
+  // Group rounds (common/wire/group_coordinator.h) reach the peer through `push`.
+  void Attach(repl::Reply push) override {
+    if (m_.groups) group_handle_ = m_.groups->Attach(s_.tenant, upstream_.name, std::move(push));
+  }
+  void Answered(proto::Message answer) override {
+    if (auto* h = std::get_if<proto::GroupHeld>(&answer); h != nullptr && m_.groups && group_handle_ != 0)
+      m_.groups->Answered(group_handle_, *h);
+  }
+  ~SessionSink() override {
+    if (m_.groups && group_handle_ != 0) m_.groups->Detach(group_handle_);
   }
 
   // Failback requests name the volume in this session's tenant (an unknown
@@ -130,6 +145,7 @@ class SessionSink : public repl::ReceiverSink {
   MasterTarget::Impl& m_;
   const repl::Session& s_;
   const Upstream upstream_;
+  uint64_t group_handle_ = 0;  // GroupCoordinator::Attach's, 0: none
 };
 
 }  // namespace

@@ -163,13 +163,15 @@ class SessionSink : public repl::ReceiverSink {
       return out;
     }
     ps_.log->info("{} opened by agent, durable {}", log::Where{vol->key(), s_.address, durable}, durable);
+    // The master target's group rounds reach this volume through its agent.
+    if (ps_.groups) ps_.groups->Opened(s_.tenant, o.name, s_.peer.client_id);
     out.verdict = Verdict::Accept(durable);
     return out;
   }
 
   void Call(proto::Message request, repl::Reply reply) override;
 
-  // Group rounds (process-server/group_coordinator.h) reach the agent through `push`.
+  // Group rounds (common/wire/group_coordinator.h) reach the agent through `push`.
   void Attach(repl::Reply push) override {
     if (ps_.groups) group_handle_ = ps_.groups->Attach(s_.tenant, s_.peer.client_id, std::move(push));
   }

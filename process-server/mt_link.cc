@@ -132,6 +132,7 @@ repl::SenderOptions ReplOptions(const MtLinkOptions& o) {
   if (o.tls != nullptr)
     l.wrap = TlsWrapper(o.tls, TlsSide::kClient, std::chrono::milliseconds(o.link.connect_timeout_ms), l.wrap);
   l.role = proto::Role::kProcessServer;
+  l.on_peer_request = o.on_peer_request;
   return l;
 }
 

@@ -33,6 +33,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,6 +62,9 @@ struct MtLinkOptions {
   const TlsCredentials* tls = nullptr;  // TLS to the MT (over the throttle); null = clear text; must outlive the link
   int index = 0;                 // which of the tenant's connections (for logs)
   size_t copy = 0;               // which copy of its volumes this link ships (0: the primary MT)
+  // The MT's GroupHold and GroupRelease (a group coordinated there, relayed
+  // to the agents): repl::SenderOptions::on_peer_request. Empty: refused.
+  std::function<void(repl::ReplicationSender&, proto::Message)> on_peer_request;
 };
 
 class MtLink {

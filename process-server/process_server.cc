@@ -360,6 +360,14 @@ Status ProcessServer::Start() {
   }
   if (opt_.copies < 0 || size_t(opt_.copies) > targets.size())
     return Status::InvalidArgument("copies must be 0.." + std::to_string(targets.size()));
+  // The groups coordinated here, and the relay of the master target's rounds
+  // (common/wire/group_coordinator.h): before the links, which relay.
+  GroupCoordinator::Options go;
+  go.env = opt_.env;
+  go.path = JoinPath(opt_.spool_dir, "groups.json");
+  go.registry = opt_.registry;
+  im.groups = std::make_unique<GroupCoordinator>(go);
+  CDP_RETURN_IF_ERROR(im.groups->Start());
   im.links.resize(targets.size());
   for (const auto& [tenant, secret] : opt_.tenants) {
     if (!ValidName(tenant)) return Status::InvalidArgument("bad tenant name '" + tenant + "'");
@@ -379,6 +387,10 @@ Status ProcessServer::Start() {
         lo.tls = im.tls.get();
         lo.index = i;
         lo.copy = copy;
+        lo.on_peer_request = [g = im.groups.get(), tenant](repl::ReplicationSender& from, proto::Message m) {
+          // The links outlive the coordinator's relay thread (Stop).
+          g->Relay(tenant, m, [&from](proto::Message answer) { (void)from.Send(answer); });
+        };
         v.push_back(std::make_unique<MtLink>(lo));
       }
       for (const auto& l : v) ls.push_back(l.get());
@@ -433,12 +445,6 @@ Status ProcessServer::Start() {
   lo.registry = opt_.registry;
   StreamWrapper secure;
   if (im.tls) secure = TlsWrapper(im.tls.get(), TlsSide::kServer, std::chrono::milliseconds(10'000));
-  GroupCoordinator::Options go;
-  go.env = opt_.env;
-  go.path = JoinPath(opt_.spool_dir, "groups.json");
-  go.registry = opt_.registry;
-  im.groups = std::make_unique<GroupCoordinator>(go);
-  CDP_RETURN_IF_ERROR(im.groups->Start());
   im.receiver = im.MakeReceiver();
   im.listener = std::make_unique<Listener>(lo, ServeFrames([&im](FrameChannel& ch, Listener::Slot& slot) { im.receiver->Serve(ch, &slot); }, secure));
   CDP_RETURN_IF_ERROR(im.listener->Start());

@@ -30,7 +30,7 @@
 #include "common/net/tls_stream.h"
 #include "common/wire/channel.h"
 #include "common/wire/replication_receiver.h"
-#include "process-server/group_coordinator.h"
+#include "common/wire/group_coordinator.h"
 #include "process-server/mt_link.h"
 #include "process-server/process_server.h"
 #include "process-server/spooled_volume.h"

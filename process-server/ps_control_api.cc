@@ -4,38 +4,12 @@
 #include <boost/json.hpp>
 
 #include "common/wire/codec.h"
+#include "common/wire/group_routes.h"
 
 namespace cdp::ps {
 
 namespace json = boost::json;
 
-namespace {
-// {"tenant": T, "name": G}: the group a request names.
-Result<std::pair<std::string, std::string>> GroupNamed(const http::Params& p) {
-  CDP_ASSIGN_OR_RETURN(std::optional<std::string> tenant, p.String("tenant"));
-  CDP_ASSIGN_OR_RETURN(std::optional<std::string> name, p.String("name"));
-  if (!tenant || !name) return Status::InvalidArgument("body must be {\"tenant\", \"name\"}");
-  return std::pair{*tenant, *name};
-}
-Result<std::pair<std::string, std::string>> GroupNamed(const http::Request& r) {
-  CDP_ASSIGN_OR_RETURN(http::Params p, http::Params::Of(r, {"tenant", "name"}));
-  return GroupNamed(p);
-}
-// A point on demand: the group, and for an application-consistent one its
-// tag and freeze window.
-struct PointAsked {
-  std::string tenant, name, tag;
-  uint64_t freeze_ms = proto::kMaxGroupHoldMs;
-};
-Result<PointAsked> PointOf(const http::Request& r) {
-  CDP_ASSIGN_OR_RETURN(http::Params p, http::Params::Of(r, {"tenant", "name", "tag", "freeze_ms"}));
-  CDP_ASSIGN_OR_RETURN(auto g, GroupNamed(p));
-  CDP_ASSIGN_OR_RETURN(std::optional<std::string> tag, p.String("tag"));
-  CDP_ASSIGN_OR_RETURN(std::optional<uint64_t> freeze_ms, p.Uint("freeze_ms"));
-  if (freeze_ms && !tag) return Status::InvalidArgument("freeze_ms is for a tag");
-  return PointAsked{g.first, g.second, tag.value_or(""), freeze_ms.value_or(proto::kMaxGroupHoldMs)};
-}
-}  // namespace
 
 Status ProcessServer::StartControl() {
   Impl& im = *impl_;
@@ -79,61 +53,11 @@ Status ProcessServer::StartControl() {
     opt_.throttle = t;
     return http::Response::Json(200, json::object{{"limit_mbps", throttle_->CurrentMbps()}});
   });
-  // Consistency groups (process-server/group_coordinator.h, docs/groups.md).
-  im.http->Route("GET", "/v1/groups", [&im](const http::Request&) {
-    return http::Response::Json(200, json::object{{"groups", im.groups->Json()}});
+  // Consistency groups (common/wire/group_coordinator.h, docs/groups.md).
+  im.http->Route("GET", "/v1/groups", [&im](const http::Request& r) {
+    return http::Response::Json(200, json::object{{"groups", im.groups->Json(r.caller)}});
   });
-  im.http->Route("POST", "/v1/groups", [&im](const http::Request& r) {
-    auto p = http::Params::Of(r, {"tenant", "name", "members", "interval_ms", "hold_max_ms", "hold_timeout_ms"});
-    if (!p.ok()) return http::ErrorResponse(p.status());
-    auto tenant = p->String("tenant");
-    auto name = p->String("name");
-    auto members = p->String("members");
-    auto interval = p->Uint("interval_ms");
-    auto hold_max = p->Uint("hold_max_ms");
-    auto hold_timeout = p->Uint("hold_timeout_ms");
-    for (const Status& s : {tenant.status(), name.status(), members.status(), interval.status(), hold_max.status(),
-                            hold_timeout.status()}) {
-      if (!s.ok()) return http::ErrorResponse(s);
-    }
-    if (!*tenant || !*name || !*members)
-      return http::Response::Error(400, "body must be {\"tenant\", \"name\", \"members\": \"AGENT:VOLUME,...\"}");
-    GroupSpec g;
-    g.tenant = **tenant;
-    g.name = **name;
-    std::string all = **members;
-    for (size_t at = 0; at <= all.size();) {
-      size_t comma = all.find(',', at);
-      if (comma == std::string::npos) comma = all.size();
-      auto m = ParseMember(all.substr(at, comma - at));
-      if (!m.ok()) return http::ErrorResponse(m.status());
-      g.members.push_back(*m);
-      at = comma + 1;
-    }
-    if (*interval) g.interval_ms = **interval;
-    if (*hold_max) g.hold_max_ms = **hold_max;
-    if (*hold_timeout) g.hold_timeout_ms = **hold_timeout;
-    if (Status s = im.groups->Put(g); !s.ok()) return http::ErrorResponse(s);
-    return http::Response::Json(200, json::object{{"group", g.name}, {"members", g.members.size()}});
-  });
-  im.http->Route("POST", "/v1/groups/remove", [&im](const http::Request& r) {
-    auto g = GroupNamed(r);
-    if (!g.ok()) return http::ErrorResponse(g.status());
-    if (Status s = im.groups->Remove(g->first, g->second); !s.ok()) return http::ErrorResponse(s);
-    return http::Response::Json(200, json::object{{"removed", g->second}});
-  });
-  // One round now (a point on demand), whatever the schedule: 200 with the
-  // marker when made, 409 with the reason when abandoned. With "tag" the
-  // point is application-consistent (every member's freeze hook first).
-  im.http->Route("POST", "/v1/groups/point", [&im](const http::Request& r) {
-    auto g = PointOf(r);
-    if (!g.ok()) return http::ErrorResponse(g.status());
-    auto out = im.groups->RunRound(g->tenant, g->name, g->tag, g->freeze_ms);
-    if (!out.ok()) return http::ErrorResponse(out.status());
-    if (!out->made) return http::Response::Error(409, "group round abandoned: " + out->why);
-    return http::Response::Json(200, json::object{{"round", out->round}, {"marker", out->marker},
-                                                  {"hold_us", out->hold_us}});
-  });
+  AddGroupRoutes(*im.http, *im.groups);
   im.http->Route("POST", "/v1/reprotect", [this](const http::Request& r) {
     auto p = http::Params::Of(r, {"volume", "tenant"});
     if (!p.ok()) return http::ErrorResponse(p.status());
@@ -233,7 +157,7 @@ json::value ProcessServer::StatusJson() {
   th["throttling"] = t.throttling;
   o["throttle"] = std::move(th);
   o["volumes"] = std::move(vols.as_object()["volumes"]);
-  if (impl_->groups) o["groups"] = impl_->groups->Json();
+  if (impl_->groups) o["groups"] = impl_->groups->Json(http::Caller{.admin = true});
   return o;
 }
 

@@ -345,25 +345,35 @@ function exportsTable(list, port, tls) {
 
 // A tenant's consistency groups (docs/groups.md) as this master target holds
 // them (/v1/groups): the recoverable group points (every member volume
-// holds the marker), the last one's cut, and partial ones (a member lacks it).
-function groupsCard(groups) {
-  const rows = groups.map((g) => {
+// holds the marker), the last one's cut, and partial ones (a member lacks it);
+// for a group coordinated here (members behind several process servers,
+// `coordinated`), its rounds made and abandoned, and the last abandon's reason.
+function groupsCard(groups, coordinated) {
+  const names = [...new Set([...groups.map((g) => g.name), ...coordinated.map((g) => g.name)])].sort();
+  const rows = names.map((name) => {
+    const g = groups.find((x) => x.name === name) || {name, points: [], partial: []};
+    const co = coordinated.find((x) => x.name === name);
+    const rounds = co ? `${co.points_made} made, ${co.rounds_abandoned} abandoned` : 'at a process server';
+    const abandoned = co && co.last_abandoned ? co.last_abandoned.why : '';
     const pts = g.points || [];
     const last = pts.length ? pts[pts.length - 1] : null;
     const partial = (g.partial || []).length;
     const cut = last ? Object.entries(last.seqs).map(([v, s]) => `${v}@seq:${s}`).join('  ') : '';
     return el('tr', {class: 'group', 'data-group': g.name, 'data-points': String(pts.length),
-                     'data-partial': String(partial), 'data-last': last ? last.marker : ''},
+                     'data-partial': String(partial), 'data-last': last ? last.marker : '',
+                     'data-coordinated': co ? 'mt' : 'ps'},
       el('td', {text: g.name}),
       el('td', {text: String(pts.length)}),
       el('td', {text: last ? stamp(last.time_us) : '-'}),
       el('td', {class: 'mono', text: cut || '-'}),
-      el('td', {}, partial ? el('span', {class: 'badge warn', text: `${partial} partial`}) : el('span', {class: 'muted', text: 'none'})));
+      el('td', {}, partial ? el('span', {class: 'badge warn', text: `${partial} partial`}) : el('span', {class: 'muted', text: 'none'})),
+      el('td', {}, el('span', {class: 'muted', text: rounds}),
+        ...(abandoned ? [el('span', {class: 'badge warn', title: abandoned, text: 'last round abandoned'})] : [])));
   });
   return el('div', {class: 'card groups'},
     el('h3', {text: 'Consistency groups'}),
     el('table', {class: 'exports'},
-      el('thead', {}, el('tr', {}, ...['group', 'recoverable points', 'last point', 'its cut', 'partial'].map((h) => el('th', {text: h})))),
+      el('thead', {}, el('tr', {}, ...['group', 'recoverable points', 'last point', 'its cut', 'partial', 'rounds here'].map((h) => el('th', {text: h})))),
       el('tbody', {}, ...rows)));
 }
 
@@ -465,10 +475,11 @@ async function refresh() {
         volumeCard(d.v, d.pts, d.lag, (exps.exports || []).filter((x) => x.tenant === d.v.tenant && x.volume === d.v.volume), exps.port, who.nbd_tls, nowUs));
       const jbytes = ds.reduce((a, d) => a + (d.v.journal_bytes || 0), 0);
       const groups = (grps.groups || []).filter((g) => g.tenant === t);
+      const coordinated = (grps.coordinated || []).filter((g) => g.tenant === t);
       sections.push(el('section', {class: 'tenant', 'data-tenant': t},
         el('div', {class: 'tenant-head'}, el('h2', {}, el('span', {class: 'muted', text: 'tenant '}), t),
           el('div', {class: 'tenant-meta', text: `${ds.length} volume(s) · journals ${bytes(jbytes)}`})),
-        ...(groups.length ? [groupsCard(groups)] : []),
+        ...(groups.length || coordinated.length ? [groupsCard(groups, coordinated)] : []),
         cards.length ? cards : el('div', {class: 'card muted', text: 'No volume yet.'})));
     }
     hideTip();  // its target is being replaced

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "process-server/group_coordinator.h"
+#include "common/wire/group_coordinator.h"
 
 #include <algorithm>
 #include <boost/json.hpp>
@@ -8,7 +8,7 @@
 #include "common/base/log.h"
 #include "common/base/names.h"
 
-namespace cdp::ps {
+namespace cdp {
 
 namespace json = boost::json;
 using Clock = std::chrono::steady_clock;
@@ -105,7 +105,7 @@ Status ValidateGroup(const GroupSpec& g) {
 GroupCoordinator::GroupCoordinator(Options o) : o_(std::move(o)) {
   if (o_.registry != nullptr) {
     round_seconds_ = o_.registry->GetHistogram(
-        "cdp_ps_group_round_seconds", "Time from a group round's first hold to its last member held (made rounds)",
+        o_.metric_prefix + "_group_round_seconds", "Time from a group round's first hold to its last member held (made rounds)",
         {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1});
   }
 }
@@ -131,6 +131,7 @@ Status GroupCoordinator::Start() {
     return bytes.status().WithContext(o_.path);
   }
   scheduler_ = std::thread([this] { Schedule(); });
+  relay_thread_ = std::thread([this] { SendAnswers(); });
   return Status::OK();
 }
 
@@ -140,7 +141,9 @@ void GroupCoordinator::Stop() {
     stop_ = true;
   }
   cv_.notify_all();
+  upstream_cv_.notify_all();
   if (scheduler_.joinable()) scheduler_.join();
+  if (relay_thread_.joinable()) relay_thread_.join();
 }
 
 uint64_t GroupCoordinator::Attach(const std::string& tenant, const std::string& agent, Push push) {
@@ -157,12 +160,116 @@ void GroupCoordinator::Detach(uint64_t handle) {
 
 void GroupCoordinator::Answered(uint64_t handle, const proto::GroupHeld& held) {
   std::lock_guard<std::mutex> l(mu_);
+  if (!o_.route_by_volume && (held.round & kUpstreamRound) != 0) {
+    auto r = relayed_.find(held.round);
+    if (r == relayed_.end() || r->second.answered || !r->second.asked.count(handle)) return;
+    if (held.status != proto::GroupHoldStatus::kHeld) {
+      AnswerUpstreamLocked(r->second, held.round,
+                           proto::GroupHeld{held.round, held.status,
+                                            "agent " + r->second.asked[handle] + ": " + held.message});
+    } else if (++r->second.held == r->second.asked.size()) {
+      AnswerUpstreamLocked(r->second, held.round, proto::GroupHeld{held.round, proto::GroupHoldStatus::kHeld, ""});
+    }
+    return;
+  }
   if (!round_ || round_->id != held.round) return;  // late: the round is over
   auto it = round_->asked.find(handle);
   if (it == round_->asked.end()) return;
   round_->answers[it->second] = held;
   round_->t_last = Clock::now();
   cv_.notify_all();
+}
+
+void GroupCoordinator::Opened(const std::string& tenant, const std::string& volume, const std::string& peer) {
+  std::lock_guard<std::mutex> l(mu_);
+  openers_[Key(tenant, volume)] = peer;
+}
+
+std::string GroupCoordinator::RouteLocked(const std::string& tenant, const GroupMember& m) const {
+  if (!o_.route_by_volume) return m.agent;
+  auto it = openers_.find(Key(tenant, m.volume));
+  return it == openers_.end() ? "" : it->second;
+}
+
+void GroupCoordinator::AnswerUpstreamLocked(Relayed& r, uint64_t round, proto::GroupHeld held) {
+  (void)round;
+  r.answered = true;
+  upstream_.emplace_back(r.answer, proto::Message(std::move(held)));
+  upstream_cv_.notify_one();
+}
+
+void GroupCoordinator::Relay(const std::string& tenant, const proto::Message& m, Push answer) {
+  std::vector<std::pair<Push, proto::Message>> out;  // pushed after mu_ is released
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    RelayLocked(tenant, m, std::move(answer), &out);
+  }
+  for (auto& [push, msg] : out) push(std::move(msg));
+}
+
+void GroupCoordinator::RelayLocked(const std::string& tenant, const proto::Message& m, Push answer,
+                                   std::vector<std::pair<Push, proto::Message>>* out) {
+  const auto now = Clock::now();
+  std::erase_if(relayed_, [&](const auto& e) { return e.second.expires <= now; });
+  if (const auto* hold = std::get_if<proto::GroupHold>(&m)) {
+    if ((hold->round & kUpstreamRound) == 0) return;
+    // A freeze and then the hold of one round come as two GroupHolds: each
+    // starts the round's relay afresh.
+    Relayed& r = relayed_[hold->round];
+    r = Relayed{};
+    r.tenant = tenant;
+    r.answer = std::move(answer);
+    r.expires = now + std::chrono::milliseconds(2 * uint64_t(proto::kMaxGroupHoldMs));
+    // The volumes of each agent (the newest opener of each), and that agent's newest session.
+    std::map<std::string, std::vector<std::string>> by_agent;
+    for (const std::string& v : hold->volumes) {
+      auto o = openers_.find(Key(tenant, v));
+      if (o == openers_.end()) {
+        AnswerUpstreamLocked(r, hold->round,
+                             proto::GroupHeld{hold->round, proto::GroupHoldStatus::kRefused,
+                                              "volume " + v + " is not open at this process server"});
+        return;
+      }
+      by_agent[o->second].push_back(v);
+    }
+    std::map<std::string, std::pair<uint64_t, Push>> sessions;
+    for (const auto& [h, a] : agents_)
+      if (a.tenant == tenant && by_agent.count(a.agent)) sessions[a.agent] = {h, a.push};  // the newest wins
+    for (const auto& [agent, vols] : by_agent) {
+      if (!sessions.count(agent)) {
+        AnswerUpstreamLocked(r, hold->round,
+                             proto::GroupHeld{hold->round, proto::GroupHoldStatus::kRefused,
+                                              "agent " + agent + " is not connected to this process server"});
+        return;
+      }
+    }
+    for (const auto& [agent, s] : sessions) r.asked[s.first] = agent;
+    for (const auto& [agent, s] : sessions)
+      out->emplace_back(s.second, proto::GroupHold{hold->round, hold->timeout_ms, by_agent[agent], hold->freeze});
+  } else if (const auto* rel = std::get_if<proto::GroupRelease>(&m)) {
+    auto r = relayed_.find(rel->round);
+    if (r == relayed_.end()) return;
+    for (const auto& [h, agent] : r->second.asked) {
+      auto a = agents_.find(h);
+      if (a != agents_.end()) out->emplace_back(a->second.push, proto::GroupRelease{rel->round, rel->marker});
+    }
+    relayed_.erase(r);
+  }
+}
+
+void GroupCoordinator::SendAnswers() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    if (upstream_.empty()) {
+      upstream_cv_.wait(l);
+      continue;
+    }
+    auto [push, m] = std::move(upstream_.front());
+    upstream_.pop_front();
+    l.unlock();
+    push(std::move(m));
+    l.lock();
+  }
 }
 
 Status GroupCoordinator::SaveLocked() {
@@ -174,6 +281,14 @@ Status GroupCoordinator::SaveLocked() {
 
 Status GroupCoordinator::Put(GroupSpec g) {
   CDP_RETURN_IF_ERROR(ValidateGroup(g));
+  if (o_.route_by_volume) {
+    // Members are routed by their volume: a tenant's volume names are unique here.
+    std::set<std::string> volumes;
+    for (const GroupMember& m : g.members)
+      if (!volumes.insert(m.volume).second)
+        return Status::InvalidArgument("volume " + m.volume +
+                                       " named twice: the master target knows a tenant's volumes by name");
+  }
   std::lock_guard<std::mutex> l(mu_);
   const std::string key = Key(g.tenant, g.name);
   auto old = groups_.find(key);
@@ -187,7 +302,7 @@ Status GroupCoordinator::Put(GroupSpec g) {
     else groups_.erase(key);
     return s;
   }
-  log::Get("ps")->info("group {}: {} members, a point every {} ms (hold at most {} ms)", key,
+  log::Get(o_.log_name)->info("group {}: {} members, a point every {} ms (hold at most {} ms)", key,
                        slot.spec.members.size(), slot.spec.interval_ms, slot.spec.hold_max_ms);
   cv_.notify_all();
   return Status::OK();
@@ -238,14 +353,15 @@ std::string GroupCoordinator::Ask(const Sessions& sessions, const ByAgent& by_ag
   cv_.wait_until(l, deadline, [&] { return stop_ || round_->answers.size() == by_agent.size(); });
   *t_last = round_->answers.size() == by_agent.size() ? round_->t_last : Clock::now();
   const std::string verb = freeze ? "freeze" : "hold";
+  const std::string who = o_.route_by_volume ? "peer " : "agent ";
   for (const auto& [agent, vols] : by_agent) {
     auto a = round_->answers.find(agent);
     if (a == round_->answers.end())
-      return "agent " + agent + " did not " + verb + " within " +
+      return who + agent + " did not " + verb + " within " +
              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - round_->t0).count()) +
              " ms";
     if (a->second.status != proto::GroupHoldStatus::kHeld)
-      return "agent " + agent + " refused" + (freeze ? " the freeze" : "") + ": " + a->second.message;
+      return who + agent + " refused" + (freeze ? " the freeze" : "") + ": " + a->second.message;
   }
   return "";
 }
@@ -253,23 +369,31 @@ std::string GroupCoordinator::Ask(const Sessions& sessions, const ByAgent& by_ag
 RoundOutcome GroupCoordinator::Run(const GroupSpec& g, const std::string& tag, uint64_t freeze_ms) {
   std::lock_guard<std::mutex> one(round_mu_);
   RoundOutcome out;
-  // The member volumes of each agent, and that agent's newest session.
+  // The member volumes of each peer they are routed to, and that peer's newest session.
   ByAgent by_agent;
-  for (const GroupMember& m : g.members) by_agent[m.agent].push_back(m.volume);
   Sessions sessions;
   const auto t0 = Clock::now();
   {
     std::unique_lock<std::mutex> l(mu_);
     // Rounds are numbered by the wall clock's microseconds when that is
     // higher than the last: unique across restarts of the daemon.
-    out.round = std::max(last_round_ + 1, WallMicros());
-    last_round_ = out.round;
+    last_round_ = std::max(last_round_ + 1, WallMicros());
+    out.round = last_round_ | (o_.route_by_volume ? kUpstreamRound : 0);
+    for (const GroupMember& m : g.members) {
+      const std::string peer = RouteLocked(g.tenant, m);
+      if (peer.empty()) {
+        out.why = "volume " + m.volume + " is not open at the master target";
+        break;
+      }
+      by_agent[peer].push_back(m.volume);
+    }
     for (const auto& [h, a] : agents_) {
       if (a.tenant == g.tenant && by_agent.count(a.agent)) sessions[a.agent] = {h, a.push};  // the newest wins
     }
     for (const auto& [agent, vols] : by_agent) {
+      if (!out.why.empty()) break;
       if (!sessions.count(agent)) {
-        out.why = "agent " + agent + " is not connected";
+        out.why = (o_.route_by_volume ? "peer " : "agent ") + agent + " is not connected";
         break;
       }
     }
@@ -326,9 +450,9 @@ RoundOutcome GroupCoordinator::Run(const GroupSpec& g, const std::string& tag, u
   }
   if (out.made) {
     if (round_seconds_) round_seconds_->Observe(double(out.hold_us) / 1e6);
-    if (!tag.empty()) log::Get("ps")->info("group {}/{}: tag {} made ({})", g.tenant, g.name, tag, out.marker);
+    if (!tag.empty()) log::Get(o_.log_name)->info("group {}/{}: tag {} made ({})", g.tenant, g.name, tag, out.marker);
   } else {
-    log::Get("ps")->warn("group {}/{} round {}{} abandoned: {}", g.tenant, g.name, out.round,
+    log::Get(o_.log_name)->warn("group {}/{} round {}{} abandoned: {}", g.tenant, g.name, out.round,
                          tag.empty() ? "" : " (tag " + tag + ")", out.why);
   }
   return out;
@@ -358,15 +482,17 @@ void GroupCoordinator::Schedule() {
   }
 }
 
-json::value GroupCoordinator::Json() const {
+json::value GroupCoordinator::Json(const http::Caller& caller) const {
   std::lock_guard<std::mutex> l(mu_);
   json::array out;
   for (const auto& [key, g] : groups_) {
+    if (!caller.Sees(g.spec.tenant)) continue;
     json::object o = SpecJson(g.spec);
     json::array connected;
     for (const GroupMember& m : g.spec.members) {
       bool up = false;
-      for (const auto& [h, a] : agents_) up = up || (a.tenant == g.spec.tenant && a.agent == m.agent);
+      const std::string peer = RouteLocked(g.spec.tenant, m);
+      for (const auto& [h, a] : agents_) up = up || (a.tenant == g.spec.tenant && a.agent == peer && !peer.empty());
       connected.push_back(up);
     }
     o["connected"] = std::move(connected);
@@ -384,4 +510,4 @@ json::value GroupCoordinator::Json() const {
   return out;
 }
 
-}  // namespace cdp::ps
+}  // namespace cdp

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// GroupCoordinator (process-server/group_coordinator.h): a round is made only
+// GroupCoordinator (common/wire/group_coordinator.h): a round is made only
 // when every member agent held within hold_max, is abandoned (every agent
 // asked released, nothing marked) otherwise; the groups file survives
 // errors and power cuts at every sync point.
-#include "process-server/group_coordinator.h"
+#include "common/wire/group_coordinator.h"
 
 #include <catch2/catch.hpp>
 #include <thread>
@@ -12,11 +12,12 @@
 
 using cdp::Code;
 using cdp::FaultEnv;
-using cdp::ps::GroupCoordinator;
-using cdp::ps::GroupSpec;
+using cdp::GroupCoordinator;
+using cdp::GroupSpec;
 namespace proto = cdp::proto;
 
 namespace {
+const cdp::http::Caller kAdmin{.admin = true};
 
 GroupSpec App() {
   GroupSpec g;
@@ -156,19 +157,19 @@ TEST_CASE("a round is abandoned when a member is not connected, refuses, or hold
   gc.Detach(db.handle);
   r = gc.RunRound("acme", "app");
   CHECK(r->why == "agent db is not connected");
-  const auto j = gc.Json().as_array().at(0).as_object();
+  const auto j = gc.Json(kAdmin).as_array().at(0).as_object();
   CHECK(j.at("points_made").as_uint64() == 0);
   CHECK(j.at("rounds_abandoned").as_uint64() == 5);
 }
 
 TEST_CASE("groups are validated: members, intervals, and a hold timeout above hold_max by the margin", "[groups]") {
-  using cdp::ps::ValidateGroup;
+  using cdp::ValidateGroup;
   GroupSpec g = App();
   CHECK(ValidateGroup(g).ok());
   g.members.push_back({"web", "data"});
   CHECK(ValidateGroup(g).message() == "member web:data named twice");
   g = App();
-  g.hold_timeout_ms = g.hold_max_ms + cdp::ps::kGroupHoldMarginMs - 1;
+  g.hold_timeout_ms = g.hold_max_ms + cdp::kGroupHoldMarginMs - 1;
   CHECK(ValidateGroup(g).code() == Code::kInvalidArgument);
   g = App();
   g.interval_ms = 99;
@@ -179,9 +180,9 @@ TEST_CASE("groups are validated: members, intervals, and a hold timeout above ho
   g = App();
   g.name = std::string(120, 'g');  // its markers would not be valid names
   CHECK(ValidateGroup(g).message() == "group name too long for its markers");
-  CHECK(cdp::ps::ParseMember("db").status().code() == Code::kInvalidArgument);
-  CHECK(cdp::ps::ParseMember("db:bad name").status().code() == Code::kInvalidArgument);
-  CHECK(cdp::ps::ParseMember("db:logs")->volume == "logs");
+  CHECK(cdp::ParseMember("db").status().code() == Code::kInvalidArgument);
+  CHECK(cdp::ParseMember("db:bad name").status().code() == Code::kInvalidArgument);
+  CHECK(cdp::ParseMember("db:logs")->volume == "logs");
 }
 
 TEST_CASE("the groups file: a failed write changes nothing, a power cut at any sync point leaves the old or the "
@@ -202,7 +203,7 @@ TEST_CASE("the groups file: a failed write changes nothing, a power cut at any s
       auto s = gc.Put(b);
       fault.ClearErrors();
       CHECK(s.code() == Code::kNoSpace);
-      CHECK(gc.Json().as_array().size() == 1);  // not taken
+      CHECK(gc.Json(kAdmin).as_array().size() == 1);  // not taken
     }
   }
   for (uint64_t n = 0;; ++n) {
@@ -221,7 +222,7 @@ TEST_CASE("the groups file: a failed write changes nothing, a power cut at any s
     INFO("crash after " << n << " syncs");
     GroupCoordinator again(Opts(&fault));
     REQUIRE(again.Start().ok());  // never a torn file
-    const size_t groups = again.Json().as_array().size();
+    const size_t groups = again.Json(kAdmin).as_array().size();
     if (put_ok) CHECK(groups == 1);  // acknowledged: durable
     CHECK(groups <= 1);
     if (finished) {
@@ -289,4 +290,163 @@ TEST_CASE("an application-consistent round freezes every member agent first, the
   CHECK(gc.RunRound("acme", "app", "ok", 100).status().code() == Code::kInvalidArgument);
   CHECK(gc.RunRound("acme", "app", "ok", proto::kMaxGroupHoldMs + 1).status().code() == Code::kInvalidArgument);
   CHECK(gc.RunRound("acme", "app", std::string(200, 't'), 5000).status().code() == Code::kInvalidArgument);
+}
+
+namespace {
+
+// Groups across process servers: a coordinator as the master target runs it
+// (members routed by the peer that opened their volume), and two process
+// servers' coordinators relaying its rounds to their agents.
+struct AcrossFixture {
+  // A process server's session at the master target: what the MT pushes is
+  // relayed by the PS's coordinator, whose answer comes back on the session.
+  struct Ps {
+    GroupCoordinator gc;
+    uint64_t at_mt = 0;  // its session's handle at the master target
+    Ps(cdp::Env* env, const std::string& dir) : gc(Options(env, dir)) {}
+    static GroupCoordinator::Options Options(cdp::Env* env, const std::string& dir) {
+      GroupCoordinator::Options o = Opts(env);
+      o.path = dir + "/groups.json";
+      return o;
+    }
+  };
+  AcrossFixture() {
+    for (const char* d : {"/mt", "/ps1", "/ps2"}) REQUIRE(env->CreateDirs(d).ok());
+    REQUIRE(mt.Start().ok());
+    REQUIRE(ps1.gc.Start().ok());
+    REQUIRE(ps2.gc.Start().ok());
+    GroupSpec g = App();
+    g.members = {{"web", "www"}, {"db", "data"}, {"db", "logs"}};
+    REQUIRE(mt.Put(g).ok());
+    for (auto [ps, name] : {std::pair{&ps1, "ps1"}, std::pair{&ps2, "ps2"}}) {
+      ps->at_mt = mt.Attach("acme", name, [this, ps](proto::Message m) {
+        ps->gc.Relay("acme", m, [this, ps](proto::Message a) { mt.Answered(ps->at_mt, std::get<proto::GroupHeld>(a)); });
+      });
+    }
+    web.Attach(ps1.gc, "acme", "web");
+    db.Attach(ps2.gc, "acme", "db");
+  }
+  // Each volume opened by its agent at its process server, and by that
+  // process server at the master target.
+  void OpenAll() {
+    ps1.gc.Opened("acme", "www", "web");
+    ps2.gc.Opened("acme", "data", "db");
+    ps2.gc.Opened("acme", "logs", "db");
+    mt.Opened("acme", "www", "ps1");
+    mt.Opened("acme", "data", "ps2");
+    mt.Opened("acme", "logs", "ps2");
+  }
+  static GroupCoordinator::Options MtOptions(cdp::Env* env) {
+    GroupCoordinator::Options o = Opts(env);
+    o.path = "/mt/groups.json";
+    o.route_by_volume = true;
+    return o;
+  }
+  std::unique_ptr<cdp::Env> env = cdp::NewMemEnv();
+  GroupCoordinator mt{MtOptions(env.get())};
+  Ps ps1{env.get(), "/ps1"}, ps2{env.get(), "/ps2"};
+  FakeAgent web, db;
+};
+
+}  // namespace
+
+TEST_CASE("groups across process servers: the master target asks each process server for the volumes it ships, "
+          "each relays to the agent that opened them, and one marker is made",
+          "[groups]") {
+  AcrossFixture fx;
+  fx.OpenAll();
+  auto r = fx.mt.RunRound("acme", "app");
+  REQUIRE(r.ok());
+  INFO(r->why);
+  REQUIRE(r->made);
+  CHECK((r->round & cdp::kUpstreamRound) != 0);  // never the number of a process server's own round
+  CHECK(r->marker == "group.app." + std::to_string(r->round) + ".3");
+  REQUIRE(fx.web.LastHold() != nullptr);
+  REQUIRE(fx.db.LastHold() != nullptr);
+  CHECK(fx.web.LastHold()->round == r->round);
+  CHECK(fx.web.LastHold()->volumes == std::vector<std::string>{"www"});
+  CHECK(fx.db.LastHold()->volumes == std::vector<std::string>{"data", "logs"});
+  CHECK(fx.web.LastRelease()->marker == r->marker);
+  CHECK(fx.db.LastRelease()->marker == r->marker);
+  // The master target shows the members reachable.
+  const auto j = fx.mt.Json(kAdmin).as_array().at(0).as_object();
+  CHECK(boost::json::serialize(j.at("connected")) == "[true,true,true]");
+  CHECK(j.at("points_made").as_uint64() == 1);
+  // A tenant token sees its own tenant's groups only.
+  CHECK(fx.mt.Json(cdp::http::Caller{.tenant = "beta"}).as_array().empty());
+}
+
+TEST_CASE("groups across process servers: a volume no peer opened, a process server without it, an agent that "
+          "refuses or stays silent: the round is abandoned, and every agent held is released without a marker",
+          "[groups]") {
+  AcrossFixture fx;
+  auto r = fx.mt.RunRound("acme", "app");
+  REQUIRE(r.ok());
+  CHECK(r->why == "volume www is not open at the master target");
+  CHECK(fx.web.got.empty());
+
+  fx.mt.Opened("acme", "www", "ps1");
+  fx.mt.Opened("acme", "data", "ps2");
+  fx.mt.Opened("acme", "logs", "ps2");
+  r = fx.mt.RunRound("acme", "app");
+  REQUIRE(r.ok());
+  CHECK_FALSE(r->made);
+  // Either process server may answer first; each names what it lacks.
+  CHECK((r->why == "peer ps1 refused: volume www is not open at this process server" ||
+         r->why == "peer ps2 refused: volume data is not open at this process server"));
+  CHECK(fx.web.got.empty());
+
+  fx.OpenAll();
+  fx.db.mode = FakeAgent::Mode::kRefuse;
+  r = fx.mt.RunRound("acme", "app");
+  REQUIRE(r.ok());
+  CHECK(r->why == "peer ps2 refused: agent db: mode metadata");
+  REQUIRE(fx.web.LastRelease() != nullptr);
+  CHECK(fx.web.LastRelease()->round == r->round);
+  CHECK(fx.web.LastRelease()->marker.empty());
+
+  fx.db.mode = FakeAgent::Mode::kSilent;
+  r = fx.mt.RunRound("acme", "app");
+  REQUIRE(r.ok());
+  CHECK(r->why == "peer ps2 did not hold within 50 ms");
+  CHECK(fx.web.LastRelease()->marker.empty());
+  REQUIRE(fx.db.LastRelease() != nullptr);
+  CHECK(fx.db.LastRelease()->round == r->round);  // the silent agent is released too
+  CHECK(fx.db.LastRelease()->marker.empty());
+
+  // The agent that opened a volume last is the one asked.
+  FakeAgent db2;
+  db2.Attach(fx.ps2.gc, "acme", "db2");
+  fx.ps2.gc.Opened("acme", "data", "db2");
+  fx.ps2.gc.Opened("acme", "logs", "db2");
+  r = fx.mt.RunRound("acme", "app");
+  REQUIRE(r.ok());
+  INFO(r->why);
+  CHECK(r->made);
+  REQUIRE(db2.LastHold() != nullptr);
+  CHECK(db2.LastHold()->volumes == std::vector<std::string>{"data", "logs"});
+}
+
+TEST_CASE("a process server relays only rounds marked as the master target's, and a master target's group names "
+          "each volume once",
+          "[groups]") {
+  AcrossFixture fx;
+  fx.OpenAll();
+  // A hold without kUpstreamRound on the link (a peer posing as coordinator of
+  // the process server's own rounds) is not relayed.
+  bool answered = false;
+  fx.ps1.gc.Relay("acme", proto::GroupHold{42, 200, {"www"}, false}, [&](proto::Message) { answered = true; });
+  fx.ps1.gc.Relay("acme", proto::GroupRelease{42, "group.app.42.1"}, [&](proto::Message) { answered = true; });
+  CHECK(fx.web.got.empty());
+  CHECK_FALSE(answered);
+  // Another tenant's link does not reach this tenant's agents.
+  fx.ps1.gc.Relay("beta", proto::GroupHold{cdp::kUpstreamRound | 7, 200, {"www"}, false}, [](proto::Message) {});
+  CHECK(fx.web.got.empty());
+
+  GroupSpec g = App();
+  g.name = "dup";
+  g.members = {{"web", "data"}, {"db", "data"}};
+  cdp::Status s = fx.mt.Put(g);
+  CHECK(s.code() == Code::kInvalidArgument);
+  CHECK(s.message() == "volume data named twice: the master target knows a tenant's volumes by name");
 }
