@@ -157,7 +157,11 @@ json::value ProcessServer::StatusJson() {
   th["throttling"] = t.throttling;
   o["throttle"] = std::move(th);
   o["volumes"] = std::move(vols.as_object()["volumes"]);
-  if (impl_->groups) o["groups"] = impl_->groups->Json(http::Caller{.admin = true});
+  if (impl_->groups) {
+    http::Caller admin;
+    admin.admin = true;
+    o["groups"] = impl_->groups->Json(admin);
+  }
   return o;
 }
 

@@ -5,6 +5,7 @@
 // errors and power cuts at every sync point.
 #include "common/wire/group_coordinator.h"
 
+#include <boost/json.hpp>
 #include <catch2/catch.hpp>
 #include <thread>
 
@@ -17,7 +18,13 @@ using cdp::GroupSpec;
 namespace proto = cdp::proto;
 
 namespace {
-const cdp::http::Caller kAdmin{.admin = true};
+cdp::http::Caller CallerOf(bool admin, const std::string& tenant) {
+  cdp::http::Caller c;
+  c.admin = admin;
+  c.tenant = tenant;
+  return c;
+}
+const cdp::http::Caller kAdmin = CallerOf(true, "");
 
 GroupSpec App() {
   GroupSpec g;
@@ -373,7 +380,7 @@ TEST_CASE("groups across process servers: the master target asks each process se
   CHECK(boost::json::serialize(j.at("connected")) == "[true,true,true]");
   CHECK(j.at("points_made").as_uint64() == 1);
   // A tenant token sees its own tenant's groups only.
-  CHECK(fx.mt.Json(cdp::http::Caller{.tenant = "beta"}).as_array().empty());
+  CHECK(fx.mt.Json(CallerOf(false, "beta")).as_array().empty());
 }
 
 TEST_CASE("groups across process servers: a volume no peer opened, a process server without it, an agent that "

@@ -45,7 +45,7 @@ const std::vector<Layer> kLayers = {
     {"store", {"cdp_segment_log", "cdp_sqlite"}, {"env"}, {"PkgConfig::SQLITE3"}},
     {"net", {"cdp_net"}, {"daemon", "crypto"}, {"OpenSSL::SSL"}},
     {"http", {"cdp_http"}, {"net", "crypto"}, {"Boost::json"}},
-    {"wire", {"cdp_wire"}, {"net", "crypto"}, {"PkgConfig::ZSTD", "PkgConfig::LZ4", "PkgConfig::XXHASH"}},
+    {"wire", {"cdp_wire"}, {"net", "crypto", "http"}, {"PkgConfig::ZSTD", "PkgConfig::LZ4", "PkgConfig::XXHASH"}},
     {"nbd", {"cdp_nbd_proto", "cdp_nbd_client", "cdp_nbd"}, {"net", "env", "crypto"}, {}},
 };
 

@@ -11,7 +11,6 @@
 namespace cdp {
 
 namespace json = boost::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -398,7 +397,7 @@ RoundOutcome GroupCoordinator::Run(const GroupSpec& g, const std::string& tag, u
       }
     }
     if (out.why.empty()) {
-      round_.emplace();
+      round_ = Round{};
       round_->id = out.round;
       round_->t0 = t0;
       for (const auto& [agent, s] : sessions) round_->asked[s.first] = agent;
