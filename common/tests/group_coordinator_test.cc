@@ -457,3 +457,34 @@ TEST_CASE("a process server relays only rounds marked as the master target's, an
   CHECK(s.code() == Code::kInvalidArgument);
   CHECK(s.message() == "volume data named twice: the master target knows a tenant's volumes by name");
 }
+
+TEST_CASE("groups across process servers: a tag freezes every agent through the relays before the hold, and an "
+          "agent whose freeze hook fails abandons it",
+          "[groups]") {
+  AcrossFixture fx;
+  fx.OpenAll();
+  auto r = fx.mt.RunRound("acme", "app", "nightly", 1000);
+  REQUIRE(r.ok());
+  INFO(r->why);
+  REQUIRE(r->made);
+  CHECK(r->marker == "group.app." + std::to_string(r->round) + ".3.tag.nightly");
+  for (FakeAgent* a : {&fx.web, &fx.db}) {
+    // A freeze, then the hold, of the same round, then the release with the marker.
+    REQUIRE(a->got.size() == 3);
+    const auto* freeze = std::get_if<proto::GroupHold>(&a->got[0]);
+    const auto* hold = std::get_if<proto::GroupHold>(&a->got[1]);
+    REQUIRE(freeze != nullptr);
+    REQUIRE(hold != nullptr);
+    CHECK(freeze->freeze);
+    CHECK(freeze->timeout_ms == 1000);
+    CHECK_FALSE(hold->freeze);
+    CHECK(hold->round == freeze->round);
+    CHECK(a->LastRelease()->marker == r->marker);
+  }
+  fx.db.mode = FakeAgent::Mode::kRefuseFreeze;
+  r = fx.mt.RunRound("acme", "app", "nightly2", 1000);
+  REQUIRE(r.ok());
+  CHECK(r->why == "peer ps2 refused the freeze: agent db: freeze hook: exit 1");
+  CHECK(fx.web.LastRelease()->round == r->round);  // web thaws
+  CHECK(fx.web.LastRelease()->marker.empty());
+}
