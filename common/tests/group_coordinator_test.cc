@@ -7,6 +7,8 @@
 
 #include <boost/json.hpp>
 #include <catch2/catch.hpp>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "common/env/fault_env.h"
@@ -487,4 +489,41 @@ TEST_CASE("groups across process servers: a tag freezes every agent through the 
   CHECK(r->why == "peer ps2 refused the freeze: agent db: freeze hook: exit 1");
   CHECK(fx.web.LastRelease()->round == r->round);  // web thaws
   CHECK(fx.web.LastRelease()->marker.empty());
+}
+
+TEST_CASE("a process server relays at most kMaxRelayedRounds upstream rounds at once: the next hold is refused "
+          "until a release frees one",
+          "[groups]") {
+  AcrossFixture fx;
+  fx.OpenAll();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<proto::GroupHeld> answers;
+  auto answer = [&](proto::Message m) {
+    std::lock_guard<std::mutex> l(mu);
+    answers.push_back(std::get<proto::GroupHeld>(m));
+    cv.notify_all();
+  };
+  auto wait_for = [&](size_t n) {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, std::chrono::seconds(10), [&] { return answers.size() >= n; });
+  };
+  const uint64_t cap = cdp::kMaxRelayedRounds;
+  for (uint64_t i = 1; i <= cap + 1; ++i)
+    fx.ps1.gc.Relay("acme", proto::GroupHold{cdp::kUpstreamRound | i, 200, {"www"}, false}, answer);
+  REQUIRE(wait_for(cap + 1));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    for (uint64_t i = 0; i < cap; ++i) CHECK(answers[i].status == proto::GroupHoldStatus::kHeld);
+    CHECK(answers[cap].round == (cdp::kUpstreamRound | (cap + 1)));
+    CHECK(answers[cap].status == proto::GroupHoldStatus::kRefused);
+    CHECK(answers[cap].message == "too many group rounds under way at this process server");
+  }
+  CHECK(fx.web.got.size() == cap);  // the refused one never reached the agent
+  fx.ps1.gc.Relay("acme", proto::GroupRelease{cdp::kUpstreamRound | 1, ""}, answer);
+  fx.ps1.gc.Relay("acme", proto::GroupHold{cdp::kUpstreamRound | (cap + 2), 200, {"www"}, false}, answer);
+  REQUIRE(wait_for(cap + 2));
+  std::lock_guard<std::mutex> l(mu);
+  CHECK(answers[cap + 1].round == (cdp::kUpstreamRound | (cap + 2)));
+  CHECK(answers[cap + 1].status == proto::GroupHoldStatus::kHeld);
 }

@@ -163,11 +163,11 @@ void GroupCoordinator::Answered(uint64_t handle, const proto::GroupHeld& held) {
     auto r = relayed_.find(held.round);
     if (r == relayed_.end() || r->second.answered || !r->second.asked.count(handle)) return;
     if (held.status != proto::GroupHoldStatus::kHeld) {
-      AnswerUpstreamLocked(r->second, held.round,
+      AnswerUpstreamLocked(r->second,
                            proto::GroupHeld{held.round, held.status,
                                             "agent " + r->second.asked[handle] + ": " + held.message});
     } else if (++r->second.held == r->second.asked.size()) {
-      AnswerUpstreamLocked(r->second, held.round, proto::GroupHeld{held.round, proto::GroupHoldStatus::kHeld, ""});
+      AnswerUpstreamLocked(r->second, proto::GroupHeld{held.round, proto::GroupHoldStatus::kHeld, ""});
     }
     return;
   }
@@ -190,8 +190,7 @@ std::string GroupCoordinator::RouteLocked(const std::string& tenant, const Group
   return it == openers_.end() ? "" : it->second;
 }
 
-void GroupCoordinator::AnswerUpstreamLocked(Relayed& r, uint64_t round, proto::GroupHeld held) {
-  (void)round;
+void GroupCoordinator::AnswerUpstreamLocked(Relayed& r, proto::GroupHeld held) {
   r.answered = true;
   upstream_.emplace_back(r.answer, proto::Message(std::move(held)));
   upstream_cv_.notify_one();
@@ -212,6 +211,13 @@ void GroupCoordinator::RelayLocked(const std::string& tenant, const proto::Messa
   std::erase_if(relayed_, [&](const auto& e) { return e.second.expires <= now; });
   if (const auto* hold = std::get_if<proto::GroupHold>(&m)) {
     if ((hold->round & kUpstreamRound) == 0) return;
+    if (relayed_.size() >= kMaxRelayedRounds && !relayed_.count(hold->round)) {
+      Relayed refused;
+      refused.answer = std::move(answer);
+      AnswerUpstreamLocked(refused, proto::GroupHeld{hold->round, proto::GroupHoldStatus::kRefused,
+                                                     "too many group rounds under way at this process server"});
+      return;
+    }
     // A freeze and then the hold of one round come as two GroupHolds: each
     // starts the round's relay afresh.
     Relayed& r = relayed_[hold->round];
@@ -224,7 +230,7 @@ void GroupCoordinator::RelayLocked(const std::string& tenant, const proto::Messa
     for (const std::string& v : hold->volumes) {
       auto o = openers_.find(Key(tenant, v));
       if (o == openers_.end()) {
-        AnswerUpstreamLocked(r, hold->round,
+        AnswerUpstreamLocked(r,
                              proto::GroupHeld{hold->round, proto::GroupHoldStatus::kRefused,
                                               "volume " + v + " is not open at this process server"});
         return;
@@ -236,7 +242,7 @@ void GroupCoordinator::RelayLocked(const std::string& tenant, const proto::Messa
       if (a.tenant == tenant && by_agent.count(a.agent)) sessions[a.agent] = {h, a.push};  // the newest wins
     for (const auto& [agent, vols] : by_agent) {
       if (!sessions.count(agent)) {
-        AnswerUpstreamLocked(r, hold->round,
+        AnswerUpstreamLocked(r,
                              proto::GroupHeld{hold->round, proto::GroupHoldStatus::kRefused,
                                               "agent " + agent + " is not connected to this process server"});
         return;

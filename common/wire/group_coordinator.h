@@ -94,6 +94,10 @@ inline constexpr size_t kMaxGroupMembers = 64;
 // The bit of a round coordinated upstream (the master target) and relayed by
 // the process server: the process server's own rounds never carry it.
 inline constexpr uint64_t kUpstreamRound = uint64_t(1) << 63;
+// Upstream rounds a process server relays at once (each forgotten at its
+// release, or 2 * proto::kMaxGroupHoldMs after its hold); a hold beyond is
+// refused.
+inline constexpr size_t kMaxRelayedRounds = 64;
 // hold_timeout_ms - hold_max_ms, at least: the clocks' rates may differ.
 inline constexpr uint64_t kGroupHoldMarginMs = 20;
 
@@ -216,7 +220,7 @@ class GroupCoordinator {
   };
   void RelayLocked(const std::string& tenant, const proto::Message& m, Push answer,
                    std::vector<std::pair<Push, proto::Message>>* out);  // mu_ held
-  void AnswerUpstreamLocked(Relayed& r, uint64_t round, proto::GroupHeld held);  // mu_ held
+  void AnswerUpstreamLocked(Relayed& r, proto::GroupHeld held);  // mu_ held
   void SendAnswers();            // the relay thread
 
   const Options o_;
