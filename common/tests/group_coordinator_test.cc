@@ -345,14 +345,18 @@ struct AcrossFixture {
     mt.Opened("acme", "data", "ps2");
     mt.Opened("acme", "logs", "ps2");
   }
-  static GroupCoordinator::Options MtOptions(cdp::Env* env) {
+  static GroupCoordinator::Options MtOptions(cdp::Env* env, cdp::metrics::Registry* registry) {
     GroupCoordinator::Options o = Opts(env);
     o.path = "/mt/groups.json";
     o.route_by_volume = true;
+    o.registry = registry;
+    o.metric_prefix = "cdp_mt";
     return o;
   }
+  uint64_t Counted(const char* name) { return registry.GetCounter(name, "")->Value(); }
   std::unique_ptr<cdp::Env> env = cdp::NewMemEnv();
-  GroupCoordinator mt{MtOptions(env.get())};
+  cdp::metrics::Registry registry;
+  GroupCoordinator mt{MtOptions(env.get(), &registry)};
   Ps ps1{env.get(), "/ps1"}, ps2{env.get(), "/ps2"};
   FakeAgent web, db;
 };
@@ -434,6 +438,8 @@ TEST_CASE("groups across process servers: a volume no peer opened, a process ser
   CHECK(r->made);
   REQUIRE(db2.LastHold() != nullptr);
   CHECK(db2.LastHold()->volumes == std::vector<std::string>{"data", "logs"});
+  CHECK(fx.Counted("cdp_mt_group_rounds_abandoned_total") == 4);
+  CHECK(fx.Counted("cdp_mt_group_points_made_total") == 1);
 }
 
 TEST_CASE("a process server relays only rounds marked as the master target's, and a master target's group names "

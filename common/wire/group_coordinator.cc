@@ -106,6 +106,10 @@ GroupCoordinator::GroupCoordinator(Options o) : o_(std::move(o)) {
     round_seconds_ = o_.registry->GetHistogram(
         o_.metric_prefix + "_group_round_seconds", "Time from a group round's first hold to its last member held (made rounds)",
         {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1});
+    made_ = o_.registry->GetCounter(o_.metric_prefix + "_group_points_made_total",
+                                    "Group rounds made: a marker queued at every member");
+    abandoned_ = o_.registry->GetCounter(o_.metric_prefix + "_group_rounds_abandoned_total",
+                                         "Group rounds abandoned: a member not reachable, refusing or holding too late");
   }
 }
 
@@ -453,6 +457,7 @@ RoundOutcome GroupCoordinator::Run(const GroupSpec& g, const std::string& tag, u
       gr.last_made_wall_us = WallMicros();
     }
   }
+  if (auto& c = out.made ? made_ : abandoned_) c->Inc();
   if (out.made) {
     if (round_seconds_) round_seconds_->Observe(double(out.hold_us) / 1e6);
     if (!tag.empty()) log::Get(o_.log_name)->info("group {}/{}: tag {} made ({})", g.tenant, g.name, tag, out.marker);

@@ -54,8 +54,8 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -240,6 +240,7 @@ class GroupCoordinator {
   std::mutex round_mu_;                  // one round at a time
   std::thread scheduler_;
   std::shared_ptr<metrics::Histogram> round_seconds_;
+  std::shared_ptr<metrics::Counter> made_, abandoned_;  // <prefix>_group_points_made_total, _rounds_abandoned_total
 };
 
 }  // namespace cdp
