@@ -257,6 +257,14 @@ TEST_CASE("dashboard: two tenants in headless Chromium over HTTPS, token-gated, 
   auto gp = c.CdpctlJson({"--tenant", "acme", "group", "point", "app"});
   REQUIRE(gp.has_value());
   const std::string marker(gp->at("marker").as_string());
+  // A group coordinated at the master target (its round relayed to the agent
+  // by the process server), with one point made on demand.
+  REQUIRE(c.Cdpctl({"--tenant", "acme", "group", "create", "across", "--at", "mt", "--member", agent_id + ":" + vol,
+                    "--interval", "3600000"})
+              .exit_code == 0);
+  auto ap = c.CdpctlJson({"--tenant", "acme", "group", "point", "across"});
+  REQUIRE(ap.has_value());
+  const std::string across_marker(ap->at("marker").as_string());
   REQUIRE(c.WaitDrained());
   MakeBetaVolume(c);
   const std::string acme = IssueToken(c, "acme"), beta = IssueToken(c, "beta");
@@ -342,6 +350,11 @@ TEST_CASE("dashboard: two tenants in headless Chromium over HTTPS, token-gated, 
   CHECK(Str(Eval(b, "return document.querySelector('tr.group[data-group=\"app\"]').dataset.points;")) == "1");
   CHECK(Str(Eval(b, "return document.querySelector('tr.group[data-group=\"app\"]').dataset.last;")) == marker);
   CHECK(Str(Eval(b, "return document.querySelector('tr.group[data-group=\"app\"]').dataset.partial;")) == "0");
+  CHECK(Str(Eval(b, "return document.querySelector('tr.group[data-group=\"app\"]').dataset.coordinated;")) == "ps");
+  Wait(b, "return document.querySelector('tr.group[data-group=\"across\"]') !== null;");
+  CHECK(Str(Eval(b, "return document.querySelector('tr.group[data-group=\"across\"]').dataset.coordinated;")) == "mt");
+  CHECK(Str(Eval(b, "return document.querySelector('tr.group[data-group=\"across\"]').dataset.points;")) == "1");
+  CHECK(Str(Eval(b, "return document.querySelector('tr.group[data-group=\"across\"]').dataset.last;")) == across_marker);
   // State and failover state, as /v1/volumes has them.
   CHECK(Str(Eval(b, "return document.querySelector('article.volume[data-volume=\"" + acme_key +
                         "\"] .badge').dataset.state;")) == "protecting");
