@@ -6,6 +6,8 @@
 # coordinates; every member is its own cdp-agent process.
 #
 #   bash bench/group_bench.sh BUILD_DIR [RUN_S=20] [MAX_MEMBERS=16] [INTERVALS_MS="1000 5000 10000"] [IOPS=500]
+#   AT=mt bash bench/group_bench.sh ...   the groups coordinated at the master
+#                                         target, every round relayed by the process server
 #
 # 1. Added write latency. Two members, each a cdp-agent protecting its own
 #    volume; fio writes 4 KiB at random offsets at QD1 and IOPS per second to
@@ -68,16 +70,18 @@ sock() { [ "$1" = 1 ] && echo "$SOCK_1" || echo "$DIR/a$1/nbd.sock"; }
 group_of() {
   local name=$1 n=$2 interval=$3 args=() i t
   for i in $(seq 1 "$n"); do args+=(--member "$(member "$i")"); done
-  ctl group create "$name" "${args[@]}" --interval "$interval" >/dev/null
+  ctl group create "$name" "${args[@]}" --interval "$interval" --at "${AT:-ps}" >/dev/null
   for t in $(seq 1 240); do
     ctl group point "$name" >/dev/null 2>&1 && return 0
     sleep 0.25  # polling a condition (the members' initial syncs), not a synchronisation
   done
   bench_die "group $name: no round made in 60 s: $(ctl group list 2>&1 | tail -n 3)"
 }
-rounds() { ps_get /v1/groups | python3 -c "
+# rounds NAME: "MADE ABANDONED" of group NAME at its coordinator.
+rounds() { if [ "${AT:-ps}" = mt ]; then mt_get /v1/groups; else ps_get /v1/groups; fi | python3 -c "
 import json, sys
-for g in json.load(sys.stdin)['groups']:
+b = json.load(sys.stdin)
+for g in b['coordinated' if '${AT:-ps}' == 'mt' else 'groups']:
     if g['name'] == '$1': print(g['points_made'], g['rounds_abandoned'])"; }
 
 # fio_pair NAME: 4 KiB random writes at QD1, IOPS per second, RT seconds, on members 1 and 2 at once.
