@@ -34,7 +34,7 @@ po::options_description AgentConfigDescription() {
       ("nbd_idle_timeout", value<Duration>()->default_value(Duration{600'000'000}),
        "close an attached NBD client idle this long (0 = never)")
       ("nbd_max_connections", value<int>()->default_value(256), "NBD connections at most (1..65536)")
-      ("nbd_workers", value<int>()->default_value(2), "threads executing NBD requests")
+      ("nbd_workers", value<int>()->default_value(2), "NBD threads beside the first (each serves its share of the connections)")
       ("ps", value<std::string>()->default_value("127.0.0.1:7400"),
        "process server host:port (a direct agent: the master target's)")
       ("tenant", value<std::string>()->default_value(""), "tenant name")

@@ -23,11 +23,11 @@ namespace {
 template <typename Socket>
 class Connection final : public ConnectionBase {
  public:
-  Connection(NbdServer::Impl* impl, Socket socket, uint64_t id, std::string peer)
+  Connection(NbdServer::Impl* impl, Socket socket, asio::io_context& device_io, uint64_t id, std::string peer)
       : impl_(impl),
         socket_(std::move(socket)),
         timer_(socket_.get_executor()),
-        dstrand_(asio::make_strand(impl->io)),
+        dstrand_(asio::make_strand(device_io)),
         id_(id),
         peer_(std::move(peer)),
         in_(std::max<size_t>(kInputBufferSize, size_t(impl->opts.max_option_bytes) + 64)) {}
@@ -623,7 +623,8 @@ class Connection final : public ConnectionBase {
 }  // namespace
 
 template <typename Socket>
-void NbdServer::Impl::NewConnection(Socket socket, std::string peer, Listener::Slot slot) {
+void NbdServer::Impl::NewConnection(Socket socket, asio::io_context& device_io, std::string peer,
+                                    Listener::Slot slot) {
   std::shared_ptr<Connection<Socket>> c;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -635,7 +636,7 @@ void NbdServer::Impl::NewConnection(Socket socket, std::string peer, Listener::S
       return;
     }
     const uint64_t id = next_conn_id++;
-    c = std::make_shared<Connection<Socket>>(this, std::move(socket), id, std::move(peer));
+    c = std::make_shared<Connection<Socket>>(this, std::move(socket), device_io, id, std::move(peer));
     c->slot = std::move(slot);
     conns[id] = c;
   }
@@ -643,13 +644,18 @@ void NbdServer::Impl::NewConnection(Socket socket, std::string peer, Listener::S
 }
 
 void NbdServer::Impl::OnConnection(Listener::Connection c) {
+  // Connections take the threads in turn; the device strand is on the next
+  // thread, so that a large request overlaps reading the next one.
+  const size_t k = next_io.fetch_add(1) % ios.size();
+  asio::io_context& io = *ios[k];
+  asio::io_context& device_io = *ios[(k + 1) % ios.size()];
   Status st;
   if (c.family == AF_UNIX) {
     UnixSocket s(asio::make_strand(io));
-    if (st = AssignTo(c, s); st.ok()) NewConnection(std::move(s), std::move(c.peer), std::move(c.slot));
+    if (st = AssignTo(c, s); st.ok()) NewConnection(std::move(s), device_io, std::move(c.peer), std::move(c.slot));
   } else {
     TcpSocket s(asio::make_strand(io));
-    if (st = AssignTo(c, s); st.ok()) NewConnection(std::move(s), std::move(c.peer), std::move(c.slot));
+    if (st = AssignTo(c, s); st.ok()) NewConnection(std::move(s), device_io, std::move(c.peer), std::move(c.slot));
   }
   if (!st.ok()) log->warn("NBD accept: {}", st.ToString());
 }

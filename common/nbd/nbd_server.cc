@@ -122,6 +122,13 @@ Status NbdServer::Start() {
     return Status::InvalidArgument("NBD server: TLS required but no TLS credentials");
   }
   if (opts_.max_options < 1) return Status::InvalidArgument("NBD server: max_options must be >= 1");
+  // One io_context per thread, made before the listener can hand over a
+  // socket (nbd_server.h, "Request pipeline").
+  const int n = opts_.io_threads + opts_.worker_threads;
+  for (int i = 0; i < n; ++i) {
+    m.ios.push_back(std::make_unique<asio::io_context>(1));  // run by one thread: no hand-offs
+    m.guards.push_back(asio::make_work_guard(*m.ios.back()));
+  }
   Listener::Options lo;
   lo.name = "nbd";
   lo.tcp = opts_.tcp;
@@ -132,14 +139,13 @@ Status NbdServer::Start() {
   m.listener = std::make_unique<Listener>(lo, [&m](Listener::Connection c) { m.OnConnection(std::move(c)); });
   if (Status s = m.listener->Start(); !s.ok()) return s.WithContext("NBD server");
   port_ = m.listener->tcp_port();
-  m.guard.emplace(m.io.get_executor());
   {
     std::lock_guard<std::mutex> lock(m.mu);
     m.started = true;
   }
   // One pool: a thread runs a connection's socket I/O and its device calls
   // alike (nbd_server.h, "Request pipeline").
-  for (int i = 0; i < opts_.io_threads + opts_.worker_threads; ++i) m.threads.emplace_back([&m] { m.io.run(); });
+  for (int i = 0; i < n; ++i) m.threads.emplace_back([&m, i] { m.ios[size_t(i)]->run(); });
   m.log->info("NBD server listening on {}{}{}{}",
               opts_.tcp.off() ? std::string() : HostPort{opts_.tcp.host, port_.load()}.ToString(),
               !opts_.tcp.off() && !opts_.unix_path.empty() ? " and " : "",
@@ -166,7 +172,7 @@ void NbdServer::Stop() {
   for (auto& c : conns) c->Close("server stopping");
   conns.clear();
   // Device calls running finish; their replies go nowhere.
-  m.guard.reset();
+  for (auto& g : m.guards) g.reset();
   for (auto& t : m.threads) t.join();
   m.threads.clear();
   m.log->info("NBD server stopped");

@@ -65,9 +65,17 @@
 // hand-off"). A large one runs on the connection's device strand so that the
 // socket strand reads the next request meanwhile. Requests of one connection
 // reach the BlockDevice one at a time and in the order they arrived; a small
-// one waits behind any request still on the device strand. Both strands run
-// on one pool of io_threads + worker_threads threads, so connections run in
-// parallel and a device call that blocks holds one thread.
+// one waits behind any request still on the device strand.
+//
+// Threads: io_threads + worker_threads threads, each running its own
+// io_context, as nbdkit runs a thread per connection (docs/benchmarks.md,
+// "An io_context per thread"). Connections take the threads in turn: a
+// connection's socket strand is on one thread and its device strand on the
+// next, so connections run in parallel and no thread is woken to pick up
+// work another thread queued for itself. The price: a device call that
+// blocks holds its own thread, so the other connections whose socket strand
+// (for small requests) or device strand (for large ones) is on that thread
+// wait for it, where one shared pool would have run them on another thread.
 //
 // Thread safety: every public method of NbdServer is thread-safe. The server
 // runs its own pool of threads between Start() and
@@ -120,9 +128,10 @@ struct NbdServerOptions {
   // Unix socket path; empty disables it. An existing socket file at the path
   // is replaced; the file is removed by Stop().
   std::string unix_path;
-  // The pool has io_threads + worker_threads threads, each running socket
-  // I/O and device calls; worker_threads is how many connections may be in a
-  // blocking device call while io_threads more still serve the others.
+  // io_threads + worker_threads threads, each with its own io_context,
+  // running socket I/O and device calls of the connections given to it in
+  // turn (see "Threads" above). The split between the two is historical:
+  // only their sum counts.
   int io_threads = 1;
   int worker_threads = 2;
   // Largest READ/WRITE length accepted (advertised as the maximum block

@@ -175,8 +175,11 @@ struct NbdServer::Impl {
 
   NbdServerOptions opts;
   std::shared_ptr<spdlog::logger> log;
-  asio::io_context io;
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+  // One io_context per thread (nbd_server.h, "Request pipeline"): a
+  // connection's socket strand lives on one, its device strand on the next.
+  std::vector<std::unique_ptr<asio::io_context>> ios;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards;
+  std::atomic<size_t> next_io{0};
   std::vector<std::thread> threads;
   std::unique_ptr<Listener> listener;
 
@@ -238,7 +241,7 @@ struct NbdServer::Impl {
   }
 
   template <typename Socket>
-  void NewConnection(Socket socket, std::string peer, Listener::Slot slot);
+  void NewConnection(Socket socket, asio::io_context& device_io, std::string peer, Listener::Slot slot);
   void OnConnection(Listener::Connection c);
 };
 
