@@ -330,6 +330,32 @@ Result<std::vector<ReadPiece>> UndoIndex::Lookup(uint64_t point, uint64_t offset
         }
       }
     } end_read{this, &in_txn};
+    // The last seek's answer: the first row at or after (at_off, at_seq) is
+    // `row`, or there is none. A later seek from a key between the two has
+    // the same answer without a B-tree descent; the read transaction keeps
+    // the snapshot the same. (Walking one record's later rewrites ends on
+    // the next offset's row, which is where the next seek starts.)
+    struct Last {
+      bool valid = false;
+      uint64_t at_off = 0, at_seq = 0;
+      bool found = false;
+      UndoEntry row;
+    } last;
+    auto key_ge = [](uint64_t ao, uint64_t as, uint64_t bo, uint64_t bs) { return ao > bo || (ao == bo && as >= bs); };
+    auto seek = [&](uint64_t off, uint64_t seq, UndoEntry* out) -> Result<bool> {
+      if (last.valid && key_ge(off, seq, last.at_off, last.at_seq) &&
+          (!last.found || key_ge(last.row.offset, last.row.seq, off, seq))) {
+        if (last.found) *out = last.row;
+        return last.found;
+      }
+      CDP_ASSIGN_OR_RETURN(bool found, Seek(off, seq, out));
+      last.valid = true;
+      last.at_off = off;
+      last.at_seq = seq;
+      last.found = found;
+      if (found) last.row = *out;
+      return found;
+    };
     uint64_t cur = offset >= max_len_ - 1 ? offset - (max_len_ - 1) : 0;
     // A record of at most kShortRecordBytes that starts before `near` ends
     // before `offset`: there only the long records' summary counts.
@@ -351,11 +377,11 @@ Result<std::vector<ReadPiece>> UndoIndex::Lookup(uint64_t point, uint64_t offset
         lookup_txns_++;
       }
       UndoEntry e;
-      CDP_ASSIGN_OR_RETURN(bool found, Seek(cur, point + 1, &e));
+      CDP_ASSIGN_OR_RETURN(bool found, seek(cur, point + 1, &e));
       if (!found || e.offset >= end) break;
       if (e.seq <= point) {  // a later offset's older record: seek its first newer one
         cur = e.offset;
-        CDP_ASSIGN_OR_RETURN(found, Seek(cur, point + 1, &e));
+        CDP_ASSIGN_OR_RETURN(found, seek(cur, point + 1, &e));
         if (!found || e.offset >= end) break;
         if (e.offset != cur) {
           cur = e.offset;
@@ -373,7 +399,7 @@ Result<std::vector<ReadPiece>> UndoIndex::Lookup(uint64_t point, uint64_t offset
           reach = e_end;
         }
         if (reach >= end || reach >= start + max_len_) break;
-        CDP_ASSIGN_OR_RETURN(found, Seek(start, e.seq + 1, &e));
+        CDP_ASSIGN_OR_RETURN(found, seek(start, e.seq + 1, &e));
         if (!found || e.offset != start) break;
       }
       cur = start + 1;
