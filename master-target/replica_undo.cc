@@ -77,7 +77,8 @@ Status UndoLog::ReadAt(uint64_t point_seq, uint64_t offset, uint64_t len, uint8_
   // The replica's pieces in one read, from the first to the end of the last,
   // when there are several: the bytes between them (the journal's pieces,
   // overwritten below) cost less to read than a system call each
-  // (docs/benchmarks.md, "An older point's read: one replica read").
+  // (docs/benchmarks.md, "An io_context per thread, and an older point's
+  // reads").
   const ReadPiece* first = nullptr;
   const ReadPiece* last = nullptr;
   for (const ReadPiece& p : pieces) {

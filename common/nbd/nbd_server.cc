@@ -123,7 +123,7 @@ Status NbdServer::Start() {
   }
   if (opts_.max_options < 1) return Status::InvalidArgument("NBD server: max_options must be >= 1");
   // One io_context per thread, made before the listener can hand over a
-  // socket (nbd_server.h, "Request pipeline").
+  // socket (nbd_server.h, "Threads").
   const int n = opts_.io_threads + opts_.worker_threads;
   for (int i = 0; i < n; ++i) {
     m.ios.push_back(std::make_unique<asio::io_context>(1));  // run by one thread: no hand-offs
@@ -143,8 +143,8 @@ Status NbdServer::Start() {
     std::lock_guard<std::mutex> lock(m.mu);
     m.started = true;
   }
-  // One pool: a thread runs a connection's socket I/O and its device calls
-  // alike (nbd_server.h, "Request pipeline").
+  // Each thread runs its own io_context: the socket I/O and device calls of
+  // the connections given to it (nbd_server.h, "Threads").
   for (int i = 0; i < n; ++i) m.threads.emplace_back([&m, i] { m.ios[size_t(i)]->run(); });
   m.log->info("NBD server listening on {}{}{}{}",
               opts_.tcp.off() ? std::string() : HostPort{opts_.tcp.host, port_.load()}.ToString(),

@@ -175,7 +175,7 @@ struct NbdServer::Impl {
 
   NbdServerOptions opts;
   std::shared_ptr<spdlog::logger> log;
-  // One io_context per thread (nbd_server.h, "Request pipeline"): a
+  // One io_context per thread (nbd_server.h, "Threads"): a
   // connection's socket strand lives on one, its device strand on the next.
   std::vector<std::unique_ptr<asio::io_context>> ios;
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards;
