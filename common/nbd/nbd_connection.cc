@@ -25,6 +25,7 @@ class Connection final : public ConnectionBase {
  public:
   Connection(NbdServer::Impl* impl, Socket socket, asio::io_context& device_io, uint64_t id, std::string peer)
       : impl_(impl),
+        live_(impl),
         socket_(std::move(socket)),
         timer_(socket_.get_executor()),
         dstrand_(asio::make_strand(device_io)),
@@ -578,6 +579,10 @@ class Connection final : public ConnectionBase {
   }
 
   NbdServer::Impl* impl_;
+  // Counts this connection among the server's live ones until every member
+  // after it (the socket, the timer, the strands: parts of the server's
+  // io_contexts) is gone; NbdServer::Stop waits for that.
+  NbdServer::Impl::Live live_;
   Socket socket_;
   std::unique_ptr<TlsLayer> tls_;  // after STARTTLS; on socket_
   Scope scope_;                    // narrowed by the client certificate

@@ -171,7 +171,12 @@ void NbdServer::Stop() {
   m.listener->Stop();  // no new connection from here on; the Unix socket file is removed
   for (auto& c : conns) c->Close("server stopping");
   conns.clear();
-  // Device calls running finish; their replies go nowhere.
+  // Device calls running finish; their replies go nowhere. Every connection
+  // is gone before a thread may leave its io_context (Impl::Live).
+  {
+    std::unique_lock<std::mutex> lock(m.live_mu);
+    m.live_cv.wait(lock, [&m] { return m.live == 0; });
+  }
   for (auto& g : m.guards) g.reset();
   for (auto& t : m.threads) t.join();
   m.threads.clear();

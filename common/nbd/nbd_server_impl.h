@@ -20,6 +20,7 @@
 #include <boost/asio/ssl.hpp>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -192,6 +193,30 @@ struct NbdServer::Impl {
   bool stopping = false;
 
   std::atomic<uint64_t> idle_closed{0};
+
+  // Connection objects alive. A connection's strands may be on two threads'
+  // io_contexts, so a thread must not leave its run() while a connection
+  // could still queue work on it: Stop waits for none to be left before it
+  // lets the threads go. A Live is a member of each connection.
+  std::mutex live_mu;
+  std::condition_variable live_cv;
+  size_t live = 0;
+  class Live {
+   public:
+    explicit Live(Impl* m) : m_(m) {
+      std::lock_guard<std::mutex> lock(m_->live_mu);
+      ++m_->live;
+    }
+    ~Live() {
+      std::lock_guard<std::mutex> lock(m_->live_mu);
+      if (--m_->live == 0) m_->live_cv.notify_all();
+    }
+    Live(const Live&) = delete;
+    Live& operator=(const Live&) = delete;
+
+   private:
+    Impl* m_;
+  };
 
   // The export a client asked for, among those it may see; "" is the only
   // one when there is exactly one. An export it may not see is not found.
