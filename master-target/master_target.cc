@@ -374,6 +374,7 @@ Status MasterTarget::Start() {
     no.tcp = o_.nbd;
     no.idle_timeout_ms = o_.nbd_idle_timeout_ms;
     no.max_connections = o_.nbd_max_connections;
+    no.read_threads = o_.nbd_read_threads;
     no.max_connections_per_tenant = o_.nbd_max_connections_per_tenant;
     if (o_.nbd_tls) {
       if (!m.tls) return Status::InvalidArgument("nbd exports: nbd_tls needs TLS credentials (tls = on)");

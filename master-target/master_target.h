@@ -138,6 +138,8 @@ struct MasterTargetOptions {
   bool nbd_tls = false;
   uint32_t nbd_idle_timeout_ms = 10 * 60 * 1000;  // attached client without requests
   int nbd_max_connections = 256;
+  // NbdServerOptions::read_threads: the exports' read pool.
+  int nbd_read_threads = 4;
   // Per tenant (0 = no cap): NBD connections in transmission
   // (NbdServerOptions::max_connections_per_tenant), and exports StartExport
   // keeps at once (a failover's export is not counted).

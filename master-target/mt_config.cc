@@ -23,6 +23,9 @@ po::options_description MasterTargetConfigDescription() {
       ("nbd_idle_timeout", po::value<Duration>()->default_value(Duration{600'000'000}),
        "close an attached NBD client idle this long (0 = never)")
       ("nbd_max_connections", po::value<int>()->default_value(256), "NBD connections at most (1..65536)")
+      ("nbd_read_threads", po::value<int>()->default_value(4),
+       "threads reading exports for NBD clients, several READs of one connection at once (0..64; 0 = one READ at a "
+       "time per connection, on its own thread)")
       ("nbd_max_connections_per_tenant", po::value<int>()->default_value(64),
        "NBD connections in transmission at most per tenant (1..65536)")
       ("link_mbit", po::value<double>()->default_value(0),
@@ -118,6 +121,10 @@ Result<MasterTargetOptions> MasterTargetOptionsFromConfig(const po::variables_ma
   o.nbd_max_connections = vm["nbd_max_connections"].as<int>();
   if (o.nbd_max_connections < 1 || o.nbd_max_connections > 65536)
     return Status::InvalidArgument("'nbd_max_connections' must be 1..65536");
+  o.nbd_read_threads = vm["nbd_read_threads"].as<int>();
+  if (o.nbd_read_threads < 0 || o.nbd_read_threads > 64) {
+    return Status::InvalidArgument("'nbd_read_threads' must be 0..64");
+  }
   o.nbd_max_connections_per_tenant = vm["nbd_max_connections_per_tenant"].as<int>();
   if (o.nbd_max_connections_per_tenant < 1 || o.nbd_max_connections_per_tenant > 65536)
     return Status::InvalidArgument("'nbd_max_connections_per_tenant' must be 1..65536");

@@ -66,9 +66,11 @@ void AppendExtent(std::vector<DeviceExtent>* out, DeviceExtent e);
 // requests with offset + len <= size() and len > 0 (a zero-length request
 // is answered by the server without calling the device).
 //
-// Thread safety: methods may be called concurrently from several worker
-// threads (one per connection at a time). Calls made for one connection are
-// never concurrent with each other and arrive in the client's order.
+// Thread safety: methods may be called concurrently from several threads,
+// for one connection or several. For one connection, a call that changes
+// data (Write, WriteShared, WriteZeroes, Trim, Flush) runs alone and after
+// every call for the requests before it; Reads and Extents between two such
+// calls may run at once, in any order (NbdServer's read pool).
 //
 // Errors are returned as Status and mapped to NBD errors by
 // nbd::ErrorFromStatus (common/nbd/nbd_proto.h): kNoSpace -> ENOSPC,

@@ -23,7 +23,7 @@ Reply StructuredRead(const RequestContext& ctx, const nbd::Request& r) {
   ExportEntry& st = ctx.export_entry;
   if (r.length == 0) return Reply::Of(nbd::EncodeDoneChunk(r.handle));
   std::vector<DeviceExtent> ext;
-  if (ctx.known->Covers(r.offset, r.length)) {
+  if (ctx.known != nullptr ? ctx.known->Covers(r.offset, r.length) : ctx.read_in_known_data) {
     ext.push_back(DeviceExtent{r.length, false, false});
   } else if (!ctx.device.Extents(r.offset, r.length, &ext).ok()) {
     ext.clear();  // all data: the read then finds the error itself

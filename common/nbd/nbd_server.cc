@@ -122,12 +122,19 @@ Status NbdServer::Start() {
     return Status::InvalidArgument("NBD server: TLS required but no TLS credentials");
   }
   if (opts_.max_options < 1) return Status::InvalidArgument("NBD server: max_options must be >= 1");
+  if (opts_.read_threads < 0 || opts_.read_threads > 64) {
+    return Status::InvalidArgument("NBD server: read_threads must be 0..64");
+  }
   // One io_context per thread, made before the listener can hand over a
   // socket (nbd_server.h, "Threads").
   const int n = opts_.io_threads + opts_.worker_threads;
   for (int i = 0; i < n; ++i) {
     m.ios.push_back(std::make_unique<asio::io_context>(1));  // run by one thread: no hand-offs
     m.guards.push_back(asio::make_work_guard(*m.ios.back()));
+  }
+  if (opts_.read_threads > 0) {
+    m.read_io = std::make_unique<asio::io_context>(opts_.read_threads);
+    m.guards.push_back(asio::make_work_guard(*m.read_io));
   }
   Listener::Options lo;
   lo.name = "nbd";
@@ -146,6 +153,7 @@ Status NbdServer::Start() {
   // Each thread runs its own io_context: the socket I/O and device calls of
   // the connections given to it (nbd_server.h, "Threads").
   for (int i = 0; i < n; ++i) m.threads.emplace_back([&m, i] { m.ios[size_t(i)]->run(); });
+  for (int i = 0; i < opts_.read_threads; ++i) m.threads.emplace_back([&m] { m.read_io->run(); });
   m.log->info("NBD server listening on {}{}{}{}",
               opts_.tcp.off() ? std::string() : HostPort{opts_.tcp.host, port_.load()}.ToString(),
               !opts_.tcp.off() && !opts_.unix_path.empty() ? " and " : "",

@@ -54,18 +54,30 @@
 //
 //   socket --read header/payload--+--(small READ/WRITE, BLOCK_STATUS; device strand idle)--> BlockDevice
 //      ^   (keeps reading while   |                                                          |
-//      |    replies go out;       +--(the rest)--> device strand --> BlockDevice             |
-//      |    pauses above                           (one request at a time)                   |
-//      |    max_inflight_bytes)                                    |                          |
-//      +------ async_write <----- [reply queue] <-----------------+--------------------------+
+//      |    replies go out;       +--(READ: large, or more requests queued)--> read pool --> |
+//      |    pauses above          |                (several at once)                         |
+//      |    max_inflight_bytes)   +--(the rest)--> device strand --> BlockDevice             |
+//      |                                           (one request at a time)                   |
+//      +------ async_write <----- [reply queue] <--------------------------------------------+
 //
 // A small request runs on the socket's strand, on the thread that read it:
 // a hand-off to another thread and back costs two thread wake-ups, most of
 // the cost of a small read (docs/benchmarks.md, "Export reads without a
 // hand-off"). A large one runs on the connection's device strand so that the
-// socket strand reads the next request meanwhile. Requests of one connection
-// reach the BlockDevice one at a time and in the order they arrived; a small
-// one waits behind any request still on the device strand.
+// socket strand reads the next request meanwhile. A READ that is large, or
+// that has more requests queued behind it (READs on the pool, or bytes
+// buffered after it), goes to the read pool (read_threads threads shared by
+// every connection), where several READs of one connection are at the
+// device at once, as nbdkit runs a connection's requests on several threads:
+// a cold disk answers several reads about as fast as one (docs/benchmarks.md,
+// "Several READs of one connection at once"). Replies go out as requests
+// complete, matched by handle, in any order, as the protocol allows.
+//
+// Order: a request that changes data (WRITE, WRITE_ZEROES, TRIM, FLUSH)
+// reaches the device only after every request before it is done, and before
+// any request after it starts; READs and BLOCK_STATUS between two such
+// requests may run together (they change nothing, so any order of them
+// gives the same answers).
 //
 // Threads: io_threads + worker_threads threads, each running its own
 // io_context, as nbdkit runs a thread per connection (docs/benchmarks.md,
@@ -134,6 +146,13 @@ struct NbdServerOptions {
   // only their sum counts.
   int io_threads = 1;
   int worker_threads = 2;
+  // The read pool: threads shared by every connection that run READs while
+  // the connection goes on reading requests, several READs of one connection
+  // at once (see "Request pipeline" above), as nbdkit runs a connection's
+  // requests on several threads. A read of a cold disk blocks its thread;
+  // several in flight keep the disk busy. 0..64; 0 runs every READ on the
+  // connection's own threads, one at a time.
+  int read_threads = 4;
   // Largest READ/WRITE length accepted (advertised as the maximum block
   // size); larger requests get EINVAL (a too-large WRITE payload is read and
   // discarded when <= max_skip_bytes, otherwise the connection is closed).

@@ -106,7 +106,13 @@ struct RequestContext {
   spdlog::logger& log;
   const std::string& peer;
   bool structured;           // NBD_OPT_STRUCTURED_REPLY: READ and BLOCK_STATUS answer in chunks
-  nbd::KnownData* known;     // the data ranges of this connection's last BLOCK_STATUS
+  // The data ranges of this connection's last BLOCK_STATUS, which BLOCK_STATUS
+  // replaces and a structured READ consults; null for a READ on the read
+  // pool, which must not touch it (another BLOCK_STATUS may run meanwhile):
+  // then `read_in_known_data` says whether the READ lay in them when it was
+  // dispatched.
+  nbd::KnownData* known;
+  bool read_in_known_data = false;
 };
 
 // Runs one transmission request (not DISC) on the export and counts it in
@@ -182,6 +188,10 @@ struct NbdServer::Impl {
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards;
   std::atomic<size_t> next_io{0};
   std::vector<std::thread> threads;
+  // The read pool (nbd_server.h, "Request pipeline"): opts.read_threads
+  // threads sharing one io_context, running READs that may block on the
+  // disk; null when read_threads is 0.
+  std::unique_ptr<asio::io_context> read_io;
   std::unique_ptr<Listener> listener;
 
   mutable std::mutex mu;

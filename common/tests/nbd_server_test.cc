@@ -20,6 +20,7 @@
 #include <cstring>
 #include <atomic>
 #include <map>
+#include <set>
 #include <random>
 #include <thread>
 
@@ -953,6 +954,171 @@ TEST_CASE("nbd server: READ replies are not zero-filled, a failed read sends the
   CHECK(std::memcmp(back.data(), data.data() + HoldingDevice::kHoldOffset, 4096) == 0);
   CHECK(server.ExportStats("hold")->errors == 1);
   server.Stop();
+}
+
+// A device over another whose READs of [0, kGatherEnd) wait until `gather`
+// of them are inside Read() at once (and fail after 5 s without them), and
+// which counts WRITEs that started while a READ was inside.
+class GatheringDevice final : public BlockDevice {
+ public:
+  static constexpr uint64_t kGatherEnd = 4 << 20;
+  GatheringDevice(std::shared_ptr<BlockDevice> next, int gather) : next_(std::move(next)), gather_(gather) {}
+  uint64_t size() const override { return next_->size(); }
+  bool read_only() const override { return next_->read_only(); }
+  BlockDeviceFeatures features() const override { return next_->features(); }
+  Status Read(uint64_t offset, uint32_t len, uint8_t* buf) override {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      ++inside_;
+      max_inside_ = std::max(max_inside_, inside_);
+      cv_.notify_all();
+      if (offset < kGatherEnd &&
+          !cv_.wait_for(lk, std::chrono::seconds(5), [&] { return max_inside_ >= gather_; })) {
+        --inside_;
+        return Status::IOError("READs did not meet: " + std::to_string(max_inside_) + " at once");
+      }
+    }
+    Status s = next_->Read(offset, len, buf);
+    std::lock_guard<std::mutex> lk(mu_);
+    --inside_;
+    return s;
+  }
+  Status Write(uint64_t offset, ByteSpan data, bool fua) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (inside_ > 0) ++writes_beside_reads_;
+    }
+    return next_->Write(offset, data, fua);
+  }
+  Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override {
+    return next_->WriteZeroes(offset, len, fua, may_trim);
+  }
+  Status Trim(uint64_t offset, uint64_t len, bool fua) override { return next_->Trim(offset, len, fua); }
+  Status Flush() override { return next_->Flush(); }
+  int max_inside() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return max_inside_;
+  }
+  int writes_beside_reads() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return writes_beside_reads_;
+  }
+
+ private:
+  std::shared_ptr<BlockDevice> next_;
+  const int gather_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int inside_ = 0, max_inside_ = 0, writes_beside_reads_ = 0;
+};
+
+// Sends `reqs` in one write; reads one simple reply per request, with the
+// data of a successful READ. Returns handle -> {error, data}.
+std::map<uint64_t, std::pair<uint32_t, Bytes>> Pipeline(RawClient& c, const std::vector<nbd::Request>& reqs,
+                                                        const std::map<uint64_t, Bytes>& payloads = {}) {
+  Bytes wire;
+  std::map<uint64_t, uint32_t> read_len;
+  for (const nbd::Request& r : reqs) {
+    PutBytes(wire, nbd::EncodeRequest(r));
+    if (auto it = payloads.find(r.handle); it != payloads.end()) PutBytes(wire, it->second);
+    if (r.type == nbd::kCmdRead) read_len[r.handle] = r.length;
+  }
+  std::map<uint64_t, std::pair<uint32_t, Bytes>> got;
+  if (!c.Send(wire)) return got;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    uint32_t err = 0;
+    uint64_t h = 0;
+    if (!c.ReadReply(&err, &h)) return got;
+    Bytes d;
+    if (err == 0 && read_len.count(h) && !c.Recv(read_len[h], &d)) return got;
+    got[h] = {err, std::move(d)};
+  }
+  return got;
+}
+
+nbd::Request Req(uint16_t type, uint64_t handle, uint64_t offset, uint32_t length) {
+  nbd::Request r;
+  r.type = type;
+  r.handle = handle;
+  r.offset = offset;
+  r.length = length;
+  return r;
+}
+
+// Regression (issue 41, target 1: a cold restore kept half a read in flight
+// at the disk where nbdkit kept three): one connection's pipelined READs run
+// at once on the read pool, and only READs: a WRITE waits for the READs
+// before it and a READ after the WRITE sees it; a DISC waits for the pool.
+// On the old pipeline the READs ran one at a time and never met.
+TEST_CASE("nbd server: pipelined READs of one connection run at once, a WRITE waits for the READs before it",
+          "[nbd]") {
+  auto env = NewMemEnv();
+  FileBlockDevice::Options fo;
+  fo.create_size = 8 << 20;
+  auto base = FileBlockDevice::Open(env.get(), "/gather.img", fo);
+  REQUIRE(base.ok());
+  const Bytes data = Pattern(fo.create_size, 11);
+  REQUIRE((*base)->Write(0, data, false).ok());
+  const Bytes fresh = Pattern(4096, 12);
+  NbdServerOptions o;
+  o.tcp = {"127.0.0.1", 0};
+
+  SECTION("read pool") {
+    auto dev = std::make_shared<GatheringDevice>(*base, 3);
+    NbdServer server(o);
+    REQUIRE(server.AddExport("g", dev).ok());
+    REQUIRE(server.Start().ok());
+    RawClient c;
+    REQUIRE(c.ConnectTcp(server.port()));
+    REQUIRE(c.Open("g") >= 0);
+    // A large READ goes to the pool; the small ones behind it follow it there.
+    auto got = Pipeline(c, {Req(nbd::kCmdRead, 1, 0, 512 << 10), Req(nbd::kCmdRead, 2, 1 << 20, 4096),
+                            Req(nbd::kCmdRead, 3, 2 << 20, 4096), Req(nbd::kCmdWrite, 4, 1 << 20, 4096),
+                            Req(nbd::kCmdRead, 5, 1 << 20, 4096), Req(nbd::kCmdFlush, 6, 0, 0)},
+                       {{4, fresh}});
+    REQUIRE(got.size() == 6);
+    for (auto& [h, r] : got) CHECK(r.first == 0);
+    CHECK(dev->max_inside() == 3);
+    CHECK(dev->writes_beside_reads() == 0);
+    CHECK(got[1].second == Bytes(data.begin(), data.begin() + (512 << 10)));
+    CHECK(got[2].second == Bytes(data.begin() + (1 << 20), data.begin() + (1 << 20) + 4096));  // before the WRITE
+    CHECK(got[5].second == fresh);                                                             // after it
+    // DISC after pool READs: both answered, then the close.
+    REQUIRE(c.SendRequest(nbd::kCmdRead, 7, 4 << 20, 1 << 20));
+    REQUIRE(c.SendRequest(nbd::kCmdRead, 8, 6 << 20, 1 << 20));
+    REQUIRE(c.SendRequest(nbd::kCmdDisc, 9, 0, 0));
+    std::set<uint64_t> answered;
+    for (int i = 0; i < 2; ++i) {
+      uint32_t err = 1;
+      uint64_t h = 0;
+      REQUIRE(c.ReadReply(&err, &h));
+      CHECK(err == 0);
+      Bytes d;
+      REQUIRE(c.Recv(1 << 20, &d));
+      const size_t off = h == 7 ? (4 << 20) : (6 << 20);
+      CHECK(std::memcmp(d.data(), data.data() + off, d.size()) == 0);
+      answered.insert(h);
+    }
+    CHECK(answered == std::set<uint64_t>{7, 8});
+    CHECK(c.ClosedByPeer());
+    CHECK(server.ExportStats("g")->reads == 6);
+  }
+
+  SECTION("read_threads 0: one READ at a time") {
+    o.read_threads = 0;
+    auto dev = std::make_shared<GatheringDevice>(*base, 1);
+    NbdServer server(o);
+    REQUIRE(server.AddExport("g", dev).ok());
+    REQUIRE(server.Start().ok());
+    RawClient c;
+    REQUIRE(c.ConnectTcp(server.port()));
+    REQUIRE(c.Open("g") >= 0);
+    auto got = Pipeline(c, {Req(nbd::kCmdRead, 1, 0, 512 << 10), Req(nbd::kCmdRead, 2, 1 << 20, 4096),
+                            Req(nbd::kCmdRead, 3, 2 << 20, 4096)});
+    REQUIRE(got.size() == 3);
+    for (auto& [h, r] : got) CHECK(r.first == 0);
+    CHECK(dev->max_inside() == 1);
+  }
 }
 
 TEST_CASE("nbd server: export names and start-up errors", "[nbd]") {

@@ -162,6 +162,7 @@ TEST_CASE("master target config: TLS is on by default and needs its three files,
   CHECK(o->nbd_tls);  // NBD exports require TLS by default
   CHECK(o->nbd_idle_timeout_ms == 600000);
   CHECK(o->nbd_max_connections == 256);
+  CHECK(o->nbd_read_threads == 4);
   // tls = off leaves nothing to secure the exports with: say so, or switch them off.
   CHECK(Error(env.get(), "tls = off\n").find("'nbd_tls' = require needs tls = on") == 0);
   auto off = Load(env.get(), "tls = off\nnbd_tls = off\n");
@@ -175,4 +176,8 @@ TEST_CASE("master target config: TLS is on by default and needs its three files,
   REQUIRE(idle.ok());
   CHECK(idle->nbd_idle_timeout_ms == 0);
   CHECK(idle->nbd_max_connections == 9);
+  auto reads = Load(env.get(), "tls = off\nnbd_tls = off\nnbd_read_threads = 0\n");
+  REQUIRE(reads.ok());
+  CHECK(reads->nbd_read_threads == 0);
+  CHECK(Error(env.get(), "tls = off\nnbd_tls = off\nnbd_read_threads = 65\n") == "'nbd_read_threads' must be 0..64");
 }
