@@ -51,6 +51,17 @@ Bytes Pattern(size_t n, uint32_t seed) {
 // Pure parsers
 // ---------------------------------------------------------------------------
 
+// One transmission request.
+nbd::Request Req(uint16_t type, uint64_t handle, uint64_t offset, uint32_t length, uint16_t flags = 0) {
+  nbd::Request r;
+  r.type = type;
+  r.handle = handle;
+  r.offset = offset;
+  r.length = length;
+  r.flags = flags;
+  return r;
+}
+
 TEST_CASE("nbd request parser byte by byte", "[nbd]") {
   nbd::Request r;
   r.flags = nbd::kCmdFlagFua;
@@ -160,14 +171,7 @@ TEST_CASE("nbd request validation follows the spec's error values", "[nbd]") {
                           nbd::kFlagSendTrim | nbd::kFlagSendWriteZeroes;
   nbd::ExportLimits ro = rw;
   ro.transmission_flags = nbd::kFlagHasFlags | nbd::kFlagReadOnly | nbd::kFlagSendFlush;
-  auto req = [](uint16_t type, uint64_t off, uint32_t len, uint16_t flags = 0) {
-    nbd::Request r;
-    r.type = type;
-    r.offset = off;
-    r.length = len;
-    r.flags = flags;
-    return r;
-  };
+  auto req = [](uint16_t type, uint64_t off, uint32_t len, uint16_t flags = 0) { return Req(type, 0, off, len, flags); };
   CHECK(nbd::CheckRequest(req(nbd::kCmdRead, 0, 4096), rw) == 0);
   CHECK(nbd::CheckRequest(req(nbd::kCmdRead, (1 << 20) - 4096, 4096), rw) == 0);
   CHECK(nbd::CheckRequest(req(nbd::kCmdRead, (1 << 20) - 4095, 4096), rw) == nbd::kEINVAL);
@@ -359,13 +363,7 @@ class RawClient {
   }
   bool SendRequest(uint16_t type, uint64_t handle, uint64_t offset, uint32_t length, uint16_t flags = 0,
                    ByteSpan payload = {}) {
-    nbd::Request r;
-    r.type = type;
-    r.handle = handle;
-    r.offset = offset;
-    r.length = length;
-    r.flags = flags;
-    Bytes b = nbd::EncodeRequest(r);
+    Bytes b = nbd::EncodeRequest(Req(type, handle, offset, length, flags));
     PutBytes(b, payload);
     return Send(b);
   }
@@ -788,16 +786,33 @@ TEST_CASE("nbd server: two connections at once, unix socket, RemoveExport", "[nb
   CHECK(::access(o.unix_path.c_str(), F_OK) != 0);  // socket file removed
 }
 
-// A device over another that can hold a READ at kHoldOffset until released,
-// and fails a READ at kFailOffset after scribbling over part of the buffer.
-class HoldingDevice final : public BlockDevice {
+// A device that forwards every call to another; the test devices below
+// override what they watch.
+class ForwardingDevice : public BlockDevice {
  public:
-  static constexpr uint64_t kHoldOffset = 1 << 20;
-  static constexpr uint64_t kFailOffset = 2 << 20;
-  explicit HoldingDevice(std::shared_ptr<BlockDevice> next) : next_(std::move(next)) {}
+  explicit ForwardingDevice(std::shared_ptr<BlockDevice> next) : next_(std::move(next)) {}
   uint64_t size() const override { return next_->size(); }
   bool read_only() const override { return next_->read_only(); }
   BlockDeviceFeatures features() const override { return next_->features(); }
+  Status Read(uint64_t offset, uint32_t len, uint8_t* buf) override { return next_->Read(offset, len, buf); }
+  Status Write(uint64_t offset, ByteSpan data, bool fua) override { return next_->Write(offset, data, fua); }
+  Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override {
+    return next_->WriteZeroes(offset, len, fua, may_trim);
+  }
+  Status Trim(uint64_t offset, uint64_t len, bool fua) override { return next_->Trim(offset, len, fua); }
+  Status Flush() override { return next_->Flush(); }
+
+ protected:
+  std::shared_ptr<BlockDevice> next_;
+};
+
+// A device over another that can hold a READ at kHoldOffset until released,
+// and fails a READ at kFailOffset after scribbling over part of the buffer.
+class HoldingDevice final : public ForwardingDevice {
+ public:
+  static constexpr uint64_t kHoldOffset = 1 << 20;
+  static constexpr uint64_t kFailOffset = 2 << 20;
+  using ForwardingDevice::ForwardingDevice;
   Status Read(uint64_t offset, uint32_t len, uint8_t* buf) override {
     if (offset == kHoldOffset) {
       std::unique_lock<std::mutex> lk(mu_);
@@ -811,12 +826,6 @@ class HoldingDevice final : public BlockDevice {
     }
     return next_->Read(offset, len, buf);
   }
-  Status Write(uint64_t offset, ByteSpan data, bool fua) override { return next_->Write(offset, data, fua); }
-  Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override {
-    return next_->WriteZeroes(offset, len, fua, may_trim);
-  }
-  Status Trim(uint64_t offset, uint64_t len, bool fua) override { return next_->Trim(offset, len, fua); }
-  Status Flush() override { return next_->Flush(); }
   bool WaitHeld() {
     std::unique_lock<std::mutex> lk(mu_);
     return cv_.wait_for(lk, std::chrono::seconds(10), [&] { return held_; });
@@ -828,20 +837,15 @@ class HoldingDevice final : public BlockDevice {
   }
 
  private:
-  std::shared_ptr<BlockDevice> next_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool held_ = false, released_ = false;
 };
 
 // A device over another that keeps every buffer WriteShared hands it.
-class KeepingDevice final : public BlockDevice {
+class KeepingDevice final : public ForwardingDevice {
  public:
-  explicit KeepingDevice(std::shared_ptr<BlockDevice> next) : next_(std::move(next)) {}
-  uint64_t size() const override { return next_->size(); }
-  bool read_only() const override { return next_->read_only(); }
-  BlockDeviceFeatures features() const override { return next_->features(); }
-  Status Read(uint64_t offset, uint32_t len, uint8_t* buf) override { return next_->Read(offset, len, buf); }
+  using ForwardingDevice::ForwardingDevice;
   Status Write(uint64_t offset, ByteSpan data, bool fua) override {
     ++copied_writes;
     return next_->Write(offset, data, fua);
@@ -850,17 +854,9 @@ class KeepingDevice final : public BlockDevice {
     kept.push_back(data);
     return next_->Write(offset, ByteSpan(data->data(), data->size()), fua);
   }
-  Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override {
-    return next_->WriteZeroes(offset, len, fua, may_trim);
-  }
-  Status Trim(uint64_t offset, uint64_t len, bool fua) override { return next_->Trim(offset, len, fua); }
-  Status Flush() override { return next_->Flush(); }
 
   std::vector<std::shared_ptr<const Bytes>> kept;  // the connection's requests reach the device one at a time
   int copied_writes = 0;
-
- private:
-  std::shared_ptr<BlockDevice> next_;
 };
 
 // Issue 41 (a leaner agent): a WRITE's payload is handed to the device, which
@@ -959,13 +955,10 @@ TEST_CASE("nbd server: READ replies are not zero-filled, a failed read sends the
 // A device over another whose READs of [0, kGatherEnd) wait until `gather`
 // of them are inside Read() at once (and fail after 5 s without them), and
 // which counts WRITEs that started while a READ was inside.
-class GatheringDevice final : public BlockDevice {
+class GatheringDevice final : public ForwardingDevice {
  public:
   static constexpr uint64_t kGatherEnd = 4 << 20;
-  GatheringDevice(std::shared_ptr<BlockDevice> next, int gather) : next_(std::move(next)), gather_(gather) {}
-  uint64_t size() const override { return next_->size(); }
-  bool read_only() const override { return next_->read_only(); }
-  BlockDeviceFeatures features() const override { return next_->features(); }
+  GatheringDevice(std::shared_ptr<BlockDevice> next, int gather) : ForwardingDevice(std::move(next)), gather_(gather) {}
   Status Read(uint64_t offset, uint32_t len, uint8_t* buf) override {
     {
       std::unique_lock<std::mutex> lk(mu_);
@@ -990,11 +983,6 @@ class GatheringDevice final : public BlockDevice {
     }
     return next_->Write(offset, data, fua);
   }
-  Status WriteZeroes(uint64_t offset, uint64_t len, bool fua, bool may_trim) override {
-    return next_->WriteZeroes(offset, len, fua, may_trim);
-  }
-  Status Trim(uint64_t offset, uint64_t len, bool fua) override { return next_->Trim(offset, len, fua); }
-  Status Flush() override { return next_->Flush(); }
   int max_inside() {
     std::lock_guard<std::mutex> lk(mu_);
     return max_inside_;
@@ -1005,7 +993,6 @@ class GatheringDevice final : public BlockDevice {
   }
 
  private:
-  std::shared_ptr<BlockDevice> next_;
   const int gather_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -1036,15 +1023,6 @@ std::map<uint64_t, std::pair<uint32_t, Bytes>> Pipeline(RawClient& c, const std:
   return got;
 }
 
-nbd::Request Req(uint16_t type, uint64_t handle, uint64_t offset, uint32_t length) {
-  nbd::Request r;
-  r.type = type;
-  r.handle = handle;
-  r.offset = offset;
-  r.length = length;
-  return r;
-}
-
 // Regression (issue 41, target 1: a cold restore kept half a read in flight
 // at the disk where nbdkit kept three): one connection's pipelined READs run
 // at once on the read pool, and only READs: a WRITE waits for the READs
@@ -1062,15 +1040,20 @@ TEST_CASE("nbd server: pipelined READs of one connection run at once, a WRITE wa
   const Bytes fresh = Pattern(4096, 12);
   NbdServerOptions o;
   o.tcp = {"127.0.0.1", 0};
+  std::shared_ptr<GatheringDevice> dev;
+  std::unique_ptr<NbdServer> server;
+  RawClient c;
+  auto serve = [&](int gather) {
+    dev = std::make_shared<GatheringDevice>(*base, gather);
+    server = std::make_unique<NbdServer>(o);
+    REQUIRE(server->AddExport("g", dev).ok());
+    REQUIRE(server->Start().ok());
+    REQUIRE(c.ConnectTcp(server->port()));
+    REQUIRE(c.Open("g") >= 0);
+  };
 
   SECTION("read pool") {
-    auto dev = std::make_shared<GatheringDevice>(*base, 3);
-    NbdServer server(o);
-    REQUIRE(server.AddExport("g", dev).ok());
-    REQUIRE(server.Start().ok());
-    RawClient c;
-    REQUIRE(c.ConnectTcp(server.port()));
-    REQUIRE(c.Open("g") >= 0);
+    serve(3);
     // A large READ goes to the pool; the small ones behind it follow it there.
     auto got = Pipeline(c, {Req(nbd::kCmdRead, 1, 0, 512 << 10), Req(nbd::kCmdRead, 2, 1 << 20, 4096),
                             Req(nbd::kCmdRead, 3, 2 << 20, 4096), Req(nbd::kCmdWrite, 4, 1 << 20, 4096),
@@ -1101,18 +1084,12 @@ TEST_CASE("nbd server: pipelined READs of one connection run at once, a WRITE wa
     }
     CHECK(answered == std::set<uint64_t>{7, 8});
     CHECK(c.ClosedByPeer());
-    CHECK(server.ExportStats("g")->reads == 6);
+    CHECK(server->ExportStats("g")->reads == 6);
   }
 
   SECTION("read_threads 0: one READ at a time") {
     o.read_threads = 0;
-    auto dev = std::make_shared<GatheringDevice>(*base, 1);
-    NbdServer server(o);
-    REQUIRE(server.AddExport("g", dev).ok());
-    REQUIRE(server.Start().ok());
-    RawClient c;
-    REQUIRE(c.ConnectTcp(server.port()));
-    REQUIRE(c.Open("g") >= 0);
+    serve(1);
     auto got = Pipeline(c, {Req(nbd::kCmdRead, 1, 0, 512 << 10), Req(nbd::kCmdRead, 2, 1 << 20, 4096),
                             Req(nbd::kCmdRead, 3, 2 << 20, 4096)});
     REQUIRE(got.size() == 3);
