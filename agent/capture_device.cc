@@ -117,10 +117,12 @@ Status CaptureDevice::WriteKeeping(uint64_t offset, ByteSpan data, std::shared_p
   CDP_RETURN_IF_ERROR(bitmap_->MarkAndPin(offset, len));
   // The data for the queue: the caller's buffer, or a copy made before
   // taking the capture lock (the mode may change meanwhile; the copy is then
-  // simply dropped).
+  // simply dropped). `keep` stays ours until we return: `data` points into
+  // it, and the detector reads `data` after the queue may have dropped its
+  // reference (the write that reaches the memory budget).
   std::shared_ptr<const Bytes> copy;
   if (!widen && queue_->mode() == CaptureMode::kData)
-    copy = keep ? std::move(keep) : std::make_shared<const Bytes>(data.begin(), data.end());
+    copy = keep ? keep : std::make_shared<const Bytes>(data.begin(), data.end());
   {
     auto lk = queue_->LockForWrite();
     Status s = file_->Write(offset, data);

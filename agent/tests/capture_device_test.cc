@@ -317,3 +317,27 @@ TEST_CASE("capture: a handed-over write is queued as the very buffer, a span is 
   REQUIRE(f.dev->ReadBacking(4096, 8192, back.data()).ok());
   CHECK(back == *buf);
 }
+
+// Regression (ASan, bench:agent_bench smoke under make asan): the write that
+// reaches the memory budget switches the queue to metadata and the queue
+// drops the handed-over buffer; the detector then read the write's bytes
+// from that freed buffer. The device now holds the buffer until it returns.
+// (The old code fails this test under ASan: heap-use-after-free in
+// AnomalyDetector::Incompressible.)
+TEST_CASE("capture: the handed-over write that reaches the budget is still read by the detector after the queue drops it",
+          "[agent][capture][anomaly]") {
+  cdp::agent::AnomalyOptions ao;
+  ao.sample_every = 1;  // every block read by the detector
+  Fixture f(ao);
+  int n = 0;
+  while (f.dev->queue().mode() == cdp::agent::CaptureMode::kData) {
+    REQUIRE(n < 64);
+    // The device holds the only reference.
+    REQUIRE(f.dev->WriteShared(uint64_t(n % 4) * kMiB, std::make_shared<const cdp::Bytes>(kMiB, uint8_t(n)), false)
+                .ok());
+    ++n;
+  }
+  CHECK(n > 1);
+  CHECK(f.dev->anomaly_counters().blocks_sampled == uint64_t(n) * (kMiB / 4096));
+  CHECK(f.dev->anomaly_counters().blocks_incompressible == 0);
+}
