@@ -10,8 +10,9 @@ using nbd_detail::kInputBufferSize;
 using nbd_detail::kMaxGather;
 using nbd_detail::kMaxOptionSkip;
 using nbd_detail::kRequestOverhead;
-using nbd_detail::kInlineMaxBytes;
+using nbd_detail::PendingRequest;
 using nbd_detail::RequestContext;
+using nbd_detail::RequestOrder;
 using Out = nbd_detail::Reply;
 
 namespace {
@@ -19,9 +20,9 @@ namespace {
 // One client connection; see the pipeline diagram in nbd_server.h.
 // Every member is touched only on the socket's strand, but for what a device
 // call reads (dev_, export_, structured_, known_data_): Dispatch makes the
-// call here or on dstrand_, never both at once, or on the read pool, which
-// reads dev_, export_ and structured_ (fixed once attached) and not
-// known_data_.
+// call here or on dstrand_, never both at once (order_), or on the read
+// pool, which reads dev_, export_ and structured_ (fixed once attached) and
+// not known_data_.
 template <typename Socket>
 class Connection final : public ConnectionBase {
  public:
@@ -444,126 +445,80 @@ class Connection final : public ConnectionBase {
     });
   }
 
-  // A request on its way to the device, with its in-flight charge.
-  struct Pending {
-    nbd::Request r;
-    Bytes payload;
-    uint32_t err = 0;
-    uint64_t charge = 0;
-  };
-
   void RunRequest(const nbd::Request& r, Bytes payload, uint32_t err) {
     uint64_t charge = kRequestOverhead;
     if (err == 0 && (r.type == nbd::kCmdRead || r.type == nbd::kCmdWrite)) charge += r.length;
     inflight_ += charge;
-    Dispatch(Pending{r, std::move(payload), err, charge});
+    Dispatch(PendingRequest{r, std::move(payload), err, charge});
   }
 
-  // Sends one request to where it runs (nbd_server.h, "Request pipeline"):
-  //   - READ and BLOCK_STATUS change nothing, so they may run together. A
-  //     READ goes to the read pool when the device strand is idle and it is
-  //     large or the client has more requests queued (pool reads in flight,
-  //     or bytes buffered after it): the connection reads on meanwhile and
-  //     several READs are at the device at once.
-  //   - Anything else waits (held_) until every pool READ before it is done,
-  //     and every request behind a held one is held too: a WRITE never
-  //     overtakes a READ it follows, nor a READ a WRITE.
-  //   - A small READ or WRITE and a BLOCK_STATUS run here, on the socket's
-  //     strand, when nothing of this connection is on the device strand: no
-  //     hand-off to another thread and back, which is most of the cost of a
-  //     small read. Anything else (a large transfer, FLUSH, TRIM,
-  //     WRITE_ZEROES, or anything behind them) goes to the device strand, so
-  //     that the socket strand reads the next request meanwhile.
-  void Dispatch(Pending p) {
-    const nbd::Request& r = p.r;
-    const bool read = r.type == nbd::kCmdRead;
-    const bool changes_nothing = read || r.type == nbd::kCmdBlockStatus;
-    if (!held_.empty() || (!changes_nothing && reads_in_pool_ > 0)) {
-      held_.push_back(std::move(p));
-      return;
-    }
-    if (on_device_strand_ == 0) {
-      if (read && impl_->read_io && (r.length > kInlineMaxBytes || reads_in_pool_ > 0 || !Available().empty())) {
-        return ToReadPool(std::move(p));
+  // Runs one request where the order says (nbd_request_order.h).
+  void Dispatch(PendingRequest p) {
+    using Where = RequestOrder::Where;
+    switch (order_.Dispatch(&p, impl_->read_io != nullptr, !Available().empty())) {
+      case Where::kHeld:
+        return;
+      case Where::kHere:
+        return Enqueue(Execute(p, &known_data_, false));
+      case Where::kReadPool: {
+        // It must not touch known_data_ there (a BLOCK_STATUS may replace it
+        // meanwhile): whether the READ lies in it is decided now, in order.
+        const bool in_known = structured_ && known_data_.Covers(p.r.offset, p.r.length);
+        asio::post(*impl_->read_io, [self = Self(), p = std::move(p), in_known]() mutable {
+          Out reply = self->Execute(p, nullptr, in_known);
+          asio::post(self->socket_.get_executor(), [self, reply = std::move(reply)]() mutable {
+            self->Enqueue(std::move(reply));
+            self->OnPoolReadDone();
+          });
+        });
+        return;
       }
-      const bool small = ((read || r.type == nbd::kCmdWrite) && r.length <= kInlineMaxBytes) ||
-                         r.type == nbd::kCmdBlockStatus;
-      if (small) {
-        Out reply = Execute(r, std::move(p.payload), p.err);
-        reply.charge = p.charge;
-        return Enqueue(std::move(reply));
-      }
-    }
-    ++on_device_strand_;
-    asio::post(dstrand_, [self = Self(), p = std::move(p)]() mutable {
-      Out reply = self->Execute(p.r, std::move(p.payload), p.err);
-      reply.charge = p.charge;
-      asio::post(self->socket_.get_executor(), [self, reply = std::move(reply)]() mutable {
-        --self->on_device_strand_;
-        self->Enqueue(std::move(reply));
-      });
-    });
-  }
-
-  // A READ on the read pool. It must not touch known_data_ there (a
-  // BLOCK_STATUS may replace it meanwhile): whether the READ lies in it is
-  // decided now, in request order.
-  void ToReadPool(Pending p) {
-    ++reads_in_pool_;
-    const bool in_known = structured_ && known_data_.Covers(p.r.offset, p.r.length);
-    asio::post(*impl_->read_io, [self = Self(), p = std::move(p), in_known]() mutable {
-      RequestContext ctx{*self->export_, *self->dev_, *self->impl_->log, self->peer_, self->structured_, nullptr,
-                         in_known};
-      Out reply = ExecuteRequest(ctx, p.r, {}, p.err);
-      reply.charge = p.charge;
-      asio::post(self->socket_.get_executor(), [self, reply = std::move(reply)]() mutable {
-        --self->reads_in_pool_;
-        self->Enqueue(std::move(reply));
-        if (self->reads_in_pool_ == 0) self->ReleaseHeld();
-      });
-    });
-  }
-
-  // The last pool READ is done: the requests held behind it go on, in order
-  // (one may be held again behind a READ it follows), and a DISC waiting for
-  // them closes.
-  void ReleaseHeld() {
-    if (closed_) {
-      held_.clear();
-      return;
-    }
-    std::deque<Pending> q;
-    q.swap(held_);
-    for (Pending& p : q) Dispatch(std::move(p));
-    if (disc_waiting_ && held_.empty() && reads_in_pool_ == 0) {
-      disc_waiting_ = false;
-      OnDisc();
+      case Where::kDeviceStrand:
+        asio::post(dstrand_, [self = Self(), p = std::move(p)]() mutable {
+          Out reply = self->Execute(p, &self->known_data_, false);
+          asio::post(self->socket_.get_executor(), [self, reply = std::move(reply)]() mutable {
+            self->order_.DeviceDone();
+            self->Enqueue(std::move(reply));
+          });
+        });
+        return;
     }
   }
 
-  // The device call of one request on the socket or device strand (one at a
-  // time; pool READs alone may run beside it).
-  Out Execute(const nbd::Request& r, Bytes payload, uint32_t err) {
-    RequestContext ctx{*export_, *dev_, *impl_->log, peer_, structured_, &known_data_};
-    return ExecuteRequest(ctx, r, std::move(payload), err);
+  // After the last pool READ the requests held behind it go on, in order,
+  // and a DISC waiting for them closes.
+  void OnPoolReadDone() {
+    std::deque<PendingRequest> q = order_.PoolReadDone();
+    if (closed_) return;
+    for (PendingRequest& p : q) Dispatch(std::move(p));
+    if (order_.DiscReady()) OnDisc();
+  }
+
+  // The device call of one request. `known`: the connection's last
+  // BLOCK_STATUS (null on the read pool, with `in_known` decided at dispatch).
+  Out Execute(PendingRequest& p, nbd::KnownData* known, bool in_known) {
+    RequestContext ctx{*export_, *dev_, *impl_->log, peer_, structured_, known, in_known};
+    Out reply = ExecuteRequest(ctx, p.r, std::move(p.payload), p.err);
+    reply.charge = p.charge;
+    return reply;
   }
 
   // Every request before the DISC has run and queued its reply: the
   // connection closes once the replies are out.
   void OnDisc() {
-    if (reads_in_pool_ > 0 || !held_.empty()) {
-      disc_waiting_ = true;  // ReleaseHeld comes back here
-      return;
+    switch (order_.OnDisc()) {
+      case RequestOrder::Disc::kWait:
+        return;  // OnPoolReadDone comes back here
+      case RequestOrder::Disc::kBehindDeviceStrand:
+        asio::post(dstrand_, [self = Self()] {
+          asio::post(self->socket_.get_executor(), [self] { self->OnDisc(); });
+        });
+        return;
+      case RequestOrder::Disc::kClose:
+        close_after_drain_ = true;
+        MaybeFinish();
+        return;
     }
-    if (on_device_strand_ > 0) {
-      // Behind the requests still on the device strand.
-      asio::post(dstrand_, [self = Self()] {
-        asio::post(self->socket_.get_executor(), [self] { self->OnDisc(); });
-      });
-      return;
-    }
-    close_after_drain_ = true;
-    MaybeFinish();
   }
 
   // ---- Output ----------------------------------------------------------------
@@ -691,10 +646,7 @@ class Connection final : public ConnectionBase {
   std::deque<Out> out_;
   bool writing_ = false;
   uint64_t inflight_ = 0;
-  uint64_t on_device_strand_ = 0;  // requests posted to dstrand_ whose reply is not queued yet
-  uint64_t reads_in_pool_ = 0;     // READs posted to the read pool whose reply is not queued yet
-  std::deque<Pending> held_;       // requests waiting for the pool READs before them (Dispatch)
-  bool disc_waiting_ = false;      // a DISC waits for held_ and the pool READs
+  RequestOrder order_;  // where each request runs (Dispatch)
   bool disc_ = false;
   bool close_after_drain_ = false;
   bool closed_ = false;

@@ -77,7 +77,8 @@
 // reaches the device only after every request before it is done, and before
 // any request after it starts; READs and BLOCK_STATUS between two such
 // requests may run together (they change nothing, so any order of them
-// gives the same answers).
+// gives the same answers). The rule is nbd_detail::RequestOrder
+// (nbd_request_order.h).
 //
 // Threads: io_threads + worker_threads threads, each running its own
 // io_context, as nbdkit runs a thread per connection (docs/benchmarks.md,

@@ -34,6 +34,7 @@
 #include "common/crypto/pki.h"
 #include "common/nbd/nbd_proto.h"
 #include "common/nbd/nbd_replies.h"
+#include "common/nbd/nbd_request_order.h"
 #include "common/net/listener.h"
 #include "common/net/tls_stream.h"
 
@@ -58,9 +59,6 @@ constexpr size_t kInputBufferSize = 128u << 10;
 constexpr uint64_t kMaxOptionSkip = 1u << 20;  // over-long options beyond this close the connection
 constexpr uint64_t kRequestOverhead = 4096;    // in-flight charge of a request without data
 constexpr size_t kMaxGather = 64;              // replies written by one gather write
-// A READ or WRITE up to this size runs on the socket's strand (nbd_server.h,
-// "Request pipeline"): docs/benchmarks.md, "Export reads without a hand-off".
-constexpr uint64_t kInlineMaxBytes = 256u << 10;
 
 }  // namespace nbd_detail
 
