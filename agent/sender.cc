@@ -220,8 +220,10 @@ Status Sender::Read(uint64_t from, uint64_t max_bytes, size_t max_records, std::
       pr.data.resize(r.length);
       CDP_RETURN_IF_ERROR(dev_->ReadBacking(r.offset, r.length, pr.data.data()));
       reread += r.length;
-    } else if (r.data) {
-      pr.data = *r.data;
+    } else if (r.data && dev_->sealer() != nullptr) {
+      pr.data = *r.data;  // sealed in a copy: the queue's buffer is shared
+    } else {
+      pr.shared = r.data;  // framed where it lies (proto::Record::shared)
     }
     // Tenant-side encryption: nothing of the block leaves this host in the clear.
     if (const seal::BlockSealer* s = dev_->sealer()) CDP_RETURN_IF_ERROR(SealRecord(*s, &pr));
@@ -248,7 +250,7 @@ void Sender::Acked(uint64_t durable) {
 void Sender::Shipped(const proto::WriteBatch& batch, uint64_t wire_bytes) {
   (void)wire_bytes;
   uint64_t data_bytes = 0;
-  for (const auto& r : batch.records) data_bytes += r.data.size();
+  for (const auto& r : batch.records) data_bytes += r.bytes().size();
   std::lock_guard lk(mu_);
   ++st_.batches_sent;
   st_.records_sent += batch.records.size();

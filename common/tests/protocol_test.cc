@@ -420,6 +420,58 @@ TEST_CASE("payload pieces are EncodePayload's bytes, with large uncompressed rec
   CHECK(refused.message() == "cannot encode: empty write batch");
 }
 
+TEST_CASE("records holding shared bytes encode as records owning them; large ones are framed where they lie",
+          "[protocol]") {
+  for (Codec codec : {Codec::kNone, Codec::kZstd}) {
+    INFO("codec " << int(codec));
+    WriteBatch owned;
+    owned.volume_id = 3;
+    owned.codec = codec;
+    owned.level = 1;
+    uint64_t seq = 7;
+    for (size_t len : {size_t(4096), size_t(1) << 20, kInPlaceData}) {
+      // zstd compresses text: the block then travels compressed, not in place.
+      owned.records.push_back({seq, seq * 4096, uint32_t(len), RecordKind::kData, 11,
+                               codec == Codec::kNone ? PseudoRandom(len, seq) : Text(len)});
+      ++seq;
+    }
+    owned.records.push_back({seq, 0, 0, RecordKind::kTag, 11, Text(5)});
+    WriteBatch shared = owned;
+    for (Record& r : shared.records) {
+      r.shared = std::make_shared<const Bytes>(std::move(r.data));
+      r.data.clear();
+    }
+    const Message mo{owned}, ms{shared};
+    Result<Bytes> a = EncodePayload(mo), b = EncodePayload(ms);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    const bool same = *a == *b;
+    CHECK(same);
+    PayloadPieces p;
+    REQUIRE(EncodePayloadPieces(ms, &p).ok());
+    Bytes joined;
+    for (ByteSpan piece : p.pieces) joined.insert(joined.end(), piece.begin(), piece.end());
+    const bool pieces_same = joined == *a;
+    CHECK(pieces_same);
+    size_t referenced = 0;
+    for (ByteSpan piece : p.pieces) {
+      for (const Record& r : shared.records) referenced += piece.data() == r.shared->data() ? 1 : 0;
+    }
+    CHECK(referenced == (codec == Codec::kNone ? 2u : 0u));  // the 1 MiB and the kInPlaceData record
+    // What the receiver parses owns its bytes.
+    Result<Bytes> frame = EncodeMessage(ms, 1);
+    REQUIRE(frame.ok());
+    Result<Message> back = DecodeAndParse(*frame);
+    REQUIRE(back.ok());
+    const WriteBatch& got = std::get<WriteBatch>(*back);
+    REQUIRE(got.records.size() == owned.records.size());
+    for (size_t i = 0; i < got.records.size(); ++i) {
+      CHECK(got.records[i].shared == nullptr);
+      CHECK(got.records[i].data == owned.records[i].data);
+    }
+  }
+}
+
 TEST_CASE("the decoder fed one byte at a time yields the same frames", "[protocol]") {
   Bytes stream;
   std::vector<Bytes> frames;

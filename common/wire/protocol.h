@@ -17,6 +17,7 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -172,6 +173,13 @@ struct Record {
   RecordKind kind = RecordKind::kData;
   uint64_t timestamp_us = 0;  // wall-clock micros when captured
   Bytes data;                 // kData: exactly `length` bytes; kTag: the name
+  // Instead of `data` (then empty), on the sending side only: the same bytes
+  // shared with whoever captured them (the agent's capture queue), never
+  // changed, so a record is framed and sent without a copy of its data.
+  // ParseMessage never sets it; everything that encodes or counts a record
+  // reads bytes().
+  std::shared_ptr<const Bytes> shared = nullptr;
+  ByteSpan bytes() const { return shared ? ByteSpan(*shared) : ByteSpan(data); }
 };
 
 enum class Codec : uint8_t { kNone = 0, kLz4 = 1, kZstd = 2 };

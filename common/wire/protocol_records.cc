@@ -118,11 +118,11 @@ Status EncodeBatch(const WriteBatch& wb, Bytes& out, std::vector<ByteSpan>* piec
   if (wb.records.empty()) return Invalid("empty write batch");
   if (wb.records.size() > kMaxRecords) return Invalid("more than kMaxRecords records");
   if (uint8_t(wb.codec) > uint8_t(Codec::kZstd)) return Invalid("unknown codec");
-  auto in_place = [&](const Record& rec) { return pieces != nullptr && rec.data.size() >= kInPlaceData; };
+  auto in_place = [&](const Record& rec) { return pieces != nullptr && rec.bytes().size() >= kInPlaceData; };
   uint64_t raw_size = 0, own_size = 0;
   for (const Record& rec : wb.records) {
-    raw_size += kRecordHeaderSize + rec.data.size();
-    own_size += kRecordHeaderSize + (in_place(rec) ? 0 : rec.data.size());
+    raw_size += kRecordHeaderSize + rec.bytes().size();
+    own_size += kRecordHeaderSize + (in_place(rec) ? 0 : rec.bytes().size());
   }
   if (raw_size > kMaxBatchRaw) return Invalid("record block larger than kMaxBatchRaw");
 
@@ -144,7 +144,7 @@ Status EncodeBatch(const WriteBatch& wb, Bytes& out, std::vector<ByteSpan>* piec
   const size_t block_at = out.size();
   uint64_t expected = 0;
   for (const Record& rec : wb.records) {
-    Status s = CheckRecord(rec.seq, rec.offset, rec.length, rec.kind, rec.data, expected);
+    Status s = CheckRecord(rec.seq, rec.offset, rec.length, rec.kind, rec.bytes(), expected);
     if (!s.ok()) return Invalid(s.message());
     expected = rec.seq + 1;
     if (expected == 0) return Invalid("record sequence overflows");
@@ -153,12 +153,13 @@ Status EncodeBatch(const WriteBatch& wb, Bytes& out, std::vector<ByteSpan>* piec
     PutFixed32(out, rec.length);
     PutU8(out, uint8_t(rec.kind));
     PutFixed64(out, rec.timestamp_us);
-    PutFixed32(out, uint32_t(rec.data.size()));
+    const ByteSpan data = rec.bytes();
+    PutFixed32(out, uint32_t(data.size()));
     if (in_place(rec)) {
       cut();
-      pieces->emplace_back(rec.data);
+      pieces->emplace_back(data);
     } else {
-      PutBytes(out, rec.data);
+      PutBytes(out, data);
     }
   }
   if (pieces != nullptr) cut();

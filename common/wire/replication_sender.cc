@@ -320,7 +320,7 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
   Status r = read();
   if (r.ok() && opt_.link.linger_ms > 0 && inflight && !b.records.empty() && b.records.size() < opt_.link.frame_records) {
     uint64_t bytes = 0;
-    for (const auto& rec : b.records) bytes += rec.data.size();
+    for (const auto& rec : b.records) bytes += rec.bytes().size();
     // A small frame while the link is busy: let it grow once.
     if (bytes < opt_.link.frame_bytes / 4 && SleepMs(opt_.link.linger_ms)) r = read();
   }
@@ -357,7 +357,7 @@ Status ReplicationSender::ShipOne(Session& s, Stream& st, bool* sent) {
   const uint64_t sent_us = opt_.clock->NowMicros();
   s.last_tx_us = sent_us;
   uint64_t record_bytes = 0;  // counted outside the lock the reader takes for every Ack
-  for (const auto& rec : b.records) record_bytes += rec.data.size();
+  for (const auto& rec : b.records) record_bytes += rec.bytes().size();
   {
     std::lock_guard<std::mutex> l(mu_);
     if (st.rewinds == rewinds && st.next == from) {
