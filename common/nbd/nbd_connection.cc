@@ -197,10 +197,13 @@ class Connection final : public ConnectionBase {
       phase_ = Phase::kPayloadSkip;
       return true;
     }
-    Bytes payload(r.length);
+    // Only what is not buffered yet is zero-filled (by resize) before it is read.
     ByteSpan rest = Available();
     const size_t have = std::min<size_t>(rest.size(), r.length);
-    if (have > 0) std::memcpy(payload.data(), rest.data(), have);
+    Bytes payload;
+    payload.reserve(r.length);
+    payload.assign(rest.begin(), rest.begin() + long(have));
+    payload.resize(r.length);
     Consume(have);
     if (have == r.length) {
       RunRequest(r, std::move(payload), 0);
