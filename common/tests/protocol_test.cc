@@ -420,7 +420,7 @@ TEST_CASE("payload pieces are EncodePayload's bytes, with large uncompressed rec
   CHECK(refused.message() == "cannot encode: empty write batch");
 }
 
-TEST_CASE("records holding shared bytes encode as records owning them; large ones are framed where they lie",
+TEST_CASE("records holding shared bytes encode as records owning them, and large ones are framed where they lie",
           "[protocol]") {
   for (Codec codec : {Codec::kNone, Codec::kZstd}) {
     INFO("codec " << int(codec));
