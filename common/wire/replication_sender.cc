@@ -80,11 +80,16 @@ void ReplicationSender::Stop() {
 }
 
 void ReplicationSender::Notify() {
+  bool idle = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     ++notifies_;
+    idle = idle_workers_ > 0;
   }
-  cv_.notify_all();
+  // Only an idle worker waits for this. A worker lingering for its frame to
+  // grow (SleepMs) is not woken: on a busy tap that was a context switch per
+  // captured write, to find the linger not over and wait again.
+  if (idle) cv_.notify_all();
 }
 
 void ReplicationSender::Reconnect() {
@@ -287,7 +292,9 @@ Status ReplicationSender::SendLoop(Session& s, int worker) {
     }
     if (!did) {
       std::unique_lock<std::mutex> l(mu_);
+      ++idle_workers_;
       cv_.wait_for(l, Millis(20), [&] { return stop_.load() || notifies_ != seen; });
+      --idle_workers_;
     }
   }
   return fail(Status::Aborted("stopping"));

@@ -219,7 +219,8 @@ class ReplicationSender {
   void Stop();
 
   // New records may be waiting (wakes idle workers at once instead of at
-  // their next 20 ms poll).
+  // their next 20 ms poll; a worker lingering for a small frame to grow is
+  // left to its linger).
   void Notify();
 
   // Ends the current connection, if any; the next one (after the usual
@@ -331,6 +332,7 @@ class ReplicationSender {
   uint64_t epoch_ = 0;             // bumped per connection
   Status session_error_;           // set by the reader/handler: the session must end
   uint64_t notifies_ = 0;
+  int idle_workers_ = 0;           // workers waiting for notifies_ to move (Notify wakes only them)
   uint64_t next_request_id_ = 1;
   std::map<uint64_t, std::shared_ptr<PendingCall>> calls_;
   uint64_t last_call_us_ = 0;      // when the last call was made (0: never)
