@@ -467,25 +467,29 @@ class Connection final : public ConnectionBase {
         // It must not touch known_data_ there (a BLOCK_STATUS may replace it
         // meanwhile): whether the READ lies in it is decided now, in order.
         const bool in_known = structured_ && known_data_.Covers(p.r.offset, p.r.length);
-        asio::post(*impl_->read_io, [self = Self(), p = std::move(p), in_known]() mutable {
-          Out reply = self->Execute(p, nullptr, in_known);
-          asio::post(self->socket_.get_executor(), [self, reply = std::move(reply)]() mutable {
-            self->Enqueue(std::move(reply));
-            self->OnPoolReadDone();
-          });
+        return RunOn(*impl_->read_io, std::move(p), false, in_known, [](Connection& c, Out reply) {
+          c.Enqueue(std::move(reply));
+          c.OnPoolReadDone();
         });
-        return;
       }
       case Where::kDeviceStrand:
-        asio::post(dstrand_, [self = Self(), p = std::move(p)]() mutable {
-          Out reply = self->Execute(p, &self->known_data_, false);
-          asio::post(self->socket_.get_executor(), [self, reply = std::move(reply)]() mutable {
-            self->order_.DeviceDone();
-            self->Enqueue(std::move(reply));
-          });
+        return RunOn(dstrand_, std::move(p), true, false, [](Connection& c, Out reply) {
+          c.order_.DeviceDone();
+          c.Enqueue(std::move(reply));
         });
-        return;
     }
+  }
+
+  // Executes `p` on `where` (the read pool or the device strand), with the
+  // connection's known_data_ or with `in_known` decided at dispatch; `done`
+  // gets the reply back on the socket's executor.
+  template <typename Executor>
+  void RunOn(Executor& where, PendingRequest p, bool with_known, bool in_known, void (*done)(Connection&, Out)) {
+    asio::post(where, [self = Self(), p = std::move(p), with_known, in_known, done]() mutable {
+      Out reply = self->Execute(p, with_known ? &self->known_data_ : nullptr, in_known);
+      asio::post(self->socket_.get_executor(),
+                 [self, reply = std::move(reply), done]() mutable { done(*self, std::move(reply)); });
+    });
   }
 
   // After the last pool READ the requests held behind it go on, in order,
