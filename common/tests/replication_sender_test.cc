@@ -917,8 +917,9 @@ TEST_CASE("replication sender: a source's own window bounds its frames in flight
 // Issue 41 (the tap under the pipeline): every captured write calls Notify,
 // and a worker lingering for its small frame to grow was woken by each one,
 // only to find its linger not over and wait again: a context switch per
-// write, which on the core the application shares cost the tap a third of
-// its IOPS. Notify wakes idle workers only; the lingering one sleeps on.
+// write on the core the application shares (the pinned tap ran 1.1-2.0x
+// faster without them, docs/benchmarks.md). Notify wakes idle workers only;
+// the lingering one sleeps on.
 namespace {
 // The kernel's count of times thread `tid` of this process blocked, and
 // whether it is asleep now (/proc/self/task/TID/{status,stat}).
