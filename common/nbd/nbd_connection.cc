@@ -464,29 +464,26 @@ class Connection final : public ConnectionBase {
       case Where::kHere:
         return Enqueue(Execute(p, &known_data_, false));
       case Where::kReadPool: {
-        // It must not touch known_data_ there (a BLOCK_STATUS may replace it
-        // meanwhile): whether the READ lies in it is decided now, in order.
+        // Not known_data_ there (a BLOCK_STATUS may replace it): whether the READ lies in it is decided now, in order.
         const bool in_known = structured_ && known_data_.Covers(p.r.offset, p.r.length);
-        return RunOn(*impl_->read_io, std::move(p), false, in_known, [](Connection& c, Out reply) {
+        return RunOn(*impl_->read_io, std::move(p), nullptr, in_known, [](Connection& c, Out reply) {
           c.Enqueue(std::move(reply));
           c.OnPoolReadDone();
         });
       }
       case Where::kDeviceStrand:
-        return RunOn(dstrand_, std::move(p), true, false, [](Connection& c, Out reply) {
+        return RunOn(dstrand_, std::move(p), &known_data_, false, [](Connection& c, Out reply) {
           c.order_.DeviceDone();
           c.Enqueue(std::move(reply));
         });
     }
   }
 
-  // Executes `p` on `where` (the read pool or the device strand), with the
-  // connection's known_data_ or with `in_known` decided at dispatch; `done`
-  // gets the reply back on the socket's executor.
+  // Executes `p` on `where` (Execute's `known`, `in_known`); `done` gets the reply on the socket's executor.
   template <typename Executor>
-  void RunOn(Executor& where, PendingRequest p, bool with_known, bool in_known, void (*done)(Connection&, Out)) {
-    asio::post(where, [self = Self(), p = std::move(p), with_known, in_known, done]() mutable {
-      Out reply = self->Execute(p, with_known ? &self->known_data_ : nullptr, in_known);
+  void RunOn(Executor& where, PendingRequest p, nbd::KnownData* known, bool in_known, void (*done)(Connection&, Out)) {
+    asio::post(where, [self = Self(), p = std::move(p), known, in_known, done]() mutable {
+      Out reply = self->Execute(p, known, in_known);
       asio::post(self->socket_.get_executor(),
                  [self, reply = std::move(reply), done]() mutable { done(*self, std::move(reply)); });
     });
@@ -659,7 +656,6 @@ class Connection final : public ConnectionBase {
   bool closed_ = false;
   bool holds_tenant_place_ = false;
 };
-
 
 }  // namespace
 
